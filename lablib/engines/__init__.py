@@ -1,0 +1,50 @@
+"""The three engines behind one interface (:class:`lablib.engines.base.Engine`).
+
+Each backend module imports its library only when an engine is loaded.
+"""
+from __future__ import annotations
+
+import importlib
+
+from ..errors import EngineUnavailable, LabError
+
+# engine name -> (module, class, the import that must succeed, what to install)
+ENGINES = {
+    "transformers": ("hf", "TransformersEngine", "transformers", "pip install 'torch==2.13.0' transformers accelerate"),
+    "llama.cpp": ("llamacpp", "LlamaCppEngine", "llama_cpp", "make setup (builds llama-cpp-python for this CPU)"),
+    "mlx": ("mlx", "MLXEngine", "mlx_lm", "pip install 'mlx[cpu]' mlx-lm (Linux) or mlx-lm (macOS)"),
+}
+ALIASES = {"hf": "transformers", "llamacpp": "llama.cpp", "llama_cpp": "llama.cpp", "llama-cpp": "llama.cpp",
+           "mlx-lm": "mlx", "mlx_lm": "mlx"}
+NAMES = tuple(ENGINES)
+
+
+def canonical(name: str) -> str:
+    """The engine's canonical name; LabError naming the choices otherwise."""
+    key = ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key not in ENGINES:
+        raise LabError(f"unknown engine {name!r}: expected one of {', '.join(NAMES)}")
+    return key
+
+
+def engine_class(name: str):
+    """The Engine subclass for ``name`` (imports its backend module, not yet its library)."""
+    mod, cls, _, _ = ENGINES[canonical(name)]
+    return getattr(importlib.import_module(f"{__name__}.{mod}"), cls)
+
+
+def load_engine(name: str, model=None, **kw):
+    """Load engine ``name`` on ``model`` (a ResolvedModel, a name/path, or None for the default).
+
+    Keyword arguments go to the engine (n_ctx, threads, dtype...). Raises
+    EngineUnavailable when its library is missing, FormatError for a format
+    it cannot read.
+    """
+    from ..models import ResolvedModel, prepare
+
+    key = canonical(name)
+    _, _, module, install = ENGINES[key]
+    if importlib.util.find_spec(module) is None:
+        raise EngineUnavailable(f"engine {key} is not installed (no module {module!r}); install it: {install}")
+    rm = model if isinstance(model, ResolvedModel) else prepare(model)
+    return engine_class(key)(rm, **kw)

@@ -1,0 +1,155 @@
+"""The interface every engine implements, and the errors they share.
+
+An engine wraps one loaded model in one inference library. The lab talks to it
+in token ids: text goes through one tokenizer, every engine is fed the same ids
+(DESIGN.md, "The clock"). Each request returns a :class:`RequestTrace` with one
+timestamp per generated token id.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+
+from ..errors import ContextOverflowError, LabError
+from ..trace import RequestTrace, now
+
+
+@dataclass
+class GenerationConfig:
+    """What to generate.
+
+    ``max_new_tokens``: output budget (tokens). ``ignore_eos``: generate exactly
+    ``max_new_tokens`` (sweeps, so engines do equal work) instead of stopping at
+    EOS. ``temperature`` 0 means greedy; otherwise sampled with ``top_p`` and
+    ``seed``.
+    """
+
+    max_new_tokens: int = 32
+    ignore_eos: bool = True
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise LabError(f"max_new_tokens={self.max_new_tokens}: expected at least 1 token")
+        if self.temperature < 0:
+            raise LabError(f"temperature={self.temperature}: expected 0 (greedy) or more")
+        if not 0 < self.top_p <= 1:
+            raise LabError(f"top_p={self.top_p}: expected a value in (0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class EngineInfo:
+    """How an engine describes itself (goes into every result's manifest)."""
+
+    name: str
+    version: str
+    backend: str
+    dtype: str  # weights as the engine computes with them: float32, Q4_1, ...
+    threads: int
+    n_ctx: int  # context window the engine enforces or was trained to, tokens
+    flags: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_threads() -> int:
+    """Threads for CPU engines: the machine's cores (LABLIB_THREADS overrides)."""
+    env = os.environ.get("LABLIB_THREADS")
+    if env:
+        return int(env)
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except ImportError:  # pragma: no cover - psutil is a dependency
+        return os.cpu_count() or 1
+
+
+class Engine:
+    """Base class. Subclasses set ``name`` and implement the ``_``-methods.
+
+    Public verbs: :meth:`tokenize`, :meth:`apply_chat_template`,
+    :meth:`generate`, :meth:`info`, :meth:`close`.
+    """
+
+    name = "engine"
+
+    def __init__(self, model):
+        self.model = model  # lablib.models.ResolvedModel
+
+    # --- to implement --------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = False) -> list[int]:
+        """Text -> token ids with this engine's tokenizer (special tokens parsed)."""
+        raise NotImplementedError
+
+    def detokenize(self, ids: list[int]) -> str:
+        raise NotImplementedError
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Chat messages [{"role", "content"}] -> prompt token ids, via this engine's template."""
+        raise NotImplementedError
+
+    def info(self) -> EngineInfo:
+        raise NotImplementedError
+
+    @property
+    def eos_ids(self) -> set[int]:
+        raise NotImplementedError
+
+    def _generate(self, ids: list[int], cfg: GenerationConfig, trace: RequestTrace) -> None:
+        """Run prefill and decode for ``ids``; call ``trace.start()`` when the
+        engine begins work and ``trace.token(id)`` as each token id arrives.
+        Must not reuse KV cache from an earlier request."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Free the model (memory) where the library allows it."""
+
+    # --- shared --------------------------------------------------------
+    n_ctx: int = 0  # context window, tokens; each engine sets it when it loads
+
+    def check_context(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Raise ContextOverflowError unless prompt + output fits this engine's context."""
+        need = prompt_tokens + max_new_tokens
+        if need > self.n_ctx:
+            raise ContextOverflowError(
+                f"context overflow on {self.name}: prompt {prompt_tokens} + output "
+                f"{max_new_tokens} = {need} tokens, but the context holds {self.n_ctx}. "
+                f"Shorten the prompt, lower max_new_tokens, or load the engine with a "
+                f"larger context (n_ctx=...; the model was trained to "
+                f"{self.model.max_position_embeddings})."
+            )
+
+    def generate(self, ids: list[int], cfg: GenerationConfig | None = None,
+                 t_submit: float | None = None) -> RequestTrace:
+        """Generate from prompt token ids; returns the request's trace.
+
+        ``t_submit`` is when the request entered the lab's queue (default: now).
+        Raises ContextOverflowError before any work when it cannot fit.
+        """
+        cfg = cfg or GenerationConfig()
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise LabError("empty prompt: expected at least one token id")
+        self.check_context(len(ids), cfg.max_new_tokens)
+        if t_submit is None:
+            t_submit = now()  # after validation: a single request has no queue
+        trace = RequestTrace(prompt_tokens=len(ids), t_submit=t_submit)
+        self._generate(ids, cfg, trace)
+        return trace
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.model.name}>"

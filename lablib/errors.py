@@ -1,0 +1,17 @@
+"""User-facing errors: each message names what was given, what was expected and what to do."""
+
+
+class LabError(Exception):
+    """A user-facing error (the CLI prints its message alone, without a traceback)."""
+
+
+class ContextOverflowError(LabError):
+    """Prompt plus output does not fit the engine's context window."""
+
+
+class FormatError(LabError):
+    """An engine was given a model format it cannot read, or a path is no model."""
+
+
+class EngineUnavailable(LabError):
+    """An engine's library is not installed or cannot load here."""

