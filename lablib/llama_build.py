@@ -8,7 +8,7 @@ build runs everywhere but throws away AVX-512 and AMX where they work.
 How: each x86 instruction-set extension that ggml can use is *executed* once
 in a throw-away program (compiled with ``cc``); only extensions that run are
 switched on (``-DGGML_NATIVE=OFF -DGGML_<FEATURE>=ON``). The flags are the
-cache key of a wheel under ``.cache/wheels/`` so a second set-up installs in
+cache key of a wheel under ``$LABLIB_HOME/wheels/`` so a second set-up installs in
 seconds. On non-x86 machines (Apple silicon, aarch64 Linux) the engine's own
 defaults are kept.
 
@@ -145,7 +145,8 @@ def build_wheel(cache_root: Path, args: str, log=print) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cache", default=".cache/wheels", help="wheel cache folder")
+    ap.add_argument("--cache", default=None,
+                    help="wheel cache folder (default: $LABLIB_HOME/wheels, ~/.cache/lablib/wheels)")
     ap.add_argument("--install", action="store_true", help="pip install the wheel")
     ap.add_argument("--print-flags", action="store_true", help="only print CMAKE_ARGS")
     ns = ap.parse_args(argv)
@@ -158,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         print("CPU extensions that run here:",
               " ".join(k[5:] for k, ok in features.items() if ok) or "none",
               "| refused:", " ".join(k[5:] for k, ok in features.items() if not ok) or "none")
-    wheel = build_wheel(Path(ns.cache), args)
+    from .models import lab_home
+
+    wheel = build_wheel(Path(ns.cache) if ns.cache else lab_home() / "wheels", args)
     if ns.install:
         subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps",
                         "--force-reinstall", str(wheel)], check=True)

@@ -258,8 +258,11 @@ def derive_hf_from_gguf(gguf_path: Path, out: Path) -> None:
     state dict, config and tokenizer are written here. Tied embeddings are
     stored once, as transformers would.
     """
+    import transformers
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    transformers.utils.logging.disable_progress_bar()
 
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -54,6 +54,7 @@ class TransformersEngine(Engine):
         except ImportError as e:  # pragma: no cover - reported by doctor
             raise EngineUnavailable(f"transformers/torch cannot be imported ({e}); run `make setup`") from e
         self._torch, self._transformers = torch, transformers
+        transformers.utils.logging.disable_progress_bar()
         path = model.path_for("hf", self.name)
         self.threads = threads or default_threads()
         torch.set_num_threads(self.threads)

