@@ -20,7 +20,8 @@ class GenerationConfig:
 
     ``max_new_tokens``: output budget (tokens). ``ignore_eos``: generate exactly
     ``max_new_tokens`` (sweeps, so engines do equal work) instead of stopping at
-    EOS. ``temperature`` 0 means greedy; otherwise sampled with ``top_p`` and
+    EOS; an EOS the model picks is kept in the output and generation goes on
+    (vLLM's ``ignore_eos``), it is not masked. ``temperature`` 0 means greedy; otherwise sampled with ``top_p`` and
     ``seed``.
     """
 

@@ -101,18 +101,20 @@ class TransformersEngine(Engine):
     def _generate(self, ids, cfg: GenerationConfig, trace: RequestTrace) -> None:
         torch = self._torch
         input_ids = torch.tensor([ids], dtype=torch.long)
-        kw = dict(max_new_tokens=cfg.max_new_tokens, do_sample=not cfg.greedy,
-                  pad_token_id=self._pad, streamer=_TokenIdStreamer(trace))
-        if cfg.ignore_eos:
-            kw["min_new_tokens"] = cfg.max_new_tokens  # masks EOS until the budget is spent
-        if cfg.greedy:
-            kw.update(temperature=None, top_p=None, top_k=None)
-        else:
-            kw.update(temperature=cfg.temperature, top_p=cfg.top_p, top_k=None)
+        # Explicit, complete settings (nothing inherited from the model's defaults).
+        # ignore_eos: an empty EOS list, so EOS is generated like any token and
+        # generation goes on (as vLLM's ignore_eos), rather than masked.
+        gen = self._transformers.GenerationConfig(
+            max_new_tokens=cfg.max_new_tokens, do_sample=not cfg.greedy,
+            temperature=None if cfg.greedy else cfg.temperature,
+            top_p=None if cfg.greedy else cfg.top_p, top_k=None,
+            eos_token_id=[] if cfg.ignore_eos else sorted(self._eos), pad_token_id=self._pad)
+        if not cfg.greedy:
             torch.manual_seed(cfg.seed)
         with torch.inference_mode():
             trace.start()
-            self.hf.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kw)
+            self.hf.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                             generation_config=gen, streamer=_TokenIdStreamer(trace))
         last = trace.token_ids[-1] if trace.token_ids else None
         trace.finish_reason = "stop" if (not cfg.ignore_eos and last in self._eos) else "length"
 

@@ -1,0 +1,52 @@
+"""Fixtures: the real default model and one real engine of each kind per test session."""
+import json
+from pathlib import Path
+
+import pytest
+
+CASES = Path(__file__).parent / "data" / "cases"
+
+
+@pytest.fixture(scope="session")
+def model():
+    from lablib.models import prepare
+
+    return prepare()
+
+
+@pytest.fixture(scope="session")
+def first_token_flip():
+    return json.loads((CASES / "first_token_flip.json").read_text())
+
+
+def _engine(name, model):
+    from lablib.engines import load_engine
+
+    return load_engine(name, model, n_ctx=2048)
+
+
+@pytest.fixture(scope="session")
+def llama(model):
+    e = _engine("llama.cpp", model)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="session")
+def hf(model):
+    e = _engine("transformers", model)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="session")
+def mlx(model):
+    e = _engine("mlx", model)
+    yield e
+    e.close()
+
+
+@pytest.fixture(params=["llama", "hf", "mlx"])
+def engine(request):
+    """Each real engine in turn (a missing engine fails, never skips)."""
+    return request.getfixturevalue(request.param)

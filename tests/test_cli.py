@@ -1,0 +1,69 @@
+"""The `lablib` command as a user runs it (real engines, real model)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lablib.trace import METRICS
+
+
+def lablib(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "lablib.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_import_lablib_stays_light():
+    code = ("import sys, lablib; heavy = [m for m in ('torch', 'llama_cpp', 'mlx', 'transformers', 'numpy')"
+            " if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("engine", ["llama.cpp", "transformers", "mlx"])
+def test_run_json_for_each_engine(engine):
+    p = lablib("run", "--engine", engine, "--max-new-tokens", "5", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    for key in (*METRICS, "engine", "prompt_tokens", "output_tokens", "text"):
+        assert key in out
+    assert out["engine"] == engine
+    assert out["prompt_tokens"] == 37  # the default chat prompt, ids of first_token_flip.json
+    assert out["output_tokens"] == 5 == len(out["token_ids"])
+    assert out["ttft_s"] >= out["prefill_s"] > 0 and out["e2e_s"] >= out["ttft_s"]
+    m = out["manifest"]
+    assert m["model"]["quantization"] == "Q4_1" and len(m["model"]["file_sha256"]) == 64
+    assert m["engine"]["name"] == engine and m["engine"]["version"]
+    assert m["hardware"]["cores_physical"] >= 1 and m["hardware"]["ram_bytes"] > 0
+    assert m["lablib_version"] and m["time"]
+
+
+def test_run_with_prompt_tokens_and_plain_output():
+    p = lablib("run", "--engine", "llama.cpp", "--prompt-tokens", "100", "--max-new-tokens", "3")
+    assert p.returncode == 0, p.stderr
+    assert "100 prompt tokens -> 3 output tokens" in p.stdout and "TTFT" in p.stdout
+
+
+def test_context_overflow_is_one_clear_error():
+    p = lablib("run", "--engine", "llama.cpp", "--prompt-tokens", "600", "--n-ctx", "512",
+               "--max-new-tokens", "16")
+    assert p.returncode == 2
+    assert "context overflow on llama.cpp: prompt 600 + output 16 = 616 tokens" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_unknown_engine_is_one_clear_error():
+    p = lablib("run", "--engine", "vllm", "--max-new-tokens", "2")
+    assert p.returncode == 2 and "unknown engine 'vllm'" in p.stderr and "llama.cpp" in p.stderr
+
+
+def test_prepare_twice_is_a_cache_hit():
+    lablib("prepare")
+    p = lablib("prepare")
+    assert p.returncode == 0 and "(cached)" in p.stdout and "hf" in p.stdout and "mlx" in p.stdout
+
+
+def test_doctor_finds_three_usable_engines():
+    p = lablib("doctor")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count(" usable:") == 3

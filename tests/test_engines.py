@@ -1,0 +1,154 @@
+"""Each real engine on the real default model: same ids, per-token timestamps,
+no KV-cache reuse, context checks, and the derived formats giving the same text."""
+import json
+from pathlib import Path
+
+import pytest
+
+from lablib.engines.base import GenerationConfig
+from lablib.errors import ContextOverflowError, LabError
+from lablib.workload import chat_ids, prompt_of_length
+
+CASES = Path(__file__).parent / "data" / "cases"
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_every_engine_renders_the_chat_prompt_to_the_same_ids(engine, model, first_token_flip):
+    assert engine.apply_chat_template(first_token_flip["messages"]) == first_token_flip["prompt_token_ids"]
+    assert chat_ids(model, first_token_flip["messages"]) == first_token_flip["prompt_token_ids"]
+
+
+def test_fixed_length_generation_gives_one_timestamp_per_token_id(engine, first_token_flip):
+    ids = first_token_flip["prompt_token_ids"]
+    tr = engine.generate(ids, GenerationConfig(max_new_tokens=6))
+    assert tr.output_tokens == 6 == len(tr.token_ids) == len(tr.t_tokens)
+    assert tr.prompt_tokens == len(ids) and tr.cached_tokens == 0
+    assert tr.t_submit <= tr.t_start < tr.t_tokens[0]
+    assert all(b > a for a, b in zip(tr.t_tokens, tr.t_tokens[1:]))  # strictly increasing events
+    assert tr.finish_reason == "length"
+    assert all(0 <= t < 49152 for t in tr.token_ids)
+
+
+def test_until_eos_stops_at_eos(engine, first_token_flip):
+    tr = engine.generate(first_token_flip["prompt_token_ids"],
+                         GenerationConfig(max_new_tokens=48, ignore_eos=False))
+    # the transformers/MLX answer ends "...Paris.<|im_end|>"; llama.cpp's Q4_1 runs on longer
+    if tr.finish_reason == "stop":
+        assert tr.token_ids[-1] in engine.eos_ids
+        assert not set(tr.token_ids[:-1]) & engine.eos_ids
+    else:
+        assert tr.output_tokens == 48
+
+
+def test_ignore_eos_generates_past_eos(hf, first_token_flip):
+    ids = first_token_flip["prompt_token_ids"]
+    stop = hf.generate(ids, GenerationConfig(max_new_tokens=16, ignore_eos=False))
+    assert stop.finish_reason == "stop" and stop.output_tokens < 16
+    full = hf.generate(ids, GenerationConfig(max_new_tokens=16))
+    # EOS is not masked: the same tokens, EOS included, then generation goes on
+    assert full.output_tokens == 16 and full.token_ids[:stop.output_tokens] == stop.token_ids
+
+
+def test_sampling_is_reproducible_with_a_seed(engine, first_token_flip):
+    ids = first_token_flip["prompt_token_ids"]
+    cfg = GenerationConfig(max_new_tokens=8, temperature=1.0, top_p=0.95, seed=7)
+    a, b = engine.generate(ids, cfg), engine.generate(ids, cfg)
+    assert a.token_ids == b.token_ids
+    greedy = engine.generate(ids, GenerationConfig(max_new_tokens=8))
+    c = engine.generate(ids, GenerationConfig(max_new_tokens=8, temperature=1.5, seed=1))
+    d = engine.generate(ids, GenerationConfig(max_new_tokens=8, temperature=1.5, seed=2))
+    assert len({tuple(greedy.token_ids), tuple(c.token_ids), tuple(d.token_ids)}) > 1
+
+
+def test_hf_streamer_ids_are_the_generated_ids(hf, first_token_flip):
+    """Words, not tokens: the trace holds exactly the ids generate() returns."""
+    import torch
+
+    ids = first_token_flip["prompt_token_ids"]
+    tr = hf.generate(ids, GenerationConfig(max_new_tokens=10))
+    with torch.inference_mode():
+        out = hf.hf.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False,
+                             eos_token_id=[], pad_token_id=2)
+    assert tr.token_ids == out[0, len(ids):].tolist()
+
+
+def test_llama_cpp_never_reuses_the_kv_cache(llama, first_token_flip):
+    """Cached prefill: the same prompt twice on one Llama object is prefilled twice in full."""
+    ids = first_token_flip["prompt_token_ids"]
+    for _ in range(2):
+        tr = llama.generate(ids, GenerationConfig(max_new_tokens=4))
+        c = llama.engine_counters()
+        assert c["n_p_eval"] == len(ids)  # every prompt token evaluated, nothing taken from cache
+        assert c["n_eval"] == 3  # the 4 tokens need 3 single-token decode steps
+        assert tr.cached_tokens == 0
+
+
+def test_llama_cpp_context_is_sized_explicitly(model):
+    from lablib.engines import load_engine
+
+    e = load_engine("llama.cpp", model)  # default: the model's trained context, not 512
+    try:
+        assert e.n_ctx == 8192 and e.info().n_ctx == 8192
+        assert e.threads >= 1
+    finally:
+        e.close()
+
+
+@pytest.mark.parametrize("name", ["llama.cpp", "transformers", "mlx"])
+def test_context_overflow_is_refused_before_running(name, model):
+    """A 512-token context and a ~600-token prompt: one clear error naming the numbers."""
+    from lablib.engines import load_engine
+
+    e = load_engine(name, model, n_ctx=512)
+    ids = prompt_of_length(model, 600)
+    calls = []
+    e._generate = lambda *a: calls.append(a)  # nothing may run
+    with pytest.raises(ContextOverflowError) as err:
+        e.generate(ids, GenerationConfig(max_new_tokens=16))
+    assert calls == []
+    msg = str(err.value)
+    assert "prompt 600 + output 16 = 616 tokens" in msg and "holds 512" in msg
+    e.close()
+
+
+def test_invalid_generation_parameters():
+    with pytest.raises(LabError, match="max_new_tokens=0"):
+        GenerationConfig(max_new_tokens=0)
+    with pytest.raises(LabError, match="temperature=-1"):
+        GenerationConfig(temperature=-1)
+    with pytest.raises(LabError, match="top_p=0"):
+        GenerationConfig(top_p=0)
+
+
+def test_engines_describe_themselves(engine):
+    info = engine.info().to_dict()
+    assert info["name"] in ("transformers", "llama.cpp", "mlx")
+    assert info["version"] and info["backend"] and info["dtype"]
+    assert info["threads"] >= 1 and info["n_ctx"] == 2048
+
+
+def test_prompt_of_length_is_exact_real_text(model, hf):
+    for n in (1, 64, 700):
+        ids = prompt_of_length(model, n)
+        assert len(ids) == n
+    text = hf.detokenize(prompt_of_length(model, 40))
+    assert text.startswith("A Short History of Lighthouses")
+
+
+def test_derived_folders_give_the_same_greedy_text_as_transformers_on_the_gguf(model, hf, mlx, first_token_flip):
+    """The HF folder (dequantized) and the float32 MLX folder are the same model as the GGUF
+    read directly by transformers: same greedy text for the handed chat prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    gguf = Path(model.gguf_path)
+    direct = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    ids = first_token_flip["prompt_token_ids"]
+    with torch.inference_mode():
+        out = direct.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+                              eos_token_id=[], pad_token_id=2)
+    reference = out[0, len(ids):].tolist()
+    cfg = GenerationConfig(max_new_tokens=12)
+    assert hf.generate(ids, cfg).token_ids == reference
+    assert mlx.generate(ids, cfg).token_ids == reference
+    assert hf.detokenize(reference).startswith(first_token_flip["observed"]["transformers_fp32_of_dequantized_weights"]["greedy_text"])

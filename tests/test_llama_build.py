@@ -1,0 +1,43 @@
+"""The CPU probe behind the llama.cpp build: extensions are enabled only if they execute."""
+import platform
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from lablib import llama_build
+
+x86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def test_cmake_args_map_each_probe_to_a_flag():
+    args = llama_build.cmake_args({"GGML_AVX2": True, "GGML_AMX_INT8": False})
+    assert args == "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AMX_INT8=OFF"
+    assert llama_build.cmake_args({}) == ""  # non-x86: the engine's own defaults
+
+
+def test_wheel_cache_key_depends_on_flags():
+    root = Path("/tmp/x")
+    assert llama_build.wheel_cache_dir(root, "-DA=ON") != llama_build.wheel_cache_dir(root, "-DA=OFF")
+    assert llama_build.wheel_cache_dir(root, "-DA=ON") == llama_build.wheel_cache_dir(root, "-DA=ON")
+
+
+@pytest.mark.skipif(not x86, reason="x86 instruction probes")
+def test_probe_reports_an_illegal_instruction_as_unavailable():
+    cc = shutil.which("cc") or shutil.which("gcc")
+    with tempfile.TemporaryDirectory() as tmp:
+        # ud2 raises SIGILL on every x86 CPU: exactly what a missing extension does
+        assert llama_build._probe("", "__builtin_trap();", cc, Path(tmp)) is False
+        assert llama_build._probe("-mavx2", "return 0;", cc, Path(tmp)) is True
+
+
+@pytest.mark.skipif(not x86, reason="x86 instruction probes")
+def test_probe_matches_what_the_kernel_reports():
+    feats = llama_build.probe_cpu_features()
+    flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split()
+    # AVX2 executes where the CPU and kernel advertise it
+    assert feats["GGML_AVX2"] == ("avx2" in flags)
+    # AMX can only run where it is advertised (it may still be refused by the sandbox)
+    if "amx_tile" not in flags:
+        assert feats["GGML_AMX_TILE"] is False
