@@ -1,0 +1,119 @@
+"""What the lab costs its user: decode tokens/s as the lab reports it against
+each engine's own figure for the same work.
+
+- llama.cpp: the same request, read twice: the lab's 1 / TPOT, and llama.cpp's
+  perf context counters (n_eval / t_eval) of that very request.
+- mlx: the lab's run (mlx-lm's generate_step, stamped per token) against
+  mlx-lm's own ``stream_generate`` and its ``generation_tps``, alternating.
+- transformers: the lab's run (``model.generate`` with a token-id streamer)
+  against a bare forward loop with a KV cache and argmax, alternating.
+
+Medians over repetitions after a warm-up, measured in one process; the machine
+is shared and noisy, so compare ratios, not absolute numbers. Prints a table,
+then one line per engine: ``engine=NAME lab_tps=X engine_tps=Y ratio=R``.
+
+    python benchmarks/overhead.py [--prompt-tokens 128] [--new-tokens 128] [--reps 5]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import lablib
+from lablib.engines import load_engine
+from lablib.engines.base import GenerationConfig
+from lablib.workload import prompt_of_length
+
+
+def llama_cpp(engine, ids, cfg, reps):
+    lab, own = [], []
+    for _ in range(reps):
+        tr = engine.generate(ids, cfg)
+        c = engine.engine_counters()
+        lab.append(tr.decode_tps)
+        own.append(c["n_eval"] / (c["t_eval_ms"] / 1e3))
+    return lab, own, "llama_perf_context: n_eval / t_eval"
+
+
+def mlx(engine, ids, cfg, reps):
+    import mlx.core as mx
+    from mlx_lm import stream_generate
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.sample_utils import make_sampler
+
+    lab, own = [], []
+    for _ in range(reps):
+        lab.append(engine.generate(ids, cfg).decode_tps)
+        last = None
+        for last in stream_generate(engine.mlx_model, engine.tok, mx.array(ids), max_tokens=cfg.max_new_tokens,
+                                    sampler=make_sampler(temp=0.0),
+                                    prompt_cache=make_prompt_cache(engine.mlx_model)):
+            pass
+        own.append(last.generation_tps)
+    return lab, own, "mlx-lm stream_generate: generation_tps"
+
+
+def transformers(engine, ids, cfg, reps):
+    import torch
+    from transformers import DynamicCache
+
+    model = engine.hf
+
+    def bare_loop():
+        with torch.inference_mode():
+            cache = DynamicCache(config=model.config)
+            out = model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
+            tok = out.logits[:, -1:].argmax(-1)
+            t_first = time.perf_counter()
+            for _ in range(cfg.max_new_tokens - 1):
+                out = model(tok, past_key_values=out.past_key_values, use_cache=True)
+                tok = out.logits[:, -1:].argmax(-1)
+                tok.item()
+            t_last = time.perf_counter()
+        return (cfg.max_new_tokens - 1) / (t_last - t_first)
+
+    lab, own = [], []
+    for _ in range(reps):
+        lab.append(engine.generate(ids, cfg).decode_tps)
+        own.append(bare_loop())
+    return lab, own, "bare forward loop with KV cache (argmax)"
+
+
+RUNNERS = {"llama.cpp": llama_cpp, "mlx": mlx, "transformers": transformers}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engines", default="transformers,llama.cpp,mlx")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ns = ap.parse_args(argv)
+
+    model = lablib.prepare()
+    ids = prompt_of_length(model, ns.prompt_tokens)
+    cfg = GenerationConfig(max_new_tokens=ns.new_tokens)
+    results = []
+    for name in ns.engines.split(","):
+        engine = load_engine(name, model, n_ctx=ns.prompt_tokens + ns.new_tokens + 16)
+        run = RUNNERS[engine.name]
+        run(engine, ids, cfg, ns.warmup)  # warm-up, both paths
+        lab, own, source = run(engine, ids, cfg, ns.reps)
+        engine.close()
+        lab_m, own_m = statistics.median(lab), statistics.median(own)
+        results.append((engine.name, lab_m, own_m, lab_m / own_m, min(lab), max(lab), source))
+
+    print(f"\nprompt {ns.prompt_tokens} tokens, {ns.new_tokens} new tokens, medians of {ns.reps} "
+          f"after {ns.warmup} warm-up; decode tokens/s")
+    print(f"{'engine':<13} {'lab_tps':>9} {'engine_tps':>11} {'ratio':>7} {'lab min..max':>16}  engine's figure")
+    for name, lab_m, own_m, ratio, lo, hi, source in results:
+        print(f"{name:<13} {lab_m:>9.2f} {own_m:>11.2f} {ratio:>7.3f} {lo:>7.2f}..{hi:<7.2f}  {source}")
+    print()
+    for name, lab_m, own_m, ratio, *_ in results:
+        print(f"engine={name} lab_tps={lab_m:.2f} engine_tps={own_m:.2f} ratio={ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()
