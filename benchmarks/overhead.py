@@ -63,11 +63,11 @@ def transformers(engine, ids, cfg, reps):
     def bare_loop():
         with torch.inference_mode():
             cache = DynamicCache(config=model.config)
-            out = model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
+            out = model(torch.tensor([ids]), cache=cache, use_cache=True)
             tok = out.logits[:, -1:].argmax(-1)
             t_first = time.perf_counter()
             for _ in range(cfg.max_new_tokens - 1):
-                out = model(tok, past_key_values=out.past_key_values, use_cache=True)
+                out = model(tok, cache=cache, use_cache=True)
                 tok = out.logits[:, -1:].argmax(-1)
                 tok.item()
             t_last = time.perf_counter()
