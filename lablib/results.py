@@ -32,6 +32,9 @@ def trace_row(trace: RequestTrace, manifest: dict, **labels) -> dict:
     row = dict(labels)
     row.update(trace.metrics())
     row["itl_s"] = trace.itl_s
+    # raw clock readings (perf_counter seconds, comparable within one process/run): timelines
+    row.update(t_submit=trace.t_submit, t_start=trace.t_start, t_first_token=trace.t_tokens[0],
+               t_last_token=trace.t_tokens[-1])
     m, e, h = manifest["model"], manifest["engine"], manifest["hardware"]
     row.update({
         "engine": e["name"], "engine_version": e["version"], "backend": e["backend"],
@@ -42,3 +45,98 @@ def trace_row(trace: RequestTrace, manifest: dict, **labels) -> dict:
         "hostname": h["hostname"], "lablib_version": manifest["lablib_version"], "time": manifest["time"],
     })
     return row
+
+
+# --- durable results on disk -------------------------------------------------------------
+FORMATS = (".jsonl", ".parquet")
+
+
+def _suffix(path) -> str:
+    from pathlib import Path
+
+    from .errors import LabError
+
+    suffix = Path(path).suffix.lower()
+    if suffix not in FORMATS:
+        raise LabError(f"results file {path}: expected a name ending in .jsonl or .parquet")
+    return suffix
+
+
+class ResultsWriter:
+    """Appends rows to a results file as each request finishes.
+
+    ``.jsonl``: one JSON object per line, appended and flushed to disk per row.
+    ``.parquet``: the whole file rewritten atomically (temporary file, then
+    rename) per row, so a crash leaves the previous complete file. Rows
+    already in the file are kept: a new sweep adds to them.
+    """
+
+    def __init__(self, path):
+        from pathlib import Path
+
+        self.path = Path(path)
+        self.suffix = _suffix(self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._rows = None  # parquet: rows so far (loaded lazily)
+        self.written = 0
+
+    def append(self, row: dict) -> None:
+        import json
+        import os
+
+        if self.suffix == ".jsonl":
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row, default=_jsonable) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        else:
+            import pandas as pd
+
+            if self._rows is None:
+                self._rows = load_results(self.path).to_dict("records") if self.path.exists() else []
+            self._rows.append(row)
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            pd.DataFrame(self._rows).to_parquet(tmp, index=False)
+            os.replace(tmp, self.path)
+        self.written += 1
+
+
+def _jsonable(x):
+    import numpy as np
+
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return str(x)
+
+
+def load_results(*paths):
+    """One pandas DataFrame from results files (.jsonl or .parquet), rows in file order.
+
+    Each row keeps a ``source_file`` column. Raises LabError for unknown
+    suffixes or missing files.
+    """
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from .errors import LabError
+
+    frames = []
+    for p in paths:
+        p = Path(p)
+        suffix = _suffix(p)
+        if not p.is_file():
+            raise LabError(f"results file {p} not found")
+        if suffix == ".jsonl":
+            rows = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+            df = pd.DataFrame(rows)
+        else:
+            df = pd.read_parquet(p)
+        df["source_file"] = str(p)
+        frames.append(df)
+    if not frames:
+        raise LabError("no results files given")
+    return pd.concat(frames, ignore_index=True)

@@ -90,3 +90,128 @@ def summary_table(df):
                 decode_tps=("decode_tps", "median"), e2e_s=("e2e_s", "median"),
                 e2e_min_s=("e2e_s", "min"), e2e_max_s=("e2e_s", "max"), dtype=("dtype", "first"))
     return out
+
+
+# --- parameters and guards ------------------------------------------------------------------
+def positive_ints(values, what: str) -> list[int]:
+    """``values`` (a list or "64,256") as a non-empty list of positive ints; LabError otherwise."""
+    if isinstance(values, str):
+        values = [v for v in values.replace(" ", "").split(",") if v]
+    try:
+        out = [int(v) for v in values]
+    except (TypeError, ValueError):
+        raise LabError(f"{what}={values!r}: expected whole numbers such as 64,256") from None
+    if not out:
+        raise LabError(f"{what} is empty: expected at least one value")
+    bad = [v for v in out if v < 1]
+    if bad:
+        raise LabError(f"{what}={out}: every value must be at least 1 (got {bad})")
+    return out
+
+
+def engine_names(engines) -> list[str]:
+    """Canonical engine names from a list or "a,b,c"; LabError for unknown or none."""
+    from .engines import canonical
+
+    if isinstance(engines, str):
+        engines = [e for e in engines.split(",") if e.strip()]
+    names = [canonical(e) for e in engines]
+    if not names:
+        raise LabError("no engine given: expected one or more of transformers, llama.cpp, mlx")
+    return list(dict.fromkeys(names))
+
+
+def default_prompt_lengths(model, max_new_tokens: int) -> list[int]:
+    """Log-spaced prompt lengths 64, 128, ... up to what the trained context holds
+    with ``max_new_tokens`` of output (quick mode: 64 and 256)."""
+    if quick_mode():
+        return [64, 256]
+    limit = (model.max_position_embeddings or 2048) - max_new_tokens
+    out, n = [], 64
+    while n <= limit:
+        out.append(n)
+        n *= 2
+    return out or [max(1, limit)]
+
+
+def check_plan(model, engines, prompt_tokens, max_new_tokens, concurrency=(1,)) -> None:
+    """Refuse a plan before anything runs: context overflow or memory that will not fit."""
+    from .errors import ContextOverflowError
+    from .memory import check_fits
+
+    longest = max(prompt_tokens) + max_new_tokens
+    trained = model.max_position_embeddings
+    if trained and longest > trained:
+        raise ContextOverflowError(
+            f"context overflow: prompt {max(prompt_tokens)} + output {max_new_tokens} = {longest} tokens, but "
+            f"{model.name} was trained to {trained}. Use prompt lengths up to {trained - max_new_tokens}.")
+    check_fits(model, engines, longest, max(concurrency))
+
+
+# --- context sweep ----------------------------------------------------------------------------
+def context_sweep(model=None, engines=("transformers", "llama.cpp", "mlx"), prompt_tokens=None,
+                  max_new_tokens: int | None = None, reps: int | None = None, warmup: int = 1,
+                  out=None, cancel=None, on_row=None, progress: bool = True, corpus: str = "prose"):
+    """Prompt length against prefill and decode, per engine.
+
+    For each engine (loaded once) and each prompt length in ``prompt_tokens``
+    (default :func:`default_prompt_lengths`): ``warmup`` unrecorded requests,
+    then ``reps`` measured ones, each from an empty KV cache, ``max_new_tokens``
+    output tokens (default 32; quick mode 8, 1 repetition). Every row is
+    appended to ``out`` (.jsonl or .parquet) as it finishes and passed to
+    ``on_row``; ``cancel`` (a threading.Event) stops between requests with
+    every finished row kept. Returns a DataFrame of the rows of this call.
+    Raises LabError/ContextOverflowError for bad parameters before any work.
+    """
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    from .engines import load_engine
+    from .models import ResolvedModel, prepare
+    from .results import ResultsWriter
+    from .workload import prompt_of_length
+
+    quick = quick_mode()
+    max_new_tokens = positive_ints([max_new_tokens or (8 if quick else 32)], "max_new_tokens")[0]
+    reps = positive_ints([reps or (1 if quick else 3)], "reps")[0]
+    if warmup < 0:
+        raise LabError(f"warmup={warmup}: expected 0 or more")
+    names = engine_names(engines)
+    rm = model if isinstance(model, ResolvedModel) else prepare(model)
+    lengths = positive_ints(prompt_tokens or default_prompt_lengths(rm, max_new_tokens), "prompt_tokens")
+    check_plan(rm, names, lengths, max_new_tokens)
+    writer = ResultsWriter(out) if out else None
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens)
+    n_ctx = max(lengths) + max_new_tokens
+    rows = []
+    bar = tqdm(total=len(names) * len(lengths) * reps, desc="context sweep", unit="req", disable=not progress)
+    try:
+        for name in names:
+            engine = load_engine(name, rm, n_ctx=n_ctx)
+            try:
+                for n in lengths:
+                    ids = prompt_of_length(rm, n, corpus=corpus)
+                    workload = {"sweep": "context", "prompt_tokens": n, "max_new_tokens": max_new_tokens,
+                                "warmup": warmup, "reps": reps, "corpus": corpus}
+                    manifest = run_manifest(engine, workload)
+                    for _ in range(warmup):
+                        if cancel is not None and cancel.is_set():
+                            return pd.DataFrame(rows)
+                        engine.generate(ids, cfg)
+                    for rep in range(reps):
+                        if cancel is not None and cancel.is_set():
+                            return pd.DataFrame(rows)
+                        trace = engine.generate(ids, cfg)
+                        row = trace_row(trace, manifest, sweep="context", mode="single", concurrency=1,
+                                        repetition=rep, request_index=rep)
+                        rows.append(row)
+                        if writer:
+                            writer.append(row)
+                        if on_row:
+                            on_row(row)
+                        bar.update(1)
+            finally:
+                engine.close()
+    finally:
+        bar.close()
+    return pd.DataFrame(rows)

@@ -1,0 +1,72 @@
+"""Will it fit? Weights plus KV cache against the RAM available now.
+
+KV cache per token = 2 (K and V) x layers x KV heads x head size x bytes per
+element (the standard count for grouped-query attention, e.g. Pope et al.,
+"Efficiently Scaling Transformer Inference", 2022). Weights: the bytes the
+engine reads (GGUF file for llama.cpp, safetensors for transformers and MLX).
+An estimate, not a promise: activations and allocator slack come on top,
+hence the 20 % headroom.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .errors import LabError
+
+HEADROOM = 1.2
+KV_BYTES = {"llama.cpp": 2, "transformers": 4, "mlx": 4}  # f16 KV in llama.cpp; float32 models elsewhere
+
+
+def model_shape(model) -> dict:
+    """{layers, kv_heads, head_dim} from the model's HF or MLX config."""
+    folder = model.hf_path or model.mlx_path
+    if not folder:
+        raise LabError(f"{model.source}: no config.json to read the model's shape from; run `lablib prepare`")
+    cfg = json.loads((Path(folder) / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    heads = cfg["num_attention_heads"]
+    return {"layers": cfg["num_hidden_layers"], "kv_heads": cfg.get("num_key_value_heads", heads),
+            "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // heads}
+
+
+def weights_bytes(model, engine: str) -> int:
+    """Bytes of weights the engine loads."""
+    if engine == "llama.cpp" and model.gguf_path:
+        return Path(model.gguf_path).stat().st_size
+    folder = model.hf_path if engine == "transformers" else model.mlx_path
+    if not folder:
+        return model.parameters * 4
+    return sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
+
+
+def kv_cache_bytes(model, engine: str, tokens: int) -> int:
+    """KV cache bytes for ``tokens`` tokens (all sequences together)."""
+    s = model_shape(model)
+    return 2 * s["layers"] * s["kv_heads"] * s["head_dim"] * KV_BYTES.get(engine, 4) * tokens
+
+
+def estimate_bytes(model, engine: str, context_tokens: int, concurrency: int = 1) -> dict:
+    """{weights, kv_cache, total} in bytes for ``concurrency`` sequences of ``context_tokens``."""
+    w = weights_bytes(model, engine)
+    kv = kv_cache_bytes(model, engine, context_tokens * concurrency)
+    return {"weights": w, "kv_cache": kv, "total": int((w + kv) * HEADROOM)}
+
+
+def check_fits(model, engines, context_tokens: int, concurrency: int = 1, available: int | None = None) -> None:
+    """Raise LabError with the numbers when the largest run will not fit in available RAM.
+
+    Engines are loaded one at a time, so the largest single engine counts.
+    """
+    from .hardware import available_ram_bytes
+
+    available = available_ram_bytes() if available is None else available
+    for engine in engines:
+        est = estimate_bytes(model, engine, context_tokens, concurrency)
+        if est["total"] > available:
+            gib = 2 ** 30
+            raise LabError(
+                f"memory: {engine} needs about {est['total'] / gib:.2f} GiB (weights {est['weights'] / gib:.2f} GiB "
+                f"+ KV cache {est['kv_cache'] / gib:.2f} GiB for {concurrency} x {context_tokens} tokens, +20 % "
+                f"headroom), but {available / gib:.2f} GiB is available. Use shorter contexts, lower "
+                f"concurrency, or a smaller/quantized model.")
