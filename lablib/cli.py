@@ -4,6 +4,11 @@
     lablib prepare [MODEL]             resolve a model, derive its formats (cached)
     lablib run --engine NAME [--model M] [--prompt TEXT | --chat TEXT | --prompt-tokens N]
                --max-new-tokens N [--json]
+    lablib sweep context --engines a,b,c --prompt-tokens 64,256,1024 --max-new-tokens N
+               --reps N [--model M] --out FILE
+    lablib sweep concurrency --engines a,b,c --concurrency 1,2,4,8 --mode serial,batched
+               --requests R --prompt-tokens N --max-new-tokens N [--model M] --out FILE
+    lablib report FILE... --html OUT
 
 Errors the user can act on (LabError) print one message and exit 2.
 """
@@ -99,6 +104,41 @@ def cmd_run(ns) -> int:
     return 0
 
 
+# --- sweep and report ---------------------------------------------------------------------
+def cmd_sweep(ns) -> int:
+    from . import sweep
+    from .results import _suffix
+
+    _suffix(ns.out)  # refuse a bad file name before any work
+    common = dict(model=ns.model, engines=ns.engines, max_new_tokens=ns.max_new_tokens, warmup=ns.warmup,
+                  out=ns.out, progress=not ns.quiet)
+    if ns.kind == "context":
+        df = sweep.context_sweep(prompt_tokens=ns.prompt_tokens, reps=ns.reps, **common)
+        cols = ["engine", "prompt_tokens", "repetition", "prefill_s", "prefill_tps", "ttft_s", "tpot_s",
+                "decode_tps", "e2e_s"]
+        table = df[cols] if len(df) else df
+    else:
+        n_prompt = sweep.positive_ints(ns.prompt_tokens, "prompt_tokens") if ns.prompt_tokens else [None]
+        if len(n_prompt) != 1:
+            raise LabError(f"--prompt-tokens {ns.prompt_tokens}: a concurrency sweep takes one prompt length")
+        df = sweep.concurrency_sweep(concurrency=ns.concurrency, modes=ns.mode, requests=ns.requests,
+                                     prompt_tokens=n_prompt[0], **common)
+        table = sweep.run_table(df) if len(df) else df
+    print(table.to_string(index=False) if len(table) else "no rows")
+    print(f"{len(df)} rows appended to {ns.out}")
+    return 0
+
+
+def cmd_report(ns) -> int:
+    from .plots import report_html
+    from .results import load_results
+
+    df = load_results(*ns.files)
+    path = report_html(df, ns.html)
+    print(f"{len(df)} rows from {len(ns.files)} file(s) -> {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="lablib", description="Inference Engine Lab")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -127,6 +167,28 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--warmup", type=int, default=0, help="unrecorded requests first")
     r.add_argument("--json", action="store_true", help="one JSON object")
     r.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("sweep", help="sweep context length or concurrency; rows appended to --out")
+    s.add_argument("kind", choices=["context", "concurrency"])
+    s.add_argument("--engines", default="transformers,llama.cpp,mlx")
+    s.add_argument("--model", default=None)
+    s.add_argument("--prompt-tokens", default=None,
+                   help="context: lengths such as 64,256,1024 (default log-spaced to the trained context); "
+                        "concurrency: one length (default 64)")
+    s.add_argument("--max-new-tokens", type=int, default=None)
+    s.add_argument("--reps", type=int, default=None, help="context: repetitions per length")
+    s.add_argument("--warmup", type=int, default=1)
+    s.add_argument("--concurrency", default="1,2,4,8", help="concurrency: client counts")
+    s.add_argument("--mode", default="serial,batched", help="concurrency: serial, batched or both")
+    s.add_argument("--requests", type=int, default=None, help="concurrency: requests per level (default 2 x C)")
+    s.add_argument("--out", required=True, help="results file, .jsonl or .parquet (appended)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_sweep)
+
+    rp = sub.add_parser("report", help="write the figures of results files to one self-contained HTML page")
+    rp.add_argument("files", nargs="+")
+    rp.add_argument("--html", required=True)
+    rp.set_defaults(func=cmd_report)
     return ap
 
 

@@ -215,3 +215,124 @@ def context_sweep(model=None, engines=("transformers", "llama.cpp", "mlx"), prom
     finally:
         bar.close()
     return pd.DataFrame(rows)
+
+
+# --- concurrency sweep --------------------------------------------------------------------------
+class _Cancelled(Exception):
+    pass
+
+
+def concurrency_sweep(model=None, engines=("transformers", "llama.cpp", "mlx"), concurrency=(1, 2, 4, 8),
+                      modes=("serial", "batched"), requests: int | None = None, prompt_tokens: int | None = None,
+                      max_new_tokens: int | None = None, warmup: int = 1, out=None, cancel=None, on_row=None,
+                      progress: bool = True, corpus: str = "prose"):
+    """Closed-loop clients against each engine, serial queue versus continuous batching.
+
+    For each engine (loaded once, sized for the largest concurrency), each mode
+    in ``modes`` and each level C in ``concurrency``: C clients, ``requests``
+    requests in all (default 2 x C), each client sending its next request when
+    its previous one finished (:func:`lablib.concurrency.run_closed_loop`).
+    Prompts are ``prompt_tokens`` long (default 64; quick mode 32), all
+    different text, ``max_new_tokens`` output each (default 32; quick 8).
+    ``warmup`` unrecorded requests per engine and mode first. One row per
+    request, appended to ``out`` as it finishes and passed to ``on_row``;
+    ``cancel`` (threading.Event) stops after the request that finishes next,
+    keeping every finished row. Returns a DataFrame of this call's rows.
+    """
+    import uuid
+
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    from .concurrency import MODES, run_closed_loop
+    from .engines import load_engine
+    from .models import ResolvedModel, prepare
+    from .results import ResultsWriter
+    from .workload import prompt_of_length
+
+    quick = quick_mode()
+    levels = positive_ints(concurrency, "concurrency")
+    n_prompt = positive_ints([prompt_tokens or (32 if quick else 64)], "prompt_tokens")[0]
+    n_out = positive_ints([max_new_tokens or (8 if quick else 32)], "max_new_tokens")[0]
+    if isinstance(modes, str):
+        modes = [m for m in modes.split(",") if m.strip()]
+    modes = [m.strip() for m in modes]
+    if not modes or any(m not in MODES for m in modes):
+        raise LabError(f"modes={modes!r}: expected one or more of {', '.join(MODES)}")
+    if requests is not None:
+        requests = positive_ints([requests], "requests")[0]
+    if warmup < 0:
+        raise LabError(f"warmup={warmup}: expected 0 or more")
+    names = engine_names(engines)
+    rm = model if isinstance(model, ResolvedModel) else prepare(model)
+    check_plan(rm, names, [n_prompt], n_out, levels)
+    cmax = max(levels)
+    writer = ResultsWriter(out) if out else None
+    cfg = GenerationConfig(max_new_tokens=n_out)
+    plan = [(c, requests or 2 * c) for c in levels]
+    rows = []
+    bar = tqdm(total=len(names) * len(modes) * sum(r for _, r in plan), desc="concurrency sweep", unit="req",
+               disable=not progress)
+
+    def keep(trace, manifest, labels):
+        row = trace_row(trace, manifest, **labels, request_index=trace.request_index,
+                        client=getattr(trace, "client", None))
+        rows.append(row)
+        if writer:
+            writer.append(row)
+        if on_row:
+            on_row(row)
+        bar.update(1)
+        if cancel is not None and cancel.is_set():
+            raise _Cancelled
+
+    try:
+        for name in names:
+            kw = {"n_ctx": cmax * (n_prompt + n_out) + 16}
+            if name == "llama.cpp":
+                kw["n_seq_max"] = cmax
+            engine = load_engine(name, rm, **kw)
+            try:
+                for mode in modes:
+                    if warmup:
+                        run_closed_loop(engine, [prompt_of_length(rm, n_prompt, corpus=corpus)] * warmup,
+                                        min(warmup, cmax), mode, cfg)
+                    for c, r in plan:
+                        prompts = [prompt_of_length(rm, n_prompt, corpus=corpus, offset=i * n_prompt)
+                                   for i in range(r)]
+                        workload = {"sweep": "concurrency", "mode": mode, "concurrency": c, "requests": r,
+                                    "prompt_tokens": n_prompt, "max_new_tokens": n_out, "warmup": warmup,
+                                    "corpus": corpus}
+                        manifest = run_manifest(engine, workload)
+                        labels = {"sweep": "concurrency", "mode": mode, "concurrency": c, "repetition": 0,
+                                  "run_id": uuid.uuid4().hex[:12]}
+                        run_closed_loop(engine, prompts, c, mode, cfg,
+                                        on_trace=lambda t, m=manifest, lb=labels: keep(t, m, lb))
+            finally:
+                engine.close()
+    except _Cancelled:
+        pass
+    finally:
+        bar.close()
+    return pd.DataFrame(rows)
+
+
+def run_table(df):
+    """Per concurrency run (engine, mode, concurrency): output tokens/s, requests/s,
+    and p50/p95/p99 of queue wait, TTFT, TPOT and e2e (seconds)."""
+    import pandas as pd
+
+    from .trace import percentile
+
+    out = []
+    for (engine, mode, c, run_id), g in df[df["sweep"] == "concurrency"].groupby(
+            ["engine", "mode", "concurrency", "run_id"], sort=False):
+        makespan = g["t_last_token"].max() - g["t_submit"].min()
+        rec = {"engine": engine, "mode": mode, "concurrency": int(c), "requests": len(g),
+               "output_tps": g["output_tokens"].sum() / makespan, "requests_per_s": len(g) / makespan}
+        for metric in ("queue_s", "ttft_s", "tpot_s", "e2e_s"):
+            vals = [v for v in g[metric] if v is not None and v == v]
+            for q in (50, 95, 99):
+                rec[f"{metric[:-2]}_p{q}_s"] = percentile(vals, q) if vals else None
+        out.append(rec)
+    return pd.DataFrame(out)

@@ -1,0 +1,121 @@
+"""Sweeps: parameters and guards, durable rows, cancel and crash, on the real default model."""
+import json
+import threading
+
+import pandas as pd
+import pytest
+
+from lablib import memory, sweep
+from lablib.errors import ContextOverflowError, LabError
+from lablib.results import ResultsWriter, load_results
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_results_are_appended_and_earlier_rows_kept(tmp_path, suffix):
+    path = tmp_path / f"r{suffix}"
+    w = ResultsWriter(path)
+    w.append({"engine": "a", "e2e_s": 1.5, "itl_s": [0.1, 0.2]})
+    w.append({"engine": "b", "e2e_s": 2.5, "itl_s": [0.3]})
+    assert list(load_results(path)["engine"]) == ["a", "b"]
+    ResultsWriter(path).append({"engine": "c", "e2e_s": 3.5, "itl_s": []})  # a later sweep adds
+    df = load_results(path)
+    assert list(df["e2e_s"]) == [1.5, 2.5, 3.5]
+    assert list(df["itl_s"][0]) == [0.1, 0.2]
+
+
+def test_load_merges_files_and_names_the_source(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.parquet"
+    ResultsWriter(a).append({"engine": "x", "hostname": "laptop-1"})
+    ResultsWriter(b).append({"engine": "x", "hostname": "laptop-2"})
+    df = load_results(a, b)
+    assert list(df["hostname"]) == ["laptop-1", "laptop-2"]
+    assert list(df["source_file"]) == [str(a), str(b)]
+    with pytest.raises(LabError, match="not found"):
+        load_results(tmp_path / "missing.jsonl")
+    with pytest.raises(LabError, match=r"\.jsonl or \.parquet"):
+        load_results(tmp_path / "x.csv")
+
+
+def test_parameter_guards():
+    with pytest.raises(LabError, match="is empty"):
+        sweep.positive_ints([], "prompt_tokens")
+    with pytest.raises(LabError, match=r"at least 1 \(got \[0\]\)"):
+        sweep.positive_ints("64,0", "prompt_tokens")
+    with pytest.raises(LabError, match=r"got \[-2\]"):
+        sweep.positive_ints([4, -2], "concurrency")
+    with pytest.raises(LabError, match="whole numbers"):
+        sweep.positive_ints("64,abc", "prompt_tokens")
+    assert sweep.positive_ints("64, 256", "x") == [64, 256]
+    with pytest.raises(LabError, match="unknown engine 'vllm'"):
+        sweep.engine_names("llama.cpp,vllm")
+    with pytest.raises(LabError, match="no engine"):
+        sweep.engine_names("")
+    assert sweep.engine_names("hf,llamacpp,llama.cpp") == ["transformers", "llama.cpp"]
+
+
+def test_plan_refuses_context_overflow_and_memory(model):
+    with pytest.raises(ContextOverflowError, match="8190 \\+ output 8 = 8198 tokens.*trained to 8192"):
+        sweep.check_plan(model, ["llama.cpp"], [64, 8190], 8)
+    with pytest.raises(LabError, match=r"memory: transformers needs about .* GiB .* KV cache .* for 8 x 4096 tokens"):
+        memory.check_fits(model, ["transformers"], 4096, 8, available=256 * 2**20)
+    memory.check_fits(model, ["llama.cpp"], 4096, 1, available=8 * 2**30)  # fits: no error
+
+
+def test_kv_cache_size_of_the_default_model(model):
+    # 30 layers x 3 KV heads x 64 dims x (K and V), f16 in llama.cpp, f32 in transformers
+    assert memory.kv_cache_bytes(model, "llama.cpp", 1) == 2 * 30 * 3 * 64 * 2 == 23040
+    assert memory.kv_cache_bytes(model, "transformers", 1000) == 2 * 30 * 3 * 64 * 4 * 1000
+    est = memory.estimate_bytes(model, "llama.cpp", 100, 2)
+    assert est["weights"] > 90e6 and est["kv_cache"] == 23040 * 200
+
+
+def test_default_prompt_lengths(model, monkeypatch):
+    monkeypatch.setenv("LABLIB_QUICK", "0")
+    assert sweep.default_prompt_lengths(model, 32) == [64, 128, 256, 512, 1024, 2048, 4096]
+    monkeypatch.setenv("LABLIB_QUICK", "1")
+    assert sweep.default_prompt_lengths(model, 32) == [64, 256]
+
+
+def test_context_sweep_rows_and_file(model, tmp_path):
+    out = tmp_path / "ctx.jsonl"
+    df = sweep.context_sweep(model, engines=["llama.cpp"], prompt_tokens=[16, 48], max_new_tokens=3, reps=2,
+                             warmup=1, out=out, progress=False)
+    assert list(df["prompt_tokens"]) == [16, 16, 48, 48]
+    assert list(df["repetition"]) == [0, 1, 0, 1]
+    assert (df["output_tokens"] == 3).all() and (df["cached_tokens"] == 0).all()
+    assert (df["sweep"] == "context").all() and (df["engine"] == "llama.cpp").all()
+    on_disk = load_results(out)
+    assert len(on_disk) == 4 and list(on_disk["prompt_tokens"]) == [16, 16, 48, 48]
+    assert on_disk["model_sha256"].str.len().eq(64).all()
+
+
+def test_cancelled_sweep_keeps_every_finished_row(model, tmp_path):
+    out = tmp_path / "ctx.parquet"
+    cancel = threading.Event()
+    seen = []
+
+    def on_row(row):
+        seen.append(row)
+        if len(seen) == 2:
+            cancel.set()
+
+    df = sweep.context_sweep(model, engines=["llama.cpp"], prompt_tokens=[16, 32, 48], max_new_tokens=2, reps=1,
+                             warmup=0, out=out, cancel=cancel, on_row=on_row, progress=False)
+    assert len(df) == 2 and len(load_results(out)) == 2
+    assert list(load_results(out)["prompt_tokens"]) == [16, 32]
+
+
+def test_crashed_sweep_keeps_every_finished_row(model, tmp_path):
+    out = tmp_path / "ctx.jsonl"
+    count = []
+
+    def on_row(row):
+        count.append(1)
+        if len(count) == 2:
+            raise RuntimeError("kernel died")
+
+    with pytest.raises(RuntimeError):
+        sweep.context_sweep(model, engines=["llama.cpp"], prompt_tokens=[16, 32, 48], max_new_tokens=2, reps=1,
+                            warmup=0, out=out, on_row=on_row, progress=False)
+    lines = out.read_text().splitlines()
+    assert [json.loads(line)["prompt_tokens"] for line in lines] == [16, 32]
