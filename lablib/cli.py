@@ -9,6 +9,8 @@
     lablib sweep concurrency --engines a,b,c --concurrency 1,2,4,8 --mode serial,batched
                --requests R --prompt-tokens N --max-new-tokens N [--model M] --out FILE
     lablib report FILE... --html OUT
+    lablib compare [--model M] [--engines a,b,c] [--reference ENGINE]
+               (--prompt TEXT | --messages FILE | --ids FILE) [--json]
 
 Errors the user can act on (LabError) print one message and exit 2.
 """
@@ -139,6 +141,46 @@ def cmd_report(ns) -> int:
     return 0
 
 
+# --- compare -------------------------------------------------------------------------------
+def cmd_compare(ns) -> int:
+    from pathlib import Path
+
+    from .compare import compare
+
+    messages = ids = None
+    if ns.messages:
+        messages = json.loads(Path(ns.messages).read_text())
+        if isinstance(messages, dict):
+            messages = messages.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise LabError(f"--messages {ns.messages}: expected a JSON list of {{role, content}} objects "
+                           "(or an object with a 'messages' list)")
+    if ns.ids:
+        data = json.loads(Path(ns.ids).read_text())
+        ids = data.get("prompt_token_ids") if isinstance(data, dict) else data
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids) or not ids:
+            raise LabError(f"--ids {ns.ids}: expected a JSON list of token ids (or an object with "
+                           "'prompt_token_ids')")
+    engine_models = {}
+    for spec in ns.engine_model or []:
+        name, _, path = spec.partition("=")
+        if not path:
+            raise LabError(f"--engine-model {spec!r}: expected ENGINE=PATH, e.g. mlx=./my-mlx-folder")
+        engine_models[name] = path
+    result = compare(ns.model, engines=ns.engines.split(","), reference=ns.reference, prompt=ns.prompt,
+                     messages=messages, ids=ids, max_new_tokens=ns.max_new_tokens, engine_models=engine_models)
+    if ns.json:
+        print(json.dumps(result.to_dict(), default=str))
+        return 0
+    for c in result.checks:
+        mark = {True: "ok  ", False: "DIFF", None: "n/a "}[c.ok]
+        print(f"[{mark}] {c.name:<10} {c.verdict}")
+    v = result.verdict
+    print(f"\nverdict: {v['layer']}" + (f" at position {v['position']}" if v.get("position") is not None else "")
+          + (" (near-tie)" if v.get("near_tie") else "") + f"\n  {v['text']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="lablib", description="Inference Engine Lab")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -189,6 +231,20 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("files", nargs="+")
     rp.add_argument("--html", required=True)
     rp.set_defaults(func=cmd_report)
+
+    c = sub.add_parser("compare", help="is it the engine or the model? checks in order, one verdict")
+    c.add_argument("--model", default=None)
+    c.add_argument("--engines", default="transformers,llama.cpp,mlx")
+    c.add_argument("--reference", default="transformers", help="the engine the others are held against")
+    g = c.add_mutually_exclusive_group()
+    g.add_argument("--prompt", help="raw text")
+    g.add_argument("--messages", help="JSON file: a list of chat messages")
+    g.add_argument("--ids", help="JSON file: a list of prompt token ids")
+    c.add_argument("--engine-model", action="append", metavar="ENGINE=PATH",
+                   help="another model for one engine, e.g. mlx=./suspicious-mlx-folder")
+    c.add_argument("--max-new-tokens", type=int, default=24)
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_compare)
     return ap
 
 

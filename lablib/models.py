@@ -488,3 +488,23 @@ def _now() -> float:
     import time
 
     return time.perf_counter()
+
+
+def folder_with_config(folder, config, out) -> Path:
+    """A copy of model ``folder`` at ``out`` whose config.json is ``config`` (a dict or a
+    path); weights are linked, not copied. For experiments such as "what does mlx-lm do
+    with a config written by transformers 5?" (../shared/cases/rope_theta_v5)."""
+    folder, out = Path(folder), Path(out)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for f in folder.iterdir():
+        if f.name == "config.json" or not f.is_file():
+            continue
+        if f.suffix == ".safetensors":
+            (out / f.name).symlink_to(f.resolve())
+        else:
+            shutil.copy(f, out / f.name)
+    cfg = config if isinstance(config, dict) else json.loads(Path(config).read_text())
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return out

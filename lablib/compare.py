@@ -1,0 +1,482 @@
+"""Is it the engine or the model? Every place two engines can disagree, checked in order.
+
+1. config     the model's settings as each engine *uses* them (RoPE base read back
+              from the loaded rotary embedding, not only from a file)
+2. tokenizer  the same text through each engine's tokenizer
+3. template   the same messages through each engine's chat template
+4. logits     the same ids teacher-forced: top-k, argmax agreement, KL, max |dlogp|
+5. generation greedy continuations side by side, first divergence
+
+Each check returns a :class:`Check` (a pandas DataFrame plus a one-line
+verdict); :func:`compare` runs them in order and names the first layer that
+disagrees: ``config``, ``tokenizer``, ``template``, ``numerics`` (with
+``near_tie`` when the reference's top-2 margin at the divergence is below
+:data:`NEAR_TIE_NATS`) or ``none``. The reference defaults to transformers in
+float32: slow, but the faithful arithmetic.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .errors import LabError
+
+NEAR_TIE_NATS = 0.5  # top-2 log-prob margin below which a flip is a near-tie (p1/p2 < e^0.5 = 1.65)
+KL_OK = 0.05  # nats; mean KL above this is numerics beyond rounding (first_token_flip: 0.0069)
+TOP_K = 5
+LAYERS = ("config", "tokenizer", "template", "numerics", "none")
+
+
+@dataclass
+class Check:
+    """One check's outcome. ``ok``: True agree, False disagree, None could not run."""
+
+    name: str
+    ok: bool | None
+    verdict: str
+    table: object = None  # pandas DataFrame
+    details: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        table = None
+        if self.table is not None:
+            table = self.table.astype(object).where(self.table.notna(), None).to_dict("records")
+        return {"name": self.name, "ok": self.ok, "verdict": self.verdict, "table": table,
+                "details": _plain(self.details)}
+
+
+def _plain(x):
+    import numpy as np
+
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return x
+
+
+# --- 1. config ------------------------------------------------------------------------------
+CONFIG_KEYS = ("rope_theta", "rope_scaling", "rms_norm_eps", "n_heads", "n_kv_heads", "head_dim", "n_layers",
+               "vocab_size", "context_length", "tie_word_embeddings", "bos_id", "eos_id")
+
+
+def gguf_config(path) -> dict:
+    """The settings a GGUF file states (what llama.cpp reads)."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+
+    def val(key, default=None):
+        f = r.fields.get(key)
+        return f.contents() if f is not None else default
+
+    arch = val("general.architecture", "")
+    heads = val(f"{arch}.attention.head_count")
+    embd = val(f"{arch}.embedding_length")
+    scaling = val(f"{arch}.rope.scaling.type")
+    names = {t.name for t in r.tensors}
+    return {
+        "rope_theta": float(val(f"{arch}.rope.freq_base", 10000.0)),
+        "rope_scaling": None if scaling in (None, "none") else {"type": scaling,
+                                                                "factor": val(f"{arch}.rope.scaling.factor")},
+        "rms_norm_eps": float(val(f"{arch}.attention.layer_norm_rms_epsilon", float("nan"))),
+        "n_heads": heads, "n_kv_heads": val(f"{arch}.attention.head_count_kv", heads),
+        "head_dim": val(f"{arch}.rope.dimension_count") or (embd // heads if embd and heads else None),
+        "n_layers": val(f"{arch}.block_count"),
+        "vocab_size": val(f"{arch}.vocab_size") or len(val("tokenizer.ggml.tokens", [])),
+        "context_length": val(f"{arch}.context_length"),
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_id": val("tokenizer.ggml.bos_token_id"), "eos_id": val("tokenizer.ggml.eos_token_id"),
+    }
+
+
+def engine_config(engine) -> dict:
+    """The settings ``engine`` uses, read from the loaded engine where it exposes them."""
+    if engine.name == "llama.cpp":
+        return _llama_config(engine)
+    if engine.name == "transformers":
+        return _hf_config(engine)
+    if engine.name == "mlx":
+        return _mlx_config(engine)
+    raise LabError(f"no config reader for engine {engine.name!r}")
+
+
+def _llama_config(e) -> dict:
+    lib, m = e._lib, e.llm._model.model
+    cfg = gguf_config(e.model.gguf_path)  # llama.cpp uses the file's values as stated
+    ctx_base = e.llm.context_params.rope_freq_base  # 0 means "from the model"
+    cfg.update(n_heads=lib.llama_model_n_head(m), n_kv_heads=lib.llama_model_n_head_kv(m),
+               n_layers=lib.llama_model_n_layer(m), context_length=lib.llama_model_n_ctx_train(m),
+               vocab_size=lib.llama_vocab_n_tokens(e.vocab), bos_id=lib.llama_vocab_bos(e.vocab),
+               eos_id=lib.llama_vocab_eos(e.vocab))
+    if ctx_base:
+        cfg["rope_theta"] = float(ctx_base)
+    return cfg
+
+
+def _rope_base_from_inv_freq(inv_freq, head_dim: int) -> float:
+    """inv_freq[i] = base^(-2i/d)  =>  base = inv_freq[1]^(-d/2) (RoFormer, Su et al. 2021)."""
+    return float(inv_freq[1]) ** (-head_dim / 2)
+
+
+def _hf_config(e) -> dict:
+    c = e.hf.config
+    heads = c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    rp = getattr(c, "rope_parameters", None) or {}
+    rotary = getattr(getattr(e.hf, "model", None), "rotary_emb", None)
+    theta = (_rope_base_from_inv_freq(rotary.inv_freq, head_dim) if rotary is not None
+             else rp.get("rope_theta", getattr(c, "rope_theta", None)))
+    scaling = None if rp.get("rope_type", "default") == "default" else {k: v for k, v in rp.items() if k != "rope_theta"}
+    eos = c.eos_token_id[0] if isinstance(c.eos_token_id, list) else c.eos_token_id
+    return {"rope_theta": theta, "rope_scaling": scaling, "rms_norm_eps": c.rms_norm_eps, "n_heads": heads,
+            "n_kv_heads": getattr(c, "num_key_value_heads", heads), "head_dim": head_dim,
+            "n_layers": c.num_hidden_layers, "vocab_size": c.vocab_size,
+            "context_length": c.max_position_embeddings,
+            "tie_word_embeddings": bool(getattr(c, "tie_word_embeddings", False)),
+            "bos_id": c.bos_token_id, "eos_id": eos}
+
+
+def _mlx_config(e) -> dict:
+    a = e.mlx_model.args
+    heads = a.num_attention_heads
+    head_dim = getattr(a, "head_dim", None) or a.hidden_size // heads
+    theta = getattr(a, "rope_theta", None)
+    try:  # the RoPE module the layers really call
+        theta = float(e.mlx_model.model.layers[0].self_attn.rope.base)
+    except AttributeError:
+        pass
+    eos = e.config.get("eos_token_id")
+    return {"rope_theta": theta, "rope_scaling": getattr(a, "rope_scaling", None),
+            "rms_norm_eps": a.rms_norm_eps, "n_heads": heads,
+            "n_kv_heads": getattr(a, "num_key_value_heads", heads) or heads, "head_dim": head_dim,
+            "n_layers": a.num_hidden_layers, "vocab_size": a.vocab_size,
+            "context_length": e.config.get("max_position_embeddings"),
+            "tie_word_embeddings": bool(getattr(a, "tie_word_embeddings", False)),
+            "bos_id": e.config.get("bos_token_id"), "eos_id": eos[0] if isinstance(eos, list) else eos}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return math.isclose(float(a), float(b), rel_tol=1e-3)
+        except (TypeError, ValueError):
+            return a == b
+    return a == b
+
+
+def check_config(engines: dict, reference: str, gguf_path=None) -> Check:
+    """Settings per engine (columns) against the reference engine (and the GGUF file)."""
+    import pandas as pd
+
+    cols = {}
+    if gguf_path:
+        cols["gguf file"] = gguf_config(gguf_path)
+    for name, e in engines.items():
+        cols[name] = engine_config(e)
+    ref = cols[reference]
+    rows, bad = [], []
+    for key in CONFIG_KEYS:
+        row = {"setting": key, **{c: v[key] for c, v in cols.items()}}
+        mism = [c for c, v in cols.items() if not _same(v[key], ref[key])]
+        row["mismatch"] = ", ".join(mism)
+        if mism:
+            bad.append(f"{key}: " + ", ".join(f"{c} {cols[c][key]}" for c in mism) + f" vs {reference} {ref[key]}")
+        rows.append(row)
+    verdict = "config agrees" if not bad else "config differs: " + "; ".join(bad)
+    return Check("config", not bad, verdict, pd.DataFrame(rows), {"mismatches": bad})
+
+
+# --- 2. tokenizer -------------------------------------------------------------------------------
+def first_difference(a: list, b: list) -> int | None:
+    """First index where two id lists differ (or the shorter length), None when equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _pieces(engine, ids, at: int, width: int = 3) -> list[str]:
+    return [engine.detokenize([t]) for t in ids[at:at + width]]
+
+
+def check_tokenizer(engines: dict, reference: str, text: str) -> Check:
+    """The same text through each engine's tokenizer: identical ids, or the first
+    differing position with the pieces on each side."""
+    import pandas as pd
+
+    ref_ids = engines[reference].tokenize(text)
+    rows, bad = [], []
+    for name, e in engines.items():
+        ids = e.tokenize(text)
+        pos = first_difference(ref_ids, ids)
+        row = {"engine": name, "n_tokens": len(ids), "first_difference": pos,
+               "ids_there": ids[pos:pos + 3] if pos is not None else None,
+               "pieces_there": _pieces(e, ids, pos) if pos is not None else None,
+               "reference_ids_there": ref_ids[pos:pos + 3] if pos is not None else None,
+               "reference_pieces_there": _pieces(engines[reference], ref_ids, pos) if pos is not None else None}
+        rows.append(row)
+        if pos is not None:
+            bad.append(f"{name} differs from {reference} at token {pos}: {row['pieces_there']} "
+                       f"{row['ids_there']} vs {row['reference_pieces_there']} {row['reference_ids_there']}")
+    verdict = "tokenizers agree" if not bad else "; ".join(bad)
+    return Check("tokenizer", not bad, verdict, pd.DataFrame(rows), {"differences": bad})
+
+
+# --- 3. chat template ---------------------------------------------------------------------------
+TEMPLATE_CASES = {
+    "one turn": [{"role": "user", "content": "What is the capital of France?"}],
+    "one turn + system": [{"role": "system", "content": "You answer in one word."},
+                          {"role": "user", "content": "What is the capital of France?"}],
+    "two turns": [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello. How can I help?"},
+                  {"role": "user", "content": "Name a river."}],
+    "two turns + system": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"},
+                           {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Name a river."}],
+}
+
+
+def check_template(engines: dict, reference: str, cases: dict | None = None) -> Check:
+    """Each case's messages rendered by each engine's own chat path, compared as ids
+    (and as strings), with the number of BOS tokens in each."""
+    import pandas as pd
+
+    rows, bad = [], []
+    for case, messages in (cases or TEMPLATE_CASES).items():
+        ref_ids = engines[reference].apply_chat_template(messages)
+        for name, e in engines.items():
+            try:
+                ids = e.apply_chat_template(messages)
+            except Exception as ex:  # an engine without a template for this model
+                rows.append({"case": case, "engine": name, "error": f"{type(ex).__name__}: {ex}"})
+                bad.append(f"{name} cannot render '{case}': {ex}")
+                continue
+            bos = engines[reference].bos_id
+            pos = first_difference(ref_ids, ids)
+            rows.append({"case": case, "engine": name, "n_tokens": len(ids), "bos_count": ids.count(bos),
+                         "first_difference": pos, "text": e.detokenize(ids),
+                         "pieces_there": _pieces(e, ids, pos) if pos is not None else None})
+            if pos is not None:
+                bad.append(f"'{case}': {name} differs from {reference} at token {pos} "
+                           f"({_pieces(e, ids, pos)} vs {_pieces(engines[reference], ref_ids, pos)})")
+    verdict = "chat templates agree" if not bad else "; ".join(bad)
+    return Check("template", not bad, verdict, pd.DataFrame(rows), {"differences": bad})
+
+
+# --- 4. logits ------------------------------------------------------------------------------------
+def log_softmax(x):
+    import numpy as np
+
+    x = np.asarray(x, dtype=np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def logit_stats(ref_logits, logits, k: int = TOP_K) -> dict:
+    """Per-position comparison of two [positions, vocab] logit arrays.
+
+    Returns arrays over positions: ``kl`` (KL(ref || other), nats),
+    ``max_abs_dlogp``, ``argmax_ref``, ``argmax``, ``margin_ref`` (reference's
+    top-1 minus top-2 log-prob), ``topk_ref``/``topk`` ids and their log-probs.
+    """
+    import numpy as np
+
+    lp_ref, lp = log_softmax(ref_logits), log_softmax(logits)
+    p_ref = np.exp(lp_ref)
+    kl = (p_ref * (lp_ref - lp)).sum(axis=-1)
+    order_ref = np.argsort(-lp_ref, axis=-1)[:, :k]
+    order = np.argsort(-lp, axis=-1)[:, :k]
+    top2 = np.take_along_axis(lp_ref, order_ref[:, :2], axis=-1)
+    return {"kl": kl, "max_abs_dlogp": np.abs(lp_ref - lp).max(axis=-1), "argmax_ref": order_ref[:, 0],
+            "argmax": order[:, 0], "margin_ref": top2[:, 0] - top2[:, 1], "topk_ref": order_ref,
+            "topk_ref_logp": np.take_along_axis(lp_ref, order_ref, -1), "topk": order,
+            "topk_logp": np.take_along_axis(lp, order, -1)}
+
+
+def check_logits(engines: dict, reference: str, ids: list[int], k: int = TOP_K) -> Check:
+    """The same ids teacher-forced through each engine; positions are prompt positions
+    (position i predicts token i + 1; the last predicts the first generated token)."""
+    import pandas as pd
+
+    ref = engines[reference].logits(ids)
+    rows, stats, bad, unavailable = [], {}, [], []
+    for name, e in engines.items():
+        if name == reference:
+            continue
+        try:
+            lg = e.logits(ids)
+        except NotImplementedError as ex:
+            unavailable.append(f"{name}: logits not available ({ex})")
+            continue
+        s = logit_stats(ref, lg, k)
+        stats[name] = s
+        agree = s["argmax"] == s["argmax_ref"]
+        first = int((~agree).argmax()) if (~agree).any() else None
+        rows.append({"engine": name, "positions": len(ids), "argmax_agreement": float(agree.mean()),
+                     "mean_kl": float(s["kl"].mean()), "kl_last": float(s["kl"][-1]),
+                     "max_abs_dlogp": float(s["max_abs_dlogp"].max()), "first_argmax_difference": first,
+                     "margin_ref_there": float(s["margin_ref"][first]) if first is not None else None,
+                     "top5_ref_last": s["topk_ref"][-1].tolist(), "top5_last": s["topk"][-1].tolist()})
+        if float(s["kl"].mean()) > KL_OK:
+            bad.append(f"{name}: mean KL {float(s['kl'].mean()):.3f} nats > {KL_OK}")
+    if unavailable and not rows:
+        return Check("logits", None, "; ".join(unavailable), pd.DataFrame(rows), {"unavailable": unavailable})
+    parts = [f"{r['engine']}: argmax agrees at {r['argmax_agreement']:.0%} of {r['positions']} positions, "
+             f"mean KL {r['mean_kl']:.4f}, max |dlogp| {r['max_abs_dlogp']:.2f}" for r in rows] + unavailable
+    return Check("logits", not bad, "; ".join(parts), pd.DataFrame(rows),
+                 {"stats": stats, "unavailable": unavailable})
+
+
+# --- 5. generation --------------------------------------------------------------------------------
+def check_generation(engines: dict, reference: str, ids: list[int], max_new_tokens: int = 24) -> Check:
+    """Greedy continuations side by side; the first generated position where each differs
+    from the reference, and the reference's top-2 margin there."""
+    import pandas as pd
+
+    from .engines.base import GenerationConfig
+
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens)
+    outs = {name: e.generate(ids, cfg).token_ids for name, e in engines.items()}
+    ref_out = outs[reference]
+    rows, bad = [], []
+    for name, out in outs.items():
+        pos = first_difference(ref_out, out)
+        row = {"engine": name, "text": engines[name].detokenize(out), "first_divergence": pos, "ids": out}
+        if pos is not None:
+            lg = engines[reference].logits(ids + ref_out[:pos])[-1]
+            lp = log_softmax(lg)
+            top = (-lp).argsort()[:2]
+            row.update(reference_top2=top.tolist(), margin_ref=float(lp[top[0]] - lp[top[1]]),
+                       reference_token=engines[reference].detokenize([ref_out[pos]]),
+                       engine_token=engines[name].detokenize([out[pos]]))
+            bad.append(name)
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if not bad:
+        return Check("generation", True, f"greedy texts agree for {max_new_tokens} tokens", df)
+    first = df[df["engine"].isin(bad)].sort_values("first_divergence").iloc[0]
+    verdict = (f"{first['engine']} diverges from {reference} at generated token {first['first_divergence']}: "
+               f"{first['engine_token']!r} vs {first['reference_token']!r} (reference top-2 margin "
+               f"{first['margin_ref']:.3f} nats)")
+    return Check("generation", False, verdict, df,
+                 {"position": int(first["first_divergence"]), "margin_ref": float(first["margin_ref"]),
+                  "engine": first["engine"]})
+
+
+# --- all checks, one verdict ---------------------------------------------------------------------------
+@dataclass
+class Comparison:
+    checks: list
+    verdict: dict  # {"layer", "position", "near_tie", "engine", "text"}
+
+    def check(self, name: str) -> Check:
+        return next(c for c in self.checks if c.name == name)
+
+    def to_dict(self) -> dict:
+        return {"verdict": self.verdict, "checks": [c.to_dict() for c in self.checks]}
+
+
+def decide(checks: list[Check]) -> dict:
+    """The first layer that disagrees, in the order config, tokenizer, template, numerics."""
+    by = {c.name: c for c in checks}
+    for layer in ("config", "tokenizer", "template"):
+        c = by.get(layer)
+        if c is not None and c.ok is False:
+            return {"layer": layer, "position": None, "near_tie": None, "text": c.verdict}
+    gen, lg = by.get("generation"), by.get("logits")
+    if gen is not None and gen.ok is False:
+        margin = gen.details["margin_ref"]
+        return {"layer": "numerics", "position": gen.details["position"], "near_tie": margin < NEAR_TIE_NATS,
+                "engine": gen.details["engine"], "margin_ref": margin,
+                "text": gen.verdict + (" — a numerical near-tie, not a model, template or tokenizer fault"
+                                       if margin < NEAR_TIE_NATS else " — numerics beyond a near-tie")}
+    if lg is not None and lg.ok is False:
+        return {"layer": "numerics", "position": None, "near_tie": False, "text": lg.verdict}
+    return {"layer": "none", "position": None, "near_tie": None,
+            "text": "no disagreement found: config, tokenizer, template, logits and greedy text agree"}
+
+
+def compare(model=None, engines=("transformers", "llama.cpp", "mlx"), reference: str = "transformers",
+            prompt: str | None = None, messages: list | None = None, ids: list | None = None,
+            max_new_tokens: int = 24, engine_models: dict | None = None, loaded: dict | None = None) -> Comparison:
+    """Run the five checks on ``engines`` against ``reference`` and decide.
+
+    The prompt is ``ids``, or ``messages`` rendered by the reference's chat
+    template, or ``prompt`` text through the reference's tokenizer (default:
+    the chat question "What is the capital of France?"). ``engine_models``
+    maps an engine name to another model (path or ResolvedModel) for that
+    engine, e.g. a suspicious MLX folder; ``loaded`` passes engines already
+    loaded. MLX loads as mlx-lm alone would read the folder (no config fixes),
+    so the check sees what a plain mlx-lm user sees.
+    """
+    from .engines import canonical, load_engine
+    from .models import ResolvedModel, prepare
+
+    names = [canonical(n) for n in engines]
+    reference = canonical(reference)
+    if reference not in names:
+        names.insert(0, reference)
+    rm = model if isinstance(model, ResolvedModel) else prepare(model)
+    loaded = dict(loaded or {})
+    for name in names:
+        if name in loaded:
+            continue
+        m = (engine_models or {}).get(name, rm)
+        kw = {"fix_config": False} if name == "mlx" else {}
+        loaded[name] = load_engine(name, m if isinstance(m, ResolvedModel) else prepare(m), **kw)
+    engs = {n: loaded[n] for n in names}
+    ref = engs[reference]
+    if ids is None:
+        if prompt is not None:
+            ids = ref.tokenize(prompt)
+        else:
+            ids = ref.apply_chat_template(messages or TEMPLATE_CASES["one turn"])
+    checks = [check_config(engs, reference, rm.gguf_path)]
+    checks.append(check_tokenizer(engs, reference, prompt if prompt is not None else _PROBE_TEXT))
+    checks.append(check_template(engs, reference))
+    checks.append(check_logits(engs, reference, list(ids)))
+    checks.append(check_generation(engs, reference, list(ids), max_new_tokens))
+    return Comparison(checks, decide(checks))
+
+
+_PROBE_TEXT = ("What is 3333+777? Answer: 4110.\na,b  c\n\n123456 7.5e-3\n  leading spaces\t \n"
+               "naïve café — “quotes” emoji 🙂 日本語\ndef f(x):\n    return x**2  # comment\n")
+
+
+class TokenizerView:
+    """A tokenizer taking part in the tokenizer and template checks without a model:
+    for example the tokenizer transformers builds from a GGUF file
+    (``TokenizerView.from_gguf(path)``). ``logits``/``generate`` are not available,
+    and the checks that need them say so."""
+
+    def __init__(self, tokenizer, name: str = "tokenizer", add_special_tokens: bool = False):
+        self.tok, self.name, self.add_special_tokens = tokenizer, name, add_special_tokens
+
+    @classmethod
+    def from_gguf(cls, gguf_path, name: str = "transformers (GGUF tokenizer)"):
+        from pathlib import Path
+
+        from transformers import AutoTokenizer
+
+        p = Path(gguf_path)
+        return cls(AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name), name)
+
+    @property
+    def bos_id(self):
+        return self.tok.bos_token_id
+
+    def tokenize(self, text: str, add_special: bool = False) -> list[int]:
+        return list(self.tok(text, add_special_tokens=add_special)["input_ids"])
+
+    def detokenize(self, ids) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=False)
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
+        text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return self.tokenize(text, add_special=self.add_special_tokens)
+
+    def logits(self, ids):
+        raise NotImplementedError(f"{self.name} is a tokenizer only, it has no model")
