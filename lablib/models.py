@@ -432,6 +432,7 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
                                str(cfg.get("torch_dtype") or cfg.get("dtype") or ""))
         setattr(rm, f"{fmt}_path", str(src))
     rm.name, rm.source = name, str(src)  # the same file may be named differently
+    setattr(rm, f"{fmt}_path", str(src))  # ... or live elsewhere (the cache is keyed by content)
     changed = not prov
     if fmt == "gguf" and "hf" in formats and not (rm.hf_path and Path(rm.hf_path).is_dir()):
         log(f"deriving a Hugging Face folder from {src.name} (dequantizing; ~40 s for 135M)...")

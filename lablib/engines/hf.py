@@ -8,11 +8,19 @@ streamer would emit words, not tokens, and distort TTFT and ITL
 
 transformers has no hard context limit (past its trained length it runs with a
 warning); the lab enforces ``max_position_embeddings`` (or ``n_ctx``).
+
+Batched mode (:meth:`TransformersEngine.batch_session`) is transformers' own
+continuous-batching generation (``model.init_continuous_batching()``, a
+``ContinuousBatchingManager``): a paged KV cache, a FIFO scheduler that packs
+decode tokens and prompt chunks of several requests into one forward pass, run
+by the manager's background thread. Requests stream their outputs (one output
+per step per request); the calling thread stamps each new token id as it
+receives it. Only the manager's thread touches the model during a session.
 """
 from __future__ import annotations
 
 from ..errors import EngineUnavailable, LabError
-from ..trace import RequestTrace
+from ..trace import RequestTrace, now
 from .base import Engine, EngineInfo, GenerationConfig, default_threads
 
 
@@ -101,14 +109,7 @@ class TransformersEngine(Engine):
     def _generate(self, ids, cfg: GenerationConfig, trace: RequestTrace) -> None:
         torch = self._torch
         input_ids = torch.tensor([ids], dtype=torch.long)
-        # Explicit, complete settings (nothing inherited from the model's defaults).
-        # ignore_eos: an empty EOS list, so EOS is generated like any token and
-        # generation goes on (as vLLM's ignore_eos), rather than masked.
-        gen = self._transformers.GenerationConfig(
-            max_new_tokens=cfg.max_new_tokens, do_sample=not cfg.greedy,
-            temperature=None if cfg.greedy else cfg.temperature,
-            top_p=None if cfg.greedy else cfg.top_p, top_k=None,
-            eos_token_id=[] if cfg.ignore_eos else sorted(self._eos), pad_token_id=self._pad)
+        gen = self._generation_config(cfg)
         if not cfg.greedy:
             torch.manual_seed(cfg.seed)
         with torch.inference_mode():
@@ -117,6 +118,24 @@ class TransformersEngine(Engine):
                              generation_config=gen, streamer=_TokenIdStreamer(trace))
         last = trace.token_ids[-1] if trace.token_ids else None
         trace.finish_reason = "stop" if (not cfg.ignore_eos and last in self._eos) else "length"
+
+    def _generation_config(self, cfg: GenerationConfig):
+        """transformers' GenerationConfig for ``cfg``: explicit, complete settings (nothing
+        inherited from the model's defaults). ignore_eos: an empty EOS list, so EOS is
+        generated like any token and generation goes on (as vLLM's ignore_eos), not masked."""
+        return self._transformers.GenerationConfig(
+            max_new_tokens=cfg.max_new_tokens, do_sample=not cfg.greedy,
+            temperature=None if cfg.greedy else cfg.temperature,
+            top_p=None if cfg.greedy else cfg.top_p, top_k=None,
+            eos_token_id=[] if cfg.ignore_eos else sorted(self._eos), pad_token_id=self._pad)
+
+    def batch_session(self, cfg: GenerationConfig, max_sequences: int,
+                      max_seq_tokens: int) -> "TransformersBatchSession":
+        """A continuous-batching session: up to ``max_sequences`` requests per forward pass.
+        ``max_seq_tokens`` (longest prompt + output, tokens) sizes the paged KV cache and is
+        checked against ``n_ctx``."""
+        self.check_context(max_seq_tokens, 0)
+        return TransformersBatchSession(self, cfg, max_sequences, max_seq_tokens)
 
     def logits(self, ids) -> "object":
         """Teacher-forced logits for ``ids``: a float32 numpy array [len(ids), vocab]."""
@@ -127,3 +146,126 @@ class TransformersEngine(Engine):
 
     def close(self) -> None:
         self.hf = None
+
+
+class TransformersBatchSession:
+    """transformers' ContinuousBatchingManager behind the lab's session interface.
+
+    The paged cache holds ``max_sequences`` requests of ``max_seq_tokens`` (pages
+    of ``page_size`` tokens, one spare page each), so no safety margin is kept
+    back (with transformers' default of 15% free pages, new arrivals would wait
+    while a full cache decodes); prefix sharing is off (no request reuses
+    another's KV cache); ``max_batch_tokens`` bounds the tokens of one forward
+    pass (as llama.cpp's n_batch). :meth:`step` waits for the next outputs of
+    the manager's thread, stamps each new token id with the lab's clock as it
+    arrives here, and returns the traces that finished. ``t_start`` is the
+    manager's own stamp of the moment the scheduler took the request out of its
+    waiting queue (``lifespan[0]``, ``time.perf_counter`` in this process: the
+    lab's clock). ``stats``, counted in the scheduler: ``steps`` (forward
+    passes), ``max_sequences_per_step`` (most requests in one forward pass),
+    ``max_decode_sequences_per_step`` (of those, most already decoding),
+    ``max_tokens_per_step`` (most query tokens in one pass). Sampling draws every
+    sequence from one torch generator seeded with ``cfg.seed``.
+    """
+
+    timeout_s = 600.0  # longest wait for one step's outputs before giving up
+
+    def __init__(self, engine: TransformersEngine, cfg: GenerationConfig, max_sequences: int,
+                 max_seq_tokens: int, page_size: int = 32, max_batch_tokens: int = 512):
+        from transformers import ContinuousBatchingConfig
+
+        torch = engine._torch
+        self.engine, self.cfg = engine, cfg
+        pages = -(-max_seq_tokens // page_size) + 1  # ceil, plus one spare page per request
+        cb = ContinuousBatchingConfig(
+            page_size=page_size, num_blocks=max_sequences * pages, safety_margin=0.0,
+            max_batch_tokens=max(max_batch_tokens, max_sequences),
+            max_requests_per_batch=max_sequences, max_blocks_per_request=0,
+            allow_block_sharing=False, use_async_batching=False, use_cuda_graph=False,
+            auto_switch_to_flash=False, seed=cfg.seed)
+        if not cfg.greedy:
+            torch.manual_seed(cfg.seed)
+        self.manager = engine.hf.init_continuous_batching(
+            generation_config=engine._generation_config(cfg), continuous_batching_config=cb)
+        self.manager.warmup()  # builds the cache, scheduler and batch processor in this thread
+        self.stats = {"engine": engine.name, "impl": "transformers ContinuousBatchingManager (paged cache, "
+                      f"attn {engine.hf.config._attn_implementation})", "steps": 0,
+                      "max_sequences_per_step": 0, "max_decode_sequences_per_step": 0,
+                      "max_tokens_per_step": 0, "prompt_tokens": 0, "generated_tokens": 0}
+        self._count_schedule(self.manager.batch_processor.scheduler)
+        self._traces: dict[str, RequestTrace] = {}
+        self._n = 0
+        self.manager.start()
+
+    def _count_schedule(self, scheduler) -> None:
+        """Count, per forward pass, the requests the scheduler put in it (engine state, not clocks)."""
+        schedule, st = scheduler.schedule_batch, self.stats
+
+        def counted(*args, **kw):
+            out = schedule(*args, **kw)
+            reqs = out[0]
+            if reqs:  # a request with generated tokens is decoding; the others are prefilling
+                decoding = sum(1 for r in reqs if r.state.generated_len() > 0)
+                st["steps"] += 1
+                st["max_sequences_per_step"] = max(st["max_sequences_per_step"], len(reqs))
+                st["max_decode_sequences_per_step"] = max(st["max_decode_sequences_per_step"], decoding)
+                st["max_tokens_per_step"] = max(st["max_tokens_per_step"], out[2])
+                st["prompt_tokens"] += sum(r.query_length for r in reqs if r.state.generated_len() == 0)
+                st["generated_tokens"] += sum(1 for r in reqs if r.has_new_token)
+            return out
+
+        scheduler.schedule_batch = counted
+
+    @property
+    def pending(self) -> int:
+        """Requests submitted and not yet finished."""
+        return len(self._traces)
+
+    def submit(self, ids: list[int], trace: RequestTrace) -> None:
+        """Queue prompt ``ids`` with the manager; ``trace`` receives t_start and the token events."""
+        rid = f"lab_{self._n}"
+        self._n += 1
+        eos = [] if self.cfg.ignore_eos else sorted(self.engine.eos_ids)
+        got = self.manager.add_request(list(ids), request_id=rid, max_new_tokens=self.cfg.max_new_tokens,
+                                       streaming=True, eos_token_id=eos)
+        if got is None:
+            raise LabError("transformers' continuous-batching manager refused the request "
+                           f"(state: {self.manager.background_thread_status.can_accept_new_requests()})")
+        self._traces[rid] = trace
+
+    def step(self) -> list[RequestTrace]:
+        """Wait for the next outputs of the manager's thread; the traces finished, in order."""
+        if not self._traces:
+            return []
+        out = self.manager.get_result(timeout=self.timeout_s)
+        if out is None:
+            err = self.manager.background_thread_status.fatal_error
+            state = f"its thread stopped ({err})" if not self.manager.is_running() else \
+                f"no output for {self.timeout_s:.0f} s"
+            raise LabError(f"transformers' continuous batching gave up: {state}")
+        finished = []
+        while out is not None:
+            t = now()
+            trace = self._traces.get(out.request_id)
+            if out.error is not None:
+                raise LabError(f"transformers continuous batching failed on a request: {out.error}")
+            if trace is not None:
+                if trace.t_start is None:
+                    trace.start(out.lifespan[0])
+                for tok in out.generated_tokens[trace.output_tokens:]:
+                    trace.token(tok, t)
+                if out.is_finished():
+                    last = trace.token_ids[-1] if trace.token_ids else None
+                    eos = not self.cfg.ignore_eos and last in self.engine.eos_ids
+                    trace.finish_reason = "stop" if eos else "length"
+                    finished.append(self._traces.pop(out.request_id))
+            out = self.manager.get_result(timeout=0)  # whatever else is already there, no wait
+        return finished
+
+    def close(self) -> None:
+        """Stop the manager's thread (unfinished requests are dropped) and free its cache."""
+        if self.manager is not None:
+            self.manager.stop(block=True, hard_stop=bool(self._traces))
+            self.manager.destroy()
+            self.manager = None
+            self._traces.clear()

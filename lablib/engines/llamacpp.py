@@ -10,11 +10,20 @@ show a near-zero prefill (../shared/cases, "cached prefill").
 
 The context is sized explicitly (``n_ctx``, default: the model's trained
 context), not llama-cpp-python's default of 512 tokens.
+
+Batched mode (:meth:`LlamaCppEngine.batch_session`) is llama.cpp's own
+multi-sequence decode, as llama-server runs its slots: one ``llama_batch``
+carries one decode token for every running sequence plus prompt chunks of
+newly admitted ones (each token tagged with its ``seq_id``), one
+``llama_decode`` advances them all, each sequence samples from its own
+``llama_sampler`` chain at its batch index, and a finished sequence's KV cells
+are freed with ``llama_memory_seq_rm``. Everything runs in the calling thread:
+a ``Llama`` object must never be used from two threads.
 """
 from __future__ import annotations
 
-from ..errors import EngineUnavailable, LabError
-from ..trace import RequestTrace
+from ..errors import ContextOverflowError, EngineUnavailable, LabError
+from ..trace import RequestTrace, now
 from .base import Engine, EngineInfo, GenerationConfig, default_threads
 
 
@@ -24,7 +33,8 @@ class LlamaCppEngine(Engine):
     ``n_ctx``: context window in tokens (default: the model's trained context).
     ``threads``: CPU threads for decode and prefill (default: physical cores).
     ``n_batch``: prompt tokens per ``llama_decode`` call in prefill (default 512).
-    ``n_seq_max``: parallel sequences the context holds (for batched decode).
+    ``n_seq_max``: parallel sequences the context holds (for batched decode); they
+    share one KV buffer of ``n_ctx`` cells.
     """
 
     name = "llama.cpp"
@@ -45,15 +55,39 @@ class LlamaCppEngine(Engine):
         if self._n_ctx_req < 1:
             raise LabError(f"n_ctx={n_ctx}: expected a positive number of tokens")
         self.n_batch = int(n_batch)
+        n_seq_max = int(n_seq_max)
+        if not 1 <= n_seq_max <= llama_cpp.llama_max_parallel_sequences():
+            raise LabError(f"n_seq_max={n_seq_max}: expected 1 to "
+                           f"{llama_cpp.llama_max_parallel_sequences()} parallel sequences")
         self.llm = Llama(model_path=path, n_ctx=self._n_ctx_req, n_batch=self.n_batch,
                          n_ubatch=self.n_batch, n_threads=self.threads,
-                         n_threads_batch=self.threads, n_seq_max=n_seq_max,
-                         kv_unified=True, verbose=verbose)
+                         n_threads_batch=self.threads, verbose=verbose)
+        if n_seq_max > 1:
+            self._reopen_context(n_seq_max, verbose)
         self.ctx = self.llm._ctx.ctx
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
         self._batch = llama_cpp.llama_batch_init(max(self.n_batch, n_seq_max), 0, max(1, n_seq_max))
         self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
         self._eos = {t for t in range(self.llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(self.vocab, t)}
+
+    def _reopen_context(self, n_seq_max: int, verbose: bool) -> None:
+        """Replace the Llama object's context by one holding ``n_seq_max`` sequences.
+
+        llama-cpp-python 0.3's ``Llama()`` has no ``n_seq_max``/``kv_unified``
+        parameters: passed as keywords they fall silently into ``**kwargs`` and
+        the context holds one sequence. So the context is reopened with them set,
+        with one unified KV buffer of ``n_ctx`` cells that all sequences share.
+        """
+        import contextlib
+
+        from llama_cpp._internals import LlamaContext
+
+        params = self.llm.context_params
+        params.n_seq_max, params.kv_unified = n_seq_max, True
+        old = self.llm._ctx
+        old.close()  # free its KV buffer first (idempotent: the Llama's exit stack closes it again)
+        self.llm._ctx = self.llm._stack.enter_context(
+            contextlib.closing(LlamaContext(model=self.llm._model, params=params, verbose=verbose)))
 
     # --- tokenizer -------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:
@@ -164,6 +198,16 @@ class LlamaCppEngine(Engine):
         return {"n_p_eval": d.n_p_eval, "t_p_eval_ms": d.t_p_eval_ms,
                 "n_eval": d.n_eval, "t_eval_ms": d.t_eval_ms}
 
+    def batch_session(self, cfg: GenerationConfig, max_sequences: int,
+                      max_seq_tokens: int) -> "LlamaCppBatchSession":
+        """A continuous-batching session: up to ``max_sequences`` requests decoded together.
+
+        ``max_seq_tokens``: the longest prompt + output of any request, tokens. Raises
+        LabError when the context was loaded with ``n_seq_max < max_sequences`` and
+        ContextOverflowError when ``max_sequences * max_seq_tokens`` exceeds ``n_ctx``.
+        """
+        return LlamaCppBatchSession(self, cfg, max_sequences, max_seq_tokens)
+
     def close(self) -> None:
         if getattr(self, "_batch", None) is not None:
             self._lib.llama_batch_free(self._batch)
@@ -172,3 +216,140 @@ class LlamaCppEngine(Engine):
             self.llm.close()
             self.llm = None
 
+
+class _Seq:
+    """One request inside a batch session: its KV sequence id, sampler and progress."""
+
+    __slots__ = ("trace", "ids", "seq_id", "smpl", "n_prefilled", "pos", "next_token")
+
+    def __init__(self, trace: RequestTrace, ids: list[int]):
+        self.trace, self.ids = trace, ids
+        self.seq_id = self.smpl = self.next_token = None
+        self.n_prefilled = 0  # prompt tokens already sent to llama_decode
+        self.pos = 0  # position of the next token in the sequence
+
+
+class LlamaCppBatchSession:
+    """Continuous batching on one llama.cpp context (see the module docstring).
+
+    :meth:`submit` queues a request (FIFO); :meth:`step` is one ``llama_decode``
+    over every running sequence (decode tokens first, then prompt chunks of new
+    arrivals, at most ``n_batch`` tokens) and returns the traces that finished
+    in it. ``stats``: ``steps`` (llama_decode calls), ``max_sequences_per_step``
+    (most distinct sequences in one batch), ``max_decode_sequences_per_step``
+    (most sequences sampling a token from one batch), ``max_tokens_per_step``,
+    ``prompt_tokens`` (prompt tokens decoded) and ``generated_tokens`` (tokens sampled).
+    Sampling: each sequence has its own chain seeded with ``cfg.seed``, as in serial mode.
+    """
+
+    def __init__(self, engine: LlamaCppEngine, cfg: GenerationConfig, max_sequences: int,
+                 max_seq_tokens: int):
+        lib = engine._lib
+        n_seq_max = lib.llama_n_seq_max(engine.ctx)
+        if max_sequences > n_seq_max:
+            raise LabError(
+                f"llama.cpp batched mode with {max_sequences} concurrent sequences needs a context "
+                f"with n_seq_max >= {max_sequences}, but this engine was loaded with n_seq_max="
+                f"{n_seq_max}; load it with load_engine('llama.cpp', model, n_seq_max={max_sequences}, "
+                f"n_ctx=...)")
+        if max_sequences > engine.n_batch:
+            raise LabError(f"{max_sequences} concurrent sequences need n_batch >= {max_sequences} (one "
+                           f"decode token each per llama_decode); this engine has n_batch={engine.n_batch}")
+        need = max_sequences * max_seq_tokens
+        if need > engine.n_ctx:
+            raise ContextOverflowError(
+                f"context overflow on llama.cpp (batched): {max_sequences} sequences x (prompt + output) "
+                f"{max_seq_tokens} = {need} tokens, but the context holds {engine.n_ctx} (all sequences "
+                f"share it). Load the engine with n_ctx >= {need}, or lower the concurrency, the prompt "
+                f"or max_new_tokens.")
+        self.engine, self.cfg, self.lib = engine, cfg, lib
+        self.max_sequences = max_sequences
+        self._mem = lib.llama_get_memory(engine.ctx)
+        self._free_ids = list(range(max_sequences))
+        self._waiting: list[_Seq] = []
+        self._running: list[_Seq] = []  # admission order
+        self.stats = {"engine": engine.name, "impl": "llama_decode multi-sequence batch",
+                      "steps": 0, "max_sequences_per_step": 0, "max_decode_sequences_per_step": 0,
+                      "max_tokens_per_step": 0, "prompt_tokens": 0, "generated_tokens": 0}
+        engine.clear_kv_cache()  # no request reuses another's KV cells
+
+    @property
+    def pending(self) -> int:
+        """Requests submitted and not yet finished."""
+        return len(self._waiting) + len(self._running)
+
+    def submit(self, ids: list[int], trace: RequestTrace) -> None:
+        """Queue prompt ``ids``; ``trace`` receives t_start and the token events."""
+        self._waiting.append(_Seq(trace, list(ids)))
+
+    def step(self) -> list[RequestTrace]:
+        """One llama_decode over all running sequences; the traces finished in it, in order."""
+        lib, eng, cfg = self.lib, self.engine, self.cfg
+        while self._waiting and self._free_ids:  # admit FIFO into free KV sequences
+            s = self._waiting.pop(0)
+            s.seq_id, s.smpl = self._free_ids.pop(0), eng._sampler(cfg)
+            self._running.append(s)
+        if not self._running:
+            return []
+        # batch entries: (sequence, token, position, wants logits)
+        entries = [(s, s.next_token, s.pos, True) for s in self._running if s.next_token is not None]
+        starting = []
+        budget = eng.n_batch - len(entries)
+        for s in self._running:
+            if s.n_prefilled == len(s.ids) or budget <= 0:
+                continue
+            if s.n_prefilled == 0:
+                starting.append(s)
+            chunk = s.ids[s.n_prefilled:s.n_prefilled + budget]
+            for j, tok in enumerate(chunk):
+                last = s.n_prefilled + j == len(s.ids) - 1
+                entries.append((s, tok, s.n_prefilled + j, last))
+            s.n_prefilled += len(chunk)
+            budget -= len(chunk)
+        b = eng._batch
+        for i, (s, tok, pos, logits) in enumerate(entries):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, int(logits)
+            b.seq_id[i][0] = s.seq_id
+        b.n_tokens = len(entries)
+        t = now()
+        for s in starting:
+            s.trace.start(t)  # the engine begins this request's prefill now
+        eng._decode()
+        st = self.stats
+        st["steps"] += 1
+        st["max_tokens_per_step"] = max(st["max_tokens_per_step"], len(entries))
+        st["max_sequences_per_step"] = max(st["max_sequences_per_step"], len({id(e[0]) for e in entries}))
+        st["prompt_tokens"] += sum(1 for s, tok, pos, _ in entries if pos < len(s.ids))
+        finished, sampling = [], 0
+        for i, (s, _tok, pos, logits) in enumerate(entries):
+            if not logits:
+                continue
+            sampling += 1
+            tok = lib.llama_sampler_sample(s.smpl, eng.ctx, i)
+            s.trace.token(tok)
+            s.pos, s.next_token = pos + 1, tok
+            if not cfg.ignore_eos and tok in eng.eos_ids:
+                s.trace.finish_reason = "stop"
+            elif s.trace.output_tokens >= cfg.max_new_tokens:
+                s.trace.finish_reason = "length"
+            if s.trace.finish_reason is not None:
+                self._release(s)
+                finished.append(s.trace)
+        st["generated_tokens"] += sampling
+        st["max_decode_sequences_per_step"] = max(st["max_decode_sequences_per_step"], sampling)
+        return finished
+
+    def _release(self, s: _Seq) -> None:
+        """Free a finished sequence: its KV cells, its sampler, its sequence id."""
+        self.lib.llama_memory_seq_rm(self._mem, s.seq_id, -1, -1)
+        self.lib.llama_sampler_free(s.smpl)
+        self._running.remove(s)
+        self._free_ids.append(s.seq_id)
+        s.smpl = None
+
+    def close(self) -> None:
+        """Free what is still held (after an error) and clear the KV cache."""
+        for s in list(self._running):
+            self._release(s)
+        self._waiting.clear()
+        self.engine.clear_kv_cache()

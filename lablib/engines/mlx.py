@@ -11,14 +11,22 @@ mlx-lm has no hard context limit; the lab enforces the trained context. The
 config is read with keys that moved between transformers versions lifted back
 to where mlx-lm looks (``lablib.models.normalize_config``): mlx-lm 0.32 reads
 ``rope_theta`` only at the top level and silently uses 10000 otherwise.
+
+Batched mode (:meth:`MLXEngine.batch_session`) is mlx-lm's own continuous
+batching, ``mlx_lm.generate.BatchGenerator``: each ``next()`` runs one decode
+step over every sequence in its generation batch, then prefills newly inserted
+prompts (a separate forward pass, right-padded) and moves them into the
+generation batch. Decode is pipelined: the step that returns token i has
+already queued the computation of token i+1.
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
 from ..errors import EngineUnavailable, LabError
-from ..trace import RequestTrace
+from ..trace import RequestTrace, now
 from .base import Engine, EngineInfo, GenerationConfig, default_threads
 
 
@@ -116,6 +124,13 @@ class MLXEngine(Engine):
                 break
         steps.close()
 
+    def batch_session(self, cfg: GenerationConfig, max_sequences: int,
+                      max_seq_tokens: int) -> "MLXBatchSession":
+        """A continuous-batching session: up to ``max_sequences`` requests decoded together.
+        ``max_seq_tokens`` (longest prompt + output, tokens) is checked against ``n_ctx``."""
+        self.check_context(max_seq_tokens, 0)
+        return MLXBatchSession(self, cfg, max_sequences)
+
     def logits(self, ids):
         """Teacher-forced logits for ``ids``: float32 numpy array [len(ids), vocab]."""
         import numpy as np
@@ -126,6 +141,107 @@ class MLXEngine(Engine):
 
     def close(self) -> None:
         self.mlx_model = None
+
+
+@functools.lru_cache(maxsize=1)
+def _stamping_batch_generator():
+    """mlx-lm's BatchGenerator, recording when each request leaves its queue for prefill."""
+    from mlx_lm.generate import BatchGenerator
+
+    class StampingBatchGenerator(BatchGenerator):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            self.started_at: dict[int, float] = {}  # uid -> lab clock, seconds
+
+        def _make_batch(self, n):
+            # mlx-lm 0.32: pops the first n queued sequences (uid first) to prefill them
+            t = now()
+            for seq in list(self._unprocessed_sequences)[:n]:
+                self.started_at[seq[0]] = t
+            return super()._make_batch(n)
+
+    return StampingBatchGenerator
+
+
+class MLXBatchSession:
+    """mlx-lm's BatchGenerator behind the lab's session interface.
+
+    :meth:`submit` inserts a request (fresh KV cache, its own token budget and
+    stop set); :meth:`step` is one ``BatchGenerator.next()`` and returns the
+    traces that finished in it. A token's timestamp is when ``next()`` handed
+    it back (all tokens of one step share it). ``t_start`` is stamped when the
+    generator takes the request out of its queue to prefill it.
+    ``stats``: ``steps`` (next() calls that ran a decode step),
+    ``max_sequences_per_step`` (most sequences in one decode forward pass),
+    ``max_prefill_sequences_per_step`` (most prompts prefilled in one call),
+    ``prompt_tokens`` and ``generated_tokens`` (mlx-lm's own counters; the last
+    prompt token of each request counts as decode input, not prompt). Sampling
+    draws every sequence from one random stream seeded with ``cfg.seed``.
+    """
+
+    def __init__(self, engine: MLXEngine, cfg: GenerationConfig, max_sequences: int):
+        self.engine, self.cfg = engine, cfg
+        # one sampler for the batch (mlx-lm samples it in one call, from one random stream)
+        sampler = engine._sampler(cfg)
+        self.gen = _stamping_batch_generator()(
+            engine.mlx_model, max_tokens=cfg.max_new_tokens, sampler=sampler,
+            completion_batch_size=max_sequences, prefill_batch_size=max_sequences,
+            prefill_step_size=engine.prefill_step_size)
+        self._stop = None  # ignore_eos: no stop set; EOS is generated like any token
+        if not cfg.ignore_eos:
+            from mlx_lm.generate import StopSequences
+
+            self._stop = StopSequences([(t,) for t in sorted(engine.eos_ids)])
+        self._traces: dict[int, RequestTrace] = {}
+        self.stats = {"engine": engine.name, "impl": "mlx_lm BatchGenerator", "steps": 0,
+                      "max_sequences_per_step": 0, "max_prefill_sequences_per_step": 0,
+                      "prompt_tokens": 0, "generated_tokens": 0}
+
+    @property
+    def pending(self) -> int:
+        """Requests submitted and not yet finished."""
+        return len(self._traces)
+
+    def submit(self, ids: list[int], trace: RequestTrace) -> None:
+        """Insert prompt ``ids``; ``trace`` receives t_start and the token events."""
+        stop = None if self._stop is None else [self._stop]
+        uid, = self.gen.insert([list(ids)], max_tokens=[self.cfg.max_new_tokens], stop_sequences=stop)
+        self._traces[uid] = trace
+
+    def step(self) -> list[RequestTrace]:
+        """One BatchGenerator.next(); the traces finished in it, in order."""
+        t0 = now()
+        prompt_resps, gen_resps = self.gen.next()
+        t = now()
+        for uid, ts in self.gen.started_at.items():
+            self._traces[uid].start(ts)
+        self.gen.started_at.clear()
+        for r in prompt_resps:  # fallback should the hook above ever stop firing
+            if self._traces[r.uid].t_start is None:
+                self._traces[r.uid].start(t0)
+        st = self.stats
+        if gen_resps:
+            st["steps"] += 1
+            st["max_sequences_per_step"] = max(st["max_sequences_per_step"], len(gen_resps))
+        prefilling = {r.uid for r in prompt_resps if not r.end_of_prompt}
+        st["max_prefill_sequences_per_step"] = max(st["max_prefill_sequences_per_step"], len(prefilling))
+        finished = []
+        for r in gen_resps:
+            trace = self._traces[r.uid]
+            trace.token(r.token, t)
+            if r.finish_reason is not None:
+                trace.finish_reason = r.finish_reason  # "length" or "stop" (EOS kept in the output)
+                finished.append(self._traces.pop(r.uid))
+        c = self.gen._counters
+        st["prompt_tokens"], st["generated_tokens"] = c.prompt_tokens, c.generation_tokens
+        return finished
+
+    def close(self) -> None:
+        """Drop unfinished requests and release the generator."""
+        if self._traces:
+            self.gen.remove(list(self._traces))
+            self._traces.clear()
+        self.gen.close()
 
 
 def _leaves(tree):
