@@ -59,6 +59,14 @@ def _plain(x):
     return x
 
 
+def _int_cols(df, *cols):
+    """Positions stay integers (pandas' nullable Int64: <NA> where there is none)."""
+    for c in cols:
+        if c in df:
+            df[c] = df[c].astype("Int64")
+    return df
+
+
 # --- 1. config ------------------------------------------------------------------------------
 CONFIG_KEYS = ("rope_theta", "rope_scaling", "rms_norm_eps", "n_heads", "n_kv_heads", "head_dim", "n_layers",
                "vocab_size", "context_length", "tie_word_embeddings", "bos_id", "eos_id")
@@ -224,7 +232,8 @@ def check_tokenizer(engines: dict, reference: str, text: str) -> Check:
             bad.append(f"{name} differs from {reference} at token {pos}: {row['pieces_there']} "
                        f"{row['ids_there']} vs {row['reference_pieces_there']} {row['reference_ids_there']}")
     verdict = "tokenizers agree" if not bad else "; ".join(bad)
-    return Check("tokenizer", not bad, verdict, pd.DataFrame(rows), {"differences": bad})
+    return Check("tokenizer", not bad, verdict, _int_cols(pd.DataFrame(rows), "first_difference"),
+                 {"differences": bad})
 
 
 # --- 3. chat template ---------------------------------------------------------------------------
@@ -263,7 +272,8 @@ def check_template(engines: dict, reference: str, cases: dict | None = None) -> 
                 bad.append(f"'{case}': {name} differs from {reference} at token {pos} "
                            f"({_pieces(e, ids, pos)} vs {_pieces(engines[reference], ref_ids, pos)})")
     verdict = "chat templates agree" if not bad else "; ".join(bad)
-    return Check("template", not bad, verdict, pd.DataFrame(rows), {"differences": bad})
+    return Check("template", not bad, verdict, _int_cols(pd.DataFrame(rows), "first_difference", "bos_count"),
+                 {"differences": bad})
 
 
 # --- 4. logits ------------------------------------------------------------------------------------
@@ -326,7 +336,7 @@ def check_logits(engines: dict, reference: str, ids: list[int], k: int = TOP_K) 
         return Check("logits", None, "; ".join(unavailable), pd.DataFrame(rows), {"unavailable": unavailable})
     parts = [f"{r['engine']}: argmax agrees at {r['argmax_agreement']:.0%} of {r['positions']} positions, "
              f"mean KL {r['mean_kl']:.4f}, max |dlogp| {r['max_abs_dlogp']:.2f}" for r in rows] + unavailable
-    return Check("logits", not bad, "; ".join(parts), pd.DataFrame(rows),
+    return Check("logits", not bad, "; ".join(parts), _int_cols(pd.DataFrame(rows), "first_argmax_difference"),
                  {"stats": stats, "unavailable": unavailable})
 
 
@@ -354,11 +364,11 @@ def check_generation(engines: dict, reference: str, ids: list[int], max_new_toke
                        engine_token=engines[name].detokenize([out[pos]]))
             bad.append(name)
         rows.append(row)
-    df = pd.DataFrame(rows)
+    df = _int_cols(pd.DataFrame(rows), "first_divergence")
     if not bad:
         return Check("generation", True, f"greedy texts agree for {max_new_tokens} tokens", df)
     first = df[df["engine"].isin(bad)].sort_values("first_divergence").iloc[0]
-    verdict = (f"{first['engine']} diverges from {reference} at generated token {first['first_divergence']}: "
+    verdict = (f"{first['engine']} diverges from {reference} at generated token {int(first['first_divergence'])}: "
                f"{first['engine_token']!r} vs {first['reference_token']!r} (reference top-2 margin "
                f"{first['margin_ref']:.3f} nats)")
     return Check("generation", False, verdict, df,

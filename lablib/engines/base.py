@@ -110,6 +110,15 @@ class Engine:
         Must not reuse KV cache from an earlier request."""
         raise NotImplementedError
 
+    @property
+    def bos_id(self) -> int | None:
+        """The BOS token id as this engine's tokenizer knows it (None if it has none)."""
+        raise NotImplementedError
+
+    def logits(self, ids: list[int]):
+        """Teacher-forced logits for ``ids``: float32 numpy array [len(ids), vocab]."""
+        raise NotImplementedError(f"{self.name} does not expose logits")
+
     def close(self) -> None:
         """Free the model (memory) where the library allows it."""
 

@@ -88,9 +88,15 @@ class TransformersEngine(Engine):
         return self.tok.decode(list(ids), skip_special_tokens=False)
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
-        text = self.tok.apply_chat_template(messages, tokenize=False,
-                                            add_generation_prompt=add_generation_prompt)
-        return self.tokenize(text, add_special=False)
+        """transformers' own path: ``apply_chat_template(tokenize=True)`` (adds no
+        special tokens beyond what the template writes)."""
+        out = self.tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt,
+                                           return_dict=True)
+        return list(out["input_ids"])
+
+    @property
+    def bos_id(self) -> int | None:
+        return self.tok.bos_token_id if self.tok.bos_token_id is not None else self.hf.config.bos_token_id
 
     @property
     def eos_ids(self) -> set[int]:

@@ -111,7 +111,13 @@ class LlamaCppEngine(Engine):
         fmt = Jinja2ChatFormatter(self.chat_template(), eos_token=eos, bos_token=bos,
                                   add_generation_prompt=add_generation_prompt)
         text = fmt(messages=messages).prompt
-        return self.tokenize(text, add_special=False)
+        # llama.cpp's own rule: BOS added when the vocabulary asks for it
+        # (tokenizer.ggml.add_bos_token), even if the template wrote one already
+        return self.tokenize(text, add_special=bool(self._lib.llama_vocab_get_add_bos(self.vocab)))
+
+    @property
+    def bos_id(self) -> int:
+        return self._lib.llama_vocab_bos(self.vocab)
 
     @property
     def eos_ids(self) -> set[int]:
@@ -190,6 +196,28 @@ class LlamaCppEngine(Engine):
                 pos += 1
         finally:
             lib.llama_sampler_free(smpl)
+
+    def logits(self, ids) -> "object":
+        """Teacher-forced logits for ``ids``: float32 numpy array [len(ids), vocab]
+        (an empty KV cache first, logits requested for every position)."""
+        import numpy as np
+
+        lib, n_vocab = self._lib, self.llm.n_vocab()
+        ids = [int(i) for i in ids]
+        self.check_context(len(ids), 0)
+        self.clear_kv_cache()
+        out = np.empty((len(ids), n_vocab), dtype=np.float32)
+        for at in range(0, len(ids), self.n_batch):
+            chunk = ids[at:at + self.n_batch]
+            self._fill(chunk, at, logits_last=False)
+            for i in range(len(chunk)):
+                self._batch.logits[i] = 1
+            self._decode()
+            for i in range(len(chunk)):
+                row = lib.llama_get_logits_ith(self.ctx, i)
+                out[at + i] = np.ctypeslib.as_array(row, shape=(n_vocab,))
+        self.clear_kv_cache()
+        return out
 
     def engine_counters(self) -> dict:
         """llama.cpp's own perf counters for the last request (since the reset):

@@ -37,7 +37,7 @@ class MLXEngine(Engine):
     name = "mlx"
 
     def __init__(self, model, n_ctx: int | None = None, threads: int | None = None,
-                 prefill_step_size: int = 2048):
+                 prefill_step_size: int = 2048, fix_config: bool = True):
         super().__init__(model)
         try:
             import mlx.core as mx
@@ -50,7 +50,9 @@ class MLXEngine(Engine):
         self._mx, self._mlx_lm = mx, mlx_lm
         path = model.path_for("mlx", self.name)
         cfg = json.loads((Path(path) / "config.json").read_text())
-        self.config_fixes = normalize_config(cfg)  # keys mlx-lm would otherwise misread
+        # keys mlx-lm would otherwise misread; fix_config=False reads the folder as
+        # plain mlx-lm does (lablib.compare uses it to show what mlx-lm users see)
+        self.config_fixes = normalize_config(cfg) if fix_config else {}
         self.mlx_model, self.tok, self.config = load(path, model_config=self.config_fixes or None,
                                                      return_config=True)
         self.threads = threads or default_threads()  # MLX chooses its own CPU threads
@@ -74,9 +76,16 @@ class MLXEngine(Engine):
         return self.tok.decode(list(ids), skip_special_tokens=False)
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
+        """mlx-lm's own path (mlx_lm.generate): render, then add special tokens unless the
+        text already starts with BOS."""
         text = self.tok.apply_chat_template(messages, tokenize=False,
                                             add_generation_prompt=add_generation_prompt)
-        return self.tokenize(text, add_special=False)
+        bos = self.tok.bos_token
+        return self.tokenize(text, add_special=bos is None or not text.startswith(bos))
+
+    @property
+    def bos_id(self) -> int | None:
+        return self.tok.bos_token_id
 
     @property
     def eos_ids(self) -> set[int]:

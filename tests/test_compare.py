@@ -1,0 +1,121 @@
+"""Is it the engine or the model? The handed cases give their right verdicts."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lablib import compare as cmp
+from lablib.models import folder_with_config
+
+CASES = Path(__file__).parent / "data" / "cases"
+
+
+@pytest.fixture(scope="module")
+def flip(model, hf, llama, first_token_flip):
+    return cmp.compare(model, engines=["transformers", "llama.cpp"], ids=first_token_flip["prompt_token_ids"],
+                       loaded={"transformers": hf, "llama.cpp": llama}, max_new_tokens=8)
+
+
+def test_first_token_flip_is_a_numerical_near_tie_at_position_0(flip, first_token_flip):
+    # what must hold on any CPU (first_token_flip.json, robust_checks)
+    assert flip.check("tokenizer").ok and flip.check("template").ok and flip.check("config").ok
+    row = flip.check("logits").table.iloc[0]
+    assert row["kl_last"] < 0.05
+    assert len(set(row["top5_ref_last"]) & set(row["top5_last"])) >= 4
+    assert row["top5_ref_last"] == first_token_flip["observed"]["top5_transformers"]
+    # the verdict
+    v = flip.verdict
+    assert v["layer"] == "numerics" and v["near_tie"] is True and v["position"] == 0
+    assert v["margin_ref"] < cmp.NEAR_TIE_NATS
+    gen = flip.check("generation").table.set_index("engine")
+    assert gen.loc["transformers", "text"].startswith("The capital of France is Paris.")
+
+
+def test_comparison_json_has_the_verdict_object(flip):
+    d = flip.to_dict()
+    json.dumps(d, default=str)
+    assert d["verdict"]["layer"] == "numerics" and d["verdict"]["position"] == 0 and d["verdict"]["near_tie"]
+    assert [c["name"] for c in d["checks"]] == ["config", "tokenizer", "template", "logits", "generation"]
+
+
+def test_rope_theta_v5_config_is_flagged_and_its_damage_shown(model, hf, tmp_path):
+    folder = folder_with_config(model.mlx_path, CASES / "rope_theta_v5" / "config.json", tmp_path / "mlx_v5")
+    r = cmp.compare(model, engines=["transformers", "mlx"], engine_models={"mlx": str(folder)},
+                    loaded={"transformers": hf}, max_new_tokens=8)
+    cfg = r.check("config").table.set_index("setting")
+    assert cfg.loc["rope_theta", "mlx"] == pytest.approx(10000.0)
+    assert cfg.loc["rope_theta", "gguf file"] == 100000.0
+    assert cfg.loc["rope_theta", "transformers"] == pytest.approx(100000.0, rel=1e-3)
+    assert cfg.loc["rope_theta", "mismatch"] == "mlx"
+    assert r.verdict["layer"] == "config" and "rope_theta" in r.verdict["text"]
+    gen = r.check("generation").table.set_index("engine")
+    assert gen.loc["mlx", "first_divergence"] is not None
+    assert not gen.loc["mlx", "text"].startswith("The capital of France")
+
+
+def test_tokenizer_probe_reports_position_and_pieces(model, llama):
+    lines = (CASES / "tokenizer_probe.txt").read_text(encoding="utf-8").splitlines()
+    text = "\n".join(ln.replace("\\n", "\n").replace("\\t", "\t") for ln in lines)
+    view = cmp.TokenizerView.from_gguf(model.gguf_path)
+    check = cmp.check_tokenizer({"llama.cpp": llama, view.name: view}, "llama.cpp", text)
+    assert check.ok is False
+    row = check.table.set_index("engine").loc[view.name]
+    assert row["ids_there"][:2] == [198, 198] and row["reference_ids_there"][0] == 1116
+    assert row["pieces_there"][:2] == ["\n", "\n"] and row["reference_pieces_there"][0] == "\n\n"
+    # the position is where line 2's "\n\n" falls in the probe
+    prefix = llama.tokenize(text)[:row["first_difference"]]
+    assert llama.detokenize(prefix).endswith("a,b  c")
+
+
+def test_a_check_that_cannot_run_says_so(model, llama):
+    view = cmp.TokenizerView.from_gguf(model.gguf_path)
+    check = cmp.check_logits({"llama.cpp": llama, view.name: view}, "llama.cpp", [1, 504, 3575])
+    assert check.ok is None and "not available" in check.verdict
+
+
+def test_template_with_bos_in_its_text_is_caught(model, hf):
+    """A template that writes BOS itself, rendered by a path that adds BOS again: double BOS."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model.hf_path)
+    tok.bos_token = "<|endoftext|>"  # a model whose BOS is separate from the turn markers
+    tok.chat_template = "{{ bos_token }}" + tok.chat_template
+    plain = cmp.TokenizerView(AutoTokenizer.from_pretrained(model.hf_path), "reference")
+    plain.tok.bos_token = "<|endoftext|>"
+    doubled = cmp.TokenizerView(tok, "bos-in-template")
+    check = cmp.check_template({"reference": plain, "bos-in-template": doubled}, "reference")
+    assert check.ok is False
+    rows = check.table[check.table["engine"] == "bos-in-template"]
+    assert (rows["first_difference"] == 0).all()
+    assert (rows["bos_count"] == 1).all()  # one BOS id where the reference has none
+
+
+def test_config_neighbours_other_moved_keys(model):
+    """Keys that moved between transformers versions: rope scaling and the norm epsilon."""
+    base = cmp.gguf_config(model.gguf_path)
+    assert base["rope_theta"] == 100000.0 and base["tie_word_embeddings"] is True
+    assert base["n_kv_heads"] == 3 and base["head_dim"] == 64 and base["rms_norm_eps"] == pytest.approx(1e-5)
+    assert cmp._same(100000.0, 100000.04) and not cmp._same(10000.0, 100000.0)
+
+
+def test_decide_orders_layers():
+    ok = lambda n: cmp.Check(n, True, "ok")  # noqa: E731
+    bad = lambda n: cmp.Check(n, False, f"{n} differs")  # noqa: E731
+    gen = cmp.Check("generation", False, "g", details={"position": 3, "margin_ref": 2.0, "engine": "x"})
+    assert cmp.decide([ok("config"), bad("tokenizer"), bad("template"), gen])["layer"] == "tokenizer"
+    d = cmp.decide([ok("config"), ok("tokenizer"), ok("template"), ok("logits"), gen])
+    assert d["layer"] == "numerics" and d["position"] == 3 and d["near_tie"] is False
+    assert cmp.decide([ok("config"), ok("generation")])["layer"] == "none"
+
+
+def test_cli_compare_json(tmp_path):
+    ids = tmp_path / "ids.json"
+    ids.write_text(json.dumps(json.loads((CASES / "first_token_flip.json").read_text())))
+    p = subprocess.run([sys.executable, "-m", "lablib.cli", "compare", "--engines", "transformers,llama.cpp",
+                        "--ids", str(ids), "--max-new-tokens", "4", "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    v = json.loads(p.stdout)["verdict"]
+    assert v["layer"] == "numerics" and v["position"] == 0 and v["near_tie"] is True
