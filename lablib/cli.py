@@ -9,6 +9,7 @@
     lablib sweep concurrency --engines a,b,c --concurrency 1,2,4,8 --mode serial,batched
                --requests R --prompt-tokens N --max-new-tokens N [--model M] --out FILE
     lablib report FILE... --html OUT
+    lablib merge FILE... --out ALL
     lablib compare [--model M] [--engines a,b,c] [--reference ENGINE]
                (--prompt TEXT | --messages FILE | --ids FILE) [--json]
 
@@ -141,6 +142,15 @@ def cmd_report(ns) -> int:
     return 0
 
 
+def cmd_merge(ns) -> int:
+    from .results import merge_results
+
+    df = merge_results(ns.files, ns.out)
+    hosts = sorted(df["hostname"].dropna().unique()) if "hostname" in df else []
+    print(f"{len(df)} rows from {len(ns.files)} file(s), {len(hosts)} machine(s) {hosts} -> {ns.out}")
+    return 0
+
+
 # --- compare -------------------------------------------------------------------------------
 def cmd_compare(ns) -> int:
     from pathlib import Path
@@ -231,6 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("files", nargs="+")
     rp.add_argument("--html", required=True)
     rp.set_defaults(func=cmd_report)
+
+    mg = sub.add_parser("merge", help="combine results files (several machines) into one")
+    mg.add_argument("files", nargs="+")
+    mg.add_argument("--out", required=True, help=".jsonl or .parquet")
+    mg.set_defaults(func=cmd_merge)
 
     c = sub.add_parser("compare", help="is it the engine or the model? checks in order, one verdict")
     c.add_argument("--model", default=None)

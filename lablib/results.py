@@ -140,3 +140,29 @@ def load_results(*paths):
     if not frames:
         raise LabError("no results files given")
     return pd.concat(frames, ignore_index=True)
+
+
+def merge_results(paths, out):
+    """Combine results files (for example one per workshop laptop) into ``out``.
+
+    Every row keeps its manifest columns (hostname, cpu_model, engine versions)
+    and ``source_file``, so plots can facet by machine. Rows identical in
+    everything (the same file given twice) are kept once. Returns the DataFrame.
+    """
+    from pathlib import Path
+
+    from .errors import LabError
+
+    out = Path(out)
+    _suffix(out)
+    if out.exists():
+        raise LabError(f"{out} exists: merge writes a new file; remove it or name another")
+    df = load_results(*paths)
+    key = [c for c in df.columns if c not in ("source_file",)]
+    df = df.loc[~df[key].astype(str).duplicated()].reset_index(drop=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".parquet":
+        df.to_parquet(out, index=False)
+    else:
+        df.to_json(out, orient="records", lines=True, default_handler=str)
+    return df
