@@ -15,7 +15,7 @@ PORT   ?= 8888
 # JupyterLab refuses to run as root unless told (containers, CI machines)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test prepare doctor benchmark clean
+.PHONY: setup lab test prepare doctor benchmark clean wheelhouse install-offline
 
 setup: $(STAMP)
 
@@ -47,3 +47,21 @@ benchmark: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# Offline rooms (README, "Offline rooms"): on a connected machine of the rooms'
+# kind, `make wheelhouse` puts every wheel the lab needs in $(WHEELHOUSE)/; with
+# the checkout and that folder copied over, `make install-offline` sets the lab
+# up with no network (no index: everything comes from the folder).
+WHEELHOUSE ?= wheelhouse
+WHEELHOUSE_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+
+wheelhouse:
+	$(WHEELHOUSE_PY) -m lablib.wheelhouse --out "$(WHEELHOUSE)" \
+		--torch-spec "$(TORCH_SPEC)" --model-pkg "$(MODEL_PKG)"
+
+install-offline:
+	PYTHON="$(PYTHON)" bash "$(WHEELHOUSE)/install.sh" "$(VENV)" --quiet
+	# the checkout itself, editable as `make setup` has it (notebooks read data/ from it)
+	$(PIP) install --quiet --no-index --no-deps --no-build-isolation -e .
+	$(VENV)/bin/lablib prepare
+	@touch $(STAMP)

@@ -136,7 +136,8 @@ def build_wheel(cache_root: Path, args: str, log=print) -> Path:
         return found[-1]
     out.mkdir(parents=True, exist_ok=True)
     (out / "cmake_args.txt").write_text(args + "\n")
-    env = dict(os.environ, CMAKE_ARGS=args, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
+    env = dict(os.environ, CMAKE_ARGS=args)
+    env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))  # an existing value wins (Binder)
     log(f"llama-cpp-python: building from source (several minutes on 2 cores), CMAKE_ARGS={args!r}")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir",
                     "-w", str(out), LLAMA_CPP_PYTHON], env=env, check=True)

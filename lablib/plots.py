@@ -1,17 +1,380 @@
-"""plotly figures. Each engine keeps one color everywhere; axes carry units; hover shows numbers."""
+"""plotly figures. Each engine keeps one color everywhere; axes carry units; hover shows numbers.
+
+Every function here is a pure function of a results DataFrame (one row per
+measured request, the schema of :func:`lablib.results.trace_row`) and returns a
+``plotly.graph_objects.Figure``. Rows with an ``error`` are left out.
+"""
 from __future__ import annotations
 
 ENGINE_COLORS = {"transformers": "#F2A900", "llama.cpp": "#3D7DCA", "mlx": "#2CA58D"}
 PHASE_OPACITY = {"prefill": 1.0, "decode": 0.55}
+PHASE_PATTERN = {"prefill": "", "decode": "/"}
+QUEUE_COLOR = "#B0B0B0"
+LEGEND_COLOR = "#555555"
+MODE_DASH = {"serial": "dash", "batched": "solid"}
+MODE_ORDER = ("single", "serial", "batched")
+FACETS = ("hostname", "cpu_model")
 
 
 def color(engine: str) -> str:
+    """The engine's color (grey for an engine the lab does not know)."""
     return ENGINE_COLORS.get(engine, "#888888")
 
 
+def mode_dash(mode: str) -> str:
+    """Line style of a scheduling mode: serial dashed, batched solid."""
+    return MODE_DASH.get(mode, "dot")
+
+
+# --- selecting rows -----------------------------------------------------------------------------
+def _need(df, columns, what: str) -> None:
+    from .errors import LabError
+
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise LabError(f"{what} needs the columns {', '.join(missing)}; the data has {', '.join(map(str, df.columns))}")
+
+
+def _ok(df):
+    """Rows without an error."""
+    if "error" in df.columns:
+        df = df[df["error"].isna()]
+    return df
+
+
+def sweep_rows(df, sweep: str):
+    """The rows of one sweep kind ("context" or "concurrency").
+
+    Rows without a ``sweep`` column (``side_by_side``) count as context rows.
+    """
+    df = _ok(df)
+    if "sweep" not in df.columns:
+        return df if sweep == "context" else df.iloc[0:0]
+    return df[df["sweep"] == sweep]
+
+
+def _nonempty(df, what: str, hint: str):
+    from .errors import LabError
+
+    if len(df) == 0:
+        raise LabError(f"{what}: no rows to plot; {hint}")
+    return df
+
+
+def _engines(df) -> list[str]:
+    return list(dict.fromkeys(df["engine"]))
+
+
+def _modes(df) -> list[str]:
+    present = list(dict.fromkeys(df["mode"]))
+    return [m for m in MODE_ORDER if m in present] + [m for m in present if m not in MODE_ORDER]
+
+
+def _pct(values, q: float) -> float:
+    import numpy as np
+
+    vals = [v for v in values if v is not None and v == v]
+    return float(np.percentile(vals, q)) if vals else float("nan")
+
+
+# --- context sweep ------------------------------------------------------------------------------
+def _context_medians(df):
+    d = _nonempty(sweep_rows(df, "context"), "context figure",
+                  "run lablib.sweep.context_sweep(...) or load a results file with context rows")
+    _need(d, ["engine", "prompt_tokens", "output_tokens", "prefill_s", "decode_s", "prefill_tps", "tpot_s"],
+          "context figure")
+    d = d.assign(tpot_ms=d["tpot_s"].astype(float) * 1000.0)
+    g = d.groupby(["engine", "prompt_tokens"], sort=False)
+    med = g.agg(prefill_s=("prefill_s", "median"), decode_s=("decode_s", "median"),
+                prefill_tps=("prefill_tps", "median"), prefill_tps_min=("prefill_tps", "min"),
+                prefill_tps_max=("prefill_tps", "max"), tpot_ms=("tpot_ms", "median"),
+                tpot_ms_min=("tpot_ms", "min"), tpot_ms_max=("tpot_ms", "max"),
+                output_tokens=("output_tokens", "median"), n=("prefill_s", "size")).reset_index()
+    return med.sort_values("prompt_tokens", kind="stable")
+
+
+def context_bars(df, title: str | None = None):
+    """Stacked prefill (solid) and decode (hatched) bars: median seconds per engine, side by side,
+    grouped by prompt length.
+
+    Needs: engine, prompt_tokens, output_tokens, prefill_s, decode_s (context rows: ``sweep ==
+    "context"``, or no ``sweep`` column). Bar heights are the medians over repetitions.
+    """
+    import plotly.graph_objects as go
+
+    med = _context_medians(df)
+    lengths = sorted(med["prompt_tokens"].unique())
+    fig = go.Figure()
+    for engine in _engines(med):
+        m = med[med["engine"] == engine]
+        x = [str(int(n)) for n in m["prompt_tokens"]]
+        custom = m[["prompt_tokens", "output_tokens", "n", "prefill_tps", "tpot_ms"]].to_numpy()
+        for phase in ("prefill", "decode"):
+            extra = ("prefill %{customdata[3]:.1f} tokens/s" if phase == "prefill"
+                     else "%{customdata[1]:.0f} output tokens, TPOT %{customdata[4]:.1f} ms")
+            fig.add_bar(
+                name=f"{engine} · {phase}", legendgroup=engine, offsetgroup=engine, x=x,
+                y=m[f"{phase}_s"].to_numpy(), base=m["prefill_s"].to_numpy() if phase == "decode" else None,
+                marker_color=color(engine), marker_opacity=PHASE_OPACITY[phase],
+                marker_pattern_shape=PHASE_PATTERN[phase], customdata=custom,
+                hovertemplate=(f"<b>{engine}</b> · {phase}<br>prompt %{{customdata[0]:.0f}} tokens<br>"
+                               f"{phase}: %{{y:.3f}} s (median of %{{customdata[2]}})<br>{extra}<extra></extra>"),
+            )
+    n_out = int(med["output_tokens"].median())
+    fig.update_layout(
+        barmode="group", template="plotly_white", legend_title_text="engine · phase",
+        title=title or f"Where the time goes: prefill (solid) and decode of {n_out} tokens (hatched), median",
+        xaxis_title="prompt length (tokens)", yaxis_title="time (s)",
+    )
+    fig.update_xaxes(type="category", categoryorder="array", categoryarray=[str(int(n)) for n in lengths])
+    return fig
+
+
+def context_lines(df, title: str | None = None):
+    """Two panels against prompt length (log x): prefill tokens/s and TPOT in ms; one line per engine,
+    medians with min-max error bars.
+
+    Needs: engine, prompt_tokens, prefill_tps, tpot_s (context rows). TPOT is None for
+    one-token outputs: such points are left out.
+    """
+    from plotly.subplots import make_subplots
+
+    med = _context_medians(df)
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                        subplot_titles=("Prefill speed (compute-bound)", "Decode: time per output token"))
+    for engine in _engines(med):
+        m = med[med["engine"] == engine]
+        for col, (key, unit, fmt) in enumerate((("prefill_tps", "tokens/s", ".1f"), ("tpot_ms", "ms", ".2f")), 1):
+            y = m[key].to_numpy(dtype=float)
+            fig.add_scatter(
+                row=1, col=col, x=m["prompt_tokens"].to_numpy(), y=y, mode="lines+markers",
+                name=engine, legendgroup=engine, showlegend=col == 1,
+                line=dict(color=color(engine), width=2), marker=dict(color=color(engine), size=8),
+                error_y=dict(type="data", symmetric=False, array=m[f"{key}_max"].to_numpy(dtype=float) - y,
+                             arrayminus=y - m[f"{key}_min"].to_numpy(dtype=float), thickness=1, width=3),
+                customdata=m[["n"]].to_numpy(),
+                hovertemplate=(f"<b>{engine}</b><br>prompt %{{x}} tokens<br>%{{y:{fmt}}} {unit} "
+                               "(median of %{customdata[0]})<extra></extra>"),
+            )
+    lengths = sorted(med["prompt_tokens"].unique())
+    fig.update_xaxes(type="log", title_text="prompt length (tokens)", tickvals=lengths,
+                     ticktext=[str(int(n)) for n in lengths])
+    fig.update_yaxes(title_text="prefill (tokens/s)", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="TPOT (ms)", rangemode="tozero", row=1, col=2)
+    fig.update_layout(template="plotly_white", legend_title_text="engine",
+                      title=title or "Prefill speed and decode time per token against prompt length (median)")
+    return fig
+
+
+# --- concurrency sweep --------------------------------------------------------------------------
+def run_table(df):
+    """Per-run table (see :func:`lablib.sweep.run_table`, where it is computed)."""
+    from .sweep import run_table as _run_table
+
+    return _run_table(_ok(df))
+
+
+def concurrency_summary(df, facet_by: str | None = None):
+    """Per (facet, engine, mode, concurrency): median run output_tps over runs, and TTFT p50/p95 (s)
+    over all requests of those runs. Needs the columns of :func:`run_table`."""
+    import pandas as pd
+
+    d = _ok(df)
+    runs = run_table(d)
+    keys = ([facet_by] if facet_by else []) + ["engine", "mode", "concurrency"]
+    rows = []
+    for key, r in d.groupby(keys, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        sel = runs[runs["run_id"].isin(r["run_id"].unique())]
+        rows.append(dict(zip(keys, key), runs=len(sel), requests=len(r),
+                         output_tps=float(sel["output_tps"].median()),
+                         ttft_p50_s=_pct(r["ttft_s"], 50), ttft_p95_s=_pct(r["ttft_s"], 95)))
+    return pd.DataFrame(rows)
+
+
+def concurrency_lines(df, facet_by: str | None = None, title: str | None = None):
+    """Three panels against concurrency (log x): run output tokens/s, TTFT p50 and TTFT p95 (ms,
+    shared y axis); one line per engine and mode, serial dashed, batched solid.
+
+    Needs: run_id, engine, mode, concurrency, output_tokens, t_submit, t_last_token, ttft_s
+    (concurrency rows: ``sweep == "concurrency"``). ``facet_by`` ("hostname" or "cpu_model") puts
+    each machine on its own row of panels, with matched y axes, so machines compare directly.
+    """
+    from plotly.subplots import make_subplots
+
+    from .errors import LabError
+
+    d = _nonempty(sweep_rows(df, "concurrency"), "concurrency figure",
+                  "run lablib.sweep.concurrency_sweep(...) or load a results file with concurrency rows")
+    if facet_by is not None:
+        if facet_by not in FACETS:
+            raise LabError(f"facet_by={facet_by!r}: expected None, 'hostname' or 'cpu_model'")
+        _need(d, [facet_by], "concurrency_lines(facet_by=...)")
+    summ = concurrency_summary(d, facet_by)
+    facets = list(dict.fromkeys(summ[facet_by])) if facet_by else [None]
+    fig = make_subplots(
+        rows=len(facets), cols=3, horizontal_spacing=0.09, vertical_spacing=0.12 if len(facets) > 1 else 0.1,
+        subplot_titles=[t for _ in facets for t in ("Output tokens/s of the run", "TTFT p50", "TTFT p95")],
+        row_titles=[str(f) for f in facets] if facet_by else None)
+    panels = (("output_tps", 1.0, "tokens/s", ".1f"), ("ttft_p50_s", 1000.0, "ms", ".0f"),
+              ("ttft_p95_s", 1000.0, "ms", ".0f"))
+    shown = set()
+    for row, facet in enumerate(facets, 1):
+        s = summ[summ[facet_by] == facet] if facet_by else summ
+        for engine in _engines(s):
+            for mode in _modes(s[s["engine"] == engine]):
+                m = s[(s["engine"] == engine) & (s["mode"] == mode)].sort_values("concurrency")
+                name = f"{engine} · {mode}"
+                for col, (key, scale, unit, fmt) in enumerate(panels, 1):
+                    fig.add_scatter(
+                        row=row, col=col, x=m["concurrency"].to_numpy(), y=m[key].to_numpy(dtype=float) * scale,
+                        mode="lines+markers", name=name, legendgroup=name, showlegend=name not in shown,
+                        line=dict(color=color(engine), dash=mode_dash(mode), width=2),
+                        marker=dict(color=color(engine), size=8, symbol="circle" if mode == "batched" else "square"),
+                        customdata=m[["requests", "runs"]].to_numpy(),
+                        hovertemplate=(f"<b>{engine}</b> · {mode}<br>concurrency %{{x}}<br>%{{y:{fmt}}} {unit}"
+                                       "<br>%{customdata[0]} requests in %{customdata[1]} run(s)<extra></extra>"),
+                    )
+                    shown.add(name)
+    levels = sorted(summ["concurrency"].unique())
+    fig.update_xaxes(type="log", tickvals=levels, ticktext=[str(int(c)) for c in levels])
+    fig.update_xaxes(title_text="concurrency (clients)", row=len(facets))
+    for row in range(1, len(facets) + 1):
+        fig.update_yaxes(title_text="output (tokens/s)", rangemode="tozero", row=row, col=1)
+        fig.update_yaxes(title_text="TTFT (ms)", rangemode="tozero", row=row, col=2)
+        fig.update_yaxes(rangemode="tozero", row=row, col=3)
+        # TTFT p50 and p95 on one scale; each metric on one scale across machines
+        for col in (1, 2, 3):
+            axis = fig.get_subplot(row, col).yaxis
+            ref = fig.get_subplot(1, 2 if col == 3 else col).yaxis.plotly_name.replace("yaxis", "y")
+            if axis.plotly_name.replace("yaxis", "y") != ref:
+                axis.matches = ref
+    # the legend below the panels: three panels need the whole width
+    fig.update_layout(template="plotly_white", legend_title_text="engine · mode",
+                      legend=dict(orientation="h", yanchor="top", y=-0.22 / len(facets), x=0),
+                      margin=dict(b=120), height=380 * len(facets) + 140,
+                      title=title or "Concurrency: throughput and time to first token (serial dashed, batched solid)")
+    return fig
+
+
+def _pick_runs(df, mode, concurrency):
+    """The rows of one run per (mode, engine): the first run at ``concurrency`` (default: the highest)."""
+    from .errors import LabError
+
+    d = sweep_rows(df, "concurrency")
+    if len(d) == 0:
+        d = _ok(df)
+    d = _nonempty(d, "timeline", "run lablib.sweep.concurrency_sweep(...) first")
+    _need(d, ["engine", "mode", "concurrency", "t_submit", "t_start", "t_first_token", "t_last_token"], "timeline")
+    if mode is not None:
+        if mode not in set(d["mode"]):
+            raise LabError(f"timeline: mode={mode!r} is not in the data (modes: {', '.join(_modes(d))})")
+        d = d[d["mode"] == mode]
+    levels = sorted(int(c) for c in d["concurrency"].unique())
+    if concurrency is None:
+        concurrency = levels[-1]
+    elif int(concurrency) not in levels:
+        raise LabError(f"timeline: concurrency={concurrency} is not in the data (levels: {levels})")
+    d = d[d["concurrency"] == int(concurrency)]
+    run_key = "run_id" if "run_id" in d.columns else None
+    picked = {}
+    for m in _modes(d):
+        for engine in _engines(d[d["mode"] == m]):
+            r = d[(d["mode"] == m) & (d["engine"] == engine)]
+            if run_key:
+                r = r[r[run_key] == r[run_key].iloc[0]]
+            picked[(m, engine)] = r
+    return picked, int(concurrency)
+
+
+def timeline_segments(run):
+    """Segments of one run, times relative to its first t_submit (s): a DataFrame with one row
+    per request in arrival order: request_index, prompt_tokens, output_tokens, queue (start, end),
+    prefill (start, end) and decode (start, end).
+
+    Needs: t_submit, t_start, t_first_token, t_last_token (request_index when present)."""
+    r = run.copy()
+    if "request_index" not in r.columns:
+        r["request_index"] = range(len(r))
+    r = r.sort_values(["t_submit", "request_index"], kind="stable")
+    t0 = r["t_submit"].min()
+    out = r[["request_index"] + [c for c in ("prompt_tokens", "output_tokens") if c in r.columns]].copy()
+    out["queue_start"], out["queue_end"] = r["t_submit"] - t0, r["t_start"] - t0
+    out["prefill_start"], out["prefill_end"] = r["t_start"] - t0, r["t_first_token"] - t0
+    out["decode_start"], out["decode_end"] = r["t_first_token"] - t0, r["t_last_token"] - t0
+    return out.reset_index(drop=True)
+
+
+def timeline(df, mode: str | None = None, concurrency: int | None = None, title: str | None = None):
+    """Request timeline: one panel per engine (columns) and mode (rows); one bar row per request
+    in arrival order, with segments queue (grey, t_submit→t_start), prefill (solid,
+    t_start→t_first_token) and decode (hatched, t_first_token→t_last_token), in seconds since the
+    run's first t_submit. One run per panel: the first at ``concurrency`` (default the highest).
+
+    Needs: engine, mode, concurrency, t_submit, t_start, t_first_token, t_last_token (run_id to tell
+    runs apart; request_index, prompt_tokens, output_tokens for hover).
+    """
+    from plotly.subplots import make_subplots
+
+    picked, conc = _pick_runs(df, mode, concurrency)
+    modes = list(dict.fromkeys(m for m, _ in picked))
+    engines = list(dict.fromkeys(e for _, e in picked))
+    titles = []
+    for m in modes:
+        for e in engines:
+            r = picked.get((m, e))
+            if r is None:
+                titles.append(f"{e} · {m}: no run")
+            else:
+                span = float(r["t_last_token"].max() - r["t_submit"].min())
+                titles.append(f"{e} · {m}: {len(r)} requests in {span:.2f} s")
+    n_max = max(len(r) for r in picked.values())
+    row_px = 110 + 24 * n_max
+    height = 130 + len(modes) * row_px
+    fig = make_subplots(rows=len(modes), cols=len(engines), subplot_titles=titles, horizontal_spacing=0.06,
+                        vertical_spacing=min(0.3, 100 / height) if len(modes) > 1 else 0.1)
+    labels = {"queue": "queue (waiting)", "prefill": "prefill (solid)", "decode": "decode (hatched)"}
+    for phase in ("queue", "prefill", "decode"):  # legend entries in a neutral color: engines keep theirs
+        fig.add_bar(row=1, col=1, orientation="h", x=[None], y=[None], name=labels[phase], legendgroup=phase,
+                    marker_color=QUEUE_COLOR if phase == "queue" else LEGEND_COLOR,
+                    marker_opacity=1.0 if phase == "queue" else PHASE_OPACITY[phase],
+                    marker_pattern_shape="" if phase == "queue" else PHASE_PATTERN[phase], hoverinfo="skip")
+    for (m, e), r in picked.items():
+        row, col = modes.index(m) + 1, engines.index(e) + 1
+        seg = timeline_segments(r)
+        y = list(range(len(seg)))
+        for phase in ("queue", "prefill", "decode"):
+            start, end = seg[f"{phase}_start"].to_numpy(), seg[f"{phase}_end"].to_numpy()
+            custom = seg[["request_index"]].assign(p=seg.get("prompt_tokens", 0), o=seg.get("output_tokens", 0),
+                                                   s=start, e=end).to_numpy()
+            fig.add_bar(
+                row=row, col=col, orientation="h", y=y, x=end - start, base=start, name=f"{e} · {phase}",
+                legendgroup=phase, showlegend=False,
+                marker_color=QUEUE_COLOR if phase == "queue" else color(e),
+                marker_opacity=1.0 if phase == "queue" else PHASE_OPACITY[phase],
+                marker_pattern_shape="" if phase == "queue" else PHASE_PATTERN[phase],
+                customdata=custom,
+                hovertemplate=(f"<b>{e}</b> · {m} · request %{{customdata[0]}}<br>{phase}: %{{customdata[3]:.3f}} → "
+                               "%{customdata[4]:.3f} s (%{x:.3f} s)<br>prompt %{customdata[1]} tokens, "
+                               "output %{customdata[2]} tokens<extra></extra>"),
+            )
+        fig.update_yaxes(row=row, col=col, autorange="reversed", tickvals=y,
+                         ticktext=[f"req {int(i)}" for i in seg["request_index"]],
+                         title_text=f"{m}: arrival order" if col == 1 else None)
+        fig.update_xaxes(row=row, col=col, rangemode="tozero",
+                         title_text="time since first submit (s)" if row == len(modes) else None)
+    fig.update_layout(barmode="overlay", bargap=0.25, template="plotly_white", legend_title_text="phase",
+                      height=height,
+                      title=title or f"Request timeline at concurrency {conc}")
+    return fig
+
+
+# --- one-engine-run figure (lab 01) ---------------------------------------------------------------
 def prefill_decode_bars(df, title: str | None = None):
     """Stacked bars, one per engine side by side: median prefill time and median
-    decode time (first to last token) of the requests in ``df``, seconds."""
+    decode time (first to last token) of the requests in ``df``, seconds.
+
+    Needs: engine, prefill_s, decode_s, prompt_tokens, output_tokens."""
     import plotly.graph_objects as go
 
     med = df.groupby("engine", sort=False)[["prefill_s", "decode_s", "prompt_tokens", "output_tokens"]].median()
@@ -31,3 +394,77 @@ def prefill_decode_bars(df, title: str | None = None):
                       title=title or f"Prefill ({n_in} prompt tokens) and decode ({n_out} output tokens), median",
                       yaxis_title="time (s)", xaxis_title="engine")
     return fig
+
+
+# --- one HTML report ------------------------------------------------------------------------------
+MANIFEST_COLUMNS = ("engine", "engine_version", "backend", "dtype", "threads", "quantization", "model",
+                    "cpu_model", "cores", "ram_bytes", "accelerator", "hostname", "lablib_version")
+
+
+def manifest_table(df):
+    """The manifest basics, one row per (hostname, engine): versions, dtype, threads, quantization,
+    model, CPU, cores, RAM (GiB), accelerator, lablib version, first/last time, and row counts."""
+    d = df.copy()
+    cols = [c for c in MANIFEST_COLUMNS if c in d.columns]
+    if "ram_bytes" in cols:
+        d["ram_gib"] = (d["ram_bytes"].astype(float) / 2**30).round(1)
+        cols[cols.index("ram_bytes")] = "ram_gib"
+    keys = [c for c in ("hostname", "engine") if c in cols]
+    if not keys:
+        return d.iloc[0:0]
+    agg = {c: (c, "first") for c in cols if c not in keys}
+    if "time" in d.columns:
+        agg.update(first_time=("time", "min"), last_time=("time", "max"))
+    agg["requests"] = (keys[0], "size")
+    return d.groupby(keys, sort=False, dropna=False).agg(**agg).reset_index()
+
+
+def report_figures(df) -> list:
+    """The figures ``df`` supports: context_bars and context_lines when there are context rows,
+    concurrency_lines (faceted by hostname when there are several) and timeline when there are
+    concurrency rows."""
+    figs = []
+    if len(sweep_rows(df, "context")):
+        figs += [context_bars(df), context_lines(df)]
+    conc = sweep_rows(df, "concurrency")
+    if len(conc):
+        facet = "hostname" if "hostname" in conc.columns and conc["hostname"].nunique() > 1 else None
+        figs.append(concurrency_lines(df, facet_by=facet))
+        figs.append(timeline(df))
+    return figs
+
+
+def report_html(df, path, title: str = "Inference Engine Lab results"):
+    """Write every figure the data supports (see :func:`report_figures`) and a table of the manifest
+    basics into ONE self-contained HTML file (plotly.js embedded once); returns the path.
+
+    Needs: the columns of the figures it draws; the manifest fields when present."""
+    import html
+    from pathlib import Path
+
+    from .errors import LabError
+
+    d = _ok(df)
+    if len(d) == 0:
+        raise LabError("report_html: no rows to report; run a sweep or load a results file first")
+    figs = report_figures(d)
+    if not figs:
+        raise LabError("report_html: no context or concurrency rows in the data (column 'sweep')")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = manifest_table(d).to_html(index=False, border=0, classes="manifest", na_rep="–")
+    parts = [
+        "<!DOCTYPE html>", "<html><head><meta charset='utf-8'>", f"<title>{html.escape(title)}</title>",
+        "<style>body{font-family:system-ui,sans-serif;margin:2em;color:#222}"
+        "table.manifest{border-collapse:collapse;font-size:13px}"
+        "table.manifest td,table.manifest th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:left}"
+        "</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p>{len(d)} measured requests; models: {html.escape(', '.join(map(str, d.get('model', ['?']).unique())))}."
+        "</p><h2>Run manifest</h2>", table,
+    ]
+    for i, fig in enumerate(figs):
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
+    parts.append("</body></html>")
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path

@@ -114,7 +114,7 @@ def _jsonable(x):
 def load_results(*paths):
     """One pandas DataFrame from results files (.jsonl or .parquet), rows in file order.
 
-    Each row keeps a ``source_file`` column. Raises LabError for unknown
+    Each row keeps a ``source_file`` column (the file it was first written to). Raises LabError for unknown
     suffixes or missing files.
     """
     import json
@@ -135,7 +135,8 @@ def load_results(*paths):
             df = pd.DataFrame(rows)
         else:
             df = pd.read_parquet(p)
-        df["source_file"] = str(p)
+        # a merged file keeps each row's original source
+        df["source_file"] = df["source_file"].fillna(str(p)) if "source_file" in df else str(p)
         frames.append(df)
     if not frames:
         raise LabError("no results files given")

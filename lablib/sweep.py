@@ -318,21 +318,32 @@ def concurrency_sweep(model=None, engines=("transformers", "llama.cpp", "mlx"), 
 
 
 def run_table(df):
-    """Per concurrency run (engine, mode, concurrency): output tokens/s, requests/s,
-    and p50/p95/p99 of queue wait, TTFT, TPOT and e2e (seconds)."""
+    """One row per concurrency run (``run_id``): engine, mode, concurrency, requests,
+    output_tokens, makespan_s, output_tps (all output tokens / makespan), requests_per_s,
+    and p50/p95/p99 of queue_s, ttft_s, tpot_s and e2e_s (seconds); hostname and
+    cpu_model kept when present (to facet by machine). Rows with an ``error`` are skipped.
+    """
     import pandas as pd
 
     from .trace import percentile
 
+    d = df[df["sweep"] == "concurrency"] if "sweep" in df else df
+    if "error" in d:
+        d = d[d["error"].isna()]
     out = []
-    for (engine, mode, c, run_id), g in df[df["sweep"] == "concurrency"].groupby(
-            ["engine", "mode", "concurrency", "run_id"], sort=False):
-        makespan = g["t_last_token"].max() - g["t_submit"].min()
-        rec = {"engine": engine, "mode": mode, "concurrency": int(c), "requests": len(g),
-               "output_tps": g["output_tokens"].sum() / makespan, "requests_per_s": len(g) / makespan}
+    for run_id, g in d.groupby("run_id", sort=False):
+        makespan = float(g["t_last_token"].max() - g["t_submit"].min())
+        tokens = int(g["output_tokens"].sum())
+        rec = {"run_id": run_id, "engine": g["engine"].iloc[0], "mode": g["mode"].iloc[0],
+               "concurrency": int(g["concurrency"].iloc[0]), "requests": len(g), "output_tokens": tokens,
+               "makespan_s": makespan, "output_tps": tokens / makespan if makespan > 0 else float("nan"),
+               "requests_per_s": len(g) / makespan if makespan > 0 else float("nan")}
         for metric in ("queue_s", "ttft_s", "tpot_s", "e2e_s"):
-            vals = [v for v in g[metric] if v is not None and v == v]
+            vals = [float(v) for v in g[metric] if v is not None and v == v]
             for q in (50, 95, 99):
-                rec[f"{metric[:-2]}_p{q}_s"] = percentile(vals, q) if vals else None
+                rec[f"{metric[:-2]}_p{q}_s"] = percentile(vals, q) if vals else float("nan")
+        for col in ("hostname", "cpu_model"):
+            if col in g:
+                rec[col] = g[col].iloc[0]
         out.append(rec)
     return pd.DataFrame(out)

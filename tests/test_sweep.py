@@ -119,3 +119,38 @@ def test_crashed_sweep_keeps_every_finished_row(model, tmp_path):
                             warmup=0, out=out, on_row=on_row, progress=False)
     lines = out.read_text().splitlines()
     assert [json.loads(line)["prompt_tokens"] for line in lines] == [16, 32]
+
+
+def test_cli_sweep_writes_a_file_that_merge_and_report_read(tmp_path):
+    import subprocess
+    import sys
+
+    a, b, merged, html = tmp_path / "a.jsonl", tmp_path / "b.parquet", tmp_path / "all.jsonl", tmp_path / "r.html"
+
+    def lablib(*args):
+        p = subprocess.run([sys.executable, "-m", "lablib.cli", *args], capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+
+    lablib("sweep", "context", "--engines", "llama.cpp", "--prompt-tokens", "16,32", "--max-new-tokens", "2",
+           "--reps", "1", "--out", str(a), "--quiet")
+    lablib("sweep", "concurrency", "--engines", "llama.cpp", "--concurrency", "1,2", "--mode", "serial,batched",
+           "--requests", "2", "--prompt-tokens", "16", "--max-new-tokens", "2", "--out", str(b), "--quiet")
+    out = lablib("merge", str(a), str(b), "--out", str(merged))
+    df = load_results(merged)
+    # context: 2 lengths x 1 rep; concurrency: 2 levels x 2 requests x 2 modes
+    assert len(df) == 2 + 2 * 2 * 2 and "10 rows from 2 file(s)" in out
+    assert set(df["sweep"]) == {"context", "concurrency"}
+    assert set(df["source_file"]) == {str(a), str(b)}
+    lablib("report", str(merged), "--html", str(html))
+    page = html.read_text()
+    assert page.count("<html") == 1 and "plotly" in page.lower() and len(page) > 100_000
+
+
+def test_merge_refuses_to_overwrite(tmp_path):
+    from lablib.results import merge_results
+
+    a = tmp_path / "a.jsonl"
+    ResultsWriter(a).append({"engine": "x"})
+    with pytest.raises(LabError, match="exists"):
+        merge_results([a], a)

@@ -1,0 +1,228 @@
+"""The sweep panel: defaults, input errors shown in the panel, Run in a thread, Cancel, run_sync.
+
+Most tests replace lablib.sweep's sweep functions with fakes that emit synthetic rows; one
+runs a real tiny llama.cpp sweep through run_sync."""
+import threading
+import time
+
+import pandas as pd
+import pytest
+
+from lablib import plots, sweep, widgets
+from lablib.errors import LabError
+from test_plots import concurrency_df, context_df
+
+
+@pytest.fixture
+def quick(monkeypatch):
+    monkeypatch.setenv("LABLIB_QUICK", "1")
+
+
+def checked(boxes):
+    return [name for name, box in boxes.items() if box.value]
+
+
+def test_panel_builds_with_quick_defaults(quick):
+    p = widgets.sweep_panel()
+    assert p.kind.value == "context"
+    assert checked(p.engine_boxes) == ["transformers", "llama.cpp", "mlx"]
+    assert p.prompt_tokens.value == "64,256"
+    assert p.max_new_tokens.value == 8 and p.reps.value == 1
+    assert p.out.value.startswith("results/context-") and p.out.value.endswith(".jsonl")
+    assert p.reps.layout.display == "flex" and p.concurrency.layout.display == "none"
+    assert p.prompt_tokens.layout.display != "none"
+    assert p.cancel_button.disabled and not p.run_button.disabled
+    plan = p.plan()
+    assert plan["total"] == 3 * 2 * 1
+    assert plan["kwargs"]["prompt_tokens"] == [64, 256] and plan["kwargs"]["max_new_tokens"] == 8
+    bundle = p._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+
+
+def test_concurrency_kind_defaults_and_visibility(quick, monkeypatch):
+    p = widgets.sweep_panel(kind="concurrency", out="")
+    assert p.concurrency.value == "1,2" and p.requests.value == 0 and p.max_new_tokens.value == 8
+    assert checked(p.mode_boxes) == ["serial", "batched"]
+    assert p.concurrency.layout.display == "flex" and p.reps.layout.display == "none"
+    assert p._requests_row.layout.display == "flex" and p.prompt_tokens.layout.display != "none"
+    assert p.out.value == ""
+    monkeypatch.setattr(sweep, "concurrency_sweep", lambda **kw: None, raising=False)
+    plan = p.plan()
+    assert plan["kwargs"]["concurrency"] == (1, 2) and plan["kwargs"]["modes"] == ("serial", "batched")
+    assert plan["kwargs"]["prompt_tokens"] == 32 and plan["kwargs"]["out"] is None
+    assert plan["kwargs"]["requests"] is None  # the sweep's default: 2 x concurrency
+    assert plan["total"] == 3 * 2 * (2 + 4)
+    p.requests.value = 3
+    assert p.plan()["kwargs"]["requests"] == 3 and p.plan()["total"] == 3 * 2 * 2 * 3
+    # switching kind fills the other kind's defaults
+    p.kind.value = "context"
+    assert p.prompt_tokens.value == "64,256" and p.reps.layout.display == "flex"
+
+
+def test_full_mode_defaults_are_larger(monkeypatch):
+    monkeypatch.delenv("LABLIB_QUICK", raising=False)
+    d = widgets.defaults("context")
+    assert d["max_new_tokens"] == 32 and d["reps"] == 3 and d["prompt_tokens"].startswith("64,128")
+    with pytest.raises(LabError, match="sweep kind"):
+        widgets.defaults("latency")
+
+
+@pytest.mark.parametrize("field,value,expect", [
+    ("prompt_tokens", "", "prompt tokens is empty"),
+    ("prompt_tokens", "64,abc", "expected whole numbers"),
+    ("prompt_tokens", "0,64", "at least 1"),
+    ("out", "results/x.csv", "expected a name ending in .jsonl or .parquet"),
+])
+def test_invalid_input_shows_the_lab_error_in_the_panel(quick, monkeypatch, field, value, expect):
+    called = []
+    monkeypatch.setattr(sweep, "context_sweep", lambda **kw: called.append(kw))
+    p = widgets.sweep_panel()
+    getattr(p, field).value = value
+    p.run_button.click()
+    assert p._thread is None and not called
+    assert expect in p.message.value and "Traceback" not in p.message.value
+    assert "#B00020" in p.message.value  # shown as an error
+    assert expect in p.error
+    assert p.run_sync() is None and not called
+
+
+def test_no_engine_and_no_mode_are_errors(quick, monkeypatch):
+    p = widgets.sweep_panel()
+    for box in p.engine_boxes.values():
+        box.value = False
+    p.run_button.click()
+    assert "no engine given" in p.message.value
+    monkeypatch.setattr(sweep, "concurrency_sweep", lambda **kw: None, raising=False)
+    p = widgets.sweep_panel(kind="concurrency")
+    for box in p.mode_boxes.values():
+        box.value = False
+    p.run_button.click()
+    assert "no mode chosen" in p.message.value
+    p = widgets.sweep_panel(kind="concurrency")
+    p.prompt_tokens.value = "64,128"
+    p.run_button.click()
+    assert "one prompt length" in p.message.value
+
+
+def test_concurrency_without_concurrency_sweep_says_so(quick, monkeypatch):
+    monkeypatch.delattr(sweep, "concurrency_sweep", raising=False)
+    p = widgets.sweep_panel(kind="concurrency")
+    p.run_button.click()
+    assert "concurrency_sweep" in p.message.value and p._thread is None
+
+
+def fake_context_sweep(rows, started=None, delay=0.0):
+    def fake(model=None, engines=(), prompt_tokens=None, max_new_tokens=None, reps=None, warmup=1,
+             out=None, cancel=None, on_row=None, progress=True):
+        done = []
+        for row in rows:
+            if started is not None:
+                started.set()
+            if cancel is not None and cancel.is_set():
+                break
+            time.sleep(delay)
+            done.append(row)
+            on_row(row)
+        return pd.DataFrame(done)
+    return fake
+
+
+def test_run_in_a_thread_updates_progress_and_the_figure(quick, monkeypatch):
+    rows = context_df(engines=("llama.cpp", "mlx"), lengths=(64, 256), reps=1).to_dict("records")
+    monkeypatch.setattr(sweep, "context_sweep", fake_context_sweep(rows))
+    p = widgets.sweep_panel(out="")
+    p.engine_boxes["transformers"].value = False
+    thread = p.start()
+    assert isinstance(thread, threading.Thread)
+    p.wait(30)
+    assert not p.running
+    assert p.progress.value == p.progress.max == 4 and p.progress.description == "4/4"
+    assert "done: 4 requests" in p.message.value
+    assert len(p.df) == 4 and p.error is None
+    # the FigureWidget holds the context bars of the rows
+    expect = plots.context_bars(pd.DataFrame(rows))
+    names = [t.name for t in p.figure.data]
+    assert names == [t.name for t in expect.data]
+    for got, want in zip(p.figure.data, expect.data):
+        assert list(got.y) == list(want.y)
+    assert p.figure.layout.xaxis.title.text == "prompt length (tokens)"
+    assert p.cancel_button.disabled and not p.run_button.disabled
+
+
+def test_cancel_sets_the_event_and_stops_between_requests(quick, monkeypatch):
+    rows = context_df(reps=5).to_dict("records")
+    started = threading.Event()
+    monkeypatch.setattr(sweep, "context_sweep", fake_context_sweep(rows, started, delay=0.05))
+    p = widgets.sweep_panel(out="")
+    p.reps.value = 5
+    p.start()
+    assert started.wait(10)
+    assert not p.cancel_button.disabled
+    p.cancel_button.click()
+    assert p.cancel_event.is_set()
+    p.wait(30)
+    assert 0 < len(p.rows) < len(rows)
+    assert "cancelled after" in p.message.value and p.progress.bar_style == "warning"
+
+
+def test_live_concurrency_figure(quick, monkeypatch):
+    rows = concurrency_df(levels=(1, 2), requests=2).to_dict("records")
+
+    def fake(model=None, engines=(), concurrency=(1, 2), modes=("serial", "batched"), requests=None,
+             prompt_tokens=None, max_new_tokens=None, out=None, cancel=None, on_row=None, progress=True):
+        for row in rows:
+            on_row(row)
+        return pd.DataFrame(rows)
+    monkeypatch.setattr(sweep, "concurrency_sweep", fake, raising=False)
+    p = widgets.sweep_panel(kind="concurrency", out="")
+    df = p.run_sync()
+    assert len(df) == len(rows)
+    assert {t.name for t in p.figure.data} == {f"{e} · {m}" for e in ("llama.cpp", "mlx") for m in ("serial", "batched")}
+    assert "concurrency" in p.figure.layout.xaxis.title.text
+
+
+def test_engine_errors_are_shown_then_raised_in_run_sync(quick, monkeypatch):
+    def boom(**kw):
+        raise RuntimeError("engine crashed")
+    monkeypatch.setattr(sweep, "context_sweep", boom)
+    p = widgets.sweep_panel(out="")
+    with pytest.raises(RuntimeError):
+        p.run_sync()
+    assert "RuntimeError: engine crashed" in p.message.value and "<details>" in p.message.value
+    # in the background thread the same error is shown, not raised
+    p.start()
+    p.wait(10)
+    assert "engine crashed" in p.message.value and p.progress.bar_style == "danger"
+
+
+def test_without_anywidget_the_figure_goes_to_an_output(quick, monkeypatch):
+    import ipywidgets
+
+    monkeypatch.setattr(widgets, "_figure_widget", lambda: None)
+    rows = context_df(reps=1).to_dict("records")
+    monkeypatch.setattr(sweep, "context_sweep", fake_context_sweep(rows))
+    p = widgets.sweep_panel(out="")
+    assert isinstance(p.figure, ipywidgets.Output)
+    p.run_sync()
+    assert len(p.figure.outputs) == 1 and p.last_figure is not None
+
+
+@pytest.mark.engine
+def test_real_tiny_llama_cpp_sweep_through_run_sync(quick, tmp_path):
+    p = widgets.sweep_panel(out=str(tmp_path / "ctx.jsonl"))
+    for name, box in p.engine_boxes.items():
+        box.value = name == "llama.cpp"
+    p.prompt_tokens.value = "32"
+    p.max_new_tokens.value = 2
+    p.reps.value = 1
+    df = p.run_sync()
+    assert p.error is None, p.message.value
+    assert len(df) == 1 and df.engine.iloc[0] == "llama.cpp" and df.prompt_tokens.iloc[0] == 32
+    assert df.output_tokens.iloc[0] == 2
+    pre, dec = p.figure.data
+    assert pre.name == "llama.cpp · prefill" and list(pre.x) == ["32"]
+    assert pre.y[0] == pytest.approx(df.prefill_s.iloc[0]) and dec.y[0] == pytest.approx(df.decode_s.iloc[0])
+    assert p.progress.value == 1 and "done: 1 requests" in p.message.value
+    from lablib.results import load_results
+
+    assert len(load_results(tmp_path / "ctx.jsonl")) == 1
