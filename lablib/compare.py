@@ -137,8 +137,8 @@ def _hf_config(e) -> dict:
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
     rp = getattr(c, "rope_parameters", None) or {}
     rotary = getattr(getattr(e.hf, "model", None), "rotary_emb", None)
-    theta = (_rope_base_from_inv_freq(rotary.inv_freq, head_dim) if rotary is not None
-             else rp.get("rope_theta", getattr(c, "rope_theta", None)))
+    theta = (float(f"{_rope_base_from_inv_freq(rotary.inv_freq, head_dim):.6g}")  # float32 round-off
+             if rotary is not None else rp.get("rope_theta", getattr(c, "rope_theta", None)))
     scaling = None if rp.get("rope_type", "default") == "default" else {k: v for k, v in rp.items() if k != "rope_theta"}
     eos = c.eos_token_id[0] if isinstance(c.eos_token_id, list) else c.eos_token_id
     return {"rope_theta": theta, "rope_scaling": scaling, "rms_norm_eps": c.rms_norm_eps, "n_heads": heads,
@@ -366,14 +366,15 @@ def check_generation(engines: dict, reference: str, ids: list[int], max_new_toke
         rows.append(row)
     df = _int_cols(pd.DataFrame(rows), "first_divergence")
     if not bad:
-        return Check("generation", True, f"greedy texts agree for {max_new_tokens} tokens", df)
+        return Check("generation", True, f"greedy texts agree for {max_new_tokens} tokens", df,
+                     {"prompt_ids": list(ids), "reference": reference})
     first = df[df["engine"].isin(bad)].sort_values("first_divergence").iloc[0]
     verdict = (f"{first['engine']} diverges from {reference} at generated token {int(first['first_divergence'])}: "
                f"{first['engine_token']!r} vs {first['reference_token']!r} (reference top-2 margin "
                f"{first['margin_ref']:.3f} nats)")
     return Check("generation", False, verdict, df,
                  {"position": int(first["first_divergence"]), "margin_ref": float(first["margin_ref"]),
-                  "engine": first["engine"]})
+                  "engine": first["engine"], "prompt_ids": list(ids), "reference": reference})
 
 
 # --- all checks, one verdict ---------------------------------------------------------------------------

@@ -468,3 +468,62 @@ def report_html(df, path, title: str = "Inference Engine Lab results"):
     parts.append("</body></html>")
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
+
+
+# --- engine or model? (lablib.compare) ----------------------------------------------------------
+def kl_per_position(comparison, engine: str):
+    """KL(reference || engine) of the next-token distribution at each prompt position (nats),
+    with the positions where the argmax differs marked. ``comparison``: lablib.compare.compare()."""
+    import numpy as np
+    import plotly.graph_objects as go
+
+    stats = comparison.check("logits").details.get("stats", {})
+    if engine not in stats:
+        raise ValueError(f"no logit comparison for {engine!r} (have: {', '.join(stats) or 'none'})")
+    s = stats[engine]
+    pos = np.arange(len(s["kl"]))
+    flip = s["argmax"] != s["argmax_ref"]
+    fig = go.Figure()
+    fig.add_scatter(x=pos, y=s["kl"], mode="lines+markers", name=f"KL, {engine}", line_color=color(engine),
+                    customdata=np.stack([s["margin_ref"], s["argmax_ref"], s["argmax"]], axis=1),
+                    hovertemplate=("position %{x}<br>KL %{y:.4f} nats<br>reference top-2 margin "
+                                   "%{customdata[0]:.3f} nats<br>argmax ref %{customdata[1]:.0f}, "
+                                   f"{engine} %{{customdata[2]:.0f}}<extra></extra>"))
+    if flip.any():
+        fig.add_scatter(x=pos[flip], y=s["kl"][flip], mode="markers", name="argmax differs",
+                        marker=dict(symbol="x", size=11, color="#C0392B"), hoverinfo="skip")
+    fig.update_layout(template="plotly_white", title=f"Next-token KL divergence, reference vs {engine}",
+                      xaxis_title="prompt position (predicts the next token)", yaxis_title="KL (nats)",
+                      yaxis_type="log")
+    return fig
+
+
+def topk_at_divergence(comparison, engine: str, engines: dict, k: int = 5):
+    """The reference's and ``engine``'s top-k next tokens (probabilities) where their greedy
+    texts part; ``engines``: the loaded engines by name (to name the tokens)."""
+    import numpy as np
+    import pandas as pd
+    import plotly.graph_objects as go
+
+    from .compare import log_softmax
+
+    gen = comparison.check("generation")
+    ref_name = gen.details["reference"]
+    table = gen.table.set_index("engine")
+    pos = table.loc[engine, "first_divergence"]
+    if pos is None or pos is pd.NA:
+        raise ValueError(f"{engine} does not diverge from the reference {ref_name}")
+    pos = int(pos)
+    ids = list(gen.details["prompt_ids"]) + list(table.loc[ref_name, "ids"])[:pos]
+    fig = go.Figure()
+    for name in (ref_name, engine):
+        lp = log_softmax(engines[name].logits(ids)[-1])
+        top = np.argsort(-lp)[:k]
+        labels = [repr(engines[name].detokenize([int(t)])) for t in top]
+        fig.add_bar(name=name, x=np.exp(lp[top]), y=[f"{lab} ({int(t)})" for lab, t in zip(labels, top)],
+                    orientation="h", marker_color=color(name),
+                    hovertemplate=f"{name}<br>%{{y}}: p = %{{x:.3f}}<extra></extra>")
+    fig.update_layout(template="plotly_white", barmode="group", yaxis_autorange="reversed",
+                      title=f"Top-{k} next tokens at generated position {pos}", xaxis_title="probability",
+                      yaxis_title="token (id)")
+    return fig

@@ -119,3 +119,19 @@ def test_cli_compare_json(tmp_path):
     assert p.returncode == 0, p.stderr
     v = json.loads(p.stdout)["verdict"]
     assert v["layer"] == "numerics" and v["position"] == 0 and v["near_tie"] is True
+
+
+def test_compare_figures(flip, hf, llama):
+    from lablib.plots import kl_per_position
+
+    fig = kl_per_position(flip, "llama.cpp")
+    kl = flip.check("logits").details["stats"]["llama.cpp"]["kl"]
+    assert list(fig.data[0].y) == list(kl) and fig.layout.yaxis.title.text == "KL (nats)"
+    assert fig.data[0].line.color == "#3D7DCA"  # llama.cpp's color everywhere
+    from lablib.plots import topk_at_divergence
+
+    bars = topk_at_divergence(flip, "llama.cpp", {"transformers": hf, "llama.cpp": llama})
+    ref, eng = bars.data[0], bars.data[1]
+    assert ref.name == "transformers" and eng.name == "llama.cpp"
+    assert ref.y[0].endswith("(504)") and eng.y[0].endswith("(60)")  # "The" vs "L" at position 0
+    assert 0 < eng.x[0] < 1 and ref.x[0] >= ref.x[1]
