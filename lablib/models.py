@@ -430,7 +430,6 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
             q = cfg.get("quantization") or cfg.get("quantization_config")
             rm.quantization = (f"{q.get('bits', '?')}-bit" if isinstance(q, dict) else
                                str(cfg.get("torch_dtype") or cfg.get("dtype") or ""))
-        setattr(rm, f"{fmt}_path", str(src))
     rm.name, rm.source = name, str(src)  # the same file may be named differently
     setattr(rm, f"{fmt}_path", str(src))  # ... or live elsewhere (the cache is keyed by content)
     changed = not prov

@@ -148,6 +148,16 @@ def check_plan(model, engines, prompt_tokens, max_new_tokens, concurrency=(1,)) 
     check_fits(model, engines, longest, max(concurrency))
 
 
+def _emit(row: dict, rows: list, writer, on_row, bar) -> None:
+    """A finished request's row: kept, on disk at once, to the caller, counted."""
+    rows.append(row)
+    if writer:
+        writer.append(row)
+    if on_row:
+        on_row(row)
+    bar.update(1)
+
+
 # --- context sweep ----------------------------------------------------------------------------
 def context_sweep(model=None, engines=("transformers", "llama.cpp", "mlx"), prompt_tokens=None,
                   max_new_tokens: int | None = None, reps: int | None = None, warmup: int = 1,
@@ -202,14 +212,8 @@ def context_sweep(model=None, engines=("transformers", "llama.cpp", "mlx"), prom
                         if cancel is not None and cancel.is_set():
                             return pd.DataFrame(rows)
                         trace = engine.generate(ids, cfg)
-                        row = trace_row(trace, manifest, sweep="context", mode="single", concurrency=1,
-                                        repetition=rep, request_index=rep)
-                        rows.append(row)
-                        if writer:
-                            writer.append(row)
-                        if on_row:
-                            on_row(row)
-                        bar.update(1)
+                        _emit(trace_row(trace, manifest, sweep="context", mode="single", concurrency=1,
+                                        repetition=rep, request_index=rep), rows, writer, on_row, bar)
             finally:
                 engine.close()
     finally:
@@ -275,14 +279,8 @@ def concurrency_sweep(model=None, engines=("transformers", "llama.cpp", "mlx"), 
                disable=not progress)
 
     def keep(trace, manifest, labels):
-        row = trace_row(trace, manifest, **labels, request_index=trace.request_index,
-                        client=getattr(trace, "client", None))
-        rows.append(row)
-        if writer:
-            writer.append(row)
-        if on_row:
-            on_row(row)
-        bar.update(1)
+        _emit(trace_row(trace, manifest, **labels, request_index=trace.request_index,
+                        client=getattr(trace, "client", None)), rows, writer, on_row, bar)
         if cancel is not None and cancel.is_set():
             raise _Cancelled
 
