@@ -82,9 +82,10 @@ def side_by_side(model=None, engines=("transformers", "llama.cpp", "mlx"), messa
 
 
 def summary_table(df):
-    """Per engine: medians of prefill, TTFT, TPOT, decode tok/s, e2e, and the e2e spread."""
-    g = df.groupby("engine", sort=False)
-    out = g.agg(prompt_tokens=("prompt_tokens", "first"), output_tokens=("output_tokens", "first"),
+    """Per engine and prompt length: medians of prefill, TTFT, TPOT, decode tok/s, e2e,
+    and the e2e spread (min, max), seconds."""
+    g = df.groupby(["engine", "prompt_tokens"], sort=False)
+    out = g.agg(output_tokens=("output_tokens", "first"),
                 reps=("e2e_s", "size"), prefill_s=("prefill_s", "median"), ttft_s=("ttft_s", "median"),
                 prefill_tps=("prefill_tps", "median"), tpot_s=("tpot_s", "median"),
                 decode_tps=("decode_tps", "median"), e2e_s=("e2e_s", "median"),
