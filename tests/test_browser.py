@@ -1,0 +1,551 @@
+"""The lab as a person sees it: JupyterLab in a real (headless) Chromium runs notebooks 01 and 02.
+
+A JupyterLab server from this environment (quick mode, fresh Jupyter config/data/runtime dirs, a
+known token, loopback only) serves labs/; Playwright drives the system Chromium
+(/usr/bin/chromium, Debian's package ``chromium``; no browser is downloaded). For each notebook:
+Run All Cells, wait until every code cell has an execution count and the kernel is idle, then check
+what is on screen: no traceback, no "Error displaying widget" / "model not found", every plotly
+figure drawn. In notebook 02 the sweep panel is used as a person would: untick mlx, type prompt
+lengths, press Run, watch the figure grow. Screenshots go to results/browser/.
+
+Autosave is off in the server's fresh settings, so running the notebooks never writes them back;
+the server's log must show no save (checkpoints go to a tmp folder too). Everything has a time
+limit: the module stays under 10 minutes (a watchdog stops the server past that).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LABS = ROOT / "labs"
+SHOTS = ROOT / "results" / "browser"
+NB01 = "01_one_model_three_engines.ipynb"
+NB02 = "02_prefill_vs_decode.ipynb"
+CHROMIUM = os.environ.get("LABLIB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-dev-shm-usage",
+]
+VIEWPORT = {"width": 1400, "height": 1000}
+
+MODULE_BUDGET_S = 570  # every wait below is cut to what is left of this; the watchdog fires at 600 s
+_CLOCK = {"t0": None}  # set when this module's first browser fixture starts (not at collection)
+CONSOLE: dict[str, list[str]] = {}  # the browser console's errors, per notebook
+
+
+def elapsed() -> float:
+    if _CLOCK["t0"] is None:
+        _CLOCK["t0"] = time.monotonic()
+    return time.monotonic() - _CLOCK["t0"]
+
+
+def left(budget: float) -> float:
+    """Seconds for one wait: ``budget``, or less when the module's budget is nearly spent."""
+    remaining = MODULE_BUDGET_S - elapsed()
+    if remaining <= 1:
+        pytest.fail(f"the browser tests ran out of their {MODULE_BUDGET_S} s budget")
+    return min(budget, remaining)
+
+
+def require_chromium(path: str = CHROMIUM) -> str:
+    """The Chromium executable, or a failure (never a skip) that says how to install it."""
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        pytest.fail(
+            f"Chromium not found at {path}: the browser test needs Debian's chromium package. "
+            "Install it with `apt-get update && apt-get install -y chromium` (as root; .ci/run does this), "
+            "or point LABLIB_CHROMIUM at a Chromium executable. Never `playwright install`: "
+            "no browser is downloaded at test time.", pytrace=False)
+    return path
+
+
+def test_missing_chromium_fails_with_install_hint(tmp_path):
+    with pytest.raises(pytest.fail.Exception, match=r"apt-get install -y chromium"):
+        require_chromium(str(tmp_path / "no-chromium"))
+
+
+# --- the JupyterLab server -------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen, port: int, token: str, log: Path):
+        self.proc, self.port, self.token, self.log = proc, port, token, log
+        self.base = f"http://127.0.0.1:{port}"
+        self.pids: set[int] = set()  # the server's processes and its kernels, to end them by pid
+
+    def api(self, method: str, path: str, timeout: float = 10):
+        req = urllib.request.Request(f"{self.base}{path}", method=method,
+                                     headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            body = r.read()
+        return json.loads(body) if body else None
+
+    def url(self, notebook: str) -> str:
+        # one workspace per notebook, so opening 02 does not restore 01 (and start its kernel again)
+        return f"{self.base}/lab/workspaces/{Path(notebook).stem}/tree/{notebook}?token={self.token}"
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def remember_children(self) -> None:
+        import psutil
+
+        with contextlib.suppress(psutil.Error):
+            self.pids.update(p.pid for p in psutil.Process(self.proc.pid).children(recursive=True))
+
+    def shutdown_kernels(self) -> None:
+        """Shut down every kernel session of this server (a notebook done with frees its memory)."""
+        self.remember_children()
+        with contextlib.suppress(OSError, ValueError):
+            for s in self.api("GET", "/api/sessions"):
+                with contextlib.suppress(OSError, ValueError):
+                    self.api("DELETE", f"/api/sessions/{s['id']}", timeout=30)
+
+    def stop(self) -> None:
+        import psutil
+
+        self.remember_children()
+        if self.proc.poll() is None:
+            self.shutdown_kernels()
+            with contextlib.suppress(OSError, ValueError):
+                self.api("POST", "/api/shutdown", timeout=10)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(10)
+        for pid in self.pids:  # kernels that outlived the server (only the ones it started)
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(pid)
+                p.terminate()
+                p.wait(5)
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+
+
+@pytest.fixture(scope="module")
+def lab_server(tmp_path_factory):
+    elapsed()  # the module's clock starts here
+    home = tmp_path_factory.mktemp("jupyter")
+    config, data, runtime = home / "config", home / "data", home / "runtime"
+    settings, workspaces = config / "lab" / "user-settings", config / "lab" / "workspaces"
+    for d in (config, data, runtime, settings, workspaces, home / "ipython"):
+        d.mkdir(parents=True, exist_ok=True)
+    # no autosave: running the notebooks must not write them back; no news/update checks (offline)
+    _write_json(settings / "@jupyterlab" / "docmanager-extension" / "plugin.jupyterlab-settings",
+                {"autosave": False})
+    _write_json(settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings",
+                {"fetchNews": "false", "checkForUpdates": False})
+
+    env = dict(os.environ)
+    for var in ("JUPYTER_PATH", "JUPYTER_CONFIG_PATH", "JUPYTER_TOKEN", "JUPYTER_PREFER_ENV_PATH"):
+        env.pop(var, None)
+    env.update(
+        JUPYTER_CONFIG_DIR=str(config), JUPYTER_DATA_DIR=str(data), JUPYTER_RUNTIME_DIR=str(runtime),
+        JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(workspaces),
+        IPYTHONDIR=str(home / "ipython"), LABLIB_QUICK="1", PYTHONUNBUFFERED="1",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+    )
+    port, token = _free_port(), secrets.token_hex(16)
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+           f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+           f"--ServerApp.root_dir={LABS}", "--expose-app-in-browser",
+           # opening a notebook makes a checkpoint copy: in the tmp folder, not labs/.ipynb_checkpoints
+           f"--FileCheckpoints.checkpoint_dir={home / 'checkpoints'}",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")
+    log = home / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=LABS, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    server = Server(proc, port, token, log)
+
+    def watchdog():
+        print(f"\n[browser test] over {MODULE_BUDGET_S + 30} s: stopping the JupyterLab server", flush=True)
+        server.remember_children()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+
+    timer = threading.Timer(MODULE_BUDGET_S + 30 - elapsed(), watchdog)
+    timer.daemon = True
+    timer.start()
+    try:
+        t0, deadline = time.monotonic(), time.monotonic() + left(120)
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"JupyterLab exited with {proc.returncode} at start:\n{server.log_tail()}",
+                            pytrace=False)
+            with contextlib.suppress(OSError, ValueError):
+                server.api("GET", "/api/status", timeout=5)
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(f"JupyterLab did not answer on {server.base} in time:\n{server.log_tail()}",
+                            pytrace=False)
+            time.sleep(0.5)
+        print(f"\n[browser test] JupyterLab answered on {server.base} after {time.monotonic() - t0:.1f} s")
+        yield server
+    finally:
+        timer.cancel()
+        server.stop()
+    # autosave is off and nothing presses Save: the notebooks in labs/ must come out untouched
+    saved = [line for line in server.log_tail(10**7).splitlines() if "Saving file at" in line]
+    assert not saved, f"the browser session saved files in labs/ (check git diff): {saved}"
+
+
+# --- the browser -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    chromium = require_chromium()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("the Python package playwright is missing: pip install -e '.[dev]' "
+                    "(it drives the system Chromium; no browser download)", pytrace=False)
+    elapsed()  # the module's clock starts here
+    profile = tmp_path_factory.mktemp("chromium-profile")  # a fresh --user-data-dir
+    pw = sync_playwright().start()
+    context = None
+    try:
+        context = pw.chromium.launch_persistent_context(
+            str(profile), executable_path=chromium, headless=True, args=CHROMIUM_ARGS,
+            viewport=VIEWPORT, timeout=60_000)
+        context.set_default_timeout(60_000)
+        yield context
+    finally:
+        if context is not None:
+            with contextlib.suppress(Exception):
+                context.close()
+        pw.stop()
+
+
+# --- driving JupyterLab --------------------------------------------------------------------------------
+# window.jupyterapp exists because the server runs with --expose-app-in-browser.
+FIND_PANEL = """
+const findPanel = (path) => {
+  const app = window.jupyterapp;
+  if (!app || !app.shell) return null;
+  for (const w of app.shell.widgets('main')) {
+    if (w.context && w.context.path === path && w.content && w.content.widgets) return w;
+  }
+  return null;
+};
+"""
+
+STATE_JS = "(path) => {" + FIND_PANEL + """
+  const p = findPanel(path);
+  if (!p) return {found: false, app: !!window.jupyterapp};
+  p.node.setAttribute('data-lablib-path', path);
+  const sc = p.sessionContext;
+  const kernel = sc && sc.session ? sc.session.kernel : null;
+  const code = p.content.widgets.filter(c => c.model.type === 'code');
+  const errors = [];
+  code.forEach((c, i) => {
+    const outs = c.model.outputs;
+    for (let k = 0; k < outs.length; k++) {
+      const o = outs.get(k).toJSON();
+      if (o.output_type === 'error') errors.push(`code cell ${i + 1}: ${o.ename}: ${o.evalue}`);
+    }
+  });
+  return {found: true, ready: !!(p.context.isReady && sc && sc.isReady),
+          kernel: kernel ? kernel.status : null, kernelName: kernel ? kernel.name : null,
+          cells: code.length, counted: code.filter(c => c.model.executionCount != null).length,
+          errors};
+}"""
+
+RUN_ALL_JS = "(path) => {" + FIND_PANEL + """
+  const p = findPanel(path);
+  window.jupyterapp.shell.activateById(p.id);
+  window.__lablibRun = null;
+  window.jupyterapp.commands.execute('notebook:run-all-cells').then(
+    ok => { window.__lablibRun = {ok: ok}; },
+    err => { window.__lablibRun = {error: String(err)}; });
+  return true;
+}"""
+
+# What a person would see, read from the DOM of the notebook's tab.
+SCREEN_JS = """(path) => {
+  const root = document.querySelector(`[data-lablib-path="${path}"]`);
+  if (!root) return null;
+  const text = (el) => (el.textContent || '').trim();
+  const prompts = [...root.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(text);
+  const tracebacks = [...root.querySelectorAll(
+      '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
+    .map(text).filter(t => t.includes('Traceback'))
+    .map(t => t.slice(0, 600));
+  const all = document.body.textContent || '';
+  const widgetErrors = ['Error displaying widget', 'model not found', 'Error rendering']
+    .filter(s => all.toLowerCase().includes(s.toLowerCase()));
+  const plots = [...root.querySelectorAll('.js-plotly-plot')].map(el => {
+    const r = el.getBoundingClientRect();
+    return {svg: el.querySelectorAll('svg.main-svg').length, w: Math.round(r.width), h: Math.round(r.height),
+            traces: el.querySelectorAll('g.trace').length,
+            marks: el.querySelectorAll('g.point, path.js-line').length,
+            title: text(el.querySelector('.gtitle') || document.createElement('i'))};
+  });
+  const dialogs = [...document.querySelectorAll('.jp-Dialog')].map(d => text(d).slice(0, 300));
+  const widgets = root.querySelectorAll('.jupyter-widgets').length;
+  const buttons = [...root.querySelectorAll('button.widget-button')].map(text);
+  return {prompts, tracebacks, widgetErrors, plots, dialogs, widgets, buttons};
+}"""
+
+
+def state(page, notebook: str) -> dict:
+    return page.evaluate(STATE_JS, notebook)
+
+
+def wait_until(page, what: str, check, budget: float, interval: float = 0.5, fail: bool = True):
+    """Poll ``check()`` (truthy: done) until ``budget`` seconds pass; then fail with the last value
+    (or return None when not ``fail``: the assertions after it say what is wrong)."""
+    deadline, last = time.monotonic() + left(budget), None
+    while True:
+        last = check()
+        if last and not (isinstance(last, dict) and last.get("_not_yet")):
+            return last
+        if time.monotonic() > deadline:
+            if not fail:
+                return None
+            pytest.fail(f"timed out waiting for {what}; last seen: {last}", pytrace=False)
+        page.wait_for_timeout(interval * 1000)
+
+
+def open_notebook(browser, server: Server, notebook: str):
+    page = browser.new_page()
+    console = CONSOLE.setdefault(notebook, [])
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+    t0 = time.monotonic()
+    page.goto(server.url(notebook), wait_until="domcontentloaded", timeout=left(120) * 1000)
+    s = wait_until(page, f"{notebook} to open with an idle kernel",
+                   lambda: (lambda st: st if st.get("found") and st.get("ready") and st.get("kernel") == "idle"
+                            else {"_not_yet": True, **st})(state(page, notebook)), 180)
+    print(f"[browser test] {notebook}: open, kernel {s['kernelName']} idle after {time.monotonic() - t0:.1f} s")
+    return page
+
+
+def run_all(page, notebook: str, budget: float) -> dict:
+    t0 = time.monotonic()
+    page.evaluate(RUN_ALL_JS, notebook)
+    done = wait_until(page, f"Run All Cells of {notebook}",
+                      lambda: page.evaluate("() => window.__lablibRun"), budget, interval=1)
+
+    def settled():
+        st = state(page, notebook)
+        return st if st["kernel"] == "idle" else {"_not_yet": True, **st}
+
+    st = wait_until(page, f"the kernel of {notebook} to be idle", settled, 60)
+    # figures draw after their output arrives: give plotly a moment (assert_screen_ok judges them)
+    wait_until(page, f"the plotly figures of {notebook} to draw",
+               lambda: (lambda sc: sc if sc and sc["plots"] and all(p["svg"] for p in sc["plots"])
+                        else {"_not_yet": True, "screen": sc})(page.evaluate(SCREEN_JS, notebook)),
+               30 if st["errors"] else 60, fail=False)
+    page.wait_for_timeout(1500)
+    print(f"[browser test] {notebook}: Run All Cells finished in {time.monotonic() - t0:.1f} s "
+          f"(result {done}); {st['counted']}/{st['cells']} code cells executed")
+    return {"run": done, **st}
+
+
+HEIGHT_JS = """(path) => {
+  const root = document.querySelector(`[data-lablib-path="${path}"]`);
+  const scroller = root.querySelector('.jp-WindowedPanel-outer') || root;
+  scroller.scrollTop = 0;
+  const cells = root.querySelectorAll('.jp-Cell');
+  const box = scroller.getBoundingClientRect();
+  const contentBottom = cells.length ? cells[cells.length - 1].getBoundingClientRect().bottom : box.bottom;
+  // everything above the notebook (menus, toolbar) + its cells + what lies below it (status bar)
+  return Math.ceil(contentBottom + 40 + (window.innerHeight - box.bottom));
+}"""
+
+
+def full_screenshot(page, notebook: str, name: str) -> Path:
+    """The whole notebook in one PNG: JupyterLab scrolls inside its own panel, so a plain full-page
+    shot shows one screen only; the viewport grows to the notebook's height (scrolled to the top),
+    then shrinks back."""
+    for _ in range(2):  # cells that come into view lay out at their real height: measure again
+        height = page.evaluate(HEIGHT_JS, notebook)
+        page.set_viewport_size({"width": VIEWPORT["width"], "height": max(VIEWPORT["height"], min(height, 15000))})
+        page.wait_for_timeout(1500)  # plotly relayouts on resize
+    page.evaluate(HEIGHT_JS, notebook)  # scrolled to the top again
+    page.wait_for_timeout(500)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / name
+    page.screenshot(path=str(path), full_page=True, timeout=60_000)
+    page.set_viewport_size(VIEWPORT)
+    page.wait_for_timeout(1000)
+    print(f"[browser test] screenshot: {path}")
+    return path
+
+
+def assert_screen_ok(page, notebook: str, run: dict) -> dict:
+    screen = page.evaluate(SCREEN_JS, notebook)
+    print(f"[browser test] {notebook}: prompts {screen['prompts']}; plots {screen['plots']}; "
+          f"{screen['widgets']} widget areas; buttons {screen['buttons']}")
+    if CONSOLE.get(notebook):
+        print(f"[browser test] {notebook}: browser console errors:\n  " + "\n  ".join(CONSOLE[notebook][:20]))
+    problems = []
+    if run["run"].get("ok") is not True:
+        problems.append(f"Run All Cells did not complete: {run['run']}")
+    if run["errors"]:
+        problems.append(f"error outputs: {run['errors']}")
+    if run["counted"] != run["cells"]:
+        problems.append(f"only {run['counted']} of {run['cells']} code cells have an execution count")
+    bad_prompts = [p for p in screen["prompts"] if not re.fullmatch(r"\[\d+\]:", p)]
+    if bad_prompts:
+        problems.append(f"code cells whose prompt shows no execution count: {bad_prompts}")
+    if screen["tracebacks"]:
+        problems.append("tracebacks on screen:\n" + "\n---\n".join(screen["tracebacks"]))
+    if screen["widgetErrors"]:
+        problems.append(f"widget errors on screen: {screen['widgetErrors']}")
+    if not screen["plots"]:
+        problems.append("no plotly figure on screen")
+    undrawn = [p for p in screen["plots"] if not (p["svg"] and p["w"] > 0 and p["h"] > 0 and p["traces"])]
+    if undrawn:
+        problems.append(f"plotly figures not drawn (no svg, no size or no trace): {undrawn}")
+    if screen["dialogs"]:
+        problems.append(f"a dialog is open: {screen['dialogs']}")
+    assert not problems, f"{notebook} in the browser:\n" + "\n".join(problems)
+    return screen
+
+
+# --- the tests -------------------------------------------------------------------------------------------
+def test_notebook_01_runs_in_the_browser(browser, lab_server):
+    page = open_notebook(browser, lab_server, NB01)
+    try:
+        run = run_all(page, NB01, 300)
+        full_screenshot(page, NB01, "01_one_model_three_engines.png")
+        assert_screen_ok(page, NB01, run)
+    finally:
+        page.close()
+        lab_server.shutdown_kernels()  # its engines' memory back before notebook 02
+
+
+@pytest.fixture(scope="module")
+def nb02(browser, lab_server):
+    page = open_notebook(browser, lab_server, NB02)
+    try:
+        run = run_all(page, NB02, 360)
+        full_screenshot(page, NB02, "02_prefill_vs_decode.png")
+        yield page, run
+    finally:
+        page.close()
+        lab_server.shutdown_kernels()
+
+
+def test_notebook_02_runs_in_the_browser(nb02):
+    page, run = nb02
+    screen = assert_screen_ok(page, NB02, run)
+    assert screen["widgets"] > 0, "no ipywidgets area on screen"
+    assert "Run" in screen["buttons"], f"the sweep panel's Run button is not on screen: {screen['buttons']}"
+
+
+PANEL_JS = """() => {
+  const cells = [...document.querySelectorAll('.jp-CodeCell')].filter(c =>
+    [...c.querySelectorAll('button.widget-button')].some(b => b.textContent.trim() === 'Run'));
+  if (cells.length !== 1) return {found: cells.length};
+  const cell = cells[0];
+  cell.setAttribute('data-lablib-panel', '1');
+  const text = (el) => el ? (el.textContent || '').trim() : null;
+  const plot = cell.querySelector('.js-plotly-plot');
+  const run = [...cell.querySelectorAll('button.widget-button')].find(b => b.textContent.trim() === 'Run');
+  const bar = cell.querySelector('.widget-hprogress .progress-bar');
+  return {
+    found: 1,
+    runDisabled: run.disabled,
+    progress: text(cell.querySelector('.widget-hprogress .widget-label')),
+    barClass: bar ? bar.className : null,
+    status: [...cell.querySelectorAll('.widget-hbox .widget-label')].map(text).filter(t => /^\\d+\\/\\d+ requests/.test(t)),
+    message: text(cell.querySelector('.widget-html-content')),
+    svg: plot ? plot.querySelectorAll('svg.main-svg').length : 0,
+    points: plot ? plot.querySelectorAll('g.point').length : 0,
+    xticks: plot ? [...plot.querySelectorAll('g.xtick text')].map(text) : [],
+    legend: plot ? [...plot.querySelectorAll('g.legend text.legendtext')].map(text) : [],
+  };
+}"""
+
+
+def test_sweep_panel_run_button_grows_the_figure(nb02):
+    """Press Run as a person would (mlx unticked, four prompt lengths typed): the progress reaches
+    its end, the panel says done, and its figure now has bars for the new prompt lengths."""
+    page, _ = nb02
+    before = page.evaluate(PANEL_JS)
+    assert before.get("found") == 1, f"expected one sweep panel (a cell with a Run button), found {before}"
+    print(f"[browser test] panel before Run: {before}")
+    assert before["svg"] and before["points"] > 0, f"the panel's figure is not drawn after run_sync: {before}"
+    panel = page.locator('[data-lablib-panel="1"] .jp-OutputArea')
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    panel.screenshot(path=str(SHOTS / "02_sweep_panel_before_run.png"))
+    print(f"[browser test] screenshot: {SHOTS / '02_sweep_panel_before_run.png'}")
+
+    lengths = ["32", "64", "128", "256"]
+    mlx = panel.get_by_role("checkbox", name="mlx", exact=True)
+    mlx.uncheck()
+    prompt = panel.locator(".widget-text").filter(has_text="prompt tokens").locator("input")
+    prompt.fill(",".join(lengths))
+    prompt.press("Tab")
+    page.wait_for_timeout(500)
+    expected = 2 * len(lengths)  # transformers and llama.cpp, one repetition each in quick mode
+
+    t0 = time.monotonic()
+    panel.locator("button.widget-button").filter(has_text=re.compile(r"^\s*Run\s*$")).click()
+    seen = []
+
+    def finished():
+        s = page.evaluate(PANEL_JS)
+        snap = (s["progress"], s["points"])
+        if not seen or seen[-1] != snap:
+            seen.append(snap)
+        msg = s["message"] or ""
+        if msg.startswith("done:") and f"done: {expected} requests" in msg and not s["runDisabled"]:
+            return s
+        if "progress-bar-danger" in (s["barClass"] or "") or msg.startswith("cancelled"):
+            pytest.fail(f"the panel's run failed: {s}", pytrace=False)
+        return {"_not_yet": True, **s}
+
+    after = wait_until(page, "the panel's run to finish", finished, 300, interval=1)
+    page.wait_for_timeout(1500)  # the last figure update
+    after = page.evaluate(PANEL_JS)
+    elapsed = time.monotonic() - t0
+    print(f"[browser test] panel run finished in {elapsed:.1f} s; (progress, bars) seen: {seen}")
+    print(f"[browser test] panel after Run: {after}")
+    shot = SHOTS / "02_sweep_panel_after_run.png"
+    panel.screenshot(path=str(shot))
+    print(f"[browser test] screenshot: {shot}")
+
+    assert after["progress"] == f"{expected}/{expected}", after
+    assert "progress-bar-success" in (after["barClass"] or ""), after
+    assert after["message"].startswith(f"done: {expected} requests"), after
+    assert after["points"] > before["points"], f"the figure got no new bars: before {before}, after {after}"
+    assert after["xticks"] == lengths, f"the figure's prompt lengths: {after['xticks']}, expected {lengths}"
+    assert not any(t.startswith("mlx") for t in after["legend"]), after["legend"]
+    screen = page.evaluate(SCREEN_JS, NB02)
+    assert not screen["widgetErrors"] and not screen["tracebacks"], screen
