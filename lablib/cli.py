@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--reps", type=int, default=None, help="context: repetitions per length")
     s.add_argument("--warmup", type=int, default=1)
     s.add_argument("--concurrency", default="1,2,4,8", help="concurrency: client counts")
-    s.add_argument("--mode", default="serial,batched", help="concurrency: serial, batched or both")
+    s.add_argument("--mode", default="serial,batched", help="concurrency: serial, batched, or serial,batched (default)")
     s.add_argument("--requests", type=int, default=None, help="concurrency: requests per level (default 2 x C)")
     s.add_argument("--out", required=True, help="results file, .jsonl or .parquet (appended)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
