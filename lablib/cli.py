@@ -136,6 +136,13 @@ def cmd_report(ns) -> int:
     from .plots import report_html
     from .results import load_results
 
+    from pathlib import Path
+
+    html = Path(ns.html)
+    if html.suffix.lower() not in (".html", ".htm"):
+        raise LabError(f"--html {ns.html}: expected a file name ending in .html")
+    if any(html.resolve() == Path(f).resolve() for f in ns.files):
+        raise LabError(f"--html {ns.html} is one of the results files: name a new .html file")
     df = load_results(*ns.files)
     path = report_html(df, ns.html)
     print(f"{len(df)} rows from {len(ns.files)} file(s) -> {path}")
@@ -157,16 +164,24 @@ def cmd_compare(ns) -> int:
 
     from .compare import compare
 
+    def read_json(path):
+        try:
+            return json.loads(Path(path).read_text())
+        except OSError as e:
+            raise LabError(f"{path}: cannot read it ({e.strerror})") from None
+        except ValueError as e:
+            raise LabError(f"{path}: not valid JSON ({e})") from None
+
     messages = ids = None
     if ns.messages:
-        messages = json.loads(Path(ns.messages).read_text())
+        messages = read_json(ns.messages)
         if isinstance(messages, dict):
             messages = messages.get("messages")
         if not isinstance(messages, list) or not messages:
             raise LabError(f"--messages {ns.messages}: expected a JSON list of {{role, content}} objects "
                            "(or an object with a 'messages' list)")
     if ns.ids:
-        data = json.loads(Path(ns.ids).read_text())
+        data = read_json(ns.ids)
         ids = data.get("prompt_token_ids") if isinstance(data, dict) else data
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids) or not ids:
             raise LabError(f"--ids {ns.ids}: expected a JSON list of token ids (or an object with "

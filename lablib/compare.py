@@ -424,8 +424,10 @@ def compare(model=None, engines=("transformers", "llama.cpp", "mlx"), reference:
     so the check sees what a plain mlx-lm user sees.
     """
     from .engines import canonical, load_engine
+    from .engines.base import GenerationConfig
     from .models import ResolvedModel, prepare
 
+    GenerationConfig(max_new_tokens=max_new_tokens)  # a bad budget is refused before any engine loads
     names = [canonical(n) for n in engines]
     reference = canonical(reference)
     if reference not in names:

@@ -85,7 +85,11 @@ class ResultsWriter:
         import os
 
         if self.suffix == ".jsonl":
-            with open(self.path, "a", encoding="utf-8") as f:
+            with open(self.path, "a+", encoding="utf-8") as f:
+                if f.tell() > 0:  # a file torn by a crash: start the row on its own line
+                    f.seek(f.tell() - 1)
+                    if f.read(1) != "\n":
+                        f.write("\n")
                 f.write(json.dumps(row, default=_jsonable) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
@@ -131,7 +135,14 @@ def load_results(*paths):
         if not p.is_file():
             raise LabError(f"results file {p} not found")
         if suffix == ".jsonl":
-            rows = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+            rows = []
+            for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except ValueError as e:
+                        raise LabError(f"{p}, line {n}: not a JSON row ({e}); remove or repair that line "
+                                       "(a crash can leave a torn last line)") from None
             df = pd.DataFrame(rows)
         else:
             df = pd.read_parquet(p)
@@ -164,6 +175,14 @@ def merge_results(paths, out):
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".parquet":
         df.to_parquet(out, index=False)
-    else:
-        df.to_json(out, orient="records", lines=True, default_handler=str)
+    else:  # full float precision, as ResultsWriter writes
+        import json
+
+        with open(out, "w", encoding="utf-8") as f:
+            for row in df.to_dict("records"):
+                f.write(json.dumps({k: v for k, v in row.items() if not _missing(v)}, default=_jsonable) + "\n")
     return df
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and v != v)

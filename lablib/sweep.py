@@ -183,13 +183,15 @@ def context_sweep(model=None, engines=("transformers", "llama.cpp", "mlx"), prom
     from .workload import prompt_of_length
 
     quick = quick_mode()
-    max_new_tokens = positive_ints([max_new_tokens or (8 if quick else 32)], "max_new_tokens")[0]
-    reps = positive_ints([reps or (1 if quick else 3)], "reps")[0]
+    max_new_tokens = positive_ints([(8 if quick else 32) if max_new_tokens is None else max_new_tokens],
+                                    "max_new_tokens")[0]
+    reps = positive_ints([(1 if quick else 3) if reps is None else reps], "reps")[0]
     if warmup < 0:
         raise LabError(f"warmup={warmup}: expected 0 or more")
     names = engine_names(engines)
     rm = model if isinstance(model, ResolvedModel) else prepare(model)
-    lengths = positive_ints(prompt_tokens or default_prompt_lengths(rm, max_new_tokens), "prompt_tokens")
+    lengths = positive_ints(default_prompt_lengths(rm, max_new_tokens) if prompt_tokens is None else prompt_tokens,
+                           "prompt_tokens")
     check_plan(rm, names, lengths, max_new_tokens)
     writer = ResultsWriter(out) if out else None
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
@@ -257,8 +259,8 @@ def concurrency_sweep(model=None, engines=("transformers", "llama.cpp", "mlx"), 
 
     quick = quick_mode()
     levels = positive_ints(concurrency, "concurrency")
-    n_prompt = positive_ints([prompt_tokens or (32 if quick else 64)], "prompt_tokens")[0]
-    n_out = positive_ints([max_new_tokens or (8 if quick else 32)], "max_new_tokens")[0]
+    n_prompt = positive_ints([(32 if quick else 64) if prompt_tokens is None else prompt_tokens], "prompt_tokens")[0]
+    n_out = positive_ints([(8 if quick else 32) if max_new_tokens is None else max_new_tokens], "max_new_tokens")[0]
     if isinstance(modes, str):
         modes = [m for m in modes.split(",") if m.strip()]
     modes = [m.strip() for m in modes]

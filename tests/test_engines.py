@@ -152,3 +152,31 @@ def test_derived_folders_give_the_same_greedy_text_as_transformers_on_the_gguf(m
     assert hf.generate(ids, cfg).token_ids == reference
     assert mlx.generate(ids, cfg).token_ids == reference
     assert hf.detokenize(reference).startswith(first_token_flip["observed"]["transformers_fp32_of_dequantized_weights"]["greedy_text"])
+
+
+def test_small_llama_context_is_enforced_as_asked(model, first_token_flip):
+    """llama.cpp rounds n_ctx up to 256 but caps its batch at the requested size: a 37-token
+    prompt in n_ctx=10 must be a clear error, and n_ctx=50 must run (it used to abort the process)."""
+    from lablib.engines import load_engine
+
+    ids = first_token_flip["prompt_token_ids"]
+    e = load_engine("llama.cpp", model, n_ctx=10)
+    try:
+        assert e.n_ctx == 10
+        with pytest.raises(ContextOverflowError, match="holds 10"):
+            e.generate(ids, GenerationConfig(max_new_tokens=2))
+    finally:
+        e.close()
+    e = load_engine("llama.cpp", model, n_ctx=50)
+    try:
+        assert e.n_batch <= 50
+        assert e.generate(ids, GenerationConfig(max_new_tokens=2)).output_tokens == 2
+    finally:
+        e.close()
+
+
+def test_token_ids_outside_the_vocabulary_are_one_clear_error(engine):
+    with pytest.raises(LabError, match="token id 999999 is outside .* vocabulary of 49152"):
+        engine.generate([1, 999999], GenerationConfig(max_new_tokens=2))
+    with pytest.raises(LabError, match="token id -1"):
+        engine.logits([1, -1])

@@ -154,3 +154,35 @@ def test_merge_refuses_to_overwrite(tmp_path):
     ResultsWriter(a).append({"engine": "x"})
     with pytest.raises(LabError, match="exists"):
         merge_results([a], a)
+
+
+def test_torn_jsonl_is_named_and_appends_stay_readable(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"engine": "a"}\n{"engine": "b", "e2')  # a crash mid-row
+    with pytest.raises(LabError, match=r"r.jsonl, line 2: not a JSON row"):
+        load_results(path)
+    path.write_text('{"engine": "a"}')  # no trailing newline
+    ResultsWriter(path).append({"engine": "b"})
+    assert list(load_results(path)["engine"]) == ["a", "b"]
+
+
+def test_zero_budgets_are_refused_not_defaulted(model):
+    with pytest.raises(LabError, match="max_new_tokens=\\[0\\]"):
+        sweep.context_sweep(model, engines=["llama.cpp"], prompt_tokens=[8], max_new_tokens=0, progress=False)
+    with pytest.raises(LabError, match="reps=\\[0\\]"):
+        sweep.context_sweep(model, engines=["llama.cpp"], prompt_tokens=[8], reps=0, progress=False)
+    with pytest.raises(LabError, match="prompt_tokens is empty"):
+        sweep.context_sweep(model, engines=["llama.cpp"], prompt_tokens=[], progress=False)
+
+
+def test_report_refuses_to_overwrite_its_input(tmp_path):
+    import subprocess
+    import sys
+
+    a = tmp_path / "keep.jsonl"
+    ResultsWriter(a).append({"engine": "x", "sweep": "context"})
+    for target in (a, tmp_path / "r.txt"):
+        p = subprocess.run([sys.executable, "-m", "lablib.cli", "report", str(a), "--html", str(target)],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert load_results(a)["engine"].tolist() == ["x"]

@@ -124,6 +124,15 @@ class Engine:
 
     # --- shared --------------------------------------------------------
     n_ctx: int = 0  # context window, tokens; each engine sets it when it loads
+    n_vocab: int = 0  # vocabulary size; each engine sets it when it loads
+
+    def check_ids(self, ids) -> None:
+        """Raise LabError naming the first token id outside [0, n_vocab)."""
+        if self.n_vocab:
+            bad = next((i for i in ids if not 0 <= i < self.n_vocab), None)
+            if bad is not None:
+                raise LabError(f"token id {bad} is outside {self.name}'s vocabulary of {self.n_vocab} "
+                               f"(ids 0..{self.n_vocab - 1}); were the ids made by another model's tokenizer?")
 
     def check_context(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Raise ContextOverflowError unless prompt + output fits this engine's context."""
@@ -148,6 +157,7 @@ class Engine:
         ids = [int(i) for i in ids]
         if not ids:
             raise LabError("empty prompt: expected at least one token id")
+        self.check_ids(ids)
         self.check_context(len(ids), cfg.max_new_tokens)
         if t_submit is None:
             t_submit = now()  # after validation: a single request has no queue

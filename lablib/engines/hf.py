@@ -74,6 +74,7 @@ class TransformersEngine(Engine):
             path, dtype=getattr(torch, dtype), attn_implementation=attn_implementation).eval()
         trained = int(getattr(self.hf.config, "max_position_embeddings", 0) or model.max_position_embeddings)
         self.n_ctx = int(n_ctx or trained)
+        self.n_vocab = int(self.hf.config.vocab_size)
         eos = self.hf.generation_config.eos_token_id
         if eos is None:
             eos = self.hf.config.eos_token_id
@@ -145,6 +146,7 @@ class TransformersEngine(Engine):
 
     def logits(self, ids) -> "object":
         """Teacher-forced logits for ``ids``: a float32 numpy array [len(ids), vocab]."""
+        self.check_ids(list(ids))
         torch = self._torch
         with torch.inference_mode():
             out = self.hf(torch.tensor([list(ids)], dtype=torch.long))

@@ -67,7 +67,11 @@ class LlamaCppEngine(Engine):
         self.ctx = self.llm._ctx.ctx
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
         self._batch = llama_cpp.llama_batch_init(max(self.n_batch, n_seq_max), 0, max(1, n_seq_max))
-        self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
+        # llama.cpp rounds the context up (to 256) and caps its batch at the requested
+        # n_ctx: enforce what was asked for, and prefill in batches it accepts
+        self.n_ctx = min(self._n_ctx_req, llama_cpp.llama_n_ctx(self.ctx))
+        self.n_batch = min(self.n_batch, llama_cpp.llama_n_batch(self.ctx))
+        self.n_vocab = self.llm.n_vocab()
         self._eos = {t for t in range(self.llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(self.vocab, t)}
 
     def _reopen_context(self, n_seq_max: int, verbose: bool) -> None:
@@ -161,8 +165,9 @@ class LlamaCppEngine(Engine):
     def _decode(self) -> None:
         rc = self._lib.llama_decode(self.ctx, self._batch)
         if rc != 0:
-            raise LabError(f"llama_decode failed with code {rc} (1: no KV slot for the batch; "
-                           "raise n_ctx or lower the prompt)")
+            raise LabError(f"llama_decode failed with code {rc} ("
+                           + ("no KV slot for the batch: raise n_ctx or lower the prompt)" if rc == 1 else
+                              "invalid batch: check the token ids are within the vocabulary)"))
 
     def clear_kv_cache(self) -> None:
         """Forget every sequence in the KV cache (no reuse across requests)."""
@@ -205,6 +210,7 @@ class LlamaCppEngine(Engine):
         lib, n_vocab = self._lib, self.llm.n_vocab()
         ids = [int(i) for i in ids]
         self.check_context(len(ids), 0)
+        self.check_ids(ids)
         self.clear_kv_cache()
         out = np.empty((len(ids), n_vocab), dtype=np.float32)
         for at in range(0, len(ids), self.n_batch):

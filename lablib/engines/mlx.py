@@ -62,6 +62,7 @@ class MLXEngine(Engine):
         if self.n_ctx < 1:
             raise LabError(f"n_ctx={n_ctx}: expected a positive number of tokens")
         self._eos = set(self.tok.eos_token_ids)
+        self.n_vocab = int(self.mlx_model.args.vocab_size)
         w = next(iter(_leaves(self.mlx_model.parameters())), None)
         self.dtype = str(w.dtype).replace("mlx.core.", "") if w is not None else "?"
         if "quantization" in self.config:
@@ -144,6 +145,7 @@ class MLXEngine(Engine):
         """Teacher-forced logits for ``ids``: float32 numpy array [len(ids), vocab]."""
         import numpy as np
 
+        self.check_ids(list(ids))
         mx = self._mx
         out = self.mlx_model(mx.array([list(ids)]))
         return np.array(out[0].astype(mx.float32))
