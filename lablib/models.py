@@ -14,6 +14,7 @@ import datetime as _dt
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -469,15 +470,8 @@ def _count_safetensors_params(folder: Path) -> int:
     for w in folder.glob("*.safetensors"):
         with safe_open(str(w), "np") as f:
             for k in f.keys():
-                n += int(_prod(f.get_slice(k).get_shape()))
+                n += math.prod(int(d) for d in f.get_slice(k).get_shape())
     return n
-
-
-def _prod(shape) -> int:
-    out = 1
-    for s in shape:
-        out *= int(s)
-    return out
 
 
 def _mlx_available() -> bool:

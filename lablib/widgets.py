@@ -209,12 +209,9 @@ class SweepPanel:
         if self.running:
             self.show_message("a sweep is already running: wait for it or press Cancel")
             return None
-        try:
-            plan = self.plan()
-        except LabError as e:
-            self.show_message(str(e), error=True)
+        plan = self._plan_or_message()
+        if plan is None:
             return None
-        self.cancel_event = threading.Event()
         self._thread = threading.Thread(target=self._execute, args=(plan, False), daemon=True,
                                         name="lablib-sweep")
         self._thread.start()
@@ -237,14 +234,21 @@ class SweepPanel:
         Returns the DataFrame of the rows, or None when the input is invalid (the LabError message is
         shown in the panel). Errors from the sweep itself are shown, then raised.
         """
+        plan = self._plan_or_message()
+        if plan is None:
+            return None
+        self._execute(plan, True)
+        return self.df
+
+    def _plan_or_message(self) -> dict | None:
+        """The form's plan with a fresh cancel event, or None after showing why the input is invalid."""
         try:
             plan = self.plan()
         except LabError as e:
             self.show_message(str(e), error=True)
             return None
         self.cancel_event = threading.Event()
-        self._execute(plan, True)
-        return self.df
+        return plan
 
     def _execute(self, plan: dict, raise_errors: bool) -> None:
         import pandas as pd
