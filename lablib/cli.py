@@ -38,6 +38,15 @@ def cmd_doctor(ns) -> int:
     print(f"lablib {__version__}, Python {hw['python']}, {hw['os']} {hw['machine']}")
     print(f"CPU: {hw['cpu_model']}, {hw['cores_physical']} cores, RAM {hw['ram_bytes'] / 2**30:.1f} GiB, "
           f"accelerator: {hw['accelerator'] or 'none'}")
+    if hw["cpu_quota"] or hw["memory_limit_bytes"]:
+        limit = hw["memory_limit_bytes"]
+        print(f"container caps: CPU {hw['cpu_quota'] or 'no cap'}"
+              f"{' CPUs' if hw['cpu_quota'] else ''}, memory "
+              f"{f'{limit / 2**30:.1f} GiB' if limit else 'no cap'}")
+    from .engines.base import default_threads
+    from .hardware import available_ram_bytes
+
+    print(f"engines will use {default_threads()} threads; {available_ram_bytes() / 2**30:.1f} GiB free for them")
     try:
         rm = prepare(ns.model, log=lambda *_: None)
         print(f"model: {rm.name} ({rm.source_format}, {rm.quantization}, {rm.parameters / 1e6:.0f}M parameters)")
@@ -62,7 +71,8 @@ def cmd_prepare(ns) -> int:
           f"{rm.quantization}, sha256 {rm.sha256[:16]}")
     for fmt in ("gguf", "hf", "mlx"):
         print(f"  {fmt:<5} {getattr(rm, f'{fmt}_path') or '-'}")
-    print(f"ready in {dt:.2f} s" + (f" (derived: {rm.derived})" if rm.derived and dt > 2 else " (cached)"))
+    how = "nothing to derive" if not rm.derived else f"derived: {rm.derived}" if dt > 2 else "cached"
+    print(f"ready in {dt:.2f} s ({how})")
     return 0
 
 

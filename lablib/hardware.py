@@ -1,11 +1,22 @@
-"""What machine this is: CPU model, cores, RAM, accelerator (for the run manifest)."""
+"""What machine this is: CPU model, cores, RAM, accelerator (for the run manifest).
+
+Also what this process may use of it. A container (mybinder.org, Docker,
+Kubernetes) caps CPU time and memory with Linux cgroups while psutil and
+``os.cpu_count`` still report the whole node: a Binder session sees 64 cores
+and 200 GB but may use 1 CPU and 2 GiB. :func:`cpu_quota` and
+:func:`memory_limit_bytes` read those caps (cgroup v2 ``cpu.max`` /
+``memory.max``; v1 ``cpu.cfs_quota_us`` / ``memory.limit_in_bytes``; kernel
+docs: Documentation/admin-guide/cgroup-v2.rst and cgroup-v1/).
+"""
 from __future__ import annotations
 
 import functools
+import math
 import os
 import platform
 import shutil
 import subprocess
+from pathlib import Path
 
 
 def cpu_model() -> str:
@@ -41,9 +52,126 @@ def accelerator() -> str | None:
     return None
 
 
+# --- what this process may use: cgroup caps ------------------------------------------------
+CGROUP_ROOT = "/sys/fs/cgroup"
+_UNLIMITED = 2 ** 60  # v1 writes "no limit" as a page-rounded 2**63 - 1
+
+
+def _cgroup_dirs(controller: str, root: str = CGROUP_ROOT, proc: str = "/proc/self/cgroup") -> list[Path]:
+    """Folders holding this process's ``controller`` settings, innermost first, up to the mount.
+
+    Reads ``proc`` (lines ``id:controllers:path``; v2 is ``0::path``). v1 mounts a
+    controller at ``root/<controller>`` (or a joint ``cpu,cpuacct``), v2 all at ``root``.
+    A container without its own cgroup namespace shows the host's path, which
+    is not under its mount: then the mount itself is the container's cgroup.
+    """
+    try:
+        lines = Path(proc).read_text().splitlines()
+    except OSError:
+        return []
+    mounts = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        names = controllers.split(",") if controllers else []
+        if controller in names:  # v1
+            base = Path(root) / controllers
+            base = base if base.is_dir() else Path(root) / controller
+            mounts.append((base, path))
+        elif not controllers:  # v2: the unified mount (under root/unified in a hybrid layout)
+            for base in (Path(root), Path(root) / "unified"):
+                if (base / "cgroup.controllers").is_file():
+                    mounts.append((base, path))
+                    break
+    dirs = []
+    for base, path in mounts:
+        here = base / path.lstrip("/")
+        if not here.is_dir():
+            here = base
+        if not here.is_dir():
+            continue
+        while True:
+            dirs.append(here)
+            if here == base:
+                break
+            here = here.parent
+    return dirs
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def cpu_quota(root: str = CGROUP_ROOT, proc: str = "/proc/self/cgroup") -> float | None:
+    """CPUs' worth of time this process may use (cgroup CFS quota / period), or None if uncapped.
+
+    The tightest cap between the process's cgroup and its mount counts. 1.5 means
+    one and a half CPUs of time per wall-clock second, whatever the core count.
+    """
+    quotas = []
+    for d in _cgroup_dirs("cpu", root, proc):
+        v2 = _read(d / "cpu.max")
+        if v2:
+            quota, _, period = v2.partition(" ")
+        else:
+            quota, period = _read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us")
+        if quota and period and quota.lstrip("-").isdigit() and period.isdigit() and int(quota) > 0 < int(period):
+            quotas.append(int(quota) / int(period))
+    return min(quotas) if quotas else None
+
+
+def memory_limit_bytes(root: str = CGROUP_ROOT, proc: str = "/proc/self/cgroup") -> int | None:
+    """The cgroup memory cap on this process, bytes, or None if uncapped (tightest level counts)."""
+    limits = []
+    for d in _cgroup_dirs("memory", root, proc):
+        raw = _read(d / "memory.max") or _read(d / "memory.limit_in_bytes")
+        if raw and raw.isdigit() and int(raw) < _UNLIMITED:
+            limits.append(int(raw))
+    return min(limits) if limits else None
+
+
+def memory_in_use_bytes(root: str = CGROUP_ROOT, proc: str = "/proc/self/cgroup") -> int | None:
+    """Memory charged to this process's cgroup that cannot simply be dropped, bytes, or None.
+
+    Usage minus inactive file cache (the "working set" Docker and Kubernetes
+    report): page cache of model files read once is reclaimed before the
+    cgroup's OOM killer runs.
+    """
+    for d in _cgroup_dirs("memory", root, proc):
+        usage = _read(d / "memory.current") or _read(d / "memory.usage_in_bytes")
+        if usage and usage.isdigit():
+            break
+    else:
+        return None
+    inactive = 0
+    for line in (_read(d / "memory.stat") or "").splitlines():
+        key, _, value = line.partition(" ")
+        if key in ("inactive_file", "total_inactive_file") and value.isdigit():
+            inactive = int(value)
+    return max(int(usage) - inactive, 0)
+
+
+def cpus_usable() -> int:
+    """Whole CPUs this process can keep busy: the least of physical cores, CPUs in its affinity
+    mask, and its cgroup quota rounded up (at least 1)."""
+    import psutil
+
+    counts = [psutil.cpu_count(logical=False) or os.cpu_count() or 1]
+    if hasattr(os, "sched_getaffinity"):
+        counts.append(len(os.sched_getaffinity(0)))
+    quota = cpu_quota()
+    if quota:
+        counts.append(math.ceil(quota))
+    return max(1, min(counts))
+
+
 @functools.lru_cache(maxsize=1)
 def hardware_info() -> dict:
-    """{cpu_model, cores_physical, cores_logical, ram_bytes, os, machine, python, accelerator}."""
+    """{cpu_model, cores_physical, cores_logical, ram_bytes, cpu_quota, memory_limit_bytes, os,
+    machine, hostname, python, accelerator}. ``cpu_quota`` (CPUs) and ``memory_limit_bytes``
+    are the container's caps, None when there are none."""
     import psutil
 
     return {
@@ -51,6 +179,8 @@ def hardware_info() -> dict:
         "cores_physical": psutil.cpu_count(logical=False) or os.cpu_count(),
         "cores_logical": psutil.cpu_count(logical=True) or os.cpu_count(),
         "ram_bytes": psutil.virtual_memory().total,
+        "cpu_quota": cpu_quota(),
+        "memory_limit_bytes": memory_limit_bytes(),
         "os": f"{platform.system()} {platform.release()}",
         "machine": platform.machine(),
         "hostname": platform.node(),
@@ -60,7 +190,12 @@ def hardware_info() -> dict:
 
 
 def available_ram_bytes() -> int:
-    """RAM available to new allocations now, bytes (psutil's 'available')."""
+    """Memory available to new allocations now, bytes: psutil's 'available', or less when a
+    cgroup caps this process (its limit minus its working set)."""
     import psutil
 
-    return psutil.virtual_memory().available
+    available = psutil.virtual_memory().available
+    limit, used = memory_limit_bytes(), memory_in_use_bytes()
+    if limit is not None:
+        available = min(available, max(limit - (used or 0), 0))
+    return available

@@ -37,7 +37,8 @@ def weights_bytes(model, engine: str) -> int:
     folder = model.hf_path if engine == "transformers" else model.mlx_path
     if not folder:
         return model.parameters * 4
-    return sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
+    files = list(Path(folder).glob("*.safetensors")) or list(Path(folder).glob("pytorch_model*.bin"))
+    return sum(p.stat().st_size for p in files)
 
 
 def kv_cache_bytes(model, engine: str, tokens: int) -> int:

@@ -11,6 +11,7 @@ makes a second :func:`prepare` a cache hit (no GGUF parse, no model load).
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import hashlib
 import importlib.util
 import json
@@ -34,7 +35,8 @@ CONVERT_HINT = {
     ("gguf", "hf"): "run `lablib prepare FILE.gguf`, which dequantizes it into a Hugging Face folder",
     ("mlx", "hf"): "start from the Hugging Face original, or dequantize with `mlx_lm.convert --dequantize` and load that folder",
     ("gguf", "mlx"): "run `lablib prepare FILE.gguf`, which derives an MLX folder",
-    ("hf", "mlx"): "run `lablib prepare FOLDER` (uses mlx_lm.convert)",
+    ("hf", "mlx"): "run `lablib prepare FOLDER` (uses mlx_lm.convert, which needs safetensors weights, "
+                   "not PyTorch .bin files)",
 }
 
 
@@ -133,9 +135,17 @@ def detect_format(path: str | Path) -> str:
     if config.is_file() and weights:
         from safetensors import safe_open
 
-        with safe_open(str(weights[0]), "np") as f:
-            meta = f.metadata() or {}
-        cfg = json.loads(config.read_text())
+        try:
+            with safe_open(str(weights[0]), "np") as f:
+                meta = f.metadata() or {}
+        except Exception as e:  # safetensors raises its own SafetensorError on a bad header
+            raise FormatError(f"{weights[0]} is not a readable safetensors file ({_first_line(e)}); "
+                              "expected complete weights: copy or download the folder again.") from None
+        try:
+            cfg = json.loads(config.read_text())
+        except ValueError as e:
+            raise FormatError(f"{config} is not valid JSON ({e}); expected the model's config: "
+                              "copy or download the folder again.") from None
         if meta.get("format") == "mlx" or "quantization" in cfg:
             return "mlx"
         return "hf"
@@ -183,9 +193,17 @@ def _load_hash_cache() -> dict:
 
 
 def _save_hash_cache(cache: dict) -> None:
+    """Best effort: a read-only lab home only means hashing again next time."""
     p = lab_home() / "hashes.json"
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(cache, indent=1))
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(cache, indent=1))
+    except OSError:
+        pass
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
 # --- config compatibility -------------------------------------------------------
@@ -257,7 +275,12 @@ def gguf_facts(path: Path) -> dict:
     """Architecture, parameter count, quantization and context length of a GGUF file."""
     import gguf
 
-    r = gguf.GGUFReader(str(path))
+    try:
+        r = gguf.GGUFReader(str(path))
+    except Exception as e:  # gguf raises ValueError, struct or numpy errors on a torn file
+        raise FormatError(f"{path} starts like GGUF but cannot be read ({type(e).__name__}: {_first_line(e)}); "
+                          f"it is {path.stat().st_size:,} bytes, perhaps truncated or corrupt: "
+                          "download or copy it again.") from None
 
     def val(key, default=None):
         f = r.fields.get(key)
@@ -371,16 +394,24 @@ def prepare(model: str | Path | None = None, formats=FORMATS, log=print) -> Reso
     if fmt == "gguf" and src.is_dir():
         src = sorted(src.glob("*.gguf"))[0]
     hashes = _load_hash_cache()
+    known = len(hashes)
     sha = file_sha256(src, hashes) if src.is_file() else _folder_sha256(src)
-    _save_hash_cache(hashes)
+    if len(hashes) != known:
+        _save_hash_cache(hashes)
     home = lab_home() / "models" / sha[:16]
     prov_path = home / "provenance.json"
-    if not _is_current(prov_path):
-        # derive under a lock: two notebooks or test processes must not derive at once
-        home.mkdir(parents=True, exist_ok=True)
-        with _locked(home / ".lock"):
-            return _prepare_in(home, prov_path, name, src, fmt, sha, formats, log)
-    return _prepare_in(home, prov_path, name, src, fmt, sha, formats, log)
+    try:
+        if not _is_current(prov_path):
+            # derive under a lock: two notebooks or test processes must not derive at once
+            home.mkdir(parents=True, exist_ok=True)
+            with _locked(home / ".lock"):
+                return _prepare_in(home, prov_path, name, src, fmt, sha, formats, log)
+        return _prepare_in(home, prov_path, name, src, fmt, sha, formats, log)
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        raise LabError(f"cannot write the lab's model cache ({e.filename or home}: {e.strerror}); "
+                       f"expected a writable folder: set LABLIB_HOME to one (now {lab_home()}).") from None
 
 
 def _is_current(prov_path: Path) -> bool:
@@ -438,22 +469,25 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
         log(f"deriving a Hugging Face folder from {src.name} (dequantizing; ~40 s for 135M)...")
         out = home / "hf"
         t0 = _now()
-        derive_hf_from_gguf(src, out)
+        _derive("a Hugging Face folder", src, lambda: derive_hf_from_gguf(src, out))
         rm.hf_path, rm.derived["hf"] = str(out), round(_now() - t0, 1)
         changed = True
     if fmt in ("gguf", "hf") and "mlx" in formats and not (rm.mlx_path and Path(rm.mlx_path).is_dir()):
-        if _mlx_available():
-            hf = Path(rm.hf_path or src)
+        hf = Path(rm.hf_path or src)
+        if not _mlx_available():
+            log("mlx-lm is not installed: no MLX folder derived")
+        elif not any(hf.glob("*.safetensors")):
+            log(f"{hf} has PyTorch .bin weights only; mlx-lm converts safetensors: no MLX folder derived "
+                "(save the model with safetensors, e.g. transformers' save_pretrained, to use MLX)")
+        else:
             log(f"deriving an MLX folder (float32) from {hf}...")
             out = home / "mlx"
             t0 = _now()
-            derive_mlx_from_hf(hf, out)
+            _derive("an MLX folder", hf, lambda: derive_mlx_from_hf(hf, out))
             rm.mlx_path, rm.derived["mlx"] = str(out), round(_now() - t0, 1)
             changed = True
-        else:
-            log("mlx-lm is not installed: no MLX folder derived")
     if rm.parameters == 0 and rm.hf_path:
-        rm.parameters = _count_safetensors_params(Path(rm.hf_path))
+        rm.parameters = _count_params(Path(rm.hf_path))
     if changed:
         home.mkdir(parents=True, exist_ok=True)
         prov_path.write_text(json.dumps({
@@ -463,7 +497,23 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
     return rm
 
 
-def _count_safetensors_params(folder: Path) -> int:
+def _derive(what: str, source: Path, work) -> None:
+    """Run a derivation; a failure becomes one LabError naming the source and the cause."""
+    try:
+        work()
+    except (LabError, PermissionError, OSError) as e:
+        if isinstance(e, OSError) and e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise FormatError(f"deriving {what} from {source} failed ({e}); check the files and free disk "
+                              "space, then run `lablib prepare` again.") from e
+        raise
+    except Exception as e:
+        raise FormatError(f"deriving {what} from {source} failed ({type(e).__name__}: {_first_line(e)}); "
+                          "expected a complete model the converter supports: check the files, or "
+                          "give the engine a model in its own format.") from e
+
+
+def _count_params(folder: Path) -> int:
+    """Parameters in a folder's weights: safetensors headers, else PyTorch .bin files (memory-mapped)."""
     from safetensors import safe_open
 
     n = 0
@@ -471,6 +521,11 @@ def _count_safetensors_params(folder: Path) -> int:
         with safe_open(str(w), "np") as f:
             for k in f.keys():
                 n += math.prod(int(d) for d in f.get_slice(k).get_shape())
+    if n == 0 and any(folder.glob("pytorch_model*.bin")):
+        import torch
+
+        for w in folder.glob("pytorch_model*.bin"):
+            n += sum(t.numel() for t in torch.load(w, map_location="cpu", mmap=True, weights_only=True).values())
     return n
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 ENGINE_COLORS = {"transformers": "#F2A900", "llama.cpp": "#3D7DCA", "mlx": "#2CA58D"}
 PHASE_OPACITY = {"prefill": 1.0, "decode": 0.55}
+PHASE_LEGEND_COLOR = "#666666"  # legend swatches for phases: no engine's colour
 PHASE_PATTERN = {"prefill": "", "decode": "/"}
 QUEUE_COLOR = "#B0B0B0"
 LEGEND_COLOR = "#555555"
@@ -381,14 +382,20 @@ def prefill_decode_bars(df, title: str | None = None):
     engines = list(med.index)
     fig = go.Figure()
     for phase in ("prefill", "decode"):
+        pattern = "" if phase == "prefill" else "/"
         fig.add_bar(
-            name=phase, x=engines, y=med[f"{phase}_s"],
+            name=phase, x=engines, y=med[f"{phase}_s"], legendgroup=phase, showlegend=False,
             marker_color=[color(e) for e in engines], marker_opacity=PHASE_OPACITY[phase],
-            marker_pattern_shape="" if phase == "prefill" else "/",
+            marker_pattern_shape=pattern,
             customdata=med[["prompt_tokens", "output_tokens"]].to_numpy(),
             hovertemplate=(f"<b>%{{x}}</b><br>{phase}: %{{y:.3f}} s<br>prompt %{{customdata[0]:.0f}} tokens, "
                            "output %{customdata[1]:.0f} tokens<extra></extra>"),
         )
+        # the legend names the phase only (shade and hatching), in a neutral colour: the bars'
+        # colour is the engine's, and a legend swatch would take the first engine's
+        fig.add_bar(name=phase, x=[engines[0]], y=[None], legendgroup=phase, hoverinfo="skip",
+                    marker_color=PHASE_LEGEND_COLOR, marker_opacity=PHASE_OPACITY[phase],
+                    marker_pattern_shape=pattern)
     n_in, n_out = int(med["prompt_tokens"].iloc[0]), int(med["output_tokens"].iloc[0])
     fig.update_layout(barmode="stack", template="plotly_white", legend_title_text="phase",
                       title=title or f"Prefill ({n_in} prompt tokens) and decode ({n_out} output tokens), median",
@@ -398,7 +405,8 @@ def prefill_decode_bars(df, title: str | None = None):
 
 # --- one HTML report ------------------------------------------------------------------------------
 MANIFEST_COLUMNS = ("engine", "engine_version", "backend", "dtype", "threads", "quantization", "model",
-                    "cpu_model", "cores", "ram_bytes", "accelerator", "hostname", "lablib_version")
+                    "cpu_model", "cores", "ram_bytes", "cpu_quota", "memory_limit_bytes", "accelerator",
+                    "hostname", "lablib_version")
 
 
 def manifest_table(df):

@@ -42,7 +42,8 @@ def trace_row(trace: RequestTrace, manifest: dict, **labels) -> dict:
         "model": m["id"], "model_format": m["format"], "quantization": m["quantization"],
         "model_sha256": m["file_sha256"], "cpu_model": h["cpu_model"],
         "cores": h["cores_physical"], "ram_bytes": h["ram_bytes"], "accelerator": h["accelerator"],
-        "hostname": h["hostname"], "lablib_version": manifest["lablib_version"], "time": manifest["time"],
+        "hostname": h["hostname"], "cpu_quota": h.get("cpu_quota"),
+        "memory_limit_bytes": h.get("memory_limit_bytes"), "lablib_version": manifest["lablib_version"], "time": manifest["time"],
     })
     return row
 
@@ -74,11 +75,29 @@ class ResultsWriter:
     def __init__(self, path):
         from pathlib import Path
 
+        import tempfile
+
+        from .errors import LabError
+
         self.path = Path(path)
         self.suffix = _suffix(self.path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._rows = None  # parquet: rows so far (loaded lazily)
         self.written = 0
+        # refuse now, before any measurement, what would fail at the first row
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.is_dir():
+                raise LabError(f"results file {self.path} is a folder; expected a file name ending in "
+                               ".jsonl or .parquet")
+            if self.path.exists():
+                open(self.path, "ab").close()
+            else:
+                tempfile.TemporaryFile(dir=self.path.parent).close()
+        except OSError as e:
+            raise LabError(f"results file {self.path}: cannot write there ({e.strerror or e}); expected a "
+                           "writable folder: choose another --out") from None
+        # parquet is rewritten whole per row: read what is there now (a corrupt file is refused here)
+        self._rows = (load_results(self.path).to_dict("records") if self.path.exists() else []
+                      ) if self.suffix == ".parquet" else None
 
     def append(self, row: dict) -> None:
         import json
@@ -96,8 +115,6 @@ class ResultsWriter:
         else:
             import pandas as pd
 
-            if self._rows is None:
-                self._rows = load_results(self.path).to_dict("records") if self.path.exists() else []
             self._rows.append(row)
             tmp = self.path.with_name(self.path.name + ".tmp")
             pd.DataFrame(self._rows).to_parquet(tmp, index=False)
@@ -145,7 +162,12 @@ def load_results(*paths):
                                        "(a crash can leave a torn last line)") from None
             df = pd.DataFrame(rows)
         else:
-            df = pd.read_parquet(p)
+            try:
+                df = pd.read_parquet(p)
+            except Exception as e:  # pyarrow's ArrowInvalid and friends
+                raise LabError(f"{p}: not a readable parquet file ({type(e).__name__}: "
+                               f"{(str(e).splitlines() or [''])[0][:200]}); expected a results file the lab "
+                               "wrote: restore it, or write to a new file") from None
         # a merged file keeps each row's original source
         df["source_file"] = df["source_file"].fillna(str(p)) if "source_file" in df else str(p)
         frames.append(df)

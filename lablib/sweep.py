@@ -149,6 +149,19 @@ def check_plan(model, engines, prompt_tokens, max_new_tokens, concurrency=(1,)) 
     check_fits(model, engines, longest, max(concurrency))
 
 
+def check_requests(requests, levels) -> int | None:
+    """``requests`` per concurrency run, checked: None (2 x C per level) or a whole number at least
+    the largest level C (C clients need C requests to ever have C in flight). Raises LabError."""
+    if requests is None:
+        return None
+    requests = positive_ints([requests], "requests")[0]
+    if requests < max(levels):
+        raise LabError(f"requests={requests} with concurrency up to {max(levels)}: C clients need at least "
+                       f"C requests to ever have C in flight; give requests >= {max(levels)}, or leave it "
+                       "out for 2 x C per level")
+    return requests
+
+
 def _emit(row: dict, rows: list, writer, on_row, bar) -> None:
     """A finished request's row: kept, on disk at once, to the caller, counted."""
     rows.append(row)
@@ -266,8 +279,7 @@ def concurrency_sweep(model=None, engines=("transformers", "llama.cpp", "mlx"), 
     modes = [m.strip() for m in modes]
     if not modes or any(m not in MODES for m in modes):
         raise LabError(f"modes={modes!r}: expected one or more of {', '.join(MODES)}")
-    if requests is not None:
-        requests = positive_ints([requests], "requests")[0]
+    requests = check_requests(requests, levels)
     if warmup < 0:
         raise LabError(f"warmup={warmup}: expected 0 or more")
     names = engine_names(engines)

@@ -182,18 +182,14 @@ class SweepPanel:
             kwargs.update(prompt_tokens=lengths, reps=reps)
             total = len(engines) * len(lengths) * reps
         else:
-            if not hasattr(sweep, "concurrency_sweep"):
-                raise LabError("this lablib has no lablib.sweep.concurrency_sweep yet: concurrency sweeps are "
-                               "not available; run a context sweep instead")
             if len(lengths) != 1:
                 raise LabError(f"prompt tokens={lengths}: a concurrency sweep uses one prompt length, such as 128")
             levels = sweep.positive_ints(self.concurrency.value, "concurrency")
             modes = [m for m, box in self.mode_boxes.items() if box.value]
             if not modes:
                 raise LabError("no mode chosen: tick serial, batched or both")
-            requests = int(self.requests.value) or None  # None: the sweep's default, 2 x concurrency
-            if requests is not None and requests < 0:
-                raise LabError(f"requests per run={requests}: expected 0 (two per client) or more")
+            # 0: the sweep's default, 2 x concurrency
+            requests = sweep.check_requests(int(self.requests.value) or None, levels)
             kwargs.update(prompt_tokens=lengths[0], concurrency=tuple(levels), modes=tuple(modes), requests=requests)
             total = len(engines) * len(modes) * sum(requests or 2 * c for c in levels)
         return {"kind": kind, "kwargs": kwargs, "total": total}

@@ -239,31 +239,6 @@ def test_start_sets_quick_mode_and_execs_the_command():
     assert run.stdout.strip() == "1"
 
 
-def test_start_keeps_a_thread_count_given_to_it():
-    env = dict(os.environ, LABLIB_THREADS="3")
-    out = subprocess.run([str(BINDER / "start"), "bash", "-c", 'echo "$LABLIB_THREADS"'],
-                         env=env, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "3"
-
-
-def test_start_threads_follow_a_cpu_quota():
-    """The quota arithmetic, on a cgroup v2 cpu.max line (1.5 CPUs -> 2 threads)."""
-    start = (BINDER / "start").read_text()
-    block = start[start.index("if [ -z \"${LABLIB_THREADS:-}\" ]"):start.index("exec ")]
-    block = block.replace("/sys/fs/cgroup/cpu.max", "$CPU_MAX")
-    script = 'CPU_MAX="$1"\n' + block + 'echo "${LABLIB_THREADS:-unset}"\n'
-    env = {k: v for k, v in os.environ.items() if k not in ("LABLIB_THREADS", "OMP_NUM_THREADS")}
-    for line, want in (("150000 100000", "2"), ("100000 100000", "1"), ("max 100000", "unset")):
-        cpu_max = Path(os.environ.get("TMPDIR", "/tmp")) / f"lablib-cpu-max-{os.getpid()}"
-        cpu_max.write_text(line + "\n")
-        try:
-            out = subprocess.run(["bash", "-c", script, "bash", str(cpu_max)], env=env,
-                                 capture_output=True, text=True, check=True).stdout.strip()
-        finally:
-            cpu_max.unlink()
-        assert out == want, (line, out)
-
-
 def test_postbuild_mirrors_make_setup_order():
     """torch, then llama.cpp for this CPU, then the extras, then the model, then prepare."""
     post = (BINDER / "postBuild").read_text().splitlines()

@@ -67,3 +67,19 @@ def test_doctor_finds_three_usable_engines():
     p = lablib("doctor")
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count(" usable:") == 3
+
+
+def test_a_context_that_will_not_fit_in_memory_is_refused_before_llama_cpp_allocates():
+    p = lablib("run", "--engine", "llama.cpp", "--n-ctx", "100000000", "--max-new-tokens", "2")
+    assert p.returncode == 2, p.stderr
+    assert "memory: llama.cpp needs about" in p.stderr and "for 1 x 100000000 tokens" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("value", ["abc", "0"])
+def test_bad_lablib_threads_is_one_clear_error(value):
+    import os
+
+    p = subprocess.run([sys.executable, "-m", "lablib.cli", "run", "--engine", "llama.cpp", "--max-new-tokens", "2"],
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ, LABLIB_THREADS=value))
+    assert p.returncode == 2 and f"LABLIB_THREADS='{value}'" in p.stderr and "Traceback" not in p.stderr

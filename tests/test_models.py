@@ -1,6 +1,7 @@
 """Model resolution, format detection, derivation and config compatibility."""
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,100 @@ def test_unknown_model_and_offline_hub_give_clear_errors(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(LabError, match="fetching it from the hub failed"):
         models.prepare("someone/some-model-that-is-not-here")
+
+
+# --- broken and unusual model files: one clear message, not a traceback ----------------------
+def test_truncated_gguf_is_named_as_such(model, tmp_path, monkeypatch):
+    monkeypatch.setenv("LABLIB_HOME", str(tmp_path / "home"))
+    torn = tmp_path / "torn.gguf"
+    with open(model.gguf_path, "rb") as f:
+        torn.write_bytes(f.read(3_000_000))  # header and metadata, then cut inside the tensor data
+    with pytest.raises(FormatError, match=r"torn\.gguf starts like GGUF but cannot be read.*3,000,000 bytes, "
+                                          r"perhaps truncated"):
+        models.prepare(str(torn))
+
+
+def test_corrupt_safetensors_and_config_are_named(tmp_path):
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    (folder / "model.safetensors").write_bytes(b"\xff" * 100)
+    with pytest.raises(FormatError, match=r"model\.safetensors is not a readable safetensors file"):
+        models.detect_format(folder)
+
+
+def test_a_pytorch_bin_folder_serves_transformers_and_says_why_mlx_cannot(model, hf, tmp_path, monkeypatch):
+    """A Hugging Face folder with pytorch_model.bin only: transformers reads it (same greedy ids as
+    the safetensors folder), mlx-lm cannot convert it, and prepare and the MLX engine say so."""
+    import torch
+    from safetensors.torch import load_file
+
+    from lablib.engines import load_engine
+    from lablib.engines.base import GenerationConfig
+
+    monkeypatch.setenv("LABLIB_HOME", str(tmp_path / "home"))
+    folder = tmp_path / "bin-only"
+    folder.mkdir()
+    for f in Path(model.hf_path).iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, folder / f.name)
+    torch.save(load_file(str(Path(model.hf_path) / "model.safetensors")), folder / "pytorch_model.bin")
+    said = []
+    rm = models.prepare(str(folder), log=said.append)
+    assert (rm.source_format, rm.hf_path, rm.mlx_path) == ("hf", str(folder), None)
+    assert rm.parameters == 134_515_008  # counted from the .bin: the same tensors as the GGUF
+    assert any(".bin weights only" in s and "no MLX folder" in s for s in said)
+    with pytest.raises(FormatError, match=r"mlx needs a MLX model.*needs safetensors weights"):
+        load_engine("mlx", rm)
+    ids = [1, 504, 3458, 282]  # "<|im_start|>The capital of"
+    cfg = GenerationConfig(max_new_tokens=4)
+    from_bin = load_engine("transformers", rm)
+    try:
+        assert from_bin.generate(ids, cfg).token_ids == hf.generate(ids, cfg).token_ids
+    finally:
+        from_bin.close()
+
+
+def _read_only(folder: Path):
+    """A command prefix that runs with ``folder`` read-only (a private read-only bind mount for root,
+    whom file modes do not stop; file modes otherwise), or None when neither is possible."""
+    import os
+
+    if os.geteuid() != 0:
+        for p in [folder, *folder.rglob("*")]:
+            if p.is_dir():
+                p.chmod(0o555)
+        return []
+    if not shutil.which("unshare"):
+        return None
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        return None
+    return ["unshare", "-m", "bash", "-c", f'mount --bind -o ro "{folder}" "{folder}" && exec "$@"', "ro"]
+
+
+def test_read_only_lab_home_serves_cache_hits_and_names_itself_when_asked_to_write(model, tmp_path):
+    """A facilitator's shared read-only cache: a prepared model loads; a new one gets one message."""
+    import os
+    import sys
+
+    home = tmp_path / "home"
+    shutil.copytree(Path(model.hf_path).parents[2], home, ignore=shutil.ignore_patterns("wheels", ".lock"))
+    (home / "hashes.json").unlink(missing_ok=True)  # a cache hit must not need to write it
+    other = tmp_path / "other.gguf"
+    shutil.copy(model.gguf_path, other)
+    with open(other, "ab") as f:
+        f.write(b"\0")  # another file: a new hash, so prepare would derive
+    prefix = _read_only(home)
+    if prefix is None:
+        pytest.skip("no way to make a folder read-only here (root without unshare)")
+    env = dict(os.environ, LABLIB_HOME=str(home))
+    run = lambda *a: subprocess.run([*prefix, sys.executable, "-m", "lablib.cli", "prepare", *a],  # noqa: E731
+                                    capture_output=True, text=True, env=env, timeout=300)
+    hit = run()
+    assert hit.returncode == 0, hit.stderr
+    assert "ready in" in hit.stdout and "Traceback" not in hit.stderr
+    new = run(str(other))
+    assert new.returncode != 0
+    assert "cannot write the lab's model cache" in new.stderr and "set LABLIB_HOME" in new.stderr
+    assert "Traceback" not in new.stderr

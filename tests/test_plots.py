@@ -306,6 +306,18 @@ def test_prefill_decode_bars_still_draws_one_prompt():
     assert list(fig.data[0].marker.color) == [plots.ENGINE_COLORS[e] for e in ENGINES]
 
 
+def test_prefill_decode_legend_names_phases_in_no_engine_colour():
+    """The legend shows prefill and decode, each in a neutral swatch (not the first engine's colour)."""
+    fig = plots.prefill_decode_bars(context_df(lengths=(64,), reps=2))
+    legend = [t for t in fig.data if t.showlegend is not False]
+    assert [t.name for t in legend] == ["prefill", "decode"]
+    assert {t.marker.color for t in legend} == {plots.PHASE_LEGEND_COLOR}
+    assert plots.PHASE_LEGEND_COLOR not in plots.ENGINE_COLORS.values()
+    assert [t.marker.pattern.shape for t in legend] == ["", "/"]
+    bars = [t for t in fig.data if t.showlegend is False]
+    assert [t.legendgroup for t in bars] == [t.legendgroup for t in legend]  # clicking a phase hides its bars
+
+
 def test_shared_results_of_two_machines_facet_after_a_round_trip_on_disk(tmp_path):
     """Workshop flow: each machine writes its rows, the files are merged and loaded, one figure."""
     from lablib.results import ResultsWriter, load_results, merge_results

@@ -186,3 +186,28 @@ def test_report_refuses_to_overwrite_its_input(tmp_path):
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 2 and "Traceback" not in p.stderr
     assert load_results(a)["engine"].tolist() == ["x"]
+
+
+@pytest.mark.parametrize("kind", ["corrupt parquet", "unwritable folder"])
+def test_a_results_file_that_cannot_be_written_is_refused_before_any_measurement(model, tmp_path, kind):
+    if kind == "corrupt parquet":
+        out = tmp_path / "old.parquet"
+        out.write_bytes(b"not parquet at all")
+        want = r"old\.parquet: not a readable parquet file"
+    else:
+        (tmp_path / "a-file").write_text("x")
+        out = tmp_path / "a-file" / "results.jsonl"  # a folder that cannot exist
+        want = r"cannot write there"
+    measured = []
+    with pytest.raises(LabError, match=want):
+        sweep.context_sweep(model, engines=["llama.cpp"], prompt_tokens=[16], max_new_tokens=2, reps=1,
+                            out=out, on_row=measured.append, progress=False)
+    assert measured == []
+    if kind == "corrupt parquet":
+        assert out.read_bytes() == b"not parquet at all"  # left as it was
+
+
+def test_fewer_requests_than_clients_is_refused(model):
+    with pytest.raises(LabError, match=r"requests=2 with concurrency up to 4.*requests >= 4"):
+        sweep.concurrency_sweep(model, engines=["llama.cpp"], concurrency=[1, 4], requests=2, progress=False)
+    assert sweep.check_requests(None, [1, 4]) is None and sweep.check_requests(4, [1, 4]) == 4

@@ -61,16 +61,20 @@ class EngineInfo:
 
 
 def default_threads() -> int:
-    """Threads for CPU engines: the machine's cores (LABLIB_THREADS overrides)."""
-    env = os.environ.get("LABLIB_THREADS")
-    if env:
-        return int(env)
-    try:
-        import psutil
+    """Threads for CPU engines: the CPUs this process can use (physical cores, affinity and
+    container quota: :func:`lablib.hardware.cpus_usable`). LABLIB_THREADS overrides.
 
-        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    except ImportError:  # pragma: no cover - psutil is a dependency
-        return os.cpu_count() or 1
+    Raises LabError when LABLIB_THREADS is not a positive whole number.
+    """
+    env = os.environ.get("LABLIB_THREADS", "").strip()
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise LabError(f"LABLIB_THREADS={env!r}: expected a whole number of threads, 1 or more "
+                           f"(e.g. LABLIB_THREADS=2), or unset it to use the CPUs this process may use")
+        return int(env)
+    from ..hardware import cpus_usable
+
+    return cpus_usable()
 
 
 class Engine:

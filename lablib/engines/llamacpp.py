@@ -59,6 +59,10 @@ class LlamaCppEngine(Engine):
         if not 1 <= n_seq_max <= llama_cpp.llama_max_parallel_sequences():
             raise LabError(f"n_seq_max={n_seq_max}: expected 1 to "
                            f"{llama_cpp.llama_max_parallel_sequences()} parallel sequences")
+        # llama.cpp allocates the KV cache for all n_ctx tokens now: refuse what will not fit
+        from ..memory import check_fits
+
+        check_fits(model, [self.name], self._n_ctx_req)
         self.llm = Llama(model_path=path, n_ctx=self._n_ctx_req, n_batch=self.n_batch,
                          n_ubatch=self.n_batch, n_threads=self.threads,
                          n_threads_batch=self.threads, verbose=verbose)
