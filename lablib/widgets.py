@@ -251,7 +251,7 @@ class SweepPanel:
 
         from . import sweep
 
-        fn = sweep.context_sweep if plan["kind"] == "context" else getattr(sweep, "concurrency_sweep")
+        fn = sweep.context_sweep if plan["kind"] == "context" else sweep.concurrency_sweep
         self.rows, self.df, self.error, self._draw_error_shown = [], None, None, False
         self._run_kind = plan["kind"]  # the live figure follows the running sweep, not the toggle
         self.run_button.disabled, self.cancel_button.disabled = True, False

@@ -104,11 +104,11 @@ def test_no_engine_and_no_mode_are_errors(quick, monkeypatch):
     assert "one prompt length" in p.message.value
 
 
-def test_concurrency_without_concurrency_sweep_says_so(quick, monkeypatch):
-    monkeypatch.delattr(sweep, "concurrency_sweep", raising=False)
+def test_fewer_requests_than_clients_is_refused_by_the_panel(quick):
     p = widgets.sweep_panel(kind="concurrency")
+    p.concurrency.value, p.requests.value = "1,4", 2
     p.run_button.click()
-    assert "concurrency_sweep" in p.message.value and p._thread is None
+    assert "requests=2 with concurrency up to 4" in p.message.value and p._thread is None
 
 
 def fake_context_sweep(rows, started=None, delay=0.0):
