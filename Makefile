@@ -55,9 +55,10 @@ clean:
 WHEELHOUSE ?= wheelhouse
 WHEELHOUSE_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 
+# PORTABLE=1: llama.cpp for any x86-64-v3 laptop, not only this machine's CPU.
 wheelhouse:
 	$(WHEELHOUSE_PY) -m lablib.wheelhouse --out "$(WHEELHOUSE)" \
-		--torch-spec "$(TORCH_SPEC)" --model-pkg "$(MODEL_PKG)"
+		--torch-spec "$(TORCH_SPEC)" --model-pkg "$(MODEL_PKG)" $(if $(PORTABLE),--portable)
 
 install-offline:
 	PYTHON="$(PYTHON)" bash "$(WHEELHOUSE)/install.sh" "$(VENV)" --quiet

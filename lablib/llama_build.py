@@ -112,10 +112,22 @@ def probe_cpu_features(cc: str | None = None) -> dict[str, bool]:
         return {opt: _probe(flags, body, cc, Path(tmp)) for opt, (flags, body) in _PROBES.items()}
 
 
-def cmake_args(features: dict[str, bool]) -> str:
-    """CMAKE_ARGS for llama-cpp-python from probed features ('' keeps defaults)."""
+# x86-64-v3 (the x86-64 psABI's microarchitecture level 3, Intel Haswell / AMD Excavator and
+# later, 2013-15): what a build for *other* machines may assume. Binder builds its image on one
+# node and serves it on others; a wheelhouse built on the facilitator's laptop runs on the room's.
+PORTABLE = frozenset({"GGML_SSE42", "GGML_AVX", "GGML_AVX2", "GGML_FMA", "GGML_F16C", "GGML_BMI2"})
+
+
+def cmake_args(features: dict[str, bool], portable: bool = False) -> str:
+    """CMAKE_ARGS for llama-cpp-python from probed features ('' keeps defaults).
+
+    ``portable``: only the extensions of :data:`PORTABLE` that also run here (no AVX-512,
+    AVX-VNNI or AMX), for a wheel that runs on other x86-64-v3 machines too.
+    """
     if not features:
         return ""
+    if portable:
+        features = {opt: ok and opt in PORTABLE for opt, ok in features.items()}
     args = ["-DGGML_NATIVE=OFF"]
     args += [f"-D{opt}={'ON' if ok else 'OFF'}" for opt, ok in features.items()]
     return " ".join(args)
@@ -150,9 +162,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="wheel cache folder (default: $LABLIB_HOME/wheels, ~/.cache/lablib/wheels)")
     ap.add_argument("--install", action="store_true", help="pip install the wheel")
     ap.add_argument("--print-flags", action="store_true", help="only print CMAKE_ARGS")
+    ap.add_argument("--portable", action="store_true",
+                    help="only x86-64-v3 extensions (AVX2, FMA, F16C): a wheel for other machines too "
+                         "(Binder's session nodes, a room's laptops)")
     ns = ap.parse_args(argv)
     features = probe_cpu_features()
-    args = cmake_args(features)
+    args = cmake_args(features, portable=ns.portable)
     if ns.print_flags:
         print(args)
         return 0

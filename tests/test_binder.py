@@ -221,6 +221,8 @@ def test_what_postbuild_runs_exists():
     helped = subprocess.run([sys.executable, "-m", "lablib.llama_build", "--help"], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout
     assert "--install" in helped and "lablib.llama_build --install" in post
+    # sessions run on other nodes than the build: llama.cpp built for x86-64-v3, not the build CPU
+    assert "--portable" in helped and re.search(r"lablib\.llama_build --install --portable$", post, re.M)
     # `lablib prepare`: the console script pyproject declares, and its subcommand
     assert PROJECT["scripts"]["lablib"] == "lablib.cli:main"
     assert re.search(r"^lablib prepare$", post, re.M)

@@ -17,6 +17,15 @@ def test_cmake_args_map_each_probe_to_a_flag():
     assert llama_build.cmake_args({}) == ""  # non-x86: the engine's own defaults
 
 
+def test_portable_flags_keep_only_x86_64_v3_extensions_that_run_here():
+    probed = {"GGML_AVX2": True, "GGML_FMA": False, "GGML_AVX512": True, "GGML_AVX_VNNI": True,
+              "GGML_AMX_INT8": False}
+    args = llama_build.cmake_args(probed, portable=True)
+    assert args == ("-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=OFF -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF "
+                    "-DGGML_AMX_INT8=OFF")
+    assert llama_build.cmake_args(probed, portable=True) != llama_build.cmake_args(probed)  # its own wheel
+
+
 def test_wheel_cache_key_depends_on_flags():
     root = Path("/tmp/x")
     assert llama_build.wheel_cache_dir(root, "-DA=ON") != llama_build.wheel_cache_dir(root, "-DA=OFF")
