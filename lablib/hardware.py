@@ -122,28 +122,16 @@ def cpu_quota(root: str = CGROUP_ROOT, proc: str = "/proc/self/cgroup") -> float
     return min(quotas) if quotas else None
 
 
-def memory_limit_bytes(root: str = CGROUP_ROOT, proc: str = "/proc/self/cgroup") -> int | None:
-    """The cgroup memory cap on this process, bytes, or None if uncapped (tightest level counts)."""
-    limits = []
-    for d in _cgroup_dirs("memory", root, proc):
-        raw = _read(d / "memory.max") or _read(d / "memory.limit_in_bytes")
-        if raw and raw.isdigit() and int(raw) < _UNLIMITED:
-            limits.append(int(raw))
-    return min(limits) if limits else None
+def _memory_limit(d: Path) -> int | None:
+    raw = _read(d / "memory.max") or _read(d / "memory.limit_in_bytes")
+    return int(raw) if raw and raw.isdigit() and int(raw) < _UNLIMITED else None
 
 
-def memory_in_use_bytes(root: str = CGROUP_ROOT, proc: str = "/proc/self/cgroup") -> int | None:
-    """Memory charged to this process's cgroup that cannot simply be dropped, bytes, or None.
-
-    Usage minus inactive file cache (the "working set" Docker and Kubernetes
-    report): page cache of model files read once is reclaimed before the
-    cgroup's OOM killer runs.
-    """
-    for d in _cgroup_dirs("memory", root, proc):
-        usage = _read(d / "memory.current") or _read(d / "memory.usage_in_bytes")
-        if usage and usage.isdigit():
-            break
-    else:
+def _working_set(d: Path) -> int | None:
+    """Usage minus inactive file cache at cgroup folder ``d`` (the "working set" Docker and
+    Kubernetes report: page cache of model files read once is reclaimed before the OOM killer runs)."""
+    usage = _read(d / "memory.current") or _read(d / "memory.usage_in_bytes")
+    if not usage or not usage.isdigit():
         return None
     inactive = 0
     for line in (_read(d / "memory.stat") or "").splitlines():
@@ -151,6 +139,32 @@ def memory_in_use_bytes(root: str = CGROUP_ROOT, proc: str = "/proc/self/cgroup"
         if key in ("inactive_file", "total_inactive_file") and value.isdigit():
             inactive = int(value)
     return max(int(usage) - inactive, 0)
+
+
+def memory_limit_bytes(root: str = CGROUP_ROOT, proc: str = "/proc/self/cgroup") -> int | None:
+    """The cgroup memory cap on this process, bytes, or None if uncapped (tightest level counts)."""
+    limits = [x for x in map(_memory_limit, _cgroup_dirs("memory", root, proc)) if x is not None]
+    return min(limits) if limits else None
+
+
+def memory_in_use_bytes(root: str = CGROUP_ROOT, proc: str = "/proc/self/cgroup") -> int | None:
+    """The working set of this process's own cgroup, bytes (usage less inactive file cache), or None."""
+    for d in _cgroup_dirs("memory", root, proc):
+        used = _working_set(d)
+        if used is not None:
+            return used
+    return None
+
+
+def memory_headroom_bytes(root: str = CGROUP_ROOT, proc: str = "/proc/self/cgroup") -> int | None:
+    """Bytes this process may still allocate before a cgroup cap binds: the least, over the levels
+    that have a cap, of cap minus that level's working set; None when no level has a cap."""
+    room = []
+    for d in _cgroup_dirs("memory", root, proc):
+        limit = _memory_limit(d)
+        if limit is not None:
+            room.append(max(limit - (_working_set(d) or 0), 0))
+    return min(room) if room else None
 
 
 def cpus_usable() -> int:
@@ -195,7 +209,5 @@ def available_ram_bytes() -> int:
     import psutil
 
     available = psutil.virtual_memory().available
-    limit, used = memory_limit_bytes(), memory_in_use_bytes()
-    if limit is not None:
-        available = min(available, max(limit - (used or 0), 0))
-    return available
+    room = memory_headroom_bytes()
+    return available if room is None else min(available, room)

@@ -41,6 +41,9 @@ def test_cgroup_v2_caps_read_from_the_process_cgroup(tmp_path):
     assert hardware.cpu_quota(str(fs), str(proc)) == 1.5
     assert hardware.memory_limit_bytes(str(fs), str(proc)) == 8 * GIB  # the parent's cap binds
     assert hardware.memory_in_use_bytes(str(fs), str(proc)) == GIB - GIB // 4
+    # the parent's own working set counts against the parent's cap (its other children use memory too)
+    write(fs, {"user.slice/memory.current": f"{7 * GIB}\n", "user.slice/memory.stat": "inactive_file 0\n"})
+    assert hardware.memory_headroom_bytes(str(fs), str(proc)) == GIB
 
 
 def test_cgroup_v1_caps_and_a_container_without_cgroup_namespace(tmp_path):
@@ -58,6 +61,7 @@ def test_cgroup_v1_caps_and_a_container_without_cgroup_namespace(tmp_path):
     assert hardware.cpu_quota(str(fs), str(proc)) == 2.0
     assert hardware.memory_limit_bytes(str(fs), str(proc)) == 2 * GIB
     assert hardware.memory_in_use_bytes(str(fs), str(proc)) == GIB // 2 - GIB // 8
+    assert hardware.memory_headroom_bytes(str(fs), str(proc)) == 2 * GIB - (GIB // 2 - GIB // 8)
 
 
 def test_uncapped_cgroups_read_as_no_cap(tmp_path):
@@ -67,6 +71,7 @@ def test_uncapped_cgroups_read_as_no_cap(tmp_path):
                "memory/memory.limit_in_bytes": "9223372036854771712\n"})
     assert hardware.cpu_quota(str(fs), str(proc)) is None
     assert hardware.memory_limit_bytes(str(fs), str(proc)) is None
+    assert hardware.memory_headroom_bytes(str(fs), str(proc)) is None
     assert hardware.cpu_quota(str(fs), str(tmp_path / "missing")) is None
 
 
