@@ -93,7 +93,7 @@ def cmd_run(ns) -> int:
         ids = text_ids(rm, ns.prompt)
     else:
         ids = chat_ids(rm, [{"role": "user", "content": ns.chat or DEFAULT_CHAT}])
-    kw = {"n_ctx": ns.n_ctx} if ns.n_ctx else {}
+    kw = {"n_ctx": ns.n_ctx} if ns.n_ctx is not None else {}
     engine = load_engine(ns.engine, rm, **kw)
     for _ in range(ns.warmup):
         engine.generate(ids, cfg)

@@ -48,7 +48,9 @@ def check_engine(name: str, model: str | None = None, timeout: float = 300) -> d
         sig = signal.Signals(-p.returncode).name
         hint = (" (illegal instruction: the library was built for CPU features this machine does not "
                 "grant; rebuild it with `python -m lablib.llama_build --install` or `make setup`)"
-                if sig == "SIGILL" else "")
+                if sig == "SIGILL" else
+                " (killed: most often the out-of-memory killer; see the memory line above, and close "
+                "other programs or raise the container's memory cap)" if sig == "SIGKILL" else "")
         return {"engine": name, "usable": False, "detail": f"crashed with {sig}{hint}"}
     last = (p.stderr.strip().splitlines() or ["failed"])[-1]
     return {"engine": name, "usable": False, "detail": last}

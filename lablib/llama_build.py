@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -78,6 +79,10 @@ static int amx_setup(void) {
 """
 
 
+class BuildError(RuntimeError):
+    """The build cannot start here (no working C compiler); the message says what to install."""
+
+
 def _probe(flags: str, body: str, cc: str, workdir: Path) -> bool:
     """Compile and run one probe; True when it compiled and exited 0."""
     amx = "amx" in flags
@@ -86,7 +91,7 @@ def _probe(flags: str, body: str, cc: str, workdir: Path) -> bool:
     src += (" if (amx_setup()) return 3; " if amx else " ") + body + " }\n"
     c_file, exe = workdir / "probe.c", workdir / "probe"
     c_file.write_text(src)
-    built = subprocess.run([cc, "-O0", *flags.split(), str(c_file), "-o", str(exe)],
+    built = subprocess.run([*shlex.split(cc), "-O0", *flags.split(), str(c_file), "-o", str(exe)],
                            capture_output=True)
     if built.returncode != 0:
         return False
@@ -108,6 +113,12 @@ def probe_cpu_features(cc: str | None = None) -> dict[str, bool]:
     cc = cc or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         return {}
+    try:
+        subprocess.run([*shlex.split(cc), "--version"], capture_output=True, check=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise BuildError(f"C compiler {cc!r} (CC or cc on PATH) does not run ({e}); llama-cpp-python builds "
+                         "from source and needs one: install gcc (Debian/Ubuntu: apt install build-essential) "
+                         "or set CC to a working compiler") from None
     with tempfile.TemporaryDirectory(prefix="lablib-probe-") as tmp:
         return {opt: _probe(flags, body, cc, Path(tmp)) for opt, (flags, body) in _PROBES.items()}
 
@@ -124,6 +135,9 @@ def cmake_args(features: dict[str, bool], portable: bool = False) -> str:
     ``portable``: only the extensions of :data:`PORTABLE` that also run here (no AVX-512,
     AVX-VNNI or AMX), for a wheel that runs on other x86-64-v3 machines too.
     """
+    if portable and not features and platform.machine().lower() in ("x86_64", "amd64"):
+        # nothing probed (no compiler to probe with): still never ggml's -march=native default
+        features = {opt: opt in PORTABLE for opt in _PROBES}
     if not features:
         return ""
     if portable:
@@ -166,7 +180,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="only x86-64-v3 extensions (AVX2, FMA, F16C): a wheel for other machines too "
                          "(Binder's session nodes, a room's laptops)")
     ns = ap.parse_args(argv)
-    features = probe_cpu_features()
+    try:
+        features = probe_cpu_features()
+    except BuildError as e:
+        print(f"lablib.llama_build: {e}", file=sys.stderr)
+        return 2
     args = cmake_args(features, portable=ns.portable)
     if ns.print_flags:
         print(args)

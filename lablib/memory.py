@@ -15,6 +15,7 @@ from pathlib import Path
 from .errors import LabError
 
 HEADROOM = 1.2
+LLAMA_GRAPH_RESERVE = 32 * 2**20
 KV_BYTES = {"llama.cpp": 2, "transformers": 4, "mlx": 4}  # f16 KV in llama.cpp; float32 models elsewhere
 
 
@@ -27,7 +28,7 @@ def model_shape(model) -> dict:
     cfg = cfg.get("text_config", cfg)
     heads = cfg["num_attention_heads"]
     return {"layers": cfg["num_hidden_layers"], "kv_heads": cfg.get("num_key_value_heads", heads),
-            "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // heads}
+            "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // heads, "vocab": cfg.get("vocab_size", 0)}
 
 
 def weights_bytes(model, engine: str) -> int:
@@ -47,15 +48,32 @@ def kv_cache_bytes(model, engine: str, tokens: int) -> int:
     return 2 * s["layers"] * s["kv_heads"] * s["head_dim"] * KV_BYTES.get(engine, 4) * tokens
 
 
-def estimate_bytes(model, engine: str, context_tokens: int, concurrency: int = 1) -> dict:
-    """{weights, kv_cache, total} in bytes for ``concurrency`` sequences of ``context_tokens``."""
+def runtime_bytes(model, engine: str, n_batch: int = 512) -> int:
+    """Buffers an engine allocates besides weights and KV cache, bytes.
+
+    llama.cpp reserves logits for a whole micro-batch (n_batch x vocabulary x 4 bytes) plus its
+    compute graph (LLAMA_GRAPH_RESERVE, about 32 MiB for small models); for SmolLM2-135M that is
+    128 MiB, which is what separates a llama.cpp sweep OOM-killed under a 300 MiB cgroup cap from
+    one that passes under 400 MiB (measured on the development VM). transformers and MLX allocate
+    activations per request, covered by the headroom.
+    """
+    if engine != "llama.cpp":
+        return 0
+    return n_batch * model_shape(model)["vocab"] * 4 + LLAMA_GRAPH_RESERVE
+
+
+def estimate_bytes(model, engine: str, context_tokens: int, concurrency: int = 1, n_batch: int = 512) -> dict:
+    """{weights, kv_cache, runtime, total} in bytes for ``concurrency`` sequences of ``context_tokens``."""
     w = weights_bytes(model, engine)
     kv = kv_cache_bytes(model, engine, context_tokens * concurrency)
-    return {"weights": w, "kv_cache": kv, "total": int((w + kv) * HEADROOM)}
+    rt = runtime_bytes(model, engine, n_batch)
+    return {"weights": w, "kv_cache": kv, "runtime": rt, "total": int((w + kv + rt) * HEADROOM)}
 
 
-def check_fits(model, engines, context_tokens: int, concurrency: int = 1, available: int | None = None) -> None:
-    """Raise LabError with the numbers when the largest run will not fit in available RAM.
+def check_fits(model, engines, context_tokens: int, concurrency: int = 1, available: int | None = None,
+               n_batch: int = 512) -> None:
+    """Raise LabError with the numbers when the largest run will not fit in available memory
+    (RAM, or a container's cgroup cap: :func:`lablib.hardware.available_ram_bytes`).
 
     Engines are loaded one at a time, so the largest single engine counts.
     """
@@ -63,11 +81,14 @@ def check_fits(model, engines, context_tokens: int, concurrency: int = 1, availa
 
     available = available_ram_bytes() if available is None else available
     for engine in engines:
-        est = estimate_bytes(model, engine, context_tokens, concurrency)
+        est = estimate_bytes(model, engine, context_tokens, concurrency, n_batch)
         if est["total"] > available:
             gib = 2 ** 30
+            runtime = f" + buffers {est['runtime'] / gib:.2f} GiB" if est["runtime"] else ""
+            shorter = ("a smaller context (--n-ctx / n_ctx: llama.cpp reserves its KV cache for all of it)"
+                       if engine == "llama.cpp" else "shorter contexts")
             raise LabError(
                 f"memory: {engine} needs about {est['total'] / gib:.2f} GiB (weights {est['weights'] / gib:.2f} GiB "
-                f"+ KV cache {est['kv_cache'] / gib:.2f} GiB for {concurrency} x {context_tokens} tokens, +20 % "
-                f"headroom), but {available / gib:.2f} GiB is available. Use shorter contexts, lower "
+                f"+ KV cache {est['kv_cache'] / gib:.2f} GiB for {concurrency} x {context_tokens} tokens{runtime}, "
+                f"+20 % headroom), but {available / gib:.2f} GiB is available. Use {shorter}, lower "
                 f"concurrency, or a smaller/quantized model.")

@@ -129,7 +129,7 @@ def detect_format(path: str | Path) -> str:
                           "or a model folder (Hugging Face or MLX).")
     if not p.is_dir():
         raise FormatError(f"{p} does not exist")
-    ggufs = sorted(p.glob("*.gguf"))
+    ggufs = _gguf_files(p)
     config = p / "config.json"
     weights = sorted(p.glob("*.safetensors"))
     if config.is_file() and weights:
@@ -141,11 +141,7 @@ def detect_format(path: str | Path) -> str:
         except Exception as e:  # safetensors raises its own SafetensorError on a bad header
             raise FormatError(f"{weights[0]} is not a readable safetensors file ({_first_line(e)}); "
                               "expected complete weights: copy or download the folder again.") from None
-        try:
-            cfg = json.loads(config.read_text())
-        except ValueError as e:
-            raise FormatError(f"{config} is not valid JSON ({e}); expected the model's config: "
-                              "copy or download the folder again.") from None
+        cfg = read_config(p)
         if meta.get("format") == "mlx" or "quantization" in cfg:
             return "mlx"
         return "hf"
@@ -155,6 +151,32 @@ def detect_format(path: str | Path) -> str:
         return "gguf"
     raise FormatError(f"{p}: no GGUF file, and no config.json with safetensors weights; expected "
                       "a GGUF file, a Hugging Face folder or an MLX folder.")
+
+
+def _gguf_files(folder: Path) -> list[Path]:
+    """Files in ``folder`` named *.gguf that start with the GGUF magic, sorted."""
+    found = []
+    for g in sorted(folder.glob("*.gguf")):
+        try:
+            with open(g, "rb") as f:
+                if f.read(4) == b"GGUF":
+                    found.append(g)
+        except OSError:
+            continue
+    return found
+
+
+def read_config(folder: Path) -> dict:
+    """A model folder's config.json as a dict; FormatError naming the file otherwise."""
+    path = Path(folder) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise FormatError(f"{path} is not readable JSON ({_first_line(e)}); expected the model's config: "
+                          "copy or download the folder again.") from None
+    if not isinstance(cfg, dict):
+        raise FormatError(f"{path} holds a {type(cfg).__name__}, expected a JSON object (the model's config)")
+    return cfg
 
 
 def file_sha256(path: Path, cache: dict | None = None) -> str:
@@ -392,7 +414,7 @@ def prepare(model: str | Path | None = None, formats=FORMATS, log=print) -> Reso
     name, src = _resolve_source(model)
     fmt = detect_format(src)
     if fmt == "gguf" and src.is_dir():
-        src = sorted(src.glob("*.gguf"))[0]
+        src = _gguf_files(src)[0]
     hashes = _load_hash_cache()
     known = len(hashes)
     sha = file_sha256(src, hashes) if src.is_file() else _folder_sha256(src)
@@ -456,9 +478,13 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
             rm.quantization = facts["quantization"]
             rm.max_position_embeddings = facts["max_position_embeddings"]
         else:
-            cfg = json.loads((src / "config.json").read_text())
-            rm.architecture = cfg.get("model_type", "")
-            rm.max_position_embeddings = int(cfg.get("max_position_embeddings", 0) or 0)
+            cfg = read_config(src)
+            rm.architecture = str(cfg.get("model_type", ""))
+            mpe = cfg.get("max_position_embeddings", 0) or 0
+            if isinstance(mpe, bool) or not isinstance(mpe, int) or mpe < 0:
+                raise FormatError(f"{src / 'config.json'}: max_position_embeddings={mpe!r}, expected a whole "
+                                  "number of tokens (e.g. 8192): fix the config")
+            rm.max_position_embeddings = mpe
             q = cfg.get("quantization") or cfg.get("quantization_config")
             rm.quantization = (f"{q.get('bits', '?')}-bit" if isinstance(q, dict) else
                                str(cfg.get("torch_dtype") or cfg.get("dtype") or ""))
@@ -525,7 +551,13 @@ def _count_params(folder: Path) -> int:
         import torch
 
         for w in folder.glob("pytorch_model*.bin"):
-            n += sum(t.numel() for t in torch.load(w, map_location="cpu", mmap=True, weights_only=True).values())
+            try:
+                state = torch.load(w, map_location="cpu", mmap=True, weights_only=True)
+                n += sum(t.numel() for t in state.values())
+            except Exception as e:  # torn zip, pickle of something else, an old torch format
+                raise FormatError(f"{w} is not a readable PyTorch checkpoint ({type(e).__name__}: "
+                                  f"{_first_line(e)}); expected weights saved by torch.save or transformers: "
+                                  "copy or download the folder again, or convert it to safetensors.") from None
     return n
 
 

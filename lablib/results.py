@@ -77,6 +77,8 @@ class ResultsWriter:
 
         import tempfile
 
+        import pandas as pd
+
         from .errors import LabError
 
         self.path = Path(path)
@@ -90,14 +92,31 @@ class ResultsWriter:
                                ".jsonl or .parquet")
             if self.path.exists():
                 open(self.path, "ab").close()
+            elif self.path.is_symlink():  # a link to a file not there yet: its folder must be
+                target = self.path.resolve()
+                if not target.parent.is_dir():
+                    raise LabError(f"results file {self.path} links to {target}, whose folder does not exist; "
+                                   "expected a writable place: create the folder or choose another --out")
+                tempfile.TemporaryFile(dir=target.parent).close()
             else:
                 tempfile.TemporaryFile(dir=self.path.parent).close()
         except OSError as e:
             raise LabError(f"results file {self.path}: cannot write there ({e.strerror or e}); expected a "
                            "writable folder: choose another --out") from None
-        # parquet is rewritten whole per row: read what is there now (a corrupt file is refused here)
-        self._rows = (load_results(self.path).to_dict("records") if self.path.exists() else []
-                      ) if self.suffix == ".parquet" else None
+        # parquet is rewritten whole per row: read what is there now (a corrupt or foreign file is
+        # refused here, before a measurement whose row could not be written)
+        self._rows = None
+        if self.suffix == ".parquet":
+            old = _read_file(self.path) if self.path.exists() else None
+            if old is not None and len(old):
+                foreign = [c for c in ("engine", "prompt_tokens", "ttft_s", "e2e_s") if c not in old.columns]
+                wrong = [c for c in ("prompt_tokens", "ttft_s", "e2e_s")
+                         if c in old.columns and not pd.api.types.is_numeric_dtype(old[c])]
+                if foreign or wrong:
+                    raise LabError(f"{self.path} is not a results file the lab wrote (missing columns "
+                                   f"{foreign}, non-numeric {wrong}); expected lab results to add to: "
+                                   "write to a new file")
+            self._rows = [] if old is None else old.to_dict("records")
 
     def append(self, row: dict) -> None:
         import json
@@ -138,7 +157,6 @@ def load_results(*paths):
     Each row keeps a ``source_file`` column (the file it was first written to). Raises LabError for unknown
     suffixes or missing files.
     """
-    import json
     from pathlib import Path
 
     import pandas as pd
@@ -148,32 +166,42 @@ def load_results(*paths):
     frames = []
     for p in paths:
         p = Path(p)
-        suffix = _suffix(p)
         if not p.is_file():
+            _suffix(p)
             raise LabError(f"results file {p} not found")
-        if suffix == ".jsonl":
-            rows = []
-            for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except ValueError as e:
-                        raise LabError(f"{p}, line {n}: not a JSON row ({e}); remove or repair that line "
-                                       "(a crash can leave a torn last line)") from None
-            df = pd.DataFrame(rows)
-        else:
-            try:
-                df = pd.read_parquet(p)
-            except Exception as e:  # pyarrow's ArrowInvalid and friends
-                raise LabError(f"{p}: not a readable parquet file ({type(e).__name__}: "
-                               f"{(str(e).splitlines() or [''])[0][:200]}); expected a results file the lab "
-                               "wrote: restore it, or write to a new file") from None
+        df = _read_file(p)
         # a merged file keeps each row's original source
         df["source_file"] = df["source_file"].fillna(str(p)) if "source_file" in df else str(p)
         frames.append(df)
     if not frames:
         raise LabError("no results files given")
     return pd.concat(frames, ignore_index=True)
+
+
+def _read_file(p):
+    """One results file as written (.jsonl or .parquet), a DataFrame; LabError naming a bad line or file."""
+    import json
+
+    import pandas as pd
+
+    from .errors import LabError
+
+    if _suffix(p) == ".jsonl":
+        rows = []
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError as e:
+                    raise LabError(f"{p}, line {n}: not a JSON row ({e}); remove or repair that line "
+                                   "(a crash can leave a torn last line)") from None
+        return pd.DataFrame(rows)
+    try:
+        return pd.read_parquet(p)
+    except Exception as e:  # pyarrow's ArrowInvalid and friends
+        raise LabError(f"{p}: not a readable parquet file ({type(e).__name__}: "
+                       f"{(str(e).splitlines() or [''])[0][:200]}); expected a results file the lab "
+                       "wrote: restore it, or write to a new file") from None
 
 
 def merge_results(paths, out):

@@ -83,3 +83,9 @@ def test_bad_lablib_threads_is_one_clear_error(value):
     p = subprocess.run([sys.executable, "-m", "lablib.cli", "run", "--engine", "llama.cpp", "--max-new-tokens", "2"],
                        capture_output=True, text=True, timeout=600, env=dict(os.environ, LABLIB_THREADS=value))
     assert p.returncode == 2 and f"LABLIB_THREADS='{value}'" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("n_ctx", ["0", "-5"])
+def test_a_zero_or_negative_context_is_refused_not_defaulted(n_ctx):
+    p = lablib("run", "--engine", "transformers", f"--n-ctx={n_ctx}", "--max-new-tokens", "2")
+    assert p.returncode == 2 and f"n_ctx={n_ctx}: expected a positive whole number" in p.stderr

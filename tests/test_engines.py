@@ -1,6 +1,5 @@
 """Each real engine on the real default model: same ids, per-token timestamps,
 no KV-cache reuse, context checks, and the derived formats giving the same text."""
-import json
 from pathlib import Path
 
 import pytest

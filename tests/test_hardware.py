@@ -75,10 +75,12 @@ def test_uncapped_cgroups_read_as_no_cap(tmp_path):
     assert hardware.cpu_quota(str(fs), str(tmp_path / "missing")) is None
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-2", "1.5"])
-def test_lablib_threads_must_be_a_positive_whole_number(monkeypatch, value):
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "1.5", "\u00b2", "100000"])
+def test_lablib_threads_must_be_a_whole_number_up_to_four_per_cpu(monkeypatch, value):
+    """'²' is a digit to str.isdigit but not to int(); 100000 threads crash llama.cpp and torch."""
     monkeypatch.setenv("LABLIB_THREADS", value)
-    with pytest.raises(LabError, match=rf"LABLIB_THREADS='{value}'.*whole number"):
+    with pytest.raises(LabError, match=rf"LABLIB_THREADS='{value}'.*whole number of threads from 1 to "
+                                       rf"{4 * os.cpu_count()}"):
         default_threads()
 
 
@@ -108,6 +110,44 @@ def _v1_cgroup(controller: str):
     except OSError:
         return None
     return path
+
+
+def in_memory_cgroup(limit_bytes: int, argv: list[str], timeout: float = 600):
+    """Run ``argv`` in a fresh cgroup v1 memory group capped at ``limit_bytes``: (CompletedProcess,
+    OOM kills), or None when no group can be made here."""
+    mem = _v1_cgroup("memory")
+    if mem is None:
+        return None
+    try:
+        (mem / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        env = {k: v for k, v in os.environ.items() if k != "LABLIB_THREADS"}
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout,
+                           preexec_fn=lambda: (mem / "cgroup.procs").write_text(str(os.getpid())))
+        ooms = [ln for ln in (mem / "memory.oom_control").read_text().splitlines() if ln.startswith("oom_kill ")]
+        return p, int(ooms[0].split()[1]) if ooms else 0
+    finally:
+        import time
+        for _ in range(50):
+            try:
+                mem.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+@pytest.mark.parametrize("engine", ["transformers", "llama.cpp"])
+def test_an_engine_that_cannot_fit_a_memory_cap_is_refused_not_killed(engine):
+    """Under a 300 MiB cap (real cgroup), `lablib run` refuses with the numbers instead of being
+    OOM-killed (transformers: float32 weights alone are 513 MiB; llama.cpp: its 8192-token KV
+    cache and logits buffers come on top of the lab's own imports)."""
+    ran = in_memory_cgroup(300 * 2**20, [sys.executable, "-m", "lablib.cli", "run", "--engine", engine,
+                                         "--max-new-tokens", "2"])
+    if ran is None:
+        pytest.skip("cannot create a cgroup v1 memory group here (needs root and cgroup v1)")
+    p, ooms = ran
+    assert (p.returncode, ooms) == (2, 0), p.stderr[-500:]
+    assert f"memory: {engine} needs about" in p.stderr and "GiB is available" in p.stderr
+    assert "Traceback" not in p.stderr
 
 
 def test_a_real_binder_sized_cgroup_is_seen():

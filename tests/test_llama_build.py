@@ -50,3 +50,20 @@ def test_probe_matches_what_the_kernel_reports():
     # AMX can only run where it is advertised (it may still be refused by the sandbox)
     if "amx_tile" not in flags:
         assert feats["GGML_AMX_TILE"] is False
+
+
+def test_portable_flags_need_no_probe():
+    """No compiler to probe with: --portable still names x86-64-v3, never ggml's -march=native default."""
+    args = llama_build.cmake_args({}, portable=True)
+    if not x86:
+        assert args == ""
+        return
+    assert args.startswith("-DGGML_NATIVE=OFF") and "-DGGML_AVX2=ON" in args and "-DGGML_AVX512=OFF" in args
+
+
+def test_a_compiler_that_does_not_run_is_named(monkeypatch):
+    if not x86:
+        pytest.skip("the probe runs on x86 only")
+    monkeypatch.setenv("CC", "/nonexistent/cc --flag")
+    with pytest.raises(llama_build.BuildError, match=r"C compiler '/nonexistent/cc --flag'.*install gcc"):
+        llama_build.probe_cpu_features()

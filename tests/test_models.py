@@ -222,3 +222,32 @@ def test_read_only_lab_home_serves_cache_hits_and_names_itself_when_asked_to_wri
     assert new.returncode != 0
     assert "cannot write the lab's model cache" in new.stderr and "set LABLIB_HOME" in new.stderr
     assert "Traceback" not in new.stderr
+
+
+@pytest.mark.parametrize("config, weights, want", [
+    ('{"model_type": "llama",\n', "bin", r"config\.json is not readable JSON"),
+    ("[1, 2]", "safetensors", r"config\.json holds a list, expected a JSON object"),
+    ('{"model_type": "llama", "max_position_embeddings": "8k"}', "bin", r"max_position_embeddings='8k'"),
+    ('{"model_type": "llama"}', "bin", r"pytorch_model\.bin is not a readable PyTorch checkpoint"),
+])
+def test_broken_hugging_face_folders_get_one_message(tmp_path, monkeypatch, config, weights, want):
+    monkeypatch.setenv("LABLIB_HOME", str(tmp_path / "home"))
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(config)
+    if weights == "bin":
+        (folder / "pytorch_model.bin").write_bytes(b"\x00" * 64)
+    else:
+        from safetensors.numpy import save_file
+        import numpy as np
+
+        save_file({"w": np.zeros(2, dtype=np.float32)}, str(folder / "model.safetensors"))
+    with pytest.raises(FormatError, match=want):
+        models.prepare(str(folder))
+
+
+def test_a_folder_whose_gguf_names_are_no_gguf_files_says_so(tmp_path):
+    (tmp_path / "a.gguf").mkdir()
+    (tmp_path / "b.gguf").write_bytes(b"")
+    with pytest.raises(FormatError, match=r"no GGUF file, and no config\.json"):
+        models.detect_format(tmp_path)

@@ -2,7 +2,6 @@
 import json
 import threading
 
-import pandas as pd
 import pytest
 
 from lablib import memory, sweep
@@ -211,3 +210,32 @@ def test_fewer_requests_than_clients_is_refused(model):
     with pytest.raises(LabError, match=r"requests=2 with concurrency up to 4.*requests >= 4"):
         sweep.concurrency_sweep(model, engines=["llama.cpp"], concurrency=[1, 4], requests=2, progress=False)
     assert sweep.check_requests(None, [1, 4]) is None and sweep.check_requests(4, [1, 4]) == 4
+
+
+def test_a_dangling_link_or_a_foreign_parquet_is_refused_before_any_measurement(model, tmp_path):
+    import pandas as pd
+
+    dangling = tmp_path / "results.jsonl"
+    dangling.symlink_to(tmp_path / "no-such-folder" / "r.jsonl")
+    foreign = tmp_path / "foreign.parquet"
+    pd.DataFrame({"engine": [1, 2], "prefill_s": ["a", "b"]}).to_parquet(foreign)
+    for out, want in ((dangling, r"links to .*no-such-folder.*whose folder does not exist"),
+                      (foreign, r"foreign\.parquet is not a results file the lab wrote")):
+        measured = []
+        with pytest.raises(LabError, match=want):
+            sweep.context_sweep(model, engines=["llama.cpp"], prompt_tokens=[16], max_new_tokens=2, reps=1,
+                                out=out, on_row=measured.append, progress=False)
+        assert measured == []
+
+
+def test_parquet_appends_keep_rows_as_written(tmp_path):
+    """A second writer adds to a parquet file without baking a source_file column into old rows."""
+    import pandas as pd
+
+    path = tmp_path / "r.parquet"
+    row = {"engine": "llama.cpp", "prompt_tokens": 16, "ttft_s": 0.5, "e2e_s": 1.0}
+    ResultsWriter(path).append(row)
+    ResultsWriter(path).append({**row, "e2e_s": 2.0})
+    raw = pd.read_parquet(path)
+    assert "source_file" not in raw.columns and list(raw["e2e_s"]) == [1.0, 2.0]
+    assert list(load_results(path)["source_file"]) == [str(path)] * 2

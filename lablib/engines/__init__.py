@@ -38,7 +38,8 @@ def load_engine(name: str, model=None, **kw):
 
     Keyword arguments go to the engine (n_ctx, threads, dtype...). Raises
     EngineUnavailable when its library is missing, FormatError for a format
-    it cannot read.
+    it cannot read, LabError for a bad n_ctx or an engine that will not fit in
+    the memory available (:func:`lablib.memory.check_fits`).
     """
     from ..models import ResolvedModel, prepare
 
@@ -47,4 +48,13 @@ def load_engine(name: str, model=None, **kw):
     if importlib.util.find_spec(module) is None:
         raise EngineUnavailable(f"engine {key} is not installed (no module {module!r}); install it: {install}")
     rm = model if isinstance(model, ResolvedModel) else prepare(model)
+    n_ctx = kw.get("n_ctx")
+    if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 1):
+        raise LabError(f"n_ctx={n_ctx!r}: expected a positive whole number of tokens (or leave it out for "
+                       f"the model's trained context)")
+    # weights, the runtime's buffers and, for llama.cpp, a KV cache reserved for all of n_ctx now
+    from ..memory import check_fits
+
+    check_fits(rm, [key], (n_ctx or rm.max_position_embeddings or 4096) if key == "llama.cpp" else 0,
+               n_batch=kw.get("n_batch", 512))
     return engine_class(key)(rm, **kw)

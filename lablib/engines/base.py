@@ -60,21 +60,28 @@ class EngineInfo:
         return asdict(self)
 
 
+# Oversubscription is a fair experiment (what do 8 threads on 2 cores cost?), thousands of
+# threads are not: llama.cpp crashes, torch cannot start them.
+MAX_THREADS_PER_CPU = 4
+
+
 def default_threads() -> int:
     """Threads for CPU engines: the CPUs this process can use (physical cores, affinity and
     container quota: :func:`lablib.hardware.cpus_usable`). LABLIB_THREADS overrides.
 
-    Raises LabError when LABLIB_THREADS is not a positive whole number.
+    Raises LabError when LABLIB_THREADS is not a whole number from 1 to 4 per logical CPU.
     """
-    env = os.environ.get("LABLIB_THREADS", "").strip()
-    if env:
-        if not env.isdigit() or int(env) < 1:
-            raise LabError(f"LABLIB_THREADS={env!r}: expected a whole number of threads, 1 or more "
-                           f"(e.g. LABLIB_THREADS=2), or unset it to use the CPUs this process may use")
-        return int(env)
     from ..hardware import cpus_usable
 
-    return cpus_usable()
+    env = os.environ.get("LABLIB_THREADS", "").strip()
+    if not env:
+        return cpus_usable()
+    most = MAX_THREADS_PER_CPU * (os.cpu_count() or 1)
+    if not env.isdecimal() or not 1 <= int(env) <= most:
+        raise LabError(f"LABLIB_THREADS={env!r}: expected a whole number of threads from 1 to {most} "
+                       f"({MAX_THREADS_PER_CPU} per logical CPU; {cpus_usable()} would use the CPUs this "
+                       f"process may use), or unset it")
+    return int(env)
 
 
 class Engine:

@@ -57,12 +57,9 @@ class LlamaCppEngine(Engine):
         self.n_batch = int(n_batch)
         n_seq_max = int(n_seq_max)
         if not 1 <= n_seq_max <= llama_cpp.llama_max_parallel_sequences():
-            raise LabError(f"n_seq_max={n_seq_max}: expected 1 to "
-                           f"{llama_cpp.llama_max_parallel_sequences()} parallel sequences")
-        # llama.cpp allocates the KV cache for all n_ctx tokens now: refuse what will not fit
-        from ..memory import check_fits
-
-        check_fits(model, [self.name], self._n_ctx_req)
+            raise LabError(f"n_seq_max={n_seq_max} (one KV sequence per concurrent request): llama.cpp holds "
+                           f"1 to {llama_cpp.llama_max_parallel_sequences()} parallel sequences; use a "
+                           f"concurrency of at most {llama_cpp.llama_max_parallel_sequences()}")
         self.llm = Llama(model_path=path, n_ctx=self._n_ctx_req, n_batch=self.n_batch,
                          n_ubatch=self.n_batch, n_threads=self.threads,
                          n_threads_batch=self.threads, verbose=verbose)
