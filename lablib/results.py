@@ -109,13 +109,14 @@ class ResultsWriter:
         if self.suffix == ".parquet":
             old = _read_file(self.path) if self.path.exists() else None
             if old is not None and len(old):
-                foreign = [c for c in ("engine", "prompt_tokens", "ttft_s", "e2e_s") if c not in old.columns]
-                wrong = [c for c in ("prompt_tokens", "ttft_s", "e2e_s")
-                         if c in old.columns and not pd.api.types.is_numeric_dtype(old[c])]
-                if foreign or wrong:
-                    raise LabError(f"{self.path} is not a results file the lab wrote (missing columns "
-                                   f"{foreign}, non-numeric {wrong}); expected lab results to add to: "
-                                   "write to a new file")
+                from .trace import METRICS
+
+                engine_ok = "engine" in old.columns and old["engine"].map(lambda v: isinstance(v, str)).all()
+                wrong = [c for c in METRICS if c in old.columns and not pd.api.types.is_numeric_dtype(old[c])]
+                if not engine_ok or wrong:
+                    raise LabError(f"{self.path} is not a results file the lab wrote (engine names "
+                                   f"{'fine' if engine_ok else 'missing or not text'}, non-numeric metric "
+                                   f"columns {wrong}); expected lab results to add to: write to a new file")
             self._rows = [] if old is None else old.to_dict("records")
 
     def append(self, row: dict) -> None:
