@@ -527,11 +527,13 @@ def _derive(what: str, source: Path, work) -> None:
     """Run a derivation; a failure becomes one LabError naming the source and the cause."""
     try:
         work()
-    except (LabError, PermissionError, OSError) as e:
-        if isinstance(e, OSError) and e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-            raise FormatError(f"deriving {what} from {source} failed ({e}); check the files and free disk "
-                              "space, then run `lablib prepare` again.") from e
+    except LabError:
         raise
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise  # prepare() names the unwritable lab home
+        raise FormatError(f"deriving {what} from {source} failed ({e}); check the files and free disk "
+                          "space, then run `lablib prepare` again.") from e
     except Exception as e:
         raise FormatError(f"deriving {what} from {source} failed ({type(e).__name__}: {_first_line(e)}); "
                           "expected a complete model the converter supports: check the files, or "
