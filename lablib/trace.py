@@ -17,7 +17,6 @@ phase: ``tpot_s`` and ``decode_tps`` are ``None``.
 """
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -134,21 +133,6 @@ def output_tps(traces: list[RequestTrace]) -> float:
         raise ValueError("no traces")
     makespan = max(t.t_tokens[-1] for t in traces) - min(t.t_submit for t in traces)
     return sum(t.output_tokens for t in traces) / makespan
-
-
-def summarize(values: list[float]) -> dict:
-    """Median, p95 and spread (min, max, stdev) of repeated measurements."""
-    vals = sorted(v for v in values if v is not None)
-    if not vals:
-        return {"n": 0}
-    return {
-        "n": len(vals),
-        "median": statistics.median(vals),
-        "p95": percentile(vals, 95),
-        "min": vals[0],
-        "max": vals[-1],
-        "stdev": statistics.stdev(vals) if len(vals) > 1 else 0.0,
-    }
 
 
 def percentile(values: list[float], q: float) -> float:
