@@ -128,17 +128,16 @@ def _memory_limit(d: Path) -> int | None:
 
 
 def _working_set(d: Path) -> int | None:
-    """Usage minus inactive file cache at cgroup folder ``d`` (the "working set" Docker and
-    Kubernetes report: page cache of model files read once is reclaimed before the OOM killer runs)."""
+    """Usage minus file cache at cgroup folder ``d``, bytes: page cache (model files read, Python
+    modules imported) is reclaimed before the cgroup's OOM killer runs, so only the rest is
+    memory in use. (Docker subtracts only inactive file pages; a file read a moment ago, such as a
+    model just hashed, is still active and would count as used.)"""
     usage = _read(d / "memory.current") or _read(d / "memory.usage_in_bytes")
     if not usage or not usage.isdigit():
         return None
-    inactive = 0
-    for line in (_read(d / "memory.stat") or "").splitlines():
-        key, _, value = line.partition(" ")
-        if key in ("inactive_file", "total_inactive_file") and value.isdigit():
-            inactive = int(value)
-    return max(int(usage) - inactive, 0)
+    stat = dict(line.partition(" ")[::2] for line in (_read(d / "memory.stat") or "").splitlines())
+    cache = next((stat[k] for k in ("file", "total_cache", "cache") if stat.get(k, "").isdigit()), "0")
+    return max(int(usage) - int(cache), 0)
 
 
 def memory_limit_bytes(root: str = CGROUP_ROOT, proc: str = "/proc/self/cgroup") -> int | None:
@@ -148,7 +147,7 @@ def memory_limit_bytes(root: str = CGROUP_ROOT, proc: str = "/proc/self/cgroup")
 
 
 def memory_in_use_bytes(root: str = CGROUP_ROOT, proc: str = "/proc/self/cgroup") -> int | None:
-    """The working set of this process's own cgroup, bytes (usage less inactive file cache), or None."""
+    """Memory in use in this process's own cgroup, bytes (usage less file cache), or None."""
     for d in _cgroup_dirs("memory", root, proc):
         used = _working_set(d)
         if used is not None:

@@ -20,15 +20,29 @@ KV_BYTES = {"llama.cpp": 2, "transformers": 4, "mlx": 4}  # f16 KV in llama.cpp;
 
 
 def model_shape(model) -> dict:
-    """{layers, kv_heads, head_dim} from the model's HF or MLX config."""
+    """{layers, kv_heads, head_dim, vocab} from the model's HF or MLX config (Llama-style names, or
+    GPT-2-style n_layer / n_head / n_embd). Raises LabError when the config does not say."""
     folder = model.hf_path or model.mlx_path
     if not folder:
         raise LabError(f"{model.source}: no config.json to read the model's shape from; run `lablib prepare`")
     cfg = json.loads((Path(folder) / "config.json").read_text())
-    cfg = cfg.get("text_config", cfg)
-    heads = cfg["num_attention_heads"]
-    return {"layers": cfg["num_hidden_layers"], "kv_heads": cfg.get("num_key_value_heads", heads),
-            "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // heads, "vocab": cfg.get("vocab_size", 0)}
+    cfg = cfg.get("text_config") or cfg
+
+    def first(*keys):
+        for k in keys:
+            if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool):
+                return cfg[k]
+        return None
+
+    heads = first("num_attention_heads", "n_head", "num_heads")
+    layers = first("num_hidden_layers", "n_layer", "num_layers")
+    hidden = first("hidden_size", "n_embd", "d_model")
+    if not heads or not layers or not (hidden or first("head_dim")):
+        raise LabError(f"{Path(folder) / 'config.json'}: cannot tell the model's layers, attention heads and "
+                       "hidden size (num_hidden_layers/n_layer, num_attention_heads/n_head, hidden_size/n_embd); "
+                       "expected a transformer decoder's config")
+    return {"layers": layers, "kv_heads": first("num_key_value_heads") or heads,
+            "head_dim": first("head_dim") or hidden // heads, "vocab": first("vocab_size") or 0}
 
 
 def weights_bytes(model, engine: str) -> int:
@@ -62,11 +76,16 @@ def runtime_bytes(model, engine: str, n_batch: int = 512) -> int:
     return n_batch * model_shape(model)["vocab"] * 4 + LLAMA_GRAPH_RESERVE
 
 
+def _effective_batch(engine: str, context_tokens: int, n_batch: int) -> int:
+    """llama.cpp caps its batch at the context it was given."""
+    return min(n_batch, context_tokens) if engine == "llama.cpp" and context_tokens else n_batch
+
+
 def estimate_bytes(model, engine: str, context_tokens: int, concurrency: int = 1, n_batch: int = 512) -> dict:
     """{weights, kv_cache, runtime, total} in bytes for ``concurrency`` sequences of ``context_tokens``."""
     w = weights_bytes(model, engine)
     kv = kv_cache_bytes(model, engine, context_tokens * concurrency)
-    rt = runtime_bytes(model, engine, n_batch)
+    rt = runtime_bytes(model, engine, _effective_batch(engine, context_tokens, n_batch))
     return {"weights": w, "kv_cache": kv, "runtime": rt, "total": int((w + kv + rt) * HEADROOM)}
 
 
@@ -84,11 +103,18 @@ def check_fits(model, engines, context_tokens: int, concurrency: int = 1, availa
         est = estimate_bytes(model, engine, context_tokens, concurrency, n_batch)
         if est["total"] > available:
             gib = 2 ** 30
-            runtime = f" + buffers {est['runtime'] / gib:.2f} GiB" if est["runtime"] else ""
-            shorter = ("a smaller context (--n-ctx / n_ctx: llama.cpp reserves its KV cache for all of it)"
-                       if engine == "llama.cpp" else "shorter contexts")
+            parts = [f"weights {est['weights'] / gib:.2f} GiB"]
+            if context_tokens:
+                parts.append(f"KV cache {est['kv_cache'] / gib:.2f} GiB for {concurrency} x {context_tokens} tokens")
+            if est["runtime"]:
+                parts.append(f"buffers {est['runtime'] / gib:.2f} GiB")
+            if not context_tokens:
+                advice = "close other engines and programs, or use a smaller/quantized model"
+            elif engine == "llama.cpp":
+                advice = ("use a smaller context (--n-ctx / n_ctx: llama.cpp reserves its KV cache for all of "
+                          "it), lower concurrency, or a smaller/quantized model")
+            else:
+                advice = "use shorter contexts, lower concurrency, or a smaller/quantized model"
             raise LabError(
-                f"memory: {engine} needs about {est['total'] / gib:.2f} GiB (weights {est['weights'] / gib:.2f} GiB "
-                f"+ KV cache {est['kv_cache'] / gib:.2f} GiB for {concurrency} x {context_tokens} tokens{runtime}, "
-                f"+20 % headroom), but {available / gib:.2f} GiB is available. Use {shorter}, lower "
-                f"concurrency, or a smaller/quantized model.")
+                f"memory: {engine} needs about {est['total'] / gib:.2f} GiB ({' + '.join(parts)}, +20 % "
+                f"headroom), but {available / gib:.2f} GiB is available. To fit: {advice}.")

@@ -179,6 +179,26 @@ def read_config(folder: Path) -> dict:
     return cfg
 
 
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def trained_context(cfg: dict, where="config.json") -> int:
+    """The trained context length a config names (Llama-style ``max_position_embeddings``,
+    GPT-2-style ``n_positions``...; in ``text_config`` for multimodal models), tokens; 0 when it
+    names none. Raises FormatError for a value that is not a whole number (``"8k"``)."""
+    cfg = cfg.get("text_config") or cfg
+    for key in CONTEXT_KEYS:
+        value = cfg.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise FormatError(f"{where}: {key}={value!r}, expected a whole number of tokens (e.g. 8192): "
+                              "fix the config")
+        if value:
+            return value
+    return 0
+
+
 def file_sha256(path: Path, cache: dict | None = None) -> str:
     """sha256 of a file; ``cache`` maps "path|size|mtime" to a known hash."""
     st = path.stat()
@@ -480,11 +500,7 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
         else:
             cfg = read_config(src)
             rm.architecture = str(cfg.get("model_type", ""))
-            mpe = cfg.get("max_position_embeddings", 0) or 0
-            if isinstance(mpe, bool) or not isinstance(mpe, int) or mpe < 0:
-                raise FormatError(f"{src / 'config.json'}: max_position_embeddings={mpe!r}, expected a whole "
-                                  "number of tokens (e.g. 8192): fix the config")
-            rm.max_position_embeddings = mpe
+            rm.max_position_embeddings = trained_context(cfg, src / "config.json")
             q = cfg.get("quantization") or cfg.get("quantization_config")
             rm.quantization = (f"{q.get('bits', '?')}-bit" if isinstance(q, dict) else
                                str(cfg.get("torch_dtype") or cfg.get("dtype") or ""))

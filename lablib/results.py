@@ -112,7 +112,8 @@ class ResultsWriter:
                 from .trace import METRICS
 
                 engine_ok = "engine" in old.columns and old["engine"].map(lambda v: isinstance(v, str)).all()
-                wrong = [c for c in METRICS if c in old.columns and not pd.api.types.is_numeric_dtype(old[c])]
+                wrong = [c for c in METRICS if c in old.columns and not old[c].isna().all()
+                         and not pd.api.types.is_numeric_dtype(old[c])]  # all-null: e.g. TPOT of 1-token runs
                 if not engine_ok or wrong:
                     raise LabError(f"{self.path} is not a results file the lab wrote (engine names "
                                    f"{'fine' if engine_ok else 'missing or not text'}, non-numeric metric "
@@ -192,10 +193,14 @@ def _read_file(p):
         for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    row = json.loads(line)
                 except ValueError as e:
                     raise LabError(f"{p}, line {n}: not a JSON row ({e}); remove or repair that line "
                                    "(a crash can leave a torn last line)") from None
+                if not isinstance(row, dict):
+                    raise LabError(f"{p}, line {n}: a JSON {type(row).__name__}, expected one row as a JSON "
+                                   "object ({\"engine\": ..., ...}); remove or repair that line")
+                rows.append(row)
         return pd.DataFrame(rows)
     try:
         return pd.read_parquet(p)
@@ -225,7 +230,15 @@ def merge_results(paths, out):
     df = df.loc[~df[key].astype(str).duplicated()].reset_index(drop=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".parquet":
-        df.to_parquet(out, index=False)
+        tmp = out.with_name(out.name + ".tmp")
+        try:
+            df.to_parquet(tmp, index=False)
+        except Exception as e:  # pyarrow: a column mixing numbers and text across the files
+            tmp.unlink(missing_ok=True)
+            raise LabError(f"cannot write {out}: the files disagree on a column's type ({type(e).__name__}: "
+                           f"{(str(e).splitlines() or [''])[0][:200]}); merge into a .jsonl instead, or "
+                           "repair the file whose rows differ") from None
+        tmp.replace(out)
     else:  # full float precision, as ResultsWriter writes
         import json
 

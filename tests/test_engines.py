@@ -179,3 +179,39 @@ def test_token_ids_outside_the_vocabulary_are_one_clear_error(engine):
         engine.generate([1, 999999], GenerationConfig(max_new_tokens=2))
     with pytest.raises(LabError, match="token id -1"):
         engine.logits([1, -1])
+
+
+@pytest.mark.parametrize("kw, want", [
+    ({"threads": 100000}, r"threads=100000: expected a whole number of threads from 1 to"),
+    ({"threads": -1}, r"threads=-1: expected a whole number of threads"),
+    ({"n_batch": 0}, r"n_batch=0: expected a positive whole number"),
+    ({"n_batch": "512"}, r"n_batch='512': expected a positive whole number"),
+    ({"n_ctx": 512.0}, r"n_ctx=512.0: expected a positive whole number"),
+    ({"n_ctx": True}, r"n_ctx=True: expected a positive whole number"),
+])
+def test_engine_arguments_are_checked_before_loading(model, kw, want):
+    """Thousands of threads or a negative batch crash llama.cpp (SIGSEGV): refused first."""
+    from lablib.engines import load_engine
+
+    with pytest.raises(LabError, match=want):
+        load_engine("llama.cpp", model, **kw)
+
+
+def test_numpy_integers_are_whole_numbers_and_long_contexts_default_to_8192(model):
+    import dataclasses
+
+    import numpy as np
+
+    from lablib.engines import load_engine
+
+    e = load_engine("llama.cpp", model, n_ctx=np.int64(512), threads=np.int32(1))
+    try:
+        assert (e.n_ctx, e.threads) == (512, 1)
+    finally:
+        e.close()
+    long_model = dataclasses.replace(model, max_position_embeddings=1_048_576)  # a 1M-token model
+    e = load_engine("llama.cpp", long_model)
+    try:
+        assert e.n_ctx == 8192  # not a KV cache reserved for a million tokens
+    finally:
+        e.close()

@@ -36,13 +36,13 @@ def test_cgroup_v2_caps_read_from_the_process_cgroup(tmp_path):
         "user.slice/session/cpu.max": "150000 100000\n",
         "user.slice/session/memory.max": "max\n",
         "user.slice/session/memory.current": f"{GIB}\n",
-        "user.slice/session/memory.stat": f"anon 1\ninactive_file {GIB // 4}\nactive_file 5\n",
+        "user.slice/session/memory.stat": f"anon 1\nfile {GIB // 4}\ninactive_file 5\n",
     })
     assert hardware.cpu_quota(str(fs), str(proc)) == 1.5
     assert hardware.memory_limit_bytes(str(fs), str(proc)) == 8 * GIB  # the parent's cap binds
     assert hardware.memory_in_use_bytes(str(fs), str(proc)) == GIB - GIB // 4
     # the parent's own working set counts against the parent's cap (its other children use memory too)
-    write(fs, {"user.slice/memory.current": f"{7 * GIB}\n", "user.slice/memory.stat": "inactive_file 0\n"})
+    write(fs, {"user.slice/memory.current": f"{7 * GIB}\n", "user.slice/memory.stat": "file 0\n"})
     assert hardware.memory_headroom_bytes(str(fs), str(proc)) == GIB
 
 
@@ -56,7 +56,7 @@ def test_cgroup_v1_caps_and_a_container_without_cgroup_namespace(tmp_path):
         "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
         "memory/memory.limit_in_bytes": f"{2 * GIB}\n",
         "memory/memory.usage_in_bytes": f"{GIB // 2}\n",
-        "memory/memory.stat": f"cache 9\ntotal_inactive_file {GIB // 8}\n",
+        "memory/memory.stat": f"cache 9\ntotal_cache {GIB // 8}\ntotal_inactive_file 7\n",
     })
     assert hardware.cpu_quota(str(fs), str(proc)) == 2.0
     assert hardware.memory_limit_bytes(str(fs), str(proc)) == 2 * GIB

@@ -68,6 +68,32 @@ def test_kv_cache_size_of_the_default_model(model):
     assert est["weights"] > 90e6 and est["kv_cache"] == 23040 * 200
 
 
+def test_llama_cpp_buffers_are_one_micro_batch_of_logits_plus_the_graph(model):
+    """n_batch x vocabulary x 4 bytes + 32 MiB; llama.cpp caps the batch at n_ctx."""
+    mib = 2**20
+    assert memory.estimate_bytes(model, "llama.cpp", 4096)["runtime"] == 512 * 49152 * 4 + 32 * mib == 128 * mib
+    assert memory.estimate_bytes(model, "llama.cpp", 256, n_batch=120_000)["runtime"] == 256 * 49152 * 4 + 32 * mib
+    assert memory.estimate_bytes(model, "transformers", 4096)["runtime"] == 0
+
+
+@pytest.mark.parametrize("config, shape", [
+    ({"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 100, "n_positions": 128},  # GPT-2 names
+     {"layers": 2, "kv_heads": 4, "head_dim": 16, "vocab": 100}),
+    ({"num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": None, "hidden_size": 64},
+     {"layers": 3, "kv_heads": 4, "head_dim": 16, "vocab": 0}),  # null KV heads: multi-head attention
+])
+def test_model_shape_reads_other_config_spellings(tmp_path, config, shape):
+    from lablib.models import ResolvedModel, trained_context
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    rm = ResolvedModel(name="m", source=str(tmp_path), source_format="hf", sha256="0", hf_path=str(tmp_path))
+    assert memory.model_shape(rm) == shape
+    assert trained_context(config) == config.get("n_positions", 0)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mystery"}))
+    with pytest.raises(LabError, match=r"cannot tell the model's layers"):
+        memory.model_shape(rm)
+
+
 def test_default_prompt_lengths(model, monkeypatch):
     monkeypatch.setenv("LABLIB_QUICK", "0")
     assert sweep.default_prompt_lengths(model, 32) == [64, 128, 256, 512, 1024, 2048, 4096]
@@ -239,3 +265,29 @@ def test_parquet_appends_keep_rows_as_written(tmp_path):
     raw = pd.read_parquet(path)
     assert "source_file" not in raw.columns and list(raw["e2e_s"]) == [1.0, 2.0]
     assert list(load_results(path)["source_file"]) == [str(path)] * 2
+
+
+def test_one_token_runs_append_to_parquet_and_bad_rows_are_named(tmp_path):
+    """TPOT is None for every 1-token request: an all-null column is still the lab's."""
+    path = tmp_path / "one.parquet"
+    row = {"engine": "llama.cpp", "prompt_tokens": 8, "ttft_s": 0.1, "tpot_s": None, "decode_tps": None}
+    ResultsWriter(path).append(row)
+    ResultsWriter(path).append(row)
+    assert len(load_results(path)) == 2
+    lines = tmp_path / "list.jsonl"
+    lines.write_text('{"engine": "a"}\n[1, 2]\n')
+    with pytest.raises(LabError, match=r"list\.jsonl, line 2: a JSON list, expected one row as a JSON object"):
+        load_results(lines)
+
+
+def test_merge_into_parquet_names_a_type_clash_and_writes_nothing(tmp_path):
+    from lablib.results import merge_results
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text('{"engine": "llama.cpp", "threads": 2}\n')
+    b.write_text('{"engine": "llama.cpp", "threads": "two"}\n')
+    out = tmp_path / "all.parquet"
+    with pytest.raises(LabError, match=r"cannot write .*all\.parquet: the files disagree on a column's type"):
+        merge_results([a, b], out)
+    assert list(tmp_path.glob("all.parquet*")) == []
+    assert len(merge_results([a, b], tmp_path / "all.jsonl")) == 2  # JSON lines hold both

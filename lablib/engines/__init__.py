@@ -38,8 +38,9 @@ def load_engine(name: str, model=None, **kw):
 
     Keyword arguments go to the engine (n_ctx, threads, dtype...). Raises
     EngineUnavailable when its library is missing, FormatError for a format
-    it cannot read, LabError for a bad n_ctx or an engine that will not fit in
-    the memory available (:func:`lablib.memory.check_fits`).
+    it cannot read, LabError for a bad n_ctx, n_batch or threads or an engine
+    that will not fit in the memory available (:func:`lablib.memory.check_fits`).
+    llama.cpp's n_ctx defaults to the trained context, at most 8192 tokens.
     """
     from ..models import ResolvedModel, prepare
 
@@ -48,13 +49,36 @@ def load_engine(name: str, model=None, **kw):
     if importlib.util.find_spec(module) is None:
         raise EngineUnavailable(f"engine {key} is not installed (no module {module!r}); install it: {install}")
     rm = model if isinstance(model, ResolvedModel) else prepare(model)
-    n_ctx = kw.get("n_ctx")
-    if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 1):
-        raise LabError(f"n_ctx={n_ctx!r}: expected a positive whole number of tokens (or leave it out for "
-                       f"the model's trained context)")
+    kw = dict(kw)
+    for arg in ("n_ctx", "n_batch"):
+        if kw.get(arg) is not None:
+            kw[arg] = _positive_int(kw[arg], arg)
+    if kw.get("threads") is not None:
+        from .base import check_threads
+
+        kw["threads"] = check_threads(kw["threads"])
+    if key == "llama.cpp" and kw.get("n_ctx") is None:
+        # llama.cpp reserves its KV cache for the whole context: a long-context model's trained
+        # length (128k, 1M tokens) would reserve gigabytes for prompts of a few hundred tokens
+        kw["n_ctx"] = min(rm.max_position_embeddings or LLAMA_DEFAULT_N_CTX, LLAMA_DEFAULT_N_CTX)
     # weights, the runtime's buffers and, for llama.cpp, a KV cache reserved for all of n_ctx now
     from ..memory import check_fits
 
-    check_fits(rm, [key], (n_ctx or rm.max_position_embeddings or 4096) if key == "llama.cpp" else 0,
-               n_batch=kw.get("n_batch", 512))
+    check_fits(rm, [key], kw["n_ctx"] if key == "llama.cpp" else 0, n_batch=kw.get("n_batch") or 512)
     return engine_class(key)(rm, **kw)
+
+
+LLAMA_DEFAULT_N_CTX = 8192  # SmolLM2's trained context; pass n_ctx for longer prompts
+
+
+def _positive_int(value, what: str) -> int:
+    import operator
+
+    try:
+        n = operator.index(value)  # int, numpy integers; not float, str or bool
+    except TypeError:
+        n = None
+    if isinstance(value, bool) or n is None or n < 1:
+        raise LabError(f"{what}={value!r}: expected a positive whole number of tokens (or leave it out "
+                       f"for the default)")
+    return n

@@ -65,6 +65,26 @@ class EngineInfo:
 MAX_THREADS_PER_CPU = 4
 
 
+def check_threads(value, what: str = "threads") -> int:
+    """``value`` as a thread count: a whole number from 1 to :data:`MAX_THREADS_PER_CPU` per
+    logical CPU (a str of digits, an int or a numpy integer). Raises LabError naming ``what``."""
+    import operator
+
+    from ..hardware import cpus_usable
+
+    most = MAX_THREADS_PER_CPU * (os.cpu_count() or 1)
+    try:
+        n = int(value) if isinstance(value, str) and value.strip().isdecimal() else operator.index(value)
+    except (TypeError, ValueError):
+        n = None
+    if isinstance(value, bool) or n is None or not 1 <= n <= most:
+        shown = value if len(repr(value)) < 40 else f"{repr(value)[:37]}..."
+        raise LabError(f"{what}={shown!r}: expected a whole number of threads from 1 to {most} "
+                       f"({MAX_THREADS_PER_CPU} per logical CPU; {cpus_usable()} would use the CPUs this "
+                       f"process may use), or leave it unset")
+    return n
+
+
 def default_threads() -> int:
     """Threads for CPU engines: the CPUs this process can use (physical cores, affinity and
     container quota: :func:`lablib.hardware.cpus_usable`). LABLIB_THREADS overrides.
@@ -74,14 +94,7 @@ def default_threads() -> int:
     from ..hardware import cpus_usable
 
     env = os.environ.get("LABLIB_THREADS", "").strip()
-    if not env:
-        return cpus_usable()
-    most = MAX_THREADS_PER_CPU * (os.cpu_count() or 1)
-    if not env.isdecimal() or not 1 <= int(env) <= most:
-        raise LabError(f"LABLIB_THREADS={env!r}: expected a whole number of threads from 1 to {most} "
-                       f"({MAX_THREADS_PER_CPU} per logical CPU; {cpus_usable()} would use the CPUs this "
-                       f"process may use), or unset it")
-    return int(env)
+    return check_threads(env, "LABLIB_THREADS") if env else cpus_usable()
 
 
 class Engine:

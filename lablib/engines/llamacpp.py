@@ -50,8 +50,10 @@ class LlamaCppEngine(Engine):
         self._lib = llama_cpp
         path = model.path_for("gguf", self.name)
         self.threads = threads or default_threads()
-        trained = model.max_position_embeddings or 4096
-        self._n_ctx_req = int(n_ctx or trained)
+        from . import LLAMA_DEFAULT_N_CTX
+
+        self._n_ctx_req = int(n_ctx or min(model.max_position_embeddings or LLAMA_DEFAULT_N_CTX,
+                                           LLAMA_DEFAULT_N_CTX))
         if self._n_ctx_req < 1:
             raise LabError(f"n_ctx={n_ctx}: expected a positive number of tokens")
         self.n_batch = int(n_batch)

@@ -57,10 +57,13 @@ class MLXEngine(Engine):
                                                      return_config=True)
         self.threads = threads or default_threads()  # MLX chooses its own CPU threads
         self.prefill_step_size = int(prefill_step_size)
-        trained = int(self.config.get("max_position_embeddings") or model.max_position_embeddings or 0)
-        self.n_ctx = int(n_ctx or trained)
+        from ..models import trained_context
+
+        self.n_ctx = int(n_ctx or trained_context(self.config) or model.max_position_embeddings or 0)
         if self.n_ctx < 1:
-            raise LabError(f"n_ctx={n_ctx}: expected a positive number of tokens")
+            raise LabError(f"{path}: the config names no trained context length (max_position_embeddings, "
+                           "n_positions...) and no n_ctx was given; pass n_ctx (--n-ctx) to say how many "
+                           "tokens the lab should allow")
         self._eos = set(self.tok.eos_token_ids)
         self.n_vocab = int(self.mlx_model.args.vocab_size)
         w = next(iter(_leaves(self.mlx_model.parameters())), None)
