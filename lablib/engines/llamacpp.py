@@ -9,7 +9,8 @@ would otherwise reuse the longest common prefix of the previous prompt and
 show a near-zero prefill (../shared/cases, "cached prefill").
 
 The context is sized explicitly (``n_ctx``, default: the model's trained
-context), not llama-cpp-python's default of 512 tokens.
+context up to 8192 tokens, since the KV cache is reserved for all of it), not
+llama-cpp-python's default of 512 tokens.
 
 Batched mode (:meth:`LlamaCppEngine.batch_session`) is llama.cpp's own
 multi-sequence decode, as llama-server runs its slots: one ``llama_batch``
@@ -30,7 +31,7 @@ from .base import Engine, EngineInfo, GenerationConfig, default_threads
 class LlamaCppEngine(Engine):
     """llama.cpp engine.
 
-    ``n_ctx``: context window in tokens (default: the model's trained context).
+    ``n_ctx``: context window in tokens (default: the trained context, at most 8192).
     ``threads``: CPU threads for decode and prefill (default: physical cores).
     ``n_batch``: prompt tokens per ``llama_decode`` call in prefill (default 512).
     ``n_seq_max``: parallel sequences the context holds (for batched decode); they
