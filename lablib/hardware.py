@@ -146,18 +146,10 @@ def memory_limit_bytes(root: str = CGROUP_ROOT, proc: str = "/proc/self/cgroup")
     return min(limits) if limits else None
 
 
-def memory_in_use_bytes(root: str = CGROUP_ROOT, proc: str = "/proc/self/cgroup") -> int | None:
-    """Memory in use in this process's own cgroup, bytes (usage less file cache), or None."""
-    for d in _cgroup_dirs("memory", root, proc):
-        used = _working_set(d)
-        if used is not None:
-            return used
-    return None
-
-
 def memory_headroom_bytes(root: str = CGROUP_ROOT, proc: str = "/proc/self/cgroup") -> int | None:
     """Bytes this process may still allocate before a cgroup cap binds: the least, over the levels
-    that have a cap, of cap minus that level's working set; None when no level has a cap."""
+    that have a cap, of cap minus the memory in use at that level (:func:`_working_set`); None when no
+    level has a cap."""
     room = []
     for d in _cgroup_dirs("memory", root, proc):
         limit = _memory_limit(d)

@@ -65,11 +65,10 @@ def kv_cache_bytes(model, engine: str, tokens: int) -> int:
 def runtime_bytes(model, engine: str, n_batch: int = 512) -> int:
     """Buffers an engine allocates besides weights and KV cache, bytes.
 
-    llama.cpp reserves logits for a whole micro-batch (n_batch x vocabulary x 4 bytes) plus its
-    compute graph (LLAMA_GRAPH_RESERVE, about 32 MiB for small models); for SmolLM2-135M that is
-    128 MiB, which is what separates a llama.cpp sweep OOM-killed under a 300 MiB cgroup cap from
-    one that passes under 400 MiB (measured on the development VM). transformers and MLX allocate
-    activations per request, covered by the headroom.
+    llama.cpp reserves logits for a whole micro-batch (n_batch x vocabulary x 4 bytes; llama.cpp
+    caps n_batch at n_ctx) plus its compute graph (LLAMA_GRAPH_RESERVE, about 32 MiB for small
+    models): 128 MiB for SmolLM2-135M at n_batch 512. transformers and MLX allocate activations
+    per request, covered by the headroom.
     """
     if engine != "llama.cpp":
         return 0

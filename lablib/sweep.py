@@ -160,8 +160,8 @@ def check_plan(model, engines, prompt_tokens, max_new_tokens, concurrency=(1,)) 
         raise ContextOverflowError(
             f"context overflow: prompt {max(prompt_tokens)} + output {max_new_tokens} = {longest} tokens, but "
             f"{model.name} was trained to {trained}. Use prompt lengths up to {trained - max_new_tokens}.")
-    # the sweep's prompts come from the lab's tokenizer (transformers' tokenizers, about 150 MiB
-    # once imported): load it first, so the memory check counts it as in use, not as free
+    # the sweep's prompts come from the lab's tokenizer (transformers, which imports torch: about
+    # 300 MiB once loaded): load it first, so the memory check counts it as in use, not as free
     from .workload import lab_tokenizer
 
     lab_tokenizer(model)

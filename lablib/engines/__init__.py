@@ -58,9 +58,7 @@ def load_engine(name: str, model=None, **kw):
 
         kw["threads"] = check_threads(kw["threads"])
     if key == "llama.cpp" and kw.get("n_ctx") is None:
-        # llama.cpp reserves its KV cache for the whole context: a long-context model's trained
-        # length (128k, 1M tokens) would reserve gigabytes for prompts of a few hundred tokens
-        kw["n_ctx"] = min(rm.max_position_embeddings or LLAMA_DEFAULT_N_CTX, LLAMA_DEFAULT_N_CTX)
+        kw["n_ctx"] = llama_default_n_ctx(rm)
     # weights, the runtime's buffers and, for llama.cpp, a KV cache reserved for all of n_ctx now
     from ..memory import check_fits
 
@@ -69,6 +67,15 @@ def load_engine(name: str, model=None, **kw):
 
 
 LLAMA_DEFAULT_N_CTX = 8192  # SmolLM2's trained context; pass n_ctx for longer prompts
+
+
+def llama_default_n_ctx(model) -> int:
+    """llama.cpp's context when none is given, tokens: the trained context, at most 8192.
+
+    llama.cpp reserves its KV cache for the whole context: a long-context model's trained
+    length (128k, 1M tokens) would reserve gigabytes for prompts of a few hundred tokens.
+    """
+    return min(model.max_position_embeddings or LLAMA_DEFAULT_N_CTX, LLAMA_DEFAULT_N_CTX)
 
 
 def _positive_int(value, what: str) -> int:

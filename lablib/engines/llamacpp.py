@@ -51,10 +51,9 @@ class LlamaCppEngine(Engine):
         self._lib = llama_cpp
         path = model.path_for("gguf", self.name)
         self.threads = threads or default_threads()
-        from . import LLAMA_DEFAULT_N_CTX
+        from . import llama_default_n_ctx
 
-        self._n_ctx_req = int(n_ctx or min(model.max_position_embeddings or LLAMA_DEFAULT_N_CTX,
-                                           LLAMA_DEFAULT_N_CTX))
+        self._n_ctx_req = int(n_ctx or llama_default_n_ctx(model))
         if self._n_ctx_req < 1:
             raise LabError(f"n_ctx={n_ctx}: expected a positive number of tokens")
         self.n_batch = int(n_batch)
