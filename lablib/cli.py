@@ -25,6 +25,7 @@ import time
 from .errors import LabError
 
 DEFAULT_CHAT = "What is the capital of France?"
+BUSY_CPUS = 0.3  # doctor warns when other processes keep at least this many CPUs busy
 
 
 # --- doctor -------------------------------------------------------------------------
@@ -47,6 +48,13 @@ def cmd_doctor(ns) -> int:
     from .hardware import available_ram_bytes
 
     print(f"engines will use {default_threads()} threads; {available_ram_bytes() / 2**30:.1f} GiB free for them")
+    from .hardware import cpus_busy, load_average
+
+    busy = cpus_busy()
+    if busy >= BUSY_CPUS:
+        print(f"WARNING: the machine is busy: other processes keep {busy:.1f} of {hw['cores_logical']} CPUs busy "
+              f"(load average {load_average()}). Timings will be slower and noisier than on a quiet machine; "
+              "close what runs (a browser tab, a build) or measure with fewer threads (LABLIB_THREADS=1)")
     try:
         rm = prepare(ns.model, log=lambda *_: None)
         print(f"model: {rm.name} ({rm.source_format}, {rm.quantization}, {rm.parameters / 1e6:.0f}M parameters)")

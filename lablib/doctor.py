@@ -17,7 +17,8 @@ from lablib.engines.base import GenerationConfig
 e = load_engine(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None, n_ctx=256)
 t = e.generate(e.tokenize("The capital of France is"), GenerationConfig(max_new_tokens=2))
 i = e.info()
-print(json.dumps({"version": i.version, "backend": i.backend, "dtype": i.dtype, "tokens": t.output_tokens}))
+print(json.dumps({"version": i.version, "backend": i.backend, "dtype": i.dtype, "tokens": t.output_tokens,
+                  "build": i.flags.get("build")}))
 """
 
 
@@ -42,20 +43,19 @@ def check_engine(name: str, model: str | None = None, timeout: float = 300) -> d
         return {"engine": name, "usable": False, "detail": f"no answer within {timeout:.0f} s"}
     if p.returncode == 0:
         info = json.loads(p.stdout.strip().splitlines()[-1])
-        return {"engine": name, "usable": True,
-                "detail": f"{info['version']}, {info['backend']}, {info['dtype']}: generated {info['tokens']} tokens"}
+        detail = f"{info['version']}, {info['backend']}, {info['dtype']}: generated {info['tokens']} tokens"
+        return {"engine": name, "usable": True, "detail": detail + (f"; {info['build']}" if info.get("build") else "")}
     if p.returncode < 0:
         sig = signal.Signals(-p.returncode).name
         hint = (" (illegal instruction: the library was built for CPU features this machine does not "
-                "grant; rebuild it with `python -m lablib.llama_build --install` or `make setup`)"
+                "grant, or its kernels were miscompiled; `python -m lablib.llama_build --install` tests "
+                "the build on this CPU, switches off the extension family that crashes and rebuilds)"
                 if sig == "SIGILL" else
                 " (killed: most often the out-of-memory killer; see the memory line above, and close "
                 "other programs or raise the container's memory cap)" if sig == "SIGKILL" else "")
         return {"engine": name, "usable": False, "detail": f"crashed with {sig}{hint}"}
     last = (p.stderr.strip().splitlines() or ["failed"])[-1]
     return {"engine": name, "usable": False, "detail": last}
-
-
 
 
 def check_engines(model: str | None = None) -> list[dict]:

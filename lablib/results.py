@@ -15,12 +15,12 @@ from .trace import RequestTrace
 def run_manifest(engine, workload: dict | None = None) -> dict:
     """The manifest of a run on ``engine`` (an Engine); ``workload`` describes the requests."""
     from . import __version__
-    from .hardware import hardware_info
+    from .hardware import hardware_info, load_average
 
     return {
         "model": engine.model.manifest(),
         "engine": engine.info().to_dict(),
-        "hardware": hardware_info(),
+        "hardware": {**hardware_info(), "load_avg_1m": load_average()},  # the load when the run started
         "workload": workload or {},
         "lablib_version": __version__,
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -43,7 +43,8 @@ def trace_row(trace: RequestTrace, manifest: dict, **labels) -> dict:
         "model_sha256": m["file_sha256"], "cpu_model": h["cpu_model"],
         "cores": h["cores_physical"], "ram_bytes": h["ram_bytes"], "accelerator": h["accelerator"],
         "hostname": h["hostname"], "cpu_quota": h.get("cpu_quota"),
-        "memory_limit_bytes": h.get("memory_limit_bytes"), "lablib_version": manifest["lablib_version"], "time": manifest["time"],
+        "memory_limit_bytes": h.get("memory_limit_bytes"), "load_avg_1m": h.get("load_avg_1m"),
+        "lablib_version": manifest["lablib_version"], "time": manifest["time"],
     })
     return row
 

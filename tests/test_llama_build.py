@@ -1,5 +1,6 @@
 """The CPU probe behind the llama.cpp build: extensions are enabled only if they execute."""
 import platform
+import subprocess
 import shutil
 import tempfile
 from pathlib import Path
@@ -67,3 +68,108 @@ def test_a_compiler_that_does_not_run_is_named(monkeypatch):
     monkeypatch.setenv("CC", "/nonexistent/cc --flag")
     with pytest.raises(llama_build.BuildError, match=r"C compiler '/nonexistent/cc --flag'.*install gcc"):
         llama_build.probe_cpu_features()
+
+
+# --- the verdict comes from the built library: smoke test and fallback ------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+ALL_ON = {opt: True for opt in llama_build._PROBES}
+
+
+def _stand_ins(fails_with: set[str], built: list[str], tmp_path: Path):
+    """A build that records its CMAKE_ARGS and a smoke step that 'dies with SIGILL' while any
+    extension of ``fails_with`` is on (a real rebuild inside a test takes minutes)."""
+
+    def build(root, args, log=print):
+        built.append(args)
+        folder = llama_build.wheel_cache_dir(root, args)
+        folder.mkdir(parents=True, exist_ok=True)
+        wheel = folder / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
+        wheel.write_text(args)
+        return wheel
+
+    def smoke(wheel, model):
+        on = {opt for opt in llama_build._PROBES if f"-D{opt}=ON" in wheel.read_text()}
+        if on & fails_with:
+            return {"ok": False, "signal": "SIGILL", "detail": "the smoke test died with SIGILL"}
+        return {"ok": True, "system_info": "CPU : AVX2 = 1 |"}
+
+    return build, smoke
+
+
+def test_a_build_that_crashes_with_amx_is_rebuilt_without_it(tmp_path):
+    built: list[str] = []
+    build, smoke = _stand_ins({"GGML_AMX_INT8"}, built, tmp_path)
+    wheel, report = llama_build.verified_build(dict(ALL_ON), tmp_path, tmp_path / "m.gguf", build=build,
+                                               smoke=smoke, log=lambda *a: None)
+    assert len(built) == 2 and "-DGGML_AMX_INT8=ON" in built[0]
+    assert "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" in report["cmake_args"]
+    assert "-DGGML_AVX512=ON" in report["cmake_args"]  # only the family at fault is switched off
+    assert [d["family"] for d in report["dropped"]] == ["AMX"]
+    assert "SIGILL" in report["dropped"][0]["reason"]
+    assert "AMX_INT8" not in report["enabled"] and "AVX512" in report["enabled"]
+    # the crashing build is marked failed for this machine and never served from the cache again
+    failed = llama_build.wheel_cache_dir(tmp_path, built[0])
+    assert llama_build.failed_here(failed)["signal"] == "SIGILL"
+    assert llama_build.cached_wheel(failed) is None
+    built.clear()
+    wheel2, report2 = llama_build.verified_build(dict(ALL_ON), tmp_path, tmp_path / "m.gguf", build=build,
+                                                 smoke=smoke, log=lambda *a: None)
+    assert built == [report["cmake_args"]]  # the AMX build was not built or tried again
+    assert wheel2 == wheel
+
+
+def test_amx_first_then_the_avx512_family(tmp_path):
+    built: list[str] = []
+    build, smoke = _stand_ins({"GGML_AMX_TILE", "GGML_AVX512_VNNI"}, built, tmp_path)
+    _, report = llama_build.verified_build(dict(ALL_ON), tmp_path, tmp_path / "m.gguf", build=build,
+                                           smoke=smoke, log=lambda *a: None)
+    assert [d["family"] for d in report["dropped"]] == ["AMX", "AVX-512"]
+    assert "-DGGML_AVX512=OFF" in report["cmake_args"] and "-DGGML_AVX2=ON" in report["cmake_args"]
+    assert len(built) == 3
+
+
+def test_a_build_that_crashes_with_nothing_left_to_drop_is_an_error(tmp_path):
+    built: list[str] = []
+    build, smoke = _stand_ins({"GGML_AVX2"}, built, tmp_path)
+    with pytest.raises(llama_build.BuildError, match=r"does not run on this CPU.*SIGILL.*no extension family"):
+        llama_build.verified_build(dict(ALL_ON), tmp_path, tmp_path / "m.gguf", build=build, smoke=smoke,
+                                   log=lambda *a: None)
+    assert len(built) == 4  # all on, then without AMX, AVX-512 and AVX-VNNI in turn
+
+
+def test_smoke_test_reports_a_child_killed_by_a_signal(tmp_path):
+    """A wheel whose library dies on import (as an illegal instruction would) is a failed verdict."""
+    import zipfile
+
+    wheel = tmp_path / "llama_cpp_python-0.0.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("llama_cpp/__init__.py", "import os, signal\nos.kill(os.getpid(), signal.SIGILL)\n")
+        z.writestr("llama_cpp_python-0.0.0.dist-info/METADATA", "Name: llama_cpp_python\nVersion: 0.0.0\n")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    verdict = llama_build.smoke_test(wheel, model, timeout=60)
+    assert verdict == {"ok": False, "signal": "SIGILL", "detail": "the smoke test died with SIGILL"}
+
+
+def test_smoke_test_passes_for_the_wheel_this_environment_was_built_with():
+    """The real path: the cached wheel of this environment's build runs prefill, decode and a
+    two-sequence batch on the default model in a child process."""
+    report = llama_build.build_report()
+    assert report is not None, "this environment's llama-cpp-python was not installed by llama_build --install"
+    verdict = llama_build.smoke_test(Path(report["wheel"]), llama_build.default_model_path())
+    assert verdict["ok"] is True
+    assert "CPU :" in verdict["system_info"]
+
+
+@pytest.mark.skipif(not x86, reason="x86 instruction probes")
+def test_amx_probe_says_what_ggml_style_code_does_on_this_cpu(tmp_path):
+    """data/cases/amx_tile_config.cpp builds its tile configuration as ggml does; at -O3 with
+    g++ 12 it dies on an AMX CPU. The probe must agree with it on every CPU: where it crashes
+    (or AMX is missing) the probe refuses AMX, where it runs the probe allows it."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    exe = tmp_path / "case"
+    subprocess.run([cxx, "-O3", "-mamx-tile", "-mamx-int8", "-mavx512f",
+                    str(ROOT / "data" / "cases" / "amx_tile_config.cpp"), "-o", str(exe)], check=True)
+    case_runs = subprocess.run([str(exe)], capture_output=True, text=True).returncode == 0
+    assert llama_build.probe_cpu_features()["GGML_AMX_TILE"] is case_runs

@@ -133,13 +133,16 @@ class LlamaCppEngine(Engine):
 
     # --- description -------------------------------------------------------
     def info(self) -> EngineInfo:
+        from .. import llama_build
+
         sysinfo = self._lib.llama_print_system_info().decode(errors="replace")
         return EngineInfo(
             name=self.name, version=self._lib.__version__, backend="cpu (ggml)",
             dtype=self.model.quantization or "gguf", threads=self.threads,
             n_ctx=self.n_ctx,
             flags={"n_batch": self.n_batch, "n_seq_max": self._lib.llama_n_seq_max(self.ctx),
-                   "system_info": sysinfo.strip()})
+                   "system_info": sysinfo.strip(),
+                   "build": llama_build.describe(sysinfo, llama_build.build_report())})
 
     # --- generation -------------------------------------------------------
     def _sampler(self, cfg: GenerationConfig):
