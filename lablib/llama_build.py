@@ -39,6 +39,7 @@ Stdlib only: this module runs before the project is installed
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -477,6 +478,10 @@ def build_report() -> dict | None:
         return None
 
 
+# names in llama_print_system_info that are build features, not instruction-set extensions
+_BUILD_FEATURES = frozenset({"LLAMAFILE", "OPENMP", "REPACK", "KLEIDIAI", "ACCELERATE", "MATMUL_INT8"})
+
+
 def describe(system_info: str, report: dict | None = None) -> str:
     """One line for ``lablib doctor``: the CPU extensions the loaded library uses (from its own
     ``llama_print_system_info``), and the families the build switched off, and why (``report``:
@@ -484,8 +489,10 @@ def describe(system_info: str, report: dict | None = None) -> str:
     import re
 
     cpu = system_info.split("CPU :", 1)[-1]
-    used = [name for name, on in re.findall(r"([A-Z][A-Z0-9_]+) = (\d)", cpu) if on == "1"]
-    line = "uses " + (" ".join(used) or "no SIMD extension")
+    on = [name for name, flag in re.findall(r"([A-Z][A-Z0-9_]+) = (\d)", cpu) if flag == "1"]
+    features = [n for n in on if n in _BUILD_FEATURES]
+    used = [n for n in on if n not in _BUILD_FEATURES]
+    line = "uses " + (" ".join(used) or "no SIMD extension") + (f" (with {' '.join(features)})" if features else "")
     if report is None:
         return line + " (no build record in this environment: not installed by `python -m lablib.llama_build`)"
     dropped = "; ".join(f"{d['family']} switched off: {d['reason']}" for d in report.get("dropped", []))
@@ -514,13 +521,21 @@ def llama_tool(name: str, log=print) -> Path:
     if exe.is_file():
         return exe
     build = folder / "build"
-    log(f"llama.cpp: building {name} from the library's build tree (CMAKE_ARGS={report['cmake_args']!r})")
-    env = _build_env(report["cmake_args"])
-    subprocess.run(["cmake", "-S", str(folder / "src"), "-B", str(build), "-DLLAMA_BUILD_TOOLS=ON",
-                    "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF"],
-                   env=env, check=True, capture_output=True)
-    subprocess.run(["cmake", "--build", str(build), "--target", name, "--parallel", env["CMAKE_BUILD_PARALLEL_LEVEL"]],
-                   env=env, check=True)
+    with open(folder / "tools.lock", "w") as lock:  # one tool build at a time in this tree
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if exe.is_file():
+            return exe
+        log(f"llama.cpp: building {name} from the library's build tree (CMAKE_ARGS={report['cmake_args']!r})")
+        env = _build_env(report["cmake_args"])
+        # LLAVA_BUILD=OFF: llama.cpp's tools add its mtmd folder themselves (llama-cpp-python adds it too otherwise)
+        steps = [["cmake", "-S", str(folder / "src"), "-B", str(build), "-DLLAVA_BUILD=OFF", "-DLLAMA_BUILD_TOOLS=ON",
+                  "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF"],
+                 ["cmake", "--build", str(build), "--target", name, "--parallel", env["CMAKE_BUILD_PARALLEL_LEVEL"]]]
+        for cmd in steps:
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if p.returncode != 0:
+                tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-15:])
+                raise BuildError(f"building llama.cpp's {name} failed ({' '.join(cmd[:3])} ...):\n{tail}")
     if not exe.is_file():
         raise BuildError(f"building {name} finished but {exe} does not exist")
     return exe

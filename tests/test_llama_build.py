@@ -173,3 +173,13 @@ def test_amx_probe_says_what_ggml_style_code_does_on_this_cpu(tmp_path):
                     str(ROOT / "data" / "cases" / "amx_tile_config.cpp"), "-o", str(exe)], check=True)
     case_runs = subprocess.run([str(exe)], capture_output=True, text=True).returncode == 0
     assert llama_build.probe_cpu_features()["GGML_AMX_TILE"] is case_runs
+
+
+def test_doctor_line_names_what_the_library_uses_and_what_the_build_dropped():
+    info = ("CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 0 | AMX_INT8 = 0 | OPENMP = 1 | REPACK = 1 |")
+    report = {"dropped": [{"family": "AMX", "reason": "the smoke test died with SIGILL with AMX on"}],
+              "refused_by_probe": ["AVX_VNNI"]}
+    line = llama_build.describe(info, report)
+    assert line == ("uses SSE3 AVX2 (with OPENMP REPACK); AMX switched off: the smoke test died with SIGILL "
+                    "with AMX on; not run by this CPU: AVX_VNNI")
+    assert "no build record" in llama_build.describe(info, None)

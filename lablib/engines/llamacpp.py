@@ -141,6 +141,7 @@ class LlamaCppEngine(Engine):
             dtype=self.model.quantization or "gguf", threads=self.threads,
             n_ctx=self.n_ctx,
             flags={"n_batch": self.n_batch, "n_seq_max": self._lib.llama_n_seq_max(self.ctx),
+                   "flash_attn": {-1: "auto", 0: "off", 1: "on"}.get(self.llm.context_params.flash_attn_type),
                    "system_info": sysinfo.strip(),
                    "build": llama_build.describe(sysinfo, llama_build.build_report())})
 
