@@ -149,13 +149,20 @@ class HTTPTrace(RequestTrace):
         return t["prompt_ms"] / 1e3 if isinstance(t.get("prompt_ms"), (int, float)) else None
 
     @property
+    def http_overhead_s(self) -> float | None:
+        """What HTTP and the server's queue add to the first token: client TTFT minus the server's
+        own prompt time (seconds; None without server timings or tokens)."""
+        sp = self.server_prompt_s
+        return None if sp is None or not self.t_tokens else self.ttft_s - sp
+
+    @property
     def server_decode_tps(self) -> float | None:
         t = self.server_timings or {}
         return t.get("predicted_per_second") if isinstance(t.get("predicted_per_second"), (int, float)) else None
 
     def metrics(self) -> dict:
         out = super().metrics()
-        ttft, sp = out["ttft_s"], self.server_prompt_s
+        sp = self.server_prompt_s
         out.update(
             server=self.server, api=self.api, max_new_tokens=self.max_new_tokens, count_method=self.count_method,
             chunks=len(self.chunk_arrivals), chunk_tokens=list(self.chunk_tokens), chunk_gaps_s=self.chunk_gaps_s,
@@ -165,7 +172,7 @@ class HTTPTrace(RequestTrace):
             prompt_mismatch=self.prompt_mismatch, fixed_length=self.fixed_length,
             output_count_ok=self.output_count_ok, server_prompt_s=sp, server_decode_tps=self.server_decode_tps,
             server_timings=json.dumps(self.server_timings) if self.server_timings else None,
-            http_overhead_s=None if sp is None else ttft - sp, text=self.text, error=self.error)
+            http_overhead_s=self.http_overhead_s, text=self.text, error=self.error)
         return out
 
 
@@ -269,7 +276,11 @@ class HTTPEngine(Engine):
         kind = server if server != "auto" else None
         if kind is not None and kind not in KINDS:
             raise LabError(f"server={server!r}: expected one of {', '.join(KINDS)} or 'auto'")
-        self.run(self._probe())  # reachability, kind, version, model id, context
+        try:
+            self.run(self._probe())  # reachability, kind, version, model id, context
+        except BaseException:
+            self.close()
+            raise
         self.kind = kind or self.server_info.get("kind", "openai")
         self.profile = PROFILES[self.kind]
         self.server_model = server_model or self.server_info.get("model_id")
@@ -305,7 +316,7 @@ class HTTPEngine(Engine):
 
             trace_cfg.on_request_headers_sent.append(headers_sent)
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.max_connections, tcp_nodelay=True),
+                connector=aiohttp.TCPConnector(limit=self.max_connections),
                 trace_configs=[trace_cfg], auto_decompress=False)
         return self._session
 
