@@ -3,7 +3,7 @@
 It is a protocol fixture, not an engine: each POST replays the current script, a list of steps:
 ``bytes`` (written as one write), a ``float`` (sleep that many seconds), ``"close"`` (cut the
 connection mid-stream), ``"hang"`` (never answer), or ``("status", code, body)`` as the only step
-(an HTTP error). Every request's path, headers and JSON body are kept in ``requests``.
+(an HTTP error). Scripts in ``queue`` are used one per request first. Every request's path, headers and JSON body are kept in ``requests``.
 """
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ class ScriptedServer:
 
     def __init__(self, props: dict | None = None, models: list | None = None):
         self.script: list = []
+        self.queue: list[list] = []  # per-request scripts, used first (one per POST), then `script`
         self.requests: list[tuple[str, dict, dict]] = []
         self.props = props  # GET /props answers this when set (llama-server's info endpoint)
         self.models = models if models is not None else [{"id": "scripted", "object": "model", "owned_by": "lab"}]
@@ -95,7 +96,7 @@ class ScriptedServer:
 
         body = await request.json()
         self.requests.append((request.path, dict(request.headers), body))
-        script = list(self.script)
+        script = list(self.queue.pop(0) if self.queue else self.script)
         if script and isinstance(script[0], tuple) and script[0][0] == "status":
             return web.Response(status=script[0][1], text=script[0][2])
         if script and script[0] == "hang":

@@ -487,12 +487,13 @@ class HTTPEngine(Engine):
         return self.run(self.agenerate(ids, cfg, t_submit=t_submit, messages=messages, _checked=True))
 
     async def agenerate(self, ids, cfg: GenerationConfig | None = None, t_submit: float | None = None,
-                        messages=None, _checked: bool = False) -> HTTPTrace:
+                        messages=None, _checked: bool = False, box: dict | None = None) -> HTTPTrace:
         """One streamed request on the engine's loop; returns its HTTPTrace when the stream ends.
 
         Raises HTTPEngineError (with ``.trace``: what arrived) for a refused connection, an HTTP
         error status (429, 500 ...), an error event, a stream cut before its end, or
-        ``read_timeout_s`` without a byte.
+        ``read_timeout_s`` without a byte. ``box``: a dict that gets the trace under "trace" as soon
+        as it exists (a cancelled caller keeps what arrived).
         """
         import aiohttp
 
@@ -511,6 +512,8 @@ class HTTPEngine(Engine):
                           server=self.kind, api=self.api, max_new_tokens=cfg.max_new_tokens,
                           fixed_length=(self.profile.fixed if self.api != "native" else "ignore_eos")
                           if cfg.ignore_eos else "off")
+        if box is not None:
+            box["trace"] = trace
         box = {"t_start": None}
         state = _StreamState(self, trace)
         parser = SSEParser()
