@@ -283,7 +283,8 @@ class HTTPEngine(Engine):
             raise
         self.kind = kind or self.server_info.get("kind", "openai")
         self.profile = PROFILES[self.kind]
-        self.server_model = server_model or self.server_info.get("model_id")
+        # mlx_lm.server maps "default_model" to the model it was started with (another id may load another)
+        self.server_model = server_model or ("default_model" if self.kind == "mlx" else self.server_info.get("model_id"))
         self.server_version = server_version or self.server_info.get("version") or "unknown"
         if api == "native" and self.kind != "llama-server":
             raise LabError(f"api='native' is llama-server's /completion, but {self.base_url} is a {self.kind} "
@@ -346,6 +347,8 @@ class HTTPEngine(Engine):
     async def _probe(self) -> None:
         info = self.server_info
         models = await self._get_json(f"{self.base_url}/models")
+        if models is None and await self._get_json(f"{self.root_url}/health") is not None:
+            models = {}  # a server whose model list fails (mlx_lm.server without a hub cache) but is healthy
         if models is None:
             raise LabError(f"no OpenAI-compatible server answers at {self.base_url} (GET /models failed); "
                            "expected a running server: start one with `lablib serve --server NAME`, or check "
