@@ -220,7 +220,8 @@ def start_server(name: str, model=None, port: int | None = None, parallel: int =
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=child_env, start_new_session=True)
     srv = RunningServer(canonical_server(name), kind, proc.pid, port, log_path, argv, version, proc,
-                        server_model="default_model" if kind == "mlx" else "lab-model", n_ctx=n_ctx)
+                        server_model={"mlx": "default_model", "transformers": rm.hf_path}.get(kind, "lab-model"),
+                        n_ctx=n_ctx)
     try:
         _wait_ready(srv, ready, timeout_s)
     except BaseException:

@@ -226,7 +226,9 @@ def test_request_fields_per_server_kind(server, model, monkeypatch):
     assert "sk-secret" not in repr(info) and "sk-secret" not in repr(t.metrics())
     e.close()
     for kind, want in [("llama-cpp-python", {"min_tokens": 4}), ("mlx", {"logit_bias": {"2": -100}}),
-                       ("vllm", {"ignore_eos": True, "min_tokens": 4})]:
+                       ("vllm", {"ignore_eos": True, "min_tokens": 4}),
+                       ("transformers", {"generation_config": '{"max_new_tokens": 4, "min_new_tokens": 4, '
+                                                              '"do_sample": false}'})]:
         server.script = [sse(cmpl("a", finish="length")), DONE]
         e = load_engine("http", model, base_url=server.base_url, server=kind)
         try:

@@ -50,6 +50,26 @@ def test_llama_cpp_python_server_matches_the_in_process_engine(llama_cpp_python,
     assert t.text == llama.detokenize(ref.token_ids)  # greedy: the same text in-process and over HTTP
 
 
+SHORT = [{"role": "user", "content": "What is 2+2? Answer with one number."}]  # the model stops early
+
+
+def check_fixed_length(e, n=10):
+    """Until EOS the short question ends early; fixed-length gives exactly n tokens."""
+    free = e.generate([], GenerationConfig(max_new_tokens=n, ignore_eos=False), messages=SHORT)
+    fixed = e.generate([], GenerationConfig(max_new_tokens=n), messages=SHORT)
+    assert free.finish_reason == "stop" and free.output_tokens < n
+    assert fixed.output_tokens == n and fixed.output_count_ok and fixed.finish_reason == "length"
+    return free, fixed
+
+
+def test_llama_cpp_python_server_fixed_length(llama_cpp_python, model):
+    e = llama_cpp_python.engine(model, api="chat")
+    try:
+        check_fixed_length(e)
+    finally:
+        e.close()
+
+
 def test_closed_loop_on_llama_cpp_python_server(llama_cpp_python, model):
     e = llama_cpp_python.engine(model)
     prompts = [prompt_of_length(model, 16, offset=100 * i) for i in range(3)]
@@ -77,7 +97,26 @@ def test_mlx_server_chat_and_completions(model):
             check_trace(t, n_prompt)
             # mlx_lm.server reports usage when asked: the server counted what the lab counted
             assert t.usage_completion_tokens == N and t.usage_mismatch is False and t.prompt_mismatch is False
+        e = srv.engine(model, api="chat")
+        try:
+            free, fixed = check_fixed_length(e, 8)  # logit_bias against EOS
+        finally:
+            e.close()
+        assert fixed.usage_completion_tokens == 8
     assert srv.proc.returncode is not None and _port_closed(srv.port)
+
+
+def test_transformers_serve_role_chunk_is_not_the_first_token(model):
+    with start_server("transformers", model, threads=1) as srv:
+        e = srv.engine(model, api="chat")
+        try:
+            t = e.generate([], GenerationConfig(max_new_tokens=4), messages=SHORT)
+        finally:
+            e.close()
+    # the role chunk comes before prefill: TTFT is the first content, and 4 content tokens arrived
+    assert t.output_tokens == 4 and t.output_count_ok and t.usage_completion_tokens == 4
+    assert t.t_tokens[0] == t.chunk_arrivals[0] and t.ttft_s > 0 and t.tpot_s > 0
+    assert t.prompt_mismatch is False and t.server == "transformers"
 
 
 def test_start_server_refuses_what_cannot_run(model):

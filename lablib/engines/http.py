@@ -86,7 +86,9 @@ PROFILES = {
     "llama-cpp-python": ServerProfile("llama-cpp-python", ids=False, fixed="min_tokens", stream_usage=False),
     # mlx_lm/server.py: text prompts, logit_bias honoured, usage with stream_options.include_usage
     "mlx": ServerProfile("mlx", ids=False, fixed="logit_bias"),
-    "transformers": ServerProfile("transformers", ids=False, fixed="none"),
+    # transformers/cli/serving: stream_options and logprobs unused; a `generation_config` JSON string replaces
+    # the generation config (min_new_tokens holds EOS back); the role chunk comes before prefill
+    "transformers": ServerProfile("transformers", ids=False, fixed="generation_config"),
     "vllm": ServerProfile("vllm", ids=True, fixed="ignore_eos",
                           extra={"min_tokens": None}),  # min_tokens filled per request
     "openai": ServerProfile("openai", ids=False, fixed="logit_bias"),
@@ -462,6 +464,10 @@ class HTTPEngine(Engine):
                 body["ignore_eos"] = True
             if p.fixed == "min_tokens" or self.kind == "vllm":
                 body["min_tokens"] = cfg.max_new_tokens
+            if p.fixed == "generation_config":
+                body["generation_config"] = json.dumps({"max_new_tokens": cfg.max_new_tokens,
+                                                        "min_new_tokens": cfg.max_new_tokens,
+                                                        "do_sample": not cfg.greedy})
             if p.fixed == "logit_bias" and self.eos_ids:
                 body["logit_bias"] = {str(e): -100 for e in sorted(self.eos_ids)}
         if self.api == "completions":
