@@ -138,6 +138,35 @@ def run_load(engine, prompts: list[list[int]], mode: str = "closed", concurrency
     return rows
 
 
+def rate_sweep(engine, prompts: list[list[int]], rates, **kw) -> list[dict]:
+    """:func:`run_load` in an open loop once per rate in ``rates`` (requests/s, in the order
+    given), each with the same prompts and seeded schedule; the rows of all runs, each with its
+    ``rate``. ``kw`` goes to run_load (arrival, burstiness, seed, concurrency, max_duration_s
+    per rate, cfg, on_row, labels)."""
+    rates = list(rates)
+    if not rates:
+        raise LabError("no rates: expected one or more requests-per-second values")
+    rows: list[dict] = []
+    for r in rates:
+        rows += run_load(engine, prompts, "open", rate=r, **kw)
+    return rows
+
+
+def parse_rates(text) -> list[float]:
+    """Rates from "0.5,1,2" (or "inf"), requests/s; LabError naming a bad one."""
+    out = []
+    for part in str(text).split(","):
+        try:
+            r = float(part)
+        except ValueError:
+            r = None
+        if r is None or not r > 0:
+            raise LabError(f"rate {part.strip()!r}: expected requests per second above 0 (or inf), "
+                           "several as 0.5,1,2")
+        out.append(r)
+    return out
+
+
 def _manifest_columns(manifest: dict) -> dict:
     """The manifest fields trace_row puts on every row (engine, model, hardware ...)."""
     dummy = RequestTrace(prompt_tokens=1, t_submit=0.0, t_start=0.0)

@@ -42,7 +42,7 @@ def add_parsers(sub, cmd_serve, cmd_bench) -> None:
     b.add_argument("--api", default="completions", choices=["completions", "chat", "native"])
     b.add_argument("--server", default="auto", help="server kind (default: asked from the server)")
     g = b.add_mutually_exclusive_group(required=True)
-    g.add_argument("--rate", type=float, help="open loop: requests per second ('inf': all at once)")
+    g.add_argument("--rate", help="open loop: requests per second ('inf': all at once); a sweep as 0.5,1,2")
     g.add_argument("--concurrency", type=int, help="closed loop: clients")
     b.add_argument("--max-concurrency", type=int, default=None, help="open loop: cap on requests in flight")
     b.add_argument("--arrival", default="poisson", help="open loop: constant, poisson or gamma")
@@ -98,12 +98,14 @@ def serve(ns) -> int:
 def bench(ns) -> int:
     from .engines import load_engine
     from .engines.base import GenerationConfig
-    from .loadgen import run_load, summarize
+    from .loadgen import parse_rates, run_load, summarize
     from .models import prepare
     from .results import ResultsWriter, _suffix
     from .workload import prompt_of_length
 
     _suffix(ns.out)
+    if ns.rate is not None:
+        parse_rates(ns.rate)  # refuse a bad rate before any work
     for what in ("requests", "prompt_tokens", "max_new_tokens"):
         if getattr(ns, what) < 1:
             raise LabError(f"--{what.replace('_', '-')} {getattr(ns, what)}: expected at least 1")
@@ -114,23 +116,27 @@ def bench(ns) -> int:
     # distinct prompts: no request reuses another's prefix (a server's prefix cache stays cold)
     prompts = [prompt_of_length(rm, ns.prompt_tokens, offset=i * (ns.prompt_tokens + 17))
                for i in range(ns.warmup + ns.requests)]
+    writer = ResultsWriter(ns.out)  # a bad --out is refused before any request
     engine = load_engine("http", rm, base_url=ns.base_url, api=ns.api, server=ns.server, server_model=ns.model,
                          read_timeout_s=ns.read_timeout_s)
     try:
         for ids in prompts[:ns.warmup]:
             engine.generate(ids, cfg)
-        writer = ResultsWriter(ns.out)
         mode = "open" if ns.rate is not None else "closed"
-        rows = run_load(engine, prompts[ns.warmup:], mode,
-                        concurrency=ns.concurrency if mode == "closed" else ns.max_concurrency,
-                        rate=ns.rate, arrival=ns.arrival, burstiness=ns.burstiness, seed=ns.seed,
-                        max_duration_s=ns.max_duration_s, cfg=cfg, on_row=writer.append)
+        rates = parse_rates(ns.rate) if mode == "open" else [None]
+        failed = 0
+        for rate in rates:
+            rows = run_load(engine, prompts[ns.warmup:], mode,
+                            concurrency=ns.concurrency if mode == "closed" else ns.max_concurrency,
+                            rate=rate, arrival=ns.arrival, burstiness=ns.burstiness, seed=ns.seed,
+                            max_duration_s=ns.max_duration_s, cfg=cfg, on_row=writer.append)
+            s = summarize(rows, ns.ttft_target_s, ns.tpot_target_s, ns.e2e_target_s)
+            failed += s["errors"]
+            print(summary_line(engine.kind, mode, rate, ns.concurrency or ns.max_concurrency, s), flush=True)
     finally:
         engine.close()
-    s = summarize(rows, ns.ttft_target_s, ns.tpot_target_s, ns.e2e_target_s)
-    print(summary_line(engine.kind, mode, ns.rate, ns.concurrency or ns.max_concurrency, s))
-    print(f"{len(rows)} rows appended to {ns.out} ({s['errors']} failed)")
-    return 0 if s["errors"] == 0 else 1
+    print(f"{writer.written} rows appended to {ns.out} ({failed} failed)")
+    return 0 if failed == 0 else 1
 
 
 def summary_line(server: str, mode: str, rate, c, s: dict) -> str:
@@ -138,7 +144,7 @@ def summary_line(server: str, mode: str, rate, c, s: dict) -> str:
     def f(x, nd=3):
         return "-" if x is None else f"{x:.{nd}f}"
 
-    return (f"server={server} mode={mode} rate={'-' if rate is None else rate:} c={'-' if c is None else c} "
+    return (f"server={server} mode={mode} rate={'-' if rate is None else f'{rate:g}'} c={'-' if c is None else c} "
             f"output_tps={f(s['output_tps'], 2)} ttft_p50_s={f(s['ttft_s_p50'])} goodput={f(s['goodput_rps'], 3)} "
             f"ttft_p99_s={f(s['ttft_s_p99'])} tpot_p50_s={f(s['tpot_s_p50'], 4)} e2e_p99_s={f(s['e2e_s_p99'])} "
             f"errors={s['errors']}/{s['requests']}")

@@ -138,6 +138,18 @@ def test_the_time_limit_cancels_requests_in_flight(engine, server):
     assert sum("not sent" in r["error"] for r in rows) == 1
 
 
+def test_rate_sweep_runs_each_rate(engine, server):
+    from lablib.loadgen import parse_rates, rate_sweep
+
+    server.script = OK
+    rows = rate_sweep(engine, [[5, 6]] * 3, parse_rates("50,inf"), concurrency=2, cfg=GenerationConfig(max_new_tokens=2),
+                      max_duration_s=30)
+    assert [r["rate"] for r in rows] == [50.0] * 3 + [math.inf] * 3
+    assert [r["t_scheduled"] for r in rows if r["rate"] == math.inf] == [0.0] * 3
+    with pytest.raises(LabError, match="rate 'fast'"):
+        parse_rates("1,fast")
+
+
 def test_run_load_refuses_bad_arguments(engine):
     with pytest.raises(LabError, match="closed loop needs concurrency"):
         run_load(engine, [[5]], "closed")

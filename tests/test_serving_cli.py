@@ -29,6 +29,7 @@ def test_serve_then_bench_closed_and_open(tmp_path, model, capsys):
                   "--out", str(out), "--warmup", "0"]
         assert main(["bench", "--concurrency", "2"] + common) == 0
         assert main(["bench", "--rate", "inf", "--max-concurrency", "2", "--ttft-target-s", "1000"] + common) == 0
+        assert main(["bench", "--rate", "fast"] + common) == 2
         printed = capsys.readouterr().out
         assert "server=llama-cpp-python mode=closed rate=- c=2 output_tps=" in printed
         assert "server=llama-cpp-python mode=open rate=inf c=2" in printed and "goodput=" in printed
