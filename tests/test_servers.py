@@ -4,6 +4,7 @@ import socket
 
 import pytest
 
+from lablib.engines import load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
 from lablib.loadgen import run_load, summarize
@@ -44,6 +45,9 @@ def test_llama_cpp_python_server_matches_the_in_process_engine(llama_cpp_python,
     finally:
         e.close()
     check_trace(t, 24)
+    auto = load_engine("http", model, base_url=llama_cpp_python.base_url)  # asks the server what it is
+    assert auto.kind == "llama-cpp-python" and auto.server_version == "0.3.36" and auto.server_model == "lab-model"
+    auto.close()
     assert t.count_method == "retokenized" and t.usage_completion_tokens is None  # no usage in its streams
     assert info.flags["fixed_length"] == "min_tokens" and info.version == "llama-cpp-python 0.3.36"
     ref = llama.generate(ids, GenerationConfig(max_new_tokens=N))
@@ -85,6 +89,9 @@ def test_closed_loop_on_llama_cpp_python_server(llama_cpp_python, model):
 
 def test_mlx_server_chat_and_completions(model):
     with start_server("mlx", model) as srv:
+        auto = load_engine("http", model, base_url=srv.base_url)
+        assert auto.kind == "mlx" and auto.server_model == "default_model"
+        auto.close()
         ids = prompt_of_length(model, 12)
         for api in ("completions", "chat"):
             e = srv.engine(model, api=api)

@@ -349,8 +349,9 @@ class HTTPEngine(Engine):
     async def _probe(self) -> None:
         info = self.server_info
         models = await self._get_json(f"{self.base_url}/models")
+        health_only = False
         if models is None and await self._get_json(f"{self.root_url}/health") is not None:
-            models = {}  # a server whose model list fails (mlx_lm.server without a hub cache) but is healthy
+            models, health_only = {}, True  # a healthy server whose model list fails (mlx_lm.server, no hub cache)
         if models is None:
             raise LabError(f"no OpenAI-compatible server answers at {self.base_url} (GET /models failed); "
                            "expected a running server: start one with `lablib serve --server NAME`, or check "
@@ -375,7 +376,7 @@ class HTTPEngine(Engine):
         title = str(((spec or {}).get("info") or {}).get("title", ""))
         if "llama.cpp Python" in title:
             info.update(kind="llama-cpp-python", version=(spec.get("info") or {}).get("version"))
-        elif owner == "mlx" or (not spec and "mlx" in str(info.get("model_id", "")).lower()):
+        elif owner == "mlx" or (not spec and (health_only or "mlx" in str(info.get("model_id", "")).lower())):
             info["kind"] = "mlx"
         elif owner in ("huggingface", "transformers"):
             info["kind"] = "transformers"
