@@ -17,6 +17,7 @@ Figures on a shared 2-core machine are noisy: read them as orders of magnitude.
 
     python benchmarks/serving.py [--servers llama-cpp-python,mlx,llama-server] [--requests 6] [--rate 1.0]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,8 @@ from lablib.engines import load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
 from lablib.loadgen import run_load, summarize
-from lablib.serving_cli import summary_line
 from lablib.servers import start_server
+from lablib.serving_cli import summary_line
 from lablib.workload import prompt_of_length
 
 TWIN = {"llama-cpp-python": "llama.cpp", "mlx": "mlx", "llama-server": "llama.cpp"}
@@ -42,11 +43,27 @@ def client_overhead(model, n_tokens: int) -> float:
     """Microseconds per token for the http engine reading a scripted stream of one-token chunks."""
     from aiohttp import web
 
-    chunk = ("data: " + json.dumps({"choices": [{"index": 0, "text": "x", "finish_reason": None,
-                                                 "logprobs": {"content": [{"id": 87, "logprob": 0.0}]}}]})
-             + "\n\n").encode()
-    last = ("data: " + json.dumps({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
-            + "\n\ndata: [DONE]\n\n").encode()
+    chunk = (
+        "data: "
+        + json.dumps(
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": "x",
+                        "finish_reason": None,
+                        "logprobs": {"content": [{"id": 87, "logprob": 0.0}]},
+                    }
+                ]
+            }
+        )
+        + "\n\n"
+    ).encode()
+    last = (
+        "data: "
+        + json.dumps({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
+        + "\n\ndata: [DONE]\n\n"
+    ).encode()
 
     async def models(request):
         return web.json_response({"data": [{"id": "scripted"}]})
@@ -107,23 +124,27 @@ def in_process_vs_http(srv, model, ids, warm, cfg) -> str:
         b = e.generate(ids, cfg)
     finally:
         e.close()
-    return (f"server={srv.name} inprocess={TWIN[srv.name]} ttft_inprocess_s={a.ttft_s:.4f} ttft_http_s={b.ttft_s:.4f} "
-            f"tpot_inprocess_s={a.tpot_s:.4f} tpot_http_s={b.tpot_s:.4f} "
-            f"http_adds_ttft_s={b.ttft_s - a.ttft_s:.4f} http_adds_tpot_s={b.tpot_s - a.tpot_s:.4f}")
+    return (
+        f"server={srv.name} inprocess={TWIN[srv.name]} ttft_inprocess_s={a.ttft_s:.4f} ttft_http_s={b.ttft_s:.4f} "
+        f"tpot_inprocess_s={a.tpot_s:.4f} tpot_http_s={b.tpot_s:.4f} "
+        f"http_adds_ttft_s={b.ttft_s - a.ttft_s:.4f} http_adds_tpot_s={b.tpot_s - a.tpot_s:.4f}"
+    )
 
 
 def load_runs(srv, model, ns) -> list[str]:
     cfg = GenerationConfig(max_new_tokens=ns.max_new_tokens)
     lines = []
-    prompts = [prompt_of_length(model, ns.prompt_tokens, offset=i * (ns.prompt_tokens + 17))
-               for i in range(ns.requests + 1)]  # distinct: no request reuses another's prefix
+    prompts = [
+        prompt_of_length(model, ns.prompt_tokens, offset=i * (ns.prompt_tokens + 17)) for i in range(ns.requests + 1)
+    ]  # distinct: no request reuses another's prefix
     e = srv.engine(model)
     try:
         e.generate(prompts.pop(), cfg)  # warm-up, on a prompt no measured request uses
         runs = [("closed", None, c) for c in (1, 2)] + [("open", ns.rate, None)]
         for mode, rate, c in runs:
-            rows = run_load(e, prompts, mode, concurrency=c, rate=rate, seed=0, cfg=cfg,
-                            max_duration_s=ns.max_duration_s)
+            rows = run_load(
+                e, prompts, mode, concurrency=c, rate=rate, seed=0, cfg=cfg, max_duration_s=ns.max_duration_s
+            )
             s = summarize(rows, ttft_s=ns.ttft_target_s, tpot_s=ns.tpot_target_s)
             lines.append(summary_line(srv.name, mode, rate, c, s))
             print(lines[-1], flush=True)
@@ -165,8 +186,11 @@ def main(argv=None):
     ns = ap.parse_args(argv)
 
     model = lablib.prepare()
-    print(f"client_overhead_us_per_token={client_overhead(model, ns.overhead_tokens):.1f} "
-          "(client + scripted server in one process: an upper bound)", flush=True)
+    print(
+        f"client_overhead_us_per_token={client_overhead(model, ns.overhead_tokens):.1f} "
+        "(client + scripted server in one process: an upper bound)",
+        flush=True,
+    )
     for name in [s for s in ns.servers.split(",") if s]:
         try:
             srv = start_server(name, model, threads=ns.threads, n_ctx=2048)
@@ -176,9 +200,16 @@ def main(argv=None):
         with srv:
             print(f"# {srv.name} {srv.version} at {srv.base_url}, ready in {srv.startup_s:.1f} s", flush=True)
             if srv.name in TWIN:
-                print(in_process_vs_http(srv, model, prompt_of_length(model, ns.prompt_tokens, offset=5000),
-                                         prompt_of_length(model, ns.prompt_tokens, offset=7000),
-                                         GenerationConfig(max_new_tokens=ns.max_new_tokens)), flush=True)
+                print(
+                    in_process_vs_http(
+                        srv,
+                        model,
+                        prompt_of_length(model, ns.prompt_tokens, offset=5000),
+                        prompt_of_length(model, ns.prompt_tokens, offset=7000),
+                        GenerationConfig(max_new_tokens=ns.max_new_tokens),
+                    ),
+                    flush=True,
+                )
             load_runs(srv, model, ns)
             if srv.name == "llama-server":
                 print(decode_ratio(srv, model, ns), flush=True)

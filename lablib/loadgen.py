@@ -19,12 +19,13 @@ event loop that times the streams) as each request finishes.
 and goodput: requests per second that met every target (TTFT, TPOT, e2e; DistServe's
 definition, as ``vllm bench serve --goodput``).
 """
+
 from __future__ import annotations
 
 import asyncio
 import math
 import queue
-from typing import Callable
+from collections.abc import Callable
 
 from .engines.base import GenerationConfig
 from .errors import LabError
@@ -37,8 +38,9 @@ PERCENTILES = (50, 90, 95, 99)
 MAX_REQUESTS = 100_000
 
 
-def arrival_schedule(n: int, rate: float, arrival: str = "poisson", burstiness: float = 1.0,
-                     seed: int = 0) -> list[float]:
+def arrival_schedule(
+    n: int, rate: float, arrival: str = "poisson", burstiness: float = 1.0, seed: int = 0
+) -> list[float]:
     """Send times of ``n`` requests, seconds after the run's start (the first at 0).
 
     Inter-arrival times have mean ``1 / rate`` (``rate`` in requests/s; ``math.inf``: all at
@@ -66,10 +68,21 @@ def arrival_schedule(n: int, rate: float, arrival: str = "poisson", burstiness: 
     return [0.0] + np.cumsum(gaps).tolist()
 
 
-def run_load(engine, prompts: list[list[int]], mode: str = "closed", concurrency: int | None = None,
-             rate: float | None = None, arrival: str = "poisson", burstiness: float = 1.0, seed: int = 0,
-             max_duration_s: float = 300.0, cfg: GenerationConfig | None = None, manifest: dict | None = None,
-             on_row: Callable[[dict], None] | None = None, **labels) -> list[dict]:
+def run_load(
+    engine,
+    prompts: list[list[int]],
+    mode: str = "closed",
+    concurrency: int | None = None,
+    rate: float | None = None,
+    arrival: str = "poisson",
+    burstiness: float = 1.0,
+    seed: int = 0,
+    max_duration_s: float = 300.0,
+    cfg: GenerationConfig | None = None,
+    manifest: dict | None = None,
+    on_row: Callable[[dict], None] | None = None,
+    **labels,
+) -> list[dict]:
     """Send ``prompts`` (token ids, one request each) to an HTTP engine in a load shape; one row per request.
 
     ``mode="closed"``: ``concurrency`` clients (required). ``mode="open"``: ``rate`` requests/s
@@ -85,20 +98,25 @@ def run_load(engine, prompts: list[list[int]], mode: str = "closed", concurrency
     from .results import run_manifest
 
     if not isinstance(engine, HTTPEngine):
-        raise LabError(f"run_load drives an http engine (load_engine('http', ...)); got {type(engine).__name__}: "
-                       "for in-process engines use lablib.concurrency.run_closed_loop")
+        raise LabError(
+            f"run_load drives an http engine (load_engine('http', ...)); got {type(engine).__name__}: "
+            "for in-process engines use lablib.concurrency.run_closed_loop"
+        )
     if mode not in MODES:
         raise LabError(f"mode={mode!r}: expected 'closed' or 'open'")
     if not prompts or len(prompts) > MAX_REQUESTS:
         raise LabError(f"{len(prompts or [])} prompts: expected 1 to {MAX_REQUESTS} requests")
-    if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
-                                    or concurrency < 1):
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
         raise LabError(f"concurrency={concurrency!r}: expected a whole number of requests in flight, at least 1")
     if mode == "closed" and concurrency is None:
         raise LabError("a closed loop needs concurrency=C (clients)")
     if not isinstance(max_duration_s, (int, float)) or not 0 < max_duration_s < math.inf:
-        raise LabError(f"max_duration_s={max_duration_s!r}: expected a positive, finite number of seconds "
-                       "(every load run is bounded in time)")
+        raise LabError(
+            f"max_duration_s={max_duration_s!r}: expected a positive, finite number of seconds "
+            "(every load run is bounded in time)"
+        )
     cfg = cfg or GenerationConfig()
     prompts = [[int(t) for t in p] for p in prompts]
     for i, p in enumerate(prompts):
@@ -111,16 +129,35 @@ def run_load(engine, prompts: list[list[int]], mode: str = "closed", concurrency
         if rate is None:
             raise LabError("an open loop needs rate=R (requests per second; math.inf for all at once)")
         schedule = arrival_schedule(len(prompts), rate, arrival, burstiness, seed)
-    manifest = manifest or run_manifest(engine, {
-        "mode": mode, "requests": len(prompts), "concurrency": concurrency, "rate": rate,
-        "arrival": arrival if mode == "open" else None, "burstiness": burstiness if mode == "open" else None,
-        "seed": seed, "max_new_tokens": cfg.max_new_tokens, "max_duration_s": max_duration_s,
-        "prompt_tokens": sorted({len(p) for p in prompts})})
-    base = dict(labels, mode=mode, concurrency=concurrency, rate=rate if mode == "open" else None,
-                arrival=arrival if mode == "open" else None, burstiness=burstiness if mode == "open" else None)
+    manifest = manifest or run_manifest(
+        engine,
+        {
+            "mode": mode,
+            "requests": len(prompts),
+            "concurrency": concurrency,
+            "rate": rate,
+            "arrival": arrival if mode == "open" else None,
+            "burstiness": burstiness if mode == "open" else None,
+            "seed": seed,
+            "max_new_tokens": cfg.max_new_tokens,
+            "max_duration_s": max_duration_s,
+            "prompt_tokens": sorted({len(p) for p in prompts}),
+        },
+    )
+    base = dict(
+        labels,
+        mode=mode,
+        concurrency=concurrency,
+        rate=rate if mode == "open" else None,
+        arrival=arrival if mode == "open" else None,
+        burstiness=burstiness if mode == "open" else None,
+    )
     rows_q: queue.Queue = queue.Queue()
-    run = _closed(engine, prompts, concurrency, cfg, max_duration_s, manifest, base, rows_q.put) if mode == "closed" \
+    run = (
+        _closed(engine, prompts, concurrency, cfg, max_duration_s, manifest, base, rows_q.put)
+        if mode == "closed"
         else _open(engine, prompts, schedule, concurrency, cfg, max_duration_s, manifest, base, rows_q.put)
+    )
     engine.run(asyncio.sleep(0))  # start the engine's loop
     fut = asyncio.run_coroutine_threadsafe(run, engine._loop)
     rows: list[dict] = []
@@ -161,8 +198,7 @@ def parse_rates(text) -> list[float]:
         except ValueError:
             r = None
         if r is None or not r > 0:
-            raise LabError(f"rate {part.strip()!r}: expected requests per second above 0 (or inf), "
-                           "several as 0.5,1,2")
+            raise LabError(f"rate {part.strip()!r}: expected requests per second above 0 (or inf), several as 0.5,1,2")
         out.append(r)
     return out
 
@@ -186,9 +222,14 @@ def request_row(trace, manifest: dict, error: str | None = None, **labels) -> di
         row = dict(labels)
         row.update(_manifest_columns(manifest))
         if trace is not None:
-            row.update(prompt_tokens=trace.prompt_tokens, output_tokens=trace.output_tokens,
-                       t_submit=trace.t_submit, t_start=trace.t_start,
-                       server=getattr(trace, "server", None), api=getattr(trace, "api", None))
+            row.update(
+                prompt_tokens=trace.prompt_tokens,
+                output_tokens=trace.output_tokens,
+                t_submit=trace.t_submit,
+                t_start=trace.t_start,
+                server=getattr(trace, "server", None),
+                api=getattr(trace, "api", None),
+            )
     row["error"] = error
     return row
 
@@ -199,8 +240,7 @@ async def _one(engine, ids, cfg, t_submit, manifest, labels, emit):
         trace = await engine.agenerate(ids, cfg, t_submit=t_submit, _checked=True, box=box)
         emit(request_row(trace, manifest, None, **labels))
     except asyncio.CancelledError:
-        emit(request_row(box.get("trace"), manifest, "cancelled at the run's time limit (max_duration_s)",
-                         **labels))
+        emit(request_row(box.get("trace"), manifest, "cancelled at the run's time limit (max_duration_s)", **labels))
         raise
     except LabError as e:  # HTTPEngineError: what arrived is in its trace
         emit(request_row(getattr(e, "trace", None) or box.get("trace"), manifest, str(e), **labels))
@@ -245,8 +285,15 @@ async def _open(engine, prompts, schedule, cap, cfg, max_duration_s, manifest, b
         try:
             await sem.acquire()  # waiting here is the request's queue_s (t_start - t_submit)
         except asyncio.CancelledError:
-            emit(request_row(None, manifest, "not sent: the run's time limit (max_duration_s) came while it "
-                             "waited for the concurrency cap", **labels, prompt_tokens=len(prompts[i])))
+            emit(
+                request_row(
+                    None,
+                    manifest,
+                    "not sent: the run's time limit (max_duration_s) came while it waited for the concurrency cap",
+                    **labels,
+                    prompt_tokens=len(prompts[i]),
+                )
+            )
             raise
         try:
             await _one(engine, prompts[i], cfg, t_sched, manifest, labels, emit)
@@ -265,8 +312,13 @@ async def _open(engine, prompts, schedule, cap, cfg, max_duration_s, manifest, b
 
 
 # --- summaries ----------------------------------------------------------------------------------
-def goodput(rows, ttft_s: float | None = None, tpot_s: float | None = None, e2e_s: float | None = None,
-            duration_s: float | None = None) -> dict:
+def goodput(
+    rows,
+    ttft_s: float | None = None,
+    tpot_s: float | None = None,
+    e2e_s: float | None = None,
+    duration_s: float | None = None,
+) -> dict:
     """Requests that met every given target (seconds; None: no target), of ``rows`` (dicts or a
     DataFrame). A failed request never counts; a one-token request has no TPOT and meets a TPOT
     target. Returns ``good`` (count), ``fraction`` (of all rows) and ``rps`` (good / duration_s,
@@ -276,12 +328,14 @@ def goodput(rows, ttft_s: float | None = None, tpot_s: float | None = None, e2e_
     for r in rows:
         if r.get("error") or r.get("ttft_s") is None:
             continue
-        ok = (ttft_s is None or r["ttft_s"] <= ttft_s) and (e2e_s is None or r["e2e_s"] <= e2e_s) and \
-            (tpot_s is None or r.get("tpot_s") is None or _nan(r.get("tpot_s")) or r["tpot_s"] <= tpot_s)
+        ok = (
+            (ttft_s is None or r["ttft_s"] <= ttft_s)
+            and (e2e_s is None or r["e2e_s"] <= e2e_s)
+            and (tpot_s is None or r.get("tpot_s") is None or _nan(r.get("tpot_s")) or r["tpot_s"] <= tpot_s)
+        )
         good += bool(ok)
     dur = makespan_s(rows) if duration_s is None else duration_s
-    return {"good": good, "fraction": good / len(rows) if rows else 0.0,
-            "rps": good / dur if dur else 0.0}
+    return {"good": good, "fraction": good / len(rows) if rows else 0.0, "rps": good / dur if dur else 0.0}
 
 
 def makespan_s(rows) -> float:
@@ -303,13 +357,19 @@ def summarize(rows, ttft_s: float | None = None, tpot_s: float | None = None, e2
     rows = _records(rows)
     ok = [r for r in rows if not r.get("error") and r.get("ttft_s") is not None]
     dur = makespan_s(rows)
-    out = {"requests": len(rows), "errors": len(rows) - len(ok), "duration_s": dur,
-           "output_tps": sum(r["output_tokens"] for r in ok) / dur if dur else 0.0,
-           "request_rps": len(ok) / dur if dur else 0.0}
+    out = {
+        "requests": len(rows),
+        "errors": len(rows) - len(ok),
+        "duration_s": dur,
+        "output_tps": sum(r["output_tokens"] for r in ok) / dur if dur else 0.0,
+        "request_rps": len(ok) / dur if dur else 0.0,
+    }
     g = goodput(rows, ttft_s, tpot_s, e2e_s, dur)
     out.update(goodput_rps=g["rps"], goodput_fraction=g["fraction"])
-    series = {m: [r[m] for r in ok if r.get(m) is not None and not _nan(r[m])]
-              for m in ("ttft_s", "tpot_s", "e2e_s", "queue_s")}
+    series = {
+        m: [r[m] for r in ok if r.get(m) is not None and not _nan(r[m])]
+        for m in ("ttft_s", "tpot_s", "e2e_s", "queue_s")
+    }
     series["itl_s"] = [x for r in ok for x in (r.get("itl_s") or [])]
     for m, vals in series.items():
         for q in PERCENTILES:
@@ -326,4 +386,4 @@ def _records(rows) -> list[dict]:
 
 
 def _nan(x) -> bool:
-    return isinstance(x, float) and x != x
+    return isinstance(x, float) and math.isnan(x)

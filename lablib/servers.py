@@ -17,6 +17,7 @@ name                   what runs                                    slots (``par
                                                                      when N > 1
 =====================  ===========================================  ==========================
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -32,8 +33,15 @@ from pathlib import Path
 from .errors import LabError
 
 SERVERS = ("llama-server", "llama-cpp-python", "mlx", "transformers")
-ALIASES = {"llama_cpp.server": "llama-cpp-python", "llama-cpp": "llama-cpp-python", "mlx_lm.server": "mlx",
-           "mlx-lm": "mlx", "mlx_lm": "mlx", "transformers-serve": "transformers", "llama.cpp": "llama-server"}
+ALIASES = {
+    "llama_cpp.server": "llama-cpp-python",
+    "llama-cpp": "llama-cpp-python",
+    "mlx_lm.server": "mlx",
+    "mlx-lm": "mlx",
+    "mlx_lm": "mlx",
+    "transformers-serve": "transformers",
+    "llama.cpp": "llama-server",
+}
 
 
 def free_port() -> int:
@@ -66,8 +74,9 @@ class RunningServer:
 
         kw.setdefault("server_version", self.version)
         kw.setdefault("n_ctx", self.n_ctx or None)
-        return load_engine("http", model, base_url=self.base_url, api=api, server=self.kind,
-                           server_model=self.server_model, **kw)
+        return load_engine(
+            "http", model, base_url=self.base_url, api=api, server=self.kind, server_model=self.server_model, **kw
+        )
 
     @property
     def base_url(self) -> str:
@@ -116,8 +125,9 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def server_command(name: str, model, port: int, parallel: int = 1, threads: int | None = None,
-                   n_ctx: int = 4096) -> tuple[list[str], str, str, list[str]]:
+def server_command(
+    name: str, model, port: int, parallel: int = 1, threads: int | None = None, n_ctx: int = 4096
+) -> tuple[list[str], str, str, list[str]]:
     """(argv, kind for the http engine, version, readiness URLs) to run server ``name`` on ``model``.
 
     ``parallel``: slots / sequences decoded together; ``threads``: CPU threads for the server
@@ -135,36 +145,80 @@ def server_command(name: str, model, port: int, parallel: int = 1, threads: int 
     host, p = "127.0.0.1", str(port)
     root = f"http://{host}:{port}"
     if name == "llama-cpp-python":
-        missing = [m for m in ("llama_cpp", "fastapi", "uvicorn", "sse_starlette", "starlette_context",
-                               "pydantic_settings") if importlib.util.find_spec(m) is None]
+        missing = [
+            m
+            for m in ("llama_cpp", "fastapi", "uvicorn", "sse_starlette", "starlette_context", "pydantic_settings")
+            if importlib.util.find_spec(m) is None
+        ]
         if missing:
-            raise LabError(f"llama-cpp-python's server needs {', '.join(missing)}: install them with "
-                           "pip install 'lablib[serve]'")
+            raise LabError(
+                f"llama-cpp-python's server needs {', '.join(missing)}: install them with pip install 'lablib[serve]'"
+            )
         if parallel != 1:
-            raise LabError(f"parallel={parallel}: llama-cpp-python's server runs one request at a time "
-                           "(use --parallel 1, or llama-server / mlx for several slots)")
+            raise LabError(
+                f"parallel={parallel}: llama-cpp-python's server runs one request at a time "
+                "(use --parallel 1, or llama-server / mlx for several slots)"
+            )
         gguf = model.path_for("gguf", "llama-cpp-python's server")
-        argv = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", host, "--port", p,
-                "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx),
-                # a new request would cancel the running stream; full logits per prompt token cost ~400 MB
-                "--interrupt_requests", "False", "--logits_all", "False", "--model_alias", "lab-model"]
+        argv = [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            gguf,
+            "--host",
+            host,
+            "--port",
+            p,
+            "--n_threads",
+            str(threads),
+            "--n_threads_batch",
+            str(threads),
+            "--n_ctx",
+            str(n_ctx),
+            # a new request would cancel the running stream; full logits per prompt token cost ~400 MB
+            "--interrupt_requests",
+            "False",
+            "--logits_all",
+            "False",
+            "--model_alias",
+            "lab-model",
+        ]
         return argv, "llama-cpp-python", _version("llama_cpp_python"), [f"{root}/v1/models"]
     if name == "mlx":
         if importlib.util.find_spec("mlx_lm") is None:
             raise LabError("mlx_lm.server needs mlx-lm: pip install 'mlx[cpu]' mlx-lm")
         folder = model.path_for("mlx", "mlx_lm.server")
-        argv = [sys.executable, "-m", "mlx_lm.server", "--model", folder, "--host", host, "--port", p,
-                "--decode-concurrency", str(parallel), "--prompt-concurrency", str(parallel),
-                "--max-tokens", "4096", "--log-level", "WARNING"]
+        argv = [
+            sys.executable,
+            "-m",
+            "mlx_lm.server",
+            "--model",
+            folder,
+            "--host",
+            host,
+            "--port",
+            p,
+            "--decode-concurrency",
+            str(parallel),
+            "--prompt-concurrency",
+            str(parallel),
+            "--max-tokens",
+            "4096",
+            "--log-level",
+            "WARNING",
+        ]
         return argv, "mlx", _version("mlx-lm"), [f"{root}/health"]
     if name == "transformers":
         if importlib.util.find_spec("openai") is None:
-            raise LabError("transformers serve needs the openai package (and fastapi, uvicorn): "
-                           "pip install openai fastapi uvicorn")
+            raise LabError(
+                "transformers serve needs the openai package (and fastapi, uvicorn): pip install openai fastapi uvicorn"
+            )
         folder = model.path_for("hf", "transformers serve")
         exe = Path(sys.executable).with_name("transformers")
-        argv = [str(exe), "serve", folder, "--host", host, "--port", p, "--device", "cpu",
-                "--log-level", "warning"] + (["--continuous-batching"] if parallel > 1 else [])
+        argv = [str(exe), "serve", folder, "--host", host, "--port", p, "--device", "cpu", "--log-level", "warning"] + (
+            ["--continuous-batching"] if parallel > 1 else []
+        )
         return argv, "transformers", _version("transformers"), [f"{root}/v1/models"]
     # llama-server: built on first use from the in-process engine's source and flags (minutes)
     try:
@@ -172,18 +226,46 @@ def server_command(name: str, model, port: int, parallel: int = 1, threads: int 
     except ImportError:
         llama_tool = None
     if llama_tool is None:
-        raise LabError("llama-server is built by lablib.llama_build.llama_tool, which this checkout does not "
-                       "have yet; use --server llama-cpp-python or mlx")
+        raise LabError(
+            "llama-server is built by lablib.llama_build.llama_tool, which this checkout does not "
+            "have yet; use --server llama-cpp-python or mlx"
+        )
     exe = str(llama_tool("llama-server"))
     gguf = model.path_for("gguf", "llama-server")
-    argv = [exe, "-m", gguf, "--host", host, "--port", p, "-t", str(threads), "-tb", str(threads),
-            "-c", str(n_ctx * parallel), "--parallel", str(parallel), "--cont-batching", "--no-webui",
-            "--alias", "lab-model"]
+    argv = [
+        exe,
+        "-m",
+        gguf,
+        "--host",
+        host,
+        "--port",
+        p,
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "-c",
+        str(n_ctx * parallel),
+        "--parallel",
+        str(parallel),
+        "--cont-batching",
+        "--no-webui",
+        "--alias",
+        "lab-model",
+    ]
     return argv, "llama-server", "llama.cpp (built by lablib)", [f"{root}/health"]
 
 
-def start_server(name: str, model=None, port: int | None = None, parallel: int = 1, threads: int | None = None,
-                 n_ctx: int = 4096, timeout_s: float = 180.0, env: dict | None = None) -> RunningServer:
+def start_server(
+    name: str,
+    model=None,
+    port: int | None = None,
+    parallel: int = 1,
+    threads: int | None = None,
+    n_ctx: int = 4096,
+    timeout_s: float = 180.0,
+    env: dict | None = None,
+) -> RunningServer:
     """Start server ``name`` (see :data:`SERVERS`) on ``model`` (default: the lab's model), on
     127.0.0.1 and ``port`` (default: a free one); return when it answers its readiness URL.
 
@@ -217,11 +299,21 @@ def start_server(name: str, model=None, port: int | None = None, parallel: int =
     with open(log_path, "ab") as log:
         log.write(f"# lablib: {' '.join(argv)}\n".encode())
         log.flush()
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=child_env, start_new_session=True)
-    srv = RunningServer(canonical_server(name), kind, proc.pid, port, log_path, argv, version, proc,
-                        server_model={"mlx": "default_model", "transformers": rm.hf_path}.get(kind, "lab-model"),
-                        n_ctx=n_ctx)
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env, start_new_session=True
+        )
+    srv = RunningServer(
+        canonical_server(name),
+        kind,
+        proc.pid,
+        port,
+        log_path,
+        argv,
+        version,
+        proc,
+        server_model={"mlx": "default_model", "transformers": rm.hf_path}.get(kind, "lab-model"),
+        n_ctx=n_ctx,
+    )
     try:
         _wait_ready(srv, ready, timeout_s)
     except BaseException:
@@ -238,8 +330,10 @@ def _wait_ready(srv: RunningServer, urls: list[str], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not srv.alive():
-            raise LabError(f"{srv.name} exited with code {srv.proc.returncode} before it was ready; its log "
-                           f"({srv.log_path}) ends:\n{srv.log_tail()}")
+            raise LabError(
+                f"{srv.name} exited with code {srv.proc.returncode} before it was ready; its log "
+                f"({srv.log_path}) ends:\n{srv.log_tail()}"
+            )
         for url in urls:
             try:
                 with urllib.request.urlopen(url, timeout=2) as r:
@@ -248,5 +342,7 @@ def _wait_ready(srv: RunningServer, urls: list[str], timeout_s: float) -> None:
             except (urllib.error.URLError, OSError, ValueError):
                 pass
         time.sleep(0.25)
-    raise LabError(f"{srv.name} did not answer {', '.join(urls)} within {timeout_s:.0f} s; it was stopped. "
-                   f"Its log ({srv.log_path}) ends:\n{srv.log_tail()}")
+    raise LabError(
+        f"{srv.name} did not answer {', '.join(urls)} within {timeout_s:.0f} s; it was stopped. "
+        f"Its log ({srv.log_path}) ends:\n{srv.log_tail()}"
+    )

@@ -11,6 +11,7 @@ finishes, with the server's name and version in every row's engine columns, and 
 summary line. Prompts are exact-length cuts of the lab's prose at different offsets, so no
 request shares a prefix with another.
 """
+
 from __future__ import annotations
 
 import math
@@ -68,10 +69,15 @@ def serve(ns) -> int:
     if ns.duration_s is not None and not ns.duration_s > 0:
         raise LabError(f"--duration-s {ns.duration_s}: expected a positive number of seconds")
     srv = start_server(ns.server, ns.model, port=ns.port, parallel=ns.parallel, threads=ns.threads, n_ctx=ns.n_ctx)
-    print(f"{srv.name} {srv.version} ready at {srv.base_url} (pid {srv.pid}, {srv.startup_s:.1f} s; "
-          f"log {srv.log_path})", flush=True)
-    print(f"measure it: lablib bench --base-url {srv.base_url} --concurrency 1 --requests 4 --prompt-tokens 64 "
-          "--max-new-tokens 32 --out serving.jsonl", flush=True)
+    print(
+        f"{srv.name} {srv.version} ready at {srv.base_url} (pid {srv.pid}, {srv.startup_s:.1f} s; log {srv.log_path})",
+        flush=True,
+    )
+    print(
+        f"measure it: lablib bench --base-url {srv.base_url} --concurrency 1 --requests 4 --prompt-tokens 64 "
+        "--max-new-tokens 32 --out serving.jsonl",
+        flush=True,
+    )
     stop = {"now": False}
 
     def on_signal(signum, frame):
@@ -114,22 +120,40 @@ def bench(ns) -> int:
     rm = prepare(ns.lab_model, log=lambda m: print(m, file=sys.stderr))
     cfg = GenerationConfig(max_new_tokens=ns.max_new_tokens, ignore_eos=not ns.until_eos)
     # distinct prompts: no request reuses another's prefix (a server's prefix cache stays cold)
-    prompts = [prompt_of_length(rm, ns.prompt_tokens, offset=i * (ns.prompt_tokens + 17))
-               for i in range(ns.warmup + ns.requests)]
+    prompts = [
+        prompt_of_length(rm, ns.prompt_tokens, offset=i * (ns.prompt_tokens + 17))
+        for i in range(ns.warmup + ns.requests)
+    ]
     writer = ResultsWriter(ns.out)  # a bad --out is refused before any request
-    engine = load_engine("http", rm, base_url=ns.base_url, api=ns.api, server=ns.server, server_model=ns.model,
-                         read_timeout_s=ns.read_timeout_s)
+    engine = load_engine(
+        "http",
+        rm,
+        base_url=ns.base_url,
+        api=ns.api,
+        server=ns.server,
+        server_model=ns.model,
+        read_timeout_s=ns.read_timeout_s,
+    )
     try:
-        for ids in prompts[:ns.warmup]:
+        for ids in prompts[: ns.warmup]:
             engine.generate(ids, cfg)
         mode = "open" if ns.rate is not None else "closed"
         rates = parse_rates(ns.rate) if mode == "open" else [None]
         failed = 0
         for rate in rates:
-            rows = run_load(engine, prompts[ns.warmup:], mode,
-                            concurrency=ns.concurrency if mode == "closed" else ns.max_concurrency,
-                            rate=rate, arrival=ns.arrival, burstiness=ns.burstiness, seed=ns.seed,
-                            max_duration_s=ns.max_duration_s, cfg=cfg, on_row=writer.append)
+            rows = run_load(
+                engine,
+                prompts[ns.warmup :],
+                mode,
+                concurrency=ns.concurrency if mode == "closed" else ns.max_concurrency,
+                rate=rate,
+                arrival=ns.arrival,
+                burstiness=ns.burstiness,
+                seed=ns.seed,
+                max_duration_s=ns.max_duration_s,
+                cfg=cfg,
+                on_row=writer.append,
+            )
             s = summarize(rows, ns.ttft_target_s, ns.tpot_target_s, ns.e2e_target_s)
             failed += s["errors"]
             print(summary_line(engine.kind, mode, rate, ns.concurrency or ns.max_concurrency, s), flush=True)
@@ -141,10 +165,13 @@ def bench(ns) -> int:
 
 def summary_line(server: str, mode: str, rate, c, s: dict) -> str:
     """One line: ``server=NAME mode=MODE rate=R c=C output_tps=X ttft_p50_s=Y goodput=Z`` and more."""
+
     def f(x, nd=3):
         return "-" if x is None else f"{x:.{nd}f}"
 
-    return (f"server={server} mode={mode} rate={'-' if rate is None else f'{rate:g}'} c={'-' if c is None else c} "
-            f"output_tps={f(s['output_tps'], 2)} ttft_p50_s={f(s['ttft_s_p50'])} goodput={f(s['goodput_rps'], 3)} "
-            f"ttft_p99_s={f(s['ttft_s_p99'])} tpot_p50_s={f(s['tpot_s_p50'], 4)} e2e_p99_s={f(s['e2e_s_p99'])} "
-            f"errors={s['errors']}/{s['requests']}")
+    return (
+        f"server={server} mode={mode} rate={'-' if rate is None else f'{rate:g}'} c={'-' if c is None else c} "
+        f"output_tps={f(s['output_tps'], 2)} ttft_p50_s={f(s['ttft_s_p50'])} goodput={f(s['goodput_rps'], 3)} "
+        f"ttft_p99_s={f(s['ttft_s_p99'])} tpot_p50_s={f(s['tpot_s_p50'], 4)} e2e_p99_s={f(s['e2e_s_p99'])} "
+        f"errors={s['errors']}/{s['requests']}"
+    )

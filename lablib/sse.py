@@ -17,6 +17,7 @@ A stream's ``data: [DONE]`` (OpenAI's end marker) and ``event: error`` are ordin
 events here: the HTTP engine gives them their meaning. An event left unfinished when the
 stream ends is discarded (:meth:`SSEParser.close` says whether one was).
 """
+
 from __future__ import annotations
 
 import codecs
@@ -55,12 +56,10 @@ class SSEParser:
         text = self._decoder.decode(chunk)
         if self._first and text:
             self._first = False
-            if text.startswith("\ufeff"):
-                text = text[1:]
+            text = text.removeprefix("\ufeff")
         if self._skip_lf and text:
             self._skip_lf = False
-            if text.startswith("\n"):
-                text = text[1:]
+            text = text.removeprefix("\n")
         self._buf += text
         out: list[SSEEvent] = []
         buf, pos, n = self._buf, 0, len(self._buf)
@@ -103,12 +102,10 @@ class SSEParser:
             self._data.append(value)
         elif name == "event":
             self._event = value
-        elif name == "id":
-            if "\0" not in value:
-                self.last_id = value
-        elif name == "retry":
-            if value.isdigit():
-                self._retry = int(value)
+        elif name == "id" and "\0" not in value:
+            self.last_id = value
+        elif name == "retry" and value.isdigit():
+            self._retry = int(value)
         return None  # other fields are ignored, as the standard says
 
     def _dispatch(self) -> SSEEvent | None:

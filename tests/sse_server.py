@@ -5,6 +5,7 @@ It is a protocol fixture, not an engine: each POST replays the current script, a
 connection mid-stream), ``"hang"`` (never answer), or ``("status", code, body)`` as the only step
 (an HTTP error). Scripts in ``queue`` are used one per request first. Every request's path, headers and JSON body are kept in ``requests``.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -1,5 +1,6 @@
 """The HTTP engine against a scripted SSE server (a protocol fixture on 127.0.0.1): stream edge
 cases give the right metrics, or one clear error that keeps what arrived."""
+
 import pytest
 from sse_server import ScriptedServer, chat, cmpl, sse
 
@@ -22,13 +23,26 @@ def feed_all(parts):
 
 @pytest.mark.parametrize("sep", [b"\n", b"\r\n", b"\r"])
 def test_sse_line_ends(sep):
-    raw = b"data: one" + sep + b"data: two" + sep + sep + b": ping" + sep + sep + b"event: error" + sep + \
-        b"data: {}" + sep + sep
+    raw = (
+        b"data: one"
+        + sep
+        + b"data: two"
+        + sep
+        + sep
+        + b": ping"
+        + sep
+        + sep
+        + b"event: error"
+        + sep
+        + b"data: {}"
+        + sep
+        + sep
+    )
     events, p = feed_all([raw])
     assert events == [("message", "one\ntwo"), ("error", "{}")]
     assert p.comments == 1
     # byte by byte: every split point, a \r\n split between reads included
-    events, _ = feed_all([raw[i:i + 1] for i in range(len(raw))])
+    events, _ = feed_all([raw[i : i + 1] for i in range(len(raw))])
     assert events == [("message", "one\ntwo"), ("error", "{}")]
 
 
@@ -54,8 +68,19 @@ def test_parse_chunk_reads_chat_completions_and_native():
     assert c["text"] == "hm"
     c = parse_chunk(cmpl("ab", logprob_ids=[5, 6]), "completions")
     assert c["text"] == "ab" and c["logprob_ids"] == [5, 6]
-    c = parse_chunk({"content": "x", "tokens": [9], "stop": True, "stop_type": "limit", "tokens_predicted": 3,
-                     "tokens_evaluated": 4, "tokens_cached": 0, "timings": {"prompt_ms": 2.0}}, "native")
+    c = parse_chunk(
+        {
+            "content": "x",
+            "tokens": [9],
+            "stop": True,
+            "stop_type": "limit",
+            "tokens_predicted": 3,
+            "tokens_evaluated": 4,
+            "tokens_cached": 0,
+            "timings": {"prompt_ms": 2.0},
+        },
+        "native",
+    )
     assert c["ids"] == [9] and c["finish_reason"] == "length" and c["usage"]["completion_tokens"] == 3
 
 
@@ -77,8 +102,13 @@ def engine(server, model):
 
 
 def test_logprob_entries_count_multi_token_chunks(engine, server):
-    server.script = [sse(cmpl("A", [11])), sse(cmpl("BCD", [12, 13, 14])), sse(cmpl("E", [15], finish="length")),
-                     sse(cmpl(usage={"prompt_tokens": 3, "completion_tokens": 5})), DONE]
+    server.script = [
+        sse(cmpl("A", [11])),
+        sse(cmpl("BCD", [12, 13, 14])),
+        sse(cmpl("E", [15], finish="length")),
+        sse(cmpl(usage={"prompt_tokens": 3, "completion_tokens": 5})),
+        DONE,
+    ]
     t = engine.generate([1, 2, 3], GenerationConfig(max_new_tokens=5))
     assert t.output_tokens == 5 and t.token_ids == [11, 12, 13, 14, 15]
     assert t.chunk_tokens == [1, 3, 1] and t.count_method == "logprobs"
@@ -94,8 +124,9 @@ def test_role_first_chunk_is_not_the_first_token(server, model):
     e = load_engine("http", model, base_url=server.base_url, server="openai", api="chat")
     server.script = [sse(chat(role="assistant")), 0.3, sse(chat("Hi")), sse(chat(" there", finish="stop")), DONE]
     try:
-        t = e.generate([], GenerationConfig(max_new_tokens=8, ignore_eos=False),
-                       messages=[{"role": "user", "content": "Hello"}])
+        t = e.generate(
+            [], GenerationConfig(max_new_tokens=8, ignore_eos=False), messages=[{"role": "user", "content": "Hello"}]
+        )
     finally:
         e.close()
     assert t.ttft_s >= 0.3  # the role chunk came 0.3 s before any content
@@ -106,9 +137,12 @@ def test_role_first_chunk_is_not_the_first_token(server, model):
 
 
 def test_usage_only_last_chunk_is_checked_not_counted(engine, server):
-    server.script = [sse(cmpl("x", [1])), sse(cmpl("y", [2], finish="length")),
-                     sse(cmpl(usage={"prompt_tokens": 2, "completion_tokens": 3,
-                                     "prompt_tokens_details": {"cached_tokens": 1}})), DONE]
+    server.script = [
+        sse(cmpl("x", [1])),
+        sse(cmpl("y", [2], finish="length")),
+        sse(cmpl(usage={"prompt_tokens": 2, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 1}})),
+        DONE,
+    ]
     t = engine.generate([5, 6], GenerationConfig(max_new_tokens=2))
     assert t.output_tokens == 2 and t.usage_completion_tokens == 3
     assert t.usage_mismatch is True  # the server says 3, the stream carried 2
@@ -117,8 +151,13 @@ def test_usage_only_last_chunk_is_checked_not_counted(engine, server):
 
 
 def test_crlf_framing_and_pings(engine, server):
-    server.script = [b": ping\r\n\r\n", sse(cmpl("a", [1]), "\r\n"), b":keepalive\r\n\r\n",
-                     sse(cmpl("b", [2], finish="length"), "\r\n"), sse("[DONE]", "\r\n")]
+    server.script = [
+        b": ping\r\n\r\n",
+        sse(cmpl("a", [1]), "\r\n"),
+        b":keepalive\r\n\r\n",
+        sse(cmpl("b", [2], finish="length"), "\r\n"),
+        sse("[DONE]", "\r\n"),
+    ]
     t = engine.generate([5], GenerationConfig(max_new_tokens=2))
     assert t.token_ids == [1, 2] and t.pings == 2
 
@@ -131,8 +170,12 @@ def test_json_split_across_reads(engine, server):
 
 
 def test_several_events_in_one_write_share_one_arrival(engine, server):
-    server.script = [sse(cmpl("a", [1])) + sse(cmpl("b", [2])) + sse(cmpl("c", [3])), 0.05,
-                     sse(cmpl("d", [4], finish="length")), DONE]
+    server.script = [
+        sse(cmpl("a", [1])) + sse(cmpl("b", [2])) + sse(cmpl("c", [3])),
+        0.05,
+        sse(cmpl("d", [4], finish="length")),
+        DONE,
+    ]
     t = engine.generate([5], GenerationConfig(max_new_tokens=4))
     assert t.max_events_per_read >= 3
     assert t.t_tokens[0] == t.t_tokens[1] == t.t_tokens[2] < t.t_tokens[3]
@@ -207,9 +250,22 @@ def test_retokenized_counts_and_one_per_chunk_fallback(server, model, engine):
 def test_request_fields_per_server_kind(server, model, monkeypatch):
     monkeypatch.setenv("LABLIB_API_KEY", "sk-secret-123")
     server.props = {"build_info": "b9999-test", "default_generation_settings": {"n_ctx": 4096}}
-    server.script = [sse(cmpl("a", [1], finish="length",)),
-                     sse(cmpl(usage={"prompt_tokens": 2, "completion_tokens": 1},
-                              timings={"prompt_ms": 20.0, "predicted_per_second": 50.0, "cache_n": 0})), DONE]
+    server.script = [
+        sse(
+            cmpl(
+                "a",
+                [1],
+                finish="length",
+            )
+        ),
+        sse(
+            cmpl(
+                usage={"prompt_tokens": 2, "completion_tokens": 1},
+                timings={"prompt_ms": 20.0, "predicted_per_second": 50.0, "cache_n": 0},
+            )
+        ),
+        DONE,
+    ]
     try:
         e = load_engine("http", model, base_url=server.base_url)  # auto: /props says llama-server
         t = e.generate([5, 6], GenerationConfig(max_new_tokens=1))
@@ -217,6 +273,7 @@ def test_request_fields_per_server_kind(server, model, monkeypatch):
         server.props = None
     assert e.kind == "llama-server" and e.server_version == "b9999-test" and e.n_ctx == 4096
     path, headers, body = server.requests[-1]
+    assert path == "/v1/completions"
     assert body["prompt"] == [5, 6] and body["ignore_eos"] is True and body["cache_prompt"] is False
     assert body["logprobs"] == 1 and body["stream_options"] == {"include_usage": True}
     assert headers["Authorization"] == "Bearer sk-secret-123"
@@ -225,10 +282,12 @@ def test_request_fields_per_server_kind(server, model, monkeypatch):
     info = e.info().to_dict()
     assert "sk-secret" not in repr(info) and "sk-secret" not in repr(t.metrics())
     e.close()
-    for kind, want in [("llama-cpp-python", {"min_tokens": 4}), ("mlx", {"logit_bias": {"2": -100}}),
-                       ("vllm", {"ignore_eos": True, "min_tokens": 4}),
-                       ("transformers", {"generation_config": '{"max_new_tokens": 4, "min_new_tokens": 4, '
-                                                              '"do_sample": false}'})]:
+    for kind, want in [
+        ("llama-cpp-python", {"min_tokens": 4}),
+        ("mlx", {"logit_bias": {"2": -100}}),
+        ("vllm", {"ignore_eos": True, "min_tokens": 4}),
+        ("transformers", {"generation_config": '{"max_new_tokens": 4, "min_new_tokens": 4, "do_sample": false}'}),
+    ]:
         server.script = [sse(cmpl("a", finish="length")), DONE]
         e = load_engine("http", model, base_url=server.base_url, server=kind)
         try:
@@ -247,10 +306,22 @@ def test_request_fields_per_server_kind(server, model, monkeypatch):
 
 def test_native_llama_server_stream_carries_token_ids(server, model):
     server.props = {"build_info": "b1-test"}
-    server.script = [sse({"content": "a", "tokens": [10], "stop": False}),
-                     sse({"content": "bc", "tokens": [11, 12], "stop": False}),
-                     sse({"content": "", "tokens": [], "stop": True, "stop_type": "limit", "tokens_predicted": 3,
-                          "tokens_evaluated": 2, "tokens_cached": 0, "timings": {"prompt_ms": 5.0}})]
+    server.script = [
+        sse({"content": "a", "tokens": [10], "stop": False}),
+        sse({"content": "bc", "tokens": [11, 12], "stop": False}),
+        sse(
+            {
+                "content": "",
+                "tokens": [],
+                "stop": True,
+                "stop_type": "limit",
+                "tokens_predicted": 3,
+                "tokens_evaluated": 2,
+                "tokens_cached": 0,
+                "timings": {"prompt_ms": 5.0},
+            }
+        ),
+    ]
     try:
         e = load_engine("http", model, base_url=server.base_url, api="native")
         t = e.generate([5, 6], GenerationConfig(max_new_tokens=3))

@@ -4,17 +4,22 @@ greedy ids equal to the in-process engine's, token ids per chunk, server timings
 Needs ``lablib.llama_build.llama_tool`` (the integrator's build step). Until that function is merged
 these tests are skipped with that reason; once it exists they run (a build failure then fails them).
 """
+
 import pytest
 
-import lablib.llama_build as llama_build
+from lablib import llama_build
 from lablib.engines.base import GenerationConfig
 from lablib.loadgen import run_load
 from lablib.servers import start_server
 from lablib.workload import prompt_of_length
 
-pytestmark = [pytest.mark.engine,
-              pytest.mark.skipif(not hasattr(llama_build, "llama_tool"),
-                                 reason="lablib.llama_build.llama_tool is not merged yet (it builds llama-server)")]
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.skipif(
+        not hasattr(llama_build, "llama_tool"),
+        reason="lablib.llama_build.llama_tool is not merged yet (it builds llama-server)",
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +50,7 @@ def test_two_slots_serve_two_requests_together(llama_server, model):
     e = llama_server.engine(model)
     prompts = [prompt_of_length(model, 16, offset=50 * i) for i in range(2)]
     try:
-        rows = run_load(e, prompts, "closed", concurrency=2, cfg=GenerationConfig(max_new_tokens=8),
-                        max_duration_s=120)
+        rows = run_load(e, prompts, "closed", concurrency=2, cfg=GenerationConfig(max_new_tokens=8), max_duration_s=120)
     finally:
         e.close()
     assert len(rows) == 2 and not any(r["error"] for r in rows)

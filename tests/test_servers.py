@@ -1,5 +1,6 @@
 """Real servers on the real default model, started and stopped by the lab, a few tokens each:
 TTFT and TPOT present, output counts exact, the server gone after stop."""
+
 import socket
 
 import pytest
@@ -99,14 +100,17 @@ def test_mlx_server_chat_and_completions(model):
                 t = e.generate(ids, GenerationConfig(max_new_tokens=N))
             finally:
                 e.close()
-            n_prompt = 12 if api == "completions" else len(e.apply_chat_template(
-                [{"role": "user", "content": e.detokenize(ids)}]))
+            n_prompt = (
+                12
+                if api == "completions"
+                else len(e.apply_chat_template([{"role": "user", "content": e.detokenize(ids)}]))
+            )
             check_trace(t, n_prompt)
             # mlx_lm.server reports usage when asked: the server counted what the lab counted
             assert t.usage_completion_tokens == N and t.usage_mismatch is False and t.prompt_mismatch is False
         e = srv.engine(model, api="chat")
         try:
-            free, fixed = check_fixed_length(e, 8)  # logit_bias against EOS
+            _, fixed = check_fixed_length(e, 8)  # logit_bias against EOS
         finally:
             e.close()
         assert fixed.usage_completion_tokens == 8

@@ -1,14 +1,13 @@
 """`lablib serve` and `lablib bench` end to end: a real server started by the CLI, load from the CLI,
 tidy rows on disk; failures are rows and a non-zero exit, bad input one clear error."""
+
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 
-import pytest
 from sse_server import ScriptedServer, cmpl, sse
 
 from lablib.cli import main
@@ -17,16 +16,45 @@ from lablib.results import load_results
 
 def test_serve_then_bench_closed_and_open(tmp_path, model, capsys):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "lablib.cli", "serve", "--server", "llama-cpp-python",
-                             "--threads", "1", "--n-ctx", "1024", "--duration-s", "240"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lablib.cli",
+            "serve",
+            "--server",
+            "llama-cpp-python",
+            "--threads",
+            "1",
+            "--n-ctx",
+            "1024",
+            "--duration-s",
+            "240",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = proc.stdout.readline()
         assert "ready at http://127.0.0.1:" in line, line + proc.stderr.read()
         url = line.split("ready at ")[1].split()[0]
         out = tmp_path / "serving.jsonl"
-        common = ["--base-url", url, "--requests", "3", "--prompt-tokens", "16", "--max-new-tokens", "3",
-                  "--out", str(out), "--warmup", "0"]
+        common = [
+            "--base-url",
+            url,
+            "--requests",
+            "3",
+            "--prompt-tokens",
+            "16",
+            "--max-new-tokens",
+            "3",
+            "--out",
+            str(out),
+            "--warmup",
+            "0",
+        ]
         assert main(["bench", "--concurrency", "2"] + common) == 0
         assert main(["bench", "--rate", "inf", "--max-concurrency", "2", "--ttft-target-s", "1000"] + common) == 0
         assert main(["bench", "--rate", "fast"] + common) == 2
@@ -55,8 +83,27 @@ def test_bench_keeps_rows_of_failed_requests(tmp_path, capsys):
     srv.queue = [ok, [("status", 429, "slow down")]]
     out = tmp_path / "b.jsonl"
     try:
-        rc = main(["bench", "--base-url", srv.base_url, "--server", "vllm", "--concurrency", "1", "--requests", "3",
-                   "--prompt-tokens", "8", "--max-new-tokens", "2", "--warmup", "0", "--out", str(out)])
+        rc = main(
+            [
+                "bench",
+                "--base-url",
+                srv.base_url,
+                "--server",
+                "vllm",
+                "--concurrency",
+                "1",
+                "--requests",
+                "3",
+                "--prompt-tokens",
+                "8",
+                "--max-new-tokens",
+                "2",
+                "--warmup",
+                "0",
+                "--out",
+                str(out),
+            ]
+        )
     finally:
         srv.stop()
     assert rc == 1
@@ -71,8 +118,23 @@ def test_bench_without_a_server_is_one_clear_error(tmp_path, capsys):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    rc = main(["bench", "--base-url", f"http://127.0.0.1:{port}/v1", "--concurrency", "1", "--requests", "1",
-               "--prompt-tokens", "8", "--max-new-tokens", "2", "--out", str(tmp_path / "x.jsonl")])
+    rc = main(
+        [
+            "bench",
+            "--base-url",
+            f"http://127.0.0.1:{port}/v1",
+            "--concurrency",
+            "1",
+            "--requests",
+            "1",
+            "--prompt-tokens",
+            "8",
+            "--max-new-tokens",
+            "2",
+            "--out",
+            str(tmp_path / "x.jsonl"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "no OpenAI-compatible server answers" in err and "lablib serve" in err
     assert main(["serve", "--server", "ollama"]) == 2

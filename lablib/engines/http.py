@@ -33,9 +33,11 @@ Sync use goes through :meth:`Engine.generate`; many concurrent streams through
 as :mod:`lablib.loadgen` does. An API key comes from the environment variable named by
 ``api_key_env`` at each request; it is never stored, logged or written to a row.
 """
+
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import threading
@@ -79,8 +81,9 @@ class ServerProfile:
 
 PROFILES = {
     # llama.cpp tools/server: `logprobs` is an alias of n_probs (ids in each entry), cache_prompt defaults true
-    "llama-server": ServerProfile("llama-server", ids=True, fixed="ignore_eos",
-                                  extra={"cache_prompt": False}, logprobs=True),
+    "llama-server": ServerProfile(
+        "llama-server", ids=True, fixed="ignore_eos", extra={"cache_prompt": False}, logprobs=True
+    ),
     # llama_cpp/server/types.py: prompt is str | list[str]; min_tokens masks EOS; no usage in streams;
     # logprobs would sort the whole vocabulary per token in Python (distorts what it measures)
     "llama-cpp-python": ServerProfile("llama-cpp-python", ids=False, fixed="min_tokens", stream_usage=False),
@@ -89,8 +92,9 @@ PROFILES = {
     # transformers/cli/serving: stream_options and logprobs unused; a `generation_config` JSON string replaces
     # the generation config (min_new_tokens holds EOS back); the role chunk comes before prefill
     "transformers": ServerProfile("transformers", ids=False, fixed="generation_config"),
-    "vllm": ServerProfile("vllm", ids=True, fixed="ignore_eos",
-                          extra={"min_tokens": None}),  # min_tokens filled per request
+    "vllm": ServerProfile(
+        "vllm", ids=True, fixed="ignore_eos", extra={"min_tokens": None}
+    ),  # min_tokens filled per request
     "openai": ServerProfile("openai", ids=False, fixed="logit_bias"),
 }
 
@@ -143,7 +147,7 @@ class HTTPTrace(RequestTrace):
     def chunk_gaps_s(self) -> list[float]:
         """Gaps between content chunks (ICL), seconds: their own distribution, next to ITL."""
         a = self.chunk_arrivals
-        return [y - x for x, y in zip(a, a[1:])]
+        return [y - x for x, y in itertools.pairwise(a)]
 
     @property
     def server_prompt_s(self) -> float | None:
@@ -166,15 +170,31 @@ class HTTPTrace(RequestTrace):
         out = super().metrics()
         sp = self.server_prompt_s
         out.update(
-            server=self.server, api=self.api, max_new_tokens=self.max_new_tokens, count_method=self.count_method,
-            chunks=len(self.chunk_arrivals), chunk_tokens=list(self.chunk_tokens), chunk_gaps_s=self.chunk_gaps_s,
-            reads=self.reads, events=self.events, max_events_per_read=self.max_events_per_read, pings=self.pings,
-            usage_prompt_tokens=self.usage_prompt_tokens, usage_completion_tokens=self.usage_completion_tokens,
-            usage_cached_tokens=self.usage_cached_tokens, usage_mismatch=self.usage_mismatch,
-            prompt_mismatch=self.prompt_mismatch, fixed_length=self.fixed_length,
-            output_count_ok=self.output_count_ok, server_prompt_s=sp, server_decode_tps=self.server_decode_tps,
+            server=self.server,
+            api=self.api,
+            max_new_tokens=self.max_new_tokens,
+            count_method=self.count_method,
+            chunks=len(self.chunk_arrivals),
+            chunk_tokens=list(self.chunk_tokens),
+            chunk_gaps_s=self.chunk_gaps_s,
+            reads=self.reads,
+            events=self.events,
+            max_events_per_read=self.max_events_per_read,
+            pings=self.pings,
+            usage_prompt_tokens=self.usage_prompt_tokens,
+            usage_completion_tokens=self.usage_completion_tokens,
+            usage_cached_tokens=self.usage_cached_tokens,
+            usage_mismatch=self.usage_mismatch,
+            prompt_mismatch=self.prompt_mismatch,
+            fixed_length=self.fixed_length,
+            output_count_ok=self.output_count_ok,
+            server_prompt_s=sp,
+            server_decode_tps=self.server_decode_tps,
             server_timings=json.dumps(self.server_timings) if self.server_timings else None,
-            http_overhead_s=self.http_overhead_s, text=self.text, error=self.error)
+            http_overhead_s=self.http_overhead_s,
+            text=self.text,
+            error=self.error,
+        )
         return out
 
 
@@ -187,20 +207,28 @@ def parse_chunk(obj: dict, api: str) -> dict:
     """What one streamed JSON object carries: ``text``, ``ids`` (token ids or None),
     ``logprob_ids`` (one entry per token: its id or None; None when no logprobs),
     ``finish_reason``, ``usage`` (dict or None), ``timings`` (dict or None), ``error``."""
-    out = {"text": "", "ids": None, "logprob_ids": None, "finish_reason": None,
-           "usage": obj.get("usage") if isinstance(obj.get("usage"), dict) else None,
-           "timings": obj.get("timings") if isinstance(obj.get("timings"), dict) else None,
-           "error": obj.get("error")}
+    out = {
+        "text": "",
+        "ids": None,
+        "logprob_ids": None,
+        "finish_reason": None,
+        "usage": obj.get("usage") if isinstance(obj.get("usage"), dict) else None,
+        "timings": obj.get("timings") if isinstance(obj.get("timings"), dict) else None,
+        "error": obj.get("error"),
+    }
     if api == "native":  # llama-server /completion
         out["text"] = obj.get("content") or ""
         toks = obj.get("tokens")
         out["ids"] = [int(t) for t in toks] if isinstance(toks, list) and toks else None
         if obj.get("stop"):
-            out["finish_reason"] = {"limit": "length", "eos": "stop", "word": "stop"}.get(obj.get("stop_type"),
-                                                                                       obj.get("stop_type"))
-            out["usage"] = {"completion_tokens": obj.get("tokens_predicted"),
-                            "prompt_tokens": obj.get("tokens_evaluated"),
-                            "prompt_tokens_details": {"cached_tokens": obj.get("tokens_cached")}}
+            out["finish_reason"] = {"limit": "length", "eos": "stop", "word": "stop"}.get(
+                obj.get("stop_type"), obj.get("stop_type")
+            )
+            out["usage"] = {
+                "completion_tokens": obj.get("tokens_predicted"),
+                "prompt_tokens": obj.get("tokens_evaluated"),
+                "prompt_tokens_details": {"cached_tokens": obj.get("tokens_cached")},
+            }
         return out
     choices = obj.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -240,10 +268,21 @@ class HTTPEngine(Engine):
 
     name = "http"
 
-    def __init__(self, model, base_url: str, api: str = "completions", server: str = "auto",
-                 server_model: str | None = None, server_version: str | None = None,
-                 api_key_env: str = "LABLIB_API_KEY", n_ctx: int | None = None, read_timeout_s: float = 60.0,
-                 connect_timeout_s: float = 10.0, max_connections: int = 256, tokenizer=True):
+    def __init__(
+        self,
+        model,
+        base_url: str,
+        api: str = "completions",
+        server: str = "auto",
+        server_model: str | None = None,
+        server_version: str | None = None,
+        api_key_env: str = "LABLIB_API_KEY",
+        n_ctx: int | None = None,
+        read_timeout_s: float = 60.0,
+        connect_timeout_s: float = 10.0,
+        max_connections: int = 256,
+        tokenizer=True,
+    ):
         super().__init__(model)
         try:
             import aiohttp  # noqa: F401
@@ -259,7 +298,7 @@ class HTTPEngine(Engine):
             if not isinstance(v, (int, float)) or v <= 0:
                 raise LabError(f"{what}={v!r}: expected a positive number of seconds")
         self.base_url = base_url.rstrip("/")
-        self.root_url = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
+        self.root_url = self.base_url.removesuffix("/v1")
         self.api = api
         self.api_key_env = api_key_env
         self.read_timeout_s, self.connect_timeout_s = float(read_timeout_s), float(connect_timeout_s)
@@ -286,13 +325,16 @@ class HTTPEngine(Engine):
         self.kind = kind or self.server_info.get("kind", "openai")
         self.profile = PROFILES[self.kind]
         # mlx_lm.server maps "default_model" to the model it was started with (another id may load another)
-        self.server_model = server_model or ("default_model" if self.kind == "mlx" else self.server_info.get("model_id"))
+        self.server_model = server_model or (
+            "default_model" if self.kind == "mlx" else self.server_info.get("model_id")
+        )
         self.server_version = server_version or self.server_info.get("version") or "unknown"
         if api == "native" and self.kind != "llama-server":
-            raise LabError(f"api='native' is llama-server's /completion, but {self.base_url} is a {self.kind} "
-                           "server; use api='completions' or 'chat'")
-        self.n_ctx = int(n_ctx or self.server_info.get("n_ctx") or getattr(model, "max_position_embeddings", 0)
-                         or 2048)
+            raise LabError(
+                f"api='native' is llama-server's /completion, but {self.base_url} is a {self.kind} "
+                "server; use api='completions' or 'chat'"
+            )
+        self.n_ctx = int(n_ctx or self.server_info.get("n_ctx") or getattr(model, "max_position_embeddings", 0) or 2048)
 
     # --- the engine's event loop (one thread, one aiohttp session) -----------------------------
     def run(self, coro):
@@ -320,7 +362,9 @@ class HTTPEngine(Engine):
             trace_cfg.on_request_headers_sent.append(headers_sent)
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.max_connections),
-                trace_configs=[trace_cfg], auto_decompress=False)
+                trace_configs=[trace_cfg],
+                auto_decompress=False,
+            )
         return self._session
 
     def _headers(self) -> dict:
@@ -353,9 +397,11 @@ class HTTPEngine(Engine):
         if models is None and await self._get_json(f"{self.root_url}/health") is not None:
             models, health_only = {}, True  # a healthy server whose model list fails (mlx_lm.server, no hub cache)
         if models is None:
-            raise LabError(f"no OpenAI-compatible server answers at {self.base_url} (GET /models failed); "
-                           "expected a running server: start one with `lablib serve --server NAME`, or check "
-                           "the URL (it ends in /v1)")
+            raise LabError(
+                f"no OpenAI-compatible server answers at {self.base_url} (GET /models failed); "
+                "expected a running server: start one with `lablib serve --server NAME`, or check "
+                "the URL (it ends in /v1)"
+            )
         data = models.get("data") if isinstance(models, dict) else None
         first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
         info["model_id"] = first.get("id")
@@ -398,8 +444,10 @@ class HTTPEngine(Engine):
     # --- tokenizer (the lab's) ------------------------------------------------------------------
     def _need_tok(self, what: str):
         if self._tok is None:
-            raise LabError(f"{what} needs the lab's tokenizer, but this http engine was loaded without a model; "
-                           "load it with the model the server runs (load_engine('http', MODEL, ...))")
+            raise LabError(
+                f"{what} needs the lab's tokenizer, but this http engine was loaded without a model; "
+                "load it with the model the server runs (load_engine('http', MODEL, ...))"
+            )
         return self._tok
 
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:
@@ -428,13 +476,26 @@ class HTTPEngine(Engine):
 
     def info(self) -> EngineInfo:
         return EngineInfo(
-            name=self.name, version=f"{self.kind} {self.server_version}", backend=f"{self.kind} at {self.base_url}",
-            dtype="server", threads=0, n_ctx=self.n_ctx,
-            flags={"api": self.api, "server": self.kind, "server_version": self.server_version,
-                   "server_model": self.server_model, "base_url": self.base_url,
-                   "fixed_length": self.profile.fixed, "prompt_as": self._prompt_as(),
-                   "cache_control": self.profile.extra.get("cache_prompt", "none") if self.kind == "llama-server"
-                   else "none", "api_key_env": self.api_key_env if os.environ.get(self.api_key_env or "") else None})
+            name=self.name,
+            version=f"{self.kind} {self.server_version}",
+            backend=f"{self.kind} at {self.base_url}",
+            dtype="server",
+            threads=0,
+            n_ctx=self.n_ctx,
+            flags={
+                "api": self.api,
+                "server": self.kind,
+                "server_version": self.server_version,
+                "server_model": self.server_model,
+                "base_url": self.base_url,
+                "fixed_length": self.profile.fixed,
+                "prompt_as": self._prompt_as(),
+                "cache_control": self.profile.extra.get("cache_prompt", "none")
+                if self.kind == "llama-server"
+                else "none",
+                "api_key_env": self.api_key_env if os.environ.get(self.api_key_env or "") else None,
+            },
+        )
 
     def _prompt_as(self) -> str:
         if self.api == "native" or (self.api == "completions" and self.profile.ids):
@@ -446,15 +507,29 @@ class HTTPEngine(Engine):
         """(url, JSON body, prompt tokens as the lab counts them) for one request."""
         p = self.profile
         if self.api == "native":
-            body = {"prompt": ids, "n_predict": cfg.max_new_tokens, "stream": True, "return_tokens": True,
-                    "cache_prompt": False, "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed}
+            body = {
+                "prompt": ids,
+                "n_predict": cfg.max_new_tokens,
+                "stream": True,
+                "return_tokens": True,
+                "cache_prompt": False,
+                "temperature": cfg.temperature,
+                "top_p": cfg.top_p,
+                "seed": cfg.seed,
+            }
             if cfg.greedy:
                 body["top_k"] = 1
             if cfg.ignore_eos:
                 body["ignore_eos"] = True
             return f"{self.root_url}/completion", body, len(ids)
-        body = {"stream": True, "max_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
-                "top_p": cfg.top_p, "seed": cfg.seed, "stream_options": {"include_usage": True}}
+        body = {
+            "stream": True,
+            "max_tokens": cfg.max_new_tokens,
+            "temperature": cfg.temperature,
+            "top_p": cfg.top_p,
+            "seed": cfg.seed,
+            "stream_options": {"include_usage": True},
+        }
         if self.server_model:
             body["model"] = self.server_model
         body.update({k: v for k, v in p.extra.items() if v is not None})
@@ -466,9 +541,13 @@ class HTTPEngine(Engine):
             if p.fixed == "min_tokens" or self.kind == "vllm":
                 body["min_tokens"] = cfg.max_new_tokens
             if p.fixed == "generation_config":
-                body["generation_config"] = json.dumps({"max_new_tokens": cfg.max_new_tokens,
-                                                        "min_new_tokens": cfg.max_new_tokens,
-                                                        "do_sample": not cfg.greedy})
+                body["generation_config"] = json.dumps(
+                    {
+                        "max_new_tokens": cfg.max_new_tokens,
+                        "min_new_tokens": cfg.max_new_tokens,
+                        "do_sample": not cfg.greedy,
+                    }
+                )
             if p.fixed == "logit_bias" and self.eos_ids:
                 body["logit_bias"] = {str(e): -100 for e in sorted(self.eos_ids)}
         if self.api == "completions":
@@ -496,8 +575,15 @@ class HTTPEngine(Engine):
             self.check_context(len(ids), cfg.max_new_tokens)
         return self.run(self.agenerate(ids, cfg, t_submit=t_submit, messages=messages, _checked=True))
 
-    async def agenerate(self, ids, cfg: GenerationConfig | None = None, t_submit: float | None = None,
-                        messages=None, _checked: bool = False, box: dict | None = None) -> HTTPTrace:
+    async def agenerate(
+        self,
+        ids,
+        cfg: GenerationConfig | None = None,
+        t_submit: float | None = None,
+        messages=None,
+        _checked: bool = False,
+        box: dict | None = None,
+    ) -> HTTPTrace:
         """One streamed request on the engine's loop; returns its HTTPTrace when the stream ends.
 
         Raises HTTPEngineError (with ``.trace``: what arrived) for a refused connection, an HTTP
@@ -518,10 +604,14 @@ class HTTPEngine(Engine):
         if messages is not None and self.api != "chat":
             raise LabError(f"messages need api='chat'; this engine uses api={self.api!r}")
         url, body, n_prompt = self._request(ids, cfg, messages)
-        trace = HTTPTrace(prompt_tokens=n_prompt, t_submit=now() if t_submit is None else t_submit,
-                          server=self.kind, api=self.api, max_new_tokens=cfg.max_new_tokens,
-                          fixed_length=(self.profile.fixed if self.api != "native" else "ignore_eos")
-                          if cfg.ignore_eos else "off")
+        trace = HTTPTrace(
+            prompt_tokens=n_prompt,
+            t_submit=now() if t_submit is None else t_submit,
+            server=self.kind,
+            api=self.api,
+            max_new_tokens=cfg.max_new_tokens,
+            fixed_length=(self.profile.fixed if self.api != "native" else "ignore_eos") if cfg.ignore_eos else "off",
+        )
         if box is not None:
             box["trace"] = trace
         box = {"t_start": None}
@@ -529,8 +619,9 @@ class HTTPEngine(Engine):
         parser = SSEParser()
         try:
             t_post = now()
-            async with self._get_session().post(url, json=body, headers=self._headers(), timeout=self._timeout(),
-                                                trace_request_ctx=box) as resp:
+            async with self._get_session().post(
+                url, json=body, headers=self._headers(), timeout=self._timeout(), trace_request_ctx=box
+            ) as resp:
                 trace.start(box["t_start"] or t_post)
                 if resp.status != 200:
                     text = (await resp.text(errors="replace"))[:300]
@@ -548,38 +639,52 @@ class HTTPEngine(Engine):
                         break
             trace.pings = parser.comments
             if not state.done and not state.finished:
-                raise HTTPEngineError(f"the stream from {url} ended before its end ([DONE] or a finish_reason) "
-                                      f"after {trace.output_tokens} tokens; the server closed the connection",
-                                      trace)
+                raise HTTPEngineError(
+                    f"the stream from {url} ended before its end ([DONE] or a finish_reason) "
+                    f"after {trace.output_tokens} tokens; the server closed the connection",
+                    trace,
+                )
         except HTTPEngineError as e:
             trace.error = str(e)
             trace.pings = parser.comments
             raise
         except asyncio.TimeoutError:
-            trace.error = (f"no byte from {url} for {self.read_timeout_s:g} s (read_timeout_s) after "
-                           f"{trace.output_tokens} tokens; the server is stuck or overloaded: raise read_timeout_s, "
-                           "lower the load, or restart the server")
+            trace.error = (
+                f"no byte from {url} for {self.read_timeout_s:g} s (read_timeout_s) after "
+                f"{trace.output_tokens} tokens; the server is stuck or overloaded: raise read_timeout_s, "
+                "lower the load, or restart the server"
+            )
             raise HTTPEngineError(trace.error, trace) from None
         except aiohttp.ClientConnectorError as e:
-            trace.error = (f"cannot connect to {url} ({e.os_error or e}); expected a running server: start one "
-                           "with `lablib serve --server NAME`, or check the URL")
+            trace.error = (
+                f"cannot connect to {url} ({e.os_error or e}); expected a running server: start one "
+                "with `lablib serve --server NAME`, or check the URL"
+            )
             raise HTTPEngineError(trace.error, trace) from None
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-            trace.error = (f"the connection to {url} broke mid-stream after {trace.output_tokens} tokens "
-                           f"({type(e).__name__}: {e}); the tokens before it are kept in the trace")
+            trace.error = (
+                f"the connection to {url} broke mid-stream after {trace.output_tokens} tokens "
+                f"({type(e).__name__}: {e}); the tokens before it are kept in the trace"
+            )
             raise HTTPEngineError(trace.error, trace) from None
         state.finish()
         return trace
 
 
 def _status_message(status: int, url: str, body: str) -> str:
-    what = {429: "the server refuses more load (429 Too Many Requests): lower the rate or concurrency, or "
-                 "give the server more slots",
-            401: "the server wants an API key: put it in the environment variable named by api_key_env "
-                 "(LABLIB_API_KEY by default)",
-            404: "no such endpoint: check the base URL (it ends in /v1) and the api ('completions' or 'chat')"}
-    advice = what.get(status, "the server failed the request: read its log" if status >= 500
-                      else "the server refused the request: read its message")
+    what = {
+        429: "the server refuses more load (429 Too Many Requests): lower the rate or concurrency, or "
+        "give the server more slots",
+        401: "the server wants an API key: put it in the environment variable named by api_key_env "
+        "(LABLIB_API_KEY by default)",
+        404: "no such endpoint: check the base URL (it ends in /v1) and the api ('completions' or 'chat')",
+    }
+    advice = what.get(
+        status,
+        "the server failed the request: read its log"
+        if status >= 500
+        else "the server refused the request: read its message",
+    )
     return f"HTTP {status} from {url}: {body.strip()!r}; {advice}"
 
 
@@ -604,11 +709,13 @@ class _StreamState:
         except ValueError:
             if ev.event == "error":
                 raise HTTPEngineError(f"the server sent an error event: {ev.data[:300]!r}", tr) from None
-            raise HTTPEngineError(f"the server sent an event that is not JSON: {ev.data[:200]!r}; expected "
-                                  "OpenAI-style JSON chunks", tr) from None
+            raise HTTPEngineError(
+                f"the server sent an event that is not JSON: {ev.data[:200]!r}; expected OpenAI-style JSON chunks", tr
+            ) from None
         if not isinstance(obj, dict):
-            raise HTTPEngineError(f"the server sent a JSON {type(obj).__name__}, expected an object: "
-                                  f"{ev.data[:200]!r}", tr)
+            raise HTTPEngineError(
+                f"the server sent a JSON {type(obj).__name__}, expected an object: {ev.data[:200]!r}", tr
+            )
         if ev.event == "error" or obj.get("error"):
             err = obj.get("error", obj)
             msg = err.get("message", err) if isinstance(err, dict) else err
@@ -641,14 +748,17 @@ class _StreamState:
             k, method, new_ids = len(ids), "token_ids", ids
         elif lp:
             k, method, new_ids = len(lp), "logprobs", [-1 if i is None else i for i in lp]
-        elif c["usage"] and _num(c["usage"].get("completion_tokens")) and \
-                c["usage"]["completion_tokens"] > self.counted_usage:
+        elif (
+            c["usage"]
+            and _num(c["usage"].get("completion_tokens"))
+            and c["usage"]["completion_tokens"] > self.counted_usage
+        ):
             k = c["usage"]["completion_tokens"] - self.counted_usage
             method, new_ids = "usage", [-1] * k
         elif self.engine._tok is not None:
             all_ids = self.engine.tokenize(tr.text)
             k = max(1, len(all_ids) - tr.output_tokens)  # a chunk that carries text carries a token
-            method, new_ids = "retokenized", (all_ids[tr.output_tokens:] + [-1] * k)[:k]
+            method, new_ids = "retokenized", (all_ids[tr.output_tokens :] + [-1] * k)[:k]
         else:
             k, method, new_ids = 1, "one_per_chunk", [-1]
         if c["usage"] and _num(c["usage"].get("completion_tokens")):
