@@ -67,6 +67,7 @@ class RunningServer:
     startup_s: float = 0.0
     server_model: str | None = None  # the model id requests name
     n_ctx: int = 0  # context per slot, tokens
+    threads: int = 0  # CPU threads the server was given
 
     def engine(self, model=None, api: str = "completions", **kw):
         """An http engine on this server (``lablib.engines.http.HTTPEngine``), ``model`` the lab's model."""
@@ -273,6 +274,7 @@ def start_server(
     log's last lines when the server exits or is not ready within ``timeout_s`` (it is then
     stopped).
     """
+    from .engines.base import default_threads
     from .models import ResolvedModel, lab_home, prepare
 
     rm = model if isinstance(model, ResolvedModel) else prepare(model, log=lambda *_: None)
@@ -313,6 +315,7 @@ def start_server(
         proc,
         server_model={"mlx": "default_model", "transformers": rm.hf_path}.get(kind, "lab-model"),
         n_ctx=n_ctx,
+        threads=threads or default_threads(),
     )
     try:
         _wait_ready(srv, ready, timeout_s)

@@ -139,3 +139,23 @@ def test_bench_without_a_server_is_one_clear_error(tmp_path, capsys):
     assert rc == 2 and "no OpenAI-compatible server answers" in err and "lablib serve" in err
     assert main(["serve", "--server", "ollama"]) == 2
     assert "unknown server 'ollama'" in capsys.readouterr().err
+
+
+def test_serving_panel_runs_its_values_and_refuses_an_empty_url(model):
+    from lablib.errors import LabError
+    from lablib.serving import ServingPanel
+
+    srv = ScriptedServer().start()
+    srv.script = [sse(cmpl("a", [1])), sse(cmpl("b", [2], finish="length")), sse("[DONE]")]
+    try:
+        panel = ServingPanel(model, base_url="", requests=3, max_new_tokens=2)
+        with pytest.raises(LabError, match="base URL is empty"):
+            panel.run_sync()
+        panel.base_url.value = srv.base_url
+        panel.open_loop.value = False
+        panel.concurrency.value = 2
+        line = panel.run_sync()
+    finally:
+        srv.stop()
+    assert line.startswith("server=openai mode=closed rate=- c=2 ") and "errors=0/3" in line
+    assert len(panel.rows) == 3 and panel.summary["requests"] == 3
