@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 
+import pytest
 from sse_server import ScriptedServer, cmpl, sse
 
 from lablib.cli import main
