@@ -117,7 +117,15 @@ class ScriptedServer:
         await resp.write_eof()
         return resp
 
+    async def _cancel_rest(self):
+        """Cancel handlers still running (a "hang" step), so none is left pending at exit."""
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in rest:
+            t.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
+
     def stop(self):
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+        asyncio.run_coroutine_threadsafe(self._cancel_rest(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)

@@ -120,6 +120,26 @@ def test_logprob_entries_count_multi_token_chunks(engine, server):
     assert m["chunks"] == 3 and m["count_method"] == "logprobs" and m["tpot_s"] is not None
 
 
+def test_cumulative_usage_per_chunk_counts_exactly(server, model):
+    e = load_engine("http", model, base_url=server.base_url, server="vllm")
+    u = [{"prompt_tokens": 2, "completion_tokens": n} for n in (1, 3, 4)]
+    server.script = [
+        sse(cmpl("a", usage=u[0])),
+        sse(cmpl("bcd", usage=u[1])),
+        sse(cmpl("e", finish="length", usage=u[2])),
+        sse(cmpl(usage=u[2])),
+        DONE,
+    ]
+    try:
+        t = e.generate([5, 6], GenerationConfig(max_new_tokens=4))
+    finally:
+        e.close()
+    assert t.chunk_tokens == [1, 2, 1] and t.count_method == "usage" and t.output_tokens == 4
+    assert t.usage_mismatch is False and t.output_count_ok
+    body = server.requests[-1][2]
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+
+
 def test_role_first_chunk_is_not_the_first_token(server, model):
     e = load_engine("http", model, base_url=server.base_url, server="openai", api="chat")
     server.script = [sse(chat(role="assistant")), 0.3, sse(chat("Hi")), sse(chat(" there", finish="stop")), DONE]

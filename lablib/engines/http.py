@@ -68,7 +68,8 @@ class ServerProfile:
     exactly max_tokens (``ignore_eos``, ``min_tokens``, ``logit_bias`` or ``none``).
     ``extra``: fields sent with every request (prompt cache off where there is a switch).
     ``logprobs``: ask for one logprob per token to count tokens per chunk exactly (cheap on
-    this server). ``stream_usage``: the server can put usage in a stream.
+    this server). ``stream_usage``: the server can put usage in a stream. ``chunk_usage``: ask for
+    cumulative usage on every chunk (vLLM's ``continuous_usage_stats``): an exact count per chunk.
     """
 
     kind: str
@@ -77,6 +78,7 @@ class ServerProfile:
     extra: dict = field(default_factory=dict)
     logprobs: bool = False
     stream_usage: bool = True
+    chunk_usage: bool = False
 
 
 PROFILES = {
@@ -92,9 +94,8 @@ PROFILES = {
     # transformers/cli/serving: stream_options and logprobs unused; a `generation_config` JSON string replaces
     # the generation config (min_new_tokens holds EOS back); the role chunk comes before prefill
     "transformers": ServerProfile("transformers", ids=False, fixed="generation_config"),
-    "vllm": ServerProfile(
-        "vllm", ids=True, fixed="ignore_eos", extra={"min_tokens": None}
-    ),  # min_tokens filled per request
+    # vLLM: token ids, ignore_eos and min_tokens, cumulative usage per chunk; prefix caching on by default
+    "vllm": ServerProfile("vllm", ids=True, fixed="ignore_eos", chunk_usage=True),
     "openai": ServerProfile("openai", ids=False, fixed="logit_bias"),
 }
 
@@ -528,7 +529,7 @@ class HTTPEngine(Engine):
             "temperature": cfg.temperature,
             "top_p": cfg.top_p,
             "seed": cfg.seed,
-            "stream_options": {"include_usage": True},
+            "stream_options": {"include_usage": True, **({"continuous_usage_stats": True} if p.chunk_usage else {})},
         }
         if self.server_model:
             body["model"] = self.server_model
