@@ -3,7 +3,9 @@
 It is a protocol fixture, not an engine: each POST replays the current script, a list of steps:
 ``bytes`` (written as one write), a ``float`` (sleep that many seconds), ``"close"`` (cut the
 connection mid-stream), ``"hang"`` (never answer), or ``("status", code, body)`` as the only step
-(an HTTP error). Scripts in ``queue`` are used one per request first. Every request's path, headers and JSON body are kept in ``requests``.
+(an HTTP error), or ``("json", code, body)`` (a JSON answer instead of a stream). Scripts in
+``queue`` are used one per request first. Every request's path, headers and JSON body are kept
+in ``requests``.
 """
 
 from __future__ import annotations
@@ -100,6 +102,8 @@ class ScriptedServer:
         script = list(self.queue.pop(0) if self.queue else self.script)
         if script and isinstance(script[0], tuple) and script[0][0] == "status":
             return web.Response(status=script[0][1], text=script[0][2])
+        if script and isinstance(script[0], tuple) and script[0][0] == "json":
+            return web.Response(status=script[0][1], text=script[0][2], content_type="application/json")
         if script and script[0] == "hang":
             await asyncio.sleep(60)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})

@@ -230,6 +230,12 @@ def test_http_error_status(engine, server, status, advice):
     assert e.value.status == status and f"HTTP {status}" in str(e.value)
 
 
+def test_a_json_answer_instead_of_a_stream_is_one_clear_error(engine, server):
+    server.script = [("json", 200, '{"error": "streaming is off"}')]
+    with pytest.raises(HTTPEngineError, match="answered with JSON, not an event stream.*streaming is off"):
+        engine.generate([5], GenerationConfig(max_new_tokens=4))
+
+
 def test_a_server_that_never_answers_times_out(server, model):
     e = load_engine("http", model, base_url=server.base_url, server="openai", read_timeout_s=0.5)
     server.script = ["hang"]

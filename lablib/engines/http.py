@@ -627,6 +627,14 @@ class HTTPEngine(Engine):
                 if resp.status != 200:
                     text = (await resp.text(errors="replace"))[:300]
                     raise HTTPEngineError(_status_message(resp.status, url, text), trace, resp.status)
+                if resp.content_type == "application/json":  # an answer, not a stream: usually an error
+                    text = (await resp.text(errors="replace"))[:300]
+                    raise HTTPEngineError(
+                        f"{url} answered with JSON, not an event stream: {text!r}; expected a streaming "
+                        "server (stream: true): read the server's message",
+                        trace,
+                        resp.status,
+                    )
                 async for data in resp.content.iter_any():
                     t = now()  # bytes arrived: stamp before parsing
                     trace.reads += 1
