@@ -363,6 +363,8 @@ def test_native_llama_server_stream_carries_token_ids(server, model):
 def test_bad_arguments_are_one_clear_error(server, model):
     from lablib.errors import LabError
 
+    with pytest.raises(LabError, match="the http engine needs base_url"):
+        load_engine("http", model)
     with pytest.raises(LabError, match="api='rest'"):
         load_engine("http", model, base_url=server.base_url, api="rest")
     with pytest.raises(LabError, match="expected an http"):

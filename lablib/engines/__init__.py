@@ -64,6 +64,10 @@ def load_engine(name: str, model=None, **kw):
     if key == "llama.cpp" and kw.get("n_ctx") is None:
         kw["n_ctx"] = llama_default_n_ctx(rm)
     if key == "http":  # the model lives in the server's process; here only its tokenizer
+        if not kw.get("base_url"):
+            raise LabError("the http engine needs base_url=... (a server's OpenAI URL, e.g. "
+                           "http://127.0.0.1:8080/v1); start a server with `lablib serve`, measure it with "
+                           "`lablib bench --base-url URL`")
         return engine_class(key)(rm, **kw)
     # weights, the runtime's buffers and, for llama.cpp, a KV cache reserved for all of n_ctx now
     from ..memory import check_fits
