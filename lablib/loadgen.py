@@ -350,7 +350,8 @@ def summarize(rows, ttft_s: float | None = None, tpot_s: float | None = None, e2
     """One run in numbers: ``requests``, ``errors``, ``duration_s`` (makespan), ``output_tps``
     (output tokens of successful requests / makespan), ``request_rps``, ``goodput_rps`` and
     ``goodput_fraction`` against the targets, and ``<metric>_p50/p90/p95/p99`` for ttft_s,
-    tpot_s, e2e_s, queue_s and itl_s (every inter-token gap of every request), plus
+    tpot_s, e2e_s, queue_s, itl_s (every inter-token gap of every request) and chunk_gaps_s (every gap
+    between content chunks; None without HTTP rows), plus
     ``schedule_lag_s_max`` for open loops."""
     from .trace import percentile
 
@@ -371,6 +372,7 @@ def summarize(rows, ttft_s: float | None = None, tpot_s: float | None = None, e2
         for m in ("ttft_s", "tpot_s", "e2e_s", "queue_s")
     }
     series["itl_s"] = [x for r in ok for x in (r.get("itl_s") or [])]
+    series["chunk_gaps_s"] = [x for r in ok for x in (r.get("chunk_gaps_s") or [])]  # ICL: gaps between chunks
     for m, vals in series.items():
         for q in PERCENTILES:
             out[f"{m}_p{q}"] = percentile(vals, q) if len(vals) else None

@@ -108,6 +108,7 @@ def test_summarize_percentiles_throughput_and_errors():
     )
     assert s["itl_s_p90"] == pytest.approx(np.percentile([0.02] * 18 + [0.05] * 9, 90))
     assert s["goodput_rps"] == pytest.approx(1.0) and s["goodput_fraction"] == 0.5
+    assert s["chunk_gaps_s_p50"] is None  # these rows have no chunks
 
 
 # --- real loops over HTTP (scripted server) --------------------------------------------------------
@@ -157,6 +158,7 @@ def test_closed_loop_keeps_failed_requests_as_rows(engine, server, tmp_path):
     assert len(errors) == 1 and "HTTP 500" in errors[0]["error"] and errors[0]["engine"] == "http"
     ok = [r for r in rows if not r["error"]]
     assert all(r["output_tokens"] == 2 and r["output_count_ok"] and r["mode"] == "closed" for r in ok)
+    assert summarize(rows)["chunk_gaps_s_p50"] >= 0.02  # the script sleeps 0.02 s between its two chunks
     assert sorted(r["request_index"] for r in rows) == [0, 1, 2, 3, 4]
     assert {r["client"] for r in rows} == {0, 1}
     df = load_results(out)
