@@ -161,16 +161,20 @@ def run_load(
     engine.run(asyncio.sleep(0))  # start the engine's loop
     fut = asyncio.run_coroutine_threadsafe(run, engine._loop)
     rows: list[dict] = []
-    while True:  # rows go to on_row here, in the calling thread, while the loop keeps timing streams
-        try:
-            row = rows_q.get(timeout=0.05)
-        except queue.Empty:
-            if fut.done() and rows_q.empty():
-                break
-            continue
-        rows.append(row)
-        if on_row is not None:
-            on_row(row)
+    try:
+        while True:  # rows go to on_row here, in the calling thread, while the loop keeps timing streams
+            try:
+                row = rows_q.get(timeout=0.05)
+            except queue.Empty:
+                if fut.done() and rows_q.empty():
+                    break
+                continue
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+    except BaseException:  # on_row failed (a full disk) or Ctrl-C: stop the run, its requests with it
+        fut.cancel()
+        raise
     fut.result()  # re-raise a bug in the driver itself
     return rows
 
@@ -249,10 +253,15 @@ async def _one(engine, ids, cfg, t_submit, manifest, labels, emit):
 async def _bounded(tasks, deadline):
     if not tasks:
         return
-    _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - now()))
-    for t in pending:
-        t.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
+    try:
+        _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - now()))
+    except asyncio.CancelledError:  # the run itself was stopped: its requests stop with it
+        pending = tasks
+        raise
+    finally:
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 async def _closed(engine, prompts, clients, cfg, max_duration_s, manifest, base, emit):
@@ -300,14 +309,20 @@ async def _open(engine, prompts, schedule, cap, cfg, max_duration_s, manifest, b
         finally:
             sem.release()
 
-    for i, offset in enumerate(schedule):
-        t_sched = t0 + offset
-        if t_sched >= deadline:
-            break
-        delay = t_sched - now()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.ensure_future(send(i, t_sched, now())))
+    try:
+        for i, offset in enumerate(schedule):
+            t_sched = t0 + offset
+            if t_sched >= deadline:
+                break
+            delay = t_sched - now()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(send(i, t_sched, now())))
+    except asyncio.CancelledError:  # the run itself was stopped while it scheduled
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     await _bounded(tasks, deadline)
 
 

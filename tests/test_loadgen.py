@@ -3,6 +3,7 @@ against the scripted SSE server (failed requests are rows, the run goes on, the 
 
 import itertools
 import math
+import time
 
 import numpy as np
 import pytest
@@ -219,6 +220,28 @@ def test_rate_sweep_runs_each_rate(engine, server):
     assert [r["t_scheduled"] for r in rows if r["rate"] == math.inf] == [0.0] * 3
     with pytest.raises(LabError, match="rate 'fast'"):
         parse_rates("1,fast")
+
+
+def test_a_failing_writer_stops_the_run(engine, server):
+    server.script = [sse(cmpl("a", [1])), 0.3, sse(cmpl("b", [2], finish="length")), DONE]
+
+    def full_disk(row):
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        run_load(
+            engine,
+            [[5]] * 20,
+            "closed",
+            concurrency=1,
+            cfg=GenerationConfig(max_new_tokens=2),
+            max_duration_s=60,
+            on_row=full_disk,
+        )
+    assert engine.generate([5], GenerationConfig(max_new_tokens=2)).output_tokens == 2  # the engine still works
+    n = len(server.requests)
+    time.sleep(0.5)
+    assert n <= 3 and len(server.requests) == n  # of 20 requests at most 2 went out; none go out later
 
 
 def test_run_load_refuses_bad_arguments(engine):
