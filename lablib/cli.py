@@ -12,6 +12,9 @@
     lablib merge FILE... --out ALL
     lablib compare [--model M] [--engines a,b,c] [--reference ENGINE]
                (--prompt TEXT | --messages FILE | --ids FILE) [--json]
+    lablib serve --server NAME [--port P] [--parallel N]      a real server on the lab's model
+    lablib bench --base-url URL [--model ID] [--rate R | --concurrency C] --requests N
+               --prompt-tokens P --max-new-tokens M --out FILE   load on any OpenAI-compatible server
 
 Errors the user can act on (LabError) print one message and exit 2.
 """
@@ -224,6 +227,19 @@ def cmd_compare(ns) -> int:
     return 0
 
 
+# --- serving (lablib.serving_cli) ------------------------------------------------------------
+def cmd_serve(ns) -> int:
+    from .serving_cli import serve
+
+    return serve(ns)
+
+
+def cmd_bench(ns) -> int:
+    from .serving_cli import bench
+
+    return bench(ns)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="lablib", description="Inference Engine Lab")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -293,6 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-new-tokens", type=int, default=24)
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_compare)
+
+    from .serving_cli import add_parsers
+
+    add_parsers(sub, cmd_serve, cmd_bench)
     return ap
 
 

@@ -59,7 +59,8 @@ def check_engine(name: str, model: str | None = None, timeout: float = 300) -> d
 
 
 def check_engines(model: str | None = None) -> list[dict]:
-    """:func:`check_engine` for every engine, in the lab's order."""
-    from .engines import NAMES
+    """:func:`check_engine` for every in-process engine, in the lab's order (the http engine
+    needs a server: `lablib serve`)."""
+    from .engines import IN_PROCESS
 
-    return [check_engine(name, model) for name in NAMES]
+    return [check_engine(name, model) for name in IN_PROCESS]

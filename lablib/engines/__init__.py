@@ -13,10 +13,14 @@ ENGINES = {
     "transformers": ("hf", "TransformersEngine", "transformers", "pip install 'torch==2.13.0' transformers accelerate"),
     "llama.cpp": ("llamacpp", "LlamaCppEngine", "llama_cpp", "make setup (builds llama-cpp-python for this CPU)"),
     "mlx": ("mlx", "MLXEngine", "mlx_lm", "pip install 'mlx[cpu]' mlx-lm (Linux) or mlx-lm (macOS)"),
+    # any OpenAI-compatible server (load_engine("http", model, base_url=..., api=...)); not an in-process engine
+    "http": ("http", "HTTPEngine", "aiohttp", "pip install 'lablib[serve]' (aiohttp)"),
 }
 ALIASES = {"hf": "transformers", "llamacpp": "llama.cpp", "llama_cpp": "llama.cpp", "llama-cpp": "llama.cpp",
-           "mlx-lm": "mlx", "mlx_lm": "mlx"}
+           "mlx-lm": "mlx", "mlx_lm": "mlx",
+           "openai": "http", "server": "http"}
 NAMES = tuple(ENGINES)
+IN_PROCESS = ("transformers", "llama.cpp", "mlx")  # the engines that load the model here
 
 
 def canonical(name: str) -> str:
@@ -59,6 +63,12 @@ def load_engine(name: str, model=None, **kw):
         kw["threads"] = check_threads(kw["threads"])
     if key == "llama.cpp" and kw.get("n_ctx") is None:
         kw["n_ctx"] = llama_default_n_ctx(rm)
+    if key == "http":  # the model lives in the server's process; here only its tokenizer
+        if not kw.get("base_url"):
+            raise LabError("the http engine needs base_url=... (a server's OpenAI URL, e.g. "
+                           "http://127.0.0.1:8080/v1); start a server with `lablib serve`, measure it with "
+                           "`lablib bench --base-url URL`")
+        return engine_class(key)(rm, **kw)
     # weights, the runtime's buffers and, for llama.cpp, a KV cache reserved for all of n_ctx now
     from ..memory import check_fits
 

@@ -1,0 +1,117 @@
+"""Server-sent events: an incremental parser that follows the WHATWG event-stream rules.
+
+Feed it the bytes of each network read; it returns the events completed by that read.
+What it handles, as the standard says (html.spec.whatwg.org, "Server-sent events"):
+
+- line ends ``\\n``, ``\\r\\n`` and ``\\r`` (a ``\\r`` at the end of one read and a ``\\n`` at
+  the start of the next are one line end);
+- comment lines (``: ping``) are ignored, and counted in :attr:`SSEParser.comments`;
+- ``field: value`` with one optional space after the colon; a line without a colon is a
+  field with an empty value;
+- several ``data:`` lines in one event are joined with ``\\n``;
+- an event ends at a blank line; an event with no data is not dispatched;
+- an event split across reads, and several events in one read;
+- a UTF-8 byte-order mark at the start, and UTF-8 characters split across reads.
+
+A stream's ``data: [DONE]`` (OpenAI's end marker) and ``event: error`` are ordinary
+events here: the HTTP engine gives them their meaning. An event left unfinished when the
+stream ends is discarded (:meth:`SSEParser.close` says whether one was).
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass
+
+
+@dataclass
+class SSEEvent:
+    """One dispatched event: ``event`` type (default "message"), ``data`` (lines joined by
+    ``\\n``), the last ``id`` seen (None if none) and ``retry`` (ms) when the event set one."""
+
+    event: str = "message"
+    data: str = ""
+    id: str | None = None
+    retry: int | None = None
+
+
+class SSEParser:
+    """Incremental event-stream parser: :meth:`feed` bytes, get the events they completed."""
+
+    def __init__(self):
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._buf = ""  # text not yet ending in a line end
+        self._skip_lf = False  # the previous chunk ended in \r: a leading \n belongs to it
+        self._first = True  # strip a BOM once
+        self._data: list[str] = []
+        self._event = ""
+        self._retry: int | None = None
+        self._has_fields = False
+        self.last_id: str | None = None
+        self.comments = 0  # comment lines seen (keep-alive pings)
+        self.events = 0  # events dispatched
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Parse the bytes of one read; returns the events that read completed, in order."""
+        text = self._decoder.decode(chunk)
+        if self._first and text:
+            self._first = False
+            text = text.removeprefix("\ufeff")
+        if self._skip_lf and text:
+            self._skip_lf = False
+            text = text.removeprefix("\n")
+        self._buf += text
+        out: list[SSEEvent] = []
+        buf, pos, n = self._buf, 0, len(self._buf)
+        while pos < n:
+            cr, lf = buf.find("\r", pos), buf.find("\n", pos)
+            if cr < 0 and lf < 0:
+                break
+            end = lf if cr < 0 else cr if lf < 0 else min(cr, lf)
+            line = buf[pos:end]
+            if buf[end] == "\r":
+                if end + 1 < n:
+                    pos = end + 2 if buf[end + 1] == "\n" else end + 1
+                else:  # \r last: its \n may come with the next read
+                    pos, self._skip_lf = end + 1, True
+            else:
+                pos = end + 1
+            ev = self._line(line)
+            if ev is not None:
+                out.append(ev)
+        self._buf = buf[pos:]
+        return out
+
+    def close(self) -> bool:
+        """End of stream: True when an unfinished event (or line) was left and discarded."""
+        left = bool(self._buf) or self._has_fields
+        self._buf, self._data, self._event, self._has_fields = "", [], "", False
+        return left
+
+    def _line(self, line: str) -> SSEEvent | None:
+        if not line:
+            return self._dispatch()
+        if line.startswith(":"):
+            self.comments += 1
+            return None
+        name, colon, value = line.partition(":")
+        if colon and value.startswith(" "):
+            value = value[1:]
+        self._has_fields = True
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id" and "\0" not in value:
+            self.last_id = value
+        elif name == "retry" and value.isdigit():
+            self._retry = int(value)
+        return None  # other fields are ignored, as the standard says
+
+    def _dispatch(self) -> SSEEvent | None:
+        data, event, retry = self._data, self._event, self._retry
+        self._data, self._event, self._retry, self._has_fields = [], "", None, False
+        if not data:
+            return None
+        self.events += 1
+        return SSEEvent(event=event or "message", data="\n".join(data), id=self.last_id, retry=retry)

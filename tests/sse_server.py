@@ -1,0 +1,135 @@
+"""A scripted SSE server for the HTTP engine's tests: aiohttp.web on 127.0.0.1, a free port.
+
+It is a protocol fixture, not an engine: each POST replays the current script, a list of steps:
+``bytes`` (written as one write), a ``float`` (sleep that many seconds), ``"close"`` (cut the
+connection mid-stream), ``"hang"`` (never answer), or ``("status", code, body)`` as the only step
+(an HTTP error), or ``("json", code, body)`` (a JSON answer instead of a stream). Scripts in
+``queue`` are used one per request first. Every request's path, headers and JSON body are kept
+in ``requests``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+
+def sse(obj, sep: str = "\n") -> bytes:
+    """One SSE event carrying ``obj`` as JSON (or a string as is), ended by a blank line."""
+    data = obj if isinstance(obj, str) else json.dumps(obj)
+    return f"data: {data}{sep}{sep}".encode()
+
+
+def cmpl(text=None, logprob_ids=None, finish=None, usage=None, timings=None) -> dict:
+    """A /v1/completions stream chunk (usage-only when ``text`` is None and no finish)."""
+    obj = {"object": "text_completion", "model": "scripted", "choices": []}
+    if text is not None or finish is not None:
+        c = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        if logprob_ids is not None:
+            c["logprobs"] = {"content": [{"id": i, "token": "?", "logprob": 0.0} for i in logprob_ids]}
+        obj["choices"] = [c]
+    if usage is not None:
+        obj["usage"] = usage
+    if timings is not None:
+        obj["timings"] = timings
+    return obj
+
+
+def chat(content=None, role=None, finish=None) -> dict:
+    delta = {}
+    if role:
+        delta["role"] = role
+    if content is not None:
+        delta["content"] = content
+    return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+class ScriptedServer:
+    """Start with :meth:`start` (returns self), stop with :meth:`stop`. ``base_url`` ends in /v1."""
+
+    def __init__(self, props: dict | None = None, models: list | None = None):
+        self.script: list = []
+        self.queue: list[list] = []  # per-request scripts, used first (one per POST), then `script`
+        self.requests: list[tuple[str, dict, dict]] = []
+        self.props = props  # GET /props answers this when set (llama-server's info endpoint)
+        self.models = models if models is not None else [{"id": "scripted", "object": "model", "owned_by": "lab"}]
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self.port = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self):
+        self._thread.start()
+        self.port = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
+        return self
+
+    async def _start(self):
+        from aiohttp import web
+
+        app = web.Application()
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/props", self._props)
+        app.router.add_post("/v1/completions", self._post)
+        app.router.add_post("/v1/chat/completions", self._post)
+        app.router.add_post("/completion", self._post)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        return self._runner.addresses[0][1]
+
+    async def _models(self, request):
+        from aiohttp import web
+
+        return web.json_response({"object": "list", "data": self.models})
+
+    async def _props(self, request):
+        from aiohttp import web
+
+        if self.props is None:
+            return web.Response(status=404, text="Not Found")
+        return web.json_response(self.props)
+
+    async def _post(self, request):
+        from aiohttp import web
+
+        body = await request.json()
+        self.requests.append((request.path, dict(request.headers), body))
+        script = list(self.queue.pop(0) if self.queue else self.script)
+        if script and isinstance(script[0], tuple) and script[0][0] == "status":
+            return web.Response(status=script[0][1], text=script[0][2])
+        if script and isinstance(script[0], tuple) and script[0][0] == "json":
+            return web.Response(status=script[0][1], text=script[0][2], content_type="application/json")
+        if script and script[0] == "hang":
+            await asyncio.sleep(60)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        for step in script:
+            if isinstance(step, bytes):
+                await resp.write(step)
+            elif isinstance(step, (int, float)):
+                await asyncio.sleep(step)
+            elif step == "close":
+                request.transport.close()
+                return resp
+            elif step == "hang":
+                await asyncio.sleep(60)
+        await resp.write_eof()
+        return resp
+
+    async def _cancel_rest(self):
+        """Cancel handlers still running (a "hang" step), so none is left pending at exit."""
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in rest:
+            t.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
+
+    def stop(self):
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+        asyncio.run_coroutine_threadsafe(self._cancel_rest(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)

@@ -1,0 +1,255 @@
+"""Load shapes: seeded arrival schedules, goodput and percentiles, and closed/open loops over HTTP
+against the scripted SSE server (failed requests are rows, the run goes on, the time limit holds)."""
+
+import itertools
+import math
+import time
+
+import numpy as np
+import pytest
+from sse_server import ScriptedServer, cmpl, sse
+
+from lablib.engines import load_engine
+from lablib.engines.base import GenerationConfig
+from lablib.errors import LabError
+from lablib.loadgen import arrival_schedule, goodput, run_load, summarize
+
+DONE = sse("[DONE]")
+
+
+def test_schedule_is_seeded_with_the_mean_rate():
+    a = arrival_schedule(4001, 20.0, "poisson", seed=1)
+    assert a == arrival_schedule(4001, 20.0, "poisson", seed=1)
+    assert a != arrival_schedule(4001, 20.0, "poisson", seed=2)
+    assert a[0] == 0.0 and all(y >= x for x, y in itertools.pairwise(a))
+    gaps = np.diff(a)
+    assert gaps.mean() == pytest.approx(1 / 20, rel=0.05)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.1)  # exponential: CV 1
+
+
+def test_constant_gamma_and_burst_schedules():
+    assert arrival_schedule(4, 2.0, "constant") == [0.0, 0.5, 1.0, 1.5]
+    assert arrival_schedule(3, math.inf) == [0.0, 0.0, 0.0]
+    bursty = np.diff(arrival_schedule(4001, 10.0, "gamma", burstiness=0.25, seed=3))
+    smooth = np.diff(arrival_schedule(4001, 10.0, "gamma", burstiness=4.0, seed=3))
+    assert bursty.mean() == pytest.approx(0.1, rel=0.1) and smooth.mean() == pytest.approx(0.1, rel=0.05)
+    assert bursty.std() / bursty.mean() == pytest.approx(2.0, rel=0.15)  # CV = 1/sqrt(shape)
+    assert smooth.std() / smooth.mean() == pytest.approx(0.5, rel=0.1)
+
+
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        ({"n": 0, "rate": 1.0}, "requests=0"),
+        ({"n": 3, "rate": 0}, "rate=0"),
+        ({"n": 3, "rate": 1.0, "arrival": "zipf"}, "arrival='zipf'"),
+        ({"n": 3, "rate": 1.0, "arrival": "gamma", "burstiness": 0}, "burstiness=0"),
+    ],
+)
+def test_schedule_refuses_bad_arguments(kw, msg):
+    with pytest.raises(LabError, match=msg):
+        arrival_schedule(**kw)
+
+
+def rows_for_goodput():
+    # four requests: made-up seconds, checkable by hand
+    return [
+        {
+            "ttft_s": 0.1,
+            "tpot_s": 0.02,
+            "e2e_s": 0.5,
+            "t_submit": 0.0,
+            "t_last_token": 0.5,
+            "output_tokens": 10,
+            "queue_s": 0.0,
+            "itl_s": [0.02] * 9,
+            "error": None,
+        },
+        {
+            "ttft_s": 0.3,
+            "tpot_s": 0.02,
+            "e2e_s": 0.7,
+            "t_submit": 0.5,
+            "t_last_token": 1.2,
+            "output_tokens": 10,
+            "queue_s": 0.1,
+            "itl_s": [0.02] * 9,
+            "error": None,
+        },
+        {
+            "ttft_s": 0.1,
+            "tpot_s": 0.05,
+            "e2e_s": 1.0,
+            "t_submit": 1.0,
+            "t_last_token": 2.0,
+            "output_tokens": 10,
+            "queue_s": 0.0,
+            "itl_s": [0.05] * 9,
+            "error": None,
+        },
+        {"ttft_s": None, "error": "HTTP 500", "t_submit": 1.5, "output_tokens": 0},
+    ]
+
+
+def test_goodput_counts_requests_meeting_every_target():
+    rows = rows_for_goodput()
+    assert goodput(rows, ttft_s=0.2)["good"] == 2
+    assert goodput(rows, ttft_s=0.2, tpot_s=0.03)["good"] == 1
+    g = goodput(rows, e2e_s=0.8)
+    assert g["good"] == 2 and g["fraction"] == 0.5 and g["rps"] == pytest.approx(2 / 2.0)  # makespan 0..2.0
+    assert goodput(rows)["good"] == 3  # no targets: every successful request
+
+
+def test_summarize_percentiles_throughput_and_errors():
+    s = summarize(rows_for_goodput(), ttft_s=0.2)
+    assert s["requests"] == 4 and s["errors"] == 1 and s["duration_s"] == 2.0
+    assert s["output_tps"] == pytest.approx(30 / 2.0) and s["request_rps"] == pytest.approx(1.5)
+    assert s["ttft_s_p50"] == pytest.approx(0.1) and s["ttft_s_p99"] == pytest.approx(
+        np.percentile([0.1, 0.3, 0.1], 99)
+    )
+    assert s["itl_s_p90"] == pytest.approx(np.percentile([0.02] * 18 + [0.05] * 9, 90))
+    assert s["goodput_rps"] == pytest.approx(1.0) and s["goodput_fraction"] == 0.5
+    assert s["chunk_gaps_s_p50"] is None  # these rows have no chunks
+
+
+# --- real loops over HTTP (scripted server) --------------------------------------------------------
+@pytest.fixture(scope="module")
+def server():
+    s = ScriptedServer().start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def engine(server, model):
+    server.script, server.queue = [], []
+    server.requests.clear()
+    e = load_engine("http", model, base_url=server.base_url, server="vllm", read_timeout_s=5)
+    yield e
+    e.close()
+
+
+OK = [
+    sse(cmpl("a", [1])),
+    0.02,
+    sse(cmpl("b", [2], finish="length")),
+    sse(cmpl(usage={"prompt_tokens": 2, "completion_tokens": 2})),
+    DONE,
+]
+
+
+def test_closed_loop_keeps_failed_requests_as_rows(engine, server, tmp_path):
+    from lablib.results import ResultsWriter, load_results
+
+    server.script = OK
+    server.queue = [OK, [("status", 500, "boom")]]  # the second request fails
+    out = tmp_path / "load.jsonl"
+    writer = ResultsWriter(out)
+    rows = run_load(
+        engine,
+        [[5, 6]] * 5,
+        "closed",
+        concurrency=2,
+        cfg=GenerationConfig(max_new_tokens=2),
+        max_duration_s=30,
+        on_row=writer.append,
+    )
+    assert len(rows) == 5 and len(server.requests) == 5
+    errors = [r for r in rows if r["error"]]
+    assert len(errors) == 1 and "HTTP 500" in errors[0]["error"] and errors[0]["engine"] == "http"
+    ok = [r for r in rows if not r["error"]]
+    assert all(r["output_tokens"] == 2 and r["output_count_ok"] and r["mode"] == "closed" for r in ok)
+    assert summarize(rows)["chunk_gaps_s_p50"] >= 0.02  # the script sleeps 0.02 s between its two chunks
+    assert sorted(r["request_index"] for r in rows) == [0, 1, 2, 3, 4]
+    assert {r["client"] for r in rows} == {0, 1}
+    df = load_results(out)
+    assert len(df) == 5 and df["error"].notna().sum() == 1  # every finished row on disk
+    assert summarize(rows)["errors"] == 1
+
+
+def test_open_loop_with_a_cap_queues_in_the_lab(engine, server):
+    server.script = OK
+    rows = run_load(
+        engine,
+        [[5, 6]] * 4,
+        "open",
+        rate=math.inf,
+        concurrency=1,
+        cfg=GenerationConfig(max_new_tokens=2),
+        max_duration_s=30,
+    )
+    assert len(rows) == 4 and not any(r["error"] for r in rows)
+    rows.sort(key=lambda r: r["t_start"])
+    # all arrive at once; with one request in flight each waits for those before it
+    assert all(r["t_scheduled"] == 0.0 for r in rows)
+    queue = [r["queue_s"] for r in rows]
+    assert queue == sorted(queue) and queue[-1] > queue[0]
+    assert all(r["t_start"] >= prev["t_last_token"] for prev, r in itertools.pairwise(rows))
+
+
+def test_the_time_limit_cancels_requests_in_flight(engine, server):
+    server.script = [sse(cmpl("a", [1])), "hang"]
+    rows = run_load(
+        engine,
+        [[5]] * 3,
+        "open",
+        rate=math.inf,
+        concurrency=2,
+        cfg=GenerationConfig(max_new_tokens=4),
+        max_duration_s=0.5,
+    )
+    assert len(rows) == 3 and all(r["error"] for r in rows)
+    sent = [r for r in rows if "cancelled" in r["error"]]
+    assert len(sent) == 2 and all(r["output_tokens"] == 1 for r in sent)  # what arrived is kept
+    assert sum("not sent" in r["error"] for r in rows) == 1
+
+
+def test_rate_sweep_runs_each_rate(engine, server):
+    from lablib.loadgen import parse_rates, rate_sweep
+
+    server.script = OK
+    rows = rate_sweep(
+        engine,
+        [[5, 6]] * 3,
+        parse_rates("50,inf"),
+        concurrency=2,
+        cfg=GenerationConfig(max_new_tokens=2),
+        max_duration_s=30,
+    )
+    assert [r["rate"] for r in rows] == [50.0] * 3 + [math.inf] * 3
+    assert [r["t_scheduled"] for r in rows if r["rate"] == math.inf] == [0.0] * 3
+    with pytest.raises(LabError, match="rate 'fast'"):
+        parse_rates("1,fast")
+
+
+def test_a_failing_writer_stops_the_run(engine, server):
+    server.script = [sse(cmpl("a", [1])), 0.3, sse(cmpl("b", [2], finish="length")), DONE]
+
+    def full_disk(row):
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        run_load(
+            engine,
+            [[5]] * 20,
+            "closed",
+            concurrency=1,
+            cfg=GenerationConfig(max_new_tokens=2),
+            max_duration_s=60,
+            on_row=full_disk,
+        )
+    assert engine.generate([5], GenerationConfig(max_new_tokens=2)).output_tokens == 2  # the engine still works
+    n = len(server.requests)
+    time.sleep(0.5)
+    assert n <= 3 and len(server.requests) == n  # of 20 requests at most 2 went out; none go out later
+
+
+def test_run_load_refuses_bad_arguments(engine):
+    with pytest.raises(LabError, match="closed loop needs concurrency"):
+        run_load(engine, [[5]], "closed")
+    with pytest.raises(LabError, match="open loop needs rate"):
+        run_load(engine, [[5]], "open")
+    with pytest.raises(LabError, match="max_duration_s"):
+        run_load(engine, [[5]], "closed", concurrency=1, max_duration_s=math.inf)
+    with pytest.raises(LabError, match="prompt 1 is empty"):
+        run_load(engine, [[5], []], "closed", concurrency=1)

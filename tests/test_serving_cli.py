@@ -1,0 +1,162 @@
+"""`lablib serve` and `lablib bench` end to end: a real server started by the CLI, load from the CLI,
+tidy rows on disk; failures are rows and a non-zero exit, bad input one clear error."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+from sse_server import ScriptedServer, cmpl, sse
+
+from lablib.cli import main
+from lablib.results import load_results
+
+
+def test_serve_then_bench_closed_and_open(tmp_path, model, capsys):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lablib.cli",
+            "serve",
+            "--server",
+            "llama-cpp-python",
+            "--threads",
+            "1",
+            "--n-ctx",
+            "1024",
+            "--duration-s",
+            "240",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert "ready at http://127.0.0.1:" in line, line + proc.stderr.read()
+        url = line.split("ready at ")[1].split()[0]
+        out = tmp_path / "serving.jsonl"
+        common = [
+            "--base-url",
+            url,
+            "--requests",
+            "3",
+            "--prompt-tokens",
+            "16",
+            "--max-new-tokens",
+            "3",
+            "--out",
+            str(out),
+            "--warmup",
+            "0",
+        ]
+        assert main(["bench", "--concurrency", "2"] + common) == 0
+        assert main(["bench", "--rate", "inf", "--max-concurrency", "2", "--ttft-target-s", "1000"] + common) == 0
+        assert main(["bench", "--rate", "fast"] + common) == 2
+        printed = capsys.readouterr().out
+        assert "server=llama-cpp-python mode=closed rate=- c=2 output_tps=" in printed
+        assert "server=llama-cpp-python mode=open rate=inf c=2" in printed and "goodput=" in printed
+        df = load_results(out)
+        assert len(df) == 6 and df["error"].isna().all()
+        assert (df["output_tokens"] == 3).all() and df["output_count_ok"].all()
+        assert set(df["mode"]) == {"closed", "open"} and (df["engine"] == "http").all()
+        assert (df["engine_version"] == "llama-cpp-python 0.3.36").all()
+        assert df["ttft_s"].gt(0).all() and df["tpot_s"].gt(0).all()
+        port = int(url.split(":")[2].split("/")[0])
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=30)
+    assert rc == 0 and "stopped" in proc.stdout.read()
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_bench_keeps_rows_of_failed_requests(tmp_path, capsys):
+    srv = ScriptedServer().start()
+    ok = [sse(cmpl("a", [1])), sse(cmpl("b", [2], finish="length")), sse("[DONE]")]
+    srv.script = ok
+    srv.queue = [ok, [("status", 429, "slow down")]]
+    out = tmp_path / "b.jsonl"
+    try:
+        rc = main(
+            [
+                "bench",
+                "--base-url",
+                srv.base_url,
+                "--server",
+                "vllm",
+                "--concurrency",
+                "1",
+                "--requests",
+                "3",
+                "--prompt-tokens",
+                "8",
+                "--max-new-tokens",
+                "2",
+                "--warmup",
+                "0",
+                "--out",
+                str(out),
+            ]
+        )
+    finally:
+        srv.stop()
+    assert rc == 1
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 3 and sum(bool(r["error"]) for r in rows) == 1
+    assert "errors=1/3" in capsys.readouterr().out
+    assert all(len(srv.requests[i][2]["prompt"]) == 8 for i in range(3))
+    assert len({tuple(r[2]["prompt"]) for r in srv.requests}) == 3  # no shared prompts
+
+
+def test_bench_without_a_server_is_one_clear_error(tmp_path, capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rc = main(
+        [
+            "bench",
+            "--base-url",
+            f"http://127.0.0.1:{port}/v1",
+            "--concurrency",
+            "1",
+            "--requests",
+            "1",
+            "--prompt-tokens",
+            "8",
+            "--max-new-tokens",
+            "2",
+            "--out",
+            str(tmp_path / "x.jsonl"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and "no OpenAI-compatible server answers" in err and "lablib serve" in err
+    assert main(["serve", "--server", "ollama"]) == 2
+    assert "unknown server 'ollama'" in capsys.readouterr().err
+
+
+def test_serving_panel_runs_its_values_and_refuses_an_empty_url(model):
+    from lablib.errors import LabError
+    from lablib.serving import ServingPanel
+
+    srv = ScriptedServer().start()
+    srv.script = [sse(cmpl("a", [1])), sse(cmpl("b", [2], finish="length")), sse("[DONE]")]
+    try:
+        panel = ServingPanel(model, base_url="", requests=3, max_new_tokens=2)
+        with pytest.raises(LabError, match="base URL is empty"):
+            panel.run_sync()
+        panel.base_url.value = srv.base_url
+        panel.open_loop.value = False
+        panel.concurrency.value = 2
+        line = panel.run_sync()
+    finally:
+        srv.stop()
+    assert line.startswith("server=openai mode=closed rate=- c=2 ") and "errors=0/3" in line
+    assert len(panel.rows) == 3 and panel.summary["requests"] == 3
