@@ -1,25 +1,18 @@
 """llama.cpp's llama-server, built from the in-process engine's source and flags, on the default model:
 greedy ids equal to the in-process engine's, token ids per chunk, server timings, parallel slots.
 
-Needs ``lablib.llama_build.llama_tool`` (the integrator's build step). Until that function is merged
-these tests are skipped with that reason; once it exists they run (a build failure then fails them).
+The server comes from ``lablib.llama_build.llama_tool`` (built in the library's CMake tree on first
+use: minutes); a build failure fails these tests.
 """
 
 import pytest
 
-from lablib import llama_build
 from lablib.engines.base import GenerationConfig
 from lablib.loadgen import run_load
 from lablib.servers import start_server
 from lablib.workload import prompt_of_length
 
-pytestmark = [
-    pytest.mark.engine,
-    pytest.mark.skipif(
-        not hasattr(llama_build, "llama_tool"),
-        reason="lablib.llama_build.llama_tool is not merged yet (it builds llama-server)",
-    ),
-]
+pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")

@@ -225,10 +225,11 @@ def parse_chunk(obj: dict, api: str) -> dict:
             out["finish_reason"] = {"limit": "length", "eos": "stop", "word": "stop"}.get(
                 obj.get("stop_type"), obj.get("stop_type")
             )
+            # not `tokens_cached`: that is what the slot holds after the request (prompt + output - 1,
+            # server-context.cpp: slot.prompt.n_tokens()); prefix reuse is `timings.cache_n`
             out["usage"] = {
                 "completion_tokens": obj.get("tokens_predicted"),
                 "prompt_tokens": obj.get("tokens_evaluated"),
-                "prompt_tokens_details": {"cached_tokens": obj.get("tokens_cached")},
             }
         return out
     choices = obj.get("choices")
