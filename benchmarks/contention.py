@@ -36,7 +36,7 @@ def child(engine_name: str, prompt_tokens: int, new_tokens: int, reps: int) -> d
     from lablib.workload import prompt_of_length
 
     engine = load_engine(engine_name, n_ctx=prompt_tokens + new_tokens + 16)
-    ids = prompt_of_length(prompt_tokens)
+    ids = prompt_of_length(engine.model, prompt_tokens)
     cfg = GenerationConfig(max_new_tokens=new_tokens)
 
     def decode_tps() -> float:

@@ -109,13 +109,15 @@ def _run_batched(engine, prompts, clients, cfg, on_trace):
         raise LabError(f"engine {engine.name} has no batched mode; use mode='serial'")
     R = len(prompts)
     longest = max(len(p) for p in prompts) + cfg.max_new_tokens
+    threads = engine.adapt_threads() if hasattr(engine, "adapt_threads") else None
     session = engine.batch_session(cfg, max_sequences=clients, max_seq_tokens=longest)
     stats = {"mode": "batched", "concurrency": clients, "requests": R}
     engine.last_batch_stats = stats
     traces: list[RequestTrace | None] = [None] * R
 
     def submit(i: int, client: int, t_submit: float) -> None:
-        traces[i] = _labelled(RequestTrace(prompt_tokens=len(prompts[i]), t_submit=t_submit), i, client)
+        traces[i] = _labelled(RequestTrace(prompt_tokens=len(prompts[i]), t_submit=t_submit, threads=threads),
+                              i, client)
         session.submit(prompts[i], traces[i])
 
     try:

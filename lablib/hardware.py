@@ -16,6 +16,7 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 
@@ -209,6 +210,50 @@ def cpus_busy(interval: float = 0.5) -> float:
     import psutil
 
     return psutil.cpu_percent(interval=interval) / 100 * (psutil.cpu_count(logical=True) or 1)
+
+
+class BusyMeter:
+    """CPUs kept busy by *other* processes between two readings.
+
+    System-wide busy CPU time (psutil.cpu_times: all but idle and iowait) minus this process's own
+    CPU time (all its threads), over the wall time between readings. The first reading covers a
+    short blocking sample (``first_interval`` seconds) taken when the meter is made.
+    """
+
+    def __init__(self, first_interval: float = 0.2):
+        import psutil
+
+        self._proc = psutil.Process()
+        self._last = self._sample()
+        time.sleep(first_interval)
+
+    def _sample(self) -> tuple[float, float, float]:
+        import psutil
+
+        t = psutil.cpu_times()
+        busy = sum(t) - t.idle - getattr(t, "iowait", 0.0)
+        own = sum(self._proc.cpu_times()[:2])
+        return time.monotonic(), busy, own
+
+    def others(self) -> float:
+        """CPUs other processes kept busy since the last reading (0.0 or more)."""
+        now_, busy, own = self._sample()
+        t0, busy0, own0 = self._last
+        self._last = (now_, busy, own)
+        wall = now_ - t0
+        return max(0.0, ((busy - busy0) - (own - own0)) / wall) if wall > 0 else 0.0
+
+
+def threads_beside_others(most: int, others: float) -> int:
+    """Threads an engine should use when other processes keep ``others`` CPUs busy: the CPUs
+    left, rounded (0.5 up), between 1 and ``most``.
+
+    Why: OpenMP threads (llama.cpp's ggml, PyTorch) meet at a barrier after every operation, so
+    one thread that shares its core with a busy neighbour holds all of them up, for a scheduler
+    time slice at a time (benchmarks/contention.py measured a 4x slowdown here with 2 threads and
+    one busy core, and none with 1 thread).
+    """
+    return max(1, min(most, most - math.floor(others + 0.5)))
 
 
 def available_ram_bytes() -> int:

@@ -44,8 +44,11 @@ def trace_row(trace: RequestTrace, manifest: dict, **labels) -> dict:
         "cores": h["cores_physical"], "ram_bytes": h["ram_bytes"], "accelerator": h["accelerator"],
         "hostname": h["hostname"], "cpu_quota": h.get("cpu_quota"),
         "memory_limit_bytes": h.get("memory_limit_bytes"), "load_avg_1m": h.get("load_avg_1m"),
+        "threads_auto": e.get("flags", {}).get("threads_auto"),
         "lablib_version": manifest["lablib_version"], "time": manifest["time"],
     })
+    if trace.threads is not None:  # automatic threads: what this request ran with
+        row["threads"] = trace.threads
     return row
 
 

@@ -46,6 +46,7 @@ class RequestTrace:
     token_ids: list[int] = field(default_factory=list)
     cached_tokens: int = 0
     finish_reason: str | None = None  # "length" (budget reached) or "stop" (EOS)
+    threads: int | None = None  # CPU threads the engine computed this request with
 
     def start(self, t: float | None = None) -> None:
         """Mark the moment the engine dequeues the request."""

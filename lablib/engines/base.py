@@ -146,9 +146,45 @@ class Engine:
     def close(self) -> None:
         """Free the model (memory) where the library allows it."""
 
+    def _apply_threads(self, n: int) -> None:
+        """Make the engine compute with ``n`` threads from the next request on (engines whose
+        library can change it cheaply override this; see :meth:`adapt_threads`)."""
+
     # --- shared --------------------------------------------------------
     n_ctx: int = 0  # context window, tokens; each engine sets it when it loads
     n_vocab: int = 0  # vocabulary size; each engine sets it when it loads
+    threads: int = 0  # threads the engine computes with now
+    max_threads: int = 0  # threads on a quiet machine: the CPUs this process may use
+    auto_threads: bool = False  # True: threads follow the CPUs other processes leave free
+    _busy = None  # lablib.hardware.BusyMeter when auto_threads
+
+    def _init_threads(self, threads: int | None) -> int:
+        """Each engine's thread count at load: ``threads`` when given, else LABLIB_THREADS, else
+        automatic (:func:`default_threads` on a quiet machine, fewer while other processes keep
+        CPUs busy: :meth:`adapt_threads`). Returns the count to load with."""
+        from ..hardware import BusyMeter, threads_beside_others
+
+        fixed = threads is not None or bool(os.environ.get("LABLIB_THREADS", "").strip())
+        self.max_threads = threads or default_threads()
+        self.auto_threads = not fixed
+        self.threads = self.max_threads
+        if self.auto_threads:
+            self._busy = BusyMeter()
+            self.threads = threads_beside_others(self.max_threads, self._busy.others())
+        return self.threads
+
+    def adapt_threads(self) -> int:
+        """Before a request: with automatic threads, use the CPUs other processes left free since
+        the last request (:func:`lablib.hardware.threads_beside_others`). Returns the threads the
+        request runs with (recorded in its trace and row)."""
+        if self.auto_threads and self._busy is not None:
+            from ..hardware import threads_beside_others
+
+            n = threads_beside_others(self.max_threads, self._busy.others())
+            if n != self.threads:
+                self._apply_threads(n)
+                self.threads = n
+        return self.threads
 
     def check_ids(self, ids) -> None:
         """Raise LabError naming the first token id outside [0, n_vocab)."""
@@ -183,9 +219,10 @@ class Engine:
             raise LabError("empty prompt: expected at least one token id")
         self.check_ids(ids)
         self.check_context(len(ids), cfg.max_new_tokens)
+        threads = self.adapt_threads()
         if t_submit is None:
             t_submit = now()  # after validation: a single request has no queue
-        trace = RequestTrace(prompt_tokens=len(ids), t_submit=t_submit)
+        trace = RequestTrace(prompt_tokens=len(ids), t_submit=t_submit, threads=threads)
         self._generate(ids, cfg, trace)
         return trace
 

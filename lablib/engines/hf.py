@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ..errors import EngineUnavailable, LabError
 from ..trace import RequestTrace, now
-from .base import Engine, EngineInfo, GenerationConfig, default_threads
+from .base import Engine, EngineInfo, GenerationConfig
 
 
 class _TokenIdStreamer:
@@ -46,7 +46,7 @@ class TransformersEngine(Engine):
     """transformers engine.
 
     ``dtype``: torch dtype name for the weights (default float32, the faithful
-    reference). ``threads``: torch intra-op threads (default: physical cores).
+    reference). ``threads``: torch intra-op threads (default: automatic, see ``Engine.adapt_threads``).
     ``n_ctx``: context the lab enforces (default: the model's trained context).
     """
 
@@ -64,8 +64,7 @@ class TransformersEngine(Engine):
         self._torch, self._transformers = torch, transformers
         transformers.utils.logging.disable_progress_bar()
         path = model.path_for("hf", self.name)
-        self.threads = threads or default_threads()
-        torch.set_num_threads(self.threads)
+        torch.set_num_threads(self._init_threads(threads))
         if not hasattr(torch, dtype):
             raise LabError(f"dtype={dtype!r}: expected a torch dtype name such as float32, bfloat16, float16")
         self.dtype = dtype
@@ -80,6 +79,9 @@ class TransformersEngine(Engine):
             eos = self.hf.config.eos_token_id
         self._eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
         self._pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else next(iter(self._eos), 0)
+
+    def _apply_threads(self, n: int) -> None:
+        self._torch.set_num_threads(n)
 
     # --- tokenizer -------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:
@@ -110,7 +112,8 @@ class TransformersEngine(Engine):
             backend=f"torch {torch.__version__} cpu", dtype=self.dtype, threads=self.threads,
             n_ctx=self.n_ctx,
             flags={"attn_implementation": self.hf.config._attn_implementation,
-                   "torch_threads": torch.get_num_threads()})
+                   "torch_threads": torch.get_num_threads(), "threads_auto": self.auto_threads,
+                   "max_threads": self.max_threads})
 
     # --- generation -------------------------------------------------------
     def _generate(self, ids, cfg: GenerationConfig, trace: RequestTrace) -> None:

@@ -25,14 +25,15 @@ from __future__ import annotations
 
 from ..errors import ContextOverflowError, EngineUnavailable, LabError
 from ..trace import RequestTrace, now
-from .base import Engine, EngineInfo, GenerationConfig, default_threads
+from .base import Engine, EngineInfo, GenerationConfig
 
 
 class LlamaCppEngine(Engine):
     """llama.cpp engine.
 
     ``n_ctx``: context window in tokens (default: the trained context, at most 8192).
-    ``threads``: CPU threads for decode and prefill (default: physical cores).
+    ``threads``: CPU threads for decode and prefill (default: automatic, the CPUs this process may
+    use less those other processes keep busy, checked before every request: ``Engine.adapt_threads``).
     ``n_batch``: prompt tokens per ``llama_decode`` call in prefill (default 512).
     ``n_seq_max``: parallel sequences the context holds (for batched decode); they
     share one KV buffer of ``n_ctx`` cells.
@@ -50,7 +51,7 @@ class LlamaCppEngine(Engine):
             raise EngineUnavailable(f"llama-cpp-python cannot be imported ({e}); run `make setup`") from e
         self._lib = llama_cpp
         path = model.path_for("gguf", self.name)
-        self.threads = threads or default_threads()
+        self._init_threads(threads)
         from . import llama_default_n_ctx
 
         self._n_ctx_req = int(n_ctx or llama_default_n_ctx(model))
@@ -140,10 +141,13 @@ class LlamaCppEngine(Engine):
             name=self.name, version=self._lib.__version__, backend="cpu (ggml)",
             dtype=self.model.quantization or "gguf", threads=self.threads,
             n_ctx=self.n_ctx,
-            flags={"n_batch": self.n_batch, "n_seq_max": self._lib.llama_n_seq_max(self.ctx),
+            flags={"threads_auto": self.auto_threads, "max_threads": self.max_threads, "n_batch": self.n_batch, "n_seq_max": self._lib.llama_n_seq_max(self.ctx),
                    "flash_attn": {-1: "auto", 0: "off", 1: "on"}.get(self.llm.context_params.flash_attn_type),
                    "system_info": sysinfo.strip(),
                    "build": llama_build.describe(sysinfo, llama_build.build_report())})
+
+    def _apply_threads(self, n: int) -> None:
+        self._lib.llama_set_n_threads(self.ctx, n, n)
 
     # --- generation -------------------------------------------------------
     def _sampler(self, cfg: GenerationConfig):
