@@ -10,8 +10,10 @@ makes a second :func:`prepare` a cache hit (no GGUF parse, no model load).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import errno
+import functools
 import hashlib
 import importlib.util
 import json
@@ -315,7 +317,16 @@ def restore_pre_tokenizer(tokenizer, pre_type: str) -> bool:
 # --- GGUF facts -----------------------------------------------------------------
 def gguf_facts(path: Path) -> dict:
     """Architecture, parameter count, quantization and context length of a GGUF file."""
+    st = Path(path).stat()
+    return dict(_gguf_facts(os.path.realpath(path), st.st_size, st.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=8)
+def _gguf_facts(path: str, size: int, mtime_ns: int) -> dict:
+    """:func:`gguf_facts` of one version of a file (parsing the vocabulary takes seconds)."""
     import gguf
+
+    path = Path(path)
 
     try:
         r = gguf.GGUFReader(str(path))
@@ -345,8 +356,53 @@ def gguf_facts(path: Path) -> dict:
 
 
 # --- derivations -----------------------------------------------------------------
-def derive_hf_from_gguf(gguf_path: Path, out: Path) -> None:
+@contextlib.contextmanager
+def gguf_read_once():
+    """Within the block, each GGUF file is parsed once, and gguf's tensor-name maps built once.
+
+    transformers parses the same GGUF for the tokenizer, the config and the weights (each parse
+    walks every vocabulary entry in Python), converts its metadata twice, and builds a
+    ``gguf.TensorNameMap`` once per module of the model (397 times for SmolLM2-135M). These are
+    pure functions of their arguments, so here they are memoized: the derived folder is
+    byte-for-byte what the unmemoized path writes (tests/test_models.py), and a first ``prepare``
+    takes about half the time. transformers imports both names from ``gguf`` at call time.
+    """
+    import copy
+
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as hf_gguf
+
+    reader_cls, name_map, load = gguf.GGUFReader, gguf.get_tensor_name_map, hf_gguf.load_gguf_checkpoint
+    readers: dict = {}
+    metadata: dict = {}
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = reader_cls(path, mode)
+        return readers[key]
+
+    def load_checkpoint(path, return_tensors=False, **kw):
+        if return_tensors or kw:  # the weights: read once anyway
+            return load(path, return_tensors=return_tensors, **kw)
+        key = os.path.realpath(path)
+        if key not in metadata:  # the tokenizer and the config each ask for the metadata
+            metadata[key] = load(path, return_tensors=False)
+        return copy.deepcopy(metadata[key])
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(name_map)
+    hf_gguf.load_gguf_checkpoint = load_checkpoint
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map, hf_gguf.load_gguf_checkpoint = reader_cls, name_map, load
+
+
+def derive_hf_from_gguf(gguf_path: Path, out: Path, read_once: bool = True) -> None:
     """Dequantize a GGUF into a Hugging Face folder (float32 safetensors).
+
+    ``read_once``: parse the GGUF once (:func:`gguf_read_once`); False runs transformers' own
+    path unchanged (tests compare the two).
 
     transformers reads GGUF (dequantizing, about 30-40 s for 135M parameters on
     two cores) but refuses ``save_pretrained`` on what it read that way, so the
@@ -363,9 +419,10 @@ def derive_hf_from_gguf(gguf_path: Path, out: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     folder, fname = str(gguf_path.parent), gguf_path.name
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
-    restore_pre_tokenizer(tok, gguf_facts(gguf_path)["pre_tokenizer"])
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype="float32")
+    with gguf_read_once() if read_once else contextlib.nullcontext():
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+        restore_pre_tokenizer(tok, gguf_facts(gguf_path)["pre_tokenizer"])
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype="float32")
     state = model.state_dict()
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)

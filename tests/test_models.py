@@ -33,6 +33,22 @@ def test_prepare_derives_every_format(model):
     assert len(model.sha256) == 64
 
 
+def test_reading_the_gguf_once_derives_the_same_bytes(model, tmp_path):
+    """The first prepare parses the GGUF once (models.gguf_read_once): the folder it derives is
+    byte-for-byte what transformers' own path (three parses) writes."""
+    plain = tmp_path / "hf"
+    models.derive_hf_from_gguf(Path(model.path_for("gguf", "test")), plain, read_once=False)
+    derived = Path(model.path_for("hf", "test"))
+    names = sorted(p.name for p in plain.iterdir())
+    assert names == sorted(p.name for p in derived.iterdir() if p.is_file())
+    assert "model.safetensors" in names and "tokenizer.json" in names
+    for name in names:
+        assert (plain / name).read_bytes() == (derived / name).read_bytes(), name
+    import gguf
+
+    assert gguf.GGUFReader.__name__ == "GGUFReader"  # the memo is undone after the block
+
+
 def test_second_prepare_is_a_cache_hit(model, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("derived again")
