@@ -123,8 +123,9 @@ def test_llama_cpp_batched_needs_room_for_every_sequence(llama, llama_batched, m
     cfg = GenerationConfig(max_new_tokens=4)
     with pytest.raises(LabError, match=r"n_seq_max >= 2.*n_seq_max=1"):
         run_closed_loop(llama, _prompts(model, 2), 2, "batched", cfg)
-    prompts = _prompts(model, 3, length=200)  # 3 x (200 + 4) = 612 tokens > 512
-    with pytest.raises(ContextOverflowError, match=r"3 sequences x \(prompt \+ output\) 204 = 612 tokens.*holds 512"):
+    prompts = _prompts(model, 3, length=200)  # 200 + 4 tokens > 512 // 3 = 170 cells per sequence
+    with pytest.raises(ContextOverflowError,
+                       match=r"a sequence needs prompt \+ output = 204 tokens.*each of the 3 sequences holds 170.*n_ctx >= 612"):
         run_closed_loop(llama_batched, prompts, 3, "batched", cfg)
 
 
