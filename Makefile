@@ -15,7 +15,7 @@ PORT   ?= 8888
 # JupyterLab refuses to run as root unless told (containers, CI machines)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test prepare doctor benchmark clean wheelhouse install-offline
+.PHONY: setup lab lint test prepare doctor benchmark clean wheelhouse install-offline
 
 setup: $(STAMP)
 
@@ -39,7 +39,12 @@ doctor: setup
 lab: setup
 	cd labs && ../$(VENV)/bin/jupyter lab --port=$(PORT) $(ROOT_FLAG)
 
-test: setup
+# ruff (pyproject.toml [tool.ruff]): lint and format check, before the tests
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: setup lint
 	$(PY) -m pytest
 
 benchmark: setup

@@ -168,7 +168,7 @@ def build(out: Path, *, project: Path = PROJECT_ROOT, torch_spec: str = TORCH_SP
     if out.exists() and any(out.iterdir()) and not (out / MANIFEST).is_file():
         raise RuntimeError(f"{out} is not empty and holds no {MANIFEST}: not replacing it")
     if cache_root is None:
-        from .models import lab_home
+        from .config import lab_home
 
         cache_root = lab_home() / "wheels"
     features = llama_build.probe_cpu_features() if cmake_args is None else None

@@ -1,7 +1,8 @@
 """Metrics of DESIGN.md on synthetic timestamps, with exact expected values."""
 import pytest
 
-from lablib.trace import RequestTrace, output_tps, percentile
+from lablib.tables import percentile
+from lablib.trace import RequestTrace, output_tps
 
 
 def make(ts, t_submit=10.0, t_start=10.5, prompt=100, cached=0):
