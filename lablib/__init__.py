@@ -53,5 +53,12 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = ["ContextOverflowError", "EngineUnavailable", "FormatError", "LabError", "RequestTrace", "__version__",
-           *_LAZY]
+__all__ = [
+    "ContextOverflowError",
+    "EngineUnavailable",
+    "FormatError",
+    "LabError",
+    "RequestTrace",
+    "__version__",
+    *_LAZY,
+]

@@ -32,14 +32,19 @@ def load_case(name: str, root: Path | None = None):
     ``tokenizer_probe`` (a str). ``root``: another cases folder (the tests keep their own copy).
     Raises LabError for an unknown name or a missing file."""
     folder = cases_dir(root)
-    files = {"first_token_flip": "first_token_flip.json", "rope_theta_v5": "rope_theta_v5/config.json",
-             "tokenizer_probe": "tokenizer_probe.txt"}
+    files = {
+        "first_token_flip": "first_token_flip.json",
+        "rope_theta_v5": "rope_theta_v5/config.json",
+        "tokenizer_probe": "tokenizer_probe.txt",
+    }
     if name not in files:
         raise LabError(f"unknown case {name!r}: expected one of {', '.join(CASES)}")
     path = folder / files[name]
     if not path.is_file():
-        raise LabError(f"case {name}: {path} not found; expected the project's data/ folder "
-                       "(set LABLIB_DATA to its path when lablib is installed elsewhere)")
+        raise LabError(
+            f"case {name}: {path} not found; expected the project's data/ folder "
+            "(set LABLIB_DATA to its path when lablib is installed elsewhere)"
+        )
     if name == "first_token_flip":
         return json.loads(path.read_text(encoding="utf-8"))
     if name == "tokenizer_probe":

@@ -43,8 +43,11 @@ def derive_hf_from_gguf(gguf_path: Path, out: Path) -> None:
     state = model.state_dict()
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
-    save_file({k: v.detach().contiguous() for k, v in state.items()},
-              str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v.detach().contiguous() for k, v in state.items()},
+        str(tmp / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     cfg = model.config.to_dict()
     cfg.pop("quantization_config", None)
     cfg["architectures"] = [type(model).__name__]
@@ -81,12 +84,16 @@ def run_derivation(what: str, source: Path, work) -> None:
     except OSError as e:
         if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise  # prepare() names the unwritable lab home
-        raise FormatError(f"deriving {what} from {source} failed ({e}); check the files and free disk "
-                          "space, then run `lablib prepare` again.") from e
+        raise FormatError(
+            f"deriving {what} from {source} failed ({e}); check the files and free disk "
+            "space, then run `lablib prepare` again."
+        ) from e
     except Exception as e:
-        raise FormatError(f"deriving {what} from {source} failed ({type(e).__name__}: {first_line(e)}); "
-                          "expected a complete model the converter supports: check the files, or "
-                          "give the engine a model in its own format.") from e
+        raise FormatError(
+            f"deriving {what} from {source} failed ({type(e).__name__}: {first_line(e)}); "
+            "expected a complete model the converter supports: check the files, or "
+            "give the engine a model in its own format."
+        ) from e
 
 
 def count_params(folder: Path) -> int:
@@ -106,7 +113,9 @@ def count_params(folder: Path) -> int:
                 state = torch.load(w, map_location="cpu", mmap=True, weights_only=True)
                 n += sum(t.numel() for t in state.values())
             except Exception as e:  # torn zip, pickle of something else, an old torch format
-                raise FormatError(f"{w} is not a readable PyTorch checkpoint ({type(e).__name__}: "
-                                  f"{first_line(e)}); expected weights saved by torch.save or transformers: "
-                                  "copy or download the folder again, or convert it to safetensors.") from None
+                raise FormatError(
+                    f"{w} is not a readable PyTorch checkpoint ({type(e).__name__}: "
+                    f"{first_line(e)}); expected weights saved by torch.save or transformers: "
+                    "copy or download the folder again, or convert it to safetensors."
+                ) from None
     return n

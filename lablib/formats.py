@@ -19,13 +19,22 @@ from .errors import FormatError, LabError, first_line
 
 FORMATS = ("gguf", "hf", "mlx")
 CONVERT_HINT = {
-    ("hf", "gguf"): "convert it with llama.cpp's convert_hf_to_gguf.py (python convert_hf_to_gguf.py FOLDER --outtype f16)",
-    ("mlx", "gguf"): "convert the Hugging Face original with llama.cpp's convert_hf_to_gguf.py; MLX folders do not convert to GGUF directly",
+    (
+        "hf",
+        "gguf",
+    ): "convert it with llama.cpp's convert_hf_to_gguf.py (python convert_hf_to_gguf.py FOLDER --outtype f16)",
+    (
+        "mlx",
+        "gguf",
+    ): "convert the Hugging Face original with llama.cpp's convert_hf_to_gguf.py; MLX folders do not convert to GGUF directly",
     ("gguf", "hf"): "run `lablib prepare FILE.gguf`, which dequantizes it into a Hugging Face folder",
-    ("mlx", "hf"): "start from the Hugging Face original, or dequantize with `mlx_lm.convert --dequantize` and load that folder",
+    (
+        "mlx",
+        "hf",
+    ): "start from the Hugging Face original, or dequantize with `mlx_lm.convert --dequantize` and load that folder",
     ("gguf", "mlx"): "run `lablib prepare FILE.gguf`, which derives an MLX folder",
     ("hf", "mlx"): "run `lablib prepare FOLDER` (uses mlx_lm.convert, which needs safetensors weights, "
-                   "not PyTorch .bin files)",
+    "not PyTorch .bin files)",
 }
 
 
@@ -43,8 +52,10 @@ def detect_format(path: str | Path) -> str:
         with open(p, "rb") as f:
             if f.read(4) == b"GGUF":
                 return "gguf"
-        raise FormatError(f"{p} is a file but not GGUF (no GGUF magic); expected a .gguf file "
-                          "or a model folder (Hugging Face or MLX).")
+        raise FormatError(
+            f"{p} is a file but not GGUF (no GGUF magic); expected a .gguf file "
+            "or a model folder (Hugging Face or MLX)."
+        )
     if not p.is_dir():
         raise FormatError(f"{p} does not exist")
     ggufs = gguf_files(p)
@@ -57,8 +68,10 @@ def detect_format(path: str | Path) -> str:
             with safe_open(str(weights[0]), "np") as f:
                 meta = f.metadata() or {}
         except Exception as e:  # safetensors raises its own SafetensorError on a bad header
-            raise FormatError(f"{weights[0]} is not a readable safetensors file ({first_line(e)}); "
-                              "expected complete weights: copy or download the folder again.") from None
+            raise FormatError(
+                f"{weights[0]} is not a readable safetensors file ({first_line(e)}); "
+                "expected complete weights: copy or download the folder again."
+            ) from None
         cfg = read_config(p)
         if meta.get("format") == "mlx" or "quantization" in cfg:
             return "mlx"
@@ -67,8 +80,10 @@ def detect_format(path: str | Path) -> str:
         return "hf"
     if ggufs:
         return "gguf"
-    raise FormatError(f"{p}: no GGUF file, and no config.json with safetensors weights; expected "
-                      "a GGUF file, a Hugging Face folder or an MLX folder.")
+    raise FormatError(
+        f"{p}: no GGUF file, and no config.json with safetensors weights; expected "
+        "a GGUF file, a Hugging Face folder or an MLX folder."
+    )
 
 
 def gguf_files(folder: Path) -> list[Path]:
@@ -90,8 +105,10 @@ def read_config(folder: Path) -> dict:
     try:
         cfg = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise FormatError(f"{path} is not readable JSON ({first_line(e)}); expected the model's config: "
-                          "copy or download the folder again.") from None
+        raise FormatError(
+            f"{path} is not readable JSON ({first_line(e)}); expected the model's config: "
+            "copy or download the folder again."
+        ) from None
     if not isinstance(cfg, dict):
         raise FormatError(f"{path} holds a {type(cfg).__name__}, expected a JSON object (the model's config)")
     return cfg
@@ -110,8 +127,9 @@ def trained_context(cfg: dict, where="config.json") -> int:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise FormatError(f"{where}: {key}={value!r}, expected a whole number of tokens (e.g. 8192): "
-                              "fix the config")
+            raise FormatError(
+                f"{where}: {key}={value!r}, expected a whole number of tokens (e.g. 8192): fix the config"
+            )
         if value:
             return value
     return 0
@@ -174,10 +192,12 @@ def restore_pre_tokenizer(tokenizer, pre_type: str) -> bool:
 
     if pre_type not in DIGIT_SPLIT_PRE_TYPES:
         return False
-    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
-    ])
+    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+        ]
+    )
     return True
 
 

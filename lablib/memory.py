@@ -41,8 +41,9 @@ def estimate_bytes(model, engine, context_tokens: int, concurrency: int = 1, n_b
     return {"weights": w, "kv_cache": kv, "runtime": rt, "total": int((w + kv + rt) * HEADROOM)}
 
 
-def check_fits(model, engines, context_tokens: int, concurrency: int = 1, available: int | None = None,
-               n_batch: int = 512) -> None:
+def check_fits(
+    model, engines, context_tokens: int, concurrency: int = 1, available: int | None = None, n_batch: int = 512
+) -> None:
     """Raise LabError with the numbers when the largest run will not fit in available memory
     (RAM, or a container's cgroup cap: :func:`lablib.hardware.available_ram_bytes`).
 
@@ -61,8 +62,10 @@ def check_fits(model, engines, context_tokens: int, concurrency: int = 1, availa
             if not context_tokens:
                 advice = "close other engines and programs, or use a smaller/quantized model"
             elif engine.reserves_kv_at_load:
-                advice = (f"use a smaller context (--n-ctx / n_ctx: {engine.name} reserves its KV cache for all "
-                          "of it), lower concurrency, or a smaller/quantized model")
+                advice = (
+                    f"use a smaller context (--n-ctx / n_ctx: {engine.name} reserves its KV cache for all "
+                    "of it), lower concurrency, or a smaller/quantized model"
+                )
             else:
                 advice = "use shorter contexts, lower concurrency, or a smaller/quantized model"
             raise LabError(

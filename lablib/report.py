@@ -44,14 +44,17 @@ def report_html(df, path, title: str = "Inference Engine Lab results"):
     path.parent.mkdir(parents=True, exist_ok=True)
     table = manifest_table(d).to_html(index=False, border=0, classes="manifest", na_rep="–")
     parts = [
-        "<!DOCTYPE html>", "<html><head><meta charset='utf-8'>", f"<title>{html.escape(title)}</title>",
+        "<!DOCTYPE html>",
+        "<html><head><meta charset='utf-8'>",
+        f"<title>{html.escape(title)}</title>",
         "<style>body{font-family:system-ui,sans-serif;margin:2em;color:#222}"
         "table.manifest{border-collapse:collapse;font-size:13px}"
         "table.manifest td,table.manifest th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:left}"
         "</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
         f"<p>{len(d)} measured requests; models: {html.escape(', '.join(map(str, d.get('model', ['?']).unique())))}."
-        "</p><h2>Run manifest</h2>", table,
+        "</p><h2>Run manifest</h2>",
+        table,
     ]
     for i, fig in enumerate(figs):
         parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))

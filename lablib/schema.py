@@ -42,9 +42,23 @@ MANIFEST_FIELDS = {
     "time": (None, "time"),
 }
 # the manifest basics a report shows, one row per machine and engine
-MANIFEST_SUMMARY = ("engine", "engine_version", "backend", "dtype", "threads", "quantization", "model",
-                    "cpu_model", "cores", "ram_bytes", "cpu_quota", "memory_limit_bytes", "accelerator",
-                    "hostname", "lablib_version")
+MANIFEST_SUMMARY = (
+    "engine",
+    "engine_version",
+    "backend",
+    "dtype",
+    "threads",
+    "quantization",
+    "model",
+    "cpu_model",
+    "cores",
+    "ram_bytes",
+    "cpu_quota",
+    "memory_limit_bytes",
+    "accelerator",
+    "hostname",
+    "lablib_version",
+)
 # present in some rows only: output ids, decoded text, an error message, the file a row came from
 OPTIONAL = ("token_ids", "text", "error", "source_file")
 # machines to facet figures by
@@ -55,5 +69,7 @@ COLUMNS = LABELS + METRICS + COUNTS + SERIES + CLOCKS + tuple(MANIFEST_FIELDS) +
 
 def flatten_manifest(manifest: dict) -> dict:
     """The manifest's fields as row columns (:data:`MANIFEST_FIELDS`); a key the manifest lacks is None."""
-    return {col: (manifest if section is None else manifest.get(section, {})).get(key)
-            for col, (section, key) in MANIFEST_FIELDS.items()}
+    return {
+        col: (manifest if section is None else manifest.get(section, {})).get(key)
+        for col, (section, key) in MANIFEST_FIELDS.items()
+    }

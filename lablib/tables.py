@@ -62,28 +62,49 @@ def summary_table(df):
     """Per engine and prompt length: medians of prefill, TTFT, prefill tokens/s, TPOT, decode tokens/s,
     e2e, and the e2e spread (min, max), seconds; the output tokens and repetitions behind them."""
     g = ok_rows(df).groupby(["engine", "prompt_tokens"], sort=False)
-    return g.agg(output_tokens=("output_tokens", "first"),
-                 reps=("e2e_s", "size"), prefill_s=("prefill_s", "median"), ttft_s=("ttft_s", "median"),
-                 prefill_tps=("prefill_tps", "median"), tpot_s=("tpot_s", "median"),
-                 decode_tps=("decode_tps", "median"), e2e_s=("e2e_s", "median"),
-                 e2e_min_s=("e2e_s", "min"), e2e_max_s=("e2e_s", "max"), dtype=("dtype", "first"))
+    return g.agg(
+        output_tokens=("output_tokens", "first"),
+        reps=("e2e_s", "size"),
+        prefill_s=("prefill_s", "median"),
+        ttft_s=("ttft_s", "median"),
+        prefill_tps=("prefill_tps", "median"),
+        tpot_s=("tpot_s", "median"),
+        decode_tps=("decode_tps", "median"),
+        e2e_s=("e2e_s", "median"),
+        e2e_min_s=("e2e_s", "min"),
+        e2e_max_s=("e2e_s", "max"),
+        dtype=("dtype", "first"),
+    )
 
 
 def context_medians(df):
     """Per engine and prompt length of the context rows: medians (and min, max) of prefill_s,
     decode_s, prefill_tps and TPOT in ms, the median output tokens, and ``n`` (repetitions);
     sorted by prompt length."""
-    d = nonempty(sweep_rows(df, "context"), "context figure",
-                 "run lablib.sweep.context_sweep(...) or load a results file with context rows")
-    need(d, ["engine", "prompt_tokens", "output_tokens", "prefill_s", "decode_s", "prefill_tps", "tpot_s"],
-         "context figure")
+    d = nonempty(
+        sweep_rows(df, "context"),
+        "context figure",
+        "run lablib.sweep.context_sweep(...) or load a results file with context rows",
+    )
+    need(
+        d,
+        ["engine", "prompt_tokens", "output_tokens", "prefill_s", "decode_s", "prefill_tps", "tpot_s"],
+        "context figure",
+    )
     d = d.assign(tpot_ms=d["tpot_s"].astype(float) * 1000.0)
     g = d.groupby(["engine", "prompt_tokens"], sort=False)
-    med = g.agg(prefill_s=("prefill_s", "median"), decode_s=("decode_s", "median"),
-                prefill_tps=("prefill_tps", "median"), prefill_tps_min=("prefill_tps", "min"),
-                prefill_tps_max=("prefill_tps", "max"), tpot_ms=("tpot_ms", "median"),
-                tpot_ms_min=("tpot_ms", "min"), tpot_ms_max=("tpot_ms", "max"),
-                output_tokens=("output_tokens", "median"), n=("prefill_s", "size")).reset_index()
+    med = g.agg(
+        prefill_s=("prefill_s", "median"),
+        decode_s=("decode_s", "median"),
+        prefill_tps=("prefill_tps", "median"),
+        prefill_tps_min=("prefill_tps", "min"),
+        prefill_tps_max=("prefill_tps", "max"),
+        tpot_ms=("tpot_ms", "median"),
+        tpot_ms_min=("tpot_ms", "min"),
+        tpot_ms_max=("tpot_ms", "max"),
+        output_tokens=("output_tokens", "median"),
+        n=("prefill_s", "size"),
+    ).reset_index()
     return med.sort_values("prompt_tokens", kind="stable")
 
 
@@ -109,10 +130,17 @@ def run_table(df):
     for run_id, g in d.groupby("run_id", sort=False):
         makespan = float(g["t_last_token"].max() - g["t_submit"].min())
         tokens = int(g["output_tokens"].sum())
-        rec = {"run_id": run_id, "engine": g["engine"].iloc[0], "mode": g["mode"].iloc[0],
-               "concurrency": int(g["concurrency"].iloc[0]), "requests": len(g), "output_tokens": tokens,
-               "makespan_s": makespan, "output_tps": tokens / makespan if makespan > 0 else float("nan"),
-               "requests_per_s": len(g) / makespan if makespan > 0 else float("nan")}
+        rec = {
+            "run_id": run_id,
+            "engine": g["engine"].iloc[0],
+            "mode": g["mode"].iloc[0],
+            "concurrency": int(g["concurrency"].iloc[0]),
+            "requests": len(g),
+            "output_tokens": tokens,
+            "makespan_s": makespan,
+            "output_tps": tokens / makespan if makespan > 0 else float("nan"),
+            "requests_per_s": len(g) / makespan if makespan > 0 else float("nan"),
+        }
         for metric in ("queue_s", "ttft_s", "tpot_s", "e2e_s"):
             for q in (50, 95, 99):
                 rec[f"{metric[:-2]}_p{q}_s"] = percentile(g[metric], q)
@@ -135,9 +163,16 @@ def concurrency_summary(df, facet_by: str | None = None):
     for key, r in d.groupby(keys, sort=False):
         key = key if isinstance(key, tuple) else (key,)
         sel = runs[runs["run_id"].isin(r["run_id"].unique())]
-        rows.append(dict(zip(keys, key), runs=len(sel), requests=len(r),
-                         output_tps=float(sel["output_tps"].median()),
-                         ttft_p50_s=percentile(r["ttft_s"], 50), ttft_p95_s=percentile(r["ttft_s"], 95)))
+        rows.append(
+            dict(
+                zip(keys, key),
+                runs=len(sel),
+                requests=len(r),
+                output_tps=float(sel["output_tps"].median()),
+                ttft_p50_s=percentile(r["ttft_s"], 50),
+                ttft_p95_s=percentile(r["ttft_s"], 95),
+            )
+        )
     return pd.DataFrame(rows)
 
 

@@ -131,7 +131,7 @@ venv="${{1:-.venv}}"
 shift || true
 python="${{PYTHON:-python{py}}}"
 command -v "$python" >/dev/null 2>&1 || python=python3
-"$python" -c 'import sys; v = "%d.%d" % sys.version_info[:2]; sys.exit(0 if v == "{py}" else "this wheelhouse is for Python {py}, " + sys.executable + " is " + v)'
+"$python" -c 'import sys; v = "{}.{}".format(*sys.version_info[:2]); sys.exit(0 if v == "{py}" else "this wheelhouse is for Python {py}, " + sys.executable + " is " + v)'
 for var in $(compgen -e); do
     case "$var" in PIP_*) unset "$var" ;; esac
 done
@@ -206,7 +206,7 @@ def build(out: Path, *, project: Path = PROJECT_ROOT, torch_spec: str = TORCH_SP
         wheels = sorted(stage.glob("*.whl"))
         manifest = {
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "python": "%d.%d" % sys.version_info[:2],
+            "python": "{}.{}".format(*sys.version_info[:2]),
             "system": platform.system(),
             "machine": platform.machine(),
             "project": {"name": name, "version": version, "extras": extras,

@@ -238,8 +238,8 @@ def test_broken_hugging_face_folders_get_one_message(tmp_path, monkeypatch, conf
     if weights == "bin":
         (folder / "pytorch_model.bin").write_bytes(b"\x00" * 64)
     else:
-        from safetensors.numpy import save_file
         import numpy as np
+        from safetensors.numpy import save_file
 
         save_file({"w": np.zeros(2, dtype=np.float32)}, str(folder / "model.safetensors"))
     with pytest.raises(FormatError, match=want):

@@ -53,10 +53,10 @@ def test_cached_tokens_reduce_prefill_work():
 def test_metrics_need_tokens_and_start():
     tr = RequestTrace(prompt_tokens=5, t_submit=0.0)
     with pytest.raises(ValueError, match="no t_start"):
-        tr.queue_s
+        _ = tr.queue_s
     tr.start(1.0)
     with pytest.raises(ValueError, match="no generated token"):
-        tr.ttft_s
+        _ = tr.ttft_s
 
 
 def test_output_tps_over_makespan():

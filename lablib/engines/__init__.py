@@ -20,8 +20,14 @@ from .mlx import MLXEngine
 
 # canonical name -> Engine class, in the lab's order
 ENGINES: dict[str, type[Engine]] = {cls.name: cls for cls in (TransformersEngine, LlamaCppEngine, MLXEngine)}
-ALIASES = {"hf": "transformers", "llamacpp": "llama.cpp", "llama_cpp": "llama.cpp", "llama-cpp": "llama.cpp",
-           "mlx-lm": "mlx", "mlx_lm": "mlx"}
+ALIASES = {
+    "hf": "transformers",
+    "llamacpp": "llama.cpp",
+    "llama_cpp": "llama.cpp",
+    "llama-cpp": "llama.cpp",
+    "mlx-lm": "mlx",
+    "mlx_lm": "mlx",
+}
 NAMES = tuple(ENGINES)
 
 

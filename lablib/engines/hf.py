@@ -166,14 +166,14 @@ class TransformersEngine(Engine):
             eos_token_id=[] if cfg.ignore_eos else sorted(self._eos), pad_token_id=self._pad)
 
     def batch_session(self, cfg: GenerationConfig, max_sequences: int,
-                      max_seq_tokens: int) -> "TransformersBatchSession":
+                      max_seq_tokens: int) -> TransformersBatchSession:
         """A continuous-batching session: up to ``max_sequences`` requests per forward pass.
         ``max_seq_tokens`` (longest prompt + output, tokens) sizes the paged KV cache and is
         checked against ``n_ctx``."""
         self.check_context(max_seq_tokens, 0)
         return TransformersBatchSession(self, cfg, max_sequences, max_seq_tokens)
 
-    def logits(self, ids) -> "object":
+    def logits(self, ids) -> object:
         """Teacher-forced logits for ``ids``: a float32 numpy array [len(ids), vocab]."""
         self.check_ids(list(ids))
         torch = self._torch

@@ -248,7 +248,7 @@ class LlamaCppEngine(Engine):
         finally:
             lib.llama_sampler_free(smpl)
 
-    def logits(self, ids) -> "object":
+    def logits(self, ids) -> object:
         """Teacher-forced logits for ``ids``: float32 numpy array [len(ids), vocab]
         (an empty KV cache first, logits requested for every position)."""
         import numpy as np
@@ -279,7 +279,7 @@ class LlamaCppEngine(Engine):
                 "n_eval": d.n_eval, "t_eval_ms": d.t_eval_ms}
 
     def batch_session(self, cfg: GenerationConfig, max_sequences: int,
-                      max_seq_tokens: int) -> "LlamaCppBatchSession":
+                      max_seq_tokens: int) -> LlamaCppBatchSession:
         """A continuous-batching session: up to ``max_sequences`` requests decoded together.
 
         ``max_seq_tokens``: the longest prompt + output of any request, tokens. Raises

@@ -160,7 +160,7 @@ class MLXEngine(Engine):
         steps.close()
 
     def batch_session(self, cfg: GenerationConfig, max_sequences: int,
-                      max_seq_tokens: int) -> "MLXBatchSession":
+                      max_seq_tokens: int) -> MLXBatchSession:
         """A continuous-batching session: up to ``max_sequences`` requests decoded together.
         ``max_seq_tokens`` (longest prompt + output, tokens) is checked against ``n_ctx``."""
         self.check_context(max_seq_tokens, 0)
