@@ -10,6 +10,7 @@ are left out. One HTML report of several figures: :mod:`lablib.report`.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from .errors import LabError
 from .schema import CLOCKS, FACETS
@@ -23,6 +24,9 @@ from .tables import (
     sweep_rows,
     timeline_segments,
 )
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 ENGINE_COLORS = {"transformers": "#F2A900", "llama.cpp": "#3D7DCA", "mlx": "#2CA58D"}
 PHASE_OPACITY = {"prefill": 1.0, "decode": 0.55}
@@ -54,7 +58,7 @@ def _modes(df) -> list[str]:
 
 
 # --- context sweep ------------------------------------------------------------------------------
-def context_bars(df, title: str | None = None):
+def context_bars(df, title: str | None = None) -> go.Figure:
     """Stacked prefill (solid) and decode (hatched) bars: median seconds per engine, side by side,
     grouped by prompt length.
 
@@ -91,7 +95,7 @@ def context_bars(df, title: str | None = None):
     return fig
 
 
-def context_lines(df, title: str | None = None):
+def context_lines(df, title: str | None = None) -> go.Figure:
     """Two panels against prompt length (log x): prefill tokens/s and TPOT in ms; one line per engine,
     medians with min-max error bars.
 
@@ -128,7 +132,7 @@ def context_lines(df, title: str | None = None):
 
 
 # --- concurrency sweep --------------------------------------------------------------------------
-def concurrency_lines(df, facet_by: str | None = None, title: str | None = None):
+def concurrency_lines(df, facet_by: str | None = None, title: str | None = None) -> go.Figure:
     """Three panels against concurrency (log x): run output tokens/s, TTFT p50 and TTFT p95 (ms,
     shared y axis); one line per engine and mode, serial dashed, batched solid.
 
@@ -219,7 +223,7 @@ def _pick_runs(df, mode, concurrency):
     return picked, int(concurrency)
 
 
-def timeline(df, mode: str | None = None, concurrency: int | None = None, title: str | None = None):
+def timeline(df, mode: str | None = None, concurrency: int | None = None, title: str | None = None) -> go.Figure:
     """Request timeline: one panel per engine (columns) and mode (rows); one bar row per request
     in arrival order, with segments queue (grey, t_submit→t_start), prefill (solid,
     t_start→t_first_token) and decode (hatched, t_first_token→t_last_token), in seconds since the
@@ -284,7 +288,7 @@ def timeline(df, mode: str | None = None, concurrency: int | None = None, title:
 
 
 # --- one-engine-run figure (lab 01) ---------------------------------------------------------------
-def prefill_decode_bars(df, title: str | None = None):
+def prefill_decode_bars(df, title: str | None = None) -> go.Figure:
     """Stacked bars, one per engine side by side: median prefill time and median
     decode time (first to last token) of the requests in ``df``, seconds.
 
@@ -317,7 +321,7 @@ def prefill_decode_bars(df, title: str | None = None):
 
 
 # --- engine or model? (lablib.compare) ----------------------------------------------------------
-def kl_per_position(comparison, engine: str):
+def kl_per_position(comparison, engine: str) -> go.Figure:
     """KL(reference || engine) of the next-token distribution at each prompt position (nats),
     with the positions where the argmax differs marked. ``comparison``: lablib.compare.compare()."""
     import numpy as np
@@ -344,7 +348,7 @@ def kl_per_position(comparison, engine: str):
     return fig
 
 
-def topk_at_divergence(comparison, engine: str, k: int | None = None):
+def topk_at_divergence(comparison, engine: str, k: int | None = None) -> go.Figure:
     """The reference's and ``engine``'s top-k next tokens (probabilities) where their greedy
     texts part, as :func:`lablib.compare.check_generation` stored them (``k``: at most the
     stored number, default all of them)."""

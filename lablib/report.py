@@ -14,7 +14,7 @@ from .errors import LabError
 from .tables import manifest_table, ok_rows, sweep_rows
 
 
-def report_figures(df) -> list:
+def report_figures(df) -> list:  # of plotly Figures
     """The figures ``df`` supports: context_bars and context_lines when there are context rows,
     concurrency_lines (faceted by hostname when there are several) and timeline when there are
     concurrency rows."""
@@ -29,7 +29,7 @@ def report_figures(df) -> list:
     return figs
 
 
-def report_html(df, path, title: str = "Inference Engine Lab results"):
+def report_html(df, path, title: str = "Inference Engine Lab results") -> Path:
     """Write every figure the data supports (see :func:`report_figures`) and a table of the manifest
     basics into ONE self-contained HTML file (plotly.js embedded once); returns the path.
 

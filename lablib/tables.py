@@ -7,8 +7,13 @@ tables. Rows with an ``error`` are left out. Seconds unless a name says otherwis
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .errors import LabError
 from .schema import CLOCKS, COLUMNS, MANIFEST_SUMMARY
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 # --- selecting rows -----------------------------------------------------------------------------
@@ -58,7 +63,7 @@ def percentile(values, q: float) -> float:
 
 
 # --- one engine run and the context sweep ----------------------------------------------------------
-def summary_table(df):
+def summary_table(df) -> pd.DataFrame:
     """Per engine and prompt length: medians of prefill, TTFT, prefill tokens/s, TPOT, decode tokens/s,
     e2e, and the e2e spread (min, max), seconds; the output tokens and repetitions behind them."""
     g = ok_rows(df).groupby(["engine", "prompt_tokens"], sort=False)
@@ -77,7 +82,7 @@ def summary_table(df):
     )
 
 
-def context_medians(df):
+def context_medians(df) -> pd.DataFrame:
     """Per engine and prompt length of the context rows: medians (and min, max) of prefill_s,
     decode_s, prefill_tps and TPOT in ms, the median output tokens, and ``n`` (repetitions);
     sorted by prompt length."""
@@ -108,7 +113,7 @@ def context_medians(df):
     return med.sort_values("prompt_tokens", kind="stable")
 
 
-def engine_medians(df):
+def engine_medians(df) -> pd.DataFrame:
     """Per engine (first-seen order): median prefill_s, decode_s, prompt_tokens and output_tokens."""
     d = ok_rows(df)
     need(d, ["engine", "prefill_s", "decode_s", "prompt_tokens", "output_tokens"], "engine medians")
@@ -116,7 +121,7 @@ def engine_medians(df):
 
 
 # --- the concurrency sweep -------------------------------------------------------------------------
-def run_table(df):
+def run_table(df) -> pd.DataFrame:
     """One row per concurrency run (``run_id``): engine, mode, concurrency, requests,
     output_tokens, makespan_s, output_tps (all output tokens / makespan), requests_per_s,
     and p50/p95/p99 of queue_s, ttft_s, tpot_s and e2e_s (seconds); hostname and
@@ -151,7 +156,7 @@ def run_table(df):
     return pd.DataFrame(out)
 
 
-def concurrency_summary(df, facet_by: str | None = None):
+def concurrency_summary(df, facet_by: str | None = None) -> pd.DataFrame:
     """Per (facet, engine, mode, concurrency): median run output_tps over runs, and TTFT p50/p95 (s)
     over all requests of those runs. Needs the columns of :func:`run_table`."""
     import pandas as pd
@@ -176,7 +181,7 @@ def concurrency_summary(df, facet_by: str | None = None):
     return pd.DataFrame(rows)
 
 
-def timeline_segments(run):
+def timeline_segments(run) -> pd.DataFrame:
     """Segments of one run, times relative to its first t_submit (s): a DataFrame with one row
     per request in arrival order: request_index, prompt_tokens, output_tokens, queue (start, end),
     prefill (start, end) and decode (start, end).
@@ -196,7 +201,7 @@ def timeline_segments(run):
 
 
 # --- the manifest -----------------------------------------------------------------------------
-def manifest_table(df):
+def manifest_table(df) -> pd.DataFrame:
     """The manifest basics (:data:`lablib.schema.MANIFEST_SUMMARY`), one row per (hostname, engine):
     versions, dtype, threads, quantization, model, CPU, cores, RAM (GiB), accelerator, lablib
     version, first/last time, and row counts."""

@@ -9,7 +9,7 @@ import pytest
 from lablib import compare as cmp
 from lablib.cases import load_case
 from lablib.errors import LabError
-from lablib.formats import folder_with_config
+from lablib.formats import folder_with_config, gguf_config
 
 CASES = Path(__file__).parent / "data" / "cases"
 
@@ -95,7 +95,7 @@ def test_template_with_bos_in_its_text_is_caught(model, hf):
 
 def test_config_neighbours_other_moved_keys(model):
     """Keys that moved between transformers versions: rope scaling and the norm epsilon."""
-    base = cmp.gguf_config(model.gguf_path)
+    base = gguf_config(model.gguf_path)  # the one GGUF reader (lablib.formats)
     assert base["rope_theta"] == 100000.0 and base["tie_word_embeddings"] is True
     assert base["n_kv_heads"] == 3 and base["head_dim"] == 64 and base["rms_norm_eps"] == pytest.approx(1e-5)
     assert cmp._same(100000.0, 100000.04) and not cmp._same(10000.0, 100000.0)
