@@ -19,9 +19,14 @@ receives it. Only the manager's thread touches the model during a session.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..errors import EngineUnavailable, LabError
 from ..trace import RequestTrace, now
 from .base import Engine, EngineInfo, GenerationConfig, default_threads
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def rope_base_from_inv_freq(inv_freq, head_dim: int) -> float:
@@ -173,7 +178,7 @@ class TransformersEngine(Engine):
         self.check_context(max_seq_tokens, 0)
         return TransformersBatchSession(self, cfg, max_sequences, max_seq_tokens)
 
-    def logits(self, ids) -> object:
+    def logits(self, ids) -> np.ndarray:
         """Teacher-forced logits for ``ids``: a float32 numpy array [len(ids), vocab]."""
         self.check_ids(list(ids))
         torch = self._torch

@@ -23,10 +23,15 @@ a ``Llama`` object must never be used from two threads.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..errors import ContextOverflowError, EngineUnavailable, LabError
 from ..formats import gguf_config, model_shape
 from ..trace import RequestTrace, now
 from .base import Engine, EngineInfo, GenerationConfig, default_threads
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DEFAULT_N_CTX = 8192  # SmolLM2's trained context; pass n_ctx for longer prompts
 GRAPH_RESERVE = 32 * 2**20  # bytes of llama.cpp's compute graph for a small model
@@ -248,7 +253,7 @@ class LlamaCppEngine(Engine):
         finally:
             lib.llama_sampler_free(smpl)
 
-    def logits(self, ids) -> object:
+    def logits(self, ids) -> np.ndarray:
         """Teacher-forced logits for ``ids``: float32 numpy array [len(ids), vocab]
         (an empty KV cache first, logits requested for every position)."""
         import numpy as np

@@ -24,11 +24,15 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import EngineUnavailable, LabError
 from ..formats import normalize_config, trained_context
 from ..trace import RequestTrace, now
 from .base import Engine, EngineInfo, GenerationConfig, default_threads
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class MLXEngine(Engine):
@@ -166,7 +170,7 @@ class MLXEngine(Engine):
         self.check_context(max_seq_tokens, 0)
         return MLXBatchSession(self, cfg, max_sequences)
 
-    def logits(self, ids):
+    def logits(self, ids) -> np.ndarray:
         """Teacher-forced logits for ``ids``: float32 numpy array [len(ids), vocab]."""
         import numpy as np
 
