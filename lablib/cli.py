@@ -214,10 +214,10 @@ def _csv(values) -> str:
 
 
 def _quick_full(kind: str, setting: str) -> str:
-    """A default of lablib.config.BUDGETS as help text: "FULL (quick mode QUICK)"."""
+    """A default of lablib.config.BUDGETS as help text: "FULL (QUICK in quick mode)"."""
     full, quick = (budget(kind, setting, q) for q in (False, True))
     full, quick = (_csv(v) if isinstance(v, tuple) else str(v) for v in (full, quick))
-    return full if full == quick else f"{full}; quick mode {quick}"
+    return full if full == quick else f"{full} ({quick} in quick mode)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -254,17 +254,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--engines", default=",".join(NAMES))
     s.add_argument("--model", default=None)
     s.add_argument("--prompt-tokens", default=None,
-                   help="context: lengths such as 64,256,1024 (default log-spaced to the trained context; "
-                        f"quick mode {_csv(budget('context', 'prompt_tokens', True))}); concurrency: one length "
-                        f"(default {_quick_full('concurrency', 'prompt_tokens')})")
+                   help="context: lengths such as 64,256,1024, default log-spaced to the trained context "
+                        f"({_csv(budget('context', 'prompt_tokens', True))} in quick mode); concurrency: one length, "
+                        f"default {_quick_full('concurrency', 'prompt_tokens')}")
     s.add_argument("--max-new-tokens", type=int, default=None,
-                   help=f"output tokens per request (default: context {_quick_full('context', 'max_new_tokens')}, "
-                        f"concurrency {_quick_full('concurrency', 'max_new_tokens')})")
+                   help=f"output tokens per request; default: context {_quick_full('context', 'max_new_tokens')}, "
+                        f"concurrency {_quick_full('concurrency', 'max_new_tokens')}")
     s.add_argument("--reps", type=int, default=None,
-                   help=f"context: repetitions per length (default {_quick_full('context', 'reps')})")
+                   help=f"context: repetitions per length, default {_quick_full('context', 'reps')}")
     s.add_argument("--warmup", type=int, default=1)
     s.add_argument("--concurrency", default=None,
-                   help=f"concurrency: client counts (default {_quick_full('concurrency', 'concurrency')})")
+                   help=f"concurrency: client counts, default {_quick_full('concurrency', 'concurrency')}")
     s.add_argument("--mode", default=",".join(MODES), help="concurrency: serial, batched, or serial,batched (default)")
     s.add_argument("--requests", type=int, default=None,
                    help=f"concurrency: requests per level (default {budget('concurrency', 'requests_per_client')} x C)")
