@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 
 from ._version import __version__
-from .errors import ContextOverflowError, EngineUnavailable, FormatError, LabError
+from .errors import ContextOverflowError, EngineUnavailable, FormatError, LabError, TraceError
 from .trace import RequestTrace
 
 # name -> (module, attribute), imported on first access; attribute None: the module itself
@@ -57,6 +57,7 @@ __all__ = [
     "ContextOverflowError",
     "EngineUnavailable",
     "FormatError",
+    "TraceError",
     "LabError",
     "RequestTrace",
     "__version__",

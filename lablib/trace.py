@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from .errors import TraceError
 from .schema import METRICS  # the metric names, declared with the row's columns
 
 
@@ -70,14 +71,14 @@ class RequestTrace:
 
     def _need_first(self) -> None:
         if not self.t_tokens:
-            raise ValueError("trace has no generated token: no TTFT, prefill or e2e to derive")
+            raise TraceError("trace has no generated token: no TTFT, prefill or e2e to derive")
         if self.t_start is None:
-            raise ValueError("trace has no t_start: the engine never marked the start")
+            raise TraceError("trace has no t_start: the engine never marked the start")
 
     @property
     def queue_s(self) -> float:
         if self.t_start is None:
-            raise ValueError("trace has no t_start")
+            raise TraceError("trace has no t_start")
         return self.t_start - self.t_submit
 
     @property
@@ -132,6 +133,6 @@ class RequestTrace:
 def output_tps(traces: list[RequestTrace]) -> float:
     """Run throughput: all output tokens / makespan (first submit to last token), tokens/s."""
     if not traces:
-        raise ValueError("no traces")
+        raise TraceError("output_tps: no traces given; expected the traces of one run")
     makespan = max(t.t_tokens[-1] for t in traces) - min(t.t_submit for t in traces)
     return sum(t.output_tokens for t in traces) / makespan
