@@ -132,7 +132,7 @@ venv="${{1:-.venv}}"
 shift || true
 python="${{PYTHON:-python{py}}}"
 command -v "$python" >/dev/null 2>&1 || python=python3
-"$python" -c 'import sys; v = "{}.{}".format(*sys.version_info[:2]); sys.exit(0 if v == "{py}" else "this wheelhouse is for Python {py}, " + sys.executable + " is " + v)'
+"$python" -c 'import sys; v = "%d.%d" % sys.version_info[:2]; sys.exit(0 if v == "{py}" else "this wheelhouse is for Python {py}, " + sys.executable + " is " + v)'
 for var in $(compgen -e); do
     case "$var" in PIP_*) unset "$var" ;; esac
 done
