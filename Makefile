@@ -15,7 +15,7 @@ PORT   ?= 8888
 # JupyterLab refuses to run as root unless told (containers, CI machines)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test browser prepare doctor benchmark clean wheelhouse install-offline
+.PHONY: setup lab lint test browser prepare doctor benchmark clean wheelhouse install-offline
 
 setup: $(STAMP)
 
@@ -40,12 +40,17 @@ doctor: setup
 lab: setup
 	cd labs && ../$(VENV)/bin/jupyter lab --port=$(PORT) $(ROOT_FLAG)
 
+# ruff (pyproject.toml [tool.ruff]): lint and format check, before the tests
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
 # the browser tests need Debian's Chromium: installed here when root or passwordless sudo
 # allows, otherwise the one command to run is printed and the tests do not start
 browser:
 	@bash scripts/ensure-chromium
 
-test: setup browser
+test: setup lint browser
 	$(PY) -m pytest
 
 benchmark: setup

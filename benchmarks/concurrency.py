@@ -7,7 +7,7 @@ TTFT p50/p95 and TPOT p50, then one line per engine, mode and C:
 ``engine=NAME mode=MODE c=C output_tps=X ttft_p50_s=Y``.
 
 The batching evidence (most sequences advanced in one engine step) is read
-from the engine's own counters (lablib.concurrency.last_batch_stats).
+from the engine's own counters (lablib.concurrency.run_closed_loop(...).stats).
 
     python benchmarks/concurrency.py [--engines ...] [--concurrency 1,2,4,8] [--out results/concurrency.jsonl]
 """
@@ -32,7 +32,7 @@ def main(argv=None):
     df = sweep.concurrency_sweep(model, engines=ns.engines, concurrency=ns.concurrency,
                                  modes=("serial", "batched"), prompt_tokens=ns.prompt_tokens,
                                  max_new_tokens=ns.max_new_tokens, out=ns.out, progress=False)
-    table = sweep.run_table(df)
+    table = lablib.run_table(df)
     cols = ["engine", "mode", "concurrency", "requests", "output_tps", "requests_per_s", "queue_p50_s",
             "ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "e2e_p50_s"]
     print(f"\n{ns.prompt_tokens}-token prompts, {ns.max_new_tokens} output tokens, R = 2 x C requests per run")

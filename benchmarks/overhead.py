@@ -46,9 +46,10 @@ def mlx(engine, ids, cfg, reps):
     for _ in range(reps):
         lab.append(engine.generate(ids, cfg).decode_tps)
         last = None
-        for last in stream_generate(engine.mlx_model, engine.tok, mx.array(ids), max_tokens=cfg.max_new_tokens,
-                                    sampler=make_sampler(temp=0.0),
-                                    prompt_cache=make_prompt_cache(engine.mlx_model)):
+        for last in stream_generate(  # noqa: B007 (the last response carries the run's numbers)
+            engine.mlx_model, engine.tok, mx.array(ids), max_tokens=cfg.max_new_tokens,
+            sampler=make_sampler(temp=0.0), prompt_cache=make_prompt_cache(engine.mlx_model),
+        ):
             pass
         own.append(last.generation_tps)
     return lab, own, "mlx-lm stream_generate: generation_tps"

@@ -69,7 +69,7 @@ def lab_batched(model, b: int, pp: int, tg: int, threads: int | None = None, n_b
                          n_batch=n_batch)
     try:
         ids = [prompt_of_length(model, pp, offset=pp * i) for i in range(b)]
-        traces = run_closed_loop(engine, ids, b, "batched", GenerationConfig(max_new_tokens=tg))
+        traces = run_closed_loop(engine, ids, b, "batched", GenerationConfig(max_new_tokens=tg)).traces
         return b / statistics.median(t.tpot_s for t in traces)
     finally:
         engine.close()

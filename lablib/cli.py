@@ -24,20 +24,32 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
+from . import sweep
+from ._version import __version__
+from .compare import REFERENCE, compare
+from .concurrency import MODES
+from .config import budget, default_threads
+from .doctor import check_engines
+from .engines import NAMES, load_engine
+from .engines.base import GenerationConfig
 from .errors import LabError
+from .formats import FORMATS
+from .hardware import available_ram_bytes, cpus_busy, hardware_info, load_average
+from .models import prepare
+from .report import report_html
+from .results import _suffix, load_results, merge_results
+from .schema import METRICS
+from .tables import run_table
+from .workload import DEFAULT_MESSAGES, chat_ids, prompt_of_length, text_ids
 
-DEFAULT_CHAT = "What is the capital of France?"
+DEFAULT_CHAT = DEFAULT_MESSAGES[-1]["content"]
 BUSY_CPUS = 0.3  # doctor warns when other processes keep at least this many CPUs busy
 
 
 # --- doctor -------------------------------------------------------------------------
 def cmd_doctor(ns) -> int:
-    from . import __version__
-    from .doctor import check_engines
-    from .hardware import hardware_info
-    from .models import prepare
-
     hw = hardware_info()
     print(f"lablib {__version__}, Python {hw['python']}, {hw['os']} {hw['machine']}")
     print(f"CPU: {hw['cpu_model']}, {hw['cores_physical']} cores, RAM {hw['ram_bytes'] / 2**30:.1f} GiB, "
@@ -47,12 +59,7 @@ def cmd_doctor(ns) -> int:
         print(f"container caps: CPU {hw['cpu_quota'] or 'no cap'}"
               f"{' CPUs' if hw['cpu_quota'] else ''}, memory "
               f"{f'{limit / 2**30:.1f} GiB' if limit else 'no cap'}")
-    from .engines.base import default_threads
-    from .hardware import available_ram_bytes
-
     print(f"engines will use {default_threads()} threads; {available_ram_bytes() / 2**30:.1f} GiB free for them")
-    from .hardware import cpus_busy, load_average
-
     busy = cpus_busy()
     if busy >= BUSY_CPUS:
         print(f"WARNING: the machine is busy: other processes keep {busy:.1f} of {hw['cores_logical']} CPUs busy "
@@ -73,14 +80,12 @@ def cmd_doctor(ns) -> int:
 
 # --- prepare ------------------------------------------------------------------------
 def cmd_prepare(ns) -> int:
-    from .models import prepare
-
     t0 = time.perf_counter()
     rm = prepare(ns.model)
     dt = time.perf_counter() - t0
     print(f"{rm.name}: {rm.source_format}, {rm.architecture}, {rm.parameters / 1e6:.1f}M parameters, "
           f"{rm.quantization}, sha256 {rm.sha256[:16]}")
-    for fmt in ("gguf", "hf", "mlx"):
+    for fmt in FORMATS:
         print(f"  {fmt:<5} {getattr(rm, f'{fmt}_path') or '-'}")
     how = "nothing to derive" if not rm.derived else f"derived: {rm.derived}" if dt > 2 else "cached"
     print(f"ready in {dt:.2f} s ({how})")
@@ -89,12 +94,6 @@ def cmd_prepare(ns) -> int:
 
 # --- run ------------------------------------------------------------------------------
 def cmd_run(ns) -> int:
-    from .engines import load_engine
-    from .engines.base import GenerationConfig
-    from .models import prepare
-    from .results import run_manifest
-    from .workload import chat_ids, prompt_of_length, text_ids
-
     cfg = GenerationConfig(max_new_tokens=ns.max_new_tokens, ignore_eos=not ns.until_eos,
                            temperature=ns.temperature, top_p=ns.top_p, seed=ns.seed)
     rm = prepare(ns.model, log=lambda m: print(m, file=sys.stderr))
@@ -106,6 +105,14 @@ def cmd_run(ns) -> int:
         ids = chat_ids(rm, [{"role": "user", "content": ns.chat or DEFAULT_CHAT}])
     kw = {"n_ctx": ns.n_ctx} if ns.n_ctx is not None else {}
     engine = load_engine(ns.engine, rm, **kw)
+    try:
+        _run_and_print(engine, ids, cfg, ns)
+    finally:
+        engine.close()
+    return 0
+
+
+def _run_and_print(engine, ids, cfg, ns) -> None:
     for _ in range(ns.warmup):
         engine.generate(ids, cfg)
     trace = engine.generate(ids, cfg)
@@ -113,7 +120,8 @@ def cmd_run(ns) -> int:
     out.update(engine=engine.name, text=engine.detokenize(trace.token_ids))
     if ns.json:
         out["token_ids"] = trace.token_ids
-        out["manifest"] = run_manifest(engine, {"prompt_tokens": len(ids), "max_new_tokens": cfg.max_new_tokens})
+        out["manifest"] = sweep.engine_manifest(engine, {"prompt_tokens": len(ids),
+                                                          "max_new_tokens": cfg.max_new_tokens})
         print(json.dumps(out, default=str))
     else:
         print(f"{engine.name}: {out['prompt_tokens']} prompt tokens -> {out['output_tokens']} output tokens "
@@ -124,22 +132,16 @@ def cmd_run(ns) -> int:
             print(f" | TPOT {out['tpot_s'] * 1e3:.1f} ms ({out['decode_tps']:.1f} tok/s)", end="")
         print(f" | e2e {out['e2e_s']:.3f} s")
         print(f"  text: {out['text']!r}")
-    engine.close()
-    return 0
 
 
 # --- sweep and report ---------------------------------------------------------------------
 def cmd_sweep(ns) -> int:
-    from . import sweep
-    from .results import _suffix
-
     _suffix(ns.out)  # refuse a bad file name before any work
     common = dict(model=ns.model, engines=ns.engines, max_new_tokens=ns.max_new_tokens, warmup=ns.warmup,
                   out=ns.out, progress=not ns.quiet)
     if ns.kind == "context":
         df = sweep.context_sweep(prompt_tokens=ns.prompt_tokens, reps=ns.reps, **common)
-        cols = ["engine", "prompt_tokens", "repetition", "prefill_s", "prefill_tps", "ttft_s", "tpot_s",
-                "decode_tps", "e2e_s"]
+        cols = ["engine", "prompt_tokens", "repetition", *(m for m in METRICS if m != "queue_s")]
         table = df[cols] if len(df) else df
     else:
         n_prompt = sweep.positive_ints(ns.prompt_tokens, "prompt_tokens") if ns.prompt_tokens else [None]
@@ -147,18 +149,13 @@ def cmd_sweep(ns) -> int:
             raise LabError(f"--prompt-tokens {ns.prompt_tokens}: a concurrency sweep takes one prompt length")
         df = sweep.concurrency_sweep(concurrency=ns.concurrency, modes=ns.mode, requests=ns.requests,
                                      prompt_tokens=n_prompt[0], **common)
-        table = sweep.run_table(df) if len(df) else df
+        table = run_table(df) if len(df) else df
     print(table.to_string(index=False) if len(table) else "no rows")
     print(f"{len(df)} rows appended to {ns.out}")
     return 0
 
 
 def cmd_report(ns) -> int:
-    from .plots import report_html
-    from .results import load_results
-
-    from pathlib import Path
-
     html = Path(ns.html)
     if html.suffix.lower() not in (".html", ".htm"):
         raise LabError(f"--html {ns.html}: expected a file name ending in .html")
@@ -171,8 +168,6 @@ def cmd_report(ns) -> int:
 
 
 def cmd_merge(ns) -> int:
-    from .results import merge_results
-
     df = merge_results(ns.files, ns.out)
     hosts = sorted(df["hostname"].dropna().unique()) if "hostname" in df else []
     print(f"{len(df)} rows from {len(ns.files)} file(s), {len(hosts)} machine(s) {hosts} -> {ns.out}")
@@ -181,10 +176,6 @@ def cmd_merge(ns) -> int:
 
 # --- compare -------------------------------------------------------------------------------
 def cmd_compare(ns) -> int:
-    from pathlib import Path
-
-    from .compare import compare
-
     def read_json(path):
         try:
             return json.loads(Path(path).read_text())
@@ -240,6 +231,17 @@ def cmd_bench(ns) -> int:
     return bench(ns)
 
 
+def _csv(values) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def _quick_full(kind: str, setting: str) -> str:
+    """A default of lablib.config.BUDGETS as help text: "FULL (QUICK in quick mode)"."""
+    full, quick = (budget(kind, setting, q) for q in (False, True))
+    full, quick = (_csv(v) if isinstance(v, tuple) else str(v) for v in (full, quick))
+    return full if full == quick else f"{full} ({quick} in quick mode)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="lablib", description="Inference Engine Lab")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -253,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_prepare)
 
     r = sub.add_parser("run", help="run one request and print its metrics")
-    r.add_argument("--engine", required=True, help="transformers, llama.cpp or mlx")
+    r.add_argument("--engine", required=True, help=", ".join(NAMES))
     r.add_argument("--model", default=None)
     g = r.add_mutually_exclusive_group()
     g.add_argument("--prompt", help="raw text, tokenized as is")
@@ -271,17 +273,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("sweep", help="sweep context length or concurrency; rows appended to --out")
     s.add_argument("kind", choices=["context", "concurrency"])
-    s.add_argument("--engines", default="transformers,llama.cpp,mlx")
+    s.add_argument("--engines", default=",".join(NAMES))
     s.add_argument("--model", default=None)
     s.add_argument("--prompt-tokens", default=None,
-                   help="context: lengths such as 64,256,1024 (default log-spaced to the trained context); "
-                        "concurrency: one length (default 64)")
-    s.add_argument("--max-new-tokens", type=int, default=None)
-    s.add_argument("--reps", type=int, default=None, help="context: repetitions per length")
+                   help="context: lengths such as 64,256,1024, default log-spaced to the trained context "
+                        f"({_csv(budget('context', 'prompt_tokens', True))} in quick mode); concurrency: one length, "
+                        f"default {_quick_full('concurrency', 'prompt_tokens')}")
+    s.add_argument("--max-new-tokens", type=int, default=None,
+                   help=f"output tokens per request; default: context {_quick_full('context', 'max_new_tokens')}, "
+                        f"concurrency {_quick_full('concurrency', 'max_new_tokens')}")
+    s.add_argument("--reps", type=int, default=None,
+                   help=f"context: repetitions per length, default {_quick_full('context', 'reps')}")
     s.add_argument("--warmup", type=int, default=1)
-    s.add_argument("--concurrency", default="1,2,4,8", help="concurrency: client counts")
-    s.add_argument("--mode", default="serial,batched", help="concurrency: serial, batched, or serial,batched (default)")
-    s.add_argument("--requests", type=int, default=None, help="concurrency: requests per level (default 2 x C)")
+    s.add_argument("--concurrency", default=None,
+                   help=f"concurrency: client counts, default {_quick_full('concurrency', 'concurrency')}")
+    s.add_argument("--mode", default=",".join(MODES), help="concurrency: serial, batched, or serial,batched (default)")
+    s.add_argument("--requests", type=int, default=None,
+                   help=f"concurrency: requests per level (default {budget('concurrency', 'requests_per_client')} x C)")
     s.add_argument("--out", required=True, help="results file, .jsonl or .parquet (appended)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_sweep)
@@ -298,8 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compare", help="is it the engine or the model? checks in order, one verdict")
     c.add_argument("--model", default=None)
-    c.add_argument("--engines", default="transformers,llama.cpp,mlx")
-    c.add_argument("--reference", default="transformers", help="the engine the others are held against")
+    c.add_argument("--engines", default=",".join(NAMES))
+    c.add_argument("--reference", default=REFERENCE, help="the engine the others are held against")
     g = c.add_mutually_exclusive_group()
     g.add_argument("--prompt", help="raw text")
     g.add_argument("--messages", help="JSON file: a list of chat messages")

@@ -18,12 +18,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from .engines import NAMES, canonical, engine_class, load_engine
+from .engines.base import CONFIG_KEYS, GenerationConfig
 from .errors import LabError
+from .formats import gguf_config
+from .models import resolve
+from .workload import DEFAULT_MESSAGES
 
 NEAR_TIE_NATS = 0.5  # top-2 log-prob margin below which a flip is a near-tie (p1/p2 < e^0.5 = 1.65)
 KL_OK = 0.05  # nats; mean KL above this is numerics beyond rounding (first_token_flip: 0.0069)
 TOP_K = 5
+REFERENCE = "transformers"  # the default reference: float32, slow, but the faithful arithmetic
 LAYERS = ("config", "tokenizer", "template", "numerics", "none")
 
 
@@ -68,104 +75,7 @@ def _int_cols(df, *cols):
 
 
 # --- 1. config ------------------------------------------------------------------------------
-CONFIG_KEYS = ("rope_theta", "rope_scaling", "rms_norm_eps", "n_heads", "n_kv_heads", "head_dim", "n_layers",
-               "vocab_size", "context_length", "tie_word_embeddings", "bos_id", "eos_id")
-
-
-def gguf_config(path) -> dict:
-    """The settings a GGUF file states (what llama.cpp reads)."""
-    import gguf
-
-    r = gguf.GGUFReader(str(path))
-
-    def val(key, default=None):
-        f = r.fields.get(key)
-        return f.contents() if f is not None else default
-
-    arch = val("general.architecture", "")
-    heads = val(f"{arch}.attention.head_count")
-    embd = val(f"{arch}.embedding_length")
-    scaling = val(f"{arch}.rope.scaling.type")
-    names = {t.name for t in r.tensors}
-    return {
-        "rope_theta": float(val(f"{arch}.rope.freq_base", 10000.0)),
-        "rope_scaling": None if scaling in (None, "none") else {"type": scaling,
-                                                                "factor": val(f"{arch}.rope.scaling.factor")},
-        "rms_norm_eps": float(val(f"{arch}.attention.layer_norm_rms_epsilon", float("nan"))),
-        "n_heads": heads, "n_kv_heads": val(f"{arch}.attention.head_count_kv", heads),
-        "head_dim": val(f"{arch}.rope.dimension_count") or (embd // heads if embd and heads else None),
-        "n_layers": val(f"{arch}.block_count"),
-        "vocab_size": val(f"{arch}.vocab_size") or len(val("tokenizer.ggml.tokens", [])),
-        "context_length": val(f"{arch}.context_length"),
-        "tie_word_embeddings": "output.weight" not in names,
-        "bos_id": val("tokenizer.ggml.bos_token_id"), "eos_id": val("tokenizer.ggml.eos_token_id"),
-    }
-
-
-def engine_config(engine) -> dict:
-    """The settings ``engine`` uses, read from the loaded engine where it exposes them."""
-    if engine.name == "llama.cpp":
-        return _llama_config(engine)
-    if engine.name == "transformers":
-        return _hf_config(engine)
-    if engine.name == "mlx":
-        return _mlx_config(engine)
-    raise LabError(f"no config reader for engine {engine.name!r}")
-
-
-def _llama_config(e) -> dict:
-    lib, m = e._lib, e.llm._model.model
-    cfg = gguf_config(e.model.gguf_path)  # llama.cpp uses the file's values as stated
-    ctx_base = e.llm.context_params.rope_freq_base  # 0 means "from the model"
-    cfg.update(n_heads=lib.llama_model_n_head(m), n_kv_heads=lib.llama_model_n_head_kv(m),
-               n_layers=lib.llama_model_n_layer(m), context_length=lib.llama_model_n_ctx_train(m),
-               vocab_size=lib.llama_vocab_n_tokens(e.vocab), bos_id=lib.llama_vocab_bos(e.vocab),
-               eos_id=lib.llama_vocab_eos(e.vocab))
-    if ctx_base:
-        cfg["rope_theta"] = float(ctx_base)
-    return cfg
-
-
-def _rope_base_from_inv_freq(inv_freq, head_dim: int) -> float:
-    """inv_freq[i] = base^(-2i/d)  =>  base = inv_freq[1]^(-d/2) (RoFormer, Su et al. 2021)."""
-    return float(inv_freq[1]) ** (-head_dim / 2)
-
-
-def _hf_config(e) -> dict:
-    c = e.hf.config
-    heads = c.num_attention_heads
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-    rp = getattr(c, "rope_parameters", None) or {}
-    rotary = getattr(getattr(e.hf, "model", None), "rotary_emb", None)
-    theta = (float(f"{_rope_base_from_inv_freq(rotary.inv_freq, head_dim):.6g}")  # float32 round-off
-             if rotary is not None else rp.get("rope_theta", getattr(c, "rope_theta", None)))
-    scaling = None if rp.get("rope_type", "default") == "default" else {k: v for k, v in rp.items() if k != "rope_theta"}
-    eos = c.eos_token_id[0] if isinstance(c.eos_token_id, list) else c.eos_token_id
-    return {"rope_theta": theta, "rope_scaling": scaling, "rms_norm_eps": c.rms_norm_eps, "n_heads": heads,
-            "n_kv_heads": getattr(c, "num_key_value_heads", heads), "head_dim": head_dim,
-            "n_layers": c.num_hidden_layers, "vocab_size": c.vocab_size,
-            "context_length": c.max_position_embeddings,
-            "tie_word_embeddings": bool(getattr(c, "tie_word_embeddings", False)),
-            "bos_id": c.bos_token_id, "eos_id": eos}
-
-
-def _mlx_config(e) -> dict:
-    a = e.mlx_model.args
-    heads = a.num_attention_heads
-    head_dim = getattr(a, "head_dim", None) or a.hidden_size // heads
-    theta = getattr(a, "rope_theta", None)
-    try:  # the RoPE module the layers really call
-        theta = float(e.mlx_model.model.layers[0].self_attn.rope.base)
-    except AttributeError:
-        pass
-    eos = e.config.get("eos_token_id")
-    return {"rope_theta": theta, "rope_scaling": getattr(a, "rope_scaling", None),
-            "rms_norm_eps": a.rms_norm_eps, "n_heads": heads,
-            "n_kv_heads": getattr(a, "num_key_value_heads", heads) or heads, "head_dim": head_dim,
-            "n_layers": a.num_hidden_layers, "vocab_size": a.vocab_size,
-            "context_length": e.config.get("max_position_embeddings"),
-            "tie_word_embeddings": bool(getattr(a, "tie_word_embeddings", False)),
-            "bos_id": e.config.get("bos_token_id"), "eos_id": eos[0] if isinstance(eos, list) else eos}
+# each engine reads back its own settings: Engine.effective_config() in lablib/engines/
 
 
 def _same(a, b) -> bool:
@@ -185,7 +95,7 @@ def check_config(engines: dict, reference: str, gguf_path=None) -> Check:
     if gguf_path:
         cols["gguf file"] = gguf_config(gguf_path)
     for name, e in engines.items():
-        cols[name] = engine_config(e)
+        cols[name] = e.effective_config()
     ref = cols[reference]
     rows, bad = [], []
     for key in CONFIG_KEYS:
@@ -238,9 +148,8 @@ def check_tokenizer(engines: dict, reference: str, text: str) -> Check:
 
 # --- 3. chat template ---------------------------------------------------------------------------
 TEMPLATE_CASES = {
-    "one turn": [{"role": "user", "content": "What is the capital of France?"}],
-    "one turn + system": [{"role": "system", "content": "You answer in one word."},
-                          {"role": "user", "content": "What is the capital of France?"}],
+    "one turn": DEFAULT_MESSAGES,
+    "one turn + system": [{"role": "system", "content": "You answer in one word."}, *DEFAULT_MESSAGES],
     "two turns": [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello. How can I help?"},
                   {"role": "user", "content": "Name a river."}],
     "two turns + system": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"},
@@ -341,40 +250,60 @@ def check_logits(engines: dict, reference: str, ids: list[int], k: int = TOP_K) 
 
 
 # --- 5. generation --------------------------------------------------------------------------------
-def check_generation(engines: dict, reference: str, ids: list[int], max_new_tokens: int = 24) -> Check:
-    """Greedy continuations side by side; the first generated position where each differs
-    from the reference, and the reference's top-2 margin there."""
-    import pandas as pd
+def _topk_next(engine, ids: list[int], k: int) -> dict | None:
+    """``engine``'s top-k next tokens after ``ids``: {"ids", "logp" (nats), "pieces"}; None when
+    the engine exposes no logits."""
+    import numpy as np
 
-    from .engines.base import GenerationConfig
+    try:
+        lp = log_softmax(engine.logits(ids)[-1])
+    except NotImplementedError:
+        return None
+    top = np.argsort(-lp)[:k]
+    return {"ids": [int(t) for t in top], "logp": [float(lp[t]) for t in top],
+            "pieces": [engine.detokenize([int(t)]) for t in top]}
+
+
+def check_generation(engines: dict, reference: str, ids: list[int], max_new_tokens: int = 24,
+                     k: int = TOP_K) -> Check:
+    """Greedy continuations side by side; the first generated position where each differs
+    from the reference, and the reference's top-2 margin there.
+
+    ``details["topk"][engine]``: at that engine's divergence, the top-``k`` next tokens of the
+    reference and of the engine ({"position", reference name: {"ids", "logp", "pieces"},
+    engine name: {...}}), what :func:`lablib.plots.topk_at_divergence` draws.
+    """
+    import pandas as pd
 
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
     outs = {name: e.generate(ids, cfg).token_ids for name, e in engines.items()}
     ref_out = outs[reference]
-    rows, bad = [], []
+    rows, bad, topk = [], [], {}
     for name, out in outs.items():
         pos = first_difference(ref_out, out)
         row = {"engine": name, "text": engines[name].detokenize(out), "first_divergence": pos, "ids": out}
         if pos is not None:
-            lg = engines[reference].logits(ids + ref_out[:pos])[-1]
-            lp = log_softmax(lg)
-            top = (-lp).argsort()[:2]
-            row.update(reference_top2=top.tolist(), margin_ref=float(lp[top[0]] - lp[top[1]]),
+            context = list(ids) + list(ref_out[:pos])
+            ref_top = _topk_next(engines[reference], context, max(k, 2))
+            lp = ref_top["logp"]
+            row.update(reference_top2=ref_top["ids"][:2], margin_ref=float(lp[0] - lp[1]),
                        reference_token=engines[reference].detokenize([ref_out[pos]]),
                        engine_token=engines[name].detokenize([out[pos]]))
+            topk[name] = {"position": pos, reference: {key: v[:k] for key, v in ref_top.items()},
+                          name: _topk_next(engines[name], context, k)}
             bad.append(name)
         rows.append(row)
     df = _int_cols(pd.DataFrame(rows), "first_divergence")
     if not bad:
         return Check("generation", True, f"greedy texts agree for {max_new_tokens} tokens", df,
-                     {"prompt_ids": list(ids), "reference": reference})
+                     {"prompt_ids": list(ids), "reference": reference, "topk": topk})
     first = df[df["engine"].isin(bad)].sort_values("first_divergence").iloc[0]
     verdict = (f"{first['engine']} diverges from {reference} at generated token {int(first['first_divergence'])}: "
                f"{first['engine_token']!r} vs {first['reference_token']!r} (reference top-2 margin "
                f"{first['margin_ref']:.3f} nats)")
     return Check("generation", False, verdict, df,
                  {"position": int(first["first_divergence"]), "margin_ref": float(first["margin_ref"]),
-                  "engine": first["engine"], "prompt_ids": list(ids), "reference": reference})
+                  "engine": first["engine"], "prompt_ids": list(ids), "reference": reference, "topk": topk})
 
 
 # --- all checks, one verdict ---------------------------------------------------------------------------
@@ -410,43 +339,39 @@ def decide(checks: list[Check]) -> dict:
             "text": "no disagreement found: config, tokenizer, template, logits and greedy text agree"}
 
 
-def compare(model=None, engines=("transformers", "llama.cpp", "mlx"), reference: str = "transformers",
+def compare(model=None, engines=NAMES, reference: str = REFERENCE,
             prompt: str | None = None, messages: list | None = None, ids: list | None = None,
             max_new_tokens: int = 24, engine_models: dict | None = None, loaded: dict | None = None) -> Comparison:
     """Run the five checks on ``engines`` against ``reference`` and decide.
 
     The prompt is ``ids``, or ``messages`` rendered by the reference's chat
     template, or ``prompt`` text through the reference's tokenizer (default:
-    the chat question "What is the capital of France?"). ``engine_models``
+    :data:`lablib.workload.DEFAULT_MESSAGES`). ``engine_models``
     maps an engine name to another model (path or ResolvedModel) for that
     engine, e.g. a suspicious MLX folder; ``loaded`` passes engines already
-    loaded. MLX loads as mlx-lm alone would read the folder (no config fixes),
-    so the check sees what a plain mlx-lm user sees.
+    loaded. Each engine loads as its library alone would read the model
+    (``Engine.compare_load_kwargs``: MLX without the lab's config fixes), so the
+    check sees what a plain user of that library sees.
     """
-    from .engines import canonical, load_engine
-    from .engines.base import GenerationConfig
-    from .models import ResolvedModel, prepare
-
     GenerationConfig(max_new_tokens=max_new_tokens)  # a bad budget is refused before any engine loads
     names = [canonical(n) for n in engines]
     reference = canonical(reference)
     if reference not in names:
         names.insert(0, reference)
-    rm = model if isinstance(model, ResolvedModel) else prepare(model)
+    rm = resolve(model)
     loaded = dict(loaded or {})
     for name in names:
         if name in loaded:
             continue
         m = (engine_models or {}).get(name, rm)
-        kw = {"fix_config": False} if name == "mlx" else {}
-        loaded[name] = load_engine(name, m if isinstance(m, ResolvedModel) else prepare(m), **kw)
+        loaded[name] = load_engine(name, resolve(m), **engine_class(name).compare_load_kwargs)
     engs = {n: loaded[n] for n in names}
     ref = engs[reference]
     if ids is None:
         if prompt is not None:
             ids = ref.tokenize(prompt)
         else:
-            ids = ref.apply_chat_template(messages or TEMPLATE_CASES["one turn"])
+            ids = ref.apply_chat_template(messages or DEFAULT_MESSAGES)
     checks = [check_config(engs, reference, rm.gguf_path)]
     checks.append(check_tokenizer(engs, reference, prompt if prompt is not None else _PROBE_TEXT))
     checks.append(check_template(engs, reference))
@@ -470,8 +395,6 @@ class TokenizerView:
 
     @classmethod
     def from_gguf(cls, gguf_path, name: str = "transformers (GGUF tokenizer)"):
-        from pathlib import Path
-
         from transformers import AutoTokenizer
 
         p = Path(gguf_path)
@@ -493,3 +416,6 @@ class TokenizerView:
 
     def logits(self, ids):
         raise NotImplementedError(f"{self.name} is a tokenizer only, it has no model")
+
+    def effective_config(self) -> dict:
+        raise LabError(f"{self.name} is a tokenizer only: it has no model config to compare")

@@ -15,35 +15,45 @@ are done. Two scheduling modes per engine:
   transformers' ``ContinuousBatchingManager``. Several sequences advance in one
   engine step and new requests join as others finish.
 
-A batch session (one per engine module) has ``submit(ids, trace)``,
-``step() -> finished traces``, ``pending`` (submitted, unfinished requests),
-``stats`` (a dict counted from the engine's own state, not from clocks: ``steps``,
-``max_sequences_per_step``, ...) and ``close()``.
+A batch session (one per engine module) follows
+:class:`lablib.engines.base.BatchSession`; what a run counted is a
+:class:`lablib.engines.base.BatchStats`.
 """
+
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from .engines.base import GenerationConfig
+from .engines.base import BatchStats, GenerationConfig
 from .errors import LabError
 from .trace import RequestTrace, now
 
 MODES = ("serial", "batched")
 
 
+@dataclass
+class ClosedLoopRun:
+    """What :func:`run_closed_loop` returns: the R traces in submission order, and what the
+    engine counted (``stats.max_sequences_per_step``: how many sequences advanced together)."""
+
+    traces: list[RequestTrace]
+    stats: BatchStats
+
+
 def run_closed_loop(engine, prompts: list[list[int]], concurrency: int, mode: str,
                     cfg: GenerationConfig,
-                    on_trace: Callable[[RequestTrace], None] | None = None) -> list[RequestTrace]:
-    """C clients, R = len(prompts) requests, in closed loop; returns the R traces in submission order.
+                    on_trace: Callable[[RequestTrace], None] | None = None) -> ClosedLoopRun:
+    """C clients, R = len(prompts) requests, in closed loop; returns the R traces in submission order
+    and the engine's counts (a :class:`ClosedLoopRun`).
 
     ``prompts[i]``: token ids of request i (requests are submitted in index
     order). Each trace has ``t_submit`` (entered the lab's queue), ``t_start``
     (the engine began work on it), one ``t_tokens[i]`` per token id (seconds,
-    the lab's clock), and the attributes ``request_index`` and ``client``
+    the lab's clock), and the fields ``request_index`` and ``client``
     (0..C-1). ``on_trace(trace)`` is called as each request finishes, in finish
-    order (after its client submitted its next request). After the run,
-    ``last_batch_stats(engine)`` tells how many sequences advanced together.
+    order (after its client submitted its next request).
 
     Raises LabError for concurrency < 1, an empty prompt list or prompt, an
     unknown mode, or an engine without batched mode; ContextOverflowError
@@ -65,17 +75,6 @@ def run_closed_loop(engine, prompts: list[list[int]], concurrency: int, mode: st
     return run(engine, prompts, min(concurrency, len(prompts)), cfg, on_trace or (lambda trace: None))
 
 
-def last_batch_stats(engine) -> dict | None:
-    """What the last :func:`run_closed_loop` on ``engine`` counted (None before any run).
-
-    Keys: ``mode``, ``concurrency``, ``requests``, ``engine``, ``impl``,
-    ``steps`` (engine steps: forward passes / decode calls), ``max_sequences_per_step``
-    (the most sequences that advanced in one step: the evidence of batching),
-    ``prompt_tokens`` and ``generated_tokens``, plus engine-specific counters.
-    """
-    return getattr(engine, "last_batch_stats", None)
-
-
 def _labelled(trace: RequestTrace, index: int, client: int) -> RequestTrace:
     trace.request_index, trace.client = index, client
     return trace
@@ -95,24 +94,19 @@ def _run_serial(engine, prompts, clients, cfg, on_trace):
             queue.append((submitted, client, trace.t_tokens[-1]))
             submitted += 1
         on_trace(trace)
-    engine.last_batch_stats = {"mode": "serial", "concurrency": clients, "requests": R,
-                               "engine": engine.name, "impl": "engine.generate, one request at a time",
-                               "steps": None, "max_sequences_per_step": 1,
-                               "prompt_tokens": sum(t.prompt_tokens for t in traces),
-                               "generated_tokens": sum(t.output_tokens for t in traces)}
-    return traces
+    stats = BatchStats(mode="serial", concurrency=clients, requests=R, engine=engine.name,
+                       impl="engine.generate, one request at a time", steps=None, max_sequences_per_step=1,
+                       prompt_tokens=sum(t.prompt_tokens for t in traces),
+                       generated_tokens=sum(t.output_tokens for t in traces))
+    return ClosedLoopRun(traces, stats)
 
 
 def _run_batched(engine, prompts, clients, cfg, on_trace):
     """The engine's continuous batching: up to ``clients`` sequences in flight."""
-    if not hasattr(engine, "batch_session"):
-        raise LabError(f"engine {engine.name} has no batched mode; use mode='serial'")
     R = len(prompts)
     longest = max(len(p) for p in prompts) + cfg.max_new_tokens
-    threads = engine.adapt_threads() if hasattr(engine, "adapt_threads") else None
+    threads = engine.adapt_threads()
     session = engine.batch_session(cfg, max_sequences=clients, max_seq_tokens=longest)
-    stats = {"mode": "batched", "concurrency": clients, "requests": R}
-    engine.last_batch_stats = stats
     traces: list[RequestTrace | None] = [None] * R
 
     def submit(i: int, client: int, t_submit: float) -> None:
@@ -133,5 +127,5 @@ def _run_batched(engine, prompts, clients, cfg, on_trace):
                 on_trace(trace)
     finally:
         session.close()
-        stats.update(session.stats)
-    return traces
+    stats = BatchStats.from_counts(session.stats, mode="batched", concurrency=clients, requests=R)
+    return ClosedLoopRun(traces, stats)

@@ -33,7 +33,7 @@ def check_engine(name: str, model: str | None = None, timeout: float = 300) -> d
 
     from .engines import ENGINES
 
-    _, _, module, install = ENGINES[name]
+    module, install = ENGINES[name].requires, ENGINES[name].install_hint
     if importlib.util.find_spec(module) is None:
         return {"engine": name, "usable": False, "detail": f"not installed (no module {module!r}); {install}"}
     cmd = [sys.executable, "-c", _SMOKE, name] + ([model] if model else [])

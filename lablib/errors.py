@@ -15,3 +15,12 @@ class FormatError(LabError):
 
 class EngineUnavailable(LabError):
     """An engine's library is not installed or cannot load here."""
+
+
+class TraceError(LabError, ValueError):
+    """A metric asked of a trace that lacks the timestamps it needs (a ValueError too)."""
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (at most 200 characters), for one-line errors."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]

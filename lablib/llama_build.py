@@ -565,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
             print("CPU extensions that run here:",
                   " ".join(k[5:] for k, ok in features.items() if ok) or "none",
                   "| refused:", " ".join(k[5:] for k, ok in features.items() if not ok) or "none")
-        from .models import lab_home
+        from .config import lab_home
 
         root = Path(ns.cache) if ns.cache else lab_home() / "wheels"
         wheel, report = verified_build(features, root, Path(ns.model) if ns.model else None,

@@ -130,7 +130,8 @@ def run_load(
             raise LabError("an open loop needs rate=R (requests per second; math.inf for all at once)")
         schedule = arrival_schedule(len(prompts), rate, arrival, burstiness, seed)
     manifest = manifest or run_manifest(
-        engine,
+        engine.info().to_dict(),
+        engine.model.manifest(),
         {
             "mode": mode,
             "requests": len(prompts),
@@ -368,7 +369,7 @@ def summarize(rows, ttft_s: float | None = None, tpot_s: float | None = None, e2
     tpot_s, e2e_s, queue_s, itl_s (every inter-token gap of every request) and chunk_gaps_s (every gap
     between content chunks; None without HTTP rows), plus
     ``schedule_lag_s_max`` for open loops."""
-    from .trace import percentile
+    from .tables import percentile
 
     rows = _records(rows)
     ok = [r for r in rows if not r.get("error") and r.get("ttft_s") is not None]

@@ -1,10 +1,32 @@
 """plotly figures. Each engine keeps one color everywhere; axes carry units; hover shows numbers.
 
-Every function here is a pure function of a results DataFrame (one row per
-measured request, the schema of :func:`lablib.results.trace_row`) and returns a
-``plotly.graph_objects.Figure``. Rows with an ``error`` are left out.
+Every function here is a pure function of tidy rows (a results DataFrame, one row
+per measured request, the columns of :mod:`lablib.schema`) or of what a comparison
+stored (:mod:`lablib.compare`), and returns a ``plotly.graph_objects.Figure``. The
+numbers come from :mod:`lablib.tables`; a figure only draws. Rows with an ``error``
+are left out. One HTML report of several figures: :mod:`lablib.report`.
 """
+
 from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from .errors import LabError
+from .schema import CLOCKS, FACETS
+from .tables import (
+    concurrency_summary,
+    context_medians,
+    engine_medians,
+    need,
+    nonempty,
+    ok_rows,
+    sweep_rows,
+    timeline_segments,
+)
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 ENGINE_COLORS = {"transformers": "#F2A900", "llama.cpp": "#3D7DCA", "mlx": "#2CA58D"}
 PHASE_OPACITY = {"prefill": 1.0, "decode": 0.55}
@@ -14,7 +36,6 @@ QUEUE_COLOR = "#B0B0B0"
 LEGEND_COLOR = "#555555"
 MODE_DASH = {"serial": "dash", "batched": "solid"}
 MODE_ORDER = ("single", "serial", "batched")
-FACETS = ("hostname", "cpu_model")
 
 
 def color(engine: str) -> str:
@@ -27,41 +48,6 @@ def mode_dash(mode: str) -> str:
     return MODE_DASH.get(mode, "dot")
 
 
-# --- selecting rows -----------------------------------------------------------------------------
-def _need(df, columns, what: str) -> None:
-    from .errors import LabError
-
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise LabError(f"{what} needs the columns {', '.join(missing)}; the data has {', '.join(map(str, df.columns))}")
-
-
-def _ok(df):
-    """Rows without an error."""
-    if "error" in df.columns:
-        df = df[df["error"].isna()]
-    return df
-
-
-def sweep_rows(df, sweep: str):
-    """The rows of one sweep kind ("context" or "concurrency").
-
-    Rows without a ``sweep`` column (``side_by_side``) count as context rows.
-    """
-    df = _ok(df)
-    if "sweep" not in df.columns:
-        return df if sweep == "context" else df.iloc[0:0]
-    return df[df["sweep"] == sweep]
-
-
-def _nonempty(df, what: str, hint: str):
-    from .errors import LabError
-
-    if len(df) == 0:
-        raise LabError(f"{what}: no rows to plot; {hint}")
-    return df
-
-
 def _engines(df) -> list[str]:
     return list(dict.fromkeys(df["engine"]))
 
@@ -71,30 +57,8 @@ def _modes(df) -> list[str]:
     return [m for m in MODE_ORDER if m in present] + [m for m in present if m not in MODE_ORDER]
 
 
-def _pct(values, q: float) -> float:
-    import numpy as np
-
-    vals = [v for v in values if v is not None and v == v]
-    return float(np.percentile(vals, q)) if vals else float("nan")
-
-
 # --- context sweep ------------------------------------------------------------------------------
-def _context_medians(df):
-    d = _nonempty(sweep_rows(df, "context"), "context figure",
-                  "run lablib.sweep.context_sweep(...) or load a results file with context rows")
-    _need(d, ["engine", "prompt_tokens", "output_tokens", "prefill_s", "decode_s", "prefill_tps", "tpot_s"],
-          "context figure")
-    d = d.assign(tpot_ms=d["tpot_s"].astype(float) * 1000.0)
-    g = d.groupby(["engine", "prompt_tokens"], sort=False)
-    med = g.agg(prefill_s=("prefill_s", "median"), decode_s=("decode_s", "median"),
-                prefill_tps=("prefill_tps", "median"), prefill_tps_min=("prefill_tps", "min"),
-                prefill_tps_max=("prefill_tps", "max"), tpot_ms=("tpot_ms", "median"),
-                tpot_ms_min=("tpot_ms", "min"), tpot_ms_max=("tpot_ms", "max"),
-                output_tokens=("output_tokens", "median"), n=("prefill_s", "size")).reset_index()
-    return med.sort_values("prompt_tokens", kind="stable")
-
-
-def context_bars(df, title: str | None = None):
+def context_bars(df, title: str | None = None) -> go.Figure:
     """Stacked prefill (solid) and decode (hatched) bars: median seconds per engine, side by side,
     grouped by prompt length.
 
@@ -103,7 +67,7 @@ def context_bars(df, title: str | None = None):
     """
     import plotly.graph_objects as go
 
-    med = _context_medians(df)
+    med = context_medians(df)
     lengths = sorted(med["prompt_tokens"].unique())
     fig = go.Figure()
     for engine in _engines(med):
@@ -131,7 +95,7 @@ def context_bars(df, title: str | None = None):
     return fig
 
 
-def context_lines(df, title: str | None = None):
+def context_lines(df, title: str | None = None) -> go.Figure:
     """Two panels against prompt length (log x): prefill tokens/s and TPOT in ms; one line per engine,
     medians with min-max error bars.
 
@@ -140,7 +104,7 @@ def context_lines(df, title: str | None = None):
     """
     from plotly.subplots import make_subplots
 
-    med = _context_medians(df)
+    med = context_medians(df)
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
                         subplot_titles=("Prefill speed (compute-bound)", "Decode: time per output token"))
     for engine in _engines(med):
@@ -168,32 +132,7 @@ def context_lines(df, title: str | None = None):
 
 
 # --- concurrency sweep --------------------------------------------------------------------------
-def run_table(df):
-    """Per-run table (see :func:`lablib.sweep.run_table`, where it is computed)."""
-    from .sweep import run_table as _run_table
-
-    return _run_table(_ok(df))
-
-
-def concurrency_summary(df, facet_by: str | None = None):
-    """Per (facet, engine, mode, concurrency): median run output_tps over runs, and TTFT p50/p95 (s)
-    over all requests of those runs. Needs the columns of :func:`run_table`."""
-    import pandas as pd
-
-    d = _ok(df)
-    runs = run_table(d)
-    keys = ([facet_by] if facet_by else []) + ["engine", "mode", "concurrency"]
-    rows = []
-    for key, r in d.groupby(keys, sort=False):
-        key = key if isinstance(key, tuple) else (key,)
-        sel = runs[runs["run_id"].isin(r["run_id"].unique())]
-        rows.append(dict(zip(keys, key), runs=len(sel), requests=len(r),
-                         output_tps=float(sel["output_tps"].median()),
-                         ttft_p50_s=_pct(r["ttft_s"], 50), ttft_p95_s=_pct(r["ttft_s"], 95)))
-    return pd.DataFrame(rows)
-
-
-def concurrency_lines(df, facet_by: str | None = None, title: str | None = None):
+def concurrency_lines(df, facet_by: str | None = None, title: str | None = None) -> go.Figure:
     """Three panels against concurrency (log x): run output tokens/s, TTFT p50 and TTFT p95 (ms,
     shared y axis); one line per engine and mode, serial dashed, batched solid.
 
@@ -203,14 +142,12 @@ def concurrency_lines(df, facet_by: str | None = None, title: str | None = None)
     """
     from plotly.subplots import make_subplots
 
-    from .errors import LabError
-
-    d = _nonempty(sweep_rows(df, "concurrency"), "concurrency figure",
+    d = nonempty(sweep_rows(df, "concurrency"), "concurrency figure",
                   "run lablib.sweep.concurrency_sweep(...) or load a results file with concurrency rows")
     if facet_by is not None:
         if facet_by not in FACETS:
             raise LabError(f"facet_by={facet_by!r}: expected None, 'hostname' or 'cpu_model'")
-        _need(d, [facet_by], "concurrency_lines(facet_by=...)")
+        need(d, [facet_by], "concurrency_lines(facet_by=...)")
     summ = concurrency_summary(d, facet_by)
     facets = list(dict.fromkeys(summ[facet_by])) if facet_by else [None]
     fig = make_subplots(
@@ -260,13 +197,11 @@ def concurrency_lines(df, facet_by: str | None = None, title: str | None = None)
 
 def _pick_runs(df, mode, concurrency):
     """The rows of one run per (mode, engine): the first run at ``concurrency`` (default: the highest)."""
-    from .errors import LabError
-
     d = sweep_rows(df, "concurrency")
     if len(d) == 0:
-        d = _ok(df)
-    d = _nonempty(d, "timeline", "run lablib.sweep.concurrency_sweep(...) first")
-    _need(d, ["engine", "mode", "concurrency", "t_submit", "t_start", "t_first_token", "t_last_token"], "timeline")
+        d = ok_rows(df)
+    d = nonempty(d, "timeline", "run lablib.sweep.concurrency_sweep(...) first")
+    need(d, ["engine", "mode", "concurrency", *CLOCKS], "timeline")
     if mode is not None:
         if mode not in set(d["mode"]):
             raise LabError(f"timeline: mode={mode!r} is not in the data (modes: {', '.join(_modes(d))})")
@@ -288,25 +223,7 @@ def _pick_runs(df, mode, concurrency):
     return picked, int(concurrency)
 
 
-def timeline_segments(run):
-    """Segments of one run, times relative to its first t_submit (s): a DataFrame with one row
-    per request in arrival order: request_index, prompt_tokens, output_tokens, queue (start, end),
-    prefill (start, end) and decode (start, end).
-
-    Needs: t_submit, t_start, t_first_token, t_last_token (request_index when present)."""
-    r = run.copy()
-    if "request_index" not in r.columns:
-        r["request_index"] = range(len(r))
-    r = r.sort_values(["t_submit", "request_index"], kind="stable")
-    t0 = r["t_submit"].min()
-    out = r[["request_index"] + [c for c in ("prompt_tokens", "output_tokens") if c in r.columns]].copy()
-    out["queue_start"], out["queue_end"] = r["t_submit"] - t0, r["t_start"] - t0
-    out["prefill_start"], out["prefill_end"] = r["t_start"] - t0, r["t_first_token"] - t0
-    out["decode_start"], out["decode_end"] = r["t_first_token"] - t0, r["t_last_token"] - t0
-    return out.reset_index(drop=True)
-
-
-def timeline(df, mode: str | None = None, concurrency: int | None = None, title: str | None = None):
+def timeline(df, mode: str | None = None, concurrency: int | None = None, title: str | None = None) -> go.Figure:
     """Request timeline: one panel per engine (columns) and mode (rows); one bar row per request
     in arrival order, with segments queue (grey, t_submit→t_start), prefill (solid,
     t_start→t_first_token) and decode (hatched, t_first_token→t_last_token), in seconds since the
@@ -371,14 +288,14 @@ def timeline(df, mode: str | None = None, concurrency: int | None = None, title:
 
 
 # --- one-engine-run figure (lab 01) ---------------------------------------------------------------
-def prefill_decode_bars(df, title: str | None = None):
+def prefill_decode_bars(df, title: str | None = None) -> go.Figure:
     """Stacked bars, one per engine side by side: median prefill time and median
     decode time (first to last token) of the requests in ``df``, seconds.
 
     Needs: engine, prefill_s, decode_s, prompt_tokens, output_tokens."""
     import plotly.graph_objects as go
 
-    med = df.groupby("engine", sort=False)[["prefill_s", "decode_s", "prompt_tokens", "output_tokens"]].median()
+    med = engine_medians(df)
     engines = list(med.index)
     fig = go.Figure()
     for phase in ("prefill", "decode"):
@@ -403,83 +320,8 @@ def prefill_decode_bars(df, title: str | None = None):
     return fig
 
 
-# --- one HTML report ------------------------------------------------------------------------------
-MANIFEST_COLUMNS = ("engine", "engine_version", "backend", "dtype", "threads", "quantization", "model",
-                    "cpu_model", "cores", "ram_bytes", "cpu_quota", "memory_limit_bytes", "accelerator",
-                    "hostname", "lablib_version")
-
-
-def manifest_table(df):
-    """The manifest basics, one row per (hostname, engine): versions, dtype, threads, quantization,
-    model, CPU, cores, RAM (GiB), accelerator, lablib version, first/last time, and row counts."""
-    d = df.copy()
-    cols = [c for c in MANIFEST_COLUMNS if c in d.columns]
-    if "ram_bytes" in cols:
-        d["ram_gib"] = (d["ram_bytes"].astype(float) / 2**30).round(1)
-        cols[cols.index("ram_bytes")] = "ram_gib"
-    keys = [c for c in ("hostname", "engine") if c in cols]
-    if not keys:
-        return d.iloc[0:0]
-    agg = {c: (c, "first") for c in cols if c not in keys}
-    if "time" in d.columns:
-        agg.update(first_time=("time", "min"), last_time=("time", "max"))
-    agg["requests"] = (keys[0], "size")
-    return d.groupby(keys, sort=False, dropna=False).agg(**agg).reset_index()
-
-
-def report_figures(df) -> list:
-    """The figures ``df`` supports: context_bars and context_lines when there are context rows,
-    concurrency_lines (faceted by hostname when there are several) and timeline when there are
-    concurrency rows."""
-    figs = []
-    if len(sweep_rows(df, "context")):
-        figs += [context_bars(df), context_lines(df)]
-    conc = sweep_rows(df, "concurrency")
-    if len(conc):
-        facet = "hostname" if "hostname" in conc.columns and conc["hostname"].nunique() > 1 else None
-        figs.append(concurrency_lines(df, facet_by=facet))
-        figs.append(timeline(df))
-    return figs
-
-
-def report_html(df, path, title: str = "Inference Engine Lab results"):
-    """Write every figure the data supports (see :func:`report_figures`) and a table of the manifest
-    basics into ONE self-contained HTML file (plotly.js embedded once); returns the path.
-
-    Needs: the columns of the figures it draws; the manifest fields when present."""
-    import html
-    from pathlib import Path
-
-    from .errors import LabError
-
-    d = _ok(df)
-    if len(d) == 0:
-        raise LabError("report_html: no rows to report; run a sweep or load a results file first")
-    figs = report_figures(d)
-    if not figs:
-        raise LabError("report_html: no context or concurrency rows in the data (column 'sweep')")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = manifest_table(d).to_html(index=False, border=0, classes="manifest", na_rep="–")
-    parts = [
-        "<!DOCTYPE html>", "<html><head><meta charset='utf-8'>", f"<title>{html.escape(title)}</title>",
-        "<style>body{font-family:system-ui,sans-serif;margin:2em;color:#222}"
-        "table.manifest{border-collapse:collapse;font-size:13px}"
-        "table.manifest td,table.manifest th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:left}"
-        "</style></head><body>",
-        f"<h1>{html.escape(title)}</h1>",
-        f"<p>{len(d)} measured requests; models: {html.escape(', '.join(map(str, d.get('model', ['?']).unique())))}."
-        "</p><h2>Run manifest</h2>", table,
-    ]
-    for i, fig in enumerate(figs):
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
-    parts.append("</body></html>")
-    path.write_text("\n".join(parts), encoding="utf-8")
-    return path
-
-
 # --- engine or model? (lablib.compare) ----------------------------------------------------------
-def kl_per_position(comparison, engine: str):
+def kl_per_position(comparison, engine: str) -> go.Figure:
     """KL(reference || engine) of the next-token distribution at each prompt position (nats),
     with the positions where the argmax differs marked. ``comparison``: lablib.compare.compare()."""
     import numpy as np
@@ -487,7 +329,7 @@ def kl_per_position(comparison, engine: str):
 
     stats = comparison.check("logits").details.get("stats", {})
     if engine not in stats:
-        raise ValueError(f"no logit comparison for {engine!r} (have: {', '.join(stats) or 'none'})")
+        raise LabError(f"no logit comparison for {engine!r} (have: {', '.join(stats) or 'none'})")
     s = stats[engine]
     pos = np.arange(len(s["kl"]))
     flip = s["argmax"] != s["argmax_ref"]
@@ -506,32 +348,30 @@ def kl_per_position(comparison, engine: str):
     return fig
 
 
-def topk_at_divergence(comparison, engine: str, engines: dict, k: int = 5):
+def topk_at_divergence(comparison, engine: str, k: int | None = None) -> go.Figure:
     """The reference's and ``engine``'s top-k next tokens (probabilities) where their greedy
-    texts part; ``engines``: the loaded engines by name (to name the tokens)."""
-    import numpy as np
-    import pandas as pd
+    texts part, as :func:`lablib.compare.check_generation` stored them (``k``: at most the
+    stored number, default all of them)."""
     import plotly.graph_objects as go
-
-    from .compare import log_softmax
 
     gen = comparison.check("generation")
     ref_name = gen.details["reference"]
-    table = gen.table.set_index("engine")
-    pos = table.loc[engine, "first_divergence"]
-    if pos is None or pos is pd.NA:
-        raise ValueError(f"{engine} does not diverge from the reference {ref_name}")
-    pos = int(pos)
-    ids = list(gen.details["prompt_ids"]) + list(table.loc[ref_name, "ids"])[:pos]
+    stored = gen.details.get("topk", {}).get(engine)
+    if stored is None:
+        raise LabError(f"{engine} does not diverge from the reference {ref_name}: no top-k to show")
+    pos = stored["position"]
     fig = go.Figure()
     for name in (ref_name, engine):
-        lp = log_softmax(engines[name].logits(ids)[-1])
-        top = np.argsort(-lp)[:k]
-        labels = [repr(engines[name].detokenize([int(t)])) for t in top]
-        fig.add_bar(name=name, x=np.exp(lp[top]), y=[f"{lab} ({int(t)})" for lab, t in zip(labels, top)],
+        top = stored.get(name)
+        if top is None:
+            raise LabError(f"{name} exposes no logits: no top-k stored at the divergence")
+        n = len(top["ids"]) if k is None else min(k, len(top["ids"]))
+        fig.add_bar(name=name, x=[math.exp(lp) for lp in top["logp"][:n]],
+                    y=[f"{piece!r} ({t})" for piece, t in zip(top["pieces"][:n], top["ids"][:n])],
                     orientation="h", marker_color=color(name),
                     hovertemplate=f"{name}<br>%{{y}}: p = %{{x:.3f}}<extra></extra>")
+    shown = len(fig.data[0].x)
     fig.update_layout(template="plotly_white", barmode="group", yaxis_autorange="reversed",
-                      title=f"Top-{k} next tokens at generated position {pos}", xaxis_title="probability",
+                      title=f"Top-{shown} next tokens at generated position {pos}", xaxis_title="probability",
                       yaxis_title="token (id)")
     return fig

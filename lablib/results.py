@@ -1,26 +1,35 @@
-"""Tidy results: one row per request, with the run manifest attached.
+"""Tidy results: one row per request, with the run manifest attached, durable on disk.
 
 Every result carries the manifest of DESIGN.md: model (id, architecture,
 parameters, format, quantization, file hash), engine (name, version, backend,
 flags), hardware (CPU model, cores, RAM, accelerator), workload, lablib
-version and time.
+version and time. The row's columns are declared in :mod:`lablib.schema`.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
+import json
+import os
+import tempfile
+from pathlib import Path
 
+from ._version import __version__
+from .errors import LabError, first_line
+from .hardware import hardware_info, load_average
+from .schema import CLOCKS, METRICS, flatten_manifest
 from .trace import RequestTrace
 
 
-def run_manifest(engine, workload: dict | None = None) -> dict:
-    """The manifest of a run on ``engine`` (an Engine); ``workload`` describes the requests."""
-    from . import __version__
-    from .hardware import hardware_info, load_average
-
+def run_manifest(engine_info: dict, model: dict, workload: dict | None = None) -> dict:
+    """The manifest of a run: ``engine_info`` (``Engine.info().to_dict()``), ``model``
+    (``ResolvedModel.manifest()``), ``workload`` (what the requests were), plus this machine's
+    hardware with its 1-minute load average when the run started, the lablib version and the
+    time (UTC)."""
     return {
-        "model": engine.model.manifest(),
-        "engine": engine.info().to_dict(),
-        "hardware": {**hardware_info(), "load_avg_1m": load_average()},  # the load when the run started
+        "model": model,
+        "engine": engine_info,
+        "hardware": {**hardware_info(), "load_avg_1m": load_average()},
         "workload": workload or {},
         "lablib_version": __version__,
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -28,25 +37,17 @@ def run_manifest(engine, workload: dict | None = None) -> dict:
 
 
 def trace_row(trace: RequestTrace, manifest: dict, **labels) -> dict:
-    """One tidy row: labels (repetition, mode...), the metrics, and flattened manifest fields."""
+    """One tidy row (:data:`lablib.schema.COLUMNS`): labels (repetition, mode...; a closed loop's
+    ``request_index`` and ``client`` from the trace when not given), the metrics, the raw clocks
+    and the flattened manifest fields."""
     row = dict(labels)
+    for label in ("request_index", "client"):
+        if label not in row and getattr(trace, label) is not None:
+            row[label] = getattr(trace, label)
     row.update(trace.metrics())
     row["itl_s"] = trace.itl_s
-    # raw clock readings (perf_counter seconds, comparable within one process/run): timelines
-    row.update(t_submit=trace.t_submit, t_start=trace.t_start, t_first_token=trace.t_tokens[0],
-               t_last_token=trace.t_tokens[-1])
-    m, e, h = manifest["model"], manifest["engine"], manifest["hardware"]
-    row.update({
-        "engine": e["name"], "engine_version": e["version"], "backend": e["backend"],
-        "dtype": e["dtype"], "threads": e["threads"], "n_ctx": e["n_ctx"],
-        "model": m["id"], "model_format": m["format"], "quantization": m["quantization"],
-        "model_sha256": m["file_sha256"], "cpu_model": h["cpu_model"],
-        "cores": h["cores_physical"], "ram_bytes": h["ram_bytes"], "accelerator": h["accelerator"],
-        "hostname": h["hostname"], "cpu_quota": h.get("cpu_quota"),
-        "memory_limit_bytes": h.get("memory_limit_bytes"), "load_avg_1m": h.get("load_avg_1m"),
-        "threads_auto": e.get("flags", {}).get("threads_auto"),
-        "lablib_version": manifest["lablib_version"], "time": manifest["time"],
-    })
+    row.update(zip(CLOCKS, (trace.t_submit, trace.t_start, trace.t_tokens[0], trace.t_tokens[-1])))
+    row.update(flatten_manifest(manifest))
     if trace.threads is not None:  # automatic threads: what this request ran with
         row["threads"] = trace.threads
     return row
@@ -57,10 +58,6 @@ FORMATS = (".jsonl", ".parquet")
 
 
 def _suffix(path) -> str:
-    from pathlib import Path
-
-    from .errors import LabError
-
     suffix = Path(path).suffix.lower()
     if suffix not in FORMATS:
         raise LabError(f"results file {path}: expected a name ending in .jsonl or .parquet")
@@ -77,13 +74,7 @@ class ResultsWriter:
     """
 
     def __init__(self, path):
-        from pathlib import Path
-
-        import tempfile
-
         import pandas as pd
-
-        from .errors import LabError
 
         self.path = Path(path)
         self.suffix = _suffix(self.path)
@@ -113,8 +104,6 @@ class ResultsWriter:
         if self.suffix == ".parquet":
             old = _read_file(self.path) if self.path.exists() else None
             if old is not None and len(old):
-                from .trace import METRICS
-
                 engine_ok = "engine" in old.columns and old["engine"].map(lambda v: isinstance(v, str)).all()
                 wrong = [c for c in METRICS if c in old.columns and not old[c].isna().all()
                          and not pd.api.types.is_numeric_dtype(old[c])]  # all-null: e.g. TPOT of 1-token runs
@@ -125,9 +114,6 @@ class ResultsWriter:
             self._rows = [] if old is None else old.to_dict("records")
 
     def append(self, row: dict) -> None:
-        import json
-        import os
-
         if self.suffix == ".jsonl":
             with open(self.path, "a+", encoding="utf-8") as f:
                 if f.tell() > 0:  # a file torn by a crash: start the row on its own line
@@ -163,11 +149,7 @@ def load_results(*paths):
     Each row keeps a ``source_file`` column (the file it was first written to). Raises LabError for unknown
     suffixes or missing files.
     """
-    from pathlib import Path
-
     import pandas as pd
-
-    from .errors import LabError
 
     frames = []
     for p in paths:
@@ -186,11 +168,7 @@ def load_results(*paths):
 
 def _read_file(p):
     """One results file as written (.jsonl or .parquet), a DataFrame; LabError naming a bad line or file."""
-    import json
-
     import pandas as pd
-
-    from .errors import LabError
 
     if _suffix(p) == ".jsonl":
         rows = []
@@ -210,7 +188,7 @@ def _read_file(p):
         return pd.read_parquet(p)
     except Exception as e:  # pyarrow's ArrowInvalid and friends
         raise LabError(f"{p}: not a readable parquet file ({type(e).__name__}: "
-                       f"{(str(e).splitlines() or [''])[0][:200]}); expected a results file the lab "
+                       f"{first_line(e)}); expected a results file the lab "
                        "wrote: restore it, or write to a new file") from None
 
 
@@ -221,10 +199,6 @@ def merge_results(paths, out):
     and ``source_file``, so plots can facet by machine. Rows identical in
     everything (the same file given twice) are kept once. Returns the DataFrame.
     """
-    from pathlib import Path
-
-    from .errors import LabError
-
     out = Path(out)
     _suffix(out)
     if out.exists():
@@ -240,12 +214,10 @@ def merge_results(paths, out):
         except Exception as e:  # pyarrow: a column mixing numbers and text across the files
             tmp.unlink(missing_ok=True)
             raise LabError(f"cannot write {out}: the files disagree on a column's type ({type(e).__name__}: "
-                           f"{(str(e).splitlines() or [''])[0][:200]}); merge into a .jsonl instead, or "
+                           f"{first_line(e)}); merge into a .jsonl instead, or "
                            "repair the file whose rows differ") from None
         tmp.replace(out)
     else:  # full float precision, as ResultsWriter writes
-        import json
-
         with open(out, "w", encoding="utf-8") as f:
             for row in df.to_dict("records"):
                 f.write(json.dumps({k: v for k, v in row.items() if not _missing(v)}, default=_jsonable) + "\n")

@@ -275,7 +275,8 @@ def start_server(
     stopped).
     """
     from .engines.base import default_threads
-    from .models import ResolvedModel, lab_home, prepare
+    from .config import lab_home
+    from .models import ResolvedModel, prepare
 
     rm = model if isinstance(model, ResolvedModel) else prepare(model, log=lambda *_: None)
     if port is None:

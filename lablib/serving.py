@@ -14,7 +14,7 @@ TWIN = {"llama-cpp-python": "llama.cpp", "llama-server": "llama.cpp", "mlx": "ml
 
 def quick_defaults(quick: bool | None = None) -> dict:
     """Sizes for the lab: small in quick mode (LABLIB_QUICK=1)."""
-    from .sweep import quick_mode
+    from .config import quick_mode
 
     quick = quick_mode() if quick is None else quick
     return dict(

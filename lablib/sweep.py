@@ -6,16 +6,22 @@ empty KV cache (the engines guarantee it), so prefill is always the whole prompt
 """
 from __future__ import annotations
 
-import os
+import uuid
 
+from .concurrency import MODES, run_closed_loop
+from .config import budget
+from .engines import NAMES, canonical, engine_class, load_engine
 from .engines.base import GenerationConfig
-from .errors import LabError
-from .results import run_manifest, trace_row
+from .errors import ContextOverflowError, LabError
+from .memory import check_fits
+from .models import resolve
+from .results import ResultsWriter, run_manifest, trace_row
+from .workload import DEFAULT_MESSAGES, chat_ids, lab_tokenizer, prompt_of_length
 
 
-def quick_mode() -> bool:
-    """True when LABLIB_QUICK is set to a true value (small budgets for notebooks and CI)."""
-    return os.environ.get("LABLIB_QUICK", "").strip().lower() not in ("", "0", "false", "no")
+def engine_manifest(engine, workload: dict | None = None) -> dict:
+    """The run manifest (:func:`lablib.results.run_manifest`) of a run on a loaded ``engine``."""
+    return run_manifest(engine.info().to_dict(), engine.model.manifest(), workload)
 
 
 def measure(engine, ids: list[int], cfg: GenerationConfig | None = None, warmup: int = 1,
@@ -41,7 +47,7 @@ def iter_measure(engine, ids: list[int], cfg: GenerationConfig | None = None, wa
     if reps < 1 or warmup < 0:
         raise LabError(f"reps={reps}, warmup={warmup}: expected reps >= 1 and warmup >= 0")
     engine.check_context(len(ids), cfg.max_new_tokens)
-    manifest = run_manifest(engine, workload or {"prompt_tokens": len(ids),
+    manifest = engine_manifest(engine, workload or {"prompt_tokens": len(ids),
                                                  "max_new_tokens": cfg.max_new_tokens,
                                                  "warmup": warmup, "reps": reps})
     for _ in range(warmup):
@@ -58,30 +64,25 @@ def iter_measure(engine, ids: list[int], cfg: GenerationConfig | None = None, wa
         yield row
 
 
-def side_by_side(model=None, engines=("transformers", "llama.cpp", "mlx"), messages=None, ids=None,
-                 max_new_tokens: int | None = None, warmup: int = 1, reps: int | None = None,
-                 progress: bool = True):
+def side_by_side(model=None, *, engines=NAMES, messages=None, ids=None, max_new_tokens: int | None = None,
+                 warmup: int = 1, reps: int | None = None, progress: bool = True):
     """The same prompt ids through each engine: one row per measured request.
 
     ``messages`` (chat, rendered by the lab's tokenizer) or ``ids`` give the
-    prompt (default: the question "What is the capital of France?"). Budgets
-    default to 64 tokens x 5 repetitions, 16 x 2 in quick mode. Each engine is
-    loaded, measured and closed in turn (one in memory at a time). Returns a
-    pandas DataFrame with the metrics, ``text`` and the manifest fields.
+    prompt (default: :data:`lablib.workload.DEFAULT_MESSAGES`, "What is the capital
+    of France?"). Budgets default to ``lablib.config.BUDGETS["side_by_side"]`` (64 tokens
+    x 5 repetitions, 16 x 2 in quick mode). Each engine is loaded, measured and closed in
+    turn (one in memory at a time). Returns a pandas DataFrame with the metrics, ``text``
+    and the manifest fields.
     """
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from .engines import load_engine
-    from .models import ResolvedModel, prepare
-    from .workload import chat_ids
-
-    rm = model if isinstance(model, ResolvedModel) else prepare(model)
+    rm = resolve(model)
     if ids is None:
-        ids = chat_ids(rm, messages or [{"role": "user", "content": "What is the capital of France?"}])
-    quick = quick_mode()
-    max_new_tokens = max_new_tokens or (16 if quick else 64)
-    reps = reps or (2 if quick else 5)
+        ids = chat_ids(rm, messages or DEFAULT_MESSAGES)
+    max_new_tokens = max_new_tokens or budget("side_by_side", "max_new_tokens")
+    reps = reps or budget("side_by_side", "reps")
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
     rows = []
     for name in tqdm(list(engines), desc="engines", disable=not progress):
@@ -93,18 +94,6 @@ def side_by_side(model=None, engines=("transformers", "llama.cpp", "mlx"), messa
         finally:
             engine.close()
     return pd.DataFrame(rows)
-
-
-def summary_table(df):
-    """Per engine and prompt length: medians of prefill, TTFT, TPOT, decode tok/s, e2e,
-    and the e2e spread (min, max), seconds."""
-    g = df.groupby(["engine", "prompt_tokens"], sort=False)
-    out = g.agg(output_tokens=("output_tokens", "first"),
-                reps=("e2e_s", "size"), prefill_s=("prefill_s", "median"), ttft_s=("ttft_s", "median"),
-                prefill_tps=("prefill_tps", "median"), tpot_s=("tpot_s", "median"),
-                decode_tps=("decode_tps", "median"), e2e_s=("e2e_s", "median"),
-                e2e_min_s=("e2e_s", "min"), e2e_max_s=("e2e_s", "max"), dtype=("dtype", "first"))
-    return out
 
 
 # --- parameters and guards ------------------------------------------------------------------
@@ -126,21 +115,20 @@ def positive_ints(values, what: str) -> list[int]:
 
 def engine_names(engines) -> list[str]:
     """Canonical engine names from a list or "a,b,c"; LabError for unknown or none."""
-    from .engines import canonical
-
     if isinstance(engines, str):
         engines = [e for e in engines.split(",") if e.strip()]
     names = [canonical(e) for e in engines]
     if not names:
-        raise LabError("no engine given: expected one or more of transformers, llama.cpp, mlx")
+        raise LabError(f"no engine given: expected one or more of {', '.join(NAMES)}")
     return list(dict.fromkeys(names))
 
 
 def default_prompt_lengths(model, max_new_tokens: int) -> list[int]:
     """Log-spaced prompt lengths 64, 128, ... up to what the trained context holds
-    with ``max_new_tokens`` of output (quick mode: 64 and 256)."""
-    if quick_mode():
-        return [64, 256]
+    with ``max_new_tokens`` of output (quick mode: ``BUDGETS["context"]["prompt_tokens"]``)."""
+    lengths = budget("context", "prompt_tokens")
+    if lengths is not None:
+        return list(lengths)
     limit = (model.max_position_embeddings or 2048) - max_new_tokens
     out, n = [], 64
     while n <= limit:
@@ -151,9 +139,6 @@ def default_prompt_lengths(model, max_new_tokens: int) -> list[int]:
 
 def check_plan(model, engines, prompt_tokens, max_new_tokens, concurrency=(1,)) -> None:
     """Refuse a plan before anything runs: context overflow or memory that will not fit."""
-    from .errors import ContextOverflowError
-    from .memory import check_fits
-
     longest = max(prompt_tokens) + max_new_tokens
     trained = model.max_position_embeddings
     if trained and longest > trained:
@@ -162,10 +147,8 @@ def check_plan(model, engines, prompt_tokens, max_new_tokens, concurrency=(1,)) 
             f"{model.name} was trained to {trained}. Use prompt lengths up to {trained - max_new_tokens}.")
     # the sweep's prompts come from the lab's tokenizer (transformers, which imports torch: about
     # 300 MiB once loaded): load it first, so the memory check counts it as in use, not as free
-    from .workload import lab_tokenizer
-
     lab_tokenizer(model)
-    check_fits(model, engines, longest, max(concurrency))
+    check_fits(model, [engine_class(n) for n in engines], longest, max(concurrency))
 
 
 def check_requests(requests, levels) -> int | None:
@@ -192,15 +175,16 @@ def _emit(row: dict, rows: list, writer, on_row, bar) -> None:
 
 
 # --- context sweep ----------------------------------------------------------------------------
-def context_sweep(model=None, engines=("transformers", "llama.cpp", "mlx"), prompt_tokens=None,
-                  max_new_tokens: int | None = None, reps: int | None = None, warmup: int = 1,
-                  out=None, cancel=None, on_row=None, progress: bool = True, corpus: str = "prose"):
+def context_sweep(model=None, *, engines=NAMES, prompt_tokens=None, max_new_tokens: int | None = None,
+                  reps: int | None = None, warmup: int = 1, out=None, cancel=None, on_row=None,
+                  progress: bool = True, corpus: str = "prose"):
     """Prompt length against prefill and decode, per engine.
 
     For each engine (loaded once) and each prompt length in ``prompt_tokens``
     (default :func:`default_prompt_lengths`): ``warmup`` unrecorded requests,
     then ``reps`` measured ones, each from an empty KV cache, ``max_new_tokens``
-    output tokens (default 32; quick mode 8, 1 repetition). Every row is
+    output tokens (defaults: ``lablib.config.BUDGETS["context"]``, 32 tokens x 3
+    repetitions; quick mode 8 x 1). Every row is
     appended to ``out`` (.jsonl or .parquet) as it finishes and passed to
     ``on_row``; ``cancel`` (a threading.Event) stops between requests with
     every finished row kept. Returns a DataFrame of the rows of this call.
@@ -209,19 +193,14 @@ def context_sweep(model=None, engines=("transformers", "llama.cpp", "mlx"), prom
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from .engines import load_engine
-    from .models import ResolvedModel, prepare
-    from .results import ResultsWriter
-    from .workload import prompt_of_length
-
-    quick = quick_mode()
-    max_new_tokens = positive_ints([(8 if quick else 32) if max_new_tokens is None else max_new_tokens],
-                                    "max_new_tokens")[0]
-    reps = positive_ints([(1 if quick else 3) if reps is None else reps], "reps")[0]
+    if max_new_tokens is None:
+        max_new_tokens = budget("context", "max_new_tokens")
+    max_new_tokens = positive_ints([max_new_tokens], "max_new_tokens")[0]
+    reps = positive_ints([budget("context", "reps") if reps is None else reps], "reps")[0]
     if warmup < 0:
         raise LabError(f"warmup={warmup}: expected 0 or more")
     names = engine_names(engines)
-    rm = model if isinstance(model, ResolvedModel) else prepare(model)
+    rm = resolve(model)
     lengths = positive_ints(default_prompt_lengths(rm, max_new_tokens) if prompt_tokens is None else prompt_tokens,
                            "prompt_tokens")
     check_plan(rm, names, lengths, max_new_tokens)
@@ -256,38 +235,35 @@ class _Cancelled(Exception):
     pass
 
 
-def concurrency_sweep(model=None, engines=("transformers", "llama.cpp", "mlx"), concurrency=(1, 2, 4, 8),
-                      modes=("serial", "batched"), requests: int | None = None, prompt_tokens: int | None = None,
-                      max_new_tokens: int | None = None, warmup: int = 1, out=None, cancel=None, on_row=None,
-                      progress: bool = True, corpus: str = "prose"):
+def concurrency_sweep(model=None, *, engines=NAMES, concurrency=None, modes=MODES, requests: int | None = None,
+                      prompt_tokens: int | None = None, max_new_tokens: int | None = None, warmup: int = 1,
+                      out=None, cancel=None, on_row=None, progress: bool = True, corpus: str = "prose"):
     """Closed-loop clients against each engine, serial queue versus continuous batching.
 
     For each engine (loaded once, sized for the largest concurrency), each mode
-    in ``modes`` and each level C in ``concurrency``: C clients, ``requests``
-    requests in all (default 2 x C), each client sending its next request when
-    its previous one finished (:func:`lablib.concurrency.run_closed_loop`).
-    Prompts are ``prompt_tokens`` long (default 64; quick mode 32), all
-    different text, ``max_new_tokens`` output each (default 32; quick 8).
+    in ``modes`` and each level C in ``concurrency`` (default 1, 2, 4, 8; quick mode
+    1, 2): C clients, ``requests`` requests in all (default 2 x C), each client
+    sending its next request when its previous one finished
+    (:func:`lablib.concurrency.run_closed_loop`). Prompts are ``prompt_tokens``
+    long (default 64; quick mode 32), all different text, ``max_new_tokens``
+    output each (default 32; quick 8); defaults: ``lablib.config.BUDGETS["concurrency"]``.
     ``warmup`` unrecorded requests per engine and mode first. One row per
     request, appended to ``out`` as it finishes and passed to ``on_row``;
     ``cancel`` (threading.Event) stops after the request that finishes next,
     keeping every finished row. Returns a DataFrame of this call's rows.
     """
-    import uuid
-
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from .concurrency import MODES, run_closed_loop
-    from .engines import load_engine
-    from .models import ResolvedModel, prepare
-    from .results import ResultsWriter
-    from .workload import prompt_of_length
-
-    quick = quick_mode()
-    levels = positive_ints(concurrency, "concurrency")
-    n_prompt = positive_ints([(32 if quick else 64) if prompt_tokens is None else prompt_tokens], "prompt_tokens")[0]
-    n_out = positive_ints([(8 if quick else 32) if max_new_tokens is None else max_new_tokens], "max_new_tokens")[0]
+    levels = positive_ints(budget("concurrency", "concurrency") if concurrency is None else concurrency,
+                           "concurrency")
+    if prompt_tokens is None:
+        prompt_tokens = budget("concurrency", "prompt_tokens")
+    n_prompt = positive_ints([prompt_tokens], "prompt_tokens")[0]
+    if max_new_tokens is None:
+        max_new_tokens = budget("concurrency", "max_new_tokens")
+    n_out = positive_ints([max_new_tokens], "max_new_tokens")[0]
+    per_client = budget("concurrency", "requests_per_client")
     if isinstance(modes, str):
         modes = [m for m in modes.split(",") if m.strip()]
     modes = [m.strip() for m in modes]
@@ -297,27 +273,25 @@ def concurrency_sweep(model=None, engines=("transformers", "llama.cpp", "mlx"), 
     if warmup < 0:
         raise LabError(f"warmup={warmup}: expected 0 or more")
     names = engine_names(engines)
-    rm = model if isinstance(model, ResolvedModel) else prepare(model)
+    rm = resolve(model)
     check_plan(rm, names, [n_prompt], n_out, levels)
     cmax = max(levels)
     writer = ResultsWriter(out) if out else None
     cfg = GenerationConfig(max_new_tokens=n_out)
-    plan = [(c, requests or 2 * c) for c in levels]
+    plan = [(c, requests or per_client * c) for c in levels]
     rows = []
     bar = tqdm(total=len(names) * len(modes) * sum(r for _, r in plan), desc="concurrency sweep", unit="req",
                disable=not progress)
 
     def keep(trace, manifest, labels):
-        _emit(trace_row(trace, manifest, **labels, request_index=trace.request_index,
-                        client=getattr(trace, "client", None)), rows, writer, on_row, bar)
+        _emit(trace_row(trace, manifest, **labels), rows, writer, on_row, bar)
         if cancel is not None and cancel.is_set():
             raise _Cancelled
 
     try:
         for name in names:
-            kw = {"n_ctx": cmax * (n_prompt + n_out) + 16}
-            if name == "llama.cpp":
-                kw["n_seq_max"] = cmax
+            # the engine's own load defaults for cmax sequences (llama.cpp: one KV sequence each)
+            kw = {**engine_class(name).default_load_kwargs(rm, cmax), "n_ctx": cmax * (n_prompt + n_out) + 16}
             engine = load_engine(name, rm, **kw)
             try:
                 for mode in modes:
@@ -330,7 +304,7 @@ def concurrency_sweep(model=None, engines=("transformers", "llama.cpp", "mlx"), 
                         workload = {"sweep": "concurrency", "mode": mode, "concurrency": c, "requests": r,
                                     "prompt_tokens": n_prompt, "max_new_tokens": n_out, "warmup": warmup,
                                     "corpus": corpus}
-                        manifest = run_manifest(engine, workload)
+                        manifest = engine_manifest(engine, workload)
                         labels = {"sweep": "concurrency", "mode": mode, "concurrency": c, "repetition": 0,
                                   "run_id": uuid.uuid4().hex[:12]}
                         run_closed_loop(engine, prompts, c, mode, cfg,
@@ -342,35 +316,3 @@ def concurrency_sweep(model=None, engines=("transformers", "llama.cpp", "mlx"), 
     finally:
         bar.close()
     return pd.DataFrame(rows)
-
-
-def run_table(df):
-    """One row per concurrency run (``run_id``): engine, mode, concurrency, requests,
-    output_tokens, makespan_s, output_tps (all output tokens / makespan), requests_per_s,
-    and p50/p95/p99 of queue_s, ttft_s, tpot_s and e2e_s (seconds); hostname and
-    cpu_model kept when present (to facet by machine). Rows with an ``error`` are skipped.
-    """
-    import pandas as pd
-
-    from .trace import percentile
-
-    d = df[df["sweep"] == "concurrency"] if "sweep" in df else df
-    if "error" in d:
-        d = d[d["error"].isna()]
-    out = []
-    for run_id, g in d.groupby("run_id", sort=False):
-        makespan = float(g["t_last_token"].max() - g["t_submit"].min())
-        tokens = int(g["output_tokens"].sum())
-        rec = {"run_id": run_id, "engine": g["engine"].iloc[0], "mode": g["mode"].iloc[0],
-               "concurrency": int(g["concurrency"].iloc[0]), "requests": len(g), "output_tokens": tokens,
-               "makespan_s": makespan, "output_tps": tokens / makespan if makespan > 0 else float("nan"),
-               "requests_per_s": len(g) / makespan if makespan > 0 else float("nan")}
-        for metric in ("queue_s", "ttft_s", "tpot_s", "e2e_s"):
-            vals = [float(v) for v in g[metric] if v is not None and v == v]
-            for q in (50, 95, 99):
-                rec[f"{metric[:-2]}_p{q}_s"] = percentile(vals, q) if vals else float("nan")
-        for col in ("hostname", "cpu_model"):
-            if col in g:
-                rec[col] = g[col].iloc[0]
-        out.append(rec)
-    return pd.DataFrame(out)

@@ -20,8 +20,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-# Metric names, in the order tables show them (the JSON keys of `lablib run --json`).
-METRICS = ("queue_s", "ttft_s", "prefill_s", "prefill_tps", "tpot_s", "decode_tps", "e2e_s")
+from .errors import TraceError
+from .schema import METRICS  # the metric names, declared with the row's columns
 
 
 def now() -> float:
@@ -36,7 +36,8 @@ class RequestTrace:
     ``prompt_tokens``: tokens in the prompt. ``cached_tokens``: of those, how
     many the engine took from a KV cache instead of computing (0 unless the
     experiment is about prefix caching). ``token_ids[i]`` is the id whose
-    arrival ``t_tokens[i]`` records.
+    arrival ``t_tokens[i]`` records. ``request_index`` and ``client`` label a
+    request of a closed loop (:mod:`lablib.concurrency`); None otherwise.
     """
 
     prompt_tokens: int
@@ -47,6 +48,8 @@ class RequestTrace:
     cached_tokens: int = 0
     finish_reason: str | None = None  # "length" (budget reached) or "stop" (EOS)
     threads: int | None = None  # CPU threads the engine computed this request with
+    request_index: int | None = None  # in a closed loop: the request's submission order, 0..R-1
+    client: int | None = None  # in a closed loop: the client that sent it, 0..C-1
 
     def start(self, t: float | None = None) -> None:
         """Mark the moment the engine dequeues the request."""
@@ -69,14 +72,14 @@ class RequestTrace:
 
     def _need_first(self) -> None:
         if not self.t_tokens:
-            raise ValueError("trace has no generated token: no TTFT, prefill or e2e to derive")
+            raise TraceError("trace has no generated token: no TTFT, prefill or e2e to derive")
         if self.t_start is None:
-            raise ValueError("trace has no t_start: the engine never marked the start")
+            raise TraceError("trace has no t_start: the engine never marked the start")
 
     @property
     def queue_s(self) -> float:
         if self.t_start is None:
-            raise ValueError("trace has no t_start")
+            raise TraceError("trace has no t_start")
         return self.t_start - self.t_submit
 
     @property
@@ -131,15 +134,6 @@ class RequestTrace:
 def output_tps(traces: list[RequestTrace]) -> float:
     """Run throughput: all output tokens / makespan (first submit to last token), tokens/s."""
     if not traces:
-        raise ValueError("no traces")
+        raise TraceError("output_tps: no traces given; expected the traces of one run")
     makespan = max(t.t_tokens[-1] for t in traces) - min(t.t_submit for t in traces)
     return sum(t.output_tokens for t in traces) / makespan
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Percentile with linear interpolation (numpy's default), q in [0, 100]."""
-    import numpy as np
-
-    if len(values) == 0:
-        raise ValueError("no values")
-    return float(np.percentile(values, q))

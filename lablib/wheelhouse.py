@@ -37,6 +37,7 @@ import tempfile
 from pathlib import Path
 
 from . import llama_build
+from .config import lab_home
 
 # The same pins as the Makefile's TORCH_SPEC and MODEL_PKG (a test keeps them equal;
 # `make wheelhouse` passes the Makefile's values explicitly).
@@ -179,8 +180,6 @@ def build(out: Path, *, project: Path = PROJECT_ROOT, torch_spec: str = TORCH_SP
     if out.exists() and any(out.iterdir()) and not (out / MANIFEST).is_file():
         raise RuntimeError(f"{out} is not empty and holds no {MANIFEST}: not replacing it")
     if cache_root is None:
-        from .models import lab_home
-
         cache_root = lab_home() / "wheels"
     features = llama_build.probe_cpu_features() if cmake_args is None else None
     name, version = _project_name_version(project)
@@ -221,7 +220,7 @@ def build(out: Path, *, project: Path = PROJECT_ROOT, torch_spec: str = TORCH_SP
         wheels = sorted(stage.glob("*.whl"))
         manifest = {
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "python": "%d.%d" % sys.version_info[:2],
+            "python": "{}.{}".format(*sys.version_info[:2]),
             "system": platform.system(),
             "machine": platform.machine(),
             "project": {"name": name, "version": version, "extras": extras,

@@ -12,32 +12,38 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
+import json
 import threading
 import time
 import traceback
 
+from . import plots, sweep
+from .concurrency import MODES
+from .config import budget, quick_mode
+from .engines import NAMES as ENGINE_NAMES
 from .errors import LabError
 
-ENGINE_NAMES = ("transformers", "llama.cpp", "mlx")
 KINDS = ("context", "concurrency")
-MODES = ("serial", "batched")
+
+
+def _csv(values) -> str:
+    return ",".join(str(v) for v in values)
 
 
 def defaults(kind: str = "context", quick: bool | None = None) -> dict:
-    """The panel's default values for ``kind`` ("context" or "concurrency"): small in quick mode
-    (LABLIB_QUICK=1) so that a notebook runs in a few minutes on two cores."""
-    from .sweep import quick_mode
-
+    """The panel's default values for ``kind`` ("context" or "concurrency"), from
+    :data:`lablib.config.BUDGETS`: small in quick mode (LABLIB_QUICK=1) so that a notebook runs
+    in a few minutes on two cores."""
     quick = quick_mode() if quick is None else quick
     if kind not in KINDS:
         raise LabError(f"sweep kind {kind!r}: expected one of {', '.join(KINDS)}")
     if kind == "context":
-        return dict(engines=list(ENGINE_NAMES), prompt_tokens="64,256" if quick else "64,128,256,512,1024",
-                    max_new_tokens=8 if quick else 32, reps=1 if quick else 3)
-    # requests 0: the sweep's default, 2 x concurrency per run (each client sends two requests)
-    return dict(engines=list(ENGINE_NAMES), prompt_tokens="32" if quick else "64",
-                concurrency="1,2" if quick else "1,2,4,8", modes=list(MODES), requests=0,
-                max_new_tokens=8 if quick else 32)
+        return dict(engines=list(ENGINE_NAMES), prompt_tokens=_csv(budget("context_panel", "prompt_tokens", quick)),
+                    max_new_tokens=budget("context", "max_new_tokens", quick), reps=budget("context", "reps", quick))
+    # requests 0: the sweep's default, requests_per_client x concurrency per run
+    return dict(engines=list(ENGINE_NAMES), prompt_tokens=str(budget("concurrency", "prompt_tokens", quick)),
+                concurrency=_csv(budget("concurrency", "concurrency", quick)), modes=list(MODES), requests=0,
+                max_new_tokens=budget("concurrency", "max_new_tokens", quick))
 
 
 def default_out(kind: str) -> str:
@@ -84,6 +90,7 @@ class SweepPanel:
         self._run_kind = kind
 
         wide = {"description_width": "120px"}
+
         def row_layout():  # one Layout per widget: hiding one must not hide another
             return w.Layout(width="460px")
 
@@ -167,8 +174,6 @@ class SweepPanel:
     # --- the plan -----------------------------------------------------------------------------
     def plan(self) -> dict:
         """The sweep the form describes: {"kind", "kwargs", "total"}; LabError for invalid input."""
-        from . import sweep
-
         kind = self.kind.value
         engines = sweep.engine_names([n for n, box in self.engine_boxes.items() if box.value])
         lengths = sweep.positive_ints(self.prompt_tokens.value, "prompt tokens")
@@ -249,8 +254,6 @@ class SweepPanel:
     def _execute(self, plan: dict, raise_errors: bool) -> None:
         import pandas as pd
 
-        from . import sweep
-
         fn = sweep.context_sweep if plan["kind"] == "context" else sweep.concurrency_sweep
         self.rows, self.df, self.error, self._draw_error_shown = [], None, None, False
         self._run_kind = plan["kind"]  # the live figure follows the running sweep, not the toggle
@@ -311,8 +314,6 @@ class SweepPanel:
     # --- the figure ---------------------------------------------------------------------------
     def figure_for(self, df, kind: str | None = None):
         """The figure of a sweep kind (default: the last run's): context_bars, or concurrency_lines."""
-        from . import plots
-
         kind = kind or self._run_kind
         return plots.context_bars(df) if kind == "context" else plots.concurrency_lines(df)
 
@@ -334,8 +335,6 @@ class SweepPanel:
                 fw.layout = fig.layout
                 fw.add_traces(list(fig.data))
         else:  # ipywidgets.Output (no anywidget): replace its one output; works from a thread too
-            import json
-
             fw.outputs = ({"output_type": "display_data", "metadata": {},
                            "data": {"application/vnd.plotly.v1+json": json.loads(fig.to_json()),
                                     "text/plain": f"<plotly figure: {fig.layout.title.text}>"}},)
@@ -346,8 +345,3 @@ def sweep_panel(model=None, kind: str = "context", out: str | None = None) -> Sw
     "concurrency", results appended to ``out`` (default results/<kind>-<time>.jsonl; "" keeps them
     in memory). Show it as a cell's last value; ``panel.run_sync()`` runs its defaults headless."""
     return SweepPanel(model=model, kind=kind, out=out)
-
-
-def run_defaults(panel: SweepPanel):
-    """Run ``panel``'s current values in the calling thread (see :meth:`SweepPanel.run_sync`)."""
-    return panel.run_sync()

@@ -8,17 +8,14 @@ or code (the lab's own source), never random token ids.
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
+from .config import data_dir
 from .errors import LabError
 
 CORPORA = ("prose", "code")
-
-
-def data_dir() -> Path:
-    """The project's data/ folder ($LABLIB_DATA overrides)."""
-    return Path(os.environ.get("LABLIB_DATA") or Path(__file__).resolve().parent.parent / "data")
+# the lab's default question (lab 01, `lablib run`, lablib.compare)
+DEFAULT_MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def corpus_text(name: str = "prose") -> str:

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from lablib import compare as cmp
-from lablib.models import folder_with_config
+from lablib.cases import load_case
+from lablib.errors import LabError
+from lablib.formats import folder_with_config, gguf_config
 
 CASES = Path(__file__).parent / "data" / "cases"
 
@@ -56,8 +58,7 @@ def test_rope_theta_v5_config_is_flagged_and_its_damage_shown(model, hf, tmp_pat
 
 
 def test_tokenizer_probe_reports_position_and_pieces(model, llama):
-    lines = (CASES / "tokenizer_probe.txt").read_text(encoding="utf-8").splitlines()
-    text = "\n".join(ln.replace("\\n", "\n").replace("\\t", "\t") for ln in lines)
+    text = load_case("tokenizer_probe", root=CASES)
     view = cmp.TokenizerView.from_gguf(model.gguf_path)
     check = cmp.check_tokenizer({"llama.cpp": llama, view.name: view}, "llama.cpp", text)
     assert check.ok is False
@@ -94,7 +95,7 @@ def test_template_with_bos_in_its_text_is_caught(model, hf):
 
 def test_config_neighbours_other_moved_keys(model):
     """Keys that moved between transformers versions: rope scaling and the norm epsilon."""
-    base = cmp.gguf_config(model.gguf_path)
+    base = gguf_config(model.gguf_path)  # the one GGUF reader (lablib.formats)
     assert base["rope_theta"] == 100000.0 and base["tie_word_embeddings"] is True
     assert base["n_kv_heads"] == 3 and base["head_dim"] == 64 and base["rms_norm_eps"] == pytest.approx(1e-5)
     assert cmp._same(100000.0, 100000.04) and not cmp._same(10000.0, 100000.0)
@@ -130,8 +131,19 @@ def test_compare_figures(flip, hf, llama):
     assert fig.data[0].line.color == "#3D7DCA"  # llama.cpp's color everywhere
     from lablib.plots import topk_at_divergence
 
-    bars = topk_at_divergence(flip, "llama.cpp", {"transformers": hf, "llama.cpp": llama})
+    bars = topk_at_divergence(flip, "llama.cpp")  # drawn from what compare stored: no engine runs
     ref, eng = bars.data[0], bars.data[1]
     assert ref.name == "transformers" and eng.name == "llama.cpp"
     assert ref.y[0].endswith("(504)") and eng.y[0].endswith("(60)")  # "The" vs "L" at position 0
     assert 0 < eng.x[0] < 1 and ref.x[0] >= ref.x[1]
+
+
+def test_cases_are_read_once_and_agree_with_the_tests_copy():
+    """lablib.cases reads data/cases (notebook 04); the tests keep their own copy of the inputs."""
+    assert load_case("tokenizer_probe") == load_case("tokenizer_probe", root=CASES)
+    assert "a,b  c\n\n123456" in load_case("tokenizer_probe")  # escapes written out
+    assert load_case("first_token_flip")["prompt_token_ids"] == load_case("first_token_flip", CASES)["prompt_token_ids"]
+    assert load_case("rope_theta_v5").name == "config.json"
+    with pytest.raises(LabError, match="unknown case"):
+        load_case("no_such_case")
+

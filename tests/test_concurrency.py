@@ -5,7 +5,7 @@ has two shared cores.
 """
 import pytest
 
-from lablib.concurrency import MODES, last_batch_stats, run_closed_loop
+from lablib.concurrency import MODES, run_closed_loop
 from lablib.engines.base import GenerationConfig
 from lablib.errors import ContextOverflowError, LabError
 from lablib.workload import prompt_of_length
@@ -39,7 +39,8 @@ def test_serial_requests_wait_their_turn(engine, model):
     """C=3 clients submit 3 identical prompts at once: first come first served, one at a time."""
     cfg = GenerationConfig(max_new_tokens=4)
     ids = prompt_of_length(model, 16)
-    traces = run_closed_loop(engine, [ids] * 3, concurrency=3, mode="serial", cfg=cfg)
+    run = run_closed_loop(engine, [ids] * 3, concurrency=3, mode="serial", cfg=cfg)
+    traces = run.traces
     assert [t.request_index for t in traces] == [0, 1, 2]
     assert [t.client for t in traces] == [0, 1, 2]
     assert len({t.t_submit for t in traces}) == 1  # submitted at the same instant
@@ -50,14 +51,14 @@ def test_serial_requests_wait_their_turn(engine, model):
     for t in traces:
         assert t.output_tokens == 4 == len(t.token_ids) and t.finish_reason == "length"
         assert t.token_ids == traces[0].token_ids  # same prompt, greedy, no KV reuse
-    assert last_batch_stats(engine)["max_sequences_per_step"] == 1
+    assert run.stats.max_sequences_per_step == 1 and run.stats.mode == "serial"
 
 
 def test_serial_closed_loop_resubmits_on_finish(llama, model):
     """C=2, R=4: each client sends its next request the moment its previous one finished."""
     calls = []
     traces = run_closed_loop(llama, _prompts(model, 4), 2, "serial", GenerationConfig(max_new_tokens=3),
-                             on_trace=calls.append)
+                             on_trace=calls.append).traces
     assert [t.request_index for t in calls] == [0, 1, 2, 3]  # finish order = arrival order
     assert [t.client for t in traces] == [0, 1, 0, 1]
     assert traces[2].t_submit == traces[0].t_tokens[-1]
@@ -71,12 +72,12 @@ def test_batched_mode_really_batches(batched_engine, model):
     cfg = GenerationConfig(max_new_tokens=4)
     prompts = _prompts(model, 3)
     calls = []
-    traces = run_closed_loop(batched_engine, prompts, 2, "batched", cfg, on_trace=calls.append)
-    stats = last_batch_stats(batched_engine)
-    assert stats["mode"] == "batched" and stats["concurrency"] == 2
-    assert stats["max_sequences_per_step"] >= 2, stats
-    assert stats["steps"] < 3 * 4, stats  # one request at a time would need a step per token
-    assert stats["generated_tokens"] == 12
+    run = run_closed_loop(batched_engine, prompts, 2, "batched", cfg, on_trace=calls.append)
+    traces, stats = run.traces, run.stats
+    assert stats.mode == "batched" and stats.concurrency == 2 and stats.engine == batched_engine.name
+    assert stats.max_sequences_per_step >= 2, stats
+    assert stats.steps < 3 * 4, stats  # one request at a time would need a step per token
+    assert stats.generated_tokens == 12
     assert [t.request_index for t in traces] == [0, 1, 2]
     for t in traces:
         assert t.output_tokens == 4 == len(t.token_ids) and t.finish_reason == "length"
@@ -92,7 +93,7 @@ def test_batched_mode_really_batches(batched_engine, model):
     # greedy: batching changes the floating-point order of reductions (other sequences in the
     # matmuls, a longer masked KV range), which can flip a near-tied argmax late in a
     # generation; the first tokens of these prompts agree with the one-at-a-time run.
-    serial = run_closed_loop(batched_engine, prompts, 2, "serial", cfg)
+    serial = run_closed_loop(batched_engine, prompts, 2, "serial", cfg).traces
     for b, s in zip(traces, serial):
         assert b.token_ids[:3] == s.token_ids[:3]
 
@@ -103,19 +104,19 @@ def test_llama_cpp_batched_matches_serial_and_frees_its_sequences(llama_batched,
     assert llama_batched.info().flags["n_seq_max"] == 3  # the context really holds 3 sequences
     cfg = GenerationConfig(max_new_tokens=6)
     prompts = _prompts(model, 3)
-    batched = run_closed_loop(llama_batched, prompts, 3, "batched", cfg)
-    stats = last_batch_stats(llama_batched)
+    run = run_closed_loop(llama_batched, prompts, 3, "batched", cfg)
+    batched, stats = run.traces, run.stats.to_dict()
     assert stats["max_sequences_per_step"] == 3 and stats["max_decode_sequences_per_step"] == 3
     assert stats["steps"] == 6  # one prefill batch (3 x 16 tokens) that also samples token 0, then 5 decodes
     assert stats["prompt_tokens"] == 48 and stats["max_tokens_per_step"] == 48
     mem = lib.llama_get_memory(llama_batched.ctx)
     assert [lib.llama_memory_seq_pos_max(mem, s) for s in range(3)] == [-1, -1, -1]  # all freed
-    serial = run_closed_loop(llama_batched, prompts, 3, "serial", cfg)
+    serial = run_closed_loop(llama_batched, prompts, 3, "serial", cfg).traces
     # Greedy on Q4_1: the batched logits differ from the one-sequence ones in the last bits
     # (reduction order), so a near-tie late in the output may flip; the first tokens agree.
     for b, s in zip(batched, serial):
         assert b.token_ids[:3] == s.token_ids[:3]
-    again = run_closed_loop(llama_batched, prompts, 3, "batched", cfg)
+    again = run_closed_loop(llama_batched, prompts, 3, "batched", cfg).traces
     assert [t.token_ids for t in again] == [t.token_ids for t in batched]  # no KV reuse between runs
 
 
@@ -159,5 +160,5 @@ def test_batched_session_is_released_when_the_caller_fails(batched_engine, model
 
     with pytest.raises(RuntimeError, match="disk full"):
         run_closed_loop(batched_engine, prompts, 2, "batched", cfg, on_trace=fail)
-    traces = run_closed_loop(batched_engine, prompts, 2, "batched", cfg)
+    traces = run_closed_loop(batched_engine, prompts, 2, "batched", cfg).traces
     assert [t.output_tokens for t in traces] == [2, 2, 2]

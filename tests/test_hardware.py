@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from lablib import hardware
-from lablib.engines.base import default_threads
+from lablib.config import default_threads
 from lablib.errors import LabError
 
 GIB = 2 ** 30
@@ -94,7 +94,7 @@ def test_default_threads_follow_the_affinity_mask():
     if not hasattr(os, "sched_setaffinity"):
         pytest.skip("no CPU affinity on this OS")
     code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from lablib.engines.base import default_threads; print(default_threads())")
+            "from lablib.config import default_threads; print(default_threads())")
     env = {k: v for k, v in os.environ.items() if k != "LABLIB_THREADS"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"
@@ -165,7 +165,7 @@ def test_a_real_binder_sized_cgroup_is_seen():
                 f"open('{cpu}/cgroup.procs', 'w').write(str(os.getpid()))\n"
                 f"open('{mem}/cgroup.procs', 'w').write(str(os.getpid()))\n"
                 "from lablib import hardware as h\n"
-                "from lablib.engines.base import default_threads\n"
+                "from lablib.config import default_threads\n"
                 "print(h.cpu_quota(), h.memory_limit_bytes(), default_threads(), h.available_ram_bytes())\n")
         env = {k: v for k, v in os.environ.items() if k != "LABLIB_THREADS"}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lablib import models
+from lablib import derive, formats, models
 from lablib.errors import FormatError, LabError
 
 CASES = Path(__file__).parent / "data" / "cases"
@@ -27,17 +27,17 @@ def test_prepare_derives_every_format(model):
     assert model.quantization == "Q4_1"
     assert model.parameters == 134_515_008  # sum of the GGUF's tensor sizes
     assert model.max_position_embeddings == 8192
-    assert models.detect_format(model.gguf_path) == "gguf"
-    assert models.detect_format(model.hf_path) == "hf"
-    assert models.detect_format(model.mlx_path) == "mlx"
+    assert formats.detect_format(model.gguf_path) == "gguf"
+    assert formats.detect_format(model.hf_path) == "hf"
+    assert formats.detect_format(model.mlx_path) == "mlx"
     assert len(model.sha256) == 64
 
 
 def test_reading_the_gguf_once_derives_the_same_bytes(model, tmp_path):
-    """The first prepare parses the GGUF once (models.gguf_read_once): the folder it derives is
+    """The first prepare parses the GGUF once (derive.gguf_read_once): the folder it derives is
     byte-for-byte what transformers' own path (three parses) writes."""
     plain = tmp_path / "hf"
-    models.derive_hf_from_gguf(Path(model.path_for("gguf", "test")), plain, read_once=False)
+    derive.derive_hf_from_gguf(Path(model.path_for("gguf", "test")), plain, read_once=False)
     derived = Path(model.path_for("hf", "test"))
     names = sorted(p.name for p in plain.iterdir())
     assert names == sorted(p.name for p in derived.iterdir() if p.is_file())
@@ -53,8 +53,8 @@ def test_second_prepare_is_a_cache_hit(model, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("derived again")
 
-    monkeypatch.setattr(models, "derive_hf_from_gguf", boom)
-    monkeypatch.setattr(models, "derive_mlx_from_hf", boom)
+    monkeypatch.setattr(derive, "derive_hf_from_gguf", boom)
+    monkeypatch.setattr(derive, "derive_mlx_from_hf", boom)
     monkeypatch.setattr(models, "gguf_facts", boom)
     again = models.prepare()
     assert again.hf_path == model.hf_path and again.mlx_path == model.mlx_path
@@ -70,7 +70,7 @@ def test_derived_configs_carry_the_rope_base_where_every_reader_looks(model):
 def test_rope_theta_v5_case_is_lifted_to_the_top_level():
     cfg = json.loads((CASES / "rope_theta_v5" / "config.json").read_text())
     assert "rope_theta" not in cfg
-    assert models.normalize_config(cfg)["rope_theta"] == 100000.0
+    assert formats.normalize_config(cfg)["rope_theta"] == 100000.0
 
 
 def test_mlx_lm_alone_misreads_the_v5_config_and_the_lab_does_not():
@@ -78,7 +78,7 @@ def test_mlx_lm_alone_misreads_the_v5_config_and_the_lab_does_not():
 
     cfg = json.loads((CASES / "rope_theta_v5" / "config.json").read_text())
     assert ModelArgs.from_dict(cfg).rope_theta == 10000  # the upstream fault, still there
-    fixed = {**cfg, **models.normalize_config(cfg)}
+    fixed = {**cfg, **formats.normalize_config(cfg)}
     assert ModelArgs.from_dict(fixed).rope_theta == 100000.0
 
 
@@ -87,14 +87,14 @@ def test_normalize_config_neighbours():
     cfg = {"rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0,
                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                "original_max_position_embeddings": 8192}, "dtype": "bfloat16"}
-    add = models.normalize_config(cfg)
+    add = formats.normalize_config(cfg)
     assert add["rope_theta"] == 500000.0
     assert add["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
     assert add["torch_dtype"] == "bfloat16"
     # values already at the top level win; an old-style config needs nothing
-    assert models.normalize_config({"rope_theta": 1e4, "rope_parameters": {"rope_theta": 1e6}}) == {}
-    assert models.normalize_config({"rope_theta": 1e4, "torch_dtype": "float16"}) == {}
+    assert formats.normalize_config({"rope_theta": 1e4, "rope_parameters": {"rope_theta": 1e6}}) == {}
+    assert formats.normalize_config({"rope_theta": 1e4, "torch_dtype": "float16"}) == {}
 
 
 def test_mlx_engine_reads_a_v5_config_with_the_right_rope_base(model, tmp_path):
@@ -118,11 +118,11 @@ def test_detect_format_rejects_what_is_no_model(tmp_path):
     f = tmp_path / "notes.txt"
     f.write_text("hello")
     with pytest.raises(FormatError, match="not GGUF"):
-        models.detect_format(f)
+        formats.detect_format(f)
     with pytest.raises(FormatError, match="no GGUF file"):
-        models.detect_format(tmp_path)
+        formats.detect_format(tmp_path)
     with pytest.raises(FormatError, match="does not exist"):
-        models.detect_format(tmp_path / "missing")
+        formats.detect_format(tmp_path / "missing")
 
 
 def test_engine_given_the_wrong_format_names_got_need_and_how(model):
@@ -160,7 +160,7 @@ def test_corrupt_safetensors_and_config_are_named(tmp_path):
     (folder / "config.json").write_text('{"model_type": "llama"}')
     (folder / "model.safetensors").write_bytes(b"\xff" * 100)
     with pytest.raises(FormatError, match=r"model\.safetensors is not a readable safetensors file"):
-        models.detect_format(folder)
+        formats.detect_format(folder)
 
 
 def test_a_pytorch_bin_folder_serves_transformers_and_says_why_mlx_cannot(model, hf, tmp_path, monkeypatch):
@@ -254,8 +254,8 @@ def test_broken_hugging_face_folders_get_one_message(tmp_path, monkeypatch, conf
     if weights == "bin":
         (folder / "pytorch_model.bin").write_bytes(b"\x00" * 64)
     else:
-        from safetensors.numpy import save_file
         import numpy as np
+        from safetensors.numpy import save_file
 
         save_file({"w": np.zeros(2, dtype=np.float32)}, str(folder / "model.safetensors"))
     with pytest.raises(FormatError, match=want):
@@ -266,4 +266,4 @@ def test_a_folder_whose_gguf_names_are_no_gguf_files_says_so(tmp_path):
     (tmp_path / "a.gguf").mkdir()
     (tmp_path / "b.gguf").write_bytes(b"")
     with pytest.raises(FormatError, match=r"no GGUF file, and no config\.json"):
-        models.detect_format(tmp_path)
+        formats.detect_format(tmp_path)

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lablib import plots
+from lablib import plots, report, tables
 from lablib.errors import LabError
 
 MANIFEST = dict(model="SmolLM2-135M-Instruct", engine_version="1.0", backend="cpu", dtype="float32", threads=2,
@@ -146,7 +146,7 @@ def test_context_figures_refuse_empty_data_with_a_clear_message():
 # --- concurrency figures ----------------------------------------------------------------------
 def test_run_table_output_tps_is_tokens_over_makespan():
     df = concurrency_df(levels=(1, 2), requests=4)
-    runs = plots.run_table(df).set_index("run_id")
+    runs = tables.run_table(df).set_index("run_id")
     # serial, C=2: four requests of 1.5 s back to back: makespan 6 s, 44 tokens
     r = runs.loc["labhost-llama.cpp-serial-2"]
     assert r.makespan_s == 6.0 and r.output_tokens == 44 and r.output_tps == 44 / 6.0
@@ -164,7 +164,7 @@ def test_run_table_output_tps_is_tokens_over_makespan():
 def test_concurrency_lines_values_colors_and_dashes():
     df = concurrency_df(levels=(1, 2, 4), requests=4)
     fig = plots.concurrency_lines(df)
-    runs = plots.run_table(df)
+    runs = tables.run_table(df)
     # 2 engines x 2 modes x 3 panels
     assert len(fig.data) == 12
     for engine in ("llama.cpp", "mlx"):
@@ -219,7 +219,7 @@ def test_concurrency_lines_refuses_context_rows():
 def test_timeline_segments_start_at_zero_and_follow_the_clock():
     df = concurrency_df(levels=(2,), requests=4)
     run = df[df.run_id == "labhost-llama.cpp-serial-2"]
-    seg = plots.timeline_segments(run)
+    seg = tables.timeline_segments(run)
     assert seg.queue_start.iloc[0] == 0.0 and seg.queue_end.iloc[0] == 0.0
     assert seg.prefill_start.iloc[0] == 0.0 and seg.prefill_end.iloc[0] == 0.5
     assert seg.decode_end.iloc[0] == 1.5
@@ -264,7 +264,7 @@ def test_timeline_picks_mode_and_concurrency():
 # --- report -----------------------------------------------------------------------------------
 def test_report_html_is_one_self_contained_file(tmp_path):
     df = pd.concat([context_df(), concurrency_df()], ignore_index=True)
-    path = plots.report_html(df, tmp_path / "sub" / "report.html")
+    path = report.report_html(df, tmp_path / "sub" / "report.html")
     text = path.read_text()
     assert path.name == "report.html"
     assert text.count("Plotly.newPlot") == 4  # context bars, context lines, concurrency lines, timeline
@@ -274,17 +274,17 @@ def test_report_html_is_one_self_contained_file(tmp_path):
 
 
 def test_report_html_draws_only_what_the_data_supports(tmp_path):
-    text = plots.report_html(context_df(), tmp_path / "r.html").read_text()
+    text = report.report_html(context_df(), tmp_path / "r.html").read_text()
     assert text.count("Plotly.newPlot") == 2
-    text = plots.report_html(concurrency_df(), tmp_path / "c.html").read_text()
+    text = report.report_html(concurrency_df(), tmp_path / "c.html").read_text()
     assert text.count("Plotly.newPlot") == 2
     with pytest.raises(LabError):
-        plots.report_html(context_df().iloc[0:0], tmp_path / "e.html")
+        report.report_html(context_df().iloc[0:0], tmp_path / "e.html")
 
 
 def test_manifest_table_one_row_per_machine_and_engine():
     df = pd.concat([context_df(), concurrency_df(hostname="other")], ignore_index=True)
-    t = plots.manifest_table(df)
+    t = tables.manifest_table(df)
     assert len(t) == 3 + 2
     assert set(t.columns) >= {"hostname", "engine", "engine_version", "dtype", "cpu_model", "ram_gib", "requests"}
     assert t.loc[t.hostname == "labhost", "ram_gib"].iloc[0] == 24.0
@@ -332,5 +332,5 @@ def test_shared_results_of_two_machines_facet_after_a_round_trip_on_disk(tmp_pat
     server = [t for t in fig.data if t.name == "mlx · batched" and t.yaxis == "y4"][0]
     assert server.y[0] == pytest.approx(44 / 4.0)
     assert {a.text for a in fig.layout.annotations} >= {"laptop", "server"}
-    text = plots.report_html(df, tmp_path / "all.html").read_text()
+    text = report.report_html(df, tmp_path / "all.html").read_text()
     assert text.count("Plotly.newPlot") == 2 and "CPU server" in text

@@ -4,7 +4,8 @@ import threading
 
 import pytest
 
-from lablib import memory, sweep
+from lablib import formats, memory, sweep
+from lablib.engines import ENGINES
 from lablib.errors import ContextOverflowError, LabError
 from lablib.results import ResultsWriter, load_results
 
@@ -56,24 +57,24 @@ def test_plan_refuses_context_overflow_and_memory(model):
     with pytest.raises(ContextOverflowError, match="8190 \\+ output 8 = 8198 tokens.*trained to 8192"):
         sweep.check_plan(model, ["llama.cpp"], [64, 8190], 8)
     with pytest.raises(LabError, match=r"memory: transformers needs about .* GiB .* KV cache .* for 8 x 4096 tokens"):
-        memory.check_fits(model, ["transformers"], 4096, 8, available=256 * 2**20)
-    memory.check_fits(model, ["llama.cpp"], 4096, 1, available=8 * 2**30)  # fits: no error
+        memory.check_fits(model, [ENGINES["transformers"]], 4096, 8, available=256 * 2**20)
+    memory.check_fits(model, [ENGINES["llama.cpp"]], 4096, 1, available=8 * 2**30)  # fits: no error
 
 
 def test_kv_cache_size_of_the_default_model(model):
     # 30 layers x 3 KV heads x 64 dims x (K and V), f16 in llama.cpp, f32 in transformers
-    assert memory.kv_cache_bytes(model, "llama.cpp", 1) == 2 * 30 * 3 * 64 * 2 == 23040
-    assert memory.kv_cache_bytes(model, "transformers", 1000) == 2 * 30 * 3 * 64 * 4 * 1000
-    est = memory.estimate_bytes(model, "llama.cpp", 100, 2)
+    assert memory.kv_cache_bytes(model, ENGINES["llama.cpp"], 1) == 2 * 30 * 3 * 64 * 2 == 23040
+    assert memory.kv_cache_bytes(model, ENGINES["transformers"], 1000) == 2 * 30 * 3 * 64 * 4 * 1000
+    est = memory.estimate_bytes(model, ENGINES["llama.cpp"], 100, 2)
     assert est["weights"] > 90e6 and est["kv_cache"] == 23040 * 200
 
 
 def test_llama_cpp_buffers_are_one_micro_batch_of_logits_plus_the_graph(model):
     """n_batch x vocabulary x 4 bytes + 32 MiB; llama.cpp caps the batch at n_ctx."""
     mib = 2**20
-    assert memory.estimate_bytes(model, "llama.cpp", 4096)["runtime"] == 512 * 49152 * 4 + 32 * mib == 128 * mib
-    assert memory.estimate_bytes(model, "llama.cpp", 256, n_batch=120_000)["runtime"] == 256 * 49152 * 4 + 32 * mib
-    assert memory.estimate_bytes(model, "transformers", 4096)["runtime"] == 0
+    assert memory.estimate_bytes(model, ENGINES["llama.cpp"], 4096)["runtime"] == 512 * 49152 * 4 + 32 * mib == 128 * mib
+    assert memory.estimate_bytes(model, ENGINES["llama.cpp"], 256, n_batch=120_000)["runtime"] == 256 * 49152 * 4 + 32 * mib
+    assert memory.estimate_bytes(model, ENGINES["transformers"], 4096)["runtime"] == 0
 
 
 @pytest.mark.parametrize("config, shape", [
@@ -83,15 +84,16 @@ def test_llama_cpp_buffers_are_one_micro_batch_of_logits_plus_the_graph(model):
      {"layers": 3, "kv_heads": 4, "head_dim": 16, "vocab": 0}),  # null KV heads: multi-head attention
 ])
 def test_model_shape_reads_other_config_spellings(tmp_path, config, shape):
-    from lablib.models import ResolvedModel, trained_context
+    from lablib.formats import trained_context
+    from lablib.models import ResolvedModel
 
     (tmp_path / "config.json").write_text(json.dumps(config))
     rm = ResolvedModel(name="m", source=str(tmp_path), source_format="hf", sha256="0", hf_path=str(tmp_path))
-    assert memory.model_shape(rm) == shape
+    assert formats.model_shape(rm) == shape
     assert trained_context(config) == config.get("n_positions", 0)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "mystery"}))
     with pytest.raises(LabError, match=r"cannot tell the model's layers"):
-        memory.model_shape(rm)
+        formats.model_shape(rm)
 
 
 def test_default_prompt_lengths(model, monkeypatch):

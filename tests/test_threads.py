@@ -53,9 +53,10 @@ def test_requests_use_the_cpus_a_busy_neighbour_leaves(model, monkeypatch):
             p.kill()
             p.wait()
         assert trace.threads == max(1, engine.max_threads - 1)
-        from lablib.results import run_manifest, trace_row
+        from lablib.results import trace_row
+        from lablib.sweep import engine_manifest
 
-        assert trace_row(trace, run_manifest(engine))["threads"] == trace.threads
+        assert trace_row(trace, engine_manifest(engine))["threads"] == trace.threads
     finally:
         engine.close()
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from lablib.cases import unescape_probe
 from lablib.workload import lab_tokenizer
 
 CASES = Path(__file__).parent / "data" / "cases"
@@ -17,7 +18,7 @@ CASES = Path(__file__).parent / "data" / "cases"
 
 def probe_lines():
     raw = (CASES / "tokenizer_probe.txt").read_text(encoding="utf-8").splitlines()
-    return [ln.replace("\\n", "\n").replace("\\t", "\t") for ln in raw]
+    return [unescape_probe(ln) for ln in raw]
 
 
 def test_transformers_gguf_loader_splits_double_newline_in_two(model):

@@ -1,7 +1,8 @@
 """Metrics of DESIGN.md on synthetic timestamps, with exact expected values."""
 import pytest
 
-from lablib.trace import RequestTrace, output_tps, percentile
+from lablib.tables import percentile
+from lablib.trace import RequestTrace, output_tps
 
 
 def make(ts, t_submit=10.0, t_start=10.5, prompt=100, cached=0):
@@ -52,10 +53,10 @@ def test_cached_tokens_reduce_prefill_work():
 def test_metrics_need_tokens_and_start():
     tr = RequestTrace(prompt_tokens=5, t_submit=0.0)
     with pytest.raises(ValueError, match="no t_start"):
-        tr.queue_s
+        _ = tr.queue_s
     tr.start(1.0)
     with pytest.raises(ValueError, match="no generated token"):
-        tr.ttft_s
+        _ = tr.ttft_s
 
 
 def test_output_tps_over_makespan():

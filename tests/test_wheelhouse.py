@@ -23,7 +23,7 @@ import pytest
 from packaging.utils import parse_wheel_filename
 
 from lablib import llama_build, wheelhouse
-from lablib.models import lab_home
+from lablib.config import lab_home
 
 ROOT = Path(__file__).resolve().parent.parent
 IMPORTS = ("import lablib, llama_cpp, transformers, mlx_lm; import importlib.util; "
@@ -166,7 +166,7 @@ def test_wheelhouse_is_wheels_only_with_one_of_each_named_part(built):
         assert len(wheelhouse.wheels_of(built, name)) == 1, name
     manifest = json.loads((built / wheelhouse.MANIFEST).read_text())
     assert sorted(manifest["wheels"]) == sorted(p.name for p in built.glob("*.whl"))
-    assert manifest["python"] == "%d.%d" % sys.version_info[:2]
+    assert manifest["python"] == "{}.{}".format(*sys.version_info[:2])
     assert os.access(built / "install.sh", os.X_OK)
     subprocess.run(["bash", "-n", str(built / "install.sh")], check=True)
 

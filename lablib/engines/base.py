@@ -4,14 +4,28 @@ An engine wraps one loaded model in one inference library. The lab talks to it
 in token ids: text goes through one tokenizer, every engine is fed the same ids
 (DESIGN.md, "The clock"). Each request returns a :class:`RequestTrace` with one
 timestamp per generated token id.
+
+An engine class also carries its facts, so that no module outside ``lablib/engines/``
+branches on an engine's name: the model format it reads, the module it needs and how
+to install it, its KV-cache bytes per value, what it allocates at load, its load
+defaults, the effective config it computes with (:meth:`Engine.effective_config`), and
+its continuous-batching session (:class:`BatchSession`, counted in :class:`BatchStats`).
 """
+
 from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import ClassVar, Protocol
 
+from ..config import check_threads, default_threads  # noqa: F401  (engines import them from here)
 from ..errors import ContextOverflowError, LabError
 from ..trace import RequestTrace, now
+
+# The settings :meth:`Engine.effective_config` returns (what lablib.compare holds side by side).
+CONFIG_KEYS = ("rope_theta", "rope_scaling", "rms_norm_eps", "n_heads", "n_kv_heads", "head_dim", "n_layers",
+               "vocab_size", "context_length", "tie_word_embeddings", "bos_id", "eos_id")
 
 
 @dataclass
@@ -60,51 +74,118 @@ class EngineInfo:
         return asdict(self)
 
 
-# Oversubscription is a fair experiment (what do 8 threads on 2 cores cost?), thousands of
-# threads are not: llama.cpp crashes, torch cannot start them.
-MAX_THREADS_PER_CPU = 4
+class BatchSession(Protocol):
+    """An engine's continuous batching, driven by :func:`lablib.concurrency.run_closed_loop`.
 
-
-def check_threads(value, what: str = "threads") -> int:
-    """``value`` as a thread count: a whole number from 1 to :data:`MAX_THREADS_PER_CPU` per
-    logical CPU (a str of digits, an int or a numpy integer). Raises LabError naming ``what``."""
-    import operator
-
-    from ..hardware import cpus_usable
-
-    most = MAX_THREADS_PER_CPU * (os.cpu_count() or 1)
-    try:
-        n = int(value) if isinstance(value, str) and value.strip().isdecimal() else operator.index(value)
-    except (TypeError, ValueError):
-        n = None
-    if isinstance(value, bool) or n is None or not 1 <= n <= most:
-        shown = value if len(repr(value)) < 40 else f"{repr(value)[:37]}..."
-        raise LabError(f"{what}={shown!r}: expected a whole number of threads from 1 to {most} "
-                       f"({MAX_THREADS_PER_CPU} per logical CPU; {cpus_usable()} would use the CPUs this "
-                       f"process may use), or leave it unset")
-    return n
-
-
-def default_threads() -> int:
-    """Threads for CPU engines: the CPUs this process can use (physical cores, affinity and
-    container quota: :func:`lablib.hardware.cpus_usable`). LABLIB_THREADS overrides.
-
-    Raises LabError when LABLIB_THREADS is not a whole number from 1 to 4 per logical CPU.
+    ``submit(ids, trace)`` queues a request (its trace receives t_start and the token events);
+    ``step()`` advances every running sequence by one engine step and returns the traces that
+    finished in it; ``pending`` counts submitted, unfinished requests; ``stats`` is a dict counted
+    from the engine's own state, not from clocks (the keys of :class:`BatchStats`, plus
+    engine-specific counters); ``close()`` frees what is still held.
     """
-    from ..hardware import cpus_usable
 
-    env = os.environ.get("LABLIB_THREADS", "").strip()
-    return check_threads(env, "LABLIB_THREADS") if env else cpus_usable()
+    stats: dict
+
+    @property
+    def pending(self) -> int: ...
+
+    def submit(self, ids: list[int], trace: RequestTrace) -> None: ...
+
+    def step(self) -> list[RequestTrace]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class BatchStats:
+    """What one closed-loop run counted. ``steps``: engine steps (forward passes / decode calls;
+    None in serial mode); ``max_sequences_per_step``: the most sequences that advanced in one
+    step (the evidence of batching); ``prompt_tokens`` and ``generated_tokens``: tokens the
+    engine processed; ``extra``: engine-specific counters (e.g. ``max_tokens_per_step``)."""
+
+    mode: str
+    concurrency: int
+    requests: int
+    engine: str
+    impl: str
+    steps: int | None = None
+    max_sequences_per_step: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_counts(cls, counts: dict, **run) -> BatchStats:
+        """Shared keys of a session's ``stats`` dict become fields, the rest ``extra``."""
+        names = set(cls.__dataclass_fields__) - {"extra"}
+        merged = {**counts, **run}
+        return cls(**{k: v for k, v in merged.items() if k in names},
+                   extra={k: v for k, v in merged.items() if k not in names})
+
+    def to_dict(self) -> dict:
+        """One flat dict: the fields and the engine-specific counters."""
+        d = asdict(self)
+        return {**d.pop("extra"), **d}
+
+
+class TokenizerLike(Protocol):
+    """What the tokenizer and template checks of lablib.compare need (an Engine, or a
+    tokenizer alone such as lablib.compare.TokenizerView)."""
+
+    name: str
+
+    def tokenize(self, text: str, add_special: bool = False) -> list[int]: ...
+
+    def detokenize(self, ids: list[int]) -> str: ...
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]: ...
+
+    @property
+    def bos_id(self) -> int | None: ...
 
 
 class Engine:
-    """Base class. Subclasses set ``name`` and implement the ``_``-methods.
+    """Base class. Subclasses set ``name`` and their facts, and implement the ``_``-methods.
 
     Public verbs: :meth:`tokenize`, :meth:`apply_chat_template`,
-    :meth:`generate`, :meth:`info`, :meth:`close`.
+    :meth:`generate`, :meth:`info`, :meth:`close`; :meth:`batch_session` where the
+    library batches; :meth:`effective_config` for lablib.compare.
     """
 
     name = "engine"
+    # --- facts (class attributes: known before the library loads) ---------------
+    format: ClassVar[str] = ""  # the model format it reads: "gguf", "hf" or "mlx"
+    requires: ClassVar[str] = ""  # the module that must import for it to load
+    install_hint: ClassVar[str] = ""  # what to run when that module is missing
+    kv_bytes_per_value: ClassVar[int] = 4  # bytes of one K or V element in its KV cache
+    reserves_kv_at_load: ClassVar[bool] = False  # True: the KV cache for all of n_ctx is allocated at load
+    in_process: ClassVar[bool] = True  # False: the model runs in another process (a server), no memory check here
+    compare_load_kwargs: ClassVar[dict] = {}  # lablib.compare loads it so: as the library alone reads the model
+
+    @classmethod
+    def default_load_kwargs(cls, model, concurrency: int = 1) -> dict:
+        """Load keywords the lab fills in when the caller gives none, for ``concurrency``
+        sequences at once (e.g. llama.cpp's context size and parallel sequences)."""
+        return {}
+
+    @classmethod
+    def weights_bytes(cls, model) -> int:
+        """Bytes of weights the engine loads: its format's file, or the folder's weight files
+        (the parameters x 4 bytes when ``model`` has no path in that format)."""
+        path = getattr(model, f"{cls.format}_path", None) if cls.format else None
+        if not path:
+            return model.parameters * 4
+        p = Path(path)
+        if p.is_file():
+            return p.stat().st_size
+        files = list(p.glob("*.safetensors")) or list(p.glob("pytorch_model*.bin"))
+        return sum(f.stat().st_size for f in files)
+
+    @classmethod
+    def runtime_bytes(cls, model, n_batch: int = 512, context_tokens: int = 0) -> int:
+        """Buffers allocated at load besides weights and KV cache, bytes (0: activations are
+        allocated per request and covered by lablib.memory's headroom)."""
+        return 0
 
     def __init__(self, model):
         self.model = model  # lablib.models.ResolvedModel
@@ -145,6 +226,16 @@ class Engine:
 
     def close(self) -> None:
         """Free the model (memory) where the library allows it."""
+
+    def effective_config(self) -> dict:
+        """The settings this loaded engine computes with ({key: value} for :data:`CONFIG_KEYS`),
+        read back from the library's loaded objects where it exposes them."""
+        raise LabError(f"engine {self.name} does not report its effective config")
+
+    def batch_session(self, cfg: GenerationConfig, max_sequences: int, max_seq_tokens: int) -> BatchSession:
+        """A continuous-batching session for up to ``max_sequences`` requests of at most
+        ``max_seq_tokens`` (prompt + output) each. Raises LabError for an engine without one."""
+        raise LabError(f"engine {self.name} has no batched mode; use mode='serial'")
 
     def _apply_threads(self, n: int) -> None:
         """Make the engine compute with ``n`` threads from the next request on (engines whose

@@ -4,7 +4,7 @@ Generation is ``model.generate`` itself (the library's own loop, a fresh KV
 cache per call) with a streamer that receives token *ids*: each call to
 ``put`` is one generated token, stamped with the lab's clock at once. A text
 streamer would emit words, not tokens, and distort TTFT and ITL
-(../shared/cases, "words, not tokens").
+(tests/data/cases/README.md, "words, not tokens").
 
 transformers has no hard context limit (past its trained length it runs with a
 warning); the lab enforces ``max_position_embeddings`` (or ``n_ctx``).
@@ -19,9 +19,19 @@ receives it. Only the manager's thread touches the model during a session.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..errors import EngineUnavailable, LabError
 from ..trace import RequestTrace, now
 from .base import Engine, EngineInfo, GenerationConfig
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+def rope_base_from_inv_freq(inv_freq, head_dim: int) -> float:
+    """inv_freq[i] = base^(-2i/d)  =>  base = inv_freq[1]^(-d/2) (RoFormer, Su et al. 2021)."""
+    return float(inv_freq[1]) ** (-head_dim / 2)
 
 
 class _TokenIdStreamer:
@@ -51,6 +61,10 @@ class TransformersEngine(Engine):
     """
 
     name = "transformers"
+    format = "hf"
+    requires = "transformers"
+    install_hint = "pip install 'torch==2.13.0' transformers accelerate"
+    kv_bytes_per_value = 4  # float32 models
 
     def __init__(self, model, dtype: str = "float32", threads: int | None = None,
                  n_ctx: int | None = None, attn_implementation: str = "sdpa"):
@@ -115,6 +129,26 @@ class TransformersEngine(Engine):
                    "torch_threads": torch.get_num_threads(), "threads_auto": self.auto_threads,
                    "max_threads": self.max_threads})
 
+    def effective_config(self) -> dict:
+        """The config as transformers uses it; the RoPE base read back from the rotary embedding
+        the model built (its ``inv_freq``), not only from the config."""
+        c = self.hf.config
+        heads = c.num_attention_heads
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+        rp = getattr(c, "rope_parameters", None) or {}
+        rotary = getattr(getattr(self.hf, "model", None), "rotary_emb", None)
+        theta = (float(f"{rope_base_from_inv_freq(rotary.inv_freq, head_dim):.6g}")  # float32 round-off
+                 if rotary is not None else rp.get("rope_theta", getattr(c, "rope_theta", None)))
+        scaling = (None if rp.get("rope_type", "default") == "default"
+                   else {k: v for k, v in rp.items() if k != "rope_theta"})
+        eos = c.eos_token_id[0] if isinstance(c.eos_token_id, list) else c.eos_token_id
+        return {"rope_theta": theta, "rope_scaling": scaling, "rms_norm_eps": c.rms_norm_eps, "n_heads": heads,
+                "n_kv_heads": getattr(c, "num_key_value_heads", heads), "head_dim": head_dim,
+                "n_layers": c.num_hidden_layers, "vocab_size": c.vocab_size,
+                "context_length": c.max_position_embeddings,
+                "tie_word_embeddings": bool(getattr(c, "tie_word_embeddings", False)),
+                "bos_id": c.bos_token_id, "eos_id": eos}
+
     # --- generation -------------------------------------------------------
     def _generate(self, ids, cfg: GenerationConfig, trace: RequestTrace) -> None:
         torch = self._torch
@@ -140,14 +174,14 @@ class TransformersEngine(Engine):
             eos_token_id=[] if cfg.ignore_eos else sorted(self._eos), pad_token_id=self._pad)
 
     def batch_session(self, cfg: GenerationConfig, max_sequences: int,
-                      max_seq_tokens: int) -> "TransformersBatchSession":
+                      max_seq_tokens: int) -> TransformersBatchSession:
         """A continuous-batching session: up to ``max_sequences`` requests per forward pass.
         ``max_seq_tokens`` (longest prompt + output, tokens) sizes the paged KV cache and is
         checked against ``n_ctx``."""
         self.check_context(max_seq_tokens, 0)
         return TransformersBatchSession(self, cfg, max_sequences, max_seq_tokens)
 
-    def logits(self, ids) -> "object":
+    def logits(self, ids) -> np.ndarray:
         """Teacher-forced logits for ``ids``: a float32 numpy array [len(ids), vocab]."""
         self.check_ids(list(ids))
         torch = self._torch

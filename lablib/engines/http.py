@@ -269,11 +269,14 @@ class HTTPEngine(Engine):
     """
 
     name = "http"
+    requires = "aiohttp"
+    install_hint = "pip install 'lablib[serve]' (aiohttp)"
+    in_process = False  # the model lives in the server's process; here only the lab's tokenizer
 
     def __init__(
         self,
         model,
-        base_url: str,
+        base_url: str | None = None,
         api: str = "completions",
         server: str = "auto",
         server_model: str | None = None,
@@ -292,6 +295,10 @@ class HTTPEngine(Engine):
             from ..errors import EngineUnavailable
 
             raise EngineUnavailable(f"the http engine needs aiohttp ({e}); install it: pip install 'lablib[serve]'")
+        if not base_url:
+            raise LabError("the http engine needs base_url=... (a server's OpenAI URL, e.g. "
+                           "http://127.0.0.1:8080/v1); start a server with `lablib serve`, measure it with "
+                           "`lablib bench --base-url URL`")
         if api not in APIS:
             raise LabError(f"api={api!r}: expected one of {', '.join(APIS)}")
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):

@@ -6,7 +6,7 @@ generation loop is llama.cpp's own C API (``llama_decode`` on a batch, a
 sampler returns it, with no Python text processing in between. The KV cache
 is cleared before every request (``llama_memory_clear``): ``Llama.generate``
 would otherwise reuse the longest common prefix of the previous prompt and
-show a near-zero prefill (../shared/cases, "cached prefill").
+show a near-zero prefill (tests/data/cases/README.md, "cached prefill").
 
 The context is sized explicitly (``n_ctx``, default: the model's trained
 context up to 8192 tokens, since the KV cache is reserved for all of it), not
@@ -23,9 +23,18 @@ a ``Llama`` object must never be used from two threads.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..errors import ContextOverflowError, EngineUnavailable, LabError
+from ..formats import gguf_config, model_shape
 from ..trace import RequestTrace, now
 from .base import Engine, EngineInfo, GenerationConfig
+
+if TYPE_CHECKING:
+    import numpy as np
+
+DEFAULT_N_CTX = 8192  # SmolLM2's trained context; pass n_ctx for longer prompts
+GRAPH_RESERVE = 32 * 2**20  # bytes of llama.cpp's compute graph for a small model
 
 
 class LlamaCppEngine(Engine):
@@ -40,6 +49,33 @@ class LlamaCppEngine(Engine):
     """
 
     name = "llama.cpp"
+    format = "gguf"
+    requires = "llama_cpp"
+    install_hint = "make setup (builds llama-cpp-python for this CPU)"
+    kv_bytes_per_value = 2  # f16 KV cache
+    reserves_kv_at_load = True  # the KV cache for all of n_ctx is allocated when the context opens
+
+    @classmethod
+    def default_n_ctx(cls, model) -> int:
+        """The context when none is given, tokens: the trained context, at most 8192.
+
+        llama.cpp reserves its KV cache for the whole context: a long-context model's trained
+        length (128k, 1M tokens) would reserve gigabytes for prompts of a few hundred tokens.
+        """
+        return min(model.max_position_embeddings or DEFAULT_N_CTX, DEFAULT_N_CTX)
+
+    @classmethod
+    def default_load_kwargs(cls, model, concurrency: int = 1) -> dict:
+        """``n_ctx`` (:meth:`default_n_ctx`) and one KV sequence per concurrent request (``n_seq_max``)."""
+        return {"n_ctx": cls.default_n_ctx(model), "n_seq_max": concurrency}
+
+    @classmethod
+    def runtime_bytes(cls, model, n_batch: int = 512, context_tokens: int = 0) -> int:
+        """Logits for a whole micro-batch (n_batch x vocabulary x 4 bytes; llama.cpp caps n_batch at
+        the context it was given) plus the compute graph (:data:`GRAPH_RESERVE`, about 32 MiB for
+        small models): 128 MiB for SmolLM2-135M at n_batch 512."""
+        n_batch = min(n_batch, context_tokens) if context_tokens else n_batch
+        return n_batch * model_shape(model)["vocab"] * 4 + GRAPH_RESERVE
 
     def __init__(self, model, n_ctx: int | None = None, threads: int | None = None,
                  n_batch: int = 512, n_seq_max: int = 1, verbose: bool = False):
@@ -52,9 +88,7 @@ class LlamaCppEngine(Engine):
         self._lib = llama_cpp
         path = model.path_for("gguf", self.name)
         self._init_threads(threads)
-        from . import llama_default_n_ctx
-
-        self._n_ctx_req = int(n_ctx or llama_default_n_ctx(model))
+        self._n_ctx_req = int(n_ctx or self.default_n_ctx(model))
         if self._n_ctx_req < 1:
             raise LabError(f"n_ctx={n_ctx}: expected a positive number of tokens")
         self.n_batch = int(n_batch)
@@ -144,13 +178,28 @@ class LlamaCppEngine(Engine):
             name=self.name, version=self._lib.__version__, backend="cpu (ggml)",
             dtype=self.model.quantization or "gguf", threads=self.threads,
             n_ctx=self.n_ctx,
-            flags={"threads_auto": self.auto_threads, "max_threads": self.max_threads, "n_batch": self.n_batch, "n_seq_max": self._lib.llama_n_seq_max(self.ctx),
+            flags={"threads_auto": self.auto_threads, "max_threads": self.max_threads, "n_batch": self.n_batch,
+                   "n_seq_max": self._lib.llama_n_seq_max(self.ctx),
                    "flash_attn": {-1: "auto", 0: "off", 1: "on"}.get(self.llm.context_params.flash_attn_type),
                    "system_info": sysinfo.strip(),
                    "build": llama_build.describe(sysinfo, llama_build.build_report())})
 
     def _apply_threads(self, n: int) -> None:
         self._lib.llama_set_n_threads(self.ctx, n, n)
+
+    def effective_config(self) -> dict:
+        """The GGUF's settings as llama.cpp uses them, read back from the loaded model and vocabulary
+        (and the context's RoPE base when it overrides the file's)."""
+        lib, m = self._lib, self.llm._model.model
+        cfg = gguf_config(self.model.gguf_path)  # llama.cpp uses the file's values as stated
+        ctx_base = self.llm.context_params.rope_freq_base  # 0 means "from the model"
+        cfg.update(n_heads=lib.llama_model_n_head(m), n_kv_heads=lib.llama_model_n_head_kv(m),
+                   n_layers=lib.llama_model_n_layer(m), context_length=lib.llama_model_n_ctx_train(m),
+                   vocab_size=lib.llama_vocab_n_tokens(self.vocab), bos_id=lib.llama_vocab_bos(self.vocab),
+                   eos_id=lib.llama_vocab_eos(self.vocab))
+        if ctx_base:
+            cfg["rope_theta"] = float(ctx_base)
+        return cfg
 
     # --- generation -------------------------------------------------------
     def _sampler(self, cfg: GenerationConfig):
@@ -216,7 +265,7 @@ class LlamaCppEngine(Engine):
         finally:
             lib.llama_sampler_free(smpl)
 
-    def logits(self, ids) -> "object":
+    def logits(self, ids) -> np.ndarray:
         """Teacher-forced logits for ``ids``: float32 numpy array [len(ids), vocab]
         (an empty KV cache first, logits requested for every position)."""
         import numpy as np
@@ -247,7 +296,7 @@ class LlamaCppEngine(Engine):
                 "n_eval": d.n_eval, "t_eval_ms": d.t_eval_ms}
 
     def batch_session(self, cfg: GenerationConfig, max_sequences: int,
-                      max_seq_tokens: int) -> "LlamaCppBatchSession":
+                      max_seq_tokens: int) -> LlamaCppBatchSession:
         """A continuous-batching session: up to ``max_sequences`` requests decoded together.
 
         ``max_seq_tokens``: the longest prompt + output of any request, tokens. Raises

@@ -9,7 +9,7 @@ Apple silicon.
 
 mlx-lm has no hard context limit; the lab enforces the trained context. The
 config is read with keys that moved between transformers versions lifted back
-to where mlx-lm looks (``lablib.models.normalize_config``): mlx-lm 0.32 reads
+to where mlx-lm looks (``lablib.formats.normalize_config``): mlx-lm 0.32 reads
 ``rope_theta`` only at the top level and silently uses 10000 otherwise.
 
 Batched mode (:meth:`MLXEngine.batch_session`) is mlx-lm's own continuous
@@ -24,10 +24,15 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import EngineUnavailable, LabError
+from ..formats import normalize_config, trained_context
 from ..trace import RequestTrace, now
 from .base import Engine, EngineInfo, GenerationConfig, default_threads
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class MLXEngine(Engine):
@@ -35,6 +40,11 @@ class MLXEngine(Engine):
     ``prefill_step_size``: prompt tokens per forward pass in prefill (mlx-lm default 2048)."""
 
     name = "mlx"
+    format = "mlx"
+    requires = "mlx_lm"
+    install_hint = "pip install 'mlx[cpu]' mlx-lm (Linux) or mlx-lm (macOS)"
+    kv_bytes_per_value = 4  # float32 models
+    compare_load_kwargs = {"fix_config": False}  # lablib.compare shows what a plain mlx-lm user gets
 
     def __init__(self, model, n_ctx: int | None = None, threads: int | None = None,
                  prefill_step_size: int = 2048, fix_config: bool = True):
@@ -45,8 +55,6 @@ class MLXEngine(Engine):
             from mlx_lm import load
         except ImportError as e:  # pragma: no cover - reported by doctor
             raise EngineUnavailable(f"mlx-lm cannot be imported ({e}); install mlx[cpu] and mlx-lm") from e
-        from ..models import normalize_config
-
         self._mx, self._mlx_lm = mx, mlx_lm
         path = model.path_for("mlx", self.name)
         cfg = json.loads((Path(path) / "config.json").read_text())
@@ -57,8 +65,6 @@ class MLXEngine(Engine):
                                                      return_config=True)
         self.threads = threads or default_threads()  # MLX chooses its own CPU threads
         self.prefill_step_size = int(prefill_step_size)
-        from ..models import trained_context
-
         self.n_ctx = int(n_ctx or trained_context(self.config) or model.max_position_embeddings or 0)
         if self.n_ctx < 1:
             raise LabError(f"{path}: the config names no trained context length (max_position_embeddings, "
@@ -109,6 +115,26 @@ class MLXEngine(Engine):
             flags={"prefill_step_size": self.prefill_step_size,
                    "config_fixes": self.config_fixes, "rope_theta": self.rope_theta})
 
+    def effective_config(self) -> dict:
+        """The config as mlx-lm uses it: its ModelArgs, and the RoPE base of the module the
+        layers really call."""
+        a = self.mlx_model.args
+        heads = a.num_attention_heads
+        head_dim = getattr(a, "head_dim", None) or a.hidden_size // heads
+        theta = getattr(a, "rope_theta", None)
+        try:  # the RoPE module the layers really call
+            theta = float(self.mlx_model.model.layers[0].self_attn.rope.base)
+        except AttributeError:
+            pass
+        eos = self.config.get("eos_token_id")
+        return {"rope_theta": theta, "rope_scaling": getattr(a, "rope_scaling", None),
+                "rms_norm_eps": a.rms_norm_eps, "n_heads": heads,
+                "n_kv_heads": getattr(a, "num_key_value_heads", heads) or heads, "head_dim": head_dim,
+                "n_layers": a.num_hidden_layers, "vocab_size": a.vocab_size,
+                "context_length": self.config.get("max_position_embeddings"),
+                "tie_word_embeddings": bool(getattr(a, "tie_word_embeddings", False)),
+                "bos_id": self.config.get("bos_token_id"), "eos_id": eos[0] if isinstance(eos, list) else eos}
+
     # --- generation -------------------------------------------------------
     def _sampler(self, cfg: GenerationConfig):
         from mlx_lm.sample_utils import make_sampler
@@ -138,13 +164,13 @@ class MLXEngine(Engine):
         steps.close()
 
     def batch_session(self, cfg: GenerationConfig, max_sequences: int,
-                      max_seq_tokens: int) -> "MLXBatchSession":
+                      max_seq_tokens: int) -> MLXBatchSession:
         """A continuous-batching session: up to ``max_sequences`` requests decoded together.
         ``max_seq_tokens`` (longest prompt + output, tokens) is checked against ``n_ctx``."""
         self.check_context(max_seq_tokens, 0)
         return MLXBatchSession(self, cfg, max_sequences)
 
-    def logits(self, ids):
+    def logits(self, ids) -> np.ndarray:
         """Teacher-forced logits for ``ids``: float32 numpy array [len(ids), vocab]."""
         import numpy as np
 

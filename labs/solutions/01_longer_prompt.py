@@ -41,13 +41,13 @@ short = sweep.side_by_side(model, engines=engines, ids=short_ids)
 long = sweep.side_by_side(model, engines=engines, ids=long_ids)
 
 cols = ["prompt_tokens", "prefill_s", "decode_s", "tpot_s"]
-s = short.groupby("engine", sort=False)[cols].median()
-l = long.groupby("engine", sort=False)[cols].median()
-for engine in s.index:
-    print(f"{engine:>12}: prompt {s.prompt_tokens[engine]:.0f} -> {l.prompt_tokens[engine]:.0f} tokens | "
-          f"prefill {s.prefill_s[engine] * 1e3:.0f} -> {l.prefill_s[engine] * 1e3:.0f} ms "
-          f"(x{l.prefill_s[engine] / s.prefill_s[engine]:.1f}) | "
-          f"decode {s.decode_s[engine] * 1e3:.0f} -> {l.decode_s[engine] * 1e3:.0f} ms "
-          f"(x{l.decode_s[engine] / s.decode_s[engine]:.2f})")
+sm = short.groupby("engine", sort=False)[cols].median()
+lm = long.groupby("engine", sort=False)[cols].median()
+for engine in sm.index:
+    print(f"{engine:>12}: prompt {sm.prompt_tokens[engine]:.0f} -> {lm.prompt_tokens[engine]:.0f} tokens | "
+          f"prefill {sm.prefill_s[engine] * 1e3:.0f} -> {lm.prefill_s[engine] * 1e3:.0f} ms "
+          f"(x{lm.prefill_s[engine] / sm.prefill_s[engine]:.1f}) | "
+          f"decode {sm.decode_s[engine] * 1e3:.0f} -> {lm.decode_s[engine] * 1e3:.0f} ms "
+          f"(x{lm.decode_s[engine] / sm.decode_s[engine]:.2f})")
 
 plots.prefill_decode_bars(long)  # in a notebook: the bars of the long prompt

@@ -35,7 +35,9 @@
 # program is busy on the cores.
 import lablib
 from lablib import sweep
-from lablib.memory import kv_cache_bytes, model_shape, weights_bytes
+from lablib.engines import ENGINES
+from lablib.formats import model_shape
+from lablib.memory import kv_cache_bytes, weights_bytes
 
 SHORT, LONG = 64, 1024
 engines = ["transformers", "llama.cpp"]
@@ -47,8 +49,9 @@ df = sweep.context_sweep(model, engines=engines, prompt_tokens=[SHORT, LONG], ma
 tpot = df.groupby(["engine", "prompt_tokens"])["tpot_s"].median()
 
 for engine in engines:
-    weights = weights_bytes(model, engine)  # the file each step reads: GGUF, or float32 safetensors
-    kv_short, kv_long = kv_cache_bytes(model, engine, SHORT), kv_cache_bytes(model, engine, LONG)
+    cls = ENGINES[engine]  # the engine's facts: format read, KV bytes per value
+    weights = weights_bytes(model, cls)  # the file each step reads: GGUF, or float32 safetensors
+    kv_short, kv_long = kv_cache_bytes(model, cls, SHORT), kv_cache_bytes(model, cls, LONG)
     predicted = (weights + kv_long) / (weights + kv_short)
     measured = tpot[engine, LONG] / tpot[engine, SHORT]
     print(f"{engine:>12}: weights {weights / 1e6:.0f} MB, KV at {LONG} tokens {kv_long / 1e6:.0f} MB | "

@@ -30,12 +30,12 @@
 # 1.5x at 8. Expect the same shape on a laptop, with gains that vary by tens of percent from run to run (a second
 # run here: 0.91x at 2, 1.20x at 4, 1.40x at 8, with TPOT x2.3, x3.2, x5.2).
 import lablib
-from lablib import plots, sweep
+from lablib import sweep
 
 model = lablib.prepare()
 df = sweep.concurrency_sweep(model, engines=["llama.cpp"], concurrency=[1, 2, 4, 8], modes=["batched"],
                              prompt_tokens=32, max_new_tokens=32)
-runs = plots.run_table(df).set_index("concurrency")
+runs = lablib.run_table(df).set_index("concurrency")
 one = runs.loc[1]
 runs["throughput_gain"] = runs["output_tps"] / one["output_tps"]
 runs["tpot_growth"] = runs["tpot_p50_s"] / one["tpot_p50_s"]

@@ -33,7 +33,7 @@
 import pandas as pd
 
 import lablib
-from lablib import plots, sweep
+from lablib import sweep
 
 model = lablib.prepare()
 levels = [1, 2, 4]
@@ -41,7 +41,7 @@ frames = [sweep.concurrency_sweep(model, engines=["llama.cpp"], concurrency=[c],
                                   requests=4 * c, prompt_tokens=32, max_new_tokens=16)
           for c in levels]  # 4 requests per client (one call per level: `requests` is per level)
 df = pd.concat(frames, ignore_index=True)
-runs = plots.run_table(df)
+runs = lablib.run_table(df)
 mean_e2e = df.groupby("run_id")["e2e_s"].mean()
 runs["mean_e2e_s"] = runs["run_id"].map(mean_e2e)
 runs["requests_per_s_x_mean_e2e"] = runs["requests_per_s"] * runs["mean_e2e_s"]

@@ -1,0 +1,99 @@
+"""The lab's settings in one place: its folders, quick mode, threads, and the quick/full budgets.
+
+Environment variables (all optional):
+
+- ``LABLIB_HOME``: derived models and caches (default ``~/.cache/lablib``)
+- ``LABLIB_DATA``: the project's ``data/`` folder (default: the one beside ``lablib/``)
+- ``LABLIB_QUICK``: small budgets for notebooks and CI (``1``, ``true``, ``yes``)
+- ``LABLIB_THREADS``: threads for CPU engines (default: the CPUs this process may use)
+
+:data:`BUDGETS` is the one table of quick and full defaults that the sweeps, the
+widgets and the CLI read; :func:`budget` picks the value for the current mode.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from pathlib import Path
+
+from .errors import LabError
+from .hardware import cpus_usable
+
+
+def lab_home() -> Path:
+    """Folder for derived models and caches: $LABLIB_HOME or ~/.cache/lablib."""
+    return Path(os.environ.get("LABLIB_HOME") or Path.home() / ".cache" / "lablib")
+
+
+def data_dir() -> Path:
+    """The project's data/ folder ($LABLIB_DATA overrides)."""
+    return Path(os.environ.get("LABLIB_DATA") or Path(__file__).resolve().parent.parent / "data")
+
+
+def quick_mode() -> bool:
+    """True when LABLIB_QUICK is set to a true value (small budgets for notebooks and CI)."""
+    return os.environ.get("LABLIB_QUICK", "").strip().lower() not in ("", "0", "false", "no")
+
+
+# --- budgets ------------------------------------------------------------------------------------
+# kind -> setting -> (quick, full). Prompt lengths and output budgets in tokens.
+BUDGETS = {
+    # lab 01: the same prompt through each engine
+    "side_by_side": {"max_new_tokens": (16, 64), "reps": (2, 5)},
+    # context sweep; prompt_tokens None: log-spaced from 64 up to the trained context
+    "context": {"max_new_tokens": (8, 32), "reps": (1, 3), "prompt_tokens": ((64, 256), None)},
+    # the sweep panel's first context run: short enough to watch
+    "context_panel": {"prompt_tokens": ((64, 256), (64, 128, 256, 512, 1024))},
+    # concurrency sweep; requests per run default to requests_per_client x C
+    "concurrency": {
+        "max_new_tokens": (8, 32),
+        "prompt_tokens": (32, 64),
+        "concurrency": ((1, 2), (1, 2, 4, 8)),
+        "requests_per_client": (2, 2),
+    },
+}
+
+
+def budget(kind: str, setting: str, quick: bool | None = None):
+    """The default of ``setting`` for a ``kind`` of run from :data:`BUDGETS`, in quick mode or
+    full (``quick`` None: :func:`quick_mode`). Raises LabError for an unknown kind or setting."""
+    if kind not in BUDGETS or setting not in BUDGETS[kind]:
+        have = ", ".join(f"{k}.{s}" for k, v in BUDGETS.items() for s in v)
+        raise LabError(f"no budget {kind}.{setting}: expected one of {have}")
+    q, full = BUDGETS[kind][setting]
+    return q if (quick_mode() if quick is None else quick) else full
+
+
+# --- threads ------------------------------------------------------------------------------------
+# Oversubscription is a fair experiment (what do 8 threads on 2 cores cost?), thousands of
+# threads are not: llama.cpp crashes, torch cannot start them.
+MAX_THREADS_PER_CPU = 4
+
+
+def check_threads(value, what: str = "threads") -> int:
+    """``value`` as a thread count: a whole number from 1 to :data:`MAX_THREADS_PER_CPU` per
+    logical CPU (a str of digits, an int or a numpy integer). Raises LabError naming ``what``."""
+    most = MAX_THREADS_PER_CPU * (os.cpu_count() or 1)
+    try:
+        n = int(value) if isinstance(value, str) and value.strip().isdecimal() else operator.index(value)
+    except (TypeError, ValueError):
+        n = None
+    if isinstance(value, bool) or n is None or not 1 <= n <= most:
+        shown = value if len(repr(value)) < 40 else f"{repr(value)[:37]}..."
+        raise LabError(
+            f"{what}={shown!r}: expected a whole number of threads from 1 to {most} "
+            f"({MAX_THREADS_PER_CPU} per logical CPU; {cpus_usable()} would use the CPUs this "
+            f"process may use), or leave it unset"
+        )
+    return n
+
+
+def default_threads() -> int:
+    """Threads for CPU engines: the CPUs this process can use (physical cores, affinity and
+    container quota: :func:`lablib.hardware.cpus_usable`). LABLIB_THREADS overrides.
+
+    Raises LabError when LABLIB_THREADS is not a whole number from 1 to 4 per logical CPU.
+    """
+    env = os.environ.get("LABLIB_THREADS", "").strip()
+    return check_threads(env, "LABLIB_THREADS") if env else cpus_usable()

@@ -1,0 +1,76 @@
+"""The columns of a result row, declared once (one row per measured request).
+
+The writer (:func:`lablib.results.trace_row`), the readers and the foreign-file check
+(:mod:`lablib.results`), the tables (:mod:`lablib.tables`), the figures
+(:mod:`lablib.plots`) and the CLI name columns through these tuples, as llama-bench
+declares its fields once and prints them in several formats.
+"""
+
+from __future__ import annotations
+
+# what the run was: set by the sweeps (context rows: request_index = repetition)
+LABELS = ("sweep", "mode", "concurrency", "repetition", "run_id", "request_index", "client")
+# the metrics of DESIGN.md (RequestTrace's properties), seconds unless named otherwise, in the
+# order tables show them (the JSON keys of `lablib run --json`)
+METRICS = ("queue_s", "ttft_s", "prefill_s", "prefill_tps", "tpot_s", "decode_tps", "e2e_s")
+# the rest of RequestTrace.metrics(): token counts, decode time, why generation stopped
+COUNTS = ("prompt_tokens", "cached_tokens", "output_tokens", "decode_s", "finish_reason")
+# raw clock readings, perf_counter seconds (comparable within one process and run): timelines
+CLOCKS = ("t_submit", "t_start", "t_first_token", "t_last_token")
+# lists per row: inter-token latencies, seconds
+SERIES = ("itl_s",)
+# row column -> (manifest section, key); section None: a top-level manifest key
+MANIFEST_FIELDS = {
+    "engine": ("engine", "name"),
+    "engine_version": ("engine", "version"),
+    "backend": ("engine", "backend"),
+    "dtype": ("engine", "dtype"),
+    "threads": ("engine", "threads"),
+    "n_ctx": ("engine", "n_ctx"),
+    "model": ("model", "id"),
+    "model_format": ("model", "format"),
+    "quantization": ("model", "quantization"),
+    "model_sha256": ("model", "file_sha256"),
+    "cpu_model": ("hardware", "cpu_model"),
+    "cores": ("hardware", "cores_physical"),
+    "ram_bytes": ("hardware", "ram_bytes"),
+    "accelerator": ("hardware", "accelerator"),
+    "hostname": ("hardware", "hostname"),
+    "cpu_quota": ("hardware", "cpu_quota"),
+    "memory_limit_bytes": ("hardware", "memory_limit_bytes"),
+    "load_avg_1m": ("hardware", "load_avg_1m"),  # the machine's load when the run started
+    "lablib_version": (None, "lablib_version"),
+    "time": (None, "time"),
+}
+# the manifest basics a report shows, one row per machine and engine
+MANIFEST_SUMMARY = (
+    "engine",
+    "engine_version",
+    "backend",
+    "dtype",
+    "threads",
+    "quantization",
+    "model",
+    "cpu_model",
+    "cores",
+    "ram_bytes",
+    "cpu_quota",
+    "memory_limit_bytes",
+    "accelerator",
+    "hostname",
+    "lablib_version",
+)
+# present in some rows only: output ids, decoded text, an error message, the file a row came from
+OPTIONAL = ("token_ids", "text", "error", "source_file")
+# machines to facet figures by
+FACETS = ("hostname", "cpu_model")
+
+COLUMNS = LABELS + METRICS + COUNTS + SERIES + CLOCKS + tuple(MANIFEST_FIELDS) + OPTIONAL
+
+
+def flatten_manifest(manifest: dict) -> dict:
+    """The manifest's fields as row columns (:data:`MANIFEST_FIELDS`); a key the manifest lacks is None."""
+    return {
+        col: (manifest if section is None else manifest.get(section, {})).get(key)
+        for col, (section, key) in MANIFEST_FIELDS.items()
+    }
