@@ -21,6 +21,7 @@ name                   what runs                                    slots (``par
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.util
 import os
 import signal
 import socket
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from .errors import LabError
 
-SERVERS = ("llama-server", "llama-cpp-python", "mlx", "transformers")
+SERVERS = ("llama-server", "llama-cpp-python", "mlx", "transformers")  # the keys of COMMANDS, in this order
 ALIASES = {
     "llama_cpp.server": "llama-cpp-python",
     "llama-cpp": "llama-cpp-python",
@@ -126,135 +127,97 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def _need(modules, what: str) -> None:
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise LabError(f"{what} needs {', '.join(missing)}: install them with pip install 'lablib[serve]'")
+
+
+def _llama_cpp_python(model, host: str, port: str, parallel: int, threads: int, n_ctx: int):
+    """llama-cpp-python's own server: one request at a time (a default single slot's serial queue)."""
+    _need(("llama_cpp", "fastapi", "uvicorn", "sse_starlette", "starlette_context", "pydantic_settings"),
+          "llama-cpp-python's server")
+    if parallel != 1:
+        raise LabError(
+            f"parallel={parallel}: llama-cpp-python's server runs one request at a time "
+            "(use --parallel 1, or llama-server / mlx for several slots)"
+        )
+    gguf = model.path_for("gguf", "llama-cpp-python's server")
+    # a new request would cancel the running stream; full logits per prompt token cost ~400 MB
+    argv = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", host, "--port", port,
+            "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx),
+            "--interrupt_requests", "False", "--logits_all", "False", "--model_alias", "lab-model"]
+    return argv, "llama-cpp-python", _version("llama_cpp_python"), ["/v1/models"]
+
+
+def _mlx_server(model, host: str, port: str, parallel: int, threads: int, n_ctx: int):
+    """mlx_lm.server: ``parallel`` sequences decoded and prefilled together."""
+    if importlib.util.find_spec("mlx_lm") is None:
+        raise LabError("mlx_lm.server needs mlx-lm: pip install 'mlx[cpu]' mlx-lm")
+    folder = model.path_for("mlx", "mlx_lm.server")
+    argv = [sys.executable, "-m", "mlx_lm.server", "--model", folder, "--host", host, "--port", port,
+            "--decode-concurrency", str(parallel), "--prompt-concurrency", str(parallel), "--max-tokens", "4096",
+            "--log-level", "WARNING"]
+    return argv, "mlx", _version("mlx-lm"), ["/health"]
+
+
+def _transformers_serve(model, host: str, port: str, parallel: int, threads: int, n_ctx: int):
+    """``transformers serve`` on the HF folder (continuous batching when ``parallel`` > 1)."""
+    if importlib.util.find_spec("openai") is None:
+        raise LabError(
+            "transformers serve needs the openai package (and fastapi, uvicorn): pip install openai fastapi uvicorn"
+        )
+    folder = model.path_for("hf", "transformers serve")
+    exe = Path(sys.executable).with_name("transformers")
+    argv = [str(exe), "serve", folder, "--host", host, "--port", port, "--device", "cpu", "--log-level", "warning"]
+    argv += ["--continuous-batching"] if parallel > 1 else []
+    return argv, "transformers", _version("transformers"), ["/v1/models"]
+
+
+def _llama_server(model, host: str, port: str, parallel: int, threads: int, n_ctx: int):
+    """llama.cpp's llama-server with ``parallel`` slots (continuous batching), built on first use from
+    the in-process engine's source and flags (:func:`lablib.llama_build.llama_tool`; minutes)."""
+    from .llama_build import BuildError, llama_tool
+
+    try:
+        exe = str(llama_tool("llama-server"))
+    except BuildError as e:
+        raise LabError(f"llama-server could not be built: {e}") from None
+    gguf = model.path_for("gguf", "llama-server")
+    argv = [exe, "-m", gguf, "--host", host, "--port", port, "-t", str(threads), "-tb", str(threads),
+            "-c", str(n_ctx * parallel), "--parallel", str(parallel), "--cont-batching", "--no-webui",
+            "--alias", "lab-model"]
+    return argv, "llama-server", "llama.cpp (built by lablib)", ["/health"]
+
+
+# server name -> its command: (model, host, port, parallel, threads, n_ctx) ->
+# (argv, kind for the http engine, version, readiness paths)
+COMMANDS = {
+    "llama-server": _llama_server,
+    "llama-cpp-python": _llama_cpp_python,
+    "mlx": _mlx_server,
+    "transformers": _transformers_serve,
+}
+
+
 def server_command(
     name: str, model, port: int, parallel: int = 1, threads: int | None = None, n_ctx: int = 4096
 ) -> tuple[list[str], str, str, list[str]]:
     """(argv, kind for the http engine, version, readiness URLs) to run server ``name`` on ``model``.
 
     ``parallel``: slots / sequences decoded together; ``threads``: CPU threads for the server
-    (default: :func:`lablib.engines.base.default_threads`); ``n_ctx``: context per slot, tokens.
+    (default: :func:`lablib.config.default_threads`); ``n_ctx``: context per slot, tokens.
     Raises LabError when the server cannot run here (not installed, wrong format).
     """
-    import importlib.util
-
-    from .engines.base import check_threads, default_threads
+    from .config import check_threads, default_threads
 
     name = canonical_server(name)
     threads = check_threads(threads) if threads is not None else default_threads()
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise LabError(f"parallel={parallel!r}: expected a whole number of slots, at least 1")
-    host, p = "127.0.0.1", str(port)
-    root = f"http://{host}:{port}"
-    if name == "llama-cpp-python":
-        missing = [
-            m
-            for m in ("llama_cpp", "fastapi", "uvicorn", "sse_starlette", "starlette_context", "pydantic_settings")
-            if importlib.util.find_spec(m) is None
-        ]
-        if missing:
-            raise LabError(
-                f"llama-cpp-python's server needs {', '.join(missing)}: install them with pip install 'lablib[serve]'"
-            )
-        if parallel != 1:
-            raise LabError(
-                f"parallel={parallel}: llama-cpp-python's server runs one request at a time "
-                "(use --parallel 1, or llama-server / mlx for several slots)"
-            )
-        gguf = model.path_for("gguf", "llama-cpp-python's server")
-        argv = [
-            sys.executable,
-            "-m",
-            "llama_cpp.server",
-            "--model",
-            gguf,
-            "--host",
-            host,
-            "--port",
-            p,
-            "--n_threads",
-            str(threads),
-            "--n_threads_batch",
-            str(threads),
-            "--n_ctx",
-            str(n_ctx),
-            # a new request would cancel the running stream; full logits per prompt token cost ~400 MB
-            "--interrupt_requests",
-            "False",
-            "--logits_all",
-            "False",
-            "--model_alias",
-            "lab-model",
-        ]
-        return argv, "llama-cpp-python", _version("llama_cpp_python"), [f"{root}/v1/models"]
-    if name == "mlx":
-        if importlib.util.find_spec("mlx_lm") is None:
-            raise LabError("mlx_lm.server needs mlx-lm: pip install 'mlx[cpu]' mlx-lm")
-        folder = model.path_for("mlx", "mlx_lm.server")
-        argv = [
-            sys.executable,
-            "-m",
-            "mlx_lm.server",
-            "--model",
-            folder,
-            "--host",
-            host,
-            "--port",
-            p,
-            "--decode-concurrency",
-            str(parallel),
-            "--prompt-concurrency",
-            str(parallel),
-            "--max-tokens",
-            "4096",
-            "--log-level",
-            "WARNING",
-        ]
-        return argv, "mlx", _version("mlx-lm"), [f"{root}/health"]
-    if name == "transformers":
-        if importlib.util.find_spec("openai") is None:
-            raise LabError(
-                "transformers serve needs the openai package (and fastapi, uvicorn): pip install openai fastapi uvicorn"
-            )
-        folder = model.path_for("hf", "transformers serve")
-        exe = Path(sys.executable).with_name("transformers")
-        argv = [str(exe), "serve", folder, "--host", host, "--port", p, "--device", "cpu", "--log-level", "warning"] + (
-            ["--continuous-batching"] if parallel > 1 else []
-        )
-        return argv, "transformers", _version("transformers"), [f"{root}/v1/models"]
-    # llama-server: built on first use from the in-process engine's source and flags (minutes)
-    try:
-        from .llama_build import llama_tool
-    except ImportError:
-        llama_tool = None
-    if llama_tool is None:
-        raise LabError(
-            "llama-server is built by lablib.llama_build.llama_tool, which this checkout does not "
-            "have yet; use --server llama-cpp-python or mlx"
-        )
-    exe = str(llama_tool("llama-server"))
-    gguf = model.path_for("gguf", "llama-server")
-    argv = [
-        exe,
-        "-m",
-        gguf,
-        "--host",
-        host,
-        "--port",
-        p,
-        "-t",
-        str(threads),
-        "-tb",
-        str(threads),
-        "-c",
-        str(n_ctx * parallel),
-        "--parallel",
-        str(parallel),
-        "--cont-batching",
-        "--no-webui",
-        "--alias",
-        "lab-model",
-    ]
-    return argv, "llama-server", "llama.cpp (built by lablib)", [f"{root}/health"]
+    host = "127.0.0.1"
+    argv, kind, version, paths = COMMANDS[name](model, host, str(port), parallel, threads, n_ctx)
+    return argv, kind, version, [f"http://{host}:{port}{path}" for path in paths]
 
 
 def start_server(

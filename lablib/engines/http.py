@@ -294,7 +294,9 @@ class HTTPEngine(Engine):
         except ImportError as e:  # pragma: no cover - load_engine reports it first
             from ..errors import EngineUnavailable
 
-            raise EngineUnavailable(f"the http engine needs aiohttp ({e}); install it: pip install 'lablib[serve]'")
+            raise EngineUnavailable(
+                f"the http engine needs aiohttp ({e}); install it: pip install 'lablib[serve]'"
+            ) from None
         if not base_url:
             raise LabError("the http engine needs base_url=... (a server's OpenAI URL, e.g. "
                            "http://127.0.0.1:8080/v1); start a server with `lablib serve`, measure it with "
