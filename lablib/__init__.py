@@ -5,7 +5,8 @@ import only when used. The verbs a notebook needs are reached from here, loaded 
 first use (PEP 562): :func:`prepare` a model, :func:`load_engine`, generate and read
 the :class:`RequestTrace`; :func:`side_by_side`, :func:`summary_table`,
 :func:`run_table`, :func:`sweep_panel`, :func:`report_html`, :func:`load_case`;
-the modules ``lablib.plots``, ``lablib.tables``, ``lablib.sweep``, ``lablib.compare``.
+the modules ``lablib.plots``, ``lablib.tables``, ``lablib.sweep``, ``lablib.compare``,
+``lablib.anchors``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ _LAZY = {
     "plots": ("plots", None),
     "tables": ("tables", None),
     "sweep": ("sweep", None),
+    "anchors": ("anchors", None),  # llama.cpp's own benchmarks next to the lab's numbers
 }
 
 

@@ -75,11 +75,15 @@ def lab_batched(model, b: int, pp: int, tg: int, threads: int | None = None, n_b
         engine.close()
 
 
-def batched_rows(model, batches=(1, 2, 4, 8), pp: int = 64, tg: int = 32, threads: int | None = None) -> list[dict]:
-    """Tidy rows for a figure: ``source`` ("lab" or "llama-batched-bench"), ``concurrency`` (B) and
-    ``output_tps`` (generated tokens/s across the batch), for each B, the anchor run first."""
-    from .engines.base import default_threads
+def batched_rows(model, batches=None, pp: int | None = None, tg: int | None = None,
+                 threads: int | None = None) -> list[dict]:
+    """Tidy rows for a figure (:func:`lablib.plots.anchor_bars`): ``source`` ("lab" or
+    "llama-batched-bench"), ``concurrency`` (B) and ``output_tps`` (generated tokens/s across the
+    batch), for each B, the anchor first. Defaults: ``config.BUDGETS["anchors"]`` (quick or full)."""
+    from .config import budget, default_threads
 
+    batches = batches or budget("anchors", "batches")
+    pp, tg = pp or budget("anchors", "prompt_tokens"), tg or budget("anchors", "max_new_tokens")
     threads = threads or default_threads()
     anchor = batched_bench(model.path_for("gguf", "llama.cpp"), list(batches), pp, tg, threads)
     rows = []

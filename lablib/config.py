@@ -45,6 +45,8 @@ BUDGETS = {
     "context": {"max_new_tokens": (8, 32), "reps": (1, 3), "prompt_tokens": ((64, 256), None)},
     # the sweep panel's first context run: short enough to watch
     "context_panel": {"prompt_tokens": ((64, 256), (64, 128, 256, 512, 1024))},
+    # lab 03's anchor: llama.cpp's own batched benchmark next to the lab (lablib.anchors.batched_rows)
+    "anchors": {"batches": ((1, 2), (1, 2, 4, 8)), "prompt_tokens": (32, 64), "max_new_tokens": (16, 32)},
     # concurrency sweep; requests per run default to requests_per_client x C
     "concurrency": {
         "max_new_tokens": (8, 32),
