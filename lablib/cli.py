@@ -12,6 +12,7 @@
     lablib merge FILE... --out ALL
     lablib compare [--model M] [--engines a,b,c] [--reference ENGINE]
                (--prompt TEXT | --messages FILE | --ids FILE) [--json]
+    lablib roofline [--results FILE...] [--engines a,b,c] [--refresh] [--json]
 
 Errors the user can act on (LabError) print one message and exit 2.
 """
@@ -216,6 +217,23 @@ def cmd_compare(ns) -> int:
     return 0
 
 
+# --- roofline ------------------------------------------------------------------------------
+def cmd_roofline(ns) -> int:
+    from .roofline_cli import roofline_report
+
+    out = roofline_report(results=ns.results, engines=ns.engines, model=ns.model, refresh=ns.refresh)
+    if ns.json:
+        print(json.dumps(out, default=str))
+        return 0
+    m = out["machine"]
+    print(f"{m['cpu_model']}, {m['threads']} threads: bandwidth {m['bandwidth_gbps']:.1f} GB/s (read; STREAM copy "
+          f"{m['copy_gbps']:.1f}, triad {m['triad_gbps']:.1f}), matmul " + ", ".join(f"{k} {v:.0f} G/s" for k, v in m['gflops'].items()))
+    for e, r in out["engines"].items():
+        print(f"  {e:<13} decode {r['decode_tps']:.1f} tok/s of a {r['decode_bound_tps']:.1f} tok/s bound "
+              f"({100 * r['fraction_of_bound']:.0f} %), prompt {r['prompt_tokens']} tokens; {r['source']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="lablib", description="Inference Engine Lab")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -285,6 +303,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-new-tokens", type=int, default=24)
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_compare)
+
+    rf = sub.add_parser("roofline", help="this machine's bandwidth and FLOP/s, each engine's decode against its bound")
+    rf.add_argument("--results", nargs="*", default=None,
+                    help="results files (default: results/ and labs/results/ here; none: a quick measurement)")
+    rf.add_argument("--engines", default="transformers,llama.cpp,mlx")
+    rf.add_argument("--model", default=None)
+    rf.add_argument("--refresh", action="store_true", help="measure the machine again (else the cached measurement)")
+    rf.add_argument("--json", action="store_true", help="one JSON object")
+    rf.set_defaults(func=cmd_roofline)
     return ap
 
 

@@ -211,11 +211,14 @@ def available_ram_bytes() -> int:
 # 3 x 8), write-allocate traffic not counted, the best of the repetitions reported. Here the median
 # is the figure (the machine is shared: the best run is the one nobody else used) and the spread
 # (min, max) comes with it.
-STREAM_KERNELS = {"copy": 2, "triad": 3}  # arrays touched per element
+# "read" (sum b: 1 x 8 bytes per element, no writes) is not STREAM's: it is what a decode step does to the
+# weights, so it is the bandwidth the roofline uses (lmbench's bw_mem "rd" measures the same).
+STREAM_KERNELS = {"read": 1, "copy": 2, "triad": 3}  # arrays touched per element
+ROOFLINE_KERNEL = "read"
 STREAM_ARRAY_BYTES = 64 * 2**20  # per array: 2 x the 32 MiB L3 of the lab's EPYC, 4 x a 16 MiB laptop L3
 _STREAM_BLOCK = 2**15  # float64 elements a thread handles per step (256 KiB: the temporaries stay in L2)
 MATMUL_DTYPES = ("float32", "bfloat16", "int8")
-MEASUREMENT_VERSION = 1
+MEASUREMENT_VERSION = 2
 
 
 def _spread(values: list[float]) -> dict:
@@ -226,12 +229,13 @@ def _spread(values: list[float]) -> dict:
 
 def stream_bandwidth(kernel: str = "triad", array_bytes: int = STREAM_ARRAY_BYTES, reps: int = 5,
                      threads: int | None = None) -> dict:
-    """Memory bandwidth of a STREAM-style ``kernel`` ("copy" a = b, or "triad" a = b + 3 c), bytes/s.
+    """Memory bandwidth of a STREAM-style ``kernel`` ("read": sum of b, "copy" a = b, or "triad"
+    a = b + 3 c), bytes/s.
 
     float64 arrays of ``array_bytes`` each (default 64 MiB: far past the last-level cache), split
     into ``threads`` contiguous slices (default :func:`cpus_usable`), each thread walking its slice
     in 256 KiB blocks with NumPy (which releases the GIL), so the triad's temporary ``3 c`` stays in
-    cache and memory sees what STREAM counts: 2 (copy) or 3 (triad) x 8 bytes per element.
+    cache and memory sees what STREAM counts: 1 (read), 2 (copy) or 3 (triad) x 8 bytes per element.
     One unrecorded pass first (page faults), then ``reps`` timed passes.
 
     Returns {kernel, bytes_per_s (median), min, max, reps, threads, array_bytes, bytes_per_pass}.
@@ -254,11 +258,15 @@ def stream_bandwidth(kernel: str = "triad", array_bytes: int = STREAM_ARRAY_BYTE
     a, b, c = np.zeros(n), np.ones(n), np.full(n, 2.0)
     bounds = np.linspace(0, n, threads + 1).astype(int)
 
+    sums = []  # keeps the read kernel's results alive (list.append is thread-safe)
+
     def work(lo: int, hi: int) -> None:
         tmp = np.empty(min(_STREAM_BLOCK, hi - lo))
         for s in range(lo, hi, _STREAM_BLOCK):
             e = min(s + _STREAM_BLOCK, hi)
-            if kernel == "copy":
+            if kernel == "read":
+                sums.append(float(np.add.reduce(b[s:e])))
+            elif kernel == "copy":
                 np.copyto(a[s:e], b[s:e])
             else:
                 t = tmp[: e - s]
@@ -381,12 +389,12 @@ def cached_measurement() -> dict | None:
 def measure_machine(refresh: bool = False, quick: bool | None = None) -> dict:
     """This machine's roofline ceilings, measured once and cached (:func:`measurement_path`).
 
-    Returns {version, machine_key, cpu_model, threads, time, bandwidth: {copy, triad}
+    Returns {version, machine_key, cpu_model, threads, time, bandwidth: {read, copy, triad}
     (:func:`stream_bandwidth` results, bytes/s), matmul: {float32, bfloat16, int8}
     (:func:`matmul_flops` results, FLOP/s; bfloat16 and int8 only where torch runs them),
-    bytes_per_s (the triad median), flop_per_s ({dtype: median})}. ``refresh`` measures again;
+    bytes_per_s (the read kernel's median: the roofline's bandwidth), flop_per_s ({dtype: median})}. ``refresh`` measures again;
     ``quick`` (default: quick mode) uses fewer repetitions and smaller matrices (about 1 s
-    instead of about 5).
+    instead of about 10 on two cores).
     """
     import datetime as _dt
     import json
@@ -398,7 +406,7 @@ def measure_machine(refresh: bool = False, quick: bool | None = None) -> dict:
         if cached:
             return cached
     quick = quick_mode() if quick is None else quick
-    reps, n = (3, 512) if quick else (7, 1024)
+    reps, n = (3, 1024) if quick else (5, 2048)
     bw = {k: stream_bandwidth(k, reps=reps) for k in STREAM_KERNELS}
     mm = {"float32": matmul_flops("float32", n=n, reps=reps)}
     for dtype in ("bfloat16", "int8"):
@@ -410,7 +418,7 @@ def measure_machine(refresh: bool = False, quick: bool | None = None) -> dict:
         "version": MEASUREMENT_VERSION, "machine_key": machine_key(), "cpu_model": hardware_info()["cpu_model"],
         "threads": cpus_usable(), "quick": quick,
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "bandwidth": bw, "matmul": mm, "bytes_per_s": bw["triad"]["bytes_per_s"],
+        "bandwidth": bw, "matmul": mm, "bytes_per_s": bw[ROOFLINE_KERNEL]["bytes_per_s"],
         "flop_per_s": {k: v["flop_per_s"] for k, v in mm.items()},
     }
     p = measurement_path()

@@ -439,6 +439,10 @@ def report_figures(df) -> list:
         facet = "hostname" if "hostname" in conc.columns and conc["hostname"].nunique() > 1 else None
         figs.append(concurrency_lines(df, facet_by=facet))
         figs.append(timeline(df))
+    if "decode_intensity" in df.columns and len(sweep_rows(df, "context")):  # lablib.roofline.add_bound_columns
+        from .roofline_plots import roofline
+
+        figs.append(roofline(sweep_rows(df, "context")))
     return figs
 
 
@@ -455,6 +459,9 @@ def report_html(df, path, title: str = "Inference Engine Lab results"):
     d = _ok(df)
     if len(d) == 0:
         raise LabError("report_html: no rows to report; run a sweep or load a results file first")
+    from .roofline import bounds_for_report
+
+    d, bounds = bounds_for_report(d)  # "% of the machine's bound" columns and table, when they can be computed
     figs = report_figures(d)
     if not figs:
         raise LabError("report_html: no context or concurrency rows in the data (column 'sweep')")
@@ -471,6 +478,9 @@ def report_html(df, path, title: str = "Inference Engine Lab results"):
         f"<p>{len(d)} measured requests; models: {html.escape(', '.join(map(str, d.get('model', ['?']).unique())))}."
         "</p><h2>Run manifest</h2>", table,
     ]
+    if bounds is not None:
+        parts += ["<h2>Measured against the machine's bound (roofline)</h2>",
+                  bounds.to_html(index=False, border=0, classes="manifest", float_format=lambda v: f"{v:,.1f}")]
     for i, fig in enumerate(figs):
         parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
     parts.append("</body></html>")

@@ -15,12 +15,13 @@ from .trace import RequestTrace
 def run_manifest(engine, workload: dict | None = None) -> dict:
     """The manifest of a run on ``engine`` (an Engine); ``workload`` describes the requests."""
     from . import __version__
-    from .hardware import hardware_info
+    from .hardware import hardware_info, measured_summary
 
     return {
         "model": engine.model.manifest(),
         "engine": engine.info().to_dict(),
-        "hardware": hardware_info(),
+        # the machine's measured bandwidth and FLOP/s, when it was measured (lablib.hardware.measure_machine)
+        "hardware": {**hardware_info(), **measured_summary()},
         "workload": workload or {},
         "lablib_version": __version__,
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -45,6 +46,7 @@ def trace_row(trace: RequestTrace, manifest: dict, **labels) -> dict:
         "hostname": h["hostname"], "cpu_quota": h.get("cpu_quota"),
         "memory_limit_bytes": h.get("memory_limit_bytes"), "lablib_version": manifest["lablib_version"], "time": manifest["time"],
     })
+    row.update({k: v for k, v in h.items() if k.startswith("measured_")})  # bandwidth, FLOP/s: when measured
     return row
 
 

@@ -254,7 +254,7 @@ def machine(name=None) -> dict:
 
         m = measure_machine()
         return {"name": f"this machine ({m['cpu_model']}, {m['threads']} threads)", "bytes_per_s": m["bytes_per_s"],
-                "flop_per_s": dict(m["flop_per_s"]), "source": f"measured {m['time']} (STREAM triad; matmul)"}
+                "flop_per_s": dict(m["flop_per_s"]), "source": f"measured {m['time']} (read kernel; matmul)"}
     if name not in ACCELERATORS:
         raise LabError(f"machine {name!r}: unknown; expected 'this' or one of {', '.join(ACCELERATORS)}")
     a = ACCELERATORS[name]
@@ -390,8 +390,9 @@ def add_bound_columns(df, model, machine_name=None):
     batch = concurrency for ``mode == 'batched'`` rows, else 1. ``*_bound_tps``: the roofline's tokens/s
     (decode: per sequence) on the machine; ``*_pct_of_bound``: 100 x measured / bound; ``*_flop_per_s``:
     the FLOP/s attained (decode: all sequences of the batch). The machine: the row's own
-    ``measured_bandwidth_gbps`` / ``measured_<dtype>_g(fl)ops`` columns when present (rows written on
-    a measured machine), else ``machine_name`` (:func:`machine`; default this machine).
+    ``measured_bandwidth_gbps`` / ``measured_<dtype>_g(fl)ops`` columns when ``machine_name`` is None and
+    they are present (rows written on a measured machine), else ``machine_name`` (:func:`machine`;
+    None: this machine, measured now if never before).
     Needs: engine, prompt_tokens, output_tokens, prefill_s, prefill_tps, decode_tps.
     """
     import math
@@ -401,7 +402,7 @@ def add_bound_columns(df, model, machine_name=None):
     if need:
         raise LabError(f"add_bound_columns needs the columns {', '.join(need)}; expected rows of a context or "
                        "concurrency sweep (lablib.sweep)")
-    mach = machine(machine_name)
+    mach = None  # resolved at the first row without its own measured columns (it may measure this machine)
     profiles = {}
     out = []
     for row in df.to_dict("records"):
@@ -410,13 +411,13 @@ def add_bound_columns(df, model, machine_name=None):
             profiles[e] = engine_profile(model, e)
         prof = profiles[e]
         dtype = prof["compute_dtype"]
-        m = mach
-        bw = row.get("measured_bandwidth_gbps")
-        if bw is not None and bw == bw:
-            unit = "gops" if dtype == "int8" else "gflops"
-            f = row.get(f"measured_{dtype}_{unit}")
-            m = {"bytes_per_s": bw * 1e9,
-                 "flop_per_s": {dtype: f * 1e9 if f is not None and f == f else peak_flops(mach, dtype)}}
+        bw = row.get("measured_bandwidth_gbps") if machine_name is None else None
+        f = row.get(f"measured_{dtype}_{'gops' if dtype == 'int8' else 'gflops'}")
+        if bw is not None and bw == bw and f is not None and f == f:
+            m = {"bytes_per_s": bw * 1e9, "flop_per_s": {dtype: f * 1e9}}
+        else:
+            mach = mach or machine(machine_name)
+            m = mach
         p = int(row["prompt_tokens"])
         n = int(row["output_tokens"] or 1)
         batch = int(row.get("concurrency") or 1) if row.get("mode") == "batched" else 1
@@ -447,3 +448,28 @@ def bound_table(df):
                  prefill_pct_of_bound=("prefill_pct_of_bound", "median"), decode_tps=("decode_tps", "median"),
                  decode_bound_tps=("decode_bound_tps", "median"),
                  decode_pct_of_bound=("decode_pct_of_bound", "median")).reset_index()
+
+
+def bounds_for_report(df):
+    """(rows, table): ``df`` with :data:`BOUND_COLUMNS` and :func:`bound_table` of its context rows, when
+    the bound can be computed without measuring anything: every row of the default model (its sha256),
+    and the machine's figures in the rows (``measured_*`` columns) or in this machine's cache. Else
+    (``df``, None)."""
+    from .hardware import cached_measurement
+
+    try:
+        if "model_sha256" not in df.columns:
+            return df, None
+        from .models import prepare
+
+        rm = prepare(log=lambda *_: None)
+        if set(df["model_sha256"].dropna()) != {rm.sha256}:
+            return df, None
+        own = "measured_bandwidth_gbps" in df.columns and df["measured_bandwidth_gbps"].notna().all()
+        if not own and cached_measurement() is None:
+            return df, None
+        rows = add_bound_columns(df, rm)
+    except Exception:  # a report is still written without the bound  # noqa: BLE001
+        return df, None
+    ctx = rows[rows["sweep"] == "context"] if "sweep" in rows.columns else rows
+    return rows, (bound_table(ctx) if len(ctx) else None)
