@@ -44,6 +44,9 @@ from .errors import LabError
 # ggml-cpu's vec_dot_q4_1_q8_1; VNNI where present), float32 for F32/F16/BF16 files.
 ENGINE_COMPUTE = {"transformers": "float32", "mlx": "float32", "llama.cpp": "int8"}
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+# what-if (predict with fmt=): the math each stored format runs at: 16-bit weights on 16-bit tensor math
+# (the bfloat16 figure; float32's where a machine has none), quantized ones on int8 dot products
+FORMAT_COMPUTE = {"F32": "float32", "F64": "float32", "F16": "bfloat16", "BF16": "bfloat16"}
 
 # Shapes of published models, from each one's config.json on the Hugging Face hub (for what-if).
 PRESETS = {
@@ -311,7 +314,7 @@ def predict(model="SmolLM2-135M", engine: str | None = None, fmt: str | None = N
     (with ``fmt``: a GGUF type such as 'Q4_1', 'Q8_0', 'F16', 'F32' for every weight). ``prompt_tokens``:
     the prefill's length; ``context``: decode's depth (default prompt_tokens); ``batch``: sequences
     decoded together; ``machine_name``: see :func:`machine`; ``kv_bytes``: KV cache bytes per element
-    (presets); ``dtype``: the compute type (default: the engine's, or int8 for quantized formats).
+    (presets); ``dtype``: the compute type (default: the engine's, or :data:`FORMAT_COMPUTE`'s).
 
     Returns {machine, weight_bytes, prefill_tps, prefill_bound, prefill_intensity, decode_tps (per
     sequence), decode_tps_total (all sequences), decode_bound, decode_intensity, machine_balance
@@ -327,7 +330,7 @@ def predict(model="SmolLM2-135M", engine: str | None = None, fmt: str | None = N
         bits = format_bits(fmt)
         norms = (2 * d["layers"] + 1) * d["hidden"] * 4  # norms stay float32 in GGUF files
         prof = {"engine": None, "dims": d, "weight_bytes": matmul_weights(d)["total"] * bits / 8 + norms,
-                "kv_bytes_per_element": kv_bytes, "compute_dtype": "float32" if fmt.upper() in FLOAT_TYPES else "int8"}
+                "kv_bytes_per_element": kv_bytes, "compute_dtype": FORMAT_COMPUTE.get(fmt.upper(), "int8")}
     dtype = dtype or prof["compute_dtype"]
     mach = machine(machine_name)
     context = prompt_tokens if context is None else context
@@ -473,3 +476,28 @@ def bounds_for_report(df):
         return df, None
     ctx = rows[rows["sweep"] == "context"] if "sweep" in rows.columns else rows
     return rows, (bound_table(ctx) if len(ctx) else None)
+
+
+def what_if_table(models=("SmolLM2-135M", "SmolLM2-1.7B", "Llama-3.1-8B", "Llama-3.1-70B"), formats=("Q4_1", "F16"),
+                  machines=("this", "RTX 4090", "Apple M2 Max (38-core GPU)", "H100 SXM"), prompt_tokens: int = 1024,
+                  batch: int = 1):
+    """:func:`predict` for every model (presets), format and machine: DataFrame of model, format, machine,
+    weight_gb, fits (the weights in the machine's memory: RAM here, the table's memory elsewhere),
+    prefill_tps, prefill_bound, decode_tps (per sequence, at depth ``prompt_tokens``), decode_bound."""
+    import pandas as pd
+
+    from .accelerators import ACCELERATORS
+    from .hardware import hardware_info
+
+    rows = []
+    for mach_name in machines:
+        mach = machine(mach_name)
+        memory = hardware_info()["ram_bytes"] if mach_name in (None, "this") else ACCELERATORS[mach_name]["memory_bytes"]
+        for name in models:
+            for fmt in formats:
+                p = predict(name, fmt=fmt, prompt_tokens=prompt_tokens, batch=batch, machine_name=mach)
+                rows.append({"model": name, "format": fmt, "machine": mach_name, "weight_gb": p["weight_bytes"] / 1e9,
+                             "fits": bool(p["weight_bytes"] < memory), "prefill_tps": p["prefill_tps"],
+                             "prefill_bound": p["prefill_bound"], "decode_tps": p["decode_tps"],
+                             "decode_bound": p["decode_bound"]})
+    return pd.DataFrame(rows)

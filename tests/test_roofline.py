@@ -252,10 +252,10 @@ def test_what_if_is_a_ceiling_over_a_real_llama_cpp_decode(model, llama):
     from lablib.workload import prompt_of_length
 
     bw = hardware.stream_bandwidth("read", reps=5)
-    rs = measure(llama, prompt_of_length(model, 64), GenerationConfig(max_new_tokens=32), warmup=1, reps=3)
+    rs = measure(llama, prompt_of_length(model, 64), GenerationConfig(max_new_tokens=16), warmup=1, reps=2)
     best = max(r["decode_tps"] for r in rs)
     mach = {"name": "now", "bytes_per_s": bw["max"], "flop_per_s": {"int8": math.inf}}
-    pred = roofline.predict(model, engine="llama.cpp", prompt_tokens=64, context=64 + 16, machine_name=mach)
+    pred = roofline.predict(model, engine="llama.cpp", prompt_tokens=64, context=64 + 8, machine_name=mach)
     assert pred["decode_bound"] == "bandwidth"
     assert 0 < best <= 1.5 * pred["decode_tps"], (best, pred["decode_tps"], bw)
 

@@ -1,0 +1,79 @@
+"""Prediction versus measurement: the roofline's prefill and decode tokens/s for each engine on this
+machine, against a short context sweep of the three engines.
+
+The machine is measured first (:func:`lablib.hardware.measure_machine`, refreshed: read bandwidth and
+matmul FLOP/s), then each engine runs the context sweep (one warm-up, ``--reps`` requests per length,
+``--new-tokens`` output tokens). The prediction for each row: prefill of its prompt at the engine's
+compute roof (int8 for llama.cpp's Q4_1, float32 for transformers and MLX) or its bytes, whichever is
+slower; decode at the mean depth, bandwidth- or compute-bound. Prints the table of medians, the
+crossover batch size per engine, then one line per engine and prompt length:
+``engine=NAME prompt=N decode_pred=X decode_meas=Y decode_ratio=R prefill_pred=... prefill_ratio=...``.
+
+The machine is shared with other people's jobs: the measured columns wander by multiples from run to
+run (llama.cpp most: its threads wait for each other at every step when a core is taken). Compare
+orders of magnitude, and run it twice.
+
+    python benchmarks/roofline.py [--prompt-tokens 64,256] [--new-tokens 16] [--reps 2] [--results FILE]
+"""
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+
+import lablib
+from lablib import hardware, roofline, sweep
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompt-tokens", default="64,256")
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--engines", default="transformers,llama.cpp,mlx")
+    ap.add_argument("--results", default=None, help="use this results file's context rows instead of measuring")
+    ap.add_argument("--no-refresh", action="store_true", help="use the cached machine measurement")
+    ns = ap.parse_args()
+
+    model = lablib.prepare(log=lambda *_: None)
+    m = hardware.measure_machine(refresh=not ns.no_refresh, quick=False)
+    bw = m["bandwidth"]
+    print(f"machine: {m['cpu_model']}, {m['threads']} threads, measured {m['time']}")
+    for k, v in bw.items():
+        print(f"  bandwidth {k:<5} {v['bytes_per_s'] / 1e9:6.1f} GB/s (min {v['min'] / 1e9:.1f}, max {v['max'] / 1e9:.1f})")
+    for k, v in m["matmul"].items():
+        print(f"  matmul {k:<8} {v['flop_per_s'] / 1e9:6.1f} GFLOP/s (min {v['min'] / 1e9:.1f}, max {v['max'] / 1e9:.1f},"
+              f" n={v['n']}, {v['backend']})")
+    if ns.results:
+        from lablib.results import load_results
+
+        df = load_results(ns.results)
+        df = df[df.get("sweep", "context") == "context"]
+    else:
+        df = sweep.context_sweep(model, engines=ns.engines, prompt_tokens=ns.prompt_tokens,
+                                 max_new_tokens=ns.new_tokens, reps=ns.reps, progress=False)
+    d = roofline.add_bound_columns(df, model, machine_name="this")
+    t = roofline.bound_table(d)
+    t["prefill_ratio"] = t["prefill_tps"] / t["prefill_bound_tps"]
+    t["decode_ratio"] = t["decode_tps"] / t["decode_bound_tps"]
+    cols = ["engine", "prompt_tokens", "prefill_bound_tps", "prefill_tps", "prefill_ratio", "decode_bound_tps",
+            "decode_tps", "decode_ratio"]
+    with pd.option_context("display.float_format", "{:,.2f}".format, "display.width", 160):
+        print("\npredicted (bound) versus measured, tokens/s, medians:")
+        print(t[cols].to_string(index=False))
+    mach = roofline.machine("this")
+    print("\ncrossover batch (decode turns compute-bound), at depth 256:")
+    for e in dict.fromkeys(d["engine"]):
+        prof = roofline.engine_profile(model, e)
+        print(f"  {e:<13} {roofline.crossover_batch(prof, mach, 256):.1f} sequences "
+              f"({prof['compute_dtype']} roof {roofline.peak_flops(mach, prof['compute_dtype']) / 1e9:.0f} GFLOP/s, "
+              f"{prof['weight_bytes'] / 1e6:.1f} MB of weights)")
+    print()
+    for r in t.itertuples():
+        print(f"engine={r.engine} prompt={r.prompt_tokens} decode_pred={r.decode_bound_tps:.1f} "
+              f"decode_meas={r.decode_tps:.1f} decode_ratio={r.decode_ratio:.2f} prefill_pred={r.prefill_bound_tps:.0f} "
+              f"prefill_meas={r.prefill_tps:.0f} prefill_ratio={r.prefill_ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
