@@ -15,6 +15,7 @@ orders of magnitude, and run it twice.
 
     python benchmarks/roofline.py [--prompt-tokens 64,256] [--new-tokens 16] [--reps 2] [--results FILE]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,24 +41,43 @@ def main() -> None:
     bw = m["bandwidth"]
     print(f"machine: {m['cpu_model']}, {m['threads']} threads, measured {m['time']}")
     for k, v in bw.items():
-        print(f"  bandwidth {k:<5} {v['bytes_per_s'] / 1e9:6.1f} GB/s (min {v['min'] / 1e9:.1f}, max {v['max'] / 1e9:.1f})")
+        print(
+            f"  bandwidth {k:<5} {v['bytes_per_s'] / 1e9:6.1f} GB/s "
+            f"(min {v['min'] / 1e9:.1f}, max {v['max'] / 1e9:.1f})"
+        )
     for k, v in m["matmul"].items():
-        print(f"  matmul {k:<8} {v['flop_per_s'] / 1e9:6.1f} GFLOP/s (min {v['min'] / 1e9:.1f}, max {v['max'] / 1e9:.1f},"
-              f" n={v['n']}, {v['backend']})")
+        print(
+            f"  matmul {k:<8} {v['flop_per_s'] / 1e9:6.1f} GFLOP/s (min {v['min'] / 1e9:.1f}, max {v['max'] / 1e9:.1f},"
+            f" n={v['n']}, {v['backend']})"
+        )
     if ns.results:
         from lablib.results import load_results
 
         df = load_results(ns.results)
         df = df[df.get("sweep", "context") == "context"]
     else:
-        df = sweep.context_sweep(model, engines=ns.engines, prompt_tokens=ns.prompt_tokens,
-                                 max_new_tokens=ns.new_tokens, reps=ns.reps, progress=False)
+        df = sweep.context_sweep(
+            model,
+            engines=ns.engines,
+            prompt_tokens=ns.prompt_tokens,
+            max_new_tokens=ns.new_tokens,
+            reps=ns.reps,
+            progress=False,
+        )
     d = roofline.add_bound_columns(df, model, machine_name="this")
     t = roofline.bound_table(d)
     t["prefill_ratio"] = t["prefill_tps"] / t["prefill_bound_tps"]
     t["decode_ratio"] = t["decode_tps"] / t["decode_bound_tps"]
-    cols = ["engine", "prompt_tokens", "prefill_bound_tps", "prefill_tps", "prefill_ratio", "decode_bound_tps",
-            "decode_tps", "decode_ratio"]
+    cols = [
+        "engine",
+        "prompt_tokens",
+        "prefill_bound_tps",
+        "prefill_tps",
+        "prefill_ratio",
+        "decode_bound_tps",
+        "decode_tps",
+        "decode_ratio",
+    ]
     with pd.option_context("display.float_format", "{:,.2f}".format, "display.width", 160):
         print("\npredicted (bound) versus measured, tokens/s, medians:")
         print(t[cols].to_string(index=False))
@@ -65,14 +85,18 @@ def main() -> None:
     print("\ncrossover batch (decode turns compute-bound), at depth 256:")
     for e in dict.fromkeys(d["engine"]):
         prof = roofline.engine_profile(model, e)
-        print(f"  {e:<13} {roofline.crossover_batch(prof, mach, 256):.1f} sequences "
-              f"({prof['compute_dtype']} roof {roofline.peak_flops(mach, prof['compute_dtype']) / 1e9:.0f} GFLOP/s, "
-              f"{prof['weight_bytes'] / 1e6:.1f} MB of weights)")
+        print(
+            f"  {e:<13} {roofline.crossover_batch(prof, mach, 256):.1f} sequences "
+            f"({prof['compute_dtype']} roof {roofline.peak_flops(mach, prof['compute_dtype']) / 1e9:.0f} GFLOP/s, "
+            f"{prof['weight_bytes'] / 1e6:.1f} MB of weights)"
+        )
     print()
     for r in t.itertuples():
-        print(f"engine={r.engine} prompt={r.prompt_tokens} decode_pred={r.decode_bound_tps:.1f} "
-              f"decode_meas={r.decode_tps:.1f} decode_ratio={r.decode_ratio:.2f} prefill_pred={r.prefill_bound_tps:.0f} "
-              f"prefill_meas={r.prefill_tps:.0f} prefill_ratio={r.prefill_ratio:.2f}")
+        print(
+            f"engine={r.engine} prompt={r.prompt_tokens} decode_pred={r.decode_bound_tps:.1f} "
+            f"decode_meas={r.decode_tps:.1f} decode_ratio={r.decode_ratio:.2f} prefill_pred={r.prefill_bound_tps:.0f} "
+            f"prefill_meas={r.prefill_tps:.0f} prefill_ratio={r.prefill_ratio:.2f}"
+        )
 
 
 if __name__ == "__main__":

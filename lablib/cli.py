@@ -226,8 +226,9 @@ def cmd_roofline(ns) -> int:
         print(json.dumps(out, default=str))
         return 0
     m = out["machine"]
+    rates = ", ".join(f"{k} {v:.0f} G/s" for k, v in m["gflops"].items())
     print(f"{m['cpu_model']}, {m['threads']} threads: bandwidth {m['bandwidth_gbps']:.1f} GB/s (read; STREAM copy "
-          f"{m['copy_gbps']:.1f}, triad {m['triad_gbps']:.1f}), matmul " + ", ".join(f"{k} {v:.0f} G/s" for k, v in m['gflops'].items()))
+          f"{m['copy_gbps']:.1f}, triad {m['triad_gbps']:.1f}), matmul {rates}")
     for e, r in out["engines"].items():
         print(f"  {e:<13} decode {r['decode_tps']:.1f} tok/s of a {r['decode_bound_tps']:.1f} tok/s bound "
               f"({100 * r['fraction_of_bound']:.0f} %), prompt {r['prompt_tokens']} tokens; {r['source']}")

@@ -392,7 +392,8 @@ def measure_machine(refresh: bool = False, quick: bool | None = None) -> dict:
     Returns {version, machine_key, cpu_model, threads, time, bandwidth: {read, copy, triad}
     (:func:`stream_bandwidth` results, bytes/s), matmul: {float32, bfloat16, int8}
     (:func:`matmul_flops` results, FLOP/s; bfloat16 and int8 only where torch runs them),
-    bytes_per_s (the read kernel's median: the roofline's bandwidth), flop_per_s ({dtype: median})}. ``refresh`` measures again;
+    bytes_per_s (the read kernel's median: the roofline's bandwidth), flop_per_s ({dtype: median})}.
+    ``refresh`` measures again;
     ``quick`` (default: quick mode) uses fewer repetitions and smaller matrices (about 1 s
     instead of about 10 on two cores).
     """

@@ -31,6 +31,7 @@ Counting, per token, for a decoder of ``layers`` blocks (hidden size d, ``heads`
 Machines are dicts {name, bytes_per_s, flop_per_s: {float32, bfloat16, int8}, source}: this machine's
 measurement (:func:`lablib.hardware.measure_machine`) or an entry of :mod:`lablib.accelerators`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -50,16 +51,61 @@ FORMAT_COMPUTE = {"F32": "float32", "F64": "float32", "F16": "bfloat16", "BF16":
 
 # Shapes of published models, from each one's config.json on the Hugging Face hub (for what-if).
 PRESETS = {
-    "SmolLM2-135M": dict(layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536,
-                         vocab=49152, tied=True, mlp_matrices=3),
-    "SmolLM2-360M": dict(layers=32, hidden=960, heads=15, kv_heads=5, head_dim=64, intermediate=2560,
-                         vocab=49152, tied=True, mlp_matrices=3),
-    "SmolLM2-1.7B": dict(layers=24, hidden=2048, heads=32, kv_heads=32, head_dim=64, intermediate=8192,
-                         vocab=49152, tied=True, mlp_matrices=3),
-    "Llama-3.1-8B": dict(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336,
-                         vocab=128256, tied=False, mlp_matrices=3),
-    "Llama-3.1-70B": dict(layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, intermediate=28672,
-                          vocab=128256, tied=False, mlp_matrices=3),
+    "SmolLM2-135M": dict(
+        layers=30,
+        hidden=576,
+        heads=9,
+        kv_heads=3,
+        head_dim=64,
+        intermediate=1536,
+        vocab=49152,
+        tied=True,
+        mlp_matrices=3,
+    ),
+    "SmolLM2-360M": dict(
+        layers=32,
+        hidden=960,
+        heads=15,
+        kv_heads=5,
+        head_dim=64,
+        intermediate=2560,
+        vocab=49152,
+        tied=True,
+        mlp_matrices=3,
+    ),
+    "SmolLM2-1.7B": dict(
+        layers=24,
+        hidden=2048,
+        heads=32,
+        kv_heads=32,
+        head_dim=64,
+        intermediate=8192,
+        vocab=49152,
+        tied=True,
+        mlp_matrices=3,
+    ),
+    "Llama-3.1-8B": dict(
+        layers=32,
+        hidden=4096,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=14336,
+        vocab=128256,
+        tied=False,
+        mlp_matrices=3,
+    ),
+    "Llama-3.1-70B": dict(
+        layers=80,
+        hidden=8192,
+        heads=64,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=28672,
+        vocab=128256,
+        tied=False,
+        mlp_matrices=3,
+    ),
 }
 
 
@@ -70,15 +116,19 @@ def model_dims(model) -> dict:
     :data:`PRESETS`, or such a dict (returned checked). Raises LabError when a figure is missing."""
     if isinstance(model, str):
         if model not in PRESETS:
-            raise LabError(f"model {model!r}: not a preset; expected one of {', '.join(PRESETS)}, a dict of "
-                           "the shape, or a prepared model (lablib.prepare())")
+            raise LabError(
+                f"model {model!r}: not a preset; expected one of {', '.join(PRESETS)}, a dict of "
+                "the shape, or a prepared model (lablib.prepare())"
+            )
         return dict(PRESETS[model])
     if isinstance(model, dict):
         need = ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab")
         bad = [k for k in need if not isinstance(model.get(k), int) or model[k] < 1]
         if bad:
-            raise LabError(f"model shape {model}: {', '.join(bad)} missing or not a positive whole number; "
-                           f"expected {', '.join(need)} (and tied, mlp_matrices)")
+            raise LabError(
+                f"model shape {model}: {', '.join(bad)} missing or not a positive whole number; "
+                f"expected {', '.join(need)} (and tied, mlp_matrices)"
+            )
         return {"tied": True, "mlp_matrices": 3, **model}
     from .memory import model_shape
 
@@ -90,9 +140,17 @@ def model_dims(model) -> dict:
     hidden = next((cfg[k] for k in ("hidden_size", "n_embd", "d_model") if cfg.get(k)), heads * s["head_dim"])
     gated = cfg.get("intermediate_size") is not None
     intermediate = cfg.get("intermediate_size") or cfg.get("n_inner") or 4 * hidden
-    return {"layers": s["layers"], "hidden": hidden, "heads": heads, "kv_heads": s["kv_heads"],
-            "head_dim": s["head_dim"], "intermediate": intermediate, "vocab": s["vocab"],
-            "tied": bool(cfg.get("tie_word_embeddings", False)), "mlp_matrices": 3 if gated else 2}
+    return {
+        "layers": s["layers"],
+        "hidden": hidden,
+        "heads": heads,
+        "kv_heads": s["kv_heads"],
+        "head_dim": s["head_dim"],
+        "intermediate": intermediate,
+        "vocab": s["vocab"],
+        "tied": bool(cfg.get("tie_word_embeddings", False)),
+        "mlp_matrices": 3 if gated else 2,
+    }
 
 
 def matmul_weights(dims: dict) -> dict:
@@ -239,8 +297,13 @@ def engine_profile(model, engine: str) -> dict:
     from .engines import canonical
 
     engine = canonical(engine)
-    return {"engine": engine, "dims": model_dims(model), "weight_bytes": weight_bytes_read(model, engine),
-            "kv_bytes_per_element": KV_BYTES.get(engine, 4), "compute_dtype": compute_dtype(model, engine)}
+    return {
+        "engine": engine,
+        "dims": model_dims(model),
+        "weight_bytes": weight_bytes_read(model, engine),
+        "kv_bytes_per_element": KV_BYTES.get(engine, 4),
+        "compute_dtype": compute_dtype(model, engine),
+    }
 
 
 # --- machines -------------------------------------------------------------------------------------------
@@ -256,8 +319,12 @@ def machine(name=None) -> dict:
         from .hardware import measure_machine
 
         m = measure_machine()
-        return {"name": f"this machine ({m['cpu_model']}, {m['threads']} threads)", "bytes_per_s": m["bytes_per_s"],
-                "flop_per_s": dict(m["flop_per_s"]), "source": f"measured {m['time']} (read kernel; matmul)"}
+        return {
+            "name": f"this machine ({m['cpu_model']}, {m['threads']} threads)",
+            "bytes_per_s": m["bytes_per_s"],
+            "flop_per_s": dict(m["flop_per_s"]),
+            "source": f"measured {m['time']} (read kernel; matmul)",
+        }
     if name not in ACCELERATORS:
         raise LabError(f"machine {name!r}: unknown; expected 'this' or one of {', '.join(ACCELERATORS)}")
     a = ACCELERATORS[name]
@@ -305,9 +372,17 @@ def bound_seconds(cost: dict, mach: dict, dtype: str) -> dict:
     return {"seconds": max(c, m), "compute_s": c, "memory_s": m, "bound": "compute" if c > m else "bandwidth"}
 
 
-def predict(model="SmolLM2-135M", engine: str | None = None, fmt: str | None = None, prompt_tokens: int = 256,
-            context: int | None = None, batch: int = 1, machine_name=None, kv_bytes: float = 2,
-            dtype: str | None = None) -> dict:
+def predict(
+    model="SmolLM2-135M",
+    engine: str | None = None,
+    fmt: str | None = None,
+    prompt_tokens: int = 256,
+    context: int | None = None,
+    batch: int = 1,
+    machine_name=None,
+    kv_bytes: float = 2,
+    dtype: str | None = None,
+) -> dict:
     """Predicted best prefill and decode speed (tokens/s) of a model on a machine.
 
     ``model``: a prepared model (with ``engine``: its real stored weights) or a preset name / shape dict
@@ -324,24 +399,38 @@ def predict(model="SmolLM2-135M", engine: str | None = None, fmt: str | None = N
         prof = engine_profile(model, engine)
     else:
         if fmt is None:
-            raise LabError("predict: give engine= (a prepared model's real weights) or fmt= (e.g. 'Q4_1') "
-                           "for a preset or a shape")
+            raise LabError(
+                "predict: give engine= (a prepared model's real weights) or fmt= (e.g. 'Q4_1') for a preset or a shape"
+            )
         d = model_dims(model)
         bits = format_bits(fmt)
         norms = (2 * d["layers"] + 1) * d["hidden"] * 4  # norms stay float32 in GGUF files
-        prof = {"engine": None, "dims": d, "weight_bytes": matmul_weights(d)["total"] * bits / 8 + norms,
-                "kv_bytes_per_element": kv_bytes, "compute_dtype": FORMAT_COMPUTE.get(fmt.upper(), "int8")}
+        prof = {
+            "engine": None,
+            "dims": d,
+            "weight_bytes": matmul_weights(d)["total"] * bits / 8 + norms,
+            "kv_bytes_per_element": kv_bytes,
+            "compute_dtype": FORMAT_COMPUTE.get(fmt.upper(), "int8"),
+        }
     dtype = dtype or prof["compute_dtype"]
     mach = machine(machine_name)
     context = prompt_tokens if context is None else context
     pre = prefill_cost(prof, prompt_tokens)
     dec = decode_cost(prof, context, batch)
     pb, db = bound_seconds(pre, mach, dtype), bound_seconds(dec, mach, dtype)
-    return {"machine": mach["name"], "weight_bytes": prof["weight_bytes"], "compute_dtype": dtype,
-            "prefill_tps": prompt_tokens / pb["seconds"], "prefill_bound": pb["bound"],
-            "prefill_intensity": pre["intensity"], "decode_tps": 1 / db["seconds"],
-            "decode_tps_total": batch / db["seconds"], "decode_bound": db["bound"],
-            "decode_intensity": dec["intensity"], "machine_balance": peak_flops(mach, dtype) / mach["bytes_per_s"]}
+    return {
+        "machine": mach["name"],
+        "weight_bytes": prof["weight_bytes"],
+        "compute_dtype": dtype,
+        "prefill_tps": prompt_tokens / pb["seconds"],
+        "prefill_bound": pb["bound"],
+        "prefill_intensity": pre["intensity"],
+        "decode_tps": 1 / db["seconds"],
+        "decode_tps_total": batch / db["seconds"],
+        "decode_bound": db["bound"],
+        "decode_intensity": dec["intensity"],
+        "machine_balance": peak_flops(mach, dtype) / mach["bytes_per_s"],
+    }
 
 
 def crossover_batch(profile: dict, mach: dict, context: int = 0, dtype: str | None = None) -> float:
@@ -356,8 +445,9 @@ def crossover_batch(profile: dict, mach: dict, context: int = 0, dtype: str | No
     return float("inf") if f <= kv else (profile["weight_bytes"] / mach["bytes_per_s"]) / (f - kv)
 
 
-def batch_sweep(profile: dict, mach: dict, batches=(1, 2, 4, 8, 16, 32, 64, 128, 256), context: int = 256,
-                dtype: str | None = None):
+def batch_sweep(
+    profile: dict, mach: dict, batches=(1, 2, 4, 8, 16, 32, 64, 128, 256), context: int = 256, dtype: str | None = None
+):
     """Predicted decode for each batch size: DataFrame of batch, step_s, decode_tps_total, decode_tps
     (per sequence), intensity (FLOP/byte), flop_per_s (attained), bound; its ``attrs`` hold the
     crossover batch size and the machine's ceilings."""
@@ -368,21 +458,49 @@ def batch_sweep(profile: dict, mach: dict, batches=(1, 2, 4, 8, 16, 32, 64, 128,
     for b in batches:
         cost = decode_cost(profile, context, int(b))
         t = bound_seconds(cost, mach, dtype)
-        rows.append({"batch": int(b), "step_s": t["seconds"], "decode_tps_total": b / t["seconds"],
-                     "decode_tps": 1 / t["seconds"], "intensity": cost["intensity"],
-                     "flop_per_s": cost["flops"] / t["seconds"], "bound": t["bound"]})
+        rows.append(
+            {
+                "batch": int(b),
+                "step_s": t["seconds"],
+                "decode_tps_total": b / t["seconds"],
+                "decode_tps": 1 / t["seconds"],
+                "intensity": cost["intensity"],
+                "flop_per_s": cost["flops"] / t["seconds"],
+                "bound": t["bound"],
+            }
+        )
     df = pd.DataFrame(rows)
-    df.attrs.update(crossover=crossover_batch(profile, mach, context, dtype), machine=mach["name"],
-                    bytes_per_s=mach["bytes_per_s"], peak_flop_per_s=peak_flops(mach, dtype), dtype=dtype,
-                    engine=profile.get("engine"), context=context)
+    df.attrs.update(
+        crossover=crossover_batch(profile, mach, context, dtype),
+        machine=mach["name"],
+        bytes_per_s=mach["bytes_per_s"],
+        peak_flop_per_s=peak_flops(mach, dtype),
+        dtype=dtype,
+        engine=profile.get("engine"),
+        context=context,
+    )
     return df
 
 
 # --- measured rows against the bound -----------------------------------------------------------------------
-BOUND_COLUMNS = ("compute_dtype", "bound_bytes_per_s", "bound_flop_per_s", "prefill_flops", "prefill_bytes",
-                 "prefill_intensity", "prefill_flop_per_s", "prefill_bound_tps", "prefill_pct_of_bound",
-                 "decode_depth", "decode_batch", "decode_flops_per_token", "decode_intensity", "decode_flop_per_s",
-                 "decode_bound_tps", "decode_pct_of_bound")
+BOUND_COLUMNS = (
+    "compute_dtype",
+    "bound_bytes_per_s",
+    "bound_flop_per_s",
+    "prefill_flops",
+    "prefill_bytes",
+    "prefill_intensity",
+    "prefill_flop_per_s",
+    "prefill_bound_tps",
+    "prefill_pct_of_bound",
+    "decode_depth",
+    "decode_batch",
+    "decode_flops_per_token",
+    "decode_intensity",
+    "decode_flop_per_s",
+    "decode_bound_tps",
+    "decode_pct_of_bound",
+)
 
 
 def add_bound_columns(df, model, machine_name=None):
@@ -400,11 +518,16 @@ def add_bound_columns(df, model, machine_name=None):
     """
     import math
 
-    need = [c for c in ("engine", "prompt_tokens", "output_tokens", "prefill_s", "prefill_tps", "decode_tps")
-            if c not in df.columns]
+    need = [
+        c
+        for c in ("engine", "prompt_tokens", "output_tokens", "prefill_s", "prefill_tps", "decode_tps")
+        if c not in df.columns
+    ]
     if need:
-        raise LabError(f"add_bound_columns needs the columns {', '.join(need)}; expected rows of a context or "
-                       "concurrency sweep (lablib.sweep)")
+        raise LabError(
+            f"add_bound_columns needs the columns {', '.join(need)}; expected rows of a context or "
+            "concurrency sweep (lablib.sweep)"
+        )
     mach = None  # resolved at the first row without its own measured columns (it may measure this machine)
     profiles = {}
     out = []
@@ -431,13 +554,24 @@ def add_bound_columns(df, model, machine_name=None):
         dtps = row["decode_tps"]
         dtps = float(dtps) if dtps is not None and dtps == dtps else math.nan
         f_tok = dec["flops"] / batch
-        row.update(compute_dtype=dtype, bound_bytes_per_s=m["bytes_per_s"], bound_flop_per_s=peak_flops(m, dtype),
-                   prefill_flops=pre["flops"], prefill_bytes=pre["bytes"], prefill_intensity=pre["intensity"],
-                   prefill_flop_per_s=pre["flops"] / row["prefill_s"], prefill_bound_tps=p / pre_t,
-                   prefill_pct_of_bound=100 * row["prefill_tps"] / (p / pre_t), decode_depth=depth,
-                   decode_batch=batch, decode_flops_per_token=f_tok, decode_intensity=dec["intensity"],
-                   decode_flop_per_s=f_tok * dtps * batch, decode_bound_tps=1 / dec_t,
-                   decode_pct_of_bound=100 * dtps * dec_t)
+        row.update(
+            compute_dtype=dtype,
+            bound_bytes_per_s=m["bytes_per_s"],
+            bound_flop_per_s=peak_flops(m, dtype),
+            prefill_flops=pre["flops"],
+            prefill_bytes=pre["bytes"],
+            prefill_intensity=pre["intensity"],
+            prefill_flop_per_s=pre["flops"] / row["prefill_s"],
+            prefill_bound_tps=p / pre_t,
+            prefill_pct_of_bound=100 * row["prefill_tps"] / (p / pre_t),
+            decode_depth=depth,
+            decode_batch=batch,
+            decode_flops_per_token=f_tok,
+            decode_intensity=dec["intensity"],
+            decode_flop_per_s=f_tok * dtps * batch,
+            decode_bound_tps=1 / dec_t,
+            decode_pct_of_bound=100 * dtps * dec_t,
+        )
         out.append(row)
     import pandas as pd
 
@@ -447,10 +581,14 @@ def add_bound_columns(df, model, machine_name=None):
 def bound_table(df):
     """Per engine and prompt length: medians of measured and bound tokens/s and % of bound, prefill and decode."""
     g = df.groupby(["engine", "prompt_tokens"], sort=False)
-    return g.agg(prefill_tps=("prefill_tps", "median"), prefill_bound_tps=("prefill_bound_tps", "median"),
-                 prefill_pct_of_bound=("prefill_pct_of_bound", "median"), decode_tps=("decode_tps", "median"),
-                 decode_bound_tps=("decode_bound_tps", "median"),
-                 decode_pct_of_bound=("decode_pct_of_bound", "median")).reset_index()
+    return g.agg(
+        prefill_tps=("prefill_tps", "median"),
+        prefill_bound_tps=("prefill_bound_tps", "median"),
+        prefill_pct_of_bound=("prefill_pct_of_bound", "median"),
+        decode_tps=("decode_tps", "median"),
+        decode_bound_tps=("decode_bound_tps", "median"),
+        decode_pct_of_bound=("decode_pct_of_bound", "median"),
+    ).reset_index()
 
 
 def bounds_for_report(df):
@@ -478,9 +616,13 @@ def bounds_for_report(df):
     return rows, (bound_table(ctx) if len(ctx) else None)
 
 
-def what_if_table(models=("SmolLM2-135M", "SmolLM2-1.7B", "Llama-3.1-8B", "Llama-3.1-70B"), formats=("Q4_1", "F16"),
-                  machines=("this", "RTX 4090", "Apple M2 Max (38-core GPU)", "H100 SXM"), prompt_tokens: int = 1024,
-                  batch: int = 1):
+def what_if_table(
+    models=("SmolLM2-135M", "SmolLM2-1.7B", "Llama-3.1-8B", "Llama-3.1-70B"),
+    formats=("Q4_1", "F16"),
+    machines=("this", "RTX 4090", "Apple M2 Max (38-core GPU)", "H100 SXM"),
+    prompt_tokens: int = 1024,
+    batch: int = 1,
+):
     """:func:`predict` for every model (presets), format and machine: DataFrame of model, format, machine,
     weight_gb, fits (the weights in the machine's memory: RAM here, the table's memory elsewhere),
     prefill_tps, prefill_bound, decode_tps (per sequence, at depth ``prompt_tokens``), decode_bound."""
@@ -492,12 +634,23 @@ def what_if_table(models=("SmolLM2-135M", "SmolLM2-1.7B", "Llama-3.1-8B", "Llama
     rows = []
     for mach_name in machines:
         mach = machine(mach_name)
-        memory = hardware_info()["ram_bytes"] if mach_name in (None, "this") else ACCELERATORS[mach_name]["memory_bytes"]
+        memory = (
+            hardware_info()["ram_bytes"] if mach_name in (None, "this") else ACCELERATORS[mach_name]["memory_bytes"]
+        )
         for name in models:
             for fmt in formats:
                 p = predict(name, fmt=fmt, prompt_tokens=prompt_tokens, batch=batch, machine_name=mach)
-                rows.append({"model": name, "format": fmt, "machine": mach_name, "weight_gb": p["weight_bytes"] / 1e9,
-                             "fits": bool(p["weight_bytes"] < memory), "prefill_tps": p["prefill_tps"],
-                             "prefill_bound": p["prefill_bound"], "decode_tps": p["decode_tps"],
-                             "decode_bound": p["decode_bound"]})
+                rows.append(
+                    {
+                        "model": name,
+                        "format": fmt,
+                        "machine": mach_name,
+                        "weight_gb": p["weight_bytes"] / 1e9,
+                        "fits": bool(p["weight_bytes"] < memory),
+                        "prefill_tps": p["prefill_tps"],
+                        "prefill_bound": p["prefill_bound"],
+                        "decode_tps": p["decode_tps"],
+                        "decode_bound": p["decode_bound"],
+                    }
+                )
     return pd.DataFrame(rows)

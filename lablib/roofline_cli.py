@@ -1,4 +1,5 @@
 """`lablib roofline`: this machine's ceilings and each engine's last measured decode against its bound."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -45,8 +46,9 @@ def _last_rows(files, model, engines):
 
 
 def roofline_report(results=None, engines="transformers,llama.cpp,mlx", model=None, refresh: bool = False) -> dict:
-    """{machine: {cpu_model, threads, bandwidth_gbps (read kernel's median: the roofline's), bandwidth_spread_gbps
-    [min, max], copy_gbps, triad_gbps (STREAM's kernels, medians), gflops {dtype: median GFLOP/s (int8: GOP/s)}, measured}, engines: {engine: {decode_tps,
+    """{machine: {cpu_model, threads, bandwidth_gbps (read kernel's median: the roofline's),
+    bandwidth_spread_gbps [min, max], copy_gbps, triad_gbps (STREAM's kernels, medians),
+    gflops {dtype: median GFLOP/s (int8: GOP/s)}, measured}, engines: {engine: {decode_tps,
     decode_bound_tps, fraction_of_bound, prefill_tps, prefill_bound_tps, prompt_tokens, rows, source}}}.
 
     ``results``: results files (None: those under results/ and labs/results/; [] : none); an engine
@@ -71,21 +73,34 @@ def roofline_report(results=None, engines="transformers,llama.cpp,mlx", model=No
     frames = [rows.assign(source="results: " + rows["source_file"].astype(str))] if len(rows) else []
     todo = [e for e in names if not len(rows) or e not in set(rows["engine"])]
     if todo:
-        fresh = side_by_side(rm, engines=todo, ids=prompt_of_length(rm, 64), max_new_tokens=32, reps=3,
-                             progress=False)
+        fresh = side_by_side(rm, engines=todo, ids=prompt_of_length(rm, 64), max_new_tokens=32, reps=3, progress=False)
         frames.append(fresh.assign(source="measured now (64 prompt + 32 output tokens, 3 requests)"))
     df = add_bound_columns(pd.concat(frames, ignore_index=True), rm, machine_name=None)
     engines_out = {}
     for e, g in df.groupby("engine", sort=False):
         dec, bound = float(g["decode_tps"].median()), float(g["decode_bound_tps"].median())
-        engines_out[e] = {"decode_tps": dec, "decode_bound_tps": bound, "fraction_of_bound": dec / bound,
-                          "prefill_tps": float(g["prefill_tps"].median()),
-                          "prefill_bound_tps": float(g["prefill_bound_tps"].median()),
-                          "prompt_tokens": int(g["prompt_tokens"].median()), "rows": len(g),
-                          "compute_dtype": g["compute_dtype"].iloc[0], "source": g["source"].iloc[0]}
+        engines_out[e] = {
+            "decode_tps": dec,
+            "decode_bound_tps": bound,
+            "fraction_of_bound": dec / bound,
+            "prefill_tps": float(g["prefill_tps"].median()),
+            "prefill_bound_tps": float(g["prefill_bound_tps"].median()),
+            "prompt_tokens": int(g["prompt_tokens"].median()),
+            "rows": len(g),
+            "compute_dtype": g["compute_dtype"].iloc[0],
+            "source": g["source"].iloc[0],
+        }
     bw = m["bandwidth"]
-    return {"machine": {"cpu_model": m["cpu_model"], "threads": m["threads"], "bandwidth_gbps": m["bytes_per_s"] / 1e9,
-                        "bandwidth_spread_gbps": [bw["read"]["min"] / 1e9, bw["read"]["max"] / 1e9],
-                        "copy_gbps": bw["copy"]["bytes_per_s"] / 1e9, "triad_gbps": bw["triad"]["bytes_per_s"] / 1e9,
-                        "gflops": {k: v / 1e9 for k, v in m["flop_per_s"].items()}, "measured": m["time"]},
-            "engines": engines_out}
+    return {
+        "machine": {
+            "cpu_model": m["cpu_model"],
+            "threads": m["threads"],
+            "bandwidth_gbps": m["bytes_per_s"] / 1e9,
+            "bandwidth_spread_gbps": [bw["read"]["min"] / 1e9, bw["read"]["max"] / 1e9],
+            "copy_gbps": bw["copy"]["bytes_per_s"] / 1e9,
+            "triad_gbps": bw["triad"]["bytes_per_s"] / 1e9,
+            "gflops": {k: v / 1e9 for k, v in m["flop_per_s"].items()},
+            "measured": m["time"],
+        },
+        "engines": engines_out,
+    }

@@ -10,6 +10,7 @@ num_key_value_heads 3, head_dim 64, intermediate_size 1536, vocab_size 49152, ti
   parameters 134,515,008 (the GGUF's tensor elements summed); attention 4 x 30 x 9 x 64 = 69,120 FLOP
   per attended position; KV cache 2 x 30 x 3 x 64 = 11,520 elements per token (23,040 bytes in float16).
 """
+
 import json
 import math
 
@@ -29,10 +30,23 @@ ATTN_PER_POSITION = 69_120
 # --- the model's shape, by hand ----------------------------------------------------------------------
 def test_flops_per_token_of_the_real_model_by_hand(model):
     d = roofline.model_dims(model)
-    assert d == {"layers": 30, "hidden": 576, "heads": 9, "kv_heads": 3, "head_dim": 64, "intermediate": 1536,
-                 "vocab": 49152, "tied": True, "mlp_matrices": 3}
-    assert roofline.matmul_weights(d) == {"attention": 26_542_080, "mlp": 79_626_240, "lm_head": 28_311_552,
-                                          "total": MATRIX_WEIGHTS}
+    assert d == {
+        "layers": 30,
+        "hidden": 576,
+        "heads": 9,
+        "kv_heads": 3,
+        "head_dim": 64,
+        "intermediate": 1536,
+        "vocab": 49152,
+        "tied": True,
+        "mlp_matrices": 3,
+    }
+    assert roofline.matmul_weights(d) == {
+        "attention": 26_542_080,
+        "mlp": 79_626_240,
+        "lm_head": 28_311_552,
+        "total": MATRIX_WEIGHTS,
+    }
     assert roofline.parameters(d) == PARAMETERS == model.parameters  # the GGUF header's count agrees
     assert roofline.flops_per_token(d, 0) == {"weights": FLOP_PER_TOKEN, "attention": 0, "total": FLOP_PER_TOKEN}
     assert roofline.flops_per_token(d, 1024)["attention"] == 70_778_880 == ATTN_PER_POSITION * 1024
@@ -70,8 +84,14 @@ def test_bytes_per_token_of_the_real_model_by_hand(model):
 
 
 def test_formats_and_presets_by_hand():
-    assert [roofline.format_bits(f) for f in ("Q4_1", "Q4_0", "Q8_0", "Q4_K", "F16", "F32")] == [5.0, 4.5, 8.5, 4.5,
-                                                                                                 16.0, 32.0]
+    assert [roofline.format_bits(f) for f in ("Q4_1", "Q4_0", "Q8_0", "Q4_K", "F16", "F32")] == [
+        5.0,
+        4.5,
+        8.5,
+        4.5,
+        16.0,
+        32.0,
+    ]
     # Llama-3.1-8B: 32 x (2 x 4096^2 + 2 x 4096 x 1024 + 3 x 4096 x 14336 + 2 x 4096) + 2 x 128256 x 4096 + 4096
     assert roofline.parameters(roofline.model_dims("Llama-3.1-8B")) == 8_030_261_248
     assert roofline.parameters(roofline.model_dims("SmolLM2-1.7B")) == 1_711_376_384
@@ -89,7 +109,8 @@ def test_formats_and_presets_by_hand():
 # --- what-if on the accelerator table, by hand ------------------------------------------------------
 def test_what_if_on_an_accelerator_by_hand():
     """Llama-3.1-8B in Q4_1 on an H100 SXM (3.35 TB/s, 1979 TOPS int8): decode at depth 1 reads
-    7,504,658,432 (8,030,261,248 less the untied embedding and norms) x 5/8 bytes of matrices + 65 x 4096 x 4 bytes of norms + one position of KV cache."""
+    7,504,658,432 matrix weights (8,030,261,248 less the untied embedding and the norms) x 5/8 bytes,
+    + 65 x 4096 x 4 bytes of float32 norms + one position of KV cache."""
     d = roofline.model_dims("Llama-3.1-8B")
     w = roofline.matmul_weights(d)["total"] * 5 / 8 + 65 * 4096 * 4
     assert roofline.matmul_weights(d)["total"] == 7_504_658_432
@@ -106,7 +127,9 @@ def test_batch_sweep_crosses_over_at_the_crossover_batch_by_hand(model):
     llama = roofline.engine_profile(model, "llama.cpp")
     mach = {"name": "toy", "bytes_per_s": 20e9, "flop_per_s": {"int8": 100e9}}
     # at depth 0: B = (W / BW) / (F / P) = 96,576,768 / 20e9 / (268,959,744 / 100e9)
-    assert roofline.crossover_batch(llama, mach, context=0) == pytest.approx(96_576_768 / 20e9 / (FLOP_PER_TOKEN / 100e9))
+    assert roofline.crossover_batch(llama, mach, context=0) == pytest.approx(
+        96_576_768 / 20e9 / (FLOP_PER_TOKEN / 100e9)
+    )
     sw = roofline.batch_sweep(llama, mach, context=256)
     cross = sw.attrs["crossover"]
     assert 1 < cross < 256
@@ -150,7 +173,9 @@ def test_measurement_is_cached_per_machine_and_enters_the_manifest(tmp_path, mon
     assert hardware.cached_measurement() is None and hardware.measured_summary() == {}
     m = hardware.measure_machine(quick=True)
     assert json.loads(path.read_text()) == json.loads(json.dumps(m))
-    assert set(m["bandwidth"]) == {"read", "copy", "triad"} and m["bytes_per_s"] == m["bandwidth"]["read"]["bytes_per_s"]
+    assert (
+        set(m["bandwidth"]) == {"read", "copy", "triad"} and m["bytes_per_s"] == m["bandwidth"]["read"]["bytes_per_s"]
+    )
     assert set(m["flop_per_s"]) == {"float32", "bfloat16", "int8"}
     assert all(0 < v < math.inf for v in m["flop_per_s"].values())
     assert hardware.measure_machine() == m  # cached: not measured again
@@ -166,10 +191,21 @@ def rows(model, machine=None):
     for engine, prefill_tps, decode_tps in (("llama.cpp", 400.0, 100.0), ("transformers", 300.0, 20.0)):
         for n in (64, 256):
             for rep in range(2):
-                r = dict(engine=engine, sweep="context", mode="single", concurrency=1, prompt_tokens=n,
-                         output_tokens=8, repetition=rep, prefill_tps=prefill_tps * (1 + rep),
-                         prefill_s=n / (prefill_tps * (1 + rep)), decode_tps=decode_tps, tpot_s=1 / decode_tps,
-                         model_sha256=model.sha256, error=None)
+                r = dict(
+                    engine=engine,
+                    sweep="context",
+                    mode="single",
+                    concurrency=1,
+                    prompt_tokens=n,
+                    output_tokens=8,
+                    repetition=rep,
+                    prefill_tps=prefill_tps * (1 + rep),
+                    prefill_s=n / (prefill_tps * (1 + rep)),
+                    decode_tps=decode_tps,
+                    tpot_s=1 / decode_tps,
+                    model_sha256=model.sha256,
+                    error=None,
+                )
                 if machine:
                     r.update(machine)
                 out.append(r)
@@ -227,9 +263,21 @@ def test_report_gains_the_bound_table(model, tmp_path):
 
     own = {"measured_bandwidth_gbps": 20.0, "measured_int8_gops": 200.0, "measured_float32_gflops": 80.0}
     df = rows(model, own)
-    for c, v in dict(output_tokens=8, prefill_s=0.1, decode_s=0.07, tpot_s=0.01, hostname="h", cpu_model="c",
-                     dtype="float32", threads=2, engine_version="1", backend="cpu", n_ctx=512,
-                     quantization="Q4_1", model="SmolLM2").items():
+    for c, v in dict(
+        output_tokens=8,
+        prefill_s=0.1,
+        decode_s=0.07,
+        tpot_s=0.01,
+        hostname="h",
+        cpu_model="c",
+        dtype="float32",
+        threads=2,
+        engine_version="1",
+        backend="cpu",
+        n_ctx=512,
+        quantization="Q4_1",
+        model="SmolLM2",
+    ).items():
         if c not in ("output_tokens", "prefill_s", "tpot_s"):
             df[c] = v
     html = report_html(df, tmp_path / "r.html").read_text()

@@ -14,15 +14,19 @@
 # in the sweep above. If llama.cpp reached, say, 60 % of its bound on the
 # 135M model, expect about 60 % of the 8B bound too (a bigger model's step is
 # longer, so fixed per-step costs weigh less: the fraction usually rises).
-import lablib
 from lablib import hardware, roofline
 from lablib.accelerators import ACCELERATORS
 
-memory = {"this": hardware.hardware_info()["ram_bytes"], "L4": ACCELERATORS["L4"]["memory_bytes"],
-          "Apple M2 Max (38-core GPU)": ACCELERATORS["Apple M2 Max (38-core GPU)"]["memory_bytes"]}
+memory = {
+    "this": hardware.hardware_info()["ram_bytes"],
+    "L4": ACCELERATORS["L4"]["memory_bytes"],
+    "Apple M2 Max (38-core GPU)": ACCELERATORS["Apple M2 Max (38-core GPU)"]["memory_bytes"],
+}
 for machine, mem in memory.items():
     for fmt in ("Q4_1", "F16"):
         p = roofline.predict("Llama-3.1-8B", fmt=fmt, prompt_tokens=512, machine_name=machine)
         fits = "fits" if p["weight_bytes"] < mem else "does NOT fit"
-        print(f"{machine:>28} {fmt:>5}: {p['weight_bytes'] / 1e9:5.1f} GB, decode <= {p['decode_tps']:7.1f} tok/s "
-              f"({p['decode_bound']}-bound), prefill <= {p['prefill_tps']:9.0f} tok/s; {fits}")
+        print(
+            f"{machine:>28} {fmt:>5}: {p['weight_bytes'] / 1e9:5.1f} GB, decode <= {p['decode_tps']:7.1f} tok/s "
+            f"({p['decode_bound']}-bound), prefill <= {p['prefill_tps']:9.0f} tok/s; {fits}"
+        )

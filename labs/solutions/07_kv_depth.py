@@ -25,9 +25,12 @@ for engine in ("llama.cpp", "transformers"):
         cost = roofline.decode_cost(prof, depth)
         t = roofline.bound_seconds(cost, mach, prof["compute_dtype"])
         base = base or t["seconds"]
-        print(f"{engine:>12} depth {depth:>5}: {cost['bytes'] / 1e6:6.0f} MB/step, {cost['intensity']:.2f} FLOP/byte, "
-              f"bound {1 / t['seconds']:6.1f} tok/s ({t['seconds'] / base:.2f} x the step at 64)")
+        print(
+            f"{engine:>12} depth {depth:>5}: {cost['bytes'] / 1e6:6.0f} MB/step, {cost['intensity']:.2f} FLOP/byte, "
+            f"bound {1 / t['seconds']:6.1f} tok/s ({t['seconds'] / base:.2f} x the step at 64)"
+        )
 
-df = sweep.context_sweep(model, engines=["llama.cpp"], prompt_tokens=[64, 1024], max_new_tokens=32, reps=2,
-                         progress=False)
+df = sweep.context_sweep(
+    model, engines=["llama.cpp"], prompt_tokens=[64, 1024], max_new_tokens=32, reps=2, progress=False
+)
 print(roofline.bound_table(roofline.add_bound_columns(df, model)).round(1).to_string(index=False))
