@@ -342,7 +342,8 @@ def peak_flops(mach: dict, dtype: str) -> float:
 def _check_counts(**kw) -> None:
     bad = {k: v for k, v in kw.items() if not isinstance(v, (int, float)) or v != v or v < (1 if k != "context" else 0)}
     if bad:
-        raise LabError(f"{bad}: expected positive numbers (context may be 0)")
+        given = ", ".join(f"{k}={v!r}" for k, v in bad.items())
+        raise LabError(f"{given}: expected numbers of tokens or sequences, at least 1 (a context may be 0)")
 
 
 def decode_cost(profile: dict, context: int, batch: int = 1) -> dict:

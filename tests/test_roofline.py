@@ -146,14 +146,24 @@ def test_batch_sweep_crosses_over_at_the_crossover_batch_by_hand(model):
 
 # --- this machine, measured ----------------------------------------------------------------------------
 def test_bandwidth_and_flops_are_positive_finite_and_coherent():
-    """Structure and sanity, no thresholds: medians inside their own spread, each kernel's byte count as
-    STREAM counts it. Small arrays (16 MiB each, still past a 2 MiB L2) and matrices keep it under a second."""
+    """Structure and sanity, no speed thresholds: medians inside their own spread, each kernel's byte count as
+    STREAM counts it. The default 64 MiB arrays (past the 32 MiB L3) take about 0.1 s a kernel.
+
+    Stability: a second measurement's median lies within the first's spread widened 2 x each way. On this
+    shared 2-core machine one call's spread (max / min over 3-5 passes) was up to 3.4 x for the read kernel
+    and 2.5 x for copy and triad while others' jobs came and went (benchmarks/roofline.py prints it), so the
+    spread itself carries the load of the moment; the 2 x is for load that changes between the two calls."""
     for kernel, words in (("read", 1), ("copy", 2), ("triad", 3)):
-        r = hardware.stream_bandwidth(kernel, array_bytes=16 * 2**20, reps=3)
-        assert r["bytes_per_pass"] == words * 16 * 2**20 and r["reps"] == 3
+        r = hardware.stream_bandwidth(kernel, reps=3)
+        assert r["bytes_per_pass"] == words * 64 * 2**20 and r["reps"] == 3 and r["threads"] >= 1
         assert 0 < r["min"] <= r["bytes_per_s"] <= r["max"] < math.inf
-    m = hardware.matmul_flops("float32", n=256, reps=3)
+    again = hardware.stream_bandwidth("read", reps=3)
+    first = hardware.stream_bandwidth("read", reps=3)
+    assert first["min"] / 2 <= again["bytes_per_s"] <= first["max"] * 2, (first, again)
+    m = hardware.matmul_flops("float32", n=1024, reps=3)
     assert 0 < m["min"] <= m["flop_per_s"] <= m["max"] < math.inf and m["backend"] == "numpy"
+    m2 = hardware.matmul_flops("float32", n=1024, reps=3)
+    assert m["min"] / 2 <= m2["flop_per_s"] <= m["max"] * 2, (m, m2)
     for dtype in ("bfloat16", "int8"):  # this CPU has AVX512_BF16 and AVX512_VNNI; torch runs both
         t = hardware.matmul_flops(dtype, n=256, reps=2)
         assert t["backend"] == "torch" and 0 < t["flop_per_s"] < math.inf
