@@ -14,6 +14,11 @@ run (llama.cpp most: its threads wait for each other at every step when a core i
 orders of magnitude, and run it twice.
 
     python benchmarks/roofline.py [--prompt-tokens 64,256] [--new-tokens 16] [--reps 2] [--results FILE]
+    LABLIB_THREADS=1 python benchmarks/roofline.py --threads 1   # engines and ceilings on one core
+
+``--threads N`` measures the ceilings with N threads (float32 through torch, whose thread count can be set)
+and is not cached; give the engines the same count with LABLIB_THREADS=N. On a loaded machine one thread
+per engine avoids llama.cpp's threads waiting for each other, and compares like with like.
 """
 
 from __future__ import annotations
@@ -34,10 +39,25 @@ def main() -> None:
     ap.add_argument("--engines", default="transformers,llama.cpp,mlx")
     ap.add_argument("--results", default=None, help="use this results file's context rows instead of measuring")
     ap.add_argument("--no-refresh", action="store_true", help="use the cached machine measurement")
+    ap.add_argument("--threads", type=int, default=None, help="measure the ceilings with N threads (not cached)")
     ns = ap.parse_args()
 
     model = lablib.prepare(log=lambda *_: None)
-    m = hardware.measure_machine(refresh=not ns.no_refresh, quick=False)
+    if ns.threads:
+        bw = {k: hardware.stream_bandwidth(k, reps=5, threads=ns.threads) for k in hardware.STREAM_KERNELS}
+        mm = {
+            k: hardware.matmul_flops(k, n=2048, reps=5, backend="torch", threads=ns.threads)
+            for k in hardware.MATMUL_DTYPES
+        }
+        m = {"cpu_model": hardware.cpu_model(), "threads": ns.threads, "time": "now", "bandwidth": bw, "matmul": mm}
+        mach = {
+            "name": f"{ns.threads} thread(s)",
+            "bytes_per_s": bw[hardware.ROOFLINE_KERNEL]["bytes_per_s"],
+            "flop_per_s": {k: v["flop_per_s"] for k, v in mm.items()},
+        }
+    else:
+        m = hardware.measure_machine(refresh=not ns.no_refresh, quick=False)
+        mach = roofline.machine("this")
     bw = m["bandwidth"]
     print(f"machine: {m['cpu_model']}, {m['threads']} threads, measured {m['time']}")
     for k, v in bw.items():
@@ -64,7 +84,7 @@ def main() -> None:
             reps=ns.reps,
             progress=False,
         )
-    d = roofline.add_bound_columns(df, model, machine_name="this")
+    d = roofline.add_bound_columns(df, model, machine_name=mach)
     t = roofline.bound_table(d)
     t["prefill_ratio"] = t["prefill_tps"] / t["prefill_bound_tps"]
     t["decode_ratio"] = t["decode_tps"] / t["decode_bound_tps"]
@@ -81,7 +101,6 @@ def main() -> None:
     with pd.option_context("display.float_format", "{:,.2f}".format, "display.width", 160):
         print("\npredicted (bound) versus measured, tokens/s, medians:")
         print(t[cols].to_string(index=False))
-    mach = roofline.machine("this")
     print("\ncrossover batch (decode turns compute-bound), at depth 256:")
     for e in dict.fromkeys(d["engine"]):
         prof = roofline.engine_profile(model, e)
