@@ -19,6 +19,18 @@ orders of magnitude, and run it twice.
 ``--threads N`` measures the ceilings with N threads (float32 through torch, whose thread count can be set)
 and is not cached; give the engines the same count with LABLIB_THREADS=N. On a loaded machine one thread
 per engine avoids llama.cpp's threads waiting for each other, and compares like with like.
+
+What it printed on the lab's shared 2-core EPYC (30 Nov 2026, load average 6-7 from other people's jobs),
+``LABLIB_THREADS=1 ... --threads 1``, 16 output tokens, 2 repetitions; read 8.3 GB/s (5.4-18.6), float32
+33, int8 174 GFLOP/s; measured / predicted:
+    transformers  prompt  64: decode  6.2 of 15.4 (0.40), prefill 112 of 153 (0.73)
+    transformers  prompt 256: decode  5.9 of 15.2 (0.39), prefill 133 of 149 (0.89)
+    llama.cpp     prompt  64: decode 35.2 of 84.9 (0.41), prefill  67 of 809 (0.08)
+    llama.cpp     prompt 256: decode 32.0 of 81.2 (0.39), prefill  70 of 787 (0.09)
+    mlx           prompt  64: decode  2.5 of 15.4 (0.16), prefill   4 of 153 (0.03)
+    mlx           prompt 256: decode  2.6 of 15.2 (0.17), prefill   4 of 149 (0.03)
+With two threads at the same load, llama.cpp fell to 2-5 tokens/s (0.02-0.05 of its bound): its threads
+wait for each other at every step when another process holds a core.
 """
 
 from __future__ import annotations
