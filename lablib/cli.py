@@ -15,6 +15,7 @@
     lablib serve --server NAME [--port P] [--parallel N]      a real server on the lab's model
     lablib bench --base-url URL [--model ID] [--rate R | --concurrency C] --requests N
                --prompt-tokens P --max-new-tokens M --out FILE   load on any OpenAI-compatible server
+    lablib roofline [--results FILE...] [--engines a,b,c] [--refresh] [--json]
 
 Errors the user can act on (LabError) print one message and exit 2.
 """
@@ -242,6 +243,24 @@ def _quick_full(kind: str, setting: str) -> str:
     return full if full == quick else f"{full} ({quick} in quick mode)"
 
 
+# --- roofline ------------------------------------------------------------------------------
+def cmd_roofline(ns) -> int:
+    from .roofline_cli import roofline_report
+
+    out = roofline_report(results=ns.results, engines=ns.engines, model=ns.model, refresh=ns.refresh)
+    if ns.json:
+        print(json.dumps(out, default=str))
+        return 0
+    m = out["machine"]
+    rates = ", ".join(f"{k} {v:.0f} G/s" for k, v in m["gflops"].items())
+    print(f"{m['cpu_model']}, {m['threads']} threads: bandwidth {m['bandwidth_gbps']:.1f} GB/s (read; STREAM copy "
+          f"{m['copy_gbps']:.1f}, triad {m['triad_gbps']:.1f}), matmul {rates}")
+    for e, r in out["engines"].items():
+        print(f"  {e:<13} decode {r['decode_tps']:.1f} tok/s of a {r['decode_bound_tps']:.1f} tok/s bound "
+              f"({100 * r['fraction_of_bound']:.0f} %), prompt {r['prompt_tokens']} tokens; {r['source']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="lablib", description="Inference Engine Lab")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -321,6 +340,15 @@ def build_parser() -> argparse.ArgumentParser:
     from .serving_cli import add_parsers
 
     add_parsers(sub, cmd_serve, cmd_bench)
+
+    rf = sub.add_parser("roofline", help="this machine's bandwidth and FLOP/s, each engine's decode against its bound")
+    rf.add_argument("--results", nargs="*", default=None,
+                    help="results files (default: results/ and labs/results/ here; none: a quick measurement)")
+    rf.add_argument("--engines", default="transformers,llama.cpp,mlx")
+    rf.add_argument("--model", default=None)
+    rf.add_argument("--refresh", action="store_true", help="measure the machine again (else the cached measurement)")
+    rf.add_argument("--json", action="store_true", help="one JSON object")
+    rf.set_defaults(func=cmd_roofline)
     return ap
 
 

@@ -11,13 +11,15 @@ from pathlib import Path
 
 from . import plots
 from .errors import LabError
+from .roofline import bounds_for_report
+from .roofline_plots import roofline as roofline_figure
 from .tables import manifest_table, ok_rows, sweep_rows
 
 
 def report_figures(df) -> list:  # of plotly Figures
     """The figures ``df`` supports: context_bars and context_lines when there are context rows,
     concurrency_lines (faceted by hostname when there are several) and timeline when there are
-    concurrency rows."""
+    concurrency rows; the roofline when the rows carry their bounds (:func:`lablib.roofline.add_bound_columns`)."""
     figs = []
     if len(sweep_rows(df, "context")):
         figs += [plots.context_bars(df), plots.context_lines(df)]
@@ -26,6 +28,8 @@ def report_figures(df) -> list:  # of plotly Figures
         facet = "hostname" if "hostname" in conc.columns and conc["hostname"].nunique() > 1 else None
         figs.append(plots.concurrency_lines(df, facet_by=facet))
         figs.append(plots.timeline(df))
+    if "decode_intensity" in df.columns and len(sweep_rows(df, "context")):  # lablib.roofline.add_bound_columns
+        figs.append(roofline_figure(sweep_rows(df, "context")))
     return figs
 
 
@@ -37,6 +41,7 @@ def report_html(df, path, title: str = "Inference Engine Lab results") -> Path:
     d = ok_rows(df)
     if len(d) == 0:
         raise LabError("report_html: no rows to report; run a sweep or load a results file first")
+    d, bounds = bounds_for_report(d)  # "% of the machine's bound" columns and table, when they can be computed
     figs = report_figures(d)
     if not figs:
         raise LabError("report_html: no context or concurrency rows in the data (column 'sweep')")
@@ -56,6 +61,9 @@ def report_html(df, path, title: str = "Inference Engine Lab results") -> Path:
         "</p><h2>Run manifest</h2>",
         table,
     ]
+    if bounds is not None:
+        parts += ["<h2>Measured against the machine's bound (roofline)</h2>",
+                  bounds.to_html(index=False, border=0, classes="manifest", float_format=lambda v: f"{v:,.1f}")]
     for i, fig in enumerate(figs):
         parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
     parts.append("</body></html>")

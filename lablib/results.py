@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ._version import __version__
 from .errors import LabError, first_line
-from .hardware import hardware_info, load_average
+from .hardware import hardware_info, load_average, measured_summary
 from .schema import CLOCKS, METRICS, flatten_manifest
 from .trace import RequestTrace
 
@@ -29,7 +29,8 @@ def run_manifest(engine_info: dict, model: dict, workload: dict | None = None) -
     return {
         "model": model,
         "engine": engine_info,
-        "hardware": {**hardware_info(), "load_avg_1m": load_average()},
+        # the machine's measured bandwidth and FLOP/s, when it was measured (lablib.hardware.measure_machine)
+        "hardware": {**hardware_info(), "load_avg_1m": load_average(), **measured_summary()},
         "workload": workload or {},
         "lablib_version": __version__,
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

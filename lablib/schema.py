@@ -39,6 +39,11 @@ MANIFEST_FIELDS = {
     "cpu_quota": ("hardware", "cpu_quota"),
     "memory_limit_bytes": ("hardware", "memory_limit_bytes"),
     "load_avg_1m": ("hardware", "load_avg_1m"),  # the machine's load when the run started
+    # this machine's measured ceilings, when measured (lablib.hardware.measure_machine)
+    "measured_bandwidth_gbps": ("hardware", "measured_bandwidth_gbps"),
+    "measured_float32_gflops": ("hardware", "measured_float32_gflops"),
+    "measured_bfloat16_gflops": ("hardware", "measured_bfloat16_gflops"),
+    "measured_int8_gops": ("hardware", "measured_int8_gops"),
     "lablib_version": (None, "lablib_version"),
     "time": (None, "time"),
 }

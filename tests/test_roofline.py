@@ -1,0 +1,342 @@
+"""The roofline: FLOPs and bytes per token of the real default model by hand, this machine's measured
+ceilings (positive, finite, coherent; no timing thresholds), the bound of synthetic rows by hand, the
+figure from tidy rows alone, the what-if as a ceiling over a real llama.cpp decode, and the CLI.
+
+SmolLM2-135M by hand, from its config.json (num_hidden_layers 30, hidden_size 576, num_attention_heads 9,
+num_key_value_heads 3, head_dim 64, intermediate_size 1536, vocab_size 49152, tie_word_embeddings true):
+  per layer q 576x576 + k, v 576x192 each + o 576x576 = 884,736; MLP 3 x 576 x 1536 = 2,654,208
+  30 layers: 26,542,080 (attention) + 79,626,240 (MLP); LM head 576 x 49152 = 28,311,552
+  matrix weights 134,479,872 -> 268,959,744 FLOP per token; norms (2 x 30 + 1) x 576 = 35,136
+  parameters 134,515,008 (the GGUF's tensor elements summed); attention 4 x 30 x 9 x 64 = 69,120 FLOP
+  per attended position; KV cache 2 x 30 x 3 x 64 = 11,520 elements per token (23,040 bytes in float16).
+"""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lablib import hardware, roofline
+from lablib.errors import LabError
+
+MATRIX_WEIGHTS = 134_479_872
+PARAMETERS = 134_515_008
+FLOP_PER_TOKEN = 268_959_744
+ATTN_PER_POSITION = 69_120
+
+
+# --- the model's shape, by hand ----------------------------------------------------------------------
+def test_flops_per_token_of_the_real_model_by_hand(model):
+    d = roofline.model_dims(model)
+    assert d == {
+        "layers": 30,
+        "hidden": 576,
+        "heads": 9,
+        "kv_heads": 3,
+        "head_dim": 64,
+        "intermediate": 1536,
+        "vocab": 49152,
+        "tied": True,
+        "mlp_matrices": 3,
+    }
+    assert roofline.matmul_weights(d) == {
+        "attention": 26_542_080,
+        "mlp": 79_626_240,
+        "lm_head": 28_311_552,
+        "total": MATRIX_WEIGHTS,
+    }
+    assert roofline.parameters(d) == PARAMETERS == model.parameters  # the GGUF header's count agrees
+    assert roofline.flops_per_token(d, 0) == {"weights": FLOP_PER_TOKEN, "attention": 0, "total": FLOP_PER_TOKEN}
+    assert roofline.flops_per_token(d, 1024)["attention"] == 70_778_880 == ATTN_PER_POSITION * 1024
+    # prefill of 64 tokens: the LM head for the last token only, causal attention 64 x 65 / 2 positions
+    p = roofline.prefill_flops(d, 64)
+    assert p["weights"] == 2 * (MATRIX_WEIGHTS - 28_311_552) * 64 + 2 * 28_311_552 == 13_646_168_064
+    assert p["attention"] == ATTN_PER_POSITION * 64 * 65 // 2 == 143_769_600
+
+
+def test_bytes_per_token_of_the_real_model_by_hand(model):
+    """llama.cpp: 210 Q4_1 tensors (blocks of 32 weights in 20 bytes), the tied embedding / LM head in
+    Q8_0 (32 in 34 bytes), 61 float32 norms; transformers and MLX: every weight in float32."""
+    q4 = 106_168_320 * 20 // 32  # the 30 layers' matrices: 26,542,080 + 79,626,240 weights
+    q8 = 28_311_552 * 34 // 32
+    f32 = 35_136 * 4
+    assert roofline.weight_bytes_read(model, "llama.cpp") == q4 + q8 + f32 == 96_576_768
+    t = roofline.weight_table(model, "llama.cpp").set_index("type")
+    assert t.loc["Q4_1", "bits_per_weight"] == 5.0 and t.loc["Q8_0", "bits_per_weight"] == 8.5
+    assert t.loc["Q4_1", "tensors"] == 210 and t.loc["F32", "tensors"] == 61
+    for engine in ("transformers", "mlx"):
+        assert roofline.weight_bytes_read(model, engine) == 4 * PARAMETERS == 538_060_032
+    llama = roofline.engine_profile(model, "llama.cpp")
+    assert llama["compute_dtype"] == "int8" and llama["kv_bytes_per_element"] == 2
+    assert roofline.kv_bytes_per_token(llama["dims"], 2) == 23_040
+    # decode at depth 1024: the weights once plus 1024 positions of float16 KV cache
+    cost = roofline.decode_cost(llama, 1024)
+    assert cost["bytes"] == 96_576_768 + 1024 * 23_040
+    assert cost["flops"] == FLOP_PER_TOKEN + 70_778_880
+    assert cost["intensity"] == pytest.approx(339_738_624 / 120_169_728)
+    # a batch of 8 shares the weights: 8 x the FLOPs, the weights once, 8 x the KV reads
+    b8 = roofline.decode_cost(llama, 1024, batch=8)
+    assert (b8["flops"], b8["bytes"]) == (8 * cost["flops"], 96_576_768 + 8 * 1024 * 23_040)
+    hf = roofline.engine_profile(model, "transformers")
+    assert roofline.prefill_cost(hf, 64)["bytes"] == 538_060_032 + 64 * 46_080
+
+
+def test_formats_and_presets_by_hand():
+    assert [roofline.format_bits(f) for f in ("Q4_1", "Q4_0", "Q8_0", "Q4_K", "F16", "F32")] == [
+        5.0,
+        4.5,
+        8.5,
+        4.5,
+        16.0,
+        32.0,
+    ]
+    # Llama-3.1-8B: 32 x (2 x 4096^2 + 2 x 4096 x 1024 + 3 x 4096 x 14336 + 2 x 4096) + 2 x 128256 x 4096 + 4096
+    assert roofline.parameters(roofline.model_dims("Llama-3.1-8B")) == 8_030_261_248
+    assert roofline.parameters(roofline.model_dims("SmolLM2-1.7B")) == 1_711_376_384
+    assert roofline.parameters(roofline.model_dims("SmolLM2-135M")) == PARAMETERS
+    with pytest.raises(LabError, match="Q4_9"):
+        roofline.format_bits("Q4_9")
+    with pytest.raises(LabError, match="GPT-9"):
+        roofline.model_dims("GPT-9")
+    with pytest.raises(LabError, match="heads"):
+        roofline.model_dims({"layers": 2, "hidden": 64})
+    with pytest.raises(LabError, match="fmt="):
+        roofline.predict("Llama-3.1-8B", machine_name="H100 SXM")
+
+
+# --- what-if on the accelerator table, by hand ------------------------------------------------------
+def test_what_if_on_an_accelerator_by_hand():
+    """Llama-3.1-8B in Q4_1 on an H100 SXM (3.35 TB/s, 1979 TOPS int8): decode at depth 1 reads
+    7,504,658,432 matrix weights (8,030,261,248 less the untied embedding and the norms) x 5/8 bytes,
+    + 65 x 4096 x 4 bytes of float32 norms + one position of KV cache."""
+    d = roofline.model_dims("Llama-3.1-8B")
+    w = roofline.matmul_weights(d)["total"] * 5 / 8 + 65 * 4096 * 4
+    assert roofline.matmul_weights(d)["total"] == 7_504_658_432
+    r = roofline.predict("Llama-3.1-8B", fmt="Q4_1", prompt_tokens=1, batch=1, machine_name="H100 SXM", kv_bytes=2)
+    kv = 2 * 32 * 8 * 128 * 2
+    assert r["weight_bytes"] == w
+    assert r["decode_tps"] == pytest.approx(3.35e12 / (w + kv))
+    assert r["decode_bound"] == "bandwidth" and r["machine_balance"] == pytest.approx(1979e12 / 3.35e12)
+    big = roofline.predict("Llama-3.1-8B", fmt="Q4_1", prompt_tokens=4096, machine_name="H100 SXM")
+    assert big["prefill_bound"] == "compute"
+
+
+def test_batch_sweep_crosses_over_at_the_crossover_batch_by_hand(model):
+    llama = roofline.engine_profile(model, "llama.cpp")
+    mach = {"name": "toy", "bytes_per_s": 20e9, "flop_per_s": {"int8": 100e9}}
+    # at depth 0: B = (W / BW) / (F / P) = 96,576,768 / 20e9 / (268,959,744 / 100e9)
+    assert roofline.crossover_batch(llama, mach, context=0) == pytest.approx(
+        96_576_768 / 20e9 / (FLOP_PER_TOKEN / 100e9)
+    )
+    sw = roofline.batch_sweep(llama, mach, context=256)
+    cross = sw.attrs["crossover"]
+    assert 1 < cross < 256
+    assert (sw.loc[sw["batch"] < cross, "bound"] == "bandwidth").all()
+    assert (sw.loc[sw["batch"] > cross, "bound"] == "compute").all()
+    assert sw["decode_tps_total"].is_monotonic_increasing and sw["intensity"].is_monotonic_increasing
+    # past the crossover the total rate is the compute roof: B / (B x F / P)
+    last = sw.iloc[-1]
+    f = roofline.flops_per_token(llama["dims"], 256)["total"]
+    assert last["decode_tps_total"] == pytest.approx(100e9 / f)
+    # KV reads that alone exceed the compute time per token: bandwidth-bound at every batch
+    assert roofline.crossover_batch(llama, {"bytes_per_s": 1e6, "flop_per_s": {"int8": 1e15}}, context=1000) == math.inf
+
+
+# --- this machine, measured ----------------------------------------------------------------------------
+def test_bandwidth_and_flops_are_positive_finite_and_coherent():
+    """Structure and sanity, no speed thresholds: medians inside their own spread, each kernel's byte count as
+    STREAM counts it. The default 64 MiB arrays (past the 32 MiB L3) take about 0.1 s a kernel.
+
+    Stability: a second measurement's median lies within the first's spread widened 2 x each way. On this
+    shared 2-core machine one call's spread (max / min over 3-5 passes) was up to 3.4 x for the read kernel
+    and 2.5 x for copy and triad while others' jobs came and went (benchmarks/roofline.py prints it), so the
+    spread itself carries the load of the moment; the 2 x is for load that changes between the two calls."""
+    for kernel, words in (("read", 1), ("copy", 2), ("triad", 3)):
+        r = hardware.stream_bandwidth(kernel, reps=3)
+        assert r["bytes_per_pass"] == words * 64 * 2**20 and r["reps"] == 3 and r["threads"] >= 1
+        assert 0 < r["min"] <= r["bytes_per_s"] <= r["max"] < math.inf
+    again = hardware.stream_bandwidth("read", reps=3)
+    first = hardware.stream_bandwidth("read", reps=3)
+    assert first["min"] / 2 <= again["bytes_per_s"] <= first["max"] * 2, (first, again)
+    m = hardware.matmul_flops("float32", n=1024, reps=3)
+    assert 0 < m["min"] <= m["flop_per_s"] <= m["max"] < math.inf and m["backend"] == "numpy"
+    m2 = hardware.matmul_flops("float32", n=1024, reps=3)
+    assert m["min"] / 2 <= m2["flop_per_s"] <= m["max"] * 2, (m, m2)
+    for dtype in ("bfloat16", "int8"):  # this CPU has AVX512_BF16 and AVX512_VNNI; torch runs both
+        t = hardware.matmul_flops(dtype, n=256, reps=2)
+        assert t["backend"] == "torch" and 0 < t["flop_per_s"] < math.inf
+    with pytest.raises(LabError, match="scale"):
+        hardware.stream_bandwidth("scale")
+    with pytest.raises(LabError, match="int4"):
+        hardware.matmul_flops("int4")
+    with pytest.raises(LabError, match="bfloat16"):
+        hardware.matmul_flops("bfloat16", backend="numpy")
+
+
+def test_measurement_is_cached_per_machine_and_enters_the_manifest(tmp_path, monkeypatch, llama):
+    from lablib.results import run_manifest
+
+    path = tmp_path / "hw" / "m.json"
+    monkeypatch.setattr(hardware, "measurement_path", lambda: path)
+    assert hardware.cached_measurement() is None and hardware.measured_summary() == {}
+    m = hardware.measure_machine(quick=True)
+    assert json.loads(path.read_text()) == json.loads(json.dumps(m))
+    assert (
+        set(m["bandwidth"]) == {"read", "copy", "triad"} and m["bytes_per_s"] == m["bandwidth"]["read"]["bytes_per_s"]
+    )
+    assert set(m["flop_per_s"]) == {"float32", "bfloat16", "int8"}
+    assert all(0 < v < math.inf for v in m["flop_per_s"].values())
+    assert hardware.measure_machine() == m  # cached: not measured again
+    hw = run_manifest(llama)["hardware"]
+    assert hw["measured_bandwidth_gbps"] == m["bytes_per_s"] / 1e9
+    assert hw["measured_int8_gops"] == m["flop_per_s"]["int8"] / 1e9
+
+
+# --- rows against the bound, and the figure ------------------------------------------------------------
+def rows(model, machine=None):
+    """Context rows of two engines at 64 and 256 prompt tokens, 8 output tokens, 2 repetitions."""
+    out = []
+    for engine, prefill_tps, decode_tps in (("llama.cpp", 400.0, 100.0), ("transformers", 300.0, 20.0)):
+        for n in (64, 256):
+            for rep in range(2):
+                r = dict(
+                    engine=engine,
+                    sweep="context",
+                    mode="single",
+                    concurrency=1,
+                    prompt_tokens=n,
+                    output_tokens=8,
+                    repetition=rep,
+                    prefill_tps=prefill_tps * (1 + rep),
+                    prefill_s=n / (prefill_tps * (1 + rep)),
+                    decode_tps=decode_tps,
+                    tpot_s=1 / decode_tps,
+                    model_sha256=model.sha256,
+                    error=None,
+                )
+                if machine:
+                    r.update(machine)
+                out.append(r)
+    return pd.DataFrame(out)
+
+
+def test_bound_columns_of_rows_by_hand(model):
+    mach = {"name": "toy", "bytes_per_s": 10e9, "flop_per_s": {"float32": 50e9, "int8": 100e9}}
+    df = roofline.add_bound_columns(rows(model), model, machine_name=mach)
+    r = df[(df["engine"] == "llama.cpp") & (df["prompt_tokens"] == 64)].iloc[0]
+    # decode at depth 64 + 8 / 2 = 68: bandwidth-bound, (96,576,768 + 68 x 23,040) bytes at 10 GB/s
+    step = (96_576_768 + 68 * 23_040) / 10e9
+    assert r["decode_depth"] == 68 and r["decode_bound_tps"] == pytest.approx(1 / step)
+    assert r["decode_pct_of_bound"] == pytest.approx(100 * 100.0 * step)
+    assert r["decode_flop_per_s"] == pytest.approx(100.0 * (FLOP_PER_TOKEN + 68 * ATTN_PER_POSITION))
+    # prefill of 64 tokens: compute-bound at int8's 100 GFLOP/s
+    pre = 13_646_168_064 + 143_769_600
+    assert r["prefill_bound_tps"] == pytest.approx(64 / (pre / 100e9))
+    assert r["prefill_flop_per_s"] == pytest.approx(pre * 400.0 / 64)
+    t = df[df["engine"] == "transformers"].iloc[0]
+    assert t["compute_dtype"] == "float32" and t["bound_flop_per_s"] == 50e9
+    # a row carrying its own machine's measurement is held against that machine
+    own = rows(model, {"measured_bandwidth_gbps": 20.0, "measured_int8_gops": 200.0, "measured_float32_gflops": 80.0})
+    d2 = roofline.add_bound_columns(own, model)
+    r2 = d2[(d2["engine"] == "llama.cpp") & (d2["prompt_tokens"] == 64)].iloc[0]
+    assert r2["bound_bytes_per_s"] == 20e9 and r2["decode_bound_tps"] == pytest.approx(2 / step)
+    with pytest.raises(LabError, match="decode_tps"):
+        roofline.add_bound_columns(rows(model).drop(columns=["decode_tps"]), model, mach)
+
+
+def test_roofline_figure_draws_from_tidy_rows_alone(model):
+    from lablib.roofline_plots import roofline as figure
+
+    mach = {"name": "toy", "bytes_per_s": 10e9, "flop_per_s": {"float32": 50e9, "int8": 100e9}}
+    df = roofline.add_bound_columns(rows(model), model, machine_name=mach)
+    tidy = pd.DataFrame(json.loads(df.to_json(orient="records")))  # as reloaded from a results file
+    fig = figure(tidy)
+    assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+    roofs = [t for t in fig.data if t.name.startswith("roof:")]
+    assert sorted(t.name for t in roofs) == ["roof: float32 50 GFLOP/s", "roof: int8 100 GFLOP/s"]
+    for t in roofs:  # the roof: min(peak, intensity x bandwidth)
+        peak = 50e9 if "float32" in t.name else 100e9
+        assert np.allclose(t.y, np.minimum(peak, np.asarray(t.x) * 10e9))
+    pts = {t.name: t for t in fig.data if " · " in t.name}
+    assert set(pts) == {f"{e} · {p}" for e in ("llama.cpp", "transformers") for p in ("prefill", "decode")}
+    want = df[df["engine"] == "llama.cpp"].groupby("prompt_tokens")["prefill_flop_per_s"].median()
+    assert np.allclose(pts["llama.cpp · prefill"].y, want.to_numpy())
+    assert list(pts["llama.cpp · decode"].customdata[:, 0]) == [64, 256]
+    with pytest.raises(LabError, match="add_bound_columns"):
+        figure(rows(model).iloc[0:0])
+
+
+def test_report_gains_the_bound_table(model, tmp_path):
+    from lablib.plots import report_html
+
+    own = {"measured_bandwidth_gbps": 20.0, "measured_int8_gops": 200.0, "measured_float32_gflops": 80.0}
+    df = rows(model, own)
+    for c, v in dict(
+        output_tokens=8,
+        prefill_s=0.1,
+        decode_s=0.07,
+        tpot_s=0.01,
+        hostname="h",
+        cpu_model="c",
+        dtype="float32",
+        threads=2,
+        engine_version="1",
+        backend="cpu",
+        n_ctx=512,
+        quantization="Q4_1",
+        model="SmolLM2",
+    ).items():
+        if c not in ("output_tokens", "prefill_s", "tpot_s"):
+            df[c] = v
+    html = report_html(df, tmp_path / "r.html").read_text()
+    assert "Measured against the machine&#x27;s bound" in html or "Measured against the machine's bound" in html
+    assert "decode_pct_of_bound" in html and "Roofline" in html
+
+
+# --- the what-if against a real decode -------------------------------------------------------------------
+def test_what_if_is_a_ceiling_over_a_real_llama_cpp_decode(model, llama):
+    """The roofline is an upper bound: a real decode may fall far below it (fixed costs per step; on a
+    shared 2-core machine llama.cpp's two threads wait for each other and we saw 40 x below it) but it
+    cannot run much above it. The factor 1.5 allows for what the bound leaves out in the machine's favour:
+    part of the 97 MB of weights may still sit in the 32 MiB L3 from the step before, and the bandwidth
+    and the decode are measured a moment apart on a shared machine (both taken as the best of their
+    repetitions, the least disturbed). What breaks it: bytes per token counted too high (float32 weights
+    for llama.cpp: 5.6 x; the 8.5-bit LM head as float32) or a unit slip (bits for bytes, GB for GiB
+    does not, 7 %). The two-sided comparison, measured / predicted, is benchmarks/roofline.py's table."""
+    from lablib.engines.base import GenerationConfig
+    from lablib.sweep import measure
+    from lablib.workload import prompt_of_length
+
+    bw = hardware.stream_bandwidth("read", reps=5)
+    rs = measure(llama, prompt_of_length(model, 64), GenerationConfig(max_new_tokens=16), warmup=1, reps=2)
+    best = max(r["decode_tps"] for r in rs)
+    mach = {"name": "now", "bytes_per_s": bw["max"], "flop_per_s": {"int8": math.inf}}
+    pred = roofline.predict(model, engine="llama.cpp", prompt_tokens=64, context=64 + 8, machine_name=mach)
+    assert pred["decode_bound"] == "bandwidth"
+    assert 0 < best <= 1.5 * pred["decode_tps"], (best, pred["decode_tps"], bw)
+
+
+# --- the CLI ----------------------------------------------------------------------------------------------
+def test_cli_roofline_json_from_a_results_file(model, llama, tmp_path, monkeypatch, capsys):
+    from lablib.cli import main
+    from lablib.engines.base import GenerationConfig
+    from lablib.results import ResultsWriter
+    from lablib.sweep import measure
+    from lablib.workload import prompt_of_length
+
+    monkeypatch.setattr(hardware, "measurement_path", lambda: tmp_path / "m.json")
+    hardware.measure_machine(quick=True)
+    out = tmp_path / "r.jsonl"
+    w = ResultsWriter(out)
+    for r in measure(llama, prompt_of_length(model, 64), GenerationConfig(max_new_tokens=8), warmup=0, reps=2):
+        w.append(r)
+    assert main(["roofline", "--json", "--results", str(out), "--engines", "llama.cpp"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    m = got["machine"]
+    assert m["bandwidth_gbps"] > 0 and m["gflops"]["float32"] > 0 and m["threads"] >= 1
+    e = got["engines"]["llama.cpp"]
+    assert e["rows"] == 2 and e["source"].startswith("results: ") and e["prompt_tokens"] == 64
+    assert e["fraction_of_bound"] == pytest.approx(e["decode_tps"] / e["decode_bound_tps"])
+    assert main(["roofline", "--results", str(tmp_path / "none.jsonl")]) == 2
