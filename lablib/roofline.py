@@ -39,6 +39,7 @@ import json
 from pathlib import Path
 
 from .errors import LabError
+from .schema import BOUND_COLUMNS  # noqa: F401  (the columns add_bound_columns adds)
 
 # the rate that bounds each engine's matrix products here: transformers and MLX multiply float32;
 # llama.cpp multiplies quantized weights by int8-quantized activations (Q4_1 x Q8_1 dot products,
@@ -243,12 +244,21 @@ def safetensors_tensors(folder: str) -> tuple:
     return tuple(out)
 
 
+def _reads_gguf(engine: str) -> bool:
+    from .engines import engine_class
+
+    return engine_class(engine).format == "gguf"
+
+
 def _tensors(model, engine: str) -> tuple:
-    if engine == "llama.cpp":
+    from .engines import engine_class
+
+    fmt = engine_class(engine).format
+    if fmt == "gguf":
         if not model.gguf_path:
-            raise LabError(f"{model.source}: no GGUF file for llama.cpp; run `lablib prepare` on a GGUF model")
+            raise LabError(f"{model.source}: no GGUF file for {engine}; run `lablib prepare` on a GGUF model")
         return gguf_tensors(str(model.gguf_path))
-    folder = model.hf_path if engine == "transformers" else model.mlx_path
+    folder = getattr(model, f"{fmt}_path", None)
     if not folder or not list(Path(folder).glob("*.safetensors")):
         raise LabError(f"{model.source}: no safetensors folder for {engine}; run `lablib prepare`")
     return safetensors_tensors(str(folder))
@@ -284,7 +294,7 @@ def weight_bytes_read(model, engine: str) -> int:
 def compute_dtype(model, engine: str) -> str:
     """The matrix-multiply type that bounds ``engine``'s arithmetic (:data:`ENGINE_COMPUTE`): for llama.cpp
     int8 when the GGUF's largest tensors are quantized, float32 when they are F32/F16/BF16."""
-    if engine != "llama.cpp":
+    if not _reads_gguf(engine):
         return ENGINE_COMPUTE.get(engine, "float32")
     t = weight_table(model, engine)
     return "float32" if t["type"].iloc[0] in FLOAT_TYPES else "int8"
@@ -482,29 +492,11 @@ def batch_sweep(
 
 
 # --- measured rows against the bound -----------------------------------------------------------------------
-BOUND_COLUMNS = (
-    "compute_dtype",
-    "bound_bytes_per_s",
-    "bound_flop_per_s",
-    "prefill_flops",
-    "prefill_bytes",
-    "prefill_intensity",
-    "prefill_flop_per_s",
-    "prefill_bound_tps",
-    "prefill_pct_of_bound",
-    "decode_depth",
-    "decode_batch",
-    "decode_flops_per_token",
-    "decode_intensity",
-    "decode_flop_per_s",
-    "decode_bound_tps",
-    "decode_pct_of_bound",
-)
 
 
 def add_bound_columns(df, model, machine_name=None):
     """Measured rows (tidy, one per request) with the roofline beside each: a new DataFrame with
-    :data:`BOUND_COLUMNS` added.
+    :data:`lablib.schema.BOUND_COLUMNS` added.
 
     Per row: prefill of ``prompt_tokens``; decode at the mean depth prompt_tokens + output_tokens / 2,
     batch = concurrency for ``mode == 'batched'`` rows, else 1. ``*_bound_tps``: the roofline's tokens/s

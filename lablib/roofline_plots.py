@@ -1,6 +1,6 @@
 """Roofline figures: pure plotly functions of tidy rows (no engine, no measurement).
 
-:func:`roofline` draws measured rows that carry :data:`lablib.roofline.BOUND_COLUMNS`
+:func:`roofline` draws measured rows that carry :data:`lablib.schema.BOUND_COLUMNS`
 (:func:`lablib.roofline.add_bound_columns`): log-log, arithmetic intensity (FLOP/byte) across, FLOP/s
 attained up; the machine's ceilings are the bandwidth slope (intensity x bytes/s) and one flat roof per
 compute type, meeting at the ridge (intensity = peak / bandwidth). :func:`batch_figure` draws a

@@ -65,12 +65,32 @@ MANIFEST_SUMMARY = (
     "hostname",
     "lablib_version",
 )
+# the roofline beside each measured row (lablib.roofline.add_bound_columns): FLOPs, bytes, intensity
+# (FLOP per byte), the machine's bound and the share of it reached, for prefill and decode
+BOUND_COLUMNS = (
+    "compute_dtype",
+    "bound_bytes_per_s",
+    "bound_flop_per_s",
+    "prefill_flops",
+    "prefill_bytes",
+    "prefill_intensity",
+    "prefill_flop_per_s",
+    "prefill_bound_tps",
+    "prefill_pct_of_bound",
+    "decode_depth",
+    "decode_batch",
+    "decode_flops_per_token",
+    "decode_intensity",
+    "decode_flop_per_s",
+    "decode_bound_tps",
+    "decode_pct_of_bound",
+)
 # present in some rows only: output ids, decoded text, an error message, the file a row came from
 OPTIONAL = ("token_ids", "text", "error", "source_file")
 # machines to facet figures by
 FACETS = ("hostname", "cpu_model")
 
-COLUMNS = LABELS + METRICS + COUNTS + SERIES + CLOCKS + tuple(MANIFEST_FIELDS) + OPTIONAL
+COLUMNS = LABELS + METRICS + COUNTS + SERIES + CLOCKS + tuple(MANIFEST_FIELDS) + OPTIONAL + BOUND_COLUMNS
 
 
 def flatten_manifest(manifest: dict) -> dict:
