@@ -1,0 +1,243 @@
+"""The quantization ladder measured: size, quality against the reference, speed; one tidy row per rung.
+
+Every rung (a llama.cpp file of :mod:`lablib.quant`, or a transformers dtype, or an MLX folder) is
+measured the same way:
+
+- quality: :mod:`lablib.quality` against the F32 reference GGUF on llama.cpp (the dequantized Q4_1
+  of the default model: figures are "relative to the dequantized Q4_1 reference");
+- speed: one request of ``prompt_tokens`` real prose tokens and ``max_new_tokens`` decoded tokens
+  (EOS ignored), after a warm-up, through the lab's engine (the trace of DESIGN.md): ``prefill_tps``
+  and ``decode_tps``, medians over ``reps``.
+
+Rows are appended to a results file as each rung finishes (``ResultsWriter``), so an interrupted
+ladder keeps its finished files and rows; a rerun finds the files in the cache.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+from .errors import LabError
+
+REFERENCE_LABEL = "dequantized Q4_1 (F32 GGUF)"
+HF_DTYPES = ("float32", "bfloat16", "float16")
+MLX_BITS = (8, 4)
+
+
+def quick() -> bool:
+    return os.environ.get("LABLIB_QUICK", "") not in ("", "0")
+
+
+def settings(quick_mode: bool | None = None) -> dict:
+    """Measurement sizes: ``n_ctx`` and ``n_chunks`` of the perplexity text, speed request sizes."""
+    q = quick() if quick_mode is None else quick_mode
+    return ({"n_ctx": 128, "n_chunks": 2, "prompt_tokens": 32, "max_new_tokens": 8, "reps": 1} if q else
+            {"n_ctx": 512, "n_chunks": 4, "prompt_tokens": 256, "max_new_tokens": 64, "reps": 3})
+
+
+def measure_speed(engine, ids, max_new_tokens: int, reps: int = 1) -> dict:
+    """``prefill_tps`` and ``decode_tps`` (medians over ``reps``, after a short warm-up request) of
+    one greedy request of prompt ``ids``, EOS ignored."""
+    from .engines.base import GenerationConfig
+
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=True)
+    engine.generate(list(ids[:8]), GenerationConfig(max_new_tokens=2, ignore_eos=True))
+    ms = [engine.generate(ids, cfg).metrics() for _ in range(max(1, reps))]
+    return {"prefill_tps": statistics.median(m["prefill_tps"] for m in ms),
+            "decode_tps": statistics.median(m["decode_tps"] for m in ms),
+            "prompt_tokens": len(ids), "output_tokens": max_new_tokens}
+
+
+class Ladder:
+    """The shared parts of one measurement: the source model, its F32 reference on llama.cpp, the
+    perplexity chunks and the reference's log-probs (cached on disk)."""
+
+    def __init__(self, model=None, n_ctx: int | None = None, n_chunks: int | None = None, log=print):
+        from . import quality, quant
+        from .engines import load_engine
+        from .models import ResolvedModel, prepare
+
+        self.log = log
+        self.cfg = settings()
+        if n_ctx:
+            self.cfg["n_ctx"] = int(n_ctx)
+        if n_chunks:
+            self.cfg["n_chunks"] = int(n_chunks)
+        self.model = model if isinstance(model, ResolvedModel) else prepare(model, log=log)
+        self.reference_path = quant.reference(self.model, "F32", log=log)
+        self.home = quant.quant_home(self.model.sha256)
+        ref_rm = quant.rung_model(self.reference_path, self.model, "F32")
+        eng = load_engine("llama.cpp", ref_rm, n_ctx=self._engine_ctx())
+        try:
+            self.chunks = quality.text_chunks(eng, self.cfg["n_ctx"], self.cfg["n_chunks"])
+            self.ref = quality.reference_logprobs(eng, self.chunks, self.home, key=f"F32:{self.model.sha256}")
+        finally:
+            eng.close()
+        n = self.cfg["prompt_tokens"]
+        self.speed_ids = [t for c in self.chunks for t in c[1:]][:n]
+
+    def _engine_ctx(self) -> int:
+        return max(self.cfg["n_ctx"], self.cfg["prompt_tokens"] + self.cfg["max_new_tokens"] + 8)
+
+    def base_row(self) -> dict:
+        from . import __version__
+        from .hardware import hardware_info, load_average
+
+        h = hardware_info()
+        return {"reference": REFERENCE_LABEL, "reference_path": str(self.reference_path),
+                "model": self.model.name, "model_sha256": self.model.sha256, "n_ctx": self.cfg["n_ctx"],
+                "n_chunks": len(self.chunks), "cpu_model": h["cpu_model"], "cores": h["cores_physical"],
+                "load_avg_1m": load_average(), "lablib_version": __version__,
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+    def measure(self, engine, speed: bool = True) -> dict:
+        """Quality (and speed) of a loaded engine against the reference: a dict of figures."""
+        from .quality import compare_to_reference
+
+        out = compare_to_reference(engine, self.ref)
+        if speed:
+            out.update(measure_speed(engine, self.speed_ids, self.cfg["max_new_tokens"], self.cfg["reps"]))
+        return out
+
+    # --- llama.cpp ---------------------------------------------------------------------------
+    def llama_row(self, qtype: str, path, facts: dict, speed: bool = True) -> dict:
+        from . import quant
+        from .engines import load_engine
+
+        t0 = time.perf_counter()
+        eng = load_engine("llama.cpp", quant.rung_model(path, self.model, qtype), n_ctx=self._engine_ctx())
+        load_s = time.perf_counter() - t0
+        try:
+            figures = self.measure(eng, speed)
+            version = eng.info().version
+        finally:
+            eng.close()
+        return {**self.base_row(), "engine": "llama.cpp", "engine_version": version, "format": "gguf",
+                "type": qtype, "path": str(path), "bytes": facts["bytes"], "tensor_bytes": facts["tensor_bytes"],
+                "bytes_per_token": facts["tensor_bytes"], "parameters": facts["parameters"], "bpw": facts["bpw"],
+                "type_mix": quant.type_mix(facts["types"]), "tensor_types": json.dumps(facts["types"]),
+                "load_s": load_s, **figures}
+
+
+def run_ladder(types=None, model=None, out=None, speed: bool = True, include_reference: bool = True,
+               n_ctx: int | None = None, n_chunks: int | None = None, on_row=None, log=print) -> list[dict]:
+    """Quantize ``model`` to each of ``types`` (default: :data:`lablib.quant.LADDER`, or
+    ``QUICK_LADDER`` in quick mode) with llama.cpp's quantizer and measure each rung on llama.cpp.
+
+    Types are checked first (LabError listing the known ones). With ``out`` (.jsonl/.parquet) each
+    row is appended as its rung finishes; ``on_row(row)`` is called after that. The reference
+    itself (``type="F32"``, KL 0) comes first when ``include_reference``. Returns the rows.
+    """
+    from . import quant
+    from .results import ResultsWriter
+
+    types = quant.parse_types(types if types is not None else (quant.QUICK_LADDER if quick() else quant.LADDER))
+    writer = ResultsWriter(out) if out else None
+    lad = Ladder(model, n_ctx=n_ctx, n_chunks=n_chunks, log=log)
+    rows = []
+
+    def emit(row):
+        rows.append(row)
+        if writer:
+            writer.append(row)
+        log(format_row(row))
+        if on_row:
+            on_row(row)
+
+    if include_reference:
+        emit(lad.llama_row("F32", lad.reference_path, quant.file_facts(lad.reference_path), speed))
+    for t in types:
+        rec = quant.rung(lad.reference_path, t, lad.home, lad.model.sha256, log=log)
+        emit({**lad.llama_row(t, rec["path"], rec, speed), "quantize_s": rec["quantize_s"],
+              "cached": rec["cached"]})
+    return rows
+
+
+def format_row(row: dict) -> str:
+    """The benchmark's line: ``type=T bytes=B bpw=X ppl=P kl_mean=K top1=A prefill_tps=S decode_tps=D``."""
+    def f(k, fmt):
+        v = row.get(k)
+        return "-" if v is None or v != v else format(v, fmt)
+
+    return (f"engine={row.get('engine')} type={row.get('type')} bytes={row.get('bytes')} bpw={f('bpw', '.2f')} "
+            f"ppl={f('ppl', '.3f')} kl_mean={f('kl_mean', '.5f')} top1={f('top1', '.3f')} "
+            f"prefill_tps={f('prefill_tps', '.1f')} decode_tps={f('decode_tps', '.1f')}")
+
+
+# --- other engines against the same reference ----------------------------------------------------
+def _folder_bytes(path) -> int:
+    return sum(p.stat().st_size for p in Path(path).iterdir() if p.suffix == ".safetensors")
+
+
+def mlx_quantized(model, bits: int, group_size: int = 64, log=print) -> Path:
+    """An MLX folder of ``model`` quantized to ``bits`` (mlx-lm's own quantizer: ``mlx_lm.convert``
+    with ``quantize=True``, affine groups of ``group_size`` weights), cached next to the ladder."""
+    import contextlib
+    import io
+    import shutil
+
+    from . import quant
+
+    if bits not in (2, 3, 4, 5, 6, 8):
+        raise LabError(f"MLX bits={bits}: expected one of 2, 3, 4, 5, 6, 8")
+    out = quant.quant_home(model.sha256) / f"mlx-q{bits}-g{group_size}"
+    if (out / "config.json").is_file():
+        return out
+    from mlx_lm import convert
+
+    from .models import write_normalized_config
+
+    src = Path(model.path_for("hf", "mlx-lm's quantizer"))
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    log(f"quantizing {src} to {bits}-bit MLX (mlx_lm.convert, group size {group_size})...")
+    with contextlib.redirect_stdout(io.StringIO()):
+        convert(str(src), mlx_path=str(tmp), quantize=True, q_bits=bits, q_group_size=group_size)
+    write_normalized_config(tmp)
+    os.replace(tmp, out)
+    return out
+
+
+def engine_row(lad: Ladder, engine: str, variant: str, speed: bool = True) -> dict:
+    """Quality and speed of ``engine`` (transformers: a torch dtype; mlx: float32, 8bit, 4bit) against
+    the ladder's reference. ``bytes``: the weights files read at load."""
+    from dataclasses import replace
+
+    from .engines import canonical, load_engine
+
+    key = canonical(engine)
+    rm = lad.model
+    if key == "transformers":
+        if variant not in HF_DTYPES:
+            raise LabError(f"transformers dtype {variant!r}: expected one of {', '.join(HF_DTYPES)}")
+        kw, weights = {"dtype": variant}, _folder_bytes(rm.hf_path)
+        params = rm.parameters
+        bytes_ = weights if variant == "float32" else weights // 2  # in memory: 2 bytes per weight
+        bpw = 8 * bytes_ / params
+        fmt = "safetensors"
+    elif key == "mlx":
+        if variant == "float32":
+            path = rm.mlx_path
+        elif variant in ("8bit", "4bit"):
+            path = str(mlx_quantized(rm, int(variant[0]), log=lad.log))
+        else:
+            raise LabError(f"mlx variant {variant!r}: expected float32, 8bit or 4bit")
+        rm = replace(rm, mlx_path=path, quantization=variant)
+        kw, bytes_ = {}, _folder_bytes(path)
+        bpw, fmt = 8 * bytes_ / rm.parameters, "mlx"
+    else:
+        raise LabError(f"engine {engine!r}: expected transformers or mlx here (llama.cpp: run_ladder)")
+    t0 = time.perf_counter()
+    eng = load_engine(key, rm, n_ctx=lad._engine_ctx(), **kw)
+    load_s = time.perf_counter() - t0
+    try:
+        figures = lad.measure(eng, speed)
+        version = eng.info().version
+    finally:
+        eng.close()
+    return {**lad.base_row(), "engine": key, "engine_version": version, "format": fmt, "type": variant,
+            "bytes": bytes_, "bytes_per_token": bytes_, "parameters": rm.parameters, "bpw": bpw,
+            "load_s": load_s, **figures}
