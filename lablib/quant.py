@@ -212,11 +212,13 @@ def reference(model=None, dtype: str = "F32", log=print) -> Path:
 
 
 # --- the ladder: llama.cpp's own quantizer ---------------------------------------------------
-def quantize_file(src, out, qtype: str, threads: int | None = None) -> Path:
+def quantize_file(src, out, qtype: str, threads: int | None = None, verbose: bool = False) -> Path:
     """Quantize GGUF ``src`` to ``qtype`` with llama.cpp's quantizer (``llama_model_quantize``),
     requantizing allowed (a quantized source is dequantized to F32 first). Written to a temporary
-    name then renamed. Returns ``out``; LabError naming the type and file when llama.cpp fails."""
+    name then renamed. Returns ``out``; LabError naming the type and file when llama.cpp fails.
+    ``verbose``: let llama.cpp print its per-tensor log (the "falling back" lines of K-quants)."""
     import llama_cpp
+    from llama_cpp._utils import suppress_stdout_stderr
 
     from .engines.base import default_threads
 
@@ -228,7 +230,8 @@ def quantize_file(src, out, qtype: str, threads: int | None = None) -> Path:
     params.ftype = known_types()[qtype]
     params.nthread = int(threads or default_threads())
     params.allow_requantize = True
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
+    with suppress_stdout_stderr(disable=verbose):
+        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
     if rc != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
         raise LabError(f"llama.cpp's quantizer failed on {src.name} -> {qtype} (code {rc}); expected a "
