@@ -55,7 +55,8 @@ class Ladder:
     """The shared parts of one measurement: the source model, its F32 reference on llama.cpp, the
     perplexity chunks and the reference's log-probs (cached on disk)."""
 
-    def __init__(self, model=None, n_ctx: int | None = None, n_chunks: int | None = None, log=print):
+    def __init__(self, model=None, n_ctx: int | None = None, n_chunks: int | None = None, home=None,
+                 log=print):
         from . import quality, quant
         from .engines import load_engine
         from .models import ResolvedModel, prepare
@@ -68,12 +69,13 @@ class Ladder:
             self.cfg["n_chunks"] = int(n_chunks)
         self.model = model if isinstance(model, ResolvedModel) else prepare(model, log=log)
         self.reference_path = quant.reference(self.model, "F32", log=log)
-        self.home = quant.quant_home(self.model.sha256)
+        self.cache = quant.quant_home(self.model.sha256)  # reference log-probs
+        self.home = Path(home) if home else self.cache  # ladder files
         ref_rm = quant.rung_model(self.reference_path, self.model, "F32")
         eng = load_engine("llama.cpp", ref_rm, n_ctx=self._engine_ctx())
         try:
             self.chunks = quality.text_chunks(eng, self.cfg["n_ctx"], self.cfg["n_chunks"])
-            self.ref = quality.reference_logprobs(eng, self.chunks, self.home, key=f"F32:{self.model.sha256}")
+            self.ref = quality.reference_logprobs(eng, self.chunks, self.cache, key=f"F32:{self.model.sha256}")
         finally:
             eng.close()
         n = self.cfg["prompt_tokens"]
@@ -123,20 +125,22 @@ class Ladder:
 
 
 def run_ladder(types=None, model=None, out=None, speed: bool = True, include_reference: bool = True,
-               n_ctx: int | None = None, n_chunks: int | None = None, on_row=None, log=print) -> list[dict]:
+               n_ctx: int | None = None, n_chunks: int | None = None, home=None, on_row=None,
+               log=print) -> list[dict]:
     """Quantize ``model`` to each of ``types`` (default: :data:`lablib.quant.LADDER`, or
     ``QUICK_LADDER`` in quick mode) with llama.cpp's quantizer and measure each rung on llama.cpp.
 
     Types are checked first (LabError listing the known ones). With ``out`` (.jsonl/.parquet) each
     row is appended as its rung finishes; ``on_row(row)`` is called after that. The reference
-    itself (``type="F32"``, KL 0) comes first when ``include_reference``. Returns the rows.
+    itself (``type="F32"``, KL 0) comes first when ``include_reference``. ``home``: folder of the
+    ladder files (default: the lab cache, :func:`lablib.quant.quant_home`). Returns the rows.
     """
     from . import quant
     from .results import ResultsWriter
 
     types = quant.parse_types(types if types is not None else (quant.QUICK_LADDER if quick() else quant.LADDER))
     writer = ResultsWriter(out) if out else None
-    lad = Ladder(model, n_ctx=n_ctx, n_chunks=n_chunks, log=log)
+    lad = Ladder(model, n_ctx=n_ctx, n_chunks=n_chunks, home=home, log=log)
     rows = []
 
     def emit(row):
@@ -214,9 +218,8 @@ def engine_row(lad: Ladder, engine: str, variant: str, speed: bool = True) -> di
         if variant not in HF_DTYPES:
             raise LabError(f"transformers dtype {variant!r}: expected one of {', '.join(HF_DTYPES)}")
         kw, weights = {"dtype": variant}, _folder_bytes(rm.hf_path)
-        params = rm.parameters
         bytes_ = weights if variant == "float32" else weights // 2  # in memory: 2 bytes per weight
-        bpw = 8 * bytes_ / params
+        bpw = 8 * bytes_ / rm.parameters
         fmt = "safetensors"
     elif key == "mlx":
         if variant == "float32":
