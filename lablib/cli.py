@@ -15,6 +15,8 @@
     lablib serve --server NAME [--port P] [--parallel N]      a real server on the lab's model
     lablib bench --base-url URL [--model ID] [--rate R | --concurrency C] --requests N
                --prompt-tokens P --max-new-tokens M --out FILE   load on any OpenAI-compatible server
+    lablib quantize [--types Q8_0,Q4_K_M,...] [--model M] [--out FILE]   the quantization ladder, measured
+    lablib quality --engine E [--model M] [--variant V] --out FILE       one engine vs the F32 reference
 
 Errors the user can act on (LabError) print one message and exit 2.
 """
@@ -313,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .serving_cli import add_parsers
 
     add_parsers(sub, cmd_serve, cmd_bench)
+    from .quant_cli import add_parsers as add_quant_parsers
+
+    add_quant_parsers(sub)
     return ap
 
 

@@ -244,3 +244,45 @@ def engine_row(lad: Ladder, engine: str, variant: str, speed: bool = True) -> di
     return {**lad.base_row(), "engine": key, "engine_version": version, "format": fmt, "type": variant,
             "bytes": bytes_, "bytes_per_token": bytes_, "parameters": rm.parameters, "bpw": bpw,
             "load_s": load_s, **figures}
+
+
+def measure_one(engine: str, model=None, variant: str | None = None, base=None, speed: bool = True, out=None,
+                n_ctx: int | None = None, n_chunks: int | None = None, log=print) -> dict:
+    """Quality (and speed) of one engine/model/variant against the F32 reference of ``base``; one row,
+    appended to ``out`` when given.
+
+    - llama.cpp: ``variant`` a quantization type (a ladder rung, made if needed), else ``model`` a GGUF
+      file of the same model (default: the shipped file); ``base`` defaults to the default model.
+    - transformers: ``variant`` a torch dtype (float32, bfloat16, float16) on ``model``'s HF folder.
+    - mlx: ``variant`` float32, 8bit or 4bit (mlx-lm's quantizer) on ``model``'s MLX/HF folder.
+    """
+    from . import quant
+    from .engines import canonical
+    from .models import detect_format
+    from .results import ResultsWriter
+
+    key = canonical(engine)
+    writer = ResultsWriter(out) if out else None
+    if key == "llama.cpp":
+        if variant:
+            quant.parse_types([variant])
+        elif model is not None and detect_format(model) != "gguf":
+            raise LabError(f"--model {model}: llama.cpp measures a GGUF file; expected a .gguf path "
+                           "(or --variant TYPE for a ladder rung)")
+        lad = Ladder(base, n_ctx=n_ctx, n_chunks=n_chunks, log=log)
+        if variant:
+            rec = quant.rung(lad.reference_path, variant, lad.home, lad.model.sha256, log=log)
+            path, qtype = rec["path"], rec["type"]
+        else:
+            path = str(model) if model is not None else lad.model.gguf_path
+            rec = quant.file_facts(path)
+            qtype = rec["file_type"]
+        row = lad.llama_row(qtype, path, rec, speed)
+    elif key in ("transformers", "mlx"):
+        lad = Ladder(base if base is not None else model, n_ctx=n_ctx, n_chunks=n_chunks, log=log)
+        row = engine_row(lad, key, variant or "float32", speed)
+    else:
+        raise LabError(f"engine {engine!r}: expected llama.cpp, transformers or mlx")
+    if writer:
+        writer.append(row)
+    return row

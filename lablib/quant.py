@@ -31,7 +31,7 @@ LADDER = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_1", "Q5_0", "Q4_K_M", "Q4_1", "Q4
 QUICK_LADDER = ("Q8_0", "Q5_0", "Q4_K_M", "Q4_1", "Q4_0", "Q2_K")
 REFERENCE_TYPES = ("F32", "F16", "BF16")  # what write_reference writes (gguf package only)
 # types that need an importance matrix (llama-imatrix, a tool the wheel does not ship)
-NEEDS_IMATRIX = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS")
+NEEDS_IMATRIX = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS")
 FILE_TYPE = {"F32": 0, "F16": 1, "BF16": 32}  # general.file_type of a reference (llama_ftype values)
 QUANTIZER_VERSION = 1  # bump when the recipe changes (invalidates cached rungs)
 
