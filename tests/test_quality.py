@@ -77,3 +77,18 @@ def test_parse_llama_perplexity_output():
     out = quality.parse_kld_output(LLAMA_PERPLEXITY_TAIL)
     assert out == pytest.approx({"ppl": 23.128917, "ppl_ref": 22.605751, "kl_mean": 0.003999, "kl_max": 0.0237,
                                  "kl_p99": 0.015781, "top1": 0.96032, "dp_mean": -0.00111, "dp_rms": 0.01326})
+
+
+def test_pareto_front_keeps_only_undominated_rungs():
+    import pandas as pd
+
+    from lablib.quant_plots import pareto_front, quality_vs_size, type_mix
+
+    df = pd.DataFrame({"type": ["A", "B", "C", "D"], "bytes": [100, 200, 300, 400],
+                       "kl_mean": [0.5, 0.6, 0.1, 0.01], "engine": "llama.cpp",
+                       "tensor_types": ['[{"type": "Q8_0", "n_elements": 3}, {"type": "F32", "n_elements": 1}]'] * 4})
+    assert list(pareto_front(df, "bytes", "kl_mean", higher_is_better=False)["type"]) == ["A", "C", "D"]
+    fig = quality_vs_size(df)
+    assert list(fig.data[-1].x) == [100, 300, 400]
+    bars = {b.name: list(b.y) for b in type_mix(df).data}
+    assert bars == {"Q8_0": [75.0] * 4, "F32": [25.0] * 4}
