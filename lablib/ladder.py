@@ -286,3 +286,44 @@ def measure_one(engine: str, model=None, variant: str | None = None, base=None, 
     if writer:
         writer.append(row)
     return row
+
+
+FORMAT_NOTES = {
+    "gguf": "one file: metadata + tokenizer + tensors in their storage type; llama.cpp memory-maps it "
+            "(pages are read on first touch and shared between processes; quantized blocks are used as stored)",
+    "safetensors": "a folder: config.json + tokenizer files + tensors (header, then raw arrays); transformers "
+                   "memory-maps them, then copies into torch tensors of the dtype asked for",
+    "mlx": "a folder like Hugging Face's (safetensors with MLX metadata, quantization in config.json); "
+           "mlx-lm loads the arrays lazily and evaluates them on first use",
+}
+
+
+def format_table(model=None, engines=("llama.cpp", "transformers", "mlx"), log=print):
+    """The format lesson: what each engine reads for ``model``, its size on disk (bytes) and the time
+    to load it (seconds, the lab's engine constructor), plus the F32 reference GGUF. A DataFrame."""
+    import pandas as pd
+
+    from . import quant
+    from .engines import load_engine
+    from .models import ResolvedModel, prepare
+
+    rm = model if isinstance(model, ResolvedModel) else prepare(model, log=log)
+    ref = quant.reference(rm, "F32", log=log)
+    cases = [("llama.cpp", "gguf", rm.quantization, rm, rm.gguf_path),
+             ("llama.cpp", "gguf", "F32 (reference)", quant.rung_model(ref, rm, "F32"), str(ref)),
+             ("transformers", "safetensors", "float32", rm, rm.hf_path),
+             ("mlx", "mlx", "float32", rm, rm.mlx_path)]
+    rows = []
+    for engine, fmt, dtype, m, path in cases:
+        if engine not in engines or not path:
+            continue
+        p = Path(path)
+        size = p.stat().st_size if p.is_file() else _folder_bytes(p)
+        t0 = time.perf_counter()
+        eng = load_engine(engine, m, n_ctx=256)
+        load_s = time.perf_counter() - t0
+        eng.close()
+        rows.append({"engine": engine, "format": fmt, "type": dtype, "bytes": size,
+                     "MiB": round(size / 2**20, 1), "load_s": round(load_s, 2), "path": str(p),
+                     "how it is read": FORMAT_NOTES[fmt]})
+    return pd.DataFrame(rows)
