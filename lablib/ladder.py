@@ -31,11 +31,13 @@ def quick() -> bool:
     return os.environ.get("LABLIB_QUICK", "") not in ("", "0")
 
 
-def settings(quick_mode: bool | None = None) -> dict:
-    """Measurement sizes: ``n_ctx`` and ``n_chunks`` of the perplexity text, speed request sizes."""
+def settings(quick_mode: bool | None = None, **override) -> dict:
+    """Measurement sizes: ``n_ctx`` and ``n_chunks`` of the perplexity text, speed request sizes
+    (``prompt_tokens``, ``max_new_tokens``, ``reps``); ``override`` replaces any of them."""
     q = quick() if quick_mode is None else quick_mode
-    return ({"n_ctx": 128, "n_chunks": 2, "prompt_tokens": 32, "max_new_tokens": 8, "reps": 1} if q else
+    base = ({"n_ctx": 128, "n_chunks": 2, "prompt_tokens": 32, "max_new_tokens": 8, "reps": 1} if q else
             {"n_ctx": 512, "n_chunks": 4, "prompt_tokens": 256, "max_new_tokens": 64, "reps": 3})
+    return {**base, **{k: int(v) for k, v in override.items() if v is not None}}
 
 
 def measure_speed(engine, ids, max_new_tokens: int, reps: int = 1) -> dict:
@@ -56,17 +58,13 @@ class Ladder:
     perplexity chunks and the reference's log-probs (cached on disk)."""
 
     def __init__(self, model=None, n_ctx: int | None = None, n_chunks: int | None = None, home=None,
-                 log=print):
+                 log=print, **sizes):
         from . import quality, quant
         from .engines import load_engine
         from .models import ResolvedModel, prepare
 
         self.log = log
-        self.cfg = settings()
-        if n_ctx:
-            self.cfg["n_ctx"] = int(n_ctx)
-        if n_chunks:
-            self.cfg["n_chunks"] = int(n_chunks)
+        self.cfg = settings(n_ctx=n_ctx, n_chunks=n_chunks, **sizes)
         self.model = model if isinstance(model, ResolvedModel) else prepare(model, log=log)
         self.reference_path = quant.reference(self.model, "F32", log=log)
         self.cache = quant.quant_home(self.model.sha256)  # reference log-probs
@@ -126,21 +124,22 @@ class Ladder:
 
 def run_ladder(types=None, model=None, out=None, speed: bool = True, include_reference: bool = True,
                n_ctx: int | None = None, n_chunks: int | None = None, home=None, on_row=None,
-               log=print) -> list[dict]:
+               log=print, **sizes) -> list[dict]:
     """Quantize ``model`` to each of ``types`` (default: :data:`lablib.quant.LADDER`, or
     ``QUICK_LADDER`` in quick mode) with llama.cpp's quantizer and measure each rung on llama.cpp.
 
     Types are checked first (LabError listing the known ones). With ``out`` (.jsonl/.parquet) each
     row is appended as its rung finishes; ``on_row(row)`` is called after that. The reference
     itself (``type="F32"``, KL 0) comes first when ``include_reference``. ``home``: folder of the
-    ladder files (default: the lab cache, :func:`lablib.quant.quant_home`). Returns the rows.
+    ladder files (default: the lab cache, :func:`lablib.quant.quant_home`); ``sizes``: see
+    :func:`settings`. Returns the rows.
     """
     from . import quant
     from .results import ResultsWriter
 
     types = quant.parse_types(types if types is not None else (quant.QUICK_LADDER if quick() else quant.LADDER))
     writer = ResultsWriter(out) if out else None
-    lad = Ladder(model, n_ctx=n_ctx, n_chunks=n_chunks, home=home, log=log)
+    lad = Ladder(model, n_ctx=n_ctx, n_chunks=n_chunks, home=home, log=log, **sizes)
     rows = []
 
     def emit(row):
@@ -166,9 +165,9 @@ def format_row(row: dict) -> str:
         v = row.get(k)
         return "-" if v is None or v != v else format(v, fmt)
 
-    return (f"engine={row.get('engine')} type={row.get('type')} bytes={row.get('bytes')} bpw={f('bpw', '.2f')} "
+    return (f"type={row.get('type')} bytes={row.get('bytes')} bpw={f('bpw', '.2f')} "
             f"ppl={f('ppl', '.3f')} kl_mean={f('kl_mean', '.5f')} top1={f('top1', '.3f')} "
-            f"prefill_tps={f('prefill_tps', '.1f')} decode_tps={f('decode_tps', '.1f')}")
+            f"prefill_tps={f('prefill_tps', '.1f')} decode_tps={f('decode_tps', '.1f')} engine={row.get('engine')}")
 
 
 # --- other engines against the same reference ----------------------------------------------------
@@ -195,13 +194,18 @@ def mlx_quantized(model, bits: int, group_size: int = 64, log=print) -> Path:
     from .models import write_normalized_config
 
     src = Path(model.path_for("hf", "mlx-lm's quantizer"))
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    import tempfile
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    tmp = work / "mlx"
     log(f"quantizing {src} to {bits}-bit MLX (mlx_lm.convert, group size {group_size})...")
     with contextlib.redirect_stdout(io.StringIO()):
         convert(str(src), mlx_path=str(tmp), quantize=True, q_bits=bits, q_group_size=group_size)
     write_normalized_config(tmp)
+    shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
+    shutil.rmtree(work, ignore_errors=True)
     return out
 
 
