@@ -118,3 +118,24 @@ def test_interrupted_ladder_keeps_finished_files_and_rows(model, tmp_path):
     assert [r["cached"] for r in rows] == [True, False]
     assert (home / "Q5_0.gguf").stat().st_mtime_ns == first
     assert [json.loads(line)["type"] for line in out.read_text().splitlines()] == ["Q5_0", "Q5_0", "Q4_0"]
+
+
+def test_cli_refuses_an_unknown_type_before_any_work(capsys):
+    from lablib.cli import main
+
+    assert main(["quantize", "--types", "Q8_0,Q3_X"]) == 2
+    err = capsys.readouterr().err
+    assert "Q3_X" in err and "Q4_K_M" in err
+
+
+def test_cli_quality_writes_one_row(model, tmp_path, capsys):
+    from lablib.cli import main
+    from lablib.results import load_results
+
+    out = tmp_path / "q.jsonl"
+    assert main(["quality", "--engine", "llama.cpp", "--variant", "Q8_0", "--no-speed", "--n-ctx", "128",
+                 "--chunks", "2", "--out", str(out)]) == 0
+    df = load_results(out)
+    assert list(df["type"]) == ["Q8_0"] and df["n_tokens"].iloc[0] == 126
+    assert 0 < df["kl_mean"].iloc[0] < 0.05 and df["reference"].iloc[0].startswith("dequantized Q4_1")
+    assert "type=Q8_0" in capsys.readouterr().out
