@@ -166,7 +166,7 @@ def format_row(row: dict) -> str:
         return "-" if v is None or v != v else format(v, fmt)
 
     return (f"type={row.get('type')} bytes={row.get('bytes')} bpw={f('bpw', '.2f')} "
-            f"ppl={f('ppl', '.3f')} kl_mean={f('kl_mean', '.5f')} top1={f('top1', '.3f')} "
+            f"ppl={f('ppl', '.3f')} kl_mean={f('kl_mean', '.3g')} top1={f('top1', '.3f')} "
             f"prefill_tps={f('prefill_tps', '.1f')} decode_tps={f('decode_tps', '.1f')} engine={row.get('engine')}")
 
 

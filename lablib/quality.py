@@ -132,13 +132,11 @@ def reference_logprobs(engine, chunks, cache_dir, key: str) -> ReferenceLogProbs
     path = cache_dir / f"reflogp-{h}.f32"
     sl = scored_positions(n_ctx)
     n_scored = sl.stop - sl.start
-    first = None
     if not path.is_file():
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as f:
             for c in chunks:
                 lp = log_softmax(engine.logits(c)[sl]).astype(np.float32)
-                first = lp.shape[1] if first is None else first
                 f.write(lp.tobytes())
         os.replace(tmp, path)
     n_vocab = path.stat().st_size // (4 * n_scored * len(chunks))
@@ -194,7 +192,6 @@ def parse_kld_output(text: str) -> dict:
             v = float(m.group(1))
             if k.endswith("_pct"):
                 k, v = k[:-4], v / 100
-                k = {"top1": "top1", "dp_mean": "dp_mean", "dp_rms": "dp_rms"}[k]
             out[k] = v
     return out
 
@@ -226,7 +223,7 @@ def llama_perplexity_kld(reference, candidate, text_file, n_ctx: int, n_chunks: 
                            capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
             raise LabError(f"llama-perplexity failed on the reference (exit {r.returncode}): "
-                           f"{r.stderr.strip().splitlines()[-1:] }")
+                           f"{r.stderr.strip().splitlines()[-1:]}")
     r = subprocess.run([str(tool), "-m", str(candidate), *common, "--kl-divergence-base", str(base),
                         "--kl-divergence"], capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
