@@ -22,7 +22,14 @@ from pathlib import Path
 
 from .errors import LabError
 
-REFERENCE_LABEL = "dequantized Q4_1 (F32 GGUF)"
+REFERENCE_LABEL = "dequantized Q4_1 (F32 GGUF)"  # the default model's
+
+
+def reference_label(model) -> str:
+    """What the reference of ``model`` is: 'dequantized Q4_1 (F32 GGUF)' for the default model, the
+    original precision for a model that is already F32/F16/BF16."""
+    q = (model.quantization or "").upper().replace("ALL_", "")
+    return f"{q} original (F32 GGUF)" if q in ("F32", "F16", "BF16") else f"dequantized {q or '?'} (F32 GGUF)"
 HF_DTYPES = ("float32", "bfloat16", "float16")
 MLX_BITS = (8, 4)
 
@@ -87,7 +94,7 @@ class Ladder:
         from .hardware import hardware_info, load_average
 
         h = hardware_info()
-        return {"reference": REFERENCE_LABEL, "reference_path": str(self.reference_path),
+        return {"reference": reference_label(self.model), "reference_path": str(self.reference_path),
                 "model": self.model.name, "model_sha256": self.model.sha256, "n_ctx": self.cfg["n_ctx"],
                 "n_chunks": len(self.chunks), "cpu_model": h["cpu_model"], "cores": h["cores_physical"],
                 "load_avg_1m": load_average(), "lablib_version": __version__,
