@@ -16,6 +16,8 @@
     lablib bench --base-url URL [--model ID] [--rate R | --concurrency C] --requests N
                --prompt-tokens P --max-new-tokens M --out FILE   load on any OpenAI-compatible server
     lablib roofline [--results FILE...] [--engines a,b,c] [--refresh] [--json]
+    lablib quantize [--types Q8_0,Q4_K_M,...] [--model M] [--out FILE]   the quantization ladder, measured
+    lablib quality --engine E [--model M] [--variant V] --out FILE       one engine vs the F32 reference
 
 Errors the user can act on (LabError) print one message and exit 2.
 """
@@ -349,6 +351,10 @@ def build_parser() -> argparse.ArgumentParser:
     rf.add_argument("--refresh", action="store_true", help="measure the machine again (else the cached measurement)")
     rf.add_argument("--json", action="store_true", help="one JSON object")
     rf.set_defaults(func=cmd_roofline)
+
+    from .quant_cli import add_parsers as add_quant_parsers
+
+    add_quant_parsers(sub)
     return ap
 
 
