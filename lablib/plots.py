@@ -329,7 +329,7 @@ def anchor_bars(rows, title: str | None = None) -> go.Figure:
     import plotly.graph_objects as go
 
     df = pd.DataFrame(rows)
-    need(df, ["source", "concurrency", "output_tps"])
+    need(df, ["source", "concurrency", "output_tps"], "anchor_bars")
     fig = go.Figure()
     for source in df["source"].unique():
         part = df[df["source"] == source]
