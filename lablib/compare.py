@@ -24,6 +24,7 @@ from .errors import LabError
 NEAR_TIE_NATS = 0.5  # top-2 log-prob margin below which a flip is a near-tie (p1/p2 < e^0.5 = 1.65)
 KL_OK = 0.05  # nats; mean KL above this is numerics beyond rounding (first_token_flip: 0.0069)
 TOP_K = 5
+LOGIT_CHUNK = 64  # positions per block in the logit checks: 64 x 49,152 floats x 8 bytes = 24 MiB a float64 array
 LAYERS = ("config", "tokenizer", "template", "numerics", "none")
 
 
@@ -306,22 +307,80 @@ def logit_stats(ref_logits, logits, k: int = TOP_K) -> dict:
             "topk_logp": np.take_along_axis(lp, order, -1)}
 
 
-def check_logits(engines: dict, reference: str, ids: list[int], k: int = TOP_K) -> Check:
+def logit_blocks(engine, ids: list[int], chunk: int = LOGIT_CHUNK):
+    """Teacher-forced logits of ``ids`` through ``engine`` as float32 arrays of exactly ``chunk``
+    positions (the last may be shorter), from the engine's :meth:`iter_logits` where it has one,
+    else sliced from :meth:`logits`. Raises NotImplementedError at the first block when the
+    engine has no logits."""
+    import numpy as np
+
+    src = engine.iter_logits(ids, chunk) if hasattr(engine, "iter_logits") else _sliced(engine, ids, chunk)
+    held, n = [], 0
+    for block in src:
+        held.append(block)
+        n += len(block)
+        while n >= chunk:
+            rows = np.concatenate(held) if len(held) > 1 else held[0]
+            yield rows[:chunk]
+            held, n = ([rows[chunk:]] if len(rows) > chunk else []), len(rows) - chunk
+    if n:
+        yield np.concatenate(held) if len(held) > 1 else held[0]
+
+
+def _sliced(engine, ids, chunk):
+    full = engine.logits(ids)
+    for at in range(0, len(full), chunk):
+        yield full[at:at + chunk]
+
+
+def last_logits(engine, ids: list[int], chunk: int = LOGIT_CHUNK):
+    """The logits of the last position of ``ids`` ([vocab], float32), streamed (never [positions, vocab])."""
+    block = None
+    for block in logit_blocks(engine, ids, chunk):
+        pass
+    return block[-1]
+
+
+def check_logits(engines: dict, reference: str, ids: list[int], k: int = TOP_K, chunk: int = LOGIT_CHUNK) -> Check:
     """The same ids teacher-forced through each engine; positions are prompt positions
-    (position i predicts token i + 1; the last predicts the first generated token)."""
+    (position i predicts token i + 1; the last predicts the first generated token).
+
+    Streams: every engine advances ``chunk`` positions at a time in lockstep and only the
+    per-position statistics are kept (:func:`logit_stats`), so memory grows with
+    chunk x vocabulary, not positions x vocabulary."""
+    import numpy as np
     import pandas as pd
 
-    ref = engines[reference].logits(ids)
+    ref_blocks = logit_blocks(engines[reference], ids, chunk)
+    ref_block = next(ref_blocks)
     rows, stats, bad, unavailable = [], {}, [], []
+    streams, blocks, parts = {}, {}, {}
     for name, e in engines.items():
         if name == reference:
             continue
         try:
-            lg = e.logits(ids)
+            streams[name] = logit_blocks(e, ids, chunk)
+            blocks[name] = next(streams[name])
         except NotImplementedError as ex:
             unavailable.append(f"{name}: logits not available ({ex})")
+            streams.pop(name, None)
             continue
-        s = logit_stats(ref, lg, k)
+        parts[name] = []
+    while True:
+        for name in streams:
+            if blocks[name].shape != ref_block.shape:
+                raise LabError(f"{name} gave logits of shape {blocks[name].shape} where {reference} gave "
+                               f"{ref_block.shape}: expected the same vocabulary and positions")
+            parts[name].append(logit_stats(ref_block, blocks[name], k))
+        ref_block = next(ref_blocks, None)
+        if ref_block is None:
+            break
+        for name in streams:
+            blocks[name] = next(streams[name])
+    for g in streams.values():
+        g.close()  # llama.cpp clears its KV cache when its stream ends
+    for name in streams:
+        s = {key: np.concatenate([p[key] for p in parts[name]]) for key in parts[name][0]}
         stats[name] = s
         agree = s["argmax"] == s["argmax_ref"]
         first = int((~agree).argmax()) if (~agree).any() else None
@@ -356,8 +415,7 @@ def check_generation(engines: dict, reference: str, ids: list[int], max_new_toke
         pos = first_difference(ref_out, out)
         row = {"engine": name, "text": engines[name].detokenize(out), "first_divergence": pos, "ids": out}
         if pos is not None:
-            lg = engines[reference].logits(ids + ref_out[:pos])[-1]
-            lp = log_softmax(lg)
+            lp = log_softmax(last_logits(engines[reference], ids + ref_out[:pos]))
             top = (-lp).argsort()[:2]
             row.update(reference_top2=top.tolist(), margin_ref=float(lp[top[0]] - lp[top[1]]),
                        reference_token=engines[reference].detokenize([ref_out[pos]]),
@@ -425,6 +483,7 @@ def compare(model=None, engines=("transformers", "llama.cpp", "mlx"), reference:
     """
     from .engines import canonical, load_engine
     from .engines.base import GenerationConfig
+    from .memory import check_compare_fits
     from .models import ResolvedModel, prepare
 
     GenerationConfig(max_new_tokens=max_new_tokens)  # a bad budget is refused before any engine loads
@@ -434,6 +493,9 @@ def compare(model=None, engines=("transformers", "llama.cpp", "mlx"), reference:
         names.insert(0, reference)
     rm = model if isinstance(model, ResolvedModel) else prepare(model)
     loaded = dict(loaded or {})
+    # every engine is held at once: check the whole comparison before loading any (the prompt's
+    # length is known now only when ids are given; it is checked again once tokenized)
+    check_compare_fits(rm, names, (len(ids) if ids is not None else 0) + max_new_tokens, LOGIT_CHUNK, loaded)
     for name in names:
         if name in loaded:
             continue
@@ -447,6 +509,10 @@ def compare(model=None, engines=("transformers", "llama.cpp", "mlx"), reference:
             ids = ref.tokenize(prompt)
         else:
             ids = ref.apply_chat_template(messages or TEMPLATE_CASES["one turn"])
+        check_compare_fits(rm, names, len(ids) + max_new_tokens, LOGIT_CHUNK, loaded=names)
+    for e in engs.values():  # one clear error naming the numbers before any logits are computed
+        if hasattr(e, "check_context"):
+            e.check_context(len(ids), max_new_tokens)
     checks = [check_config(engs, reference, rm.gguf_path)]
     checks.append(check_tokenizer(engs, reference, prompt if prompt is not None else _PROBE_TEXT))
     checks.append(check_template(engs, reference))
