@@ -190,7 +190,7 @@ class TransformersEngine(Engine):
         cache = DynamicCache(config=self.hf.config)
         for at in range(0, len(ids), chunk):
             with torch.inference_mode():  # per chunk: the mode must not leak to the caller between yields
-                out = self.hf(torch.tensor([ids[at:at + chunk]], dtype=torch.long), past_key_values=cache,
+                out = self.hf(torch.tensor([ids[at:at + chunk]], dtype=torch.long), cache=cache,
                               use_cache=True)
                 block = out.logits[0].float().numpy()
             del out
