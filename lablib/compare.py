@@ -298,8 +298,8 @@ def logit_stats(ref_logits, logits, k: int = TOP_K) -> dict:
     lp_ref, lp = log_softmax(ref_logits), log_softmax(logits)
     p_ref = np.exp(lp_ref)
     kl = (p_ref * (lp_ref - lp)).sum(axis=-1)
-    order_ref = np.argsort(-lp_ref, axis=-1)[:, :k]
-    order = np.argsort(-lp, axis=-1)[:, :k]
+    del p_ref
+    order_ref, order = _top_k(lp_ref, k), _top_k(lp, k)
     top2 = np.take_along_axis(lp_ref, order_ref[:, :2], axis=-1)
     return {"kl": kl, "max_abs_dlogp": np.abs(lp_ref - lp).max(axis=-1), "argmax_ref": order_ref[:, 0],
             "argmax": order[:, 0], "margin_ref": top2[:, 0] - top2[:, 1], "topk_ref": order_ref,
@@ -339,6 +339,16 @@ def last_logits(engine, ids: list[int], chunk: int = LOGIT_CHUNK):
     for block in logit_blocks(engine, ids, chunk):
         pass
     return block[-1]
+
+
+def _top_k(lp, k: int):
+    """Ids of the ``k`` largest values per row, largest first: a new [rows, k] array (a slice of a
+    full argsort would keep the whole [rows, vocab] index array alive)."""
+    import numpy as np
+
+    part = np.argpartition(-lp, k - 1, axis=-1)[:, :k]
+    order = np.argsort(-np.take_along_axis(lp, part, -1), axis=-1, kind="stable")
+    return np.take_along_axis(part, order, -1)
 
 
 def check_logits(engines: dict, reference: str, ids: list[int], k: int = TOP_K, chunk: int = LOGIT_CHUNK) -> Check:
