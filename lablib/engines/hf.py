@@ -20,8 +20,8 @@ receives it. Only the manager's thread touches the model during a session.
 from __future__ import annotations
 
 from ..errors import EngineUnavailable, LabError
-from ..trace import RequestTrace, now
 from ..sampling import DEFINITION
+from ..trace import RequestTrace, now
 from .base import Engine, EngineInfo, GenerationConfig, default_threads
 
 

@@ -24,8 +24,8 @@ a ``Llama`` object must never be used from two threads.
 from __future__ import annotations
 
 from ..errors import ContextOverflowError, EngineUnavailable, LabError
-from ..trace import RequestTrace, now
 from ..sampling import DEFINITION
+from ..trace import RequestTrace, now
 from .base import Engine, EngineInfo, GenerationConfig, default_threads
 
 

@@ -26,8 +26,8 @@ import json
 from pathlib import Path
 
 from ..errors import EngineUnavailable, LabError
-from ..trace import RequestTrace, now
 from ..sampling import DEFINITION
+from ..trace import RequestTrace, now
 from .base import Engine, EngineInfo, GenerationConfig, default_threads
 
 
