@@ -98,7 +98,7 @@ def cmd_prepare(ns) -> int:
 # --- run ------------------------------------------------------------------------------
 def cmd_run(ns) -> int:
     cfg = GenerationConfig(max_new_tokens=ns.max_new_tokens, ignore_eos=not ns.until_eos,
-                           temperature=ns.temperature, top_p=ns.top_p, seed=ns.seed)
+                           temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k, seed=ns.seed)
     rm = prepare(ns.model, log=lambda m: print(m, file=sys.stderr))
     if ns.prompt_tokens is not None:
         ids = prompt_of_length(rm, ns.prompt_tokens)
@@ -285,7 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-new-tokens", type=int, required=True)
     r.add_argument("--until-eos", action="store_true", help="stop at EOS (default: exactly N tokens)")
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--top-p", type=float, default=1.0, help="1 = off (default)")
+    r.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--n-ctx", type=int, default=None, help="context window (default: the model's trained context)")
     r.add_argument("--warmup", type=int, default=0, help="unrecorded requests first")

@@ -24,6 +24,7 @@ from .engines import NAMES, canonical, engine_class, load_engine
 from .engines.base import CONFIG_KEYS, GenerationConfig
 from .errors import LabError
 from .formats import gguf_config
+from .memory import check_compare_fits
 from .models import resolve
 from .workload import DEFAULT_MESSAGES
 
@@ -31,6 +32,7 @@ NEAR_TIE_NATS = 0.5  # top-2 log-prob margin below which a flip is a near-tie (p
 KL_OK = 0.05  # nats; mean KL above this is numerics beyond rounding (first_token_flip: 0.0069)
 TOP_K = 5
 REFERENCE = "transformers"  # the default reference: float32, slow, but the faithful arithmetic
+LOGIT_CHUNK = 64  # positions per block in the logit checks: 64 x 49,152 floats x 8 bytes = 24 MiB a float64 array
 LAYERS = ("config", "tokenizer", "template", "numerics", "none")
 
 
@@ -206,8 +208,8 @@ def logit_stats(ref_logits, logits, k: int = TOP_K) -> dict:
     lp_ref, lp = log_softmax(ref_logits), log_softmax(logits)
     p_ref = np.exp(lp_ref)
     kl = (p_ref * (lp_ref - lp)).sum(axis=-1)
-    order_ref = np.argsort(-lp_ref, axis=-1)[:, :k]
-    order = np.argsort(-lp, axis=-1)[:, :k]
+    del p_ref
+    order_ref, order = _top_k(lp_ref, k), _top_k(lp, k)
     top2 = np.take_along_axis(lp_ref, order_ref[:, :2], axis=-1)
     return {"kl": kl, "max_abs_dlogp": np.abs(lp_ref - lp).max(axis=-1), "argmax_ref": order_ref[:, 0],
             "argmax": order[:, 0], "margin_ref": top2[:, 0] - top2[:, 1], "topk_ref": order_ref,
@@ -215,22 +217,90 @@ def logit_stats(ref_logits, logits, k: int = TOP_K) -> dict:
             "topk_logp": np.take_along_axis(lp, order, -1)}
 
 
-def check_logits(engines: dict, reference: str, ids: list[int], k: int = TOP_K) -> Check:
+def logit_blocks(engine, ids: list[int], chunk: int = LOGIT_CHUNK):
+    """Teacher-forced logits of ``ids`` through ``engine`` as float32 arrays of exactly ``chunk``
+    positions (the last may be shorter), from the engine's :meth:`iter_logits` where it has one,
+    else sliced from :meth:`logits`. Raises NotImplementedError at the first block when the
+    engine has no logits."""
+    import numpy as np
+
+    src = engine.iter_logits(ids, chunk) if hasattr(engine, "iter_logits") else _sliced(engine, ids, chunk)
+    held, n = [], 0
+    for block in src:
+        held.append(block)
+        n += len(block)
+        while n >= chunk:
+            rows = np.concatenate(held) if len(held) > 1 else held[0]
+            yield rows[:chunk]
+            held, n = ([rows[chunk:]] if len(rows) > chunk else []), len(rows) - chunk
+    if n:
+        yield np.concatenate(held) if len(held) > 1 else held[0]
+
+
+def _sliced(engine, ids, chunk):
+    full = engine.logits(ids)
+    for at in range(0, len(full), chunk):
+        yield full[at:at + chunk]
+
+
+def last_logits(engine, ids: list[int], chunk: int = LOGIT_CHUNK):
+    """The logits of the last position of ``ids`` ([vocab], float32), streamed (never [positions, vocab])."""
+    block = None
+    for block in logit_blocks(engine, ids, chunk):
+        pass
+    return block[-1]
+
+
+def _top_k(lp, k: int):
+    """Ids of the ``k`` largest values per row, largest first: a new [rows, k] array (a slice of a
+    full argsort would keep the whole [rows, vocab] index array alive)."""
+    import numpy as np
+
+    part = np.argpartition(-lp, k - 1, axis=-1)[:, :k]
+    order = np.argsort(-np.take_along_axis(lp, part, -1), axis=-1, kind="stable")
+    return np.take_along_axis(part, order, -1)
+
+
+def check_logits(engines: dict, reference: str, ids: list[int], k: int = TOP_K, chunk: int = LOGIT_CHUNK) -> Check:
     """The same ids teacher-forced through each engine; positions are prompt positions
-    (position i predicts token i + 1; the last predicts the first generated token)."""
+    (position i predicts token i + 1; the last predicts the first generated token).
+
+    Streams: every engine advances ``chunk`` positions at a time in lockstep and only the
+    per-position statistics are kept (:func:`logit_stats`), so memory grows with
+    chunk x vocabulary, not positions x vocabulary."""
+    import numpy as np
     import pandas as pd
 
-    ref = engines[reference].logits(ids)
+    ref_blocks = logit_blocks(engines[reference], ids, chunk)
+    ref_block = next(ref_blocks)
     rows, stats, bad, unavailable = [], {}, [], []
+    streams, blocks, parts = {}, {}, {}
     for name, e in engines.items():
         if name == reference:
             continue
         try:
-            lg = e.logits(ids)
+            streams[name] = logit_blocks(e, ids, chunk)
+            blocks[name] = next(streams[name])
         except NotImplementedError as ex:
             unavailable.append(f"{name}: logits not available ({ex})")
+            streams.pop(name, None)
             continue
-        s = logit_stats(ref, lg, k)
+        parts[name] = []
+    while True:
+        for name in streams:
+            if blocks[name].shape != ref_block.shape:
+                raise LabError(f"{name} gave logits of shape {blocks[name].shape} where {reference} gave "
+                               f"{ref_block.shape}: expected the same vocabulary and positions")
+            parts[name].append(logit_stats(ref_block, blocks[name], k))
+        ref_block = next(ref_blocks, None)
+        if ref_block is None:
+            break
+        for name in streams:
+            blocks[name] = next(streams[name])
+    for g in streams.values():
+        g.close()  # llama.cpp clears its KV cache when its stream ends
+    for name in streams:
+        s = {key: np.concatenate([p[key] for p in parts[name]]) for key in parts[name][0]}
         stats[name] = s
         agree = s["argmax"] == s["argmax_ref"]
         first = int((~agree).argmax()) if (~agree).any() else None
@@ -256,7 +326,7 @@ def _topk_next(engine, ids: list[int], k: int) -> dict | None:
     import numpy as np
 
     try:
-        lp = log_softmax(engine.logits(ids)[-1])
+        lp = log_softmax(last_logits(engine, ids))  # streamed: never [positions, vocab]
     except NotImplementedError:
         return None
     top = np.argsort(-lp)[:k]
@@ -360,6 +430,10 @@ def compare(model=None, engines=NAMES, reference: str = REFERENCE,
         names.insert(0, reference)
     rm = resolve(model)
     loaded = dict(loaded or {})
+    # every engine is held at once: check the whole comparison before loading any (the prompt's
+    # length is known now only when ids are given; it is checked again once tokenized)
+    classes = [engine_class(n) for n in names]
+    check_compare_fits(rm, classes, (len(ids) if ids is not None else 0) + max_new_tokens, LOGIT_CHUNK, loaded)
     for name in names:
         if name in loaded:
             continue
@@ -372,6 +446,9 @@ def compare(model=None, engines=NAMES, reference: str = REFERENCE,
             ids = ref.tokenize(prompt)
         else:
             ids = ref.apply_chat_template(messages or DEFAULT_MESSAGES)
+        check_compare_fits(rm, classes, len(ids) + max_new_tokens, LOGIT_CHUNK, loaded=names)
+    for e in engs.values():  # one clear error naming the numbers before any logits are computed
+        e.check_context(len(ids), max_new_tokens)
     checks = [check_config(engs, reference, rm.gguf_path)]
     checks.append(check_tokenizer(engs, reference, prompt if prompt is not None else _PROBE_TEXT))
     checks.append(check_template(engs, reference))

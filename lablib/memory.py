@@ -72,3 +72,49 @@ def check_fits(
                 f"memory: {engine.name} needs about {est['total'] / gib:.2f} GiB ({' + '.join(parts)}, +20 % "
                 f"headroom), but {available / gib:.2f} GiB is available. To fit: {advice}."
             )
+
+
+# --- compare: every engine loaded at once, logits streamed -------------------------------------------
+LOGIT_FLOAT64_ARRAYS = 10  # float64 [chunk, vocab] arrays alive at once in compare.logit_stats (measured peak)
+
+
+def compare_bytes(model, engines, tokens: int, chunk: int = 64, loaded=()) -> dict:
+    """{weights, kv_cache, logits, total} bytes for :func:`lablib.compare.compare` of ``tokens``
+    tokens (prompt + output) on ``engines`` (Engine classes), all held at once; engines whose names
+    are in ``loaded`` are in memory already and their weights (and a KV cache reserved at load, as
+    llama.cpp's) do not count.
+
+    Logits are streamed ``chunk`` positions at a time: per engine a float32 block [chunk, vocab]
+    (the engine's output and the lab's copy), plus the float64 arrays of the statistics; they
+    never grow with ``tokens``.
+    """
+    vocab = model_shape(model)["vocab"] or 0
+    weights = kv = 0
+    for e in engines:  # Engine classes
+        if e.reserves_kv_at_load:  # the KV cache for the whole default context, allocated at load
+            if e.name not in loaded:
+                n_ctx = e.default_load_kwargs(model).get("n_ctx") or tokens
+                weights += weights_bytes(model, e) + kv_cache_bytes(model, e, n_ctx) + e.runtime_bytes(model, 512)
+        else:
+            weights += 0 if e.name in loaded else weights_bytes(model, e)
+            kv += kv_cache_bytes(model, e, tokens)
+    logits = len(engines) * 2 * chunk * vocab * 4 + LOGIT_FLOAT64_ARRAYS * chunk * vocab * 8
+    return {"weights": weights, "kv_cache": kv, "logits": logits,
+            "total": int((weights + kv + logits) * HEADROOM)}
+
+
+def check_compare_fits(model, engines, tokens: int, chunk: int = 64, loaded=(), available: int | None = None) -> None:
+    """Raise LabError with the numbers when a comparison of ``tokens`` tokens on ``engines`` (all
+    held at once) will not fit in the memory available now (:func:`compare_bytes`)."""
+    from .hardware import available_ram_bytes
+
+    available = available_ram_bytes() if available is None else available
+    est = compare_bytes(model, engines, tokens, chunk, loaded)
+    if est["total"] > available:
+        mib = 2 ** 20
+        raise LabError(
+            f"memory: comparing {', '.join(e.name for e in engines)} on {tokens} tokens needs about {est['total'] / mib:.0f} MiB "
+            f"(weights not yet loaded {est['weights'] / mib:.0f} MiB + KV caches {est['kv_cache'] / mib:.0f} MiB + "
+            f"logit blocks of {chunk} positions {est['logits'] / mib:.0f} MiB, +20 % headroom), but "
+            f"{available / mib:.0f} MiB is available. To fit: compare fewer engines at a time (engines=[...]), "
+            f"use a shorter prompt, or close other engines and programs.")

@@ -35,8 +35,11 @@ class GenerationConfig:
     ``max_new_tokens``: output budget (tokens). ``ignore_eos``: generate exactly
     ``max_new_tokens`` (sweeps, so engines do equal work) instead of stopping at
     EOS; an EOS the model picks is kept in the output and generation goes on
-    (vLLM's ``ignore_eos``), it is not masked. ``temperature`` 0 means greedy; otherwise sampled with ``top_p`` and
-    ``seed``.
+    (vLLM's ``ignore_eos``), it is not masked. ``temperature`` 0 means greedy; otherwise sampled with
+    ``top_k`` (0 = off), ``top_p`` (1 = off) and ``seed``, as :data:`lablib.sampling.DEFINITION` says:
+    logits / temperature -> top-k -> top-p -> softmax -> draw, in every engine and mode. These
+    settings are all that apply: what a model folder (generation_config.json) or a library
+    default asks for beyond them is switched off (each engine's ``info().flags["settings_off"]``).
     """
 
     max_new_tokens: int = 32
@@ -44,6 +47,7 @@ class GenerationConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    top_k: int = 0
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -52,6 +56,15 @@ class GenerationConfig:
             raise LabError(f"temperature={self.temperature}: expected 0 (greedy) or more")
         if not 0 < self.top_p <= 1:
             raise LabError(f"top_p={self.top_p}: expected a value in (0, 1]")
+        import operator
+
+        try:
+            k = None if isinstance(self.top_k, bool) else operator.index(self.top_k)  # int, numpy integers
+        except TypeError:
+            k = None
+        if k is None or k < 0:
+            raise LabError(f"top_k={self.top_k!r}: expected a whole number of tokens, 0 (off) or more")
+        self.top_k = k
 
     @property
     def greedy(self) -> bool:
@@ -223,6 +236,15 @@ class Engine:
     def logits(self, ids: list[int]):
         """Teacher-forced logits for ``ids``: float32 numpy array [len(ids), vocab]."""
         raise NotImplementedError(f"{self.name} does not expose logits")
+
+    def iter_logits(self, ids: list[int], chunk: int = 64):
+        """Teacher-forced logits for ``ids``, ``chunk`` positions at a time: yields float32 numpy
+        arrays [<= chunk, vocab] in position order (one KV cache across chunks), so a caller
+        never holds [len(ids), vocab] (49,152 floats a position for SmolLM2). Engines override
+        this; the fallback slices :meth:`logits`."""
+        full = self.logits(ids)
+        for at in range(0, len(full), chunk):
+            yield full[at:at + chunk]
 
     def close(self) -> None:
         """Free the model (memory) where the library allows it."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import EngineUnavailable, LabError
+from ..sampling import DEFINITION
 from ..trace import RequestTrace, now
 from .base import Engine, EngineInfo, GenerationConfig
 
@@ -93,6 +94,28 @@ class TransformersEngine(Engine):
             eos = self.hf.config.eos_token_id
         self._eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
         self._pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else next(iter(self._eos), 0)
+        self.settings_off = self._clean_generation_config()
+
+    def _clean_generation_config(self) -> list[str]:
+        """Replace the model's generation config (the folder's generation_config.json) by one that
+        holds only token ids; returns what the folder asked for that is now switched off.
+
+        ``generate`` fills every setting the lab leaves unset (None) from the model's generation
+        config, then from transformers' global defaults (transformers 5.24,
+        ``GenerationMixin._prepare_generation_config``): a folder's ``repetition_penalty`` 1.3,
+        ``min_length``, ``suppress_tokens``... would apply. With this clean config the only default
+        left that changes sampling is ``top_k`` 50, which :meth:`_generation_config` sets itself.
+        """
+        gc_cls = self._transformers.GenerationConfig
+        defaults = gc_cls._get_default_generation_params()
+        token_keys = {"bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"}
+        asked = self.hf.generation_config.to_diff_dict() if self.hf.generation_config is not None else {}
+        off = [f"{k}={v!r} (model folder's generation_config.json)" for k, v in sorted(asked.items())
+               if k not in token_keys and not k.startswith("_") and k != "transformers_version"
+               and v is not None and v is not False and v != defaults.get(k)]
+        self.hf.generation_config = gc_cls(bos_token_id=self.bos_id, eos_token_id=sorted(self._eos) or None,
+                                           pad_token_id=self._pad)
+        return off + [f"top_k={defaults['top_k']} (transformers' default when sampling; one-request path only)"]
 
     def _apply_threads(self, n: int) -> None:
         self._torch.set_num_threads(n)
@@ -127,7 +150,8 @@ class TransformersEngine(Engine):
             n_ctx=self.n_ctx,
             flags={"attn_implementation": self.hf.config._attn_implementation,
                    "torch_threads": torch.get_num_threads(), "threads_auto": self.auto_threads,
-                   "max_threads": self.max_threads})
+                   "max_threads": self.max_threads, "sampling": DEFINITION,
+                   "settings_off": list(self.settings_off)})
 
     def effective_config(self) -> dict:
         """The config as transformers uses it; the RoPE base read back from the rotary embedding
@@ -164,13 +188,16 @@ class TransformersEngine(Engine):
         trace.finish_reason = "stop" if (not cfg.ignore_eos and last in self._eos) else "length"
 
     def _generation_config(self, cfg: GenerationConfig):
-        """transformers' GenerationConfig for ``cfg``: explicit, complete settings (nothing
-        inherited from the model's defaults). ignore_eos: an empty EOS list, so EOS is
-        generated like any token and generation goes on (as vLLM's ignore_eos), not masked."""
+        """transformers' GenerationConfig for ``cfg``, the same for ``generate`` and continuous
+        batching: greedy, or transformers' warpers in the lab's order (temperature, top-k, top-p:
+        :data:`lablib.sampling.DEFINITION`) with ``top_k`` always explicit (0 = off; left unset,
+        ``generate`` would add its default 50 and continuous batching would not). The model's
+        own generation config holds token ids only (:meth:`_clean_generation_config`).
+        ignore_eos: an empty EOS list, so EOS is generated like any token and generation goes
+        on (as vLLM's ignore_eos), not masked."""
+        sampling = {} if cfg.greedy else {"temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p}
         return self._transformers.GenerationConfig(
-            max_new_tokens=cfg.max_new_tokens, do_sample=not cfg.greedy,
-            temperature=None if cfg.greedy else cfg.temperature,
-            top_p=None if cfg.greedy else cfg.top_p, top_k=None,
+            max_new_tokens=cfg.max_new_tokens, do_sample=not cfg.greedy, **sampling,
             eos_token_id=[] if cfg.ignore_eos else sorted(self._eos), pad_token_id=self._pad)
 
     def batch_session(self, cfg: GenerationConfig, max_sequences: int,
@@ -188,6 +215,23 @@ class TransformersEngine(Engine):
         with torch.inference_mode():
             out = self.hf(torch.tensor([list(ids)], dtype=torch.long))
         return out.logits[0].float().numpy()
+
+    def iter_logits(self, ids, chunk: int = 64):
+        """Teacher-forced logits, ``chunk`` positions per forward pass over one DynamicCache:
+        yields float32 numpy arrays [<= chunk, vocab] (see :meth:`Engine.iter_logits`)."""
+        from transformers import DynamicCache
+
+        ids = [int(i) for i in ids]
+        self.check_ids(ids)
+        torch = self._torch
+        cache = DynamicCache(config=self.hf.config)
+        for at in range(0, len(ids), chunk):
+            with torch.inference_mode():  # per chunk: the mode must not leak to the caller between yields
+                out = self.hf(torch.tensor([ids[at:at + chunk]], dtype=torch.long), cache=cache,
+                              use_cache=True)
+                block = out.logits[0].float().numpy()
+            del out
+            yield block
 
     def close(self) -> None:
         self.hf = None

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ContextOverflowError, EngineUnavailable, LabError
 from ..formats import gguf_config, model_shape
+from ..sampling import DEFINITION
 from ..trace import RequestTrace, now
 from .base import Engine, EngineInfo, GenerationConfig
 
@@ -76,6 +77,10 @@ class LlamaCppEngine(Engine):
         small models): 128 MiB for SmolLM2-135M at n_batch 512."""
         n_batch = min(n_batch, context_tokens) if context_tokens else n_batch
         return n_batch * model_shape(model)["vocab"] * 4 + GRAPH_RESERVE
+    # llama-cpp-python's and llama.cpp's sampling defaults the lab's own sampler chain leaves out
+    SETTINGS_OFF = ("Llama.generate/__call__ defaults (top_k=40, top_p=0.95, min_p=0.05, typical_p=1, "
+                    "repeat_penalty=1.0; filters before temperature): not used, the lab builds its own chain",
+                    "Llama.detokenize's 32-byte piece buffer and its strip of a space after BOS: not used")
 
     def __init__(self, model, n_ctx: int | None = None, threads: int | None = None,
                  n_batch: int = 512, n_seq_max: int = 1, verbose: bool = False):
@@ -139,7 +144,28 @@ class LlamaCppEngine(Engine):
         return self.llm.tokenize(text.encode("utf-8"), add_bos=add_special, special=True)
 
     def detokenize(self, ids: list[int]) -> str:
-        return self.llm.detokenize(list(ids), special=True).decode("utf-8", errors="replace")
+        """Token ids -> text: each token's piece in full (special tokens rendered), the bytes
+        joined, then decoded as UTF-8 (a split multi-byte character shows as U+FFFD).
+
+        Not ``Llama.detokenize``: llama-cpp-python 0.3.36 copies each piece through a 32-byte
+        buffer and drops longer ones (47 pieces of SmolLM2's vocabulary, mostly a newline and
+        indentation, came back empty), and it strips a leading space after BOS.
+        """
+        return b"".join(self.piece_bytes(t) for t in ids).decode("utf-8", errors="replace")
+
+    def piece_bytes(self, token: int) -> bytes:
+        """The bytes of one token's piece (``llama_token_to_piece``, special tokens rendered, no
+        left strip), with a buffer as long as llama.cpp says the piece needs."""
+        import ctypes
+
+        size = 64
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = self._lib.llama_token_to_piece(self.vocab, int(token), buf, size, 0, True)
+            if n >= 0:
+                return buf.raw[:n]
+            size = -n  # too small: llama.cpp returns minus the length it needs
+        raise LabError(f"llama.cpp could not render token {token} (llama_token_to_piece returned {n})")
 
     def chat_template(self) -> str:
         """The chat template embedded in the GGUF (``tokenizer.chat_template``)."""
@@ -151,8 +177,8 @@ class LlamaCppEngine(Engine):
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        bos = self.llm.detokenize([self.llm.token_bos()], special=True).decode(errors="replace")
-        eos = self.llm.detokenize([self.llm.token_eos()], special=True).decode(errors="replace")
+        bos = self.detokenize([self.llm.token_bos()])
+        eos = self.detokenize([self.llm.token_eos()])
         fmt = Jinja2ChatFormatter(self.chat_template(), eos_token=eos, bos_token=bos,
                                   add_generation_prompt=add_generation_prompt)
         text = fmt(messages=messages).prompt
@@ -181,7 +207,8 @@ class LlamaCppEngine(Engine):
             flags={"threads_auto": self.auto_threads, "max_threads": self.max_threads, "n_batch": self.n_batch,
                    "n_seq_max": self._lib.llama_n_seq_max(self.ctx),
                    "flash_attn": {-1: "auto", 0: "off", 1: "on"}.get(self.llm.context_params.flash_attn_type),
-                   "system_info": sysinfo.strip(),
+                   "system_info": sysinfo.strip(), "sampling": DEFINITION,
+                   "settings_off": list(self.SETTINGS_OFF),
                    "build": llama_build.describe(sysinfo, llama_build.build_report())})
 
     def _apply_threads(self, n: int) -> None:
@@ -202,15 +229,23 @@ class LlamaCppEngine(Engine):
         return cfg
 
     # --- generation -------------------------------------------------------
-    def _sampler(self, cfg: GenerationConfig):
+    def _sampler(self, cfg: GenerationConfig, seed: int | None = None):
+        """A llama.cpp sampler chain for ``cfg`` (:data:`lablib.sampling.DEFINITION`): greedy, or
+        temp -> top_k (when > 0) -> top_p (when < 1) -> dist seeded with ``seed`` (default
+        ``cfg.seed``). Built from nothing: llama.cpp's usual chain (llama-server, the CLI,
+        ``Llama.generate``: penalties, DRY, top_k 40, top_p 0.95, min_p 0.05, XTC..., with top-k/top-p
+        *before* the temperature) never applies."""
         lib = self._lib
         chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
         if cfg.greedy:
             lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_greedy())
         else:
-            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_p(cfg.top_p, 1))
             lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_temp(cfg.temperature))
-            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_dist(cfg.seed))
+            if cfg.top_k:
+                lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_k(cfg.top_k))
+            if cfg.top_p < 1:
+                lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_p(cfg.top_p, 1))
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_dist(cfg.seed if seed is None else seed))
         return chain
 
     def _fill(self, tokens, pos0: int, seq: int = 0, logits_last: bool = True) -> None:
@@ -270,23 +305,34 @@ class LlamaCppEngine(Engine):
         (an empty KV cache first, logits requested for every position)."""
         import numpy as np
 
+        return np.concatenate(list(self.iter_logits(ids, self.n_batch)))
+
+    def iter_logits(self, ids, chunk: int = 64):
+        """Teacher-forced logits, ``chunk`` positions at a time: yields float32 numpy arrays
+        [<= chunk, vocab] copied from llama.cpp's logits buffer after each ``llama_decode`` of up
+        to ``n_batch`` tokens (an empty KV cache first and after; see :meth:`Engine.iter_logits`)."""
+        import numpy as np
+
         lib, n_vocab = self._lib, self.llm.n_vocab()
         ids = [int(i) for i in ids]
         self.check_context(len(ids), 0)
         self.check_ids(ids)
         self.clear_kv_cache()
-        out = np.empty((len(ids), n_vocab), dtype=np.float32)
-        for at in range(0, len(ids), self.n_batch):
-            chunk = ids[at:at + self.n_batch]
-            self._fill(chunk, at, logits_last=False)
-            for i in range(len(chunk)):
-                self._batch.logits[i] = 1
-            self._decode()
-            for i in range(len(chunk)):
-                row = lib.llama_get_logits_ith(self.ctx, i)
-                out[at + i] = np.ctypeslib.as_array(row, shape=(n_vocab,))
-        self.clear_kv_cache()
-        return out
+        try:
+            for at in range(0, len(ids), self.n_batch):
+                batch = ids[at:at + self.n_batch]
+                self._fill(batch, at, logits_last=False)
+                for i in range(len(batch)):
+                    self._batch.logits[i] = 1
+                self._decode()
+                for sub in range(0, len(batch), chunk):
+                    n = min(chunk, len(batch) - sub)
+                    out = np.empty((n, n_vocab), dtype=np.float32)
+                    for i in range(n):
+                        out[i] = np.ctypeslib.as_array(lib.llama_get_logits_ith(self.ctx, sub + i), shape=(n_vocab,))
+                    yield out
+        finally:
+            self.clear_kv_cache()
 
     def engine_counters(self) -> dict:
         """llama.cpp's own perf counters for the last request (since the reset):
@@ -317,10 +363,10 @@ class LlamaCppEngine(Engine):
 class _Seq:
     """One request inside a batch session: its KV sequence id, sampler and progress."""
 
-    __slots__ = ("trace", "ids", "seq_id", "smpl", "n_prefilled", "pos", "next_token")
+    __slots__ = ("trace", "ids", "number", "seq_id", "smpl", "n_prefilled", "pos", "next_token")
 
-    def __init__(self, trace: RequestTrace, ids: list[int]):
-        self.trace, self.ids = trace, ids
+    def __init__(self, trace: RequestTrace, ids: list[int], number: int = 0):
+        self.trace, self.ids, self.number = trace, ids, number  # number: submission order in the session
         self.seq_id = self.smpl = self.next_token = None
         self.n_prefilled = 0  # prompt tokens already sent to llama_decode
         self.pos = 0  # position of the next token in the sequence
@@ -336,7 +382,9 @@ class LlamaCppBatchSession:
     (most distinct sequences in one batch), ``max_decode_sequences_per_step``
     (most sequences sampling a token from one batch), ``max_tokens_per_step``,
     ``prompt_tokens`` (prompt tokens decoded) and ``generated_tokens`` (tokens sampled).
-    Sampling: each sequence has its own chain seeded with ``cfg.seed``, as in serial mode.
+    Sampling: each sequence has its own chain (:meth:`LlamaCppEngine._sampler`); the k-th request
+    submitted (k = 0, 1, ...) draws with seed ``cfg.seed + k``, so identical prompts give
+    independent draws, as in transformers' and mlx-lm's batches (one random stream each).
     """
 
     def __init__(self, engine: LlamaCppEngine, cfg: GenerationConfig, max_sequences: int,
@@ -366,6 +414,7 @@ class LlamaCppBatchSession:
         self._free_ids = list(range(max_sequences))
         self._waiting: list[_Seq] = []
         self._running: list[_Seq] = []  # admission order
+        self._submitted = 0
         self.stats = {"engine": engine.name, "impl": "llama_decode multi-sequence batch",
                       "steps": 0, "max_sequences_per_step": 0, "max_decode_sequences_per_step": 0,
                       "max_tokens_per_step": 0, "prompt_tokens": 0, "generated_tokens": 0}
@@ -378,14 +427,15 @@ class LlamaCppBatchSession:
 
     def submit(self, ids: list[int], trace: RequestTrace) -> None:
         """Queue prompt ``ids``; ``trace`` receives t_start and the token events."""
-        self._waiting.append(_Seq(trace, list(ids)))
+        self._waiting.append(_Seq(trace, list(ids), self._submitted))
+        self._submitted += 1
 
     def step(self) -> list[RequestTrace]:
         """One llama_decode over all running sequences; the traces finished in it, in order."""
         lib, eng, cfg = self.lib, self.engine, self.cfg
         while self._waiting and self._free_ids:  # admit FIFO into free KV sequences
             s = self._waiting.pop(0)
-            s.seq_id, s.smpl = self._free_ids.pop(0), eng._sampler(cfg)
+            s.seq_id, s.smpl = self._free_ids.pop(0), eng._sampler(cfg, cfg.seed + s.number)
             self._running.append(s)
         if not self._running:
             return []

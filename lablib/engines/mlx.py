@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import EngineUnavailable, LabError
 from ..formats import normalize_config, trained_context
+from ..sampling import DEFINITION
 from ..trace import RequestTrace, now
 from .base import Engine, EngineInfo, GenerationConfig, default_threads
 
@@ -45,6 +46,10 @@ class MLXEngine(Engine):
     install_hint = "pip install 'mlx[cpu]' mlx-lm (Linux) or mlx-lm (macOS)"
     kv_bytes_per_value = 4  # float32 models
     compare_load_kwargs = {"fix_config": False}  # lablib.compare shows what a plain mlx-lm user gets
+    # mlx-lm's sampling defaults the lab leaves out (mlx-lm 0.32: sample_utils, generate)
+    SETTINGS_OFF = ("make_sampler's order (top-p, min-p, XTC, top-k on untempered log-probs, then temperature): "
+                    "not used, the lab composes mlx-lm's filters as temperature -> top-k -> top-p",
+                    "logits processors (repetition/presence/frequency penalty, logit bias): none passed")
 
     def __init__(self, model, n_ctx: int | None = None, threads: int | None = None,
                  prefill_step_size: int = 2048, fix_config: bool = True):
@@ -113,7 +118,8 @@ class MLXEngine(Engine):
             backend=f"mlx {mx.__version__} {mx.default_device()}", dtype=self.dtype,
             threads=self.threads, n_ctx=self.n_ctx,
             flags={"prefill_step_size": self.prefill_step_size,
-                   "config_fixes": self.config_fixes, "rope_theta": self.rope_theta})
+                   "config_fixes": self.config_fixes, "rope_theta": self.rope_theta, "sampling": DEFINITION,
+                   "settings_off": list(self.SETTINGS_OFF)})
 
     def effective_config(self) -> dict:
         """The config as mlx-lm uses it: its ModelArgs, and the RoPE base of the module the
@@ -137,12 +143,29 @@ class MLXEngine(Engine):
 
     # --- generation -------------------------------------------------------
     def _sampler(self, cfg: GenerationConfig):
-        from mlx_lm.sample_utils import make_sampler
+        """mlx-lm sampler for ``cfg`` (:data:`lablib.sampling.DEFINITION`), seeding MLX's random
+        stream with ``cfg.seed``: greedy, or mlx-lm's own filters composed in the lab's order,
+        logprobs / temperature -> ``apply_top_k`` -> ``apply_top_p`` -> categorical draw.
+        Not ``make_sampler``: it applies top-p (then min-p, XTC, top-k) to the *untempered*
+        log-probs and divides by the temperature only when it draws, a different distribution.
+        Works on one row [vocab] or a batch [B, vocab]."""
+        from mlx_lm.sample_utils import apply_top_k, apply_top_p, categorical_sampling, greedy_sampler
 
         if cfg.greedy:
-            return make_sampler(temp=0.0)
+            return greedy_sampler
         self._mx.random.seed(cfg.seed)
-        return make_sampler(temp=cfg.temperature, top_p=cfg.top_p)
+        inv_t, top_k, top_p = 1.0 / cfg.temperature, cfg.top_k, cfg.top_p
+        top_k = top_k if 0 < top_k < self.n_vocab else 0  # k >= vocabulary keeps everything
+
+        def sampler(logprobs):
+            x = logprobs * inv_t
+            if top_k:
+                x = apply_top_k(x, top_k)
+            if top_p < 1.0:
+                x = apply_top_p(x, top_p)
+            return categorical_sampling(x, 1.0)
+
+        return sampler
 
     def _generate(self, ids, cfg: GenerationConfig, trace: RequestTrace) -> None:
         from mlx_lm.generate import generate_step
@@ -178,6 +201,20 @@ class MLXEngine(Engine):
         mx = self._mx
         out = self.mlx_model(mx.array([list(ids)]))
         return np.array(out[0].astype(mx.float32))
+
+    def iter_logits(self, ids, chunk: int = 64):
+        """Teacher-forced logits, ``chunk`` positions per forward pass over one prompt cache:
+        yields float32 numpy arrays [<= chunk, vocab] (see :meth:`Engine.iter_logits`)."""
+        import numpy as np
+        from mlx_lm.models.cache import make_prompt_cache
+
+        ids = [int(i) for i in ids]
+        self.check_ids(ids)
+        mx = self._mx
+        cache = make_prompt_cache(self.mlx_model)
+        for at in range(0, len(ids), chunk):
+            out = self.mlx_model(mx.array([ids[at:at + chunk]]), cache=cache)
+            yield np.array(out[0].astype(mx.float32))
 
     def close(self) -> None:
         self.mlx_model = None
