@@ -27,14 +27,16 @@ PP, TG = 64, 32  # the batched test's prompt and output, tokens
 
 
 def line(anchor: str, test: str, lab: list[float], ref: list[float]) -> str:
+    """Medians of both, and the median of the per-round ratios (each round ran anchor then lab,
+    back to back: the machine's drift cancels within a round)."""
     lab_tps, anchor_tps = statistics.median(lab), statistics.median(ref)
-    return (f"anchor={anchor} test={test} lab_tps={lab_tps:.2f} anchor_tps={anchor_tps:.2f} "
-            f"ratio={lab_tps / anchor_tps:.3f}")
+    ratio = statistics.median(a / b for a, b in zip(lab, ref))
+    return f"anchor={anchor} test={test} lab_tps={lab_tps:.2f} anchor_tps={anchor_tps:.2f} ratio={ratio:.3f}"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3, help="anchor/lab alternations per test (median)")
+    ap.add_argument("--rounds", type=int, default=5, help="anchor/lab alternations per test (median)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--only", default=None, help="comma-separated tests (default: all)")
     args = ap.parse_args(argv)
@@ -42,25 +44,27 @@ def main(argv=None) -> int:
     model = prepare()
     gguf = model.path_for("gguf", "llama.cpp")
     wanted = set(args.only.split(",")) if args.only else None
-    engine = load_engine("llama.cpp", model, n_ctx=1024, threads=threads)
-    n_batch, flash = engine.n_batch, engine.info().flags["flash_attn"]  # the anchors run as the lab does
-    for test in SINGLE:
+    for test, (depth, new) in SINGLE.items():
         if wanted and test not in wanted:
             continue
+        # the same context as llama-bench gives itself (prompt + depth + generated tokens), so
+        # attention spans the same KV cells
+        engine = load_engine("llama.cpp", model, n_ctx=max(depth, 1) + max(new, 1), threads=threads)
+        n_batch, flash = engine.n_batch, engine.info().flags["flash_attn"]  # the anchors run as the lab does
         lab_single(engine, test, reps=1)  # warm-up
         lab, ref = [], []
         for _ in range(args.rounds):
             ref.append(llama_bench(gguf, test, threads, n_batch, flash))
             lab.append(lab_single(engine, test))
+        engine.close()
         print(line("llama-bench", test, lab, ref), flush=True)
-    engine.close()
     for b in BATCHES:
         if wanted and f"B{b}" not in wanted:
             continue
         lab, ref = [], []
         for _ in range(args.rounds):
-            ref.append(batched_bench(gguf, [b], PP, TG, threads, n_batch, flash)[b])
-            lab.append(lab_batched(model, b, PP, TG, threads, n_batch))
+            ref.append(batched_bench(gguf, [b], PP, TG, threads)[b])
+            lab.append(lab_batched(model, b, PP, TG, threads))
         print(line("llama-batched-bench", f"B{b}", lab, ref), flush=True)
     return 0
 

@@ -32,3 +32,8 @@ def test_batched_rows_hold_the_anchor_and_the_lab_for_each_batch(model):
     assert [(r["source"], r["concurrency"]) for r in rows] == [
         ("llama-batched-bench", 1), ("lab", 1), ("llama-batched-bench", 2), ("lab", 2)]
     assert all(r["output_tps"] > 0 for r in rows)
+    from lablib.plots import anchor_bars
+
+    fig = anchor_bars(rows)  # drawn from the rows alone
+    assert [t.name for t in fig.data] == ["llama-batched-bench", "lab"]
+    assert list(fig.data[1].y) == [rows[1]["output_tps"], rows[3]["output_tps"]]
