@@ -1,5 +1,6 @@
 """Shared pytest set-up: quick mode for everything, including notebook kernels (nbval), and one
 check of every engine in a child process before any test loads one."""
+
 import os
 
 import pytest
@@ -12,9 +13,11 @@ ENGINE_FIXTURES = {"llama", "hf", "mlx", "engine"}
 
 
 def _loads_engines(item) -> bool:
-    return (bool(ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())))
-            or item.get_closest_marker("engine") is not None
-            or str(getattr(item, "fspath", "")).endswith(".ipynb"))
+    return (
+        bool(ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())))
+        or item.get_closest_marker("engine") is not None
+        or str(getattr(item, "fspath", "")).endswith(".ipynb")
+    )
 
 
 def pytest_collection_finish(session):
@@ -28,5 +31,8 @@ def pytest_collection_finish(session):
     bad = [r for r in check_engines() if not r["usable"]]
     if bad:
         lines = "\n".join(f"  {r['engine']}: {r['detail']}" for r in bad)
-        pytest.exit(f"engine check failed before the tests (lablib doctor's smoke step, in a child process):\n"
-                    f"{lines}\nFix the set-up first (`make setup`, `.venv/bin/lablib doctor`).", returncode=3)
+        pytest.exit(
+            f"engine check failed before the tests (lablib doctor's smoke step, in a child process):\n"
+            f"{lines}\nFix the set-up first (`make setup`, `.venv/bin/lablib doctor`).",
+            returncode=3,
+        )

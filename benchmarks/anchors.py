@@ -12,6 +12,7 @@ turn, ``--rounds`` times, interleaved; medians are compared. Prints one line per
 
 The machine is shared and noisy: the ratios of one run are the figure, not absolute tok/s.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -19,6 +19,7 @@ both delegated; it is not a test (it takes minutes and changes cgroups).
 one); for a Binder rehearsal, make a fresh virtual environment from
 ``binder/requirements.txt`` and pass its python.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,9 @@ class Cgroup:
     def __init__(self, cpus: float | None, memory_bytes: int):
         name = f"lablib-binder-{uuid.uuid4().hex[:8]}"
         self.v2 = (CG / "cgroup.controllers").is_file()
-        self.dirs = ({"cpu": CG / name, "memory": CG / name} if self.v2 else
-                     {c: CG / c / name for c in ("cpu", "memory")})
+        self.dirs = (
+            {"cpu": CG / name, "memory": CG / name} if self.v2 else {c: CG / c / name for c in ("cpu", "memory")}
+        )
         try:
             for d in {*self.dirs.values()}:
                 d.mkdir()
@@ -102,8 +104,16 @@ def run_capped(cmd: list[str], cg: Cgroup, env: dict, cwd: Path, timeout: float)
     """Run ``cmd`` inside ``cg`` (killed after ``timeout`` s). {rc, wall_s, tail: its last output lines}."""
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, cwd=cwd, env=env, preexec_fn=cg.join, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        p = subprocess.run(
+            cmd,
+            cwd=cwd,
+            env=env,
+            preexec_fn=cg.join,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+        )
         rc, out = p.returncode, p.stdout
     except subprocess.TimeoutExpired as e:
         rc, out = "timeout", e.output or ""
@@ -121,8 +131,10 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=1800, help="per step, seconds")
     ns = ap.parse_args(argv)
     if ns.cpus < 0.01 or ns.memory_gib < 0.25:
-        ap.error(f"--cpus {ns.cpus:g} --memory-gib {ns.memory_gib:g}: expected at least 0.01 CPU and "
-                 "0.25 GiB (mybinder.org: 1 CPU, 2 GiB)")
+        ap.error(
+            f"--cpus {ns.cpus:g} --memory-gib {ns.memory_gib:g}: expected at least 0.01 CPU and "
+            "0.25 GiB (mybinder.org: 1 CPU, 2 GiB)"
+        )
 
     py = Path(ns.python)
     env = dict(os.environ, PATH=f"{py.parent}{os.pathsep}{os.environ.get('PATH', '')}")
@@ -143,8 +155,16 @@ def main(argv=None) -> int:
             cg = Cgroup(ns.cpus, cap)
             try:
                 out = Path(tmp) / Path(nb).name
-                cmd = [str(ROOT / "binder" / "start"), str(py), "-m", "jupyter", "execute", "--timeout=-1",
-                       f"--output={out}", str(ROOT / nb)]
+                cmd = [
+                    str(ROOT / "binder" / "start"),
+                    str(py),
+                    "-m",
+                    "jupyter",
+                    "execute",
+                    "--timeout=-1",
+                    f"--output={out}",
+                    str(ROOT / nb),
+                ]
                 r = run_capped(cmd, cg, env, ROOT / "labs", ns.timeout)
                 rows.append((nb, r, cg.peak_bytes(), cg.oom_kills()))
             finally:
@@ -152,11 +172,15 @@ def main(argv=None) -> int:
             print(f"{nb}: rc={r['rc']} in {r['wall_s']:.0f} s", file=sys.stderr, flush=True)
 
     mib = 2**20
-    print(f"\nBinder-sized session: {ns.cpus:g} CPU quota, {ns.memory_gib:g} GiB memory cap, "
-          f"on {psutil.cpu_count(logical=False)} cores / {psutil.virtual_memory().total / 2**30:.1f} GiB")
-    print("peak: the cgroup's high-water mark, anonymous memory plus page cache (file pages such as "
-          "mmap'ed weights, which the kernel reclaims before it kills: a peak at the cap is not a failure; "
-          "an OOM kill is)")
+    print(
+        f"\nBinder-sized session: {ns.cpus:g} CPU quota, {ns.memory_gib:g} GiB memory cap, "
+        f"on {psutil.cpu_count(logical=False)} cores / {psutil.virtual_memory().total / 2**30:.1f} GiB"
+    )
+    print(
+        "peak: the cgroup's high-water mark, anonymous memory plus page cache (file pages such as "
+        "mmap'ed weights, which the kernel reclaims before it kills: a peak at the cap is not a failure; "
+        "an OOM kill is)"
+    )
     print(f"{'step':<40} {'rc':>7} {'wall_s':>7} {'peak_MiB':>9} {'oom_kills':>9}")
     for name, r, peak, ooms in rows:
         print(f"{name:<40} {r['rc']!s:>7} {r['wall_s']:>7.0f} {peak / mib:>9.0f} {ooms:>9}")

@@ -10,6 +10,7 @@ checks streamed, peak RSS at least 9,897 MiB (the run was stopped unfinished aft
 in blocks of 64 positions, 2,712 MiB (31.5 min under the machine's load), most of it the three
 engines' weights and runtimes held at once.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -11,6 +11,7 @@ from the engine's own counters (lablib.concurrency.run_closed_loop(...).stats).
 
     python benchmarks/concurrency.py [--engines ...] [--concurrency 1,2,4,8] [--out results/concurrency.jsonl]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,18 +30,38 @@ def main(argv=None):
     ns = ap.parse_args(argv)
 
     model = lablib.prepare()
-    df = sweep.concurrency_sweep(model, engines=ns.engines, concurrency=ns.concurrency,
-                                 modes=("serial", "batched"), prompt_tokens=ns.prompt_tokens,
-                                 max_new_tokens=ns.max_new_tokens, out=ns.out, progress=False)
+    df = sweep.concurrency_sweep(
+        model,
+        engines=ns.engines,
+        concurrency=ns.concurrency,
+        modes=("serial", "batched"),
+        prompt_tokens=ns.prompt_tokens,
+        max_new_tokens=ns.max_new_tokens,
+        out=ns.out,
+        progress=False,
+    )
     table = lablib.run_table(df)
-    cols = ["engine", "mode", "concurrency", "requests", "output_tps", "requests_per_s", "queue_p50_s",
-            "ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "e2e_p50_s"]
+    cols = [
+        "engine",
+        "mode",
+        "concurrency",
+        "requests",
+        "output_tps",
+        "requests_per_s",
+        "queue_p50_s",
+        "ttft_p50_s",
+        "ttft_p95_s",
+        "tpot_p50_s",
+        "e2e_p50_s",
+    ]
     print(f"\n{ns.prompt_tokens}-token prompts, {ns.max_new_tokens} output tokens, R = 2 x C requests per run")
     print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print()
     for r in table.itertuples():
-        print(f"engine={r.engine} mode={r.mode} c={r.concurrency} output_tps={r.output_tps:.2f} "
-              f"ttft_p50_s={r.ttft_p50_s:.3f}")
+        print(
+            f"engine={r.engine} mode={r.mode} c={r.concurrency} output_tps={r.output_tps:.2f} "
+            f"ttft_p50_s={r.ttft_p50_s:.3f}"
+        )
 
 
 if __name__ == "__main__":

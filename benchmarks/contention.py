@@ -17,6 +17,7 @@ variant::
 
 The machine is shared and noisy: compare ratios measured in one run, not absolute figures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,13 +54,27 @@ def child(engine_name: str, prompt_tokens: int, new_tokens: int, reps: int) -> d
         busy.wait()
     info = engine.info()
     engine.close()
-    return {"quiet_tps": quiet, "busy_tps": loaded, "threads": info.threads,
-            "wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+    return {
+        "quiet_tps": quiet,
+        "busy_tps": loaded,
+        "threads": info.threads,
+        "wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+    }
 
 
 def run(engine: str, env: dict, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", engine, "--prompt-tokens", str(args.prompt_tokens),
-           "--new-tokens", str(args.new_tokens), "--reps", str(args.reps)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        engine,
+        "--prompt-tokens",
+        str(args.prompt_tokens),
+        "--new-tokens",
+        str(args.new_tokens),
+        "--reps",
+        str(args.reps),
+    ]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         raise SystemExit(f"{engine}: the measuring process failed:\n{p.stderr[-2000:]}")
@@ -72,8 +87,12 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--variant", action="append", default=[],
-                    help="NAME:ENV=VALUE[,ENV=VALUE]: also measure with these environment settings")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME:ENV=VALUE[,ENV=VALUE]: also measure with these environment settings",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -87,8 +106,11 @@ def main(argv=None) -> int:
         for name, extra in variants:
             r = run(engine, {**os.environ, **extra}, args)
             label = f" variant={name}" if name else ""
-            print(f"engine={engine}{label} quiet_tps={r['quiet_tps']:.2f} busy_tps={r['busy_tps']:.2f} "
-                  f"ratio={r['busy_tps'] / r['quiet_tps']:.2f}", flush=True)
+            print(
+                f"engine={engine}{label} quiet_tps={r['quiet_tps']:.2f} busy_tps={r['busy_tps']:.2f} "
+                f"ratio={r['busy_tps'] / r['quiet_tps']:.2f}",
+                flush=True,
+            )
     return 0
 
 

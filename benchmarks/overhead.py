@@ -14,6 +14,7 @@ then one line per engine: ``engine=NAME lab_tps=X engine_tps=Y ratio=R``.
 
     python benchmarks/overhead.py [--prompt-tokens 128] [--new-tokens 128] [--reps 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,12 @@ def mlx(engine, ids, cfg, reps):
         lab.append(engine.generate(ids, cfg).decode_tps)
         last = None
         for last in stream_generate(  # noqa: B007 (the last response carries the run's numbers)
-            engine.mlx_model, engine.tok, mx.array(ids), max_tokens=cfg.max_new_tokens,
-            sampler=make_sampler(temp=0.0), prompt_cache=make_prompt_cache(engine.mlx_model),
+            engine.mlx_model,
+            engine.tok,
+            mx.array(ids),
+            max_tokens=cfg.max_new_tokens,
+            sampler=make_sampler(temp=0.0),
+            prompt_cache=make_prompt_cache(engine.mlx_model),
         ):
             pass
         own.append(last.generation_tps)
@@ -106,8 +111,10 @@ def main(argv=None):
         lab_m, own_m = statistics.median(lab), statistics.median(own)
         results.append((engine.name, lab_m, own_m, lab_m / own_m, min(lab), max(lab), source))
 
-    print(f"\nprompt {ns.prompt_tokens} tokens, {ns.new_tokens} new tokens, medians of {ns.reps} "
-          f"after {ns.warmup} warm-up; decode tokens/s")
+    print(
+        f"\nprompt {ns.prompt_tokens} tokens, {ns.new_tokens} new tokens, medians of {ns.reps} "
+        f"after {ns.warmup} warm-up; decode tokens/s"
+    )
     print(f"{'engine':<13} {'lab_tps':>9} {'engine_tps':>11} {'ratio':>7} {'lab min..max':>16}  engine's figure")
     for name, lab_m, own_m, ratio, lo, hi, source in results:
         print(f"{name:<13} {lab_m:>9.2f} {own_m:>11.2f} {ratio:>7.3f} {lo:>7.2f}..{hi:<7.2f}  {source}")

@@ -10,6 +10,7 @@ them cached. Medians over ``--reps`` cold/warm pairs; prints one line::
 
 The machine is shared and noisy: compare runs made together, not absolute times.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,7 @@ LABLIB = Path(sys.executable).with_name("lablib")
 
 def timed(home: str) -> float:
     t = time.perf_counter()
-    subprocess.run([str(LABLIB), "prepare"], env=dict(os.environ, LABLIB_HOME=home), check=True,
-                   capture_output=True)
+    subprocess.run([str(LABLIB), "prepare"], env=dict(os.environ, LABLIB_HOME=home), check=True, capture_output=True)
     return time.perf_counter() - t
 
 

@@ -14,6 +14,7 @@ The machine is shared: tokens/s are noisy; compare rungs measured in one run.
 
 Prints ``type=T bytes=B bpw=X ppl=P kl_mean=K top1=A prefill_tps=S decode_tps=D engine=E``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,11 +35,13 @@ def main() -> int:
     ap.add_argument("--cross-check", action="store_true", help="also llama-perplexity --kl-divergence per rung")
     ap.add_argument("--out", default=None, help="rows to a .jsonl/.parquet file")
     ns = ap.parse_args()
-    sizes = dict(n_ctx=ns.n_ctx, n_chunks=ns.chunks, prompt_tokens=ns.prompt_tokens,
-                 max_new_tokens=ns.new_tokens, reps=ns.reps)
+    sizes = dict(
+        n_ctx=ns.n_ctx, n_chunks=ns.chunks, prompt_tokens=ns.prompt_tokens, max_new_tokens=ns.new_tokens, reps=ns.reps
+    )
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    rows = ladder.run_ladder(ns.types, out=ns.out, log=lambda m: None,
-                             on_row=lambda r: print(ladder.format_row(r), flush=True), **sizes)
+    rows = ladder.run_ladder(
+        ns.types, out=ns.out, log=lambda m: None, on_row=lambda r: print(ladder.format_row(r), flush=True), **sizes
+    )
     if ns.others:
         lad = ladder.Ladder(log=log, **sizes)
         for eng, variants in (("transformers", ladder.HF_DTYPES), ("mlx", ("float32", "8bit", "4bit"))):
@@ -58,11 +61,20 @@ def main() -> int:
         for r in rows:
             if r["engine"] != "llama.cpp" or r["type"] == "F32":
                 continue
-            t = quality.llama_perplexity_kld(ref, r["path"], data_dir() / "text" / "prose.txt", ns.n_ctx, ns.chunks,
-                                             quant.quant_home(r["model_sha256"]) / "kld")
-            print(f"type={r['type']} lab: ppl={r['ppl']:.4f} kl_mean={r['kl_mean']:.5f} top1={r['top1']:.4f} | "
-                  f"llama-perplexity: ppl={t.get('ppl', float('nan')):.4f} kl_mean={t.get('kl_mean', float('nan')):.5f} "
-                  f"top1={t.get('top1', float('nan')):.4f}", flush=True)
+            t = quality.llama_perplexity_kld(
+                ref,
+                r["path"],
+                data_dir() / "text" / "prose.txt",
+                ns.n_ctx,
+                ns.chunks,
+                quant.quant_home(r["model_sha256"]) / "kld",
+            )
+            print(
+                f"type={r['type']} lab: ppl={r['ppl']:.4f} kl_mean={r['kl_mean']:.5f} top1={r['top1']:.4f} | "
+                f"llama-perplexity: ppl={t.get('ppl', float('nan')):.4f} kl_mean={t.get('kl_mean', float('nan')):.5f} "
+                f"top1={t.get('top1', float('nan')):.4f}",
+                flush=True,
+            )
     return 0
 
 

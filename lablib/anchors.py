@@ -13,6 +13,7 @@ anchor shows what the lab's own loop costs. Tests:
   llama-batched-bench's ``S_TG`` (generated tokens/s over the batch); the lab: a batched closed
   loop with B clients and B requests, B / median TPOT.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,29 @@ def llama_bench(gguf: str, test: str, threads: int, n_batch: int, flash: str, re
     """llama-bench's tok/s for one test of :data:`SINGLE` (its own average over ``reps`` runs)."""
     depth, new = SINGLE[test]
     args = ["-p", "512", "-n", "0"] if new == 0 else ["-p", "0", "-n", str(new), "-d", str(depth)]
-    out = subprocess.run([str(llama_tool("llama-bench")), "-m", gguf, "-t", str(threads), "-b", str(n_batch),
-                          "-ub", str(n_batch), "-fa", flash, "-r", str(reps), "-o", "jsonl", *args],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            str(llama_tool("llama-bench")),
+            "-m",
+            gguf,
+            "-t",
+            str(threads),
+            "-b",
+            str(n_batch),
+            "-ub",
+            str(n_batch),
+            "-fa",
+            flash,
+            "-r",
+            str(reps),
+            "-o",
+            "jsonl",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])["avg_ts"]
 
 
@@ -47,14 +68,39 @@ def lab_single(engine, test: str, reps: int = 3) -> float:
     return statistics.median(tps)
 
 
-def batched_bench(gguf: str, batches, pp: int, tg: int, threads: int, n_batch: int = 512,
-                  flash: str = "off") -> dict[int, float]:
+def batched_bench(
+    gguf: str, batches, pp: int, tg: int, threads: int, n_batch: int = 512, flash: str = "off"
+) -> dict[int, float]:
     """llama-batched-bench's ``S_TG`` (generated tokens/s across the batch) for each B in ``batches``."""
     b_max = max(batches)
-    out = subprocess.run([str(llama_tool("llama-batched-bench")), "-m", gguf, "-t", str(threads),
-                          "-c", str(b_max * (pp + tg) + 16), "-b", str(n_batch), "-ub", str(n_batch), "-fa", flash,
-                          "-npp", str(pp), "-ntg", str(tg), "-npl", ",".join(str(b) for b in batches),
-                          "--output-format", "jsonl"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            str(llama_tool("llama-batched-bench")),
+            "-m",
+            gguf,
+            "-t",
+            str(threads),
+            "-c",
+            str(b_max * (pp + tg) + 16),
+            "-b",
+            str(n_batch),
+            "-ub",
+            str(n_batch),
+            "-fa",
+            flash,
+            "-npp",
+            str(pp),
+            "-ntg",
+            str(tg),
+            "-npl",
+            ",".join(str(b) for b in batches),
+            "--output-format",
+            "jsonl",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     rows = [json.loads(line) for line in (out.stdout + out.stderr).splitlines() if line.startswith("{")]
     return {int(r["pl"]): float(r["speed_tg"]) for r in rows}
 
@@ -65,8 +111,7 @@ def lab_batched(model, b: int, pp: int, tg: int, threads: int | None = None, n_b
     from .concurrency import run_closed_loop
     from .engines import load_engine
 
-    engine = load_engine("llama.cpp", model, n_ctx=b * (pp + tg) + 16, n_seq_max=b, threads=threads,
-                         n_batch=n_batch)
+    engine = load_engine("llama.cpp", model, n_ctx=b * (pp + tg) + 16, n_seq_max=b, threads=threads, n_batch=n_batch)
     try:
         ids = [prompt_of_length(model, pp, offset=pp * i) for i in range(b)]
         traces = run_closed_loop(engine, ids, b, "batched", GenerationConfig(max_new_tokens=tg)).traces
@@ -75,8 +120,9 @@ def lab_batched(model, b: int, pp: int, tg: int, threads: int | None = None, n_b
         engine.close()
 
 
-def batched_rows(model, batches=None, pp: int | None = None, tg: int | None = None,
-                 threads: int | None = None) -> list[dict]:
+def batched_rows(
+    model, batches=None, pp: int | None = None, tg: int | None = None, threads: int | None = None
+) -> list[dict]:
     """Tidy rows for a figure (:func:`lablib.plots.anchor_bars`): ``source`` ("lab" or
     "llama-batched-bench"), ``concurrency`` (B) and ``output_tps`` (generated tokens/s across the
     batch), for each B, the anchor first. Defaults: ``config.BUDGETS["anchors"]`` (quick or full)."""

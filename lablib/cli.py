@@ -21,6 +21,7 @@
 
 Errors the user can act on (LabError) print one message and exit 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,19 +56,25 @@ BUSY_CPUS = 0.3  # doctor warns when other processes keep at least this many CPU
 def cmd_doctor(ns) -> int:
     hw = hardware_info()
     print(f"lablib {__version__}, Python {hw['python']}, {hw['os']} {hw['machine']}")
-    print(f"CPU: {hw['cpu_model']}, {hw['cores_physical']} cores, RAM {hw['ram_bytes'] / 2**30:.1f} GiB, "
-          f"accelerator: {hw['accelerator'] or 'none'}")
+    print(
+        f"CPU: {hw['cpu_model']}, {hw['cores_physical']} cores, RAM {hw['ram_bytes'] / 2**30:.1f} GiB, "
+        f"accelerator: {hw['accelerator'] or 'none'}"
+    )
     if hw["cpu_quota"] or hw["memory_limit_bytes"]:
         limit = hw["memory_limit_bytes"]
-        print(f"container caps: CPU {hw['cpu_quota'] or 'no cap'}"
-              f"{' CPUs' if hw['cpu_quota'] else ''}, memory "
-              f"{f'{limit / 2**30:.1f} GiB' if limit else 'no cap'}")
+        print(
+            f"container caps: CPU {hw['cpu_quota'] or 'no cap'}"
+            f"{' CPUs' if hw['cpu_quota'] else ''}, memory "
+            f"{f'{limit / 2**30:.1f} GiB' if limit else 'no cap'}"
+        )
     print(f"engines will use {default_threads()} threads; {available_ram_bytes() / 2**30:.1f} GiB free for them")
     busy = cpus_busy()
     if busy >= BUSY_CPUS:
-        print(f"WARNING: the machine is busy: other processes keep {busy:.1f} of {hw['cores_logical']} CPUs busy "
-              f"(load average {load_average()}). Timings will be slower and noisier than on a quiet machine; "
-              "close what runs (a browser tab, a build) or measure with fewer threads (LABLIB_THREADS=1)")
+        print(
+            f"WARNING: the machine is busy: other processes keep {busy:.1f} of {hw['cores_logical']} CPUs busy "
+            f"(load average {load_average()}). Timings will be slower and noisier than on a quiet machine; "
+            "close what runs (a browser tab, a build) or measure with fewer threads (LABLIB_THREADS=1)"
+        )
     try:
         rm = prepare(ns.model, log=lambda *_: None)
         print(f"model: {rm.name} ({rm.source_format}, {rm.quantization}, {rm.parameters / 1e6:.0f}M parameters)")
@@ -86,8 +93,10 @@ def cmd_prepare(ns) -> int:
     t0 = time.perf_counter()
     rm = prepare(ns.model)
     dt = time.perf_counter() - t0
-    print(f"{rm.name}: {rm.source_format}, {rm.architecture}, {rm.parameters / 1e6:.1f}M parameters, "
-          f"{rm.quantization}, sha256 {rm.sha256[:16]}")
+    print(
+        f"{rm.name}: {rm.source_format}, {rm.architecture}, {rm.parameters / 1e6:.1f}M parameters, "
+        f"{rm.quantization}, sha256 {rm.sha256[:16]}"
+    )
     for fmt in FORMATS:
         print(f"  {fmt:<5} {getattr(rm, f'{fmt}_path') or '-'}")
     how = "nothing to derive" if not rm.derived else f"derived: {rm.derived}" if dt > 2 else "cached"
@@ -97,8 +106,14 @@ def cmd_prepare(ns) -> int:
 
 # --- run ------------------------------------------------------------------------------
 def cmd_run(ns) -> int:
-    cfg = GenerationConfig(max_new_tokens=ns.max_new_tokens, ignore_eos=not ns.until_eos,
-                           temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k, seed=ns.seed)
+    cfg = GenerationConfig(
+        max_new_tokens=ns.max_new_tokens,
+        ignore_eos=not ns.until_eos,
+        temperature=ns.temperature,
+        top_p=ns.top_p,
+        top_k=ns.top_k,
+        seed=ns.seed,
+    )
     rm = prepare(ns.model, log=lambda m: print(m, file=sys.stderr))
     if ns.prompt_tokens is not None:
         ids = prompt_of_length(rm, ns.prompt_tokens)
@@ -123,14 +138,20 @@ def _run_and_print(engine, ids, cfg, ns) -> None:
     out.update(engine=engine.name, text=engine.detokenize(trace.token_ids))
     if ns.json:
         out["token_ids"] = trace.token_ids
-        out["manifest"] = sweep.engine_manifest(engine, {"prompt_tokens": len(ids),
-                                                          "max_new_tokens": cfg.max_new_tokens})
+        out["manifest"] = sweep.engine_manifest(
+            engine, {"prompt_tokens": len(ids), "max_new_tokens": cfg.max_new_tokens}
+        )
         print(json.dumps(out, default=str))
     else:
-        print(f"{engine.name}: {out['prompt_tokens']} prompt tokens -> {out['output_tokens']} output tokens "
-              f"({trace.finish_reason})")
-        print(f"  TTFT {out['ttft_s'] * 1e3:.1f} ms | prefill {out['prefill_s'] * 1e3:.1f} ms "
-              f"({out['prefill_tps']:.0f} tok/s)", end="")
+        print(
+            f"{engine.name}: {out['prompt_tokens']} prompt tokens -> {out['output_tokens']} output tokens "
+            f"({trace.finish_reason})"
+        )
+        print(
+            f"  TTFT {out['ttft_s'] * 1e3:.1f} ms | prefill {out['prefill_s'] * 1e3:.1f} ms "
+            f"({out['prefill_tps']:.0f} tok/s)",
+            end="",
+        )
         if out["tpot_s"]:
             print(f" | TPOT {out['tpot_s'] * 1e3:.1f} ms ({out['decode_tps']:.1f} tok/s)", end="")
         print(f" | e2e {out['e2e_s']:.3f} s")
@@ -140,8 +161,14 @@ def _run_and_print(engine, ids, cfg, ns) -> None:
 # --- sweep and report ---------------------------------------------------------------------
 def cmd_sweep(ns) -> int:
     _suffix(ns.out)  # refuse a bad file name before any work
-    common = dict(model=ns.model, engines=ns.engines, max_new_tokens=ns.max_new_tokens, warmup=ns.warmup,
-                  out=ns.out, progress=not ns.quiet)
+    common = dict(
+        model=ns.model,
+        engines=ns.engines,
+        max_new_tokens=ns.max_new_tokens,
+        warmup=ns.warmup,
+        out=ns.out,
+        progress=not ns.quiet,
+    )
     if ns.kind == "context":
         df = sweep.context_sweep(prompt_tokens=ns.prompt_tokens, reps=ns.reps, **common)
         cols = ["engine", "prompt_tokens", "repetition", *(m for m in METRICS if m != "queue_s")]
@@ -150,8 +177,9 @@ def cmd_sweep(ns) -> int:
         n_prompt = sweep.positive_ints(ns.prompt_tokens, "prompt_tokens") if ns.prompt_tokens else [None]
         if len(n_prompt) != 1:
             raise LabError(f"--prompt-tokens {ns.prompt_tokens}: a concurrency sweep takes one prompt length")
-        df = sweep.concurrency_sweep(concurrency=ns.concurrency, modes=ns.mode, requests=ns.requests,
-                                     prompt_tokens=n_prompt[0], **common)
+        df = sweep.concurrency_sweep(
+            concurrency=ns.concurrency, modes=ns.mode, requests=ns.requests, prompt_tokens=n_prompt[0], **common
+        )
         table = run_table(df) if len(df) else df
     print(table.to_string(index=False) if len(table) else "no rows")
     print(f"{len(df)} rows appended to {ns.out}")
@@ -193,22 +221,31 @@ def cmd_compare(ns) -> int:
         if isinstance(messages, dict):
             messages = messages.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise LabError(f"--messages {ns.messages}: expected a JSON list of {{role, content}} objects "
-                           "(or an object with a 'messages' list)")
+            raise LabError(
+                f"--messages {ns.messages}: expected a JSON list of {{role, content}} objects "
+                "(or an object with a 'messages' list)"
+            )
     if ns.ids:
         data = read_json(ns.ids)
         ids = data.get("prompt_token_ids") if isinstance(data, dict) else data
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids) or not ids:
-            raise LabError(f"--ids {ns.ids}: expected a JSON list of token ids (or an object with "
-                           "'prompt_token_ids')")
+            raise LabError(f"--ids {ns.ids}: expected a JSON list of token ids (or an object with 'prompt_token_ids')")
     engine_models = {}
     for spec in ns.engine_model or []:
         name, _, path = spec.partition("=")
         if not path:
             raise LabError(f"--engine-model {spec!r}: expected ENGINE=PATH, e.g. mlx=./my-mlx-folder")
         engine_models[name] = path
-    result = compare(ns.model, engines=ns.engines.split(","), reference=ns.reference, prompt=ns.prompt,
-                     messages=messages, ids=ids, max_new_tokens=ns.max_new_tokens, engine_models=engine_models)
+    result = compare(
+        ns.model,
+        engines=ns.engines.split(","),
+        reference=ns.reference,
+        prompt=ns.prompt,
+        messages=messages,
+        ids=ids,
+        max_new_tokens=ns.max_new_tokens,
+        engine_models=engine_models,
+    )
     if ns.json:
         print(json.dumps(result.to_dict(), default=str))
         return 0
@@ -216,8 +253,12 @@ def cmd_compare(ns) -> int:
         mark = {True: "ok  ", False: "DIFF", None: "n/a "}[c.ok]
         print(f"[{mark}] {c.name:<10} {c.verdict}")
     v = result.verdict
-    print(f"\nverdict: {v['layer']}" + (f" at position {v['position']}" if v.get("position") is not None else "")
-          + (" (near-tie)" if v.get("near_tie") else "") + f"\n  {v['text']}")
+    print(
+        f"\nverdict: {v['layer']}"
+        + (f" at position {v['position']}" if v.get("position") is not None else "")
+        + (" (near-tie)" if v.get("near_tie") else "")
+        + f"\n  {v['text']}"
+    )
     return 0
 
 
@@ -255,11 +296,15 @@ def cmd_roofline(ns) -> int:
         return 0
     m = out["machine"]
     rates = ", ".join(f"{k} {v:.0f} G/s" for k, v in m["gflops"].items())
-    print(f"{m['cpu_model']}, {m['threads']} threads: bandwidth {m['bandwidth_gbps']:.1f} GB/s (read; STREAM copy "
-          f"{m['copy_gbps']:.1f}, triad {m['triad_gbps']:.1f}), matmul {rates}")
+    print(
+        f"{m['cpu_model']}, {m['threads']} threads: bandwidth {m['bandwidth_gbps']:.1f} GB/s (read; STREAM copy "
+        f"{m['copy_gbps']:.1f}, triad {m['triad_gbps']:.1f}), matmul {rates}"
+    )
     for e, r in out["engines"].items():
-        print(f"  {e:<13} decode {r['decode_tps']:.1f} tok/s of a {r['decode_bound_tps']:.1f} tok/s bound "
-              f"({100 * r['fraction_of_bound']:.0f} %), prompt {r['prompt_tokens']} tokens; {r['source']}")
+        print(
+            f"  {e:<13} decode {r['decode_tps']:.1f} tok/s of a {r['decode_bound_tps']:.1f} tok/s bound "
+            f"({100 * r['fraction_of_bound']:.0f} %), prompt {r['prompt_tokens']} tokens; {r['source']}"
+        )
     return 0
 
 
@@ -297,21 +342,39 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("kind", choices=["context", "concurrency"])
     s.add_argument("--engines", default=",".join(NAMES))
     s.add_argument("--model", default=None)
-    s.add_argument("--prompt-tokens", default=None,
-                   help="context: lengths such as 64,256,1024, default log-spaced to the trained context "
-                        f"({_csv(budget('context', 'prompt_tokens', True))} in quick mode); concurrency: one length, "
-                        f"default {_quick_full('concurrency', 'prompt_tokens')}")
-    s.add_argument("--max-new-tokens", type=int, default=None,
-                   help=f"output tokens per request; default: context {_quick_full('context', 'max_new_tokens')}, "
-                        f"concurrency {_quick_full('concurrency', 'max_new_tokens')}")
-    s.add_argument("--reps", type=int, default=None,
-                   help=f"context: repetitions per length, default {_quick_full('context', 'reps')}")
+    s.add_argument(
+        "--prompt-tokens",
+        default=None,
+        help="context: lengths such as 64,256,1024, default log-spaced to the trained context "
+        f"({_csv(budget('context', 'prompt_tokens', True))} in quick mode); concurrency: one length, "
+        f"default {_quick_full('concurrency', 'prompt_tokens')}",
+    )
+    s.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help=f"output tokens per request; default: context {_quick_full('context', 'max_new_tokens')}, "
+        f"concurrency {_quick_full('concurrency', 'max_new_tokens')}",
+    )
+    s.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help=f"context: repetitions per length, default {_quick_full('context', 'reps')}",
+    )
     s.add_argument("--warmup", type=int, default=1)
-    s.add_argument("--concurrency", default=None,
-                   help=f"concurrency: client counts, default {_quick_full('concurrency', 'concurrency')}")
+    s.add_argument(
+        "--concurrency",
+        default=None,
+        help=f"concurrency: client counts, default {_quick_full('concurrency', 'concurrency')}",
+    )
     s.add_argument("--mode", default=",".join(MODES), help="concurrency: serial, batched, or serial,batched (default)")
-    s.add_argument("--requests", type=int, default=None,
-                   help=f"concurrency: requests per level (default {budget('concurrency', 'requests_per_client')} x C)")
+    s.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help=f"concurrency: requests per level (default {budget('concurrency', 'requests_per_client')} x C)",
+    )
     s.add_argument("--out", required=True, help="results file, .jsonl or .parquet (appended)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_sweep)
@@ -334,8 +397,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", help="raw text")
     g.add_argument("--messages", help="JSON file: a list of chat messages")
     g.add_argument("--ids", help="JSON file: a list of prompt token ids")
-    c.add_argument("--engine-model", action="append", metavar="ENGINE=PATH",
-                   help="another model for one engine, e.g. mlx=./suspicious-mlx-folder")
+    c.add_argument(
+        "--engine-model",
+        action="append",
+        metavar="ENGINE=PATH",
+        help="another model for one engine, e.g. mlx=./suspicious-mlx-folder",
+    )
     c.add_argument("--max-new-tokens", type=int, default=24)
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_compare)
@@ -345,8 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_parsers(sub, cmd_serve, cmd_bench)
 
     rf = sub.add_parser("roofline", help="this machine's bandwidth and FLOP/s, each engine's decode against its bound")
-    rf.add_argument("--results", nargs="*", default=None,
-                    help="results files (default: results/ and labs/results/ here; none: a quick measurement)")
+    rf.add_argument(
+        "--results",
+        nargs="*",
+        default=None,
+        help="results files (default: results/ and labs/results/ here; none: a quick measurement)",
+    )
     rf.add_argument("--engines", default="transformers,llama.cpp,mlx")
     rf.add_argument("--model", default=None)
     rf.add_argument("--refresh", action="store_true", help="measure the machine again (else the cached measurement)")

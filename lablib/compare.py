@@ -14,8 +14,10 @@ disagrees: ``config``, ``tokenizer``, ``template``, ``numerics`` (with
 :data:`NEAR_TIE_NATS`) or ``none``. The reference defaults to transformers in
 float32: slow, but the faithful arithmetic.
 """
+
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,8 +52,13 @@ class Check:
         table = None
         if self.table is not None:
             table = self.table.astype(object).where(self.table.notna(), None).to_dict("records")
-        return {"name": self.name, "ok": self.ok, "verdict": self.verdict, "table": table,
-                "details": _plain(self.details)}
+        return {
+            "name": self.name,
+            "ok": self.ok,
+            "verdict": self.verdict,
+            "table": table,
+            "details": _plain(self.details),
+        }
 
 
 def _plain(x):
@@ -121,7 +128,7 @@ def first_difference(a: list, b: list) -> int | None:
 
 
 def _pieces(engine, ids, at: int, width: int = 3) -> list[str]:
-    return [engine.detokenize([t]) for t in ids[at:at + width]]
+    return [engine.detokenize([t]) for t in ids[at : at + width]]
 
 
 def check_tokenizer(engines: dict, reference: str, text: str) -> Check:
@@ -134,28 +141,40 @@ def check_tokenizer(engines: dict, reference: str, text: str) -> Check:
     for name, e in engines.items():
         ids = e.tokenize(text)
         pos = first_difference(ref_ids, ids)
-        row = {"engine": name, "n_tokens": len(ids), "first_difference": pos,
-               "ids_there": ids[pos:pos + 3] if pos is not None else None,
-               "pieces_there": _pieces(e, ids, pos) if pos is not None else None,
-               "reference_ids_there": ref_ids[pos:pos + 3] if pos is not None else None,
-               "reference_pieces_there": _pieces(engines[reference], ref_ids, pos) if pos is not None else None}
+        row = {
+            "engine": name,
+            "n_tokens": len(ids),
+            "first_difference": pos,
+            "ids_there": ids[pos : pos + 3] if pos is not None else None,
+            "pieces_there": _pieces(e, ids, pos) if pos is not None else None,
+            "reference_ids_there": ref_ids[pos : pos + 3] if pos is not None else None,
+            "reference_pieces_there": _pieces(engines[reference], ref_ids, pos) if pos is not None else None,
+        }
         rows.append(row)
         if pos is not None:
-            bad.append(f"{name} differs from {reference} at token {pos}: {row['pieces_there']} "
-                       f"{row['ids_there']} vs {row['reference_pieces_there']} {row['reference_ids_there']}")
+            bad.append(
+                f"{name} differs from {reference} at token {pos}: {row['pieces_there']} "
+                f"{row['ids_there']} vs {row['reference_pieces_there']} {row['reference_ids_there']}"
+            )
     verdict = "tokenizers agree" if not bad else "; ".join(bad)
-    return Check("tokenizer", not bad, verdict, _int_cols(pd.DataFrame(rows), "first_difference"),
-                 {"differences": bad})
+    return Check("tokenizer", not bad, verdict, _int_cols(pd.DataFrame(rows), "first_difference"), {"differences": bad})
 
 
 # --- 3. chat template ---------------------------------------------------------------------------
 TEMPLATE_CASES = {
     "one turn": DEFAULT_MESSAGES,
     "one turn + system": [{"role": "system", "content": "You answer in one word."}, *DEFAULT_MESSAGES],
-    "two turns": [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello. How can I help?"},
-                  {"role": "user", "content": "Name a river."}],
-    "two turns + system": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"},
-                           {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Name a river."}],
+    "two turns": [
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "Hello. How can I help?"},
+        {"role": "user", "content": "Name a river."},
+    ],
+    "two turns + system": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Name a river."},
+    ],
 }
 
 
@@ -176,15 +195,30 @@ def check_template(engines: dict, reference: str, cases: dict | None = None) -> 
                 continue
             bos = engines[reference].bos_id
             pos = first_difference(ref_ids, ids)
-            rows.append({"case": case, "engine": name, "n_tokens": len(ids), "bos_count": ids.count(bos),
-                         "first_difference": pos, "text": e.detokenize(ids),
-                         "pieces_there": _pieces(e, ids, pos) if pos is not None else None})
+            rows.append(
+                {
+                    "case": case,
+                    "engine": name,
+                    "n_tokens": len(ids),
+                    "bos_count": ids.count(bos),
+                    "first_difference": pos,
+                    "text": e.detokenize(ids),
+                    "pieces_there": _pieces(e, ids, pos) if pos is not None else None,
+                }
+            )
             if pos is not None:
-                bad.append(f"'{case}': {name} differs from {reference} at token {pos} "
-                           f"({_pieces(e, ids, pos)} vs {_pieces(engines[reference], ref_ids, pos)})")
+                bad.append(
+                    f"'{case}': {name} differs from {reference} at token {pos} "
+                    f"({_pieces(e, ids, pos)} vs {_pieces(engines[reference], ref_ids, pos)})"
+                )
     verdict = "chat templates agree" if not bad else "; ".join(bad)
-    return Check("template", not bad, verdict, _int_cols(pd.DataFrame(rows), "first_difference", "bos_count"),
-                 {"differences": bad})
+    return Check(
+        "template",
+        not bad,
+        verdict,
+        _int_cols(pd.DataFrame(rows), "first_difference", "bos_count"),
+        {"differences": bad},
+    )
 
 
 # --- 4. logits ------------------------------------------------------------------------------------
@@ -211,10 +245,17 @@ def logit_stats(ref_logits, logits, k: int = TOP_K) -> dict:
     del p_ref
     order_ref, order = _top_k(lp_ref, k), _top_k(lp, k)
     top2 = np.take_along_axis(lp_ref, order_ref[:, :2], axis=-1)
-    return {"kl": kl, "max_abs_dlogp": np.abs(lp_ref - lp).max(axis=-1), "argmax_ref": order_ref[:, 0],
-            "argmax": order[:, 0], "margin_ref": top2[:, 0] - top2[:, 1], "topk_ref": order_ref,
-            "topk_ref_logp": np.take_along_axis(lp_ref, order_ref, -1), "topk": order,
-            "topk_logp": np.take_along_axis(lp, order, -1)}
+    return {
+        "kl": kl,
+        "max_abs_dlogp": np.abs(lp_ref - lp).max(axis=-1),
+        "argmax_ref": order_ref[:, 0],
+        "argmax": order[:, 0],
+        "margin_ref": top2[:, 0] - top2[:, 1],
+        "topk_ref": order_ref,
+        "topk_ref_logp": np.take_along_axis(lp_ref, order_ref, -1),
+        "topk": order,
+        "topk_logp": np.take_along_axis(lp, order, -1),
+    }
 
 
 def logit_blocks(engine, ids: list[int], chunk: int = LOGIT_CHUNK):
@@ -240,15 +281,13 @@ def logit_blocks(engine, ids: list[int], chunk: int = LOGIT_CHUNK):
 def _sliced(engine, ids, chunk):
     full = engine.logits(ids)
     for at in range(0, len(full), chunk):
-        yield full[at:at + chunk]
+        yield full[at : at + chunk]
 
 
 def last_logits(engine, ids: list[int], chunk: int = LOGIT_CHUNK):
     """The logits of the last position of ``ids`` ([vocab], float32), streamed (never [positions, vocab])."""
-    block = None
-    for block in logit_blocks(engine, ids, chunk):
-        pass
-    return block[-1]
+    (last,) = collections.deque(logit_blocks(engine, ids, chunk), maxlen=1)  # earlier blocks dropped as they come
+    return last[-1]
 
 
 def _top_k(lp, k: int):
@@ -289,8 +328,10 @@ def check_logits(engines: dict, reference: str, ids: list[int], k: int = TOP_K, 
     while True:
         for name in streams:
             if blocks[name].shape != ref_block.shape:
-                raise LabError(f"{name} gave logits of shape {blocks[name].shape} where {reference} gave "
-                               f"{ref_block.shape}: expected the same vocabulary and positions")
+                raise LabError(
+                    f"{name} gave logits of shape {blocks[name].shape} where {reference} gave "
+                    f"{ref_block.shape}: expected the same vocabulary and positions"
+                )
             parts[name].append(logit_stats(ref_block, blocks[name], k))
         ref_block = next(ref_blocks, None)
         if ref_block is None:
@@ -304,19 +345,36 @@ def check_logits(engines: dict, reference: str, ids: list[int], k: int = TOP_K, 
         stats[name] = s
         agree = s["argmax"] == s["argmax_ref"]
         first = int((~agree).argmax()) if (~agree).any() else None
-        rows.append({"engine": name, "positions": len(ids), "argmax_agreement": float(agree.mean()),
-                     "mean_kl": float(s["kl"].mean()), "kl_last": float(s["kl"][-1]),
-                     "max_abs_dlogp": float(s["max_abs_dlogp"].max()), "first_argmax_difference": first,
-                     "margin_ref_there": float(s["margin_ref"][first]) if first is not None else None,
-                     "top5_ref_last": s["topk_ref"][-1].tolist(), "top5_last": s["topk"][-1].tolist()})
+        rows.append(
+            {
+                "engine": name,
+                "positions": len(ids),
+                "argmax_agreement": float(agree.mean()),
+                "mean_kl": float(s["kl"].mean()),
+                "kl_last": float(s["kl"][-1]),
+                "max_abs_dlogp": float(s["max_abs_dlogp"].max()),
+                "first_argmax_difference": first,
+                "margin_ref_there": float(s["margin_ref"][first]) if first is not None else None,
+                "top5_ref_last": s["topk_ref"][-1].tolist(),
+                "top5_last": s["topk"][-1].tolist(),
+            }
+        )
         if float(s["kl"].mean()) > KL_OK:
             bad.append(f"{name}: mean KL {float(s['kl'].mean()):.3f} nats > {KL_OK}")
     if unavailable and not rows:
         return Check("logits", None, "; ".join(unavailable), pd.DataFrame(rows), {"unavailable": unavailable})
-    parts = [f"{r['engine']}: argmax agrees at {r['argmax_agreement']:.0%} of {r['positions']} positions, "
-             f"mean KL {r['mean_kl']:.4f}, max |dlogp| {r['max_abs_dlogp']:.2f}" for r in rows] + unavailable
-    return Check("logits", not bad, "; ".join(parts), _int_cols(pd.DataFrame(rows), "first_argmax_difference"),
-                 {"stats": stats, "unavailable": unavailable})
+    parts = [
+        f"{r['engine']}: argmax agrees at {r['argmax_agreement']:.0%} of {r['positions']} positions, "
+        f"mean KL {r['mean_kl']:.4f}, max |dlogp| {r['max_abs_dlogp']:.2f}"
+        for r in rows
+    ] + unavailable
+    return Check(
+        "logits",
+        not bad,
+        "; ".join(parts),
+        _int_cols(pd.DataFrame(rows), "first_argmax_difference"),
+        {"stats": stats, "unavailable": unavailable},
+    )
 
 
 # --- 5. generation --------------------------------------------------------------------------------
@@ -330,12 +388,14 @@ def _topk_next(engine, ids: list[int], k: int) -> dict | None:
     except NotImplementedError:
         return None
     top = np.argsort(-lp)[:k]
-    return {"ids": [int(t) for t in top], "logp": [float(lp[t]) for t in top],
-            "pieces": [engine.detokenize([int(t)]) for t in top]}
+    return {
+        "ids": [int(t) for t in top],
+        "logp": [float(lp[t]) for t in top],
+        "pieces": [engine.detokenize([int(t)]) for t in top],
+    }
 
 
-def check_generation(engines: dict, reference: str, ids: list[int], max_new_tokens: int = 24,
-                     k: int = TOP_K) -> Check:
+def check_generation(engines: dict, reference: str, ids: list[int], max_new_tokens: int = 24, k: int = TOP_K) -> Check:
     """Greedy continuations side by side; the first generated position where each differs
     from the reference, and the reference's top-2 margin there.
 
@@ -356,24 +416,48 @@ def check_generation(engines: dict, reference: str, ids: list[int], max_new_toke
             context = list(ids) + list(ref_out[:pos])
             ref_top = _topk_next(engines[reference], context, max(k, 2))
             lp = ref_top["logp"]
-            row.update(reference_top2=ref_top["ids"][:2], margin_ref=float(lp[0] - lp[1]),
-                       reference_token=engines[reference].detokenize([ref_out[pos]]),
-                       engine_token=engines[name].detokenize([out[pos]]))
-            topk[name] = {"position": pos, reference: {key: v[:k] for key, v in ref_top.items()},
-                          name: _topk_next(engines[name], context, k)}
+            row.update(
+                reference_top2=ref_top["ids"][:2],
+                margin_ref=float(lp[0] - lp[1]),
+                reference_token=engines[reference].detokenize([ref_out[pos]]),
+                engine_token=engines[name].detokenize([out[pos]]),
+            )
+            topk[name] = {
+                "position": pos,
+                reference: {key: v[:k] for key, v in ref_top.items()},
+                name: _topk_next(engines[name], context, k),
+            }
             bad.append(name)
         rows.append(row)
     df = _int_cols(pd.DataFrame(rows), "first_divergence")
     if not bad:
-        return Check("generation", True, f"greedy texts agree for {max_new_tokens} tokens", df,
-                     {"prompt_ids": list(ids), "reference": reference, "topk": topk})
+        return Check(
+            "generation",
+            True,
+            f"greedy texts agree for {max_new_tokens} tokens",
+            df,
+            {"prompt_ids": list(ids), "reference": reference, "topk": topk},
+        )
     first = df[df["engine"].isin(bad)].sort_values("first_divergence").iloc[0]
-    verdict = (f"{first['engine']} diverges from {reference} at generated token {int(first['first_divergence'])}: "
-               f"{first['engine_token']!r} vs {first['reference_token']!r} (reference top-2 margin "
-               f"{first['margin_ref']:.3f} nats)")
-    return Check("generation", False, verdict, df,
-                 {"position": int(first["first_divergence"]), "margin_ref": float(first["margin_ref"]),
-                  "engine": first["engine"], "prompt_ids": list(ids), "reference": reference, "topk": topk})
+    verdict = (
+        f"{first['engine']} diverges from {reference} at generated token {int(first['first_divergence'])}: "
+        f"{first['engine_token']!r} vs {first['reference_token']!r} (reference top-2 margin "
+        f"{first['margin_ref']:.3f} nats)"
+    )
+    return Check(
+        "generation",
+        False,
+        verdict,
+        df,
+        {
+            "position": int(first["first_divergence"]),
+            "margin_ref": float(first["margin_ref"]),
+            "engine": first["engine"],
+            "prompt_ids": list(ids),
+            "reference": reference,
+            "topk": topk,
+        },
+    )
 
 
 # --- all checks, one verdict ---------------------------------------------------------------------------
@@ -399,19 +483,40 @@ def decide(checks: list[Check]) -> dict:
     gen, lg = by.get("generation"), by.get("logits")
     if gen is not None and gen.ok is False:
         margin = gen.details["margin_ref"]
-        return {"layer": "numerics", "position": gen.details["position"], "near_tie": margin < NEAR_TIE_NATS,
-                "engine": gen.details["engine"], "margin_ref": margin,
-                "text": gen.verdict + (" — a numerical near-tie, not a model, template or tokenizer fault"
-                                       if margin < NEAR_TIE_NATS else " — numerics beyond a near-tie")}
+        return {
+            "layer": "numerics",
+            "position": gen.details["position"],
+            "near_tie": margin < NEAR_TIE_NATS,
+            "engine": gen.details["engine"],
+            "margin_ref": margin,
+            "text": gen.verdict
+            + (
+                " — a numerical near-tie, not a model, template or tokenizer fault"
+                if margin < NEAR_TIE_NATS
+                else " — numerics beyond a near-tie"
+            ),
+        }
     if lg is not None and lg.ok is False:
         return {"layer": "numerics", "position": None, "near_tie": False, "text": lg.verdict}
-    return {"layer": "none", "position": None, "near_tie": None,
-            "text": "no disagreement found: config, tokenizer, template, logits and greedy text agree"}
+    return {
+        "layer": "none",
+        "position": None,
+        "near_tie": None,
+        "text": "no disagreement found: config, tokenizer, template, logits and greedy text agree",
+    }
 
 
-def compare(model=None, engines=NAMES, reference: str = REFERENCE,
-            prompt: str | None = None, messages: list | None = None, ids: list | None = None,
-            max_new_tokens: int = 24, engine_models: dict | None = None, loaded: dict | None = None) -> Comparison:
+def compare(
+    model=None,
+    engines=NAMES,
+    reference: str = REFERENCE,
+    prompt: str | None = None,
+    messages: list | None = None,
+    ids: list | None = None,
+    max_new_tokens: int = 24,
+    engine_models: dict | None = None,
+    loaded: dict | None = None,
+) -> Comparison:
     """Run the five checks on ``engines`` against ``reference`` and decide.
 
     The prompt is ``ids``, or ``messages`` rendered by the reference's chat
@@ -457,8 +562,10 @@ def compare(model=None, engines=NAMES, reference: str = REFERENCE,
     return Comparison(checks, decide(checks))
 
 
-_PROBE_TEXT = ("What is 3333+777? Answer: 4110.\na,b  c\n\n123456 7.5e-3\n  leading spaces\t \n"
-               "naïve café — “quotes” emoji 🙂 日本語\ndef f(x):\n    return x**2  # comment\n")
+_PROBE_TEXT = (
+    "What is 3333+777? Answer: 4110.\na,b  c\n\n123456 7.5e-3\n  leading spaces\t \n"
+    "naïve café — “quotes” emoji 🙂 日本語\ndef f(x):\n    return x**2  # comment\n"
+)
 
 
 class TokenizerView:

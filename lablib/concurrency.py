@@ -42,9 +42,14 @@ class ClosedLoopRun:
     stats: BatchStats
 
 
-def run_closed_loop(engine, prompts: list[list[int]], concurrency: int, mode: str,
-                    cfg: GenerationConfig,
-                    on_trace: Callable[[RequestTrace], None] | None = None) -> ClosedLoopRun:
+def run_closed_loop(
+    engine,
+    prompts: list[list[int]],
+    concurrency: int,
+    mode: str,
+    cfg: GenerationConfig,
+    on_trace: Callable[[RequestTrace], None] | None = None,
+) -> ClosedLoopRun:
     """C clients, R = len(prompts) requests, in closed loop; returns the R traces in submission order
     and the engine's counts (a :class:`ClosedLoopRun`).
 
@@ -94,10 +99,17 @@ def _run_serial(engine, prompts, clients, cfg, on_trace):
             queue.append((submitted, client, trace.t_tokens[-1]))
             submitted += 1
         on_trace(trace)
-    stats = BatchStats(mode="serial", concurrency=clients, requests=R, engine=engine.name,
-                       impl="engine.generate, one request at a time", steps=None, max_sequences_per_step=1,
-                       prompt_tokens=sum(t.prompt_tokens for t in traces),
-                       generated_tokens=sum(t.output_tokens for t in traces))
+    stats = BatchStats(
+        mode="serial",
+        concurrency=clients,
+        requests=R,
+        engine=engine.name,
+        impl="engine.generate, one request at a time",
+        steps=None,
+        max_sequences_per_step=1,
+        prompt_tokens=sum(t.prompt_tokens for t in traces),
+        generated_tokens=sum(t.output_tokens for t in traces),
+    )
     return ClosedLoopRun(traces, stats)
 
 
@@ -110,8 +122,9 @@ def _run_batched(engine, prompts, clients, cfg, on_trace):
     traces: list[RequestTrace | None] = [None] * R
 
     def submit(i: int, client: int, t_submit: float) -> None:
-        traces[i] = _labelled(RequestTrace(prompt_tokens=len(prompts[i]), t_submit=t_submit, threads=threads),
-                              i, client)
+        traces[i] = _labelled(
+            RequestTrace(prompt_tokens=len(prompts[i]), t_submit=t_submit, threads=threads), i, client
+        )
         session.submit(prompts[i], traces[i])
 
     try:

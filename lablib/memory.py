@@ -99,8 +99,7 @@ def compare_bytes(model, engines, tokens: int, chunk: int = 64, loaded=()) -> di
             weights += 0 if e.name in loaded else weights_bytes(model, e)
             kv += kv_cache_bytes(model, e, tokens)
     logits = len(engines) * 2 * chunk * vocab * 4 + LOGIT_FLOAT64_ARRAYS * chunk * vocab * 8
-    return {"weights": weights, "kv_cache": kv, "logits": logits,
-            "total": int((weights + kv + logits) * HEADROOM)}
+    return {"weights": weights, "kv_cache": kv, "logits": logits, "total": int((weights + kv + logits) * HEADROOM)}
 
 
 def check_compare_fits(model, engines, tokens: int, chunk: int = 64, loaded=(), available: int | None = None) -> None:
@@ -111,10 +110,11 @@ def check_compare_fits(model, engines, tokens: int, chunk: int = 64, loaded=(), 
     available = available_ram_bytes() if available is None else available
     est = compare_bytes(model, engines, tokens, chunk, loaded)
     if est["total"] > available:
-        mib = 2 ** 20
+        mib = 2**20
         raise LabError(
             f"memory: comparing {', '.join(e.name for e in engines)} on {tokens} tokens needs about {est['total'] / mib:.0f} MiB "
             f"(weights not yet loaded {est['weights'] / mib:.0f} MiB + KV caches {est['kv_cache'] / mib:.0f} MiB + "
             f"logit blocks of {chunk} positions {est['logits'] / mib:.0f} MiB, +20 % headroom), but "
             f"{available / mib:.0f} MiB is available. To fit: compare fewer engines at a time (engines=[...]), "
-            f"use a shorter prompt, or close other engines and programs.")
+            f"use a shorter prompt, or close other engines and programs."
+        )

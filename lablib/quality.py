@@ -20,6 +20,7 @@ written to a float32 file on disk (``[scored tokens, vocab]``, memory-mapped), c
 candidate is then evaluated chunk by chunk against it (``[n_ctx, vocab]`` float32 in memory at a
 time: 50 MB for 256 positions of a 49,152-token vocabulary).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -31,8 +32,7 @@ from pathlib import Path
 
 from .errors import LabError
 
-STATS = ("ppl", "ppl_ref", "kl_mean", "kl_p99", "kl_max", "top1", "dp_top_abs_mean", "dp_mean", "dp_rms",
-         "n_tokens")
+STATS = ("ppl", "ppl_ref", "kl_mean", "kl_p99", "kl_max", "top1", "dp_top_abs_mean", "dp_mean", "dp_rms", "n_tokens")
 
 
 def perplexity_chunks(ids, n_ctx: int, n_chunks: int | None = None, bos: int | None = None) -> list[list[int]]:
@@ -44,12 +44,14 @@ def perplexity_chunks(ids, n_ctx: int, n_chunks: int | None = None, bos: int | N
         raise LabError(f"n_ctx={n_ctx}: expected at least 16 tokens per chunk (llama-perplexity uses 512)")
     have = len(ids) // n_ctx
     if have < 1 or len(ids) < 2 * n_ctx:
-        raise LabError(f"the text holds {len(ids)} tokens; perplexity with n_ctx={n_ctx} needs at least "
-                       f"{2 * n_ctx} (llama-perplexity's rule): use a longer text or a smaller n_ctx")
+        raise LabError(
+            f"the text holds {len(ids)} tokens; perplexity with n_ctx={n_ctx} needs at least "
+            f"{2 * n_ctx} (llama-perplexity's rule): use a longer text or a smaller n_ctx"
+        )
     n = have if n_chunks is None else min(int(n_chunks), have)
     if n < 1:
         raise LabError(f"n_chunks={n_chunks}: expected at least 1")
-    chunks = [ids[i * n_ctx:(i + 1) * n_ctx] for i in range(n)]
+    chunks = [ids[i * n_ctx : (i + 1) * n_ctx] for i in range(n)]
     if bos is not None:
         for c in chunks:
             c[0] = int(bos)
@@ -83,9 +85,14 @@ def token_stats(ref_logp, q_logp, targets) -> dict:
     p_ref = np.exp(ref_logp)
     kl = (p_ref * (ref_logp - q_logp)).sum(axis=1)
     top_ref, top_q = ref_logp.argmax(axis=1), q_logp.argmax(axis=1)
-    return {"kl": np.maximum(kl, 0.0), "nll": -q_logp[rows, t], "nll_ref": -ref_logp[rows, t],
-            "same_top": top_ref == top_q, "dp": np.exp(q_logp[rows, t]) - np.exp(ref_logp[rows, t]),
-            "dp_top": np.exp(q_logp[rows, top_ref]) - np.exp(ref_logp[rows, top_ref])}
+    return {
+        "kl": np.maximum(kl, 0.0),
+        "nll": -q_logp[rows, t],
+        "nll_ref": -ref_logp[rows, t],
+        "same_top": top_ref == top_q,
+        "dp": np.exp(q_logp[rows, t]) - np.exp(ref_logp[rows, t]),
+        "dp_top": np.exp(q_logp[rows, top_ref]) - np.exp(ref_logp[rows, top_ref]),
+    }
 
 
 def summarize(parts: list[dict]) -> dict:
@@ -93,11 +100,18 @@ def summarize(parts: list[dict]) -> dict:
     import numpy as np
 
     cat = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    return {"ppl": float(np.exp(cat["nll"].mean())), "ppl_ref": float(np.exp(cat["nll_ref"].mean())),
-            "kl_mean": float(cat["kl"].mean()), "kl_p99": float(np.percentile(cat["kl"], 99)),
-            "kl_max": float(cat["kl"].max()), "top1": float(cat["same_top"].mean()),
-            "dp_top_abs_mean": float(np.abs(cat["dp_top"]).mean()), "dp_mean": float(cat["dp"].mean()),
-            "dp_rms": float(np.sqrt((cat["dp"] ** 2).mean())), "n_tokens": int(len(cat["kl"]))}
+    return {
+        "ppl": float(np.exp(cat["nll"].mean())),
+        "ppl_ref": float(np.exp(cat["nll_ref"].mean())),
+        "kl_mean": float(cat["kl"].mean()),
+        "kl_p99": float(np.percentile(cat["kl"], 99)),
+        "kl_max": float(cat["kl"].max()),
+        "top1": float(cat["same_top"].mean()),
+        "dp_top_abs_mean": float(np.abs(cat["dp_top"]).mean()),
+        "dp_mean": float(cat["dp"].mean()),
+        "dp_rms": float(np.sqrt((cat["dp"] ** 2).mean())),
+        "n_tokens": int(len(cat["kl"])),
+    }
 
 
 @dataclass
@@ -116,7 +130,7 @@ class ReferenceLogProbs:
 
         n = self.n_ctx - 1 - self.n_ctx // 2
         mm = np.memmap(self.path, dtype=np.float32, mode="r", shape=(len(self.chunks) * n, self.n_vocab))
-        return mm[i * n:(i + 1) * n]
+        return mm[i * n : (i + 1) * n]
 
 
 def reference_logprobs(engine, chunks, cache_dir, key: str) -> ReferenceLogProbs:
@@ -151,9 +165,11 @@ def compare_to_reference(engine, ref: ReferenceLogProbs) -> dict:
     for i, c in enumerate(ref.chunks):
         logits = engine.logits(c)
         if logits.shape[1] != ref.n_vocab:
-            raise LabError(f"{engine.name} returns {logits.shape[1]} logits per token, the reference "
-                           f"{ref.n_vocab}: expected the same vocabulary (the same model in another format)")
-        targets = c[sl.start + 1:sl.stop + 1]
+            raise LabError(
+                f"{engine.name} returns {logits.shape[1]} logits per token, the reference "
+                f"{ref.n_vocab}: expected the same vocabulary (the same model in another format)"
+            )
+        targets = c[sl.start + 1 : sl.stop + 1]
         parts.append(token_stats(ref.chunk(i), log_softmax(logits[sl]), targets))
     return summarize(parts)
 
@@ -196,8 +212,18 @@ def parse_kld_output(text: str) -> dict:
     return out
 
 
-def llama_perplexity_kld(reference, candidate, text_file, n_ctx: int, n_chunks: int, workdir,
-                         threads: int = 2, tool=None, timeout: float = 900, flash_attn: str = "off") -> dict:
+def llama_perplexity_kld(
+    reference,
+    candidate,
+    text_file,
+    n_ctx: int,
+    n_chunks: int,
+    workdir,
+    threads: int = 2,
+    tool=None,
+    timeout: float = 900,
+    flash_attn: str = "off",
+) -> dict:
     """Run llama.cpp's ``llama-perplexity`` twice: ``--kl-divergence-base`` on ``reference``, then
     ``--kl-divergence`` on ``candidate``; returns :func:`parse_kld_output` of the second run.
     ``tool``: the binary (default: ``lablib.llama_build.llama_tool("llama-perplexity")``).
@@ -216,17 +242,40 @@ def llama_perplexity_kld(reference, candidate, text_file, n_ctx: int, n_chunks: 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     base = workdir / f"{Path(reference).stem}-c{n_ctx}-n{n_chunks}-fa{flash_attn}.kld"
-    common = ["-f", str(text_file), "-c", str(n_ctx), "--chunks", str(n_chunks), "-t", str(threads),
-              "-b", str(n_ctx), "-fa", flash_attn]
+    common = [
+        "-f",
+        str(text_file),
+        "-c",
+        str(n_ctx),
+        "--chunks",
+        str(n_chunks),
+        "-t",
+        str(threads),
+        "-b",
+        str(n_ctx),
+        "-fa",
+        flash_attn,
+    ]
     if not base.is_file():
-        r = subprocess.run([str(tool), "-m", str(reference), *common, "--kl-divergence-base", str(base)],
-                           capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(
+            [str(tool), "-m", str(reference), *common, "--kl-divergence-base", str(base)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if r.returncode != 0:
-            raise LabError(f"llama-perplexity failed on the reference (exit {r.returncode}): "
-                           f"{r.stderr.strip().splitlines()[-1:]}")
-    r = subprocess.run([str(tool), "-m", str(candidate), *common, "--kl-divergence-base", str(base),
-                        "--kl-divergence"], capture_output=True, text=True, timeout=timeout)
+            raise LabError(
+                f"llama-perplexity failed on the reference (exit {r.returncode}): {r.stderr.strip().splitlines()[-1:]}"
+            )
+    r = subprocess.run(
+        [str(tool), "-m", str(candidate), *common, "--kl-divergence-base", str(base), "--kl-divergence"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if r.returncode != 0:
-        raise LabError(f"llama-perplexity --kl-divergence failed on {candidate} (exit {r.returncode}): "
-                       f"{r.stderr.strip().splitlines()[-1:]}")
+        raise LabError(
+            f"llama-perplexity --kl-divergence failed on {candidate} (exit {r.returncode}): "
+            f"{r.stderr.strip().splitlines()[-1:]}"
+        )
     return parse_kld_output(r.stdout + r.stderr)

@@ -18,6 +18,7 @@ token_embd) falls back to another type (llama-quant.cpp, "using fallback quantiz
 -> IQ4_NL, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0); only ffn_down (rows of 1536 = 6 x 256)
 keeps its K type. :func:`tensor_types` shows what each file really holds.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,7 +44,7 @@ def known_types() -> dict[str, int]:
     out = {"F32": llama_cpp.LLAMA_FTYPE_ALL_F32}
     for name in dir(llama_cpp):
         if name.startswith("LLAMA_FTYPE_MOSTLY_"):
-            t = name[len("LLAMA_FTYPE_MOSTLY_"):]
+            t = name[len("LLAMA_FTYPE_MOSTLY_") :]
             if t not in NEEDS_IMATRIX and not t.endswith("_MOE"):
                 out[t] = int(getattr(llama_cpp, name))
     return out
@@ -56,15 +57,19 @@ def parse_types(types) -> list[str]:
         types = [t for t in types.split(",")]
     names = [str(t).strip().upper() for t in types if str(t).strip()]
     if not names:
-        raise LabError("no quantization types given; expected a comma-separated list such as "
-                       f"{','.join(LADDER[:4])}")
+        raise LabError(f"no quantization types given; expected a comma-separated list such as {','.join(LADDER[:4])}")
     known = known_types()
     bad = [t for t in names if t not in known]
     if bad:
-        hint = (" (IQ1/IQ2/IQ3_XXS types need an importance matrix from llama-imatrix, not built here)"
-                if any(t in NEEDS_IMATRIX for t in bad) else "")
-        raise LabError(f"unknown quantization type(s) {', '.join(bad)}{hint}; expected some of: "
-                       f"{', '.join(sorted(known))}. Example: --types Q8_0,Q4_K_M")
+        hint = (
+            " (IQ1/IQ2/IQ3_XXS types need an importance matrix from llama-imatrix, not built here)"
+            if any(t in NEEDS_IMATRIX for t in bad)
+            else ""
+        )
+        raise LabError(
+            f"unknown quantization type(s) {', '.join(bad)}{hint}; expected some of: "
+            f"{', '.join(sorted(known))}. Example: --types Q8_0,Q4_K_M"
+        )
     return list(dict.fromkeys(names))
 
 
@@ -82,8 +87,10 @@ def _reader(path: Path):
     try:
         return gguf.GGUFReader(str(path))
     except Exception as e:  # gguf raises ValueError, struct or numpy errors on a torn file
-        raise FormatError(f"{path} cannot be read as GGUF ({type(e).__name__}: {str(e)[:200]}); expected a "
-                          "complete GGUF file: remove it and make it again") from None
+        raise FormatError(
+            f"{path} cannot be read as GGUF ({type(e).__name__}: {str(e)[:200]}); expected a "
+            "complete GGUF file: remove it and make it again"
+        ) from None
 
 
 def tensor_types(path) -> list[dict]:
@@ -92,8 +99,9 @@ def tensor_types(path) -> list[dict]:
     ``bpw`` (bits per weight of that type), ``tensors`` (names, sorted). Sorted by bytes, largest first."""
     groups: dict[str, dict] = {}
     for t in _reader(Path(path)).tensors:
-        g = groups.setdefault(t.tensor_type.name, {"type": t.tensor_type.name, "n_tensors": 0, "n_elements": 0,
-                                                   "bytes": 0, "tensors": []})
+        g = groups.setdefault(
+            t.tensor_type.name, {"type": t.tensor_type.name, "n_tensors": 0, "n_elements": 0, "bytes": 0, "tensors": []}
+        )
         g["n_tensors"] += 1
         g["n_elements"] += int(t.n_elements)
         g["bytes"] += int(t.n_bytes)
@@ -119,15 +127,22 @@ def file_facts(path) -> dict:
         ft = gguf.LlamaFileType(f.contents()).name.replace("MOSTLY_", "") if f is not None else ""
     except ValueError:
         ft = str(f.contents())
-    return {"bytes": path.stat().st_size, "tensor_bytes": tb, "parameters": n, "bpw": 8 * tb / n,
-            "file_type": ft, "types": [{k: v for k, v in g.items() if k != "tensors"} for g in groups]}
+    return {
+        "bytes": path.stat().st_size,
+        "tensor_bytes": tb,
+        "parameters": n,
+        "bpw": 8 * tb / n,
+        "file_type": ft,
+        "types": [{k: v for k, v in g.items() if k != "tensors"} for g in groups],
+    }
 
 
 def type_mix(types: list[dict]) -> str:
     """A one-line summary of a tensor-type list: 'Q5_0 68%, Q8_0 23%, Q4_K 9%' (shares of weights)."""
     n = sum(g["n_elements"] for g in types)
-    return ", ".join(f"{g['type']} {100 * g['n_elements'] / n:.0f}%"
-                     for g in sorted(types, key=lambda g: -g["n_elements"]))
+    return ", ".join(
+        f"{g['type']} {100 * g['n_elements'] / n:.0f}%" for g in sorted(types, key=lambda g: -g["n_elements"])
+    )
 
 
 # --- the reference: a quantized GGUF rewritten at full precision (gguf package) --------------
@@ -164,8 +179,7 @@ def write_reference(src, out, dtype: str = "F32") -> Path:
         w.add_key_value(field.name, value, vtype, sub_type=sub)
     if "general.file_type" not in r.fields:
         w.add_file_type(FILE_TYPE[dtype])
-    F32, F16, BF16 = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16,
-                      gguf.GGMLQuantizationType.BF16)
+    F32, F16, BF16 = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
     for t in r.tensors:
         if t.tensor_type in (F32, F16, BF16):
             data = t.data if t.tensor_type != BF16 else dequantize(t.data, BF16)
@@ -234,8 +248,10 @@ def quantize_file(src, out, qtype: str, threads: int | None = None, verbose: boo
         rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
     if rc != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
-        raise LabError(f"llama.cpp's quantizer failed on {src.name} -> {qtype} (code {rc}); expected a "
-                       "readable GGUF source and a type this build supports: run with another --types")
+        raise LabError(
+            f"llama.cpp's quantizer failed on {src.name} -> {qtype} (code {rc}); expected a "
+            "readable GGUF source and a type this build supports: run with another --types"
+        )
     os.replace(tmp, out)
     return out
 
@@ -259,8 +275,7 @@ def rung(source, qtype: str, home: Path, source_sha: str, log=print) -> dict:
     log(f"quantizing {Path(source).name} -> {qtype} (llama.cpp's quantizer)...")
     t0 = time.perf_counter()
     quantize_file(source, out, qtype)
-    rec = {"type": qtype, "path": str(out), **key, "quantize_s": round(time.perf_counter() - t0, 2),
-           **file_facts(out)}
+    rec = {"type": qtype, "path": str(out), **key, "quantize_s": round(time.perf_counter() - t0, 2), **file_facts(out)}
     tmp = rec_path.with_name(rec_path.name + ".tmp")
     tmp.write_text(json.dumps(rec, indent=1) + "\n")
     os.replace(tmp, rec_path)
@@ -284,8 +299,15 @@ def rung_model(path, base, qtype: str):
     source model's ResolvedModel (its HF folder keeps serving as the lab tokenizer)."""
     from .models import ResolvedModel
 
-    return ResolvedModel(name=f"{base.name} -> {qtype}", source=str(path), source_format="gguf",
-                         sha256=f"{base.sha256[:16]}-{qtype}", architecture=base.architecture,
-                         parameters=base.parameters, quantization=qtype,
-                         max_position_embeddings=base.max_position_embeddings, gguf_path=str(path),
-                         hf_path=base.hf_path)
+    return ResolvedModel(
+        name=f"{base.name} -> {qtype}",
+        source=str(path),
+        source_format="gguf",
+        sha256=f"{base.sha256[:16]}-{qtype}",
+        architecture=base.architecture,
+        parameters=base.parameters,
+        quantization=qtype,
+        max_position_embeddings=base.max_position_embeddings,
+        gguf_path=str(path),
+        hf_path=base.hf_path,
+    )

@@ -4,6 +4,7 @@ Each function takes a pandas DataFrame of ladder rows (``lablib.results.load_res
 ``pd.DataFrame(run_ladder(...))``) and returns a ``plotly.graph_objects.Figure``. Every figure is
 "relative to the dequantized Q4_1 reference" (the rows' ``reference`` column says which).
 """
+
 from __future__ import annotations
 
 from .errors import LabError
@@ -14,8 +15,10 @@ ENGINE_SYMBOL = {"llama.cpp": "circle", "transformers": "square", "mlx": "diamon
 def _need(df, cols, what):
     missing = [c for c in cols if c not in df.columns]
     if missing or not len(df):
-        raise LabError(f"{what}: the rows lack {missing or 'rows'}; expected ladder rows from "
-                       "lablib.ladder.run_ladder or `lablib quantize --out FILE`")
+        raise LabError(
+            f"{what}: the rows lack {missing or 'rows'}; expected ladder rows from "
+            "lablib.ladder.run_ladder or `lablib quantize --out FILE`"
+        )
 
 
 def _title(df, text):
@@ -28,9 +31,17 @@ def _scatter(df, x, y, what, xlog=True, ylog=False):
 
     fig = go.Figure()
     for eng, d in df.groupby("engine", sort=False):
-        fig.add_trace(go.Scatter(x=d[x], y=d[y], mode="markers+text", name=eng, text=d["type"],
-                                 textposition="top center",
-                                 marker={"size": 10, "symbol": ENGINE_SYMBOL.get(eng, "circle")}))
+        fig.add_trace(
+            go.Scatter(
+                x=d[x],
+                y=d[y],
+                mode="markers+text",
+                name=eng,
+                text=d["type"],
+                textposition="top center",
+                marker={"size": 10, "symbol": ENGINE_SYMBOL.get(eng, "circle")},
+            )
+        )
     fig.update_xaxes(type="log" if xlog else "linear")
     fig.update_yaxes(type="log" if ylog else "linear")
     return fig
@@ -55,11 +66,16 @@ def quality_vs_size(df, metric: str = "kl_mean"):
     d = df[df[metric] > 0] if metric.startswith("kl") else df
     fig = _scatter(d, "bytes", metric, "quality", ylog=metric.startswith("kl"))
     front = pareto_front(d, "bytes", metric, higher_is_better=metric == "top1")
-    fig.add_trace(go.Scatter(x=front["bytes"], y=front[metric], mode="lines", name="Pareto front",
-                             line={"dash": "dot", "color": "gray"}))
-    fig.update_layout(title=_title(df, f"{metric} against size (lower-left is better)"),
-                      xaxis_title="bytes (weights file)", yaxis_title=f"{metric} (nats)" if metric.startswith("kl")
-                      else metric)
+    fig.add_trace(
+        go.Scatter(
+            x=front["bytes"], y=front[metric], mode="lines", name="Pareto front", line={"dash": "dot", "color": "gray"}
+        )
+    )
+    fig.update_layout(
+        title=_title(df, f"{metric} against size (lower-left is better)"),
+        xaxis_title="bytes (weights file)",
+        yaxis_title=f"{metric} (nats)" if metric.startswith("kl") else metric,
+    )
     return fig
 
 
@@ -71,10 +87,16 @@ def speed_vs_size(df, metric: str = "decode_tps"):
     d = df.dropna(subset=[metric])
     fig = _scatter(d, "bytes", metric, "speed")
     front = pareto_front(d, "bytes", metric, higher_is_better=True)
-    fig.add_trace(go.Scatter(x=front["bytes"], y=front[metric], mode="lines", name="Pareto front",
-                             line={"dash": "dot", "color": "gray"}))
-    fig.update_layout(title=_title(df, f"{metric} against size (upper-left is better; shared CPU: noisy)"),
-                      xaxis_title="bytes (weights file)", yaxis_title=f"{metric} (tokens/s)")
+    fig.add_trace(
+        go.Scatter(
+            x=front["bytes"], y=front[metric], mode="lines", name="Pareto front", line={"dash": "dot", "color": "gray"}
+        )
+    )
+    fig.update_layout(
+        title=_title(df, f"{metric} against size (upper-left is better; shared CPU: noisy)"),
+        xaxis_title="bytes (weights file)",
+        yaxis_title=f"{metric} (tokens/s)",
+    )
     return fig
 
 
@@ -94,8 +116,12 @@ def type_mix(df):
         for g in groups:
             shares.setdefault(g["type"], {})[r["type"]] = 100 * g["n_elements"] / n
     fig = go.Figure([go.Bar(name=t, x=list(d["type"]), y=[s.get(x, 0) for x in d["type"]]) for t, s in shares.items()])
-    fig.update_layout(barmode="stack", title="What each file really holds: share of weights per tensor type",
-                      xaxis_title="requested type (llama.cpp ftype)", yaxis_title="% of weights")
+    fig.update_layout(
+        barmode="stack",
+        title="What each file really holds: share of weights per tensor type",
+        xaxis_title="requested type (llama.cpp ftype)",
+        yaxis_title="% of weights",
+    )
     return fig
 
 
@@ -105,6 +131,9 @@ def decode_vs_bytes_per_token(df):
     _need(df, ["bytes_per_token", "decode_tps", "type", "engine"], "decode vs bytes per token")
     d = df.dropna(subset=["decode_tps"])
     fig = _scatter(d, "bytes_per_token", "decode_tps", "decode", xlog=True, ylog=True)
-    fig.update_layout(title="decode tokens/s against bytes read per token (shared CPU: noisy)",
-                      xaxis_title="weight bytes read per decoded token", yaxis_title="decode tokens/s")
+    fig.update_layout(
+        title="decode tokens/s against bytes read per token (shared CPU: noisy)",
+        xaxis_title="weight bytes read per decoded token",
+        yaxis_title="decode tokens/s",
+    )
     return fig

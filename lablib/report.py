@@ -62,8 +62,10 @@ def report_html(df, path, title: str = "Inference Engine Lab results") -> Path:
         table,
     ]
     if bounds is not None:
-        parts += ["<h2>Measured against the machine's bound (roofline)</h2>",
-                  bounds.to_html(index=False, border=0, classes="manifest", float_format=lambda v: f"{v:,.1f}")]
+        parts += [
+            "<h2>Measured against the machine's bound (roofline)</h2>",
+            bounds.to_html(index=False, border=0, classes="manifest", float_format=lambda v: f"{v:,.1f}"),
+        ]
     for i, fig in enumerate(figs):
         parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
     parts.append("</body></html>")

@@ -84,21 +84,26 @@ class ResultsWriter:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.path.is_dir():
-                raise LabError(f"results file {self.path} is a folder; expected a file name ending in "
-                               ".jsonl or .parquet")
+                raise LabError(
+                    f"results file {self.path} is a folder; expected a file name ending in .jsonl or .parquet"
+                )
             if self.path.exists():
                 open(self.path, "ab").close()
             elif self.path.is_symlink():  # a link to a file not there yet: its folder must be
                 target = self.path.resolve()
                 if not target.parent.is_dir():
-                    raise LabError(f"results file {self.path} links to {target}, whose folder does not exist; "
-                                   "expected a writable place: create the folder or choose another --out")
+                    raise LabError(
+                        f"results file {self.path} links to {target}, whose folder does not exist; "
+                        "expected a writable place: create the folder or choose another --out"
+                    )
                 tempfile.TemporaryFile(dir=target.parent).close()
             else:
                 tempfile.TemporaryFile(dir=self.path.parent).close()
         except OSError as e:
-            raise LabError(f"results file {self.path}: cannot write there ({e.strerror or e}); expected a "
-                           "writable folder: choose another --out") from None
+            raise LabError(
+                f"results file {self.path}: cannot write there ({e.strerror or e}); expected a "
+                "writable folder: choose another --out"
+            ) from None
         # parquet is rewritten whole per row: read what is there now (a corrupt or foreign file is
         # refused here, before a measurement whose row could not be written)
         self._rows = None
@@ -106,12 +111,17 @@ class ResultsWriter:
             old = _read_file(self.path) if self.path.exists() else None
             if old is not None and len(old):
                 engine_ok = "engine" in old.columns and old["engine"].map(lambda v: isinstance(v, str)).all()
-                wrong = [c for c in METRICS if c in old.columns and not old[c].isna().all()
-                         and not pd.api.types.is_numeric_dtype(old[c])]  # all-null: e.g. TPOT of 1-token runs
+                wrong = [
+                    c
+                    for c in METRICS
+                    if c in old.columns and not old[c].isna().all() and not pd.api.types.is_numeric_dtype(old[c])
+                ]  # all-null: e.g. TPOT of 1-token runs
                 if not engine_ok or wrong:
-                    raise LabError(f"{self.path} is not a results file the lab wrote (engine names "
-                                   f"{'fine' if engine_ok else 'missing or not text'}, non-numeric metric "
-                                   f"columns {wrong}); expected lab results to add to: write to a new file")
+                    raise LabError(
+                        f"{self.path} is not a results file the lab wrote (engine names "
+                        f"{'fine' if engine_ok else 'missing or not text'}, non-numeric metric "
+                        f"columns {wrong}); expected lab results to add to: write to a new file"
+                    )
             self._rows = [] if old is None else old.to_dict("records")
 
     def append(self, row: dict) -> None:
@@ -178,19 +188,25 @@ def _read_file(p):
                 try:
                     row = json.loads(line)
                 except ValueError as e:
-                    raise LabError(f"{p}, line {n}: not a JSON row ({e}); remove or repair that line "
-                                   "(a crash can leave a torn last line)") from None
+                    raise LabError(
+                        f"{p}, line {n}: not a JSON row ({e}); remove or repair that line "
+                        "(a crash can leave a torn last line)"
+                    ) from None
                 if not isinstance(row, dict):
-                    raise LabError(f"{p}, line {n}: a JSON {type(row).__name__}, expected one row as a JSON "
-                                   "object ({\"engine\": ..., ...}); remove or repair that line")
+                    raise LabError(
+                        f"{p}, line {n}: a JSON {type(row).__name__}, expected one row as a JSON "
+                        'object ({"engine": ..., ...}); remove or repair that line'
+                    )
                 rows.append(row)
         return pd.DataFrame(rows)
     try:
         return pd.read_parquet(p)
     except Exception as e:  # pyarrow's ArrowInvalid and friends
-        raise LabError(f"{p}: not a readable parquet file ({type(e).__name__}: "
-                       f"{first_line(e)}); expected a results file the lab "
-                       "wrote: restore it, or write to a new file") from None
+        raise LabError(
+            f"{p}: not a readable parquet file ({type(e).__name__}: "
+            f"{first_line(e)}); expected a results file the lab "
+            "wrote: restore it, or write to a new file"
+        ) from None
 
 
 def merge_results(paths, out):
@@ -214,9 +230,11 @@ def merge_results(paths, out):
             df.to_parquet(tmp, index=False)
         except Exception as e:  # pyarrow: a column mixing numbers and text across the files
             tmp.unlink(missing_ok=True)
-            raise LabError(f"cannot write {out}: the files disagree on a column's type ({type(e).__name__}: "
-                           f"{first_line(e)}); merge into a .jsonl instead, or "
-                           "repair the file whose rows differ") from None
+            raise LabError(
+                f"cannot write {out}: the files disagree on a column's type ({type(e).__name__}: "
+                f"{first_line(e)}); merge into a .jsonl instead, or "
+                "repair the file whose rows differ"
+            ) from None
         tmp.replace(out)
     else:  # full float precision, as ResultsWriter writes
         with open(out, "w", encoding="utf-8") as f:

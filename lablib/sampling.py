@@ -18,11 +18,14 @@ dist) and mlx-lm as a composition of its filters (mlx-lm's ``make_sampler`` appl
 Nothing else applies: no repetition/presence/frequency penalty, min-p, typical-p, minimum
 length, suppressed or forced tokens, whatever a model folder or a library default asks for.
 """
+
 from __future__ import annotations
 
-DEFINITION = ("greedy (argmax) if temperature == 0; else logits / temperature -> top-k (0 = off) -> "
-              "top-p on the softmax of what is left (smallest most-probable set with mass >= top_p; 1 = off) "
-              "-> softmax -> draw; no penalties or other filters")
+DEFINITION = (
+    "greedy (argmax) if temperature == 0; else logits / temperature -> top-k (0 = off) -> "
+    "top-p on the softmax of what is left (smallest most-probable set with mass >= top_p; 1 = off) "
+    "-> softmax -> draw; no penalties or other filters"
+)
 
 
 def probabilities(logits, temperature: float, top_k: int = 0, top_p: float = 1.0):
@@ -95,5 +98,12 @@ def check_draws(draws, expected, allowed=None, alpha: float = 1e-3, min_expected
     z = NormalDist().inv_cdf(1 - alpha)
     limit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
     top = [{"token": int(t), "expected": round(n * float(p[t]), 1), "observed": int(counts[t])} for t in singles]
-    return {"ok": outside == 0 and chi2 <= limit, "n": n, "bins": len(obs), "chi2": chi2, "limit": limit,
-            "outside": outside, "top": top}
+    return {
+        "ok": outside == 0 and chi2 <= limit,
+        "n": n,
+        "bins": len(obs),
+        "chi2": chi2,
+        "limit": limit,
+        "outside": outside,
+        "top": top,
+    }

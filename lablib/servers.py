@@ -135,8 +135,10 @@ def _need(modules, what: str) -> None:
 
 def _llama_cpp_python(model, host: str, port: str, parallel: int, threads: int, n_ctx: int):
     """llama-cpp-python's own server: one request at a time (a default single slot's serial queue)."""
-    _need(("llama_cpp", "fastapi", "uvicorn", "sse_starlette", "starlette_context", "pydantic_settings"),
-          "llama-cpp-python's server")
+    _need(
+        ("llama_cpp", "fastapi", "uvicorn", "sse_starlette", "starlette_context", "pydantic_settings"),
+        "llama-cpp-python's server",
+    )
     if parallel != 1:
         raise LabError(
             f"parallel={parallel}: llama-cpp-python's server runs one request at a time "
@@ -144,9 +146,29 @@ def _llama_cpp_python(model, host: str, port: str, parallel: int, threads: int, 
         )
     gguf = model.path_for("gguf", "llama-cpp-python's server")
     # a new request would cancel the running stream; full logits per prompt token cost ~400 MB
-    argv = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", host, "--port", port,
-            "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx),
-            "--interrupt_requests", "False", "--logits_all", "False", "--model_alias", "lab-model"]
+    argv = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        gguf,
+        "--host",
+        host,
+        "--port",
+        port,
+        "--n_threads",
+        str(threads),
+        "--n_threads_batch",
+        str(threads),
+        "--n_ctx",
+        str(n_ctx),
+        "--interrupt_requests",
+        "False",
+        "--logits_all",
+        "False",
+        "--model_alias",
+        "lab-model",
+    ]
     return argv, "llama-cpp-python", _version("llama_cpp_python"), ["/v1/models"]
 
 
@@ -155,9 +177,25 @@ def _mlx_server(model, host: str, port: str, parallel: int, threads: int, n_ctx:
     if importlib.util.find_spec("mlx_lm") is None:
         raise LabError("mlx_lm.server needs mlx-lm: pip install 'mlx[cpu]' mlx-lm")
     folder = model.path_for("mlx", "mlx_lm.server")
-    argv = [sys.executable, "-m", "mlx_lm.server", "--model", folder, "--host", host, "--port", port,
-            "--decode-concurrency", str(parallel), "--prompt-concurrency", str(parallel), "--max-tokens", "4096",
-            "--log-level", "WARNING"]
+    argv = [
+        sys.executable,
+        "-m",
+        "mlx_lm.server",
+        "--model",
+        folder,
+        "--host",
+        host,
+        "--port",
+        port,
+        "--decode-concurrency",
+        str(parallel),
+        "--prompt-concurrency",
+        str(parallel),
+        "--max-tokens",
+        "4096",
+        "--log-level",
+        "WARNING",
+    ]
     return argv, "mlx", _version("mlx-lm"), ["/health"]
 
 
@@ -184,9 +222,27 @@ def _llama_server(model, host: str, port: str, parallel: int, threads: int, n_ct
     except BuildError as e:
         raise LabError(f"llama-server could not be built: {e}") from None
     gguf = model.path_for("gguf", "llama-server")
-    argv = [exe, "-m", gguf, "--host", host, "--port", port, "-t", str(threads), "-tb", str(threads),
-            "-c", str(n_ctx * parallel), "--parallel", str(parallel), "--cont-batching", "--no-webui",
-            "--alias", "lab-model"]
+    argv = [
+        exe,
+        "-m",
+        gguf,
+        "--host",
+        host,
+        "--port",
+        port,
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "-c",
+        str(n_ctx * parallel),
+        "--parallel",
+        str(parallel),
+        "--cont-batching",
+        "--no-webui",
+        "--alias",
+        "lab-model",
+    ]
     return argv, "llama-server", "llama.cpp (built by lablib)", ["/health"]
 
 
@@ -237,8 +293,8 @@ def start_server(
     log's last lines when the server exits or is not ready within ``timeout_s`` (it is then
     stopped).
     """
-    from .engines.base import default_threads
     from .config import lab_home
+    from .engines.base import default_threads
     from .models import ResolvedModel, prepare
 
     rm = model if isinstance(model, ResolvedModel) else prepare(model, log=lambda *_: None)

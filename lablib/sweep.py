@@ -4,6 +4,7 @@ Warm-up requests run first and are not recorded (first-call costs: allocator,
 kernel selection, MLX graph compilation). Each measured request starts from an
 empty KV cache (the engines guarantee it), so prefill is always the whole prompt.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -24,8 +25,15 @@ def engine_manifest(engine, workload: dict | None = None) -> dict:
     return run_manifest(engine.info().to_dict(), engine.model.manifest(), workload)
 
 
-def measure(engine, ids: list[int], cfg: GenerationConfig | None = None, warmup: int = 1,
-            reps: int = 3, workload: dict | None = None, **labels) -> list[dict]:
+def measure(
+    engine,
+    ids: list[int],
+    cfg: GenerationConfig | None = None,
+    warmup: int = 1,
+    reps: int = 3,
+    workload: dict | None = None,
+    **labels,
+) -> list[dict]:
     """Run ``ids`` on ``engine`` ``warmup`` times unrecorded, then ``reps`` times.
 
     Returns ``reps`` rows (dicts: labels, metrics of DESIGN.md, manifest fields,
@@ -35,9 +43,17 @@ def measure(engine, ids: list[int], cfg: GenerationConfig | None = None, warmup:
     return list(iter_measure(engine, ids, cfg, warmup, reps, workload, **labels))
 
 
-def iter_measure(engine, ids: list[int], cfg: GenerationConfig | None = None, warmup: int = 1,
-                 reps: int = 3, workload: dict | None = None, cancel=None, token_ids: bool = True,
-                 **labels):
+def iter_measure(
+    engine,
+    ids: list[int],
+    cfg: GenerationConfig | None = None,
+    warmup: int = 1,
+    reps: int = 3,
+    workload: dict | None = None,
+    cancel=None,
+    token_ids: bool = True,
+    **labels,
+):
     """:func:`measure`, one row at a time: each row is yielded as its request finishes.
 
     ``cancel`` (a threading.Event): checked before every request, warm-up included; once set,
@@ -47,9 +63,10 @@ def iter_measure(engine, ids: list[int], cfg: GenerationConfig | None = None, wa
     if reps < 1 or warmup < 0:
         raise LabError(f"reps={reps}, warmup={warmup}: expected reps >= 1 and warmup >= 0")
     engine.check_context(len(ids), cfg.max_new_tokens)
-    manifest = engine_manifest(engine, workload or {"prompt_tokens": len(ids),
-                                                 "max_new_tokens": cfg.max_new_tokens,
-                                                 "warmup": warmup, "reps": reps})
+    manifest = engine_manifest(
+        engine,
+        workload or {"prompt_tokens": len(ids), "max_new_tokens": cfg.max_new_tokens, "warmup": warmup, "reps": reps},
+    )
     for _ in range(warmup):
         if cancel is not None and cancel.is_set():
             return
@@ -64,8 +81,17 @@ def iter_measure(engine, ids: list[int], cfg: GenerationConfig | None = None, wa
         yield row
 
 
-def side_by_side(model=None, *, engines=NAMES, messages=None, ids=None, max_new_tokens: int | None = None,
-                 warmup: int = 1, reps: int | None = None, progress: bool = True):
+def side_by_side(
+    model=None,
+    *,
+    engines=NAMES,
+    messages=None,
+    ids=None,
+    max_new_tokens: int | None = None,
+    warmup: int = 1,
+    reps: int | None = None,
+    progress: bool = True,
+):
     """The same prompt ids through each engine: one row per measured request.
 
     ``messages`` (chat, rendered by the lab's tokenizer) or ``ids`` give the
@@ -144,7 +170,8 @@ def check_plan(model, engines, prompt_tokens, max_new_tokens, concurrency=(1,)) 
     if trained and longest > trained:
         raise ContextOverflowError(
             f"context overflow: prompt {max(prompt_tokens)} + output {max_new_tokens} = {longest} tokens, but "
-            f"{model.name} was trained to {trained}. Use prompt lengths up to {trained - max_new_tokens}.")
+            f"{model.name} was trained to {trained}. Use prompt lengths up to {trained - max_new_tokens}."
+        )
     # the sweep's prompts come from the lab's tokenizer (transformers, which imports torch: about
     # 300 MiB once loaded): load it first, so the memory check counts it as in use, not as free
     lab_tokenizer(model)
@@ -158,9 +185,11 @@ def check_requests(requests, levels) -> int | None:
         return None
     requests = positive_ints([requests], "requests")[0]
     if requests < max(levels):
-        raise LabError(f"requests={requests} with concurrency up to {max(levels)}: C clients need at least "
-                       f"C requests to ever have C in flight; give requests >= {max(levels)}, or leave it "
-                       "out for 2 x C per level")
+        raise LabError(
+            f"requests={requests} with concurrency up to {max(levels)}: C clients need at least "
+            f"C requests to ever have C in flight; give requests >= {max(levels)}, or leave it "
+            "out for 2 x C per level"
+        )
     return requests
 
 
@@ -175,9 +204,20 @@ def _emit(row: dict, rows: list, writer, on_row, bar) -> None:
 
 
 # --- context sweep ----------------------------------------------------------------------------
-def context_sweep(model=None, *, engines=NAMES, prompt_tokens=None, max_new_tokens: int | None = None,
-                  reps: int | None = None, warmup: int = 1, out=None, cancel=None, on_row=None,
-                  progress: bool = True, corpus: str = "prose"):
+def context_sweep(
+    model=None,
+    *,
+    engines=NAMES,
+    prompt_tokens=None,
+    max_new_tokens: int | None = None,
+    reps: int | None = None,
+    warmup: int = 1,
+    out=None,
+    cancel=None,
+    on_row=None,
+    progress: bool = True,
+    corpus: str = "prose",
+):
     """Prompt length against prefill and decode, per engine.
 
     For each engine (loaded once) and each prompt length in ``prompt_tokens``
@@ -201,8 +241,9 @@ def context_sweep(model=None, *, engines=NAMES, prompt_tokens=None, max_new_toke
         raise LabError(f"warmup={warmup}: expected 0 or more")
     names = engine_names(engines)
     rm = resolve(model)
-    lengths = positive_ints(default_prompt_lengths(rm, max_new_tokens) if prompt_tokens is None else prompt_tokens,
-                           "prompt_tokens")
+    lengths = positive_ints(
+        default_prompt_lengths(rm, max_new_tokens) if prompt_tokens is None else prompt_tokens, "prompt_tokens"
+    )
     check_plan(rm, names, lengths, max_new_tokens)
     writer = ResultsWriter(out) if out else None
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
@@ -215,10 +256,27 @@ def context_sweep(model=None, *, engines=NAMES, prompt_tokens=None, max_new_toke
             try:
                 for n in lengths:
                     ids = prompt_of_length(rm, n, corpus=corpus)
-                    workload = {"sweep": "context", "prompt_tokens": n, "max_new_tokens": max_new_tokens,
-                                "warmup": warmup, "reps": reps, "corpus": corpus}
-                    for row in iter_measure(engine, ids, cfg, warmup, reps, workload, cancel=cancel,
-                                            token_ids=False, sweep="context", mode="single", concurrency=1):
+                    workload = {
+                        "sweep": "context",
+                        "prompt_tokens": n,
+                        "max_new_tokens": max_new_tokens,
+                        "warmup": warmup,
+                        "reps": reps,
+                        "corpus": corpus,
+                    }
+                    for row in iter_measure(
+                        engine,
+                        ids,
+                        cfg,
+                        warmup,
+                        reps,
+                        workload,
+                        cancel=cancel,
+                        token_ids=False,
+                        sweep="context",
+                        mode="single",
+                        concurrency=1,
+                    ):
                         row["request_index"] = row["repetition"]
                         _emit(row, rows, writer, on_row, bar)
                     if cancel is not None and cancel.is_set():
@@ -235,9 +293,22 @@ class _Cancelled(Exception):
     pass
 
 
-def concurrency_sweep(model=None, *, engines=NAMES, concurrency=None, modes=MODES, requests: int | None = None,
-                      prompt_tokens: int | None = None, max_new_tokens: int | None = None, warmup: int = 1,
-                      out=None, cancel=None, on_row=None, progress: bool = True, corpus: str = "prose"):
+def concurrency_sweep(
+    model=None,
+    *,
+    engines=NAMES,
+    concurrency=None,
+    modes=MODES,
+    requests: int | None = None,
+    prompt_tokens: int | None = None,
+    max_new_tokens: int | None = None,
+    warmup: int = 1,
+    out=None,
+    cancel=None,
+    on_row=None,
+    progress: bool = True,
+    corpus: str = "prose",
+):
     """Closed-loop clients against each engine, serial queue versus continuous batching.
 
     For each engine (loaded once, sized for the largest concurrency), each mode
@@ -255,8 +326,7 @@ def concurrency_sweep(model=None, *, engines=NAMES, concurrency=None, modes=MODE
     import pandas as pd
     from tqdm.auto import tqdm
 
-    levels = positive_ints(budget("concurrency", "concurrency") if concurrency is None else concurrency,
-                           "concurrency")
+    levels = positive_ints(budget("concurrency", "concurrency") if concurrency is None else concurrency, "concurrency")
     if prompt_tokens is None:
         prompt_tokens = budget("concurrency", "prompt_tokens")
     n_prompt = positive_ints([prompt_tokens], "prompt_tokens")[0]
@@ -280,8 +350,12 @@ def concurrency_sweep(model=None, *, engines=NAMES, concurrency=None, modes=MODE
     cfg = GenerationConfig(max_new_tokens=n_out)
     plan = [(c, requests or per_client * c) for c in levels]
     rows = []
-    bar = tqdm(total=len(names) * len(modes) * sum(r for _, r in plan), desc="concurrency sweep", unit="req",
-               disable=not progress)
+    bar = tqdm(
+        total=len(names) * len(modes) * sum(r for _, r in plan),
+        desc="concurrency sweep",
+        unit="req",
+        disable=not progress,
+    )
 
     def keep(trace, manifest, labels):
         _emit(trace_row(trace, manifest, **labels), rows, writer, on_row, bar)
@@ -296,19 +370,36 @@ def concurrency_sweep(model=None, *, engines=NAMES, concurrency=None, modes=MODE
             try:
                 for mode in modes:
                     if warmup:
-                        run_closed_loop(engine, [prompt_of_length(rm, n_prompt, corpus=corpus)] * warmup,
-                                        min(warmup, cmax), mode, cfg)
+                        run_closed_loop(
+                            engine,
+                            [prompt_of_length(rm, n_prompt, corpus=corpus)] * warmup,
+                            min(warmup, cmax),
+                            mode,
+                            cfg,
+                        )
                     for c, r in plan:
-                        prompts = [prompt_of_length(rm, n_prompt, corpus=corpus, offset=i * n_prompt)
-                                   for i in range(r)]
-                        workload = {"sweep": "concurrency", "mode": mode, "concurrency": c, "requests": r,
-                                    "prompt_tokens": n_prompt, "max_new_tokens": n_out, "warmup": warmup,
-                                    "corpus": corpus}
+                        prompts = [prompt_of_length(rm, n_prompt, corpus=corpus, offset=i * n_prompt) for i in range(r)]
+                        workload = {
+                            "sweep": "concurrency",
+                            "mode": mode,
+                            "concurrency": c,
+                            "requests": r,
+                            "prompt_tokens": n_prompt,
+                            "max_new_tokens": n_out,
+                            "warmup": warmup,
+                            "corpus": corpus,
+                        }
                         manifest = engine_manifest(engine, workload)
-                        labels = {"sweep": "concurrency", "mode": mode, "concurrency": c, "repetition": 0,
-                                  "run_id": uuid.uuid4().hex[:12]}
-                        run_closed_loop(engine, prompts, c, mode, cfg,
-                                        on_trace=lambda t, m=manifest, lb=labels: keep(t, m, lb))
+                        labels = {
+                            "sweep": "concurrency",
+                            "mode": mode,
+                            "concurrency": c,
+                            "repetition": 0,
+                            "run_id": uuid.uuid4().hex[:12],
+                        }
+                        run_closed_loop(
+                            engine, prompts, c, mode, cfg, on_trace=lambda t, m=manifest, lb=labels: keep(t, m, lb)
+                        )
             finally:
                 engine.close()
     except _Cancelled:

@@ -15,6 +15,7 @@ prefill_s``; ``itl_s[i] = t_tokens[i] - t_tokens[i-1]``;
 ``e2e_s = t_tokens[-1] - t_submit``. With one output token there is no decode
 phase: ``tpot_s`` and ``decode_tps`` are ``None``.
 """
+
 from __future__ import annotations
 
 import time
@@ -125,9 +126,13 @@ class RequestTrace:
     def metrics(self) -> dict:
         """The metrics of DESIGN.md plus token counts, as one flat dict."""
         out = {name: getattr(self, name) for name in METRICS}
-        out.update(prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
-                   output_tokens=self.output_tokens, decode_s=self.decode_s,
-                   finish_reason=self.finish_reason)
+        out.update(
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
+            output_tokens=self.output_tokens,
+            decode_s=self.decode_s,
+            finish_reason=self.finish_reason,
+        )
         return out
 
 

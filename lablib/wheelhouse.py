@@ -22,6 +22,7 @@ the project and its extras, so the set installs together.
 
 Stdlib only: it runs before the project is installed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,8 +84,7 @@ def _sha256(path: Path) -> str:
 
 
 def _pip(args: list[str], pip_args: tuple[str, ...], log) -> None:
-    cmd = [sys.executable, "-m", "pip", *args[:1], "--disable-pip-version-check",
-           *pip_args, *args[1:]]
+    cmd = [sys.executable, "-m", "pip", *args[:1], "--disable-pip-version-check", *pip_args, *args[1:]]
     log("$ " + " ".join(cmd))
     subprocess.run(cmd, check=True)
 
@@ -111,8 +111,7 @@ def _source_copy(project: Path, dest: Path) -> Path:
 def _one(folder: Path, name: str) -> Path:
     found = wheels_of(folder, name)
     if len(found) != 1:
-        raise RuntimeError(f"expected exactly one {name} wheel in {folder}, found "
-                           f"{[p.name for p in found] or 'none'}")
+        raise RuntimeError(f"expected exactly one {name} wheel in {folder}, found {[p.name for p in found] or 'none'}")
     return found[0]
 
 
@@ -164,10 +163,19 @@ def _gguf_of(model_whl: Path, into: Path) -> Path:
         return Path(z.extract(name, into))
 
 
-def build(out: Path, *, project: Path = PROJECT_ROOT, torch_spec: str = TORCH_SPEC,
-          model_pkg: str = MODEL_PKG, extras: str = EXTRAS, cmake_args: str | None = None,
-          portable: bool = False, cache_root: Path | None = None, pip_args: tuple[str, ...] = (),
-          log=print) -> dict:
+def build(
+    out: Path,
+    *,
+    project: Path = PROJECT_ROOT,
+    torch_spec: str = TORCH_SPEC,
+    model_pkg: str = MODEL_PKG,
+    extras: str = EXTRAS,
+    cmake_args: str | None = None,
+    portable: bool = False,
+    cache_root: Path | None = None,
+    pip_args: tuple[str, ...] = (),
+    log=print,
+) -> dict:
     """Build the wheelhouse into ``out`` (replaced whole on success); returns its manifest.
 
     ``cmake_args``: llama-cpp-python's CMAKE_ARGS (default: probed on this CPU; with
@@ -194,8 +202,9 @@ def build(out: Path, *, project: Path = PROJECT_ROOT, torch_spec: str = TORCH_SP
         #    probed here and verified on the model (the cached wheel, else built once: minutes)
         if cmake_args is None:
             with tempfile.TemporaryDirectory(prefix="lablib-model-") as tmp:
-                llama, report = llama_build.verified_build(features, Path(cache_root), _gguf_of(model_whl, Path(tmp)),
-                                                           portable=portable, log=log)
+                llama, report = llama_build.verified_build(
+                    features, Path(cache_root), _gguf_of(model_whl, Path(tmp)), portable=portable, log=log
+                )
             cmake_args = report["cmake_args"]
         else:
             llama = llama_build.build_wheel(Path(cache_root), cmake_args, log=log)
@@ -203,31 +212,35 @@ def build(out: Path, *, project: Path = PROJECT_ROOT, torch_spec: str = TORCH_SP
         with tempfile.TemporaryDirectory(prefix="lablib-wheelhouse-") as tmp:
             tdir, src = Path(tmp, "torch"), Path(tmp, "src")
             src.mkdir()
-            _pip(["download", "--no-deps", "--only-binary=:all:", "-d", str(tdir), torch_spec],
-                 pip_args, log)
+            _pip(["download", "--no-deps", "--only-binary=:all:", "-d", str(tdir), torch_spec], pip_args, log)
             torch = _one(tdir, "torch")
             # 4. one resolve: torch + llama-cpp-python wheels + the project with its
             #    extras; sdists among the dependencies are built into wheels here
-            _pip(["wheel", "--wheel-dir", str(stage), str(torch), str(llama),
-                  f"{_source_copy(project, src)}[{extras}]"], pip_args, log)
+            _pip(
+                ["wheel", "--wheel-dir", str(stage), str(torch), str(llama), f"{_source_copy(project, src)}[{extras}]"],
+                pip_args,
+                log,
+            )
         torch_whl, llama_whl = _one(stage, "torch"), _one(stage, "llama-cpp-python")
         project_whl = _one(stage, name)
         if _sha256(llama_whl) != _sha256(llama):
             raise RuntimeError(f"{llama_whl.name} is not the wheel built for CMAKE_ARGS={cmake_args!r}")
         if platform.system() == "Linux" and "+cpu" not in torch_whl.name:
-            log(f"warning: {torch_whl.name} is not torch's CPU build: on Linux that is the CUDA "
-                "build, whose nvidia-* wheels (several GB) are in the wheelhouse too")
+            log(
+                f"warning: {torch_whl.name} is not torch's CPU build: on Linux that is the CUDA "
+                "build, whose nvidia-* wheels (several GB) are in the wheelhouse too"
+            )
         wheels = sorted(stage.glob("*.whl"))
         manifest = {
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "python": "{}.{}".format(*sys.version_info[:2]),
             "system": platform.system(),
             "machine": platform.machine(),
-            "project": {"name": name, "version": version, "extras": extras,
-                        "wheel": project_whl.name},
+            "project": {"name": name, "version": version, "extras": extras, "wheel": project_whl.name},
             "torch": {"spec": torch_spec, "wheel": torch_whl.name},
             "llama_cpp_python": {
-                "spec": llama_build.LLAMA_CPP_PYTHON, "wheel": llama_whl.name,
+                "spec": llama_build.LLAMA_CPP_PYTHON,
+                "wheel": llama_whl.name,
                 "cmake_args": cmake_args,
                 "cache_key": llama_build.wheel_cache_dir(Path(cache_root), cmake_args).name,
                 "sha256": _sha256(llama_whl),
@@ -238,11 +251,19 @@ def build(out: Path, *, project: Path = PROJECT_ROOT, torch_spec: str = TORCH_SP
         }
         on = [opt[5:] for opt in cmake_args.split() if opt.endswith("=ON")]
         install = INSTALL_SH.format(
-            created=manifest["created"], py=manifest["python"], system=manifest["system"],
-            machine=manifest["machine"], cmake_args=cmake_args or "(engine defaults)",
+            created=manifest["created"],
+            py=manifest["python"],
+            system=manifest["system"],
+            machine=manifest["machine"],
+            cmake_args=cmake_args or "(engine defaults)",
             features=" ".join(on) or cmake_args or "engine defaults",
-            torch=torch_whl.name, llama=llama_whl.name, project=name, extras=extras,
-            version=version, model_pkg=model_pkg)
+            torch=torch_whl.name,
+            llama=llama_whl.name,
+            project=name,
+            extras=extras,
+            version=version,
+            model_pkg=model_pkg,
+        )
         (stage / "install.sh").write_text(install)
         (stage / "install.sh").chmod(0o755)
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -264,19 +285,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--torch-spec", default=TORCH_SPEC, help=f"torch requirement ({TORCH_SPEC})")
     ap.add_argument("--model-pkg", default=MODEL_PKG, help=f"model package ({MODEL_PKG})")
     ap.add_argument("--extras", default=EXTRAS, help=f"the project's extras ({EXTRAS})")
-    ap.add_argument("--cmake-args", default=None,
-                    help="llama-cpp-python CMAKE_ARGS (default: probed on this CPU)")
-    ap.add_argument("--portable", action="store_true",
-                    help="llama.cpp with x86-64-v3 extensions only (AVX2, FMA, F16C): for a room of "
-                         "laptops other than this one (no SIGILL on a CPU without AVX-512)")
-    ap.add_argument("--cache", default=None,
-                    help="llama-cpp-python wheel cache (default: $LABLIB_HOME/wheels)")
-    ap.add_argument("--pip-arg", action="append", default=[], metavar="ARG",
-                    help="extra option for every pip command (repeat)")
+    ap.add_argument("--cmake-args", default=None, help="llama-cpp-python CMAKE_ARGS (default: probed on this CPU)")
+    ap.add_argument(
+        "--portable",
+        action="store_true",
+        help="llama.cpp with x86-64-v3 extensions only (AVX2, FMA, F16C): for a room of "
+        "laptops other than this one (no SIGILL on a CPU without AVX-512)",
+    )
+    ap.add_argument("--cache", default=None, help="llama-cpp-python wheel cache (default: $LABLIB_HOME/wheels)")
+    ap.add_argument(
+        "--pip-arg", action="append", default=[], metavar="ARG", help="extra option for every pip command (repeat)"
+    )
     ns = ap.parse_args(argv)
-    build(Path(ns.out), project=Path(ns.project), torch_spec=ns.torch_spec,
-          model_pkg=ns.model_pkg, extras=ns.extras, cmake_args=ns.cmake_args, portable=ns.portable,
-          cache_root=Path(ns.cache) if ns.cache else None, pip_args=tuple(ns.pip_arg))
+    build(
+        Path(ns.out),
+        project=Path(ns.project),
+        torch_spec=ns.torch_spec,
+        model_pkg=ns.model_pkg,
+        extras=ns.extras,
+        cmake_args=ns.cmake_args,
+        portable=ns.portable,
+        cache_root=Path(ns.cache) if ns.cache else None,
+        pip_args=tuple(ns.pip_arg),
+    )
     return 0
 
 

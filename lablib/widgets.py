@@ -8,6 +8,7 @@ too). ``panel.run_sync()`` runs the same sweep with the panel's current values i
 the calling thread: a headless run (nbval, CI) draws the same figure without a
 click.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -38,12 +39,21 @@ def defaults(kind: str = "context", quick: bool | None = None) -> dict:
     if kind not in KINDS:
         raise LabError(f"sweep kind {kind!r}: expected one of {', '.join(KINDS)}")
     if kind == "context":
-        return dict(engines=list(ENGINE_NAMES), prompt_tokens=_csv(budget("context_panel", "prompt_tokens", quick)),
-                    max_new_tokens=budget("context", "max_new_tokens", quick), reps=budget("context", "reps", quick))
+        return dict(
+            engines=list(ENGINE_NAMES),
+            prompt_tokens=_csv(budget("context_panel", "prompt_tokens", quick)),
+            max_new_tokens=budget("context", "max_new_tokens", quick),
+            reps=budget("context", "reps", quick),
+        )
     # requests 0: the sweep's default, requests_per_client x concurrency per run
-    return dict(engines=list(ENGINE_NAMES), prompt_tokens=str(budget("concurrency", "prompt_tokens", quick)),
-                concurrency=_csv(budget("concurrency", "concurrency", quick)), modes=list(MODES), requests=0,
-                max_new_tokens=budget("concurrency", "max_new_tokens", quick))
+    return dict(
+        engines=list(ENGINE_NAMES),
+        prompt_tokens=str(budget("concurrency", "prompt_tokens", quick)),
+        concurrency=_csv(budget("concurrency", "concurrency", quick)),
+        modes=list(MODES),
+        requests=0,
+        max_new_tokens=budget("concurrency", "max_new_tokens", quick),
+    )
 
 
 def default_out(kind: str) -> str:
@@ -94,41 +104,69 @@ class SweepPanel:
         def row_layout():  # one Layout per widget: hiding one must not hide another
             return w.Layout(width="460px")
 
-        self.kind = w.ToggleButtons(options=[("context length", "context"), ("concurrency", "concurrency")],
-                                    value=kind, description="sweep", style=wide)
-        self.engine_boxes = {name: w.Checkbox(value=True, description=name, indent=False,
-                                              layout=w.Layout(width="130px")) for name in ENGINE_NAMES}
-        self.prompt_tokens = w.Text(description="prompt tokens", style=wide, layout=row_layout(),
-                                    placeholder="64,256")
+        self.kind = w.ToggleButtons(
+            options=[("context length", "context"), ("concurrency", "concurrency")],
+            value=kind,
+            description="sweep",
+            style=wide,
+        )
+        self.engine_boxes = {
+            name: w.Checkbox(value=True, description=name, indent=False, layout=w.Layout(width="130px"))
+            for name in ENGINE_NAMES
+        }
+        self.prompt_tokens = w.Text(description="prompt tokens", style=wide, layout=row_layout(), placeholder="64,256")
         self.concurrency = w.Text(description="concurrency", style=wide, layout=row_layout(), placeholder="1,2,4")
-        self.mode_boxes = {m: w.Checkbox(value=True, description=m, indent=False, layout=w.Layout(width="130px"))
-                           for m in MODES}
-        self.requests = w.BoundedIntText(min=0, max=10_000, description="requests per run", style=wide,
-                                         layout=w.Layout(width="220px"))
+        self.mode_boxes = {
+            m: w.Checkbox(value=True, description=m, indent=False, layout=w.Layout(width="130px")) for m in MODES
+        }
+        self.requests = w.BoundedIntText(
+            min=0, max=10_000, description="requests per run", style=wide, layout=w.Layout(width="220px")
+        )
         self._requests_hint = w.Label("0: two per client (2 x concurrency)")
-        self.max_new_tokens = w.BoundedIntText(min=1, max=8192, description="output tokens", style=wide,
-                                               layout=w.Layout(width="220px"))
-        self.reps = w.BoundedIntText(min=1, max=1000, description="repetitions", style=wide,
-                                     layout=w.Layout(width="220px"))
-        self.out = w.Text(description="results file", style=wide, layout=w.Layout(width="460px"),
-                          placeholder="empty: keep results in memory only")
+        self.max_new_tokens = w.BoundedIntText(
+            min=1, max=8192, description="output tokens", style=wide, layout=w.Layout(width="220px")
+        )
+        self.reps = w.BoundedIntText(
+            min=1, max=1000, description="repetitions", style=wide, layout=w.Layout(width="220px")
+        )
+        self.out = w.Text(
+            description="results file",
+            style=wide,
+            layout=w.Layout(width="460px"),
+            placeholder="empty: keep results in memory only",
+        )
         self.run_button = w.Button(description="Run", button_style="primary", icon="play")
         self.cancel_button = w.Button(description="Cancel", icon="stop", disabled=True)
-        self.progress = w.IntProgress(value=0, min=0, max=1, description="0/0", style=wide,
-                                      layout=w.Layout(width="460px"))
+        self.progress = w.IntProgress(
+            value=0, min=0, max=1, description="0/0", style=wide, layout=w.Layout(width="460px")
+        )
         self.status = w.Label(value="")
         self.message = w.HTML(value="")
         self.figure = _figure_widget()
         if self.figure is None:
             self.figure = w.Output()
-        self._engine_row = w.HBox([w.Label("engines", layout=w.Layout(width="124px"))] + list(self.engine_boxes.values()))
+        self._engine_row = w.HBox(
+            [w.Label("engines", layout=w.Layout(width="124px"))] + list(self.engine_boxes.values())
+        )
         self._requests_row = w.HBox([self.requests, self._requests_hint])
         self._mode_row = w.HBox([w.Label("modes", layout=w.Layout(width="124px"))] + list(self.mode_boxes.values()))
-        self.widget = w.VBox([
-            self.kind, self._engine_row, self.prompt_tokens, self.concurrency, self._mode_row, self._requests_row,
-            self.max_new_tokens, self.reps, self.out, w.HBox([self.run_button, self.cancel_button]),
-            w.HBox([self.progress, self.status]), self.message, self.figure,
-        ])
+        self.widget = w.VBox(
+            [
+                self.kind,
+                self._engine_row,
+                self.prompt_tokens,
+                self.concurrency,
+                self._mode_row,
+                self._requests_row,
+                self.max_new_tokens,
+                self.reps,
+                self.out,
+                w.HBox([self.run_button, self.cancel_button]),
+                w.HBox([self.progress, self.status]),
+                self.message,
+                self.figure,
+            ]
+        )
         self.reset(kind, out)
         self.kind.observe(lambda change: self.reset(change["new"]), names="value")
         self.run_button.on_click(lambda _: self.start())
@@ -213,8 +251,7 @@ class SweepPanel:
         plan = self._plan_or_message()
         if plan is None:
             return None
-        self._thread = threading.Thread(target=self._execute, args=(plan, False), daemon=True,
-                                        name="lablib-sweep")
+        self._thread = threading.Thread(target=self._execute, args=(plan, False), daemon=True, name="lablib-sweep")
         self._thread.start()
         return self._thread
 
@@ -335,9 +372,16 @@ class SweepPanel:
                 fw.layout = fig.layout
                 fw.add_traces(list(fig.data))
         else:  # ipywidgets.Output (no anywidget): replace its one output; works from a thread too
-            fw.outputs = ({"output_type": "display_data", "metadata": {},
-                           "data": {"application/vnd.plotly.v1+json": json.loads(fig.to_json()),
-                                    "text/plain": f"<plotly figure: {fig.layout.title.text}>"}},)
+            fw.outputs = (
+                {
+                    "output_type": "display_data",
+                    "metadata": {},
+                    "data": {
+                        "application/vnd.plotly.v1+json": json.loads(fig.to_json()),
+                        "text/plain": f"<plotly figure: {fig.layout.title.text}>",
+                    },
+                },
+            )
 
 
 def sweep_panel(model=None, kind: str = "context", out: str | None = None) -> SweepPanel:

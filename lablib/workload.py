@@ -5,6 +5,7 @@ from the derived or given folder); every engine is then fed the same token ids.
 The text is natural prose written for this project (``data/text/prose.txt``)
 or code (the lab's own source), never random token ids.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,8 +24,10 @@ def corpus_text(name: str = "prose") -> str:
     if name == "prose":
         path = data_dir() / "text" / "prose.txt"
         if not path.is_file():
-            raise LabError(f"prompt text not found at {path}; expected the project's data/ folder "
-                           "(set LABLIB_DATA to its path when lablib is installed elsewhere)")
+            raise LabError(
+                f"prompt text not found at {path}; expected the project's data/ folder "
+                "(set LABLIB_DATA to its path when lablib is installed elsewhere)"
+            )
         return path.read_text(encoding="utf-8")
     if name == "code":
         src = Path(__file__).resolve().parent
@@ -70,7 +73,7 @@ def prompt_of_length(model, n: int, corpus: str = "prose", offset: int = 0) -> l
     out: list[int] = []
     pos = offset % len(ids)
     while len(out) < n:
-        take = ids[pos:pos + n - len(out)]
+        take = ids[pos : pos + n - len(out)]
         out.extend(take)
         pos = 0
     return out

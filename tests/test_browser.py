@@ -12,6 +12,7 @@ Autosave is off in the server's fresh settings, so running the notebooks never w
 the server's log must show no save (checkpoints go to a tmp folder too). Everything has a time
 limit: the module stays under 10 minutes (a watchdog stops the server past that).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,8 +38,14 @@ NB01 = "01_one_model_three_engines.ipynb"
 NB02 = "02_prefill_vs_decode.ipynb"
 CHROMIUM = os.environ.get("LABLIB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
     "--disable-dev-shm-usage",
 ]
 VIEWPORT = {"width": 1400, "height": 1000}
@@ -69,7 +76,9 @@ def require_chromium(path: str = CHROMIUM) -> str:
             f"Chromium not found at {path}: the browser test needs Debian's chromium package. "
             "Install it with `apt-get update && apt-get install -y chromium` (as root; .ci/run does this), "
             "or point LABLIB_CHROMIUM at a Chromium executable. Never `playwright install`: "
-            "no browser is downloaded at test time.", pytrace=False)
+            "no browser is downloaded at test time.",
+            pytrace=False,
+        )
     return path
 
 
@@ -97,8 +106,9 @@ class Server:
         self.pids: set[int] = set()  # the server's processes and its kernels, to end them by pid
 
     def api(self, method: str, path: str, timeout: float = 10):
-        req = urllib.request.Request(f"{self.base}{path}", method=method,
-                                     headers={"Authorization": f"token {self.token}"})
+        req = urllib.request.Request(
+            f"{self.base}{path}", method=method, headers={"Authorization": f"token {self.token}"}
+        )
         with urllib.request.urlopen(req, timeout=timeout) as r:
             body = r.read()
         return json.loads(body) if body else None
@@ -162,33 +172,55 @@ def lab_server(tmp_path_factory):
     for d in (config, data, runtime, settings, workspaces, home / "ipython"):
         d.mkdir(parents=True, exist_ok=True)
     # no autosave: running the notebooks must not write them back; no news/update checks (offline)
-    _write_json(settings / "@jupyterlab" / "docmanager-extension" / "plugin.jupyterlab-settings",
-                {"autosave": False})
-    _write_json(settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings",
-                {"fetchNews": "false", "checkForUpdates": False})
+    _write_json(settings / "@jupyterlab" / "docmanager-extension" / "plugin.jupyterlab-settings", {"autosave": False})
+    _write_json(
+        settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings",
+        {"fetchNews": "false", "checkForUpdates": False},
+    )
 
     env = dict(os.environ)
     for var in ("JUPYTER_PATH", "JUPYTER_CONFIG_PATH", "JUPYTER_TOKEN", "JUPYTER_PREFER_ENV_PATH"):
         env.pop(var, None)
     env.update(
-        JUPYTER_CONFIG_DIR=str(config), JUPYTER_DATA_DIR=str(data), JUPYTER_RUNTIME_DIR=str(runtime),
-        JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(workspaces),
-        IPYTHONDIR=str(home / "ipython"), LABLIB_QUICK="1", PYTHONUNBUFFERED="1",
+        JUPYTER_CONFIG_DIR=str(config),
+        JUPYTER_DATA_DIR=str(data),
+        JUPYTER_RUNTIME_DIR=str(runtime),
+        JUPYTERLAB_SETTINGS_DIR=str(settings),
+        JUPYTERLAB_WORKSPACES_DIR=str(workspaces),
+        IPYTHONDIR=str(home / "ipython"),
+        LABLIB_QUICK="1",
+        PYTHONUNBUFFERED="1",
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
     )
     port, token = _free_port(), secrets.token_hex(16)
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-           f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-           f"--ServerApp.root_dir={LABS}", "--expose-app-in-browser",
-           # opening a notebook makes a checkpoint copy: in the tmp folder, not labs/.ipynb_checkpoints
-           f"--FileCheckpoints.checkpoint_dir={home / 'checkpoints'}",
-           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={LABS}",
+        "--expose-app-in-browser",
+        # opening a notebook makes a checkpoint copy: in the tmp folder, not labs/.ipynb_checkpoints
+        f"--FileCheckpoints.checkpoint_dir={home / 'checkpoints'}",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
     log = home / "server.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=LABS, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=LABS,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     server = Server(proc, port, token, log)
 
     def watchdog():
@@ -204,14 +236,12 @@ def lab_server(tmp_path_factory):
         t0, deadline = time.monotonic(), time.monotonic() + left(120)
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"JupyterLab exited with {proc.returncode} at start:\n{server.log_tail()}",
-                            pytrace=False)
+                pytest.fail(f"JupyterLab exited with {proc.returncode} at start:\n{server.log_tail()}", pytrace=False)
             with contextlib.suppress(OSError, ValueError):
                 server.api("GET", "/api/status", timeout=5)
                 break
             if time.monotonic() > deadline:
-                pytest.fail(f"JupyterLab did not answer on {server.base} in time:\n{server.log_tail()}",
-                            pytrace=False)
+                pytest.fail(f"JupyterLab did not answer on {server.base} in time:\n{server.log_tail()}", pytrace=False)
             time.sleep(0.5)
         print(f"\n[browser test] JupyterLab answered on {server.base} after {time.monotonic() - t0:.1f} s")
         yield server
@@ -230,16 +260,19 @@ def browser(tmp_path_factory):
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.fail("the Python package playwright is missing: pip install -e '.[dev]' "
-                    "(it drives the system Chromium; no browser download)", pytrace=False)
+        pytest.fail(
+            "the Python package playwright is missing: pip install -e '.[dev]' "
+            "(it drives the system Chromium; no browser download)",
+            pytrace=False,
+        )
     elapsed()  # the module's clock starts here
     profile = tmp_path_factory.mktemp("chromium-profile")  # a fresh --user-data-dir
     pw = sync_playwright().start()
     context = None
     try:
         context = pw.chromium.launch_persistent_context(
-            str(profile), executable_path=chromium, headless=True, args=CHROMIUM_ARGS,
-            viewport=VIEWPORT, timeout=60_000)
+            str(profile), executable_path=chromium, headless=True, args=CHROMIUM_ARGS, viewport=VIEWPORT, timeout=60_000
+        )
         context.set_default_timeout(60_000)
         yield context
     finally:
@@ -262,7 +295,10 @@ const findPanel = (path) => {
 };
 """
 
-STATE_JS = "(path) => {" + FIND_PANEL + """
+STATE_JS = (
+    "(path) => {"
+    + FIND_PANEL
+    + """
   const p = findPanel(path);
   if (!p) return {found: false, app: !!window.jupyterapp};
   p.node.setAttribute('data-lablib-path', path);
@@ -282,8 +318,12 @@ STATE_JS = "(path) => {" + FIND_PANEL + """
           cells: code.length, counted: code.filter(c => c.model.executionCount != null).length,
           errors};
 }"""
+)
 
-RUN_ALL_JS = "(path) => {" + FIND_PANEL + """
+RUN_ALL_JS = (
+    "(path) => {"
+    + FIND_PANEL
+    + """
   const p = findPanel(path);
   window.jupyterapp.shell.activateById(p.id);
   window.__lablibRun = null;
@@ -292,6 +332,7 @@ RUN_ALL_JS = "(path) => {" + FIND_PANEL + """
     err => { window.__lablibRun = {error: String(err)}; });
   return true;
 }"""
+)
 
 # What a person would see, read from the DOM of the notebook's tab.
 SCREEN_JS = """(path) => {
@@ -346,9 +387,16 @@ def open_notebook(browser, server: Server, notebook: str):
     page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
     t0 = time.monotonic()
     page.goto(server.url(notebook), wait_until="domcontentloaded", timeout=left(120) * 1000)
-    s = wait_until(page, f"{notebook} to open with an idle kernel",
-                   lambda: (lambda st: st if st.get("found") and st.get("ready") and st.get("kernel") == "idle"
-                            else {"_not_yet": True, **st})(state(page, notebook)), 180)
+    s = wait_until(
+        page,
+        f"{notebook} to open with an idle kernel",
+        lambda: (
+            lambda st: (
+                st if st.get("found") and st.get("ready") and st.get("kernel") == "idle" else {"_not_yet": True, **st}
+            )
+        )(state(page, notebook)),
+        180,
+    )
     print(f"[browser test] {notebook}: open, kernel {s['kernelName']} idle after {time.monotonic() - t0:.1f} s")
     return page
 
@@ -356,8 +404,9 @@ def open_notebook(browser, server: Server, notebook: str):
 def run_all(page, notebook: str, budget: float) -> dict:
     t0 = time.monotonic()
     page.evaluate(RUN_ALL_JS, notebook)
-    done = wait_until(page, f"Run All Cells of {notebook}",
-                      lambda: page.evaluate("() => window.__lablibRun"), budget, interval=1)
+    done = wait_until(
+        page, f"Run All Cells of {notebook}", lambda: page.evaluate("() => window.__lablibRun"), budget, interval=1
+    )
 
     def settled():
         st = state(page, notebook)
@@ -365,13 +414,22 @@ def run_all(page, notebook: str, budget: float) -> dict:
 
     st = wait_until(page, f"the kernel of {notebook} to be idle", settled, 60)
     # figures draw after their output arrives: give plotly a moment (assert_screen_ok judges them)
-    wait_until(page, f"the plotly figures of {notebook} to draw",
-               lambda: (lambda sc: sc if sc and sc["plots"] and all(p["svg"] for p in sc["plots"])
-                        else {"_not_yet": True, "screen": sc})(page.evaluate(SCREEN_JS, notebook)),
-               30 if st["errors"] else 60, fail=False)
+    wait_until(
+        page,
+        f"the plotly figures of {notebook} to draw",
+        lambda: (
+            lambda sc: (
+                sc if sc and sc["plots"] and all(p["svg"] for p in sc["plots"]) else {"_not_yet": True, "screen": sc}
+            )
+        )(page.evaluate(SCREEN_JS, notebook)),
+        30 if st["errors"] else 60,
+        fail=False,
+    )
     page.wait_for_timeout(1500)
-    print(f"[browser test] {notebook}: Run All Cells finished in {time.monotonic() - t0:.1f} s "
-          f"(result {done}); {st['counted']}/{st['cells']} code cells executed")
+    print(
+        f"[browser test] {notebook}: Run All Cells finished in {time.monotonic() - t0:.1f} s "
+        f"(result {done}); {st['counted']}/{st['cells']} code cells executed"
+    )
     return {"run": done, **st}
 
 
@@ -408,8 +466,10 @@ def full_screenshot(page, notebook: str, name: str) -> Path:
 
 def assert_screen_ok(page, notebook: str, run: dict) -> dict:
     screen = page.evaluate(SCREEN_JS, notebook)
-    print(f"[browser test] {notebook}: prompts {screen['prompts']}; plots {screen['plots']}; "
-          f"{screen['widgets']} widget areas; buttons {screen['buttons']}")
+    print(
+        f"[browser test] {notebook}: prompts {screen['prompts']}; plots {screen['plots']}; "
+        f"{screen['widgets']} widget areas; buttons {screen['buttons']}"
+    )
     if CONSOLE.get(notebook):
         print(f"[browser test] {notebook}: browser console errors:\n  " + "\n  ".join(CONSOLE[notebook][:20]))
     problems = []

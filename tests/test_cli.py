@@ -1,4 +1,5 @@
 """The `lablib` command as a user runs it (real engines, real model)."""
+
 import json
 import subprocess
 import sys
@@ -9,13 +10,14 @@ from lablib.trace import METRICS
 
 
 def lablib(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "lablib.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "lablib.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_import_lablib_stays_light():
-    code = ("import sys, lablib; heavy = [m for m in ('torch', 'llama_cpp', 'mlx', 'transformers', 'numpy')"
-            " if m in sys.modules]; print(heavy)")
+    code = (
+        "import sys, lablib; heavy = [m for m in ('torch', 'llama_cpp', 'mlx', 'transformers', 'numpy')"
+        " if m in sys.modules]; print(heavy)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -45,8 +47,7 @@ def test_run_with_prompt_tokens_and_plain_output():
 
 
 def test_context_overflow_is_one_clear_error():
-    p = lablib("run", "--engine", "llama.cpp", "--prompt-tokens", "600", "--n-ctx", "512",
-               "--max-new-tokens", "16")
+    p = lablib("run", "--engine", "llama.cpp", "--prompt-tokens", "600", "--n-ctx", "512", "--max-new-tokens", "16")
     assert p.returncode == 2
     assert "context overflow on llama.cpp: prompt 600 + output 16 = 616 tokens" in p.stderr
     assert "Traceback" not in p.stderr
@@ -80,8 +81,13 @@ def test_a_context_that_will_not_fit_in_memory_is_refused_before_llama_cpp_alloc
 def test_bad_lablib_threads_is_one_clear_error(value):
     import os
 
-    p = subprocess.run([sys.executable, "-m", "lablib.cli", "run", "--engine", "llama.cpp", "--max-new-tokens", "2"],
-                       capture_output=True, text=True, timeout=600, env=dict(os.environ, LABLIB_THREADS=value))
+    p = subprocess.run(
+        [sys.executable, "-m", "lablib.cli", "run", "--engine", "llama.cpp", "--max-new-tokens", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, LABLIB_THREADS=value),
+    )
     assert p.returncode == 2 and f"LABLIB_THREADS='{value}'" in p.stderr and "Traceback" not in p.stderr
 
 

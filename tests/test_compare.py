@@ -1,4 +1,5 @@
 """Is it the engine or the model? The handed cases give their right verdicts."""
+
 import json
 import subprocess
 import sys
@@ -16,8 +17,13 @@ CASES = Path(__file__).parent / "data" / "cases"
 
 @pytest.fixture(scope="module")
 def flip(model, hf, llama, first_token_flip):
-    return cmp.compare(model, engines=["transformers", "llama.cpp"], ids=first_token_flip["prompt_token_ids"],
-                       loaded={"transformers": hf, "llama.cpp": llama}, max_new_tokens=8)
+    return cmp.compare(
+        model,
+        engines=["transformers", "llama.cpp"],
+        ids=first_token_flip["prompt_token_ids"],
+        loaded={"transformers": hf, "llama.cpp": llama},
+        max_new_tokens=8,
+    )
 
 
 def test_first_token_flip_is_a_numerical_near_tie_at_position_0(flip, first_token_flip):
@@ -44,8 +50,13 @@ def test_comparison_json_has_the_verdict_object(flip):
 
 def test_rope_theta_v5_config_is_flagged_and_its_damage_shown(model, hf, tmp_path):
     folder = folder_with_config(model.mlx_path, CASES / "rope_theta_v5" / "config.json", tmp_path / "mlx_v5")
-    r = cmp.compare(model, engines=["transformers", "mlx"], engine_models={"mlx": str(folder)},
-                    loaded={"transformers": hf}, max_new_tokens=8)
+    r = cmp.compare(
+        model,
+        engines=["transformers", "mlx"],
+        engine_models={"mlx": str(folder)},
+        loaded={"transformers": hf},
+        max_new_tokens=8,
+    )
     cfg = r.check("config").table.set_index("setting")
     assert cfg.loc["rope_theta", "mlx"] == pytest.approx(10000.0)
     assert cfg.loc["rope_theta", "gguf file"] == 100000.0
@@ -66,7 +77,7 @@ def test_tokenizer_probe_reports_position_and_pieces(model, llama):
     assert row["ids_there"][:2] == [198, 198] and row["reference_ids_there"][0] == 1116
     assert row["pieces_there"][:2] == ["\n", "\n"] and row["reference_pieces_there"][0] == "\n\n"
     # the position is where line 2's "\n\n" falls in the probe
-    prefix = llama.tokenize(text)[:row["first_difference"]]
+    prefix = llama.tokenize(text)[: row["first_difference"]]
     assert llama.detokenize(prefix).endswith("a,b  c")
 
 
@@ -114,9 +125,24 @@ def test_decide_orders_layers():
 def test_cli_compare_json(tmp_path):
     ids = tmp_path / "ids.json"
     ids.write_text(json.dumps(json.loads((CASES / "first_token_flip.json").read_text())))
-    p = subprocess.run([sys.executable, "-m", "lablib.cli", "compare", "--engines", "transformers,llama.cpp",
-                        "--ids", str(ids), "--max-new-tokens", "4", "--json"],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lablib.cli",
+            "compare",
+            "--engines",
+            "transformers,llama.cpp",
+            "--ids",
+            str(ids),
+            "--max-new-tokens",
+            "4",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr
     v = json.loads(p.stdout)["verdict"]
     assert v["layer"] == "numerics" and v["position"] == 0 and v["near_tie"] is True
@@ -146,4 +172,3 @@ def test_cases_are_read_once_and_agree_with_the_tests_copy():
     assert load_case("rope_theta_v5").name == "config.json"
     with pytest.raises(LabError, match="unknown case"):
         load_case("no_such_case")
-

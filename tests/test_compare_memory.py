@@ -1,5 +1,6 @@
 """compare stays within memory: the logit checks stream over positions (never positions x
 vocabulary), and the memory guard covers a whole comparison before any engine loads."""
+
 import tracemalloc
 
 import numpy as np
@@ -78,14 +79,22 @@ def test_compare_checks_memory_before_loading_any_engine(model, monkeypatch):
     import lablib.hardware
 
     monkeypatch.setattr(lablib.hardware, "available_ram_bytes", lambda: 300 * 2**20)
-    with pytest.raises(LabError, match=r"memory: comparing transformers, llama.cpp on 2056 tokens needs about "
-                                       r"\d+ MiB .* but 300 MiB is available\. To fit: compare fewer engines"):
-        cmp.compare(model, engines=["transformers", "llama.cpp"], ids=prompt_of_length(model, 2048),
-                    max_new_tokens=8)
+    with pytest.raises(
+        LabError,
+        match=r"memory: comparing transformers, llama.cpp on 2056 tokens needs about "
+        r"\d+ MiB .* but 300 MiB is available\. To fit: compare fewer engines",
+    ):
+        cmp.compare(model, engines=["transformers", "llama.cpp"], ids=prompt_of_length(model, 2048), max_new_tokens=8)
 
 
 def test_compare_refuses_a_prompt_longer_than_a_context(model, llamas):
     a, _ = llamas
     with pytest.raises(LabError, match=r"context overflow on llama.cpp: prompt 2045 \+ output 8 = 2053"):
-        cmp.compare(model, engines=["llama.cpp"], reference="llama.cpp", ids=[1] + [28] * 2044,
-                    max_new_tokens=8, loaded={"llama.cpp": a})
+        cmp.compare(
+            model,
+            engines=["llama.cpp"],
+            reference="llama.cpp",
+            ids=[1] + [28] * 2044,
+            max_new_tokens=8,
+            loaded={"llama.cpp": a},
+        )

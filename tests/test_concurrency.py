@@ -3,6 +3,7 @@
 Tiny budgets (a few clients, 16-token prompts, 4-6 output tokens): the machine
 has two shared cores.
 """
+
 import pytest
 
 from lablib.concurrency import MODES, run_closed_loop
@@ -57,8 +58,9 @@ def test_serial_requests_wait_their_turn(engine, model):
 def test_serial_closed_loop_resubmits_on_finish(llama, model):
     """C=2, R=4: each client sends its next request the moment its previous one finished."""
     calls = []
-    traces = run_closed_loop(llama, _prompts(model, 4), 2, "serial", GenerationConfig(max_new_tokens=3),
-                             on_trace=calls.append).traces
+    traces = run_closed_loop(
+        llama, _prompts(model, 4), 2, "serial", GenerationConfig(max_new_tokens=3), on_trace=calls.append
+    ).traces
     assert [t.request_index for t in calls] == [0, 1, 2, 3]  # finish order = arrival order
     assert [t.client for t in traces] == [0, 1, 0, 1]
     assert traces[2].t_submit == traces[0].t_tokens[-1]
@@ -125,20 +127,24 @@ def test_llama_cpp_batched_needs_room_for_every_sequence(llama, llama_batched, m
     with pytest.raises(LabError, match=r"n_seq_max >= 2.*n_seq_max=1"):
         run_closed_loop(llama, _prompts(model, 2), 2, "batched", cfg)
     prompts = _prompts(model, 3, length=200)  # 200 + 4 tokens > 512 // 3 = 170 cells per sequence
-    with pytest.raises(ContextOverflowError,
-                       match=r"a sequence needs prompt \+ output = 204 tokens.*each of the 3 sequences holds 170.*n_ctx >= 612"):
+    with pytest.raises(
+        ContextOverflowError,
+        match=r"a sequence needs prompt \+ output = 204 tokens.*each of the 3 sequences holds 170.*n_ctx >= 612",
+    ):
         run_closed_loop(llama_batched, prompts, 3, "batched", cfg)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"concurrency": 0}, "concurrency=0"),
-    ({"mode": "parallel"}, "unknown scheduling mode 'parallel'"),
-    ({"prompts": []}, "no prompts"),
-    ({"prompts": [[1, 2], []]}, "prompt 1 is empty"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"concurrency": 0}, "concurrency=0"),
+        ({"mode": "parallel"}, "unknown scheduling mode 'parallel'"),
+        ({"prompts": []}, "no prompts"),
+        ({"prompts": [[1, 2], []]}, "prompt 1 is empty"),
+    ],
+)
 def test_invalid_parameters_are_refused(llama, kwargs, message):
-    args = {"prompts": [[1, 2, 3]], "concurrency": 1, "mode": "serial",
-            "cfg": GenerationConfig(max_new_tokens=1)}
+    args = {"prompts": [[1, 2, 3]], "concurrency": 1, "mode": "serial", "cfg": GenerationConfig(max_new_tokens=1)}
     args.update(kwargs)
     calls = []
     llama._generate = lambda *a: calls.append(a)  # nothing may run

@@ -1,5 +1,6 @@
 """Texts keep every token: each piece of the default vocabulary detokenizes to its full text in
 every engine, and text round-trips (../shared/cases, "long vocabulary pieces")."""
+
 import json
 from pathlib import Path
 
@@ -45,8 +46,7 @@ def test_every_long_piece_detokenizes_in_full(engine, long_pieces):
 def test_every_piece_of_the_vocabulary_detokenizes_to_its_text(engine, vocabulary_bytes):
     """All 49,152 ids one by one (a piece that is part of a UTF-8 character shows U+FFFD, as
     the bytes decode with errors='replace')."""
-    wrong = [i for i, b in enumerate(vocabulary_bytes)
-             if engine.detokenize([i]) != b.decode("utf-8", errors="replace")]
+    wrong = [i for i, b in enumerate(vocabulary_bytes) if engine.detokenize([i]) != b.decode("utf-8", errors="replace")]
     assert wrong == []
 
 

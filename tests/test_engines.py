@@ -1,5 +1,6 @@
 """Each real engine on the real default model: same ids, per-token timestamps,
 no KV-cache reuse, context checks, and the derived formats giving the same text."""
+
 from pathlib import Path
 
 import pytest
@@ -29,8 +30,7 @@ def test_fixed_length_generation_gives_one_timestamp_per_token_id(engine, first_
 
 
 def test_until_eos_stops_at_eos(engine, first_token_flip):
-    tr = engine.generate(first_token_flip["prompt_token_ids"],
-                         GenerationConfig(max_new_tokens=48, ignore_eos=False))
+    tr = engine.generate(first_token_flip["prompt_token_ids"], GenerationConfig(max_new_tokens=48, ignore_eos=False))
     # the transformers/MLX answer ends "...Paris.<|im_end|>"; llama.cpp's Q4_1 runs on longer
     if tr.finish_reason == "stop":
         assert tr.token_ids[-1] in engine.eos_ids
@@ -45,7 +45,7 @@ def test_ignore_eos_generates_past_eos(hf, first_token_flip):
     assert stop.finish_reason == "stop" and stop.output_tokens < 16
     full = hf.generate(ids, GenerationConfig(max_new_tokens=16))
     # EOS is not masked: the same tokens, EOS included, then generation goes on
-    assert full.output_tokens == 16 and full.token_ids[:stop.output_tokens] == stop.token_ids
+    assert full.output_tokens == 16 and full.token_ids[: stop.output_tokens] == stop.token_ids
 
 
 def test_sampling_is_reproducible_with_a_seed(engine, first_token_flip):
@@ -66,9 +66,8 @@ def test_hf_streamer_ids_are_the_generated_ids(hf, first_token_flip):
     ids = first_token_flip["prompt_token_ids"]
     tr = hf.generate(ids, GenerationConfig(max_new_tokens=10))
     with torch.inference_mode():
-        out = hf.hf.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False,
-                             eos_token_id=[], pad_token_id=2)
-    assert tr.token_ids == out[0, len(ids):].tolist()
+        out = hf.hf.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False, eos_token_id=[], pad_token_id=2)
+    assert tr.token_ids == out[0, len(ids) :].tolist()
 
 
 def test_llama_cpp_never_reuses_the_kv_cache(llama, first_token_flip):
@@ -144,13 +143,14 @@ def test_derived_folders_give_the_same_greedy_text_as_transformers_on_the_gguf(m
     direct = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     ids = first_token_flip["prompt_token_ids"]
     with torch.inference_mode():
-        out = direct.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
-                              eos_token_id=[], pad_token_id=2)
-    reference = out[0, len(ids):].tolist()
+        out = direct.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=[], pad_token_id=2)
+    reference = out[0, len(ids) :].tolist()
     cfg = GenerationConfig(max_new_tokens=12)
     assert hf.generate(ids, cfg).token_ids == reference
     assert mlx.generate(ids, cfg).token_ids == reference
-    assert hf.detokenize(reference).startswith(first_token_flip["observed"]["transformers_fp32_of_dequantized_weights"]["greedy_text"])
+    assert hf.detokenize(reference).startswith(
+        first_token_flip["observed"]["transformers_fp32_of_dequantized_weights"]["greedy_text"]
+    )
 
 
 def test_small_llama_context_is_enforced_as_asked(model, first_token_flip):
@@ -181,14 +181,17 @@ def test_token_ids_outside_the_vocabulary_are_one_clear_error(engine):
         engine.logits([1, -1])
 
 
-@pytest.mark.parametrize("kw, want", [
-    ({"threads": 100000}, r"threads=100000: expected a whole number of threads from 1 to"),
-    ({"threads": -1}, r"threads=-1: expected a whole number of threads"),
-    ({"n_batch": 0}, r"n_batch=0: expected a positive whole number"),
-    ({"n_batch": "512"}, r"n_batch='512': expected a positive whole number"),
-    ({"n_ctx": 512.0}, r"n_ctx=512.0: expected a positive whole number"),
-    ({"n_ctx": True}, r"n_ctx=True: expected a positive whole number"),
-])
+@pytest.mark.parametrize(
+    "kw, want",
+    [
+        ({"threads": 100000}, r"threads=100000: expected a whole number of threads from 1 to"),
+        ({"threads": -1}, r"threads=-1: expected a whole number of threads"),
+        ({"n_batch": 0}, r"n_batch=0: expected a positive whole number"),
+        ({"n_batch": "512"}, r"n_batch='512': expected a positive whole number"),
+        ({"n_ctx": 512.0}, r"n_ctx=512.0: expected a positive whole number"),
+        ({"n_ctx": True}, r"n_ctx=True: expected a positive whole number"),
+    ],
+)
 def test_engine_arguments_are_checked_before_loading(model, kw, want):
     """Thousands of threads or a negative batch crash llama.cpp (SIGSEGV): refused first."""
     from lablib.engines import load_engine

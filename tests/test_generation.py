@@ -1,6 +1,7 @@
 """Generation means the same in every engine and mode: the lab's GenerationConfig is all that
 applies (../shared/cases, generation_config_leak), and sampling follows one definition
 (lablib.sampling.DEFINITION), checked on each engine's real first-token draws."""
+
 import dataclasses
 import shutil
 from pathlib import Path
@@ -65,8 +66,9 @@ def test_a_folder_generation_config_changes_nothing_in_transformers(model, hf, t
 
     from lablib.engines.hf import TransformersEngine
 
-    leak = TransformersEngine(dataclasses.replace(model, hf_path=str(_with_generation_config(model.hf_path,
-                                                                                              tmp_path / "hf"))))
+    leak = TransformersEngine(
+        dataclasses.replace(model, hf_path=str(_with_generation_config(model.hf_path, tmp_path / "hf")))
+    )
     try:
         assert _greedy_texts(hf) == (COUNTING_GREEDY, COUNTING_GREEDY)
         assert _greedy_texts(leak) == (COUNTING_GREEDY, COUNTING_GREEDY)
@@ -74,9 +76,15 @@ def test_a_folder_generation_config_changes_nothing_in_transformers(model, hf, t
         assert not any("repetition_penalty" in s for s in hf.info().flags["settings_off"])
         # the case's file is potent: transformers itself, asked for the folder's penalty, changes the text
         with torch.inference_mode():
-            out = leak.hf.generate(torch.tensor([COUNTING]), max_new_tokens=8, do_sample=False,
-                                   repetition_penalty=1.3, eos_token_id=[], pad_token_id=2)
-        assert leak.detokenize(out[0, len(COUNTING):].tolist()) != COUNTING_GREEDY
+            out = leak.hf.generate(
+                torch.tensor([COUNTING]),
+                max_new_tokens=8,
+                do_sample=False,
+                repetition_penalty=1.3,
+                eos_token_id=[],
+                pad_token_id=2,
+            )
+        assert leak.detokenize(out[0, len(COUNTING) :].tolist()) != COUNTING_GREEDY
     finally:
         leak.close()
 
@@ -84,8 +92,9 @@ def test_a_folder_generation_config_changes_nothing_in_transformers(model, hf, t
 def test_a_folder_generation_config_changes_nothing_in_mlx(model, mlx, tmp_path):
     from lablib.engines.mlx import MLXEngine
 
-    leak = MLXEngine(dataclasses.replace(model, mlx_path=str(_with_generation_config(model.mlx_path,
-                                                                                      tmp_path / "mlx"))))
+    leak = MLXEngine(
+        dataclasses.replace(model, mlx_path=str(_with_generation_config(model.mlx_path, tmp_path / "mlx")))
+    )
     try:
         clean = _greedy_texts(mlx, 4)  # 4 tokens: MLX's CPU backend is slow
         assert clean[0] == clean[1] == " 3, "  # the first 4 tokens of transformers' (float32 weights both)
@@ -134,11 +143,13 @@ def _faults(lg):
     untempered = sampling.probabilities(lg, 1.0, 0, TOP_P) > 0  # top-p before temperature (mlx-lm, old llama chain)
     x = np.where(untempered, lg / TEMPERATURE, -np.inf)
     swapped = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
-    return {"hidden top-k 50": sampling.probabilities(lg, TEMPERATURE, 50, TOP_P),
-            "top-p before temperature": swapped,
-            "no top-p": sampling.probabilities(lg, TEMPERATURE, 0, 1.0),
-            "no temperature": sampling.probabilities(lg, 1.0, 0, TOP_P),
-            "temperature twice": sampling.probabilities(lg, TEMPERATURE ** 2, 0, TOP_P)}
+    return {
+        "hidden top-k 50": sampling.probabilities(lg, TEMPERATURE, 50, TOP_P),
+        "top-p before temperature": swapped,
+        "no top-p": sampling.probabilities(lg, TEMPERATURE, 0, 1.0),
+        "no temperature": sampling.probabilities(lg, 1.0, 0, TOP_P),
+        "temperature twice": sampling.probabilities(lg, TEMPERATURE**2, 0, TOP_P),
+    }
 
 
 def test_the_draw_check_rejects_the_known_faults(hf_animal):

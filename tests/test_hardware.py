@@ -4,6 +4,7 @@ Two kinds of test: cgroup trees written as the kernel lays them out (v1 and v2,
 so both layouts are checked on any machine), and a real cgroup on this machine
 when the test may create one (root with cgroup v1 or v2 writable, as in CI).
 """
+
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from lablib import hardware
 from lablib.config import default_threads
 from lablib.errors import LabError
 
-GIB = 2 ** 30
+GIB = 2**30
 
 
 def write(root: Path, files: dict) -> None:
@@ -29,15 +30,18 @@ def write(root: Path, files: dict) -> None:
 def test_cgroup_v2_caps_read_from_the_process_cgroup(tmp_path):
     fs, proc = tmp_path / "cgroup", tmp_path / "proc_cgroup"
     proc.write_text("0::/user.slice/session\n")
-    write(fs, {
-        "cgroup.controllers": "cpu memory\n",
-        "user.slice/cpu.max": "max 100000\n",
-        "user.slice/memory.max": f"{8 * GIB}\n",
-        "user.slice/session/cpu.max": "150000 100000\n",
-        "user.slice/session/memory.max": "max\n",
-        "user.slice/session/memory.current": f"{GIB}\n",
-        "user.slice/session/memory.stat": f"anon 1\nfile {GIB // 4}\ninactive_file 5\n",
-    })
+    write(
+        fs,
+        {
+            "cgroup.controllers": "cpu memory\n",
+            "user.slice/cpu.max": "max 100000\n",
+            "user.slice/memory.max": f"{8 * GIB}\n",
+            "user.slice/session/cpu.max": "150000 100000\n",
+            "user.slice/session/memory.max": "max\n",
+            "user.slice/session/memory.current": f"{GIB}\n",
+            "user.slice/session/memory.stat": f"anon 1\nfile {GIB // 4}\ninactive_file 5\n",
+        },
+    )
     assert hardware.cpu_quota(str(fs), str(proc)) == 1.5
     assert hardware.memory_limit_bytes(str(fs), str(proc)) == 8 * GIB  # the parent's cap binds
     assert hardware._working_set(fs / "user.slice" / "session") == GIB - GIB // 4
@@ -51,13 +55,16 @@ def test_cgroup_v1_caps_and_a_container_without_cgroup_namespace(tmp_path):
     cgroup at the controller's root: the caps are read there."""
     fs, proc = tmp_path / "cgroup", tmp_path / "proc_cgroup"
     proc.write_text("4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n")
-    write(fs, {
-        "cpu,cpuacct/cpu.cfs_quota_us": "200000\n",
-        "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
-        "memory/memory.limit_in_bytes": f"{2 * GIB}\n",
-        "memory/memory.usage_in_bytes": f"{GIB // 2}\n",
-        "memory/memory.stat": f"cache 9\ntotal_cache {GIB // 8}\ntotal_inactive_file 7\n",
-    })
+    write(
+        fs,
+        {
+            "cpu,cpuacct/cpu.cfs_quota_us": "200000\n",
+            "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+            "memory/memory.limit_in_bytes": f"{2 * GIB}\n",
+            "memory/memory.usage_in_bytes": f"{GIB // 2}\n",
+            "memory/memory.stat": f"cache 9\ntotal_cache {GIB // 8}\ntotal_inactive_file 7\n",
+        },
+    )
     assert hardware.cpu_quota(str(fs), str(proc)) == 2.0
     assert hardware.memory_limit_bytes(str(fs), str(proc)) == 2 * GIB
     assert hardware._working_set(fs / "memory") == GIB // 2 - GIB // 8
@@ -67,8 +74,14 @@ def test_cgroup_v1_caps_and_a_container_without_cgroup_namespace(tmp_path):
 def test_uncapped_cgroups_read_as_no_cap(tmp_path):
     fs, proc = tmp_path / "cgroup", tmp_path / "proc_cgroup"
     proc.write_text("5:memory:/\n2:cpu:/\n")
-    write(fs, {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n",
-               "memory/memory.limit_in_bytes": "9223372036854771712\n"})
+    write(
+        fs,
+        {
+            "cpu/cpu.cfs_quota_us": "-1\n",
+            "cpu/cpu.cfs_period_us": "100000\n",
+            "memory/memory.limit_in_bytes": "9223372036854771712\n",
+        },
+    )
     assert hardware.cpu_quota(str(fs), str(proc)) is None
     assert hardware.memory_limit_bytes(str(fs), str(proc)) is None
     assert hardware.memory_headroom_bytes(str(fs), str(proc)) is None
@@ -79,8 +92,11 @@ def test_uncapped_cgroups_read_as_no_cap(tmp_path):
 def test_lablib_threads_must_be_a_whole_number_up_to_four_per_cpu(monkeypatch, value):
     """'²' is a digit to str.isdigit but not to int(); 100000 threads crash llama.cpp and torch."""
     monkeypatch.setenv("LABLIB_THREADS", value)
-    with pytest.raises(LabError, match=rf"LABLIB_THREADS='{value}'.*whole number of threads from 1 to "
-                                       rf"{4 * os.cpu_count()}"):
+    with pytest.raises(
+        LabError,
+        match=rf"LABLIB_THREADS='{value}'.*whole number of threads from 1 to "
+        rf"{4 * os.cpu_count()}",
+    ):
         default_threads()
 
 
@@ -93,8 +109,10 @@ def test_default_threads_follow_the_affinity_mask():
     """A process pinned to one CPU gets one engine thread (a real child process)."""
     if not hasattr(os, "sched_setaffinity"):
         pytest.skip("no CPU affinity on this OS")
-    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from lablib.config import default_threads; print(default_threads())")
+    code = (
+        "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+        "from lablib.config import default_threads; print(default_threads())"
+    )
     env = {k: v for k, v in os.environ.items() if k != "LABLIB_THREADS"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"
@@ -121,12 +139,19 @@ def in_memory_cgroup(limit_bytes: int, argv: list[str], timeout: float = 600):
     try:
         (mem / "memory.limit_in_bytes").write_text(str(limit_bytes))
         env = {k: v for k, v in os.environ.items() if k != "LABLIB_THREADS"}
-        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout,
-                           preexec_fn=lambda: (mem / "cgroup.procs").write_text(str(os.getpid())))
+        p = subprocess.run(
+            argv,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            preexec_fn=lambda: (mem / "cgroup.procs").write_text(str(os.getpid())),
+        )
         ooms = [ln for ln in (mem / "memory.oom_control").read_text().splitlines() if ln.startswith("oom_kill ")]
         return p, int(ooms[0].split()[1]) if ooms else 0
     finally:
         import time
+
         for _ in range(50):
             try:
                 mem.rmdir()
@@ -141,8 +166,9 @@ def test_an_engine_that_cannot_fit_a_memory_cap_is_refused_not_killed(engine):
     OOM-killed. The lab's tokenizer (transformers, which imports torch) already holds about 300 MiB;
     transformers' float32 weights are 513 MiB; llama.cpp's 8192-token KV cache and logits buffers
     come to about 400 MiB with its weights."""
-    ran = in_memory_cgroup(450 * 2**20, [sys.executable, "-m", "lablib.cli", "run", "--engine", engine,
-                                         "--max-new-tokens", "2"])
+    ran = in_memory_cgroup(
+        450 * 2**20, [sys.executable, "-m", "lablib.cli", "run", "--engine", engine, "--max-new-tokens", "2"]
+    )
     if ran is None:
         pytest.skip("cannot create a cgroup v1 memory group here (needs root and cgroup v1)")
     p, ooms = ran
@@ -161,12 +187,14 @@ def test_a_real_binder_sized_cgroup_is_seen():
         (cpu / "cpu.cfs_period_us").write_text("100000")
         (cpu / "cpu.cfs_quota_us").write_text("100000")
         (mem / "memory.limit_in_bytes").write_text(str(2 * GIB))
-        code = ("import os, sys\n"
-                f"open('{cpu}/cgroup.procs', 'w').write(str(os.getpid()))\n"
-                f"open('{mem}/cgroup.procs', 'w').write(str(os.getpid()))\n"
-                "from lablib import hardware as h\n"
-                "from lablib.config import default_threads\n"
-                "print(h.cpu_quota(), h.memory_limit_bytes(), default_threads(), h.available_ram_bytes())\n")
+        code = (
+            "import os, sys\n"
+            f"open('{cpu}/cgroup.procs', 'w').write(str(os.getpid()))\n"
+            f"open('{mem}/cgroup.procs', 'w').write(str(os.getpid()))\n"
+            "from lablib import hardware as h\n"
+            "from lablib.config import default_threads\n"
+            "print(h.cpu_quota(), h.memory_limit_bytes(), default_threads(), h.available_ram_bytes())\n"
+        )
         env = {k: v for k, v in os.environ.items() if k != "LABLIB_THREADS"}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         quota, limit, threads, free = out.stdout.split()
@@ -181,4 +209,5 @@ def test_a_real_binder_sized_cgroup_is_seen():
                         break
                     except OSError:
                         import time
+
                         time.sleep(0.1)

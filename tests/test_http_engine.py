@@ -2,12 +2,12 @@
 cases give the right metrics, or one clear error that keeps what arrived."""
 
 import pytest
-from sse_server import ScriptedServer, chat, cmpl, sse
 
 from lablib.engines import load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.engines.http import HTTPEngineError, parse_chunk
 from lablib.sse import SSEParser
+from sse_server import ScriptedServer, chat, cmpl, sse
 
 DONE = sse("[DONE]")
 

@@ -1,7 +1,8 @@
 """The CPU probe behind the llama.cpp build: extensions are enabled only if they execute."""
+
 import platform
-import subprocess
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -19,11 +20,11 @@ def test_cmake_args_map_each_probe_to_a_flag():
 
 
 def test_portable_flags_keep_only_x86_64_v3_extensions_that_run_here():
-    probed = {"GGML_AVX2": True, "GGML_FMA": False, "GGML_AVX512": True, "GGML_AVX_VNNI": True,
-              "GGML_AMX_INT8": False}
+    probed = {"GGML_AVX2": True, "GGML_FMA": False, "GGML_AVX512": True, "GGML_AVX_VNNI": True, "GGML_AMX_INT8": False}
     args = llama_build.cmake_args(probed, portable=True)
-    assert args == ("-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=OFF -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF "
-                    "-DGGML_AMX_INT8=OFF")
+    assert args == (
+        "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=OFF -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF -DGGML_AMX_INT8=OFF"
+    )
     assert llama_build.cmake_args(probed, portable=True) != llama_build.cmake_args(probed)  # its own wheel
 
 
@@ -100,8 +101,9 @@ def _stand_ins(fails_with: set[str], built: list[str], tmp_path: Path):
 def test_a_build_that_crashes_with_amx_is_rebuilt_without_it(tmp_path):
     built: list[str] = []
     build, smoke = _stand_ins({"GGML_AMX_INT8"}, built, tmp_path)
-    wheel, report = llama_build.verified_build(dict(ALL_ON), tmp_path, tmp_path / "m.gguf", build=build,
-                                               smoke=smoke, log=lambda *a: None)
+    wheel, report = llama_build.verified_build(
+        dict(ALL_ON), tmp_path, tmp_path / "m.gguf", build=build, smoke=smoke, log=lambda *a: None
+    )
     assert len(built) == 2 and "-DGGML_AMX_INT8=ON" in built[0]
     assert "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" in report["cmake_args"]
     assert "-DGGML_AVX512=ON" in report["cmake_args"]  # only the family at fault is switched off
@@ -113,8 +115,9 @@ def test_a_build_that_crashes_with_amx_is_rebuilt_without_it(tmp_path):
     assert llama_build.failed_here(failed)["signal"] == "SIGILL"
     assert llama_build.cached_wheel(failed) is None
     built.clear()
-    wheel2, report2 = llama_build.verified_build(dict(ALL_ON), tmp_path, tmp_path / "m.gguf", build=build,
-                                                 smoke=smoke, log=lambda *a: None)
+    wheel2, report2 = llama_build.verified_build(
+        dict(ALL_ON), tmp_path, tmp_path / "m.gguf", build=build, smoke=smoke, log=lambda *a: None
+    )
     assert built == [report["cmake_args"]]  # the AMX build was not built or tried again
     assert wheel2 == wheel
 
@@ -122,8 +125,9 @@ def test_a_build_that_crashes_with_amx_is_rebuilt_without_it(tmp_path):
 def test_amx_first_then_the_avx512_family(tmp_path):
     built: list[str] = []
     build, smoke = _stand_ins({"GGML_AMX_TILE", "GGML_AVX512_VNNI"}, built, tmp_path)
-    _, report = llama_build.verified_build(dict(ALL_ON), tmp_path, tmp_path / "m.gguf", build=build,
-                                           smoke=smoke, log=lambda *a: None)
+    _, report = llama_build.verified_build(
+        dict(ALL_ON), tmp_path, tmp_path / "m.gguf", build=build, smoke=smoke, log=lambda *a: None
+    )
     assert [d["family"] for d in report["dropped"]] == ["AMX", "AVX-512"]
     assert "-DGGML_AVX512=OFF" in report["cmake_args"] and "-DGGML_AVX2=ON" in report["cmake_args"]
     assert len(built) == 3
@@ -133,8 +137,9 @@ def test_a_build_that_crashes_with_nothing_left_to_drop_is_an_error(tmp_path):
     built: list[str] = []
     build, smoke = _stand_ins({"GGML_AVX2"}, built, tmp_path)
     with pytest.raises(llama_build.BuildError, match=r"does not run on this CPU.*SIGILL.*no extension family"):
-        llama_build.verified_build(dict(ALL_ON), tmp_path, tmp_path / "m.gguf", build=build, smoke=smoke,
-                                   log=lambda *a: None)
+        llama_build.verified_build(
+            dict(ALL_ON), tmp_path, tmp_path / "m.gguf", build=build, smoke=smoke, log=lambda *a: None
+        )
     assert len(built) == 4  # all on, then without AMX, AVX-512 and AVX-VNNI in turn
 
 
@@ -169,17 +174,32 @@ def test_amx_probe_says_what_ggml_style_code_does_on_this_cpu(tmp_path):
     (or AMX is missing) the probe refuses AMX, where it runs the probe allows it."""
     cxx = shutil.which("g++") or shutil.which("c++")
     exe = tmp_path / "case"
-    subprocess.run([cxx, "-O3", "-mamx-tile", "-mamx-int8", "-mavx512f",
-                    str(ROOT / "data" / "cases" / "amx_tile_config.cpp"), "-o", str(exe)], check=True)
+    subprocess.run(
+        [
+            cxx,
+            "-O3",
+            "-mamx-tile",
+            "-mamx-int8",
+            "-mavx512f",
+            str(ROOT / "data" / "cases" / "amx_tile_config.cpp"),
+            "-o",
+            str(exe),
+        ],
+        check=True,
+    )
     case_runs = subprocess.run([str(exe)], capture_output=True, text=True).returncode == 0
     assert llama_build.probe_cpu_features()["GGML_AMX_TILE"] is case_runs
 
 
 def test_doctor_line_names_what_the_library_uses_and_what_the_build_dropped():
-    info = ("CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 0 | AMX_INT8 = 0 | OPENMP = 1 | REPACK = 1 |")
-    report = {"dropped": [{"family": "AMX", "reason": "the smoke test died with SIGILL with AMX on"}],
-              "refused_by_probe": ["AVX_VNNI"]}
+    info = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 0 | AMX_INT8 = 0 | OPENMP = 1 | REPACK = 1 |"
+    report = {
+        "dropped": [{"family": "AMX", "reason": "the smoke test died with SIGILL with AMX on"}],
+        "refused_by_probe": ["AVX_VNNI"],
+    }
     line = llama_build.describe(info, report)
-    assert line == ("uses SSE3 AVX2 (with OPENMP REPACK); AMX switched off: the smoke test died with SIGILL "
-                    "with AMX on; not run by this CPU: AVX_VNNI")
+    assert line == (
+        "uses SSE3 AVX2 (with OPENMP REPACK); AMX switched off: the smoke test died with SIGILL "
+        "with AMX on; not run by this CPU: AVX_VNNI"
+    )
     assert "no build record" in llama_build.describe(info, None)

@@ -7,12 +7,12 @@ import time
 
 import numpy as np
 import pytest
-from sse_server import ScriptedServer, cmpl, sse
 
 from lablib.engines import load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
 from lablib.loadgen import arrival_schedule, goodput, run_load, summarize
+from sse_server import ScriptedServer, cmpl, sse
 
 DONE = sse("[DONE]")
 

@@ -1,4 +1,5 @@
 """Model resolution, format detection, derivation and config compatibility."""
+
 import json
 import shutil
 import subprocess
@@ -84,13 +85,26 @@ def test_mlx_lm_alone_misreads_the_v5_config_and_the_lab_does_not():
 
 def test_normalize_config_neighbours():
     # a scaled RoPE (llama3 type) moved into rope_parameters comes back as rope_scaling
-    cfg = {"rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0,
-                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                               "original_max_position_embeddings": 8192}, "dtype": "bfloat16"}
+    cfg = {
+        "rope_parameters": {
+            "rope_theta": 500000.0,
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "dtype": "bfloat16",
+    }
     add = formats.normalize_config(cfg)
     assert add["rope_theta"] == 500000.0
-    assert add["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    assert add["rope_scaling"] == {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     assert add["torch_dtype"] == "bfloat16"
     # values already at the top level win; an old-style config needs nothing
     assert formats.normalize_config({"rope_theta": 1e4, "rope_parameters": {"rope_theta": 1e6}}) == {}
@@ -149,8 +163,11 @@ def test_truncated_gguf_is_named_as_such(model, tmp_path, monkeypatch):
     torn = tmp_path / "torn.gguf"
     with open(model.gguf_path, "rb") as f:
         torn.write_bytes(f.read(3_000_000))  # header and metadata, then cut inside the tensor data
-    with pytest.raises(FormatError, match=r"torn\.gguf starts like GGUF but cannot be read.*3,000,000 bytes, "
-                                          r"perhaps truncated"):
+    with pytest.raises(
+        FormatError,
+        match=r"torn\.gguf starts like GGUF but cannot be read.*3,000,000 bytes, "
+        r"perhaps truncated",
+    ):
         models.prepare(str(torn))
 
 
@@ -229,8 +246,13 @@ def test_read_only_lab_home_serves_cache_hits_and_names_itself_when_asked_to_wri
     if prefix is None:
         pytest.skip("no way to make a folder read-only here (root without unshare)")
     env = dict(os.environ, LABLIB_HOME=str(home))
-    run = lambda *a: subprocess.run([*prefix, sys.executable, "-m", "lablib.cli", "prepare", *a],  # noqa: E731
-                                    capture_output=True, text=True, env=env, timeout=300)
+    run = lambda *a: subprocess.run(
+        [*prefix, sys.executable, "-m", "lablib.cli", "prepare", *a],  # noqa: E731
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     hit = run()
     assert hit.returncode == 0, hit.stderr
     assert "ready in" in hit.stdout and "Traceback" not in hit.stderr
@@ -240,12 +262,15 @@ def test_read_only_lab_home_serves_cache_hits_and_names_itself_when_asked_to_wri
     assert "Traceback" not in new.stderr
 
 
-@pytest.mark.parametrize("config, weights, want", [
-    ('{"model_type": "llama",\n', "bin", r"config\.json is not readable JSON"),
-    ("[1, 2]", "safetensors", r"config\.json holds a list, expected a JSON object"),
-    ('{"model_type": "llama", "max_position_embeddings": "8k"}', "bin", r"max_position_embeddings='8k'"),
-    ('{"model_type": "llama"}', "bin", r"pytorch_model\.bin is not a readable PyTorch checkpoint"),
-])
+@pytest.mark.parametrize(
+    "config, weights, want",
+    [
+        ('{"model_type": "llama",\n', "bin", r"config\.json is not readable JSON"),
+        ("[1, 2]", "safetensors", r"config\.json holds a list, expected a JSON object"),
+        ('{"model_type": "llama", "max_position_embeddings": "8k"}', "bin", r"max_position_embeddings='8k'"),
+        ('{"model_type": "llama"}', "bin", r"pytorch_model\.bin is not a readable PyTorch checkpoint"),
+    ],
+)
 def test_broken_hugging_face_folders_get_one_message(tmp_path, monkeypatch, config, weights, want):
     monkeypatch.setenv("LABLIB_HOME", str(tmp_path / "home"))
     folder = tmp_path / "m"

@@ -1,4 +1,5 @@
 """plots.py on synthetic DataFrames with exact expected values (no engine needed)."""
+
 import math
 import re
 
@@ -9,10 +10,23 @@ import pytest
 from lablib import plots, report, tables
 from lablib.errors import LabError
 
-MANIFEST = dict(model="SmolLM2-135M-Instruct", engine_version="1.0", backend="cpu", dtype="float32", threads=2,
-                n_ctx=2048, quantization="Q4_1", model_sha256="ab" * 32, cpu_model="Test CPU", cores=2,
-                ram_bytes=24 * 2**30, accelerator=None, hostname="labhost", lablib_version="0.1.0",
-                time="2026-01-01T00:00:00+00:00")
+MANIFEST = dict(
+    model="SmolLM2-135M-Instruct",
+    engine_version="1.0",
+    backend="cpu",
+    dtype="float32",
+    threads=2,
+    n_ctx=2048,
+    quantization="Q4_1",
+    model_sha256="ab" * 32,
+    cpu_model="Test CPU",
+    cores=2,
+    ram_bytes=24 * 2**30,
+    accelerator=None,
+    hostname="labhost",
+    lablib_version="0.1.0",
+    time="2026-01-01T00:00:00+00:00",
+)
 ENGINES = ("transformers", "llama.cpp", "mlx")
 
 
@@ -26,19 +40,47 @@ def context_df(engines=ENGINES, lengths=(64, 256), reps=3, output_tokens=8):
                 f = 1 + rep / 10
                 prefill, tp = n / speed * f, tpot * f * (1 + n / 1024)
                 decode = (output_tokens - 1) * tp
-                row = dict(MANIFEST, engine=engine, sweep="context", mode="single", concurrency=1,
-                           repetition=rep, request_index=rep, prompt_tokens=n, output_tokens=output_tokens,
-                           cached_tokens=0, queue_s=0.0, ttft_s=prefill, prefill_s=prefill,
-                           prefill_tps=n / prefill, tpot_s=tp, decode_tps=1 / tp, decode_s=decode,
-                           e2e_s=prefill + decode, itl_s=[tp] * (output_tokens - 1), t_submit=t, t_start=t,
-                           t_first_token=t + prefill, t_last_token=t + prefill + decode)
+                row = dict(
+                    MANIFEST,
+                    engine=engine,
+                    sweep="context",
+                    mode="single",
+                    concurrency=1,
+                    repetition=rep,
+                    request_index=rep,
+                    prompt_tokens=n,
+                    output_tokens=output_tokens,
+                    cached_tokens=0,
+                    queue_s=0.0,
+                    ttft_s=prefill,
+                    prefill_s=prefill,
+                    prefill_tps=n / prefill,
+                    tpot_s=tp,
+                    decode_tps=1 / tp,
+                    decode_s=decode,
+                    e2e_s=prefill + decode,
+                    itl_s=[tp] * (output_tokens - 1),
+                    t_submit=t,
+                    t_start=t,
+                    t_first_token=t + prefill,
+                    t_last_token=t + prefill + decode,
+                )
                 rows.append(row)
                 t += prefill + decode + 0.1
     return pd.DataFrame(rows)
 
 
-def concurrency_df(engines=("llama.cpp", "mlx"), levels=(1, 2, 4), requests=4, hostname="labhost",
-                   cpu_model="Test CPU", prefill=0.5, decode=1.0, output_tokens=11, prompt_tokens=64):
+def concurrency_df(
+    engines=("llama.cpp", "mlx"),
+    levels=(1, 2, 4),
+    requests=4,
+    hostname="labhost",
+    cpu_model="Test CPU",
+    prefill=0.5,
+    decode=1.0,
+    output_tokens=11,
+    prompt_tokens=64,
+):
     """Closed-loop concurrency rows with exact timestamps.
 
     serial: one request at a time; request i starts when i-1 ends; clients submit their next
@@ -63,14 +105,36 @@ def concurrency_df(engines=("llama.cpp", "mlx"), levels=(1, 2, 4), requests=4, h
                         engine_free = t_last
                     client_free[client] = t_last
                     tpot = decode / (output_tokens - 1)
-                    rows.append(dict(MANIFEST, hostname=hostname, cpu_model=cpu_model, engine=engine,
-                                     sweep="concurrency", mode=mode, concurrency=c, run_id=run_id,
-                                     repetition=0, request_index=i, prompt_tokens=prompt_tokens,
-                                     output_tokens=output_tokens, cached_tokens=0, queue_s=t_start - t_submit,
-                                     ttft_s=t_first - t_submit, prefill_s=prefill, prefill_tps=prompt_tokens / prefill,
-                                     tpot_s=tpot, decode_tps=1 / tpot, decode_s=decode, e2e_s=t_last - t_submit,
-                                     itl_s=[tpot] * (output_tokens - 1), t_submit=t_submit, t_start=t_start,
-                                     t_first_token=t_first, t_last_token=t_last))
+                    rows.append(
+                        dict(
+                            MANIFEST,
+                            hostname=hostname,
+                            cpu_model=cpu_model,
+                            engine=engine,
+                            sweep="concurrency",
+                            mode=mode,
+                            concurrency=c,
+                            run_id=run_id,
+                            repetition=0,
+                            request_index=i,
+                            prompt_tokens=prompt_tokens,
+                            output_tokens=output_tokens,
+                            cached_tokens=0,
+                            queue_s=t_start - t_submit,
+                            ttft_s=t_first - t_submit,
+                            prefill_s=prefill,
+                            prefill_tps=prompt_tokens / prefill,
+                            tpot_s=tpot,
+                            decode_tps=1 / tpot,
+                            decode_s=decode,
+                            e2e_s=t_last - t_submit,
+                            itl_s=[tpot] * (output_tokens - 1),
+                            t_submit=t_submit,
+                            t_start=t_start,
+                            t_first_token=t_first,
+                            t_last_token=t_last,
+                        )
+                    )
     return pd.DataFrame(rows)
 
 
@@ -158,7 +222,8 @@ def test_run_table_output_tps_is_tokens_over_makespan():
         expect = g.output_tokens.sum() / (g.t_last_token.max() - g.t_submit.min())
         assert runs.loc[run_id, "output_tps"] == expect
     assert runs.loc["labhost-mlx-serial-2", "ttft_p95_s"] == np.percentile(
-        df[df.run_id == "labhost-mlx-serial-2"].ttft_s, 95)
+        df[df.run_id == "labhost-mlx-serial-2"].ttft_s, 95
+    )
 
 
 def test_concurrency_lines_values_colors_and_dashes():
@@ -324,7 +389,9 @@ def test_shared_results_of_two_machines_facet_after_a_round_trip_on_disk(tmp_pat
 
     for host, decode in (("laptop", 1.0), ("server", 0.5)):
         w = ResultsWriter(tmp_path / f"{host}.jsonl")
-        for row in concurrency_df(hostname=host, cpu_model=f"CPU {host}", levels=(1, 2), decode=decode).to_dict("records"):
+        for row in concurrency_df(hostname=host, cpu_model=f"CPU {host}", levels=(1, 2), decode=decode).to_dict(
+            "records"
+        ):
             w.append(row)
     merge_results([tmp_path / "laptop.jsonl", tmp_path / "server.jsonl"], tmp_path / "all.jsonl")
     df = load_results(tmp_path / "all.jsonl")

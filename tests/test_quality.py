@@ -1,4 +1,5 @@
 """lablib.quality: the statistics of llama.cpp's perplexity tool, checked on values worked by hand."""
+
 import math
 
 import numpy as np
@@ -31,7 +32,7 @@ def test_kl_ppl_top1_dp_by_hand():
     assert out["kl_max"] == pytest.approx(0.25 * math.log(2))
     assert out["top1"] == 0.5 and out["n_tokens"] == 2
     assert out["dp_top_abs_mean"] == pytest.approx(0.125)
-    assert out["dp_rms"] == pytest.approx(math.sqrt(0.25 ** 2 / 2))
+    assert out["dp_rms"] == pytest.approx(math.sqrt(0.25**2 / 2))
 
 
 def test_log_softmax_of_large_logits_is_stable_and_normalized():
@@ -75,8 +76,18 @@ Same top p: 96.032 ± 1.746 %
 
 def test_parse_llama_perplexity_output():
     out = quality.parse_kld_output(LLAMA_PERPLEXITY_TAIL)
-    assert out == pytest.approx({"ppl": 23.128917, "ppl_ref": 22.605751, "kl_mean": 0.003999, "kl_max": 0.0237,
-                                 "kl_p99": 0.015781, "top1": 0.96032, "dp_mean": -0.00111, "dp_rms": 0.01326})
+    assert out == pytest.approx(
+        {
+            "ppl": 23.128917,
+            "ppl_ref": 22.605751,
+            "kl_mean": 0.003999,
+            "kl_max": 0.0237,
+            "kl_p99": 0.015781,
+            "top1": 0.96032,
+            "dp_mean": -0.00111,
+            "dp_rms": 0.01326,
+        }
+    )
 
 
 def test_pareto_front_keeps_only_undominated_rungs():
@@ -84,9 +95,15 @@ def test_pareto_front_keeps_only_undominated_rungs():
 
     from lablib.quant_plots import pareto_front, quality_vs_size, type_mix
 
-    df = pd.DataFrame({"type": ["A", "B", "C", "D"], "bytes": [100, 200, 300, 400],
-                       "kl_mean": [0.5, 0.6, 0.1, 0.01], "engine": "llama.cpp",
-                       "tensor_types": ['[{"type": "Q8_0", "n_elements": 3}, {"type": "F32", "n_elements": 1}]'] * 4})
+    df = pd.DataFrame(
+        {
+            "type": ["A", "B", "C", "D"],
+            "bytes": [100, 200, 300, 400],
+            "kl_mean": [0.5, 0.6, 0.1, 0.01],
+            "engine": "llama.cpp",
+            "tensor_types": ['[{"type": "Q8_0", "n_elements": 3}, {"type": "F32", "n_elements": 1}]'] * 4,
+        }
+    )
     assert list(pareto_front(df, "bytes", "kl_mean", higher_is_better=False)["type"]) == ["A", "C", "D"]
     fig = quality_vs_size(df)
     assert list(fig.data[-1].x) == [100, 300, 400]

@@ -1,5 +1,6 @@
 """lablib.quant and lablib.ladder on the real default model: the F32 reference, llama.cpp's quantizer,
 quality against the reference, and a ladder that survives an interruption."""
+
 import json
 
 import numpy as np
@@ -90,8 +91,9 @@ def test_k_quants_fall_back_where_rows_are_576(model, ref_path):
 def test_q8_0_is_closer_to_the_reference_than_q4_0(model):
     from lablib.ladder import run_ladder
 
-    rows = run_ladder(["Q8_0", "Q4_0"], model=model, speed=False, include_reference=False, n_ctx=128,
-                      n_chunks=2, log=lambda *_: None)
+    rows = run_ladder(
+        ["Q8_0", "Q4_0"], model=model, speed=False, include_reference=False, n_ctx=128, n_chunks=2, log=lambda *_: None
+    )
     by = {r["type"]: r for r in rows}
     assert 0 < by["Q8_0"]["kl_mean"] < by["Q4_0"]["kl_mean"]
     assert by["Q8_0"]["bytes"] > by["Q4_0"]["bytes"] and by["Q8_0"]["bpw"] > by["Q4_0"]["bpw"]
@@ -107,14 +109,33 @@ def test_interrupted_ladder_keeps_finished_files_and_rows(model, tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_ladder(["Q5_0", "Q4_0"], model=model, out=out, home=home, speed=False, include_reference=False,
-                   n_ctx=128, n_chunks=2, on_row=stop_after_first, log=lambda *_: None)
+        run_ladder(
+            ["Q5_0", "Q4_0"],
+            model=model,
+            out=out,
+            home=home,
+            speed=False,
+            include_reference=False,
+            n_ctx=128,
+            n_chunks=2,
+            on_row=stop_after_first,
+            log=lambda *_: None,
+        )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["type"] for r in rows] == ["Q5_0"] and rows[0]["cached"] is False
     assert sorted(p.name for p in home.iterdir()) == ["Q5_0.gguf", "Q5_0.json"]
     first = (home / "Q5_0.gguf").stat().st_mtime_ns
-    rows = run_ladder(["Q5_0", "Q4_0"], model=model, out=out, home=home, speed=False, include_reference=False,
-                      n_ctx=128, n_chunks=2, log=lambda *_: None)
+    rows = run_ladder(
+        ["Q5_0", "Q4_0"],
+        model=model,
+        out=out,
+        home=home,
+        speed=False,
+        include_reference=False,
+        n_ctx=128,
+        n_chunks=2,
+        log=lambda *_: None,
+    )
     assert [r["cached"] for r in rows] == [True, False]
     assert (home / "Q5_0.gguf").stat().st_mtime_ns == first
     assert [json.loads(line)["type"] for line in out.read_text().splitlines()] == ["Q5_0", "Q5_0", "Q4_0"]
@@ -133,8 +154,25 @@ def test_cli_quality_writes_one_row(model, tmp_path, capsys):
     from lablib.results import load_results
 
     out = tmp_path / "q.jsonl"
-    assert main(["quality", "--engine", "llama.cpp", "--variant", "Q8_0", "--no-speed", "--n-ctx", "128",
-                 "--chunks", "2", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "quality",
+                "--engine",
+                "llama.cpp",
+                "--variant",
+                "Q8_0",
+                "--no-speed",
+                "--n-ctx",
+                "128",
+                "--chunks",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     df = load_results(out)
     assert list(df["type"]) == ["Q8_0"] and df["n_tokens"].iloc[0] == 126
     assert 0 < df["kl_mean"].iloc[0] < 0.05 and df["reference"].iloc[0].startswith("dequantized Q4_1")

@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
-from sse_server import ScriptedServer, cmpl, sse
 
 from lablib.cli import main
 from lablib.results import load_results
+from sse_server import ScriptedServer, cmpl, sse
 
 
 def test_serve_then_bench_closed_and_open(tmp_path, model, capsys):

@@ -1,4 +1,5 @@
 """A native crash in an engine stops the test session with doctor's message, not a core dump."""
+
 import os
 import subprocess
 import sys
@@ -17,8 +18,14 @@ def test_an_engine_that_dies_by_a_signal_stops_the_session_with_doctors_message(
     (tmp_path / "conftest.py").write_text((ROOT / "conftest.py").read_text())  # the hook under test
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     env = dict(os.environ, PYTHONPATH=f"{tmp_path / 'stub'}{os.pathsep}{ROOT}")
-    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(test)],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(test)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = p.stdout + p.stderr
     assert p.returncode == 3, out[-3000:]
     assert "engine check failed before the tests" in out

@@ -1,4 +1,5 @@
 """Sweeps: parameters and guards, durable rows, cancel and crash, on the real default model."""
+
 import json
 import threading
 
@@ -72,17 +73,29 @@ def test_kv_cache_size_of_the_default_model(model):
 def test_llama_cpp_buffers_are_one_micro_batch_of_logits_plus_the_graph(model):
     """n_batch x vocabulary x 4 bytes + 32 MiB; llama.cpp caps the batch at n_ctx."""
     mib = 2**20
-    assert memory.estimate_bytes(model, ENGINES["llama.cpp"], 4096)["runtime"] == 512 * 49152 * 4 + 32 * mib == 128 * mib
-    assert memory.estimate_bytes(model, ENGINES["llama.cpp"], 256, n_batch=120_000)["runtime"] == 256 * 49152 * 4 + 32 * mib
+    assert (
+        memory.estimate_bytes(model, ENGINES["llama.cpp"], 4096)["runtime"] == 512 * 49152 * 4 + 32 * mib == 128 * mib
+    )
+    assert (
+        memory.estimate_bytes(model, ENGINES["llama.cpp"], 256, n_batch=120_000)["runtime"]
+        == 256 * 49152 * 4 + 32 * mib
+    )
     assert memory.estimate_bytes(model, ENGINES["transformers"], 4096)["runtime"] == 0
 
 
-@pytest.mark.parametrize("config, shape", [
-    ({"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 100, "n_positions": 128},  # GPT-2 names
-     {"layers": 2, "kv_heads": 4, "head_dim": 16, "vocab": 100}),
-    ({"num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": None, "hidden_size": 64},
-     {"layers": 3, "kv_heads": 4, "head_dim": 16, "vocab": 0}),  # null KV heads: multi-head attention
-])
+@pytest.mark.parametrize(
+    "config, shape",
+    [
+        (
+            {"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 100, "n_positions": 128},  # GPT-2 names
+            {"layers": 2, "kv_heads": 4, "head_dim": 16, "vocab": 100},
+        ),
+        (
+            {"num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": None, "hidden_size": 64},
+            {"layers": 3, "kv_heads": 4, "head_dim": 16, "vocab": 0},
+        ),  # null KV heads: multi-head attention
+    ],
+)
 def test_model_shape_reads_other_config_spellings(tmp_path, config, shape):
     from lablib.formats import trained_context
     from lablib.models import ResolvedModel
@@ -105,8 +118,16 @@ def test_default_prompt_lengths(model, monkeypatch):
 
 def test_context_sweep_rows_and_file(model, tmp_path):
     out = tmp_path / "ctx.jsonl"
-    df = sweep.context_sweep(model, engines=["llama.cpp"], prompt_tokens=[16, 48], max_new_tokens=3, reps=2,
-                             warmup=1, out=out, progress=False)
+    df = sweep.context_sweep(
+        model,
+        engines=["llama.cpp"],
+        prompt_tokens=[16, 48],
+        max_new_tokens=3,
+        reps=2,
+        warmup=1,
+        out=out,
+        progress=False,
+    )
     assert list(df["prompt_tokens"]) == [16, 16, 48, 48]
     assert list(df["repetition"]) == [0, 1, 0, 1]
     assert (df["output_tokens"] == 3).all() and (df["cached_tokens"] == 0).all()
@@ -126,8 +147,18 @@ def test_cancelled_sweep_keeps_every_finished_row(model, tmp_path):
         if len(seen) == 2:
             cancel.set()
 
-    df = sweep.context_sweep(model, engines=["llama.cpp"], prompt_tokens=[16, 32, 48], max_new_tokens=2, reps=1,
-                             warmup=0, out=out, cancel=cancel, on_row=on_row, progress=False)
+    df = sweep.context_sweep(
+        model,
+        engines=["llama.cpp"],
+        prompt_tokens=[16, 32, 48],
+        max_new_tokens=2,
+        reps=1,
+        warmup=0,
+        out=out,
+        cancel=cancel,
+        on_row=on_row,
+        progress=False,
+    )
     assert len(df) == 2 and len(load_results(out)) == 2
     assert list(load_results(out)["prompt_tokens"]) == [16, 32]
 
@@ -142,8 +173,17 @@ def test_crashed_sweep_keeps_every_finished_row(model, tmp_path):
             raise RuntimeError("kernel died")
 
     with pytest.raises(RuntimeError):
-        sweep.context_sweep(model, engines=["llama.cpp"], prompt_tokens=[16, 32, 48], max_new_tokens=2, reps=1,
-                            warmup=0, out=out, on_row=on_row, progress=False)
+        sweep.context_sweep(
+            model,
+            engines=["llama.cpp"],
+            prompt_tokens=[16, 32, 48],
+            max_new_tokens=2,
+            reps=1,
+            warmup=0,
+            out=out,
+            on_row=on_row,
+            progress=False,
+        )
     lines = out.read_text().splitlines()
     assert [json.loads(line)["prompt_tokens"] for line in lines] == [16, 32]
 
@@ -159,10 +199,40 @@ def test_cli_sweep_writes_a_file_that_merge_and_report_read(tmp_path):
         assert p.returncode == 0, p.stderr
         return p.stdout
 
-    lablib("sweep", "context", "--engines", "llama.cpp", "--prompt-tokens", "16,32", "--max-new-tokens", "2",
-           "--reps", "1", "--out", str(a), "--quiet")
-    lablib("sweep", "concurrency", "--engines", "llama.cpp", "--concurrency", "1,2", "--mode", "serial,batched",
-           "--requests", "2", "--prompt-tokens", "16", "--max-new-tokens", "2", "--out", str(b), "--quiet")
+    lablib(
+        "sweep",
+        "context",
+        "--engines",
+        "llama.cpp",
+        "--prompt-tokens",
+        "16,32",
+        "--max-new-tokens",
+        "2",
+        "--reps",
+        "1",
+        "--out",
+        str(a),
+        "--quiet",
+    )
+    lablib(
+        "sweep",
+        "concurrency",
+        "--engines",
+        "llama.cpp",
+        "--concurrency",
+        "1,2",
+        "--mode",
+        "serial,batched",
+        "--requests",
+        "2",
+        "--prompt-tokens",
+        "16",
+        "--max-new-tokens",
+        "2",
+        "--out",
+        str(b),
+        "--quiet",
+    )
     out = lablib("merge", str(a), str(b), "--out", str(merged))
     df = load_results(merged)
     # context: 2 lengths x 1 rep; concurrency: 2 levels x 2 requests x 2 modes
@@ -209,8 +279,12 @@ def test_report_refuses_to_overwrite_its_input(tmp_path):
     a = tmp_path / "keep.jsonl"
     ResultsWriter(a).append({"engine": "x", "sweep": "context"})
     for target in (a, tmp_path / "r.txt"):
-        p = subprocess.run([sys.executable, "-m", "lablib.cli", "report", str(a), "--html", str(target)],
-                           capture_output=True, text=True, timeout=120)
+        p = subprocess.run(
+            [sys.executable, "-m", "lablib.cli", "report", str(a), "--html", str(target)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert p.returncode == 2 and "Traceback" not in p.stderr
     assert load_results(a)["engine"].tolist() == ["x"]
 
@@ -227,8 +301,16 @@ def test_a_results_file_that_cannot_be_written_is_refused_before_any_measurement
         want = r"cannot write there"
     measured = []
     with pytest.raises(LabError, match=want):
-        sweep.context_sweep(model, engines=["llama.cpp"], prompt_tokens=[16], max_new_tokens=2, reps=1,
-                            out=out, on_row=measured.append, progress=False)
+        sweep.context_sweep(
+            model,
+            engines=["llama.cpp"],
+            prompt_tokens=[16],
+            max_new_tokens=2,
+            reps=1,
+            out=out,
+            on_row=measured.append,
+            progress=False,
+        )
     assert measured == []
     if kind == "corrupt parquet":
         assert out.read_bytes() == b"not parquet at all"  # left as it was
@@ -247,12 +329,22 @@ def test_a_dangling_link_or_a_foreign_parquet_is_refused_before_any_measurement(
     dangling.symlink_to(tmp_path / "no-such-folder" / "r.jsonl")
     foreign = tmp_path / "foreign.parquet"
     pd.DataFrame({"engine": [1, 2], "prefill_s": ["a", "b"]}).to_parquet(foreign)
-    for out, want in ((dangling, r"links to .*no-such-folder.*whose folder does not exist"),
-                      (foreign, r"foreign\.parquet is not a results file the lab wrote")):
+    for out, want in (
+        (dangling, r"links to .*no-such-folder.*whose folder does not exist"),
+        (foreign, r"foreign\.parquet is not a results file the lab wrote"),
+    ):
         measured = []
         with pytest.raises(LabError, match=want):
-            sweep.context_sweep(model, engines=["llama.cpp"], prompt_tokens=[16], max_new_tokens=2, reps=1,
-                                out=out, on_row=measured.append, progress=False)
+            sweep.context_sweep(
+                model,
+                engines=["llama.cpp"],
+                prompt_tokens=[16],
+                max_new_tokens=2,
+                reps=1,
+                out=out,
+                on_row=measured.append,
+                progress=False,
+            )
         assert measured == []
 
 

@@ -1,4 +1,5 @@
 """Automatic threads: a busy neighbour takes its core, the engine uses the CPUs left."""
+
 import subprocess
 import sys
 import time

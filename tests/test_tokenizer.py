@@ -6,6 +6,7 @@ llama.cpp splits digits first, then the GPT-2 regex, as the original tokenizer
 did, and makes it one (1116). The lab restores the GGUF's split rule when it
 derives the HF folder, so every engine sees the same ids.
 """
+
 from pathlib import Path
 
 import pytest
@@ -47,10 +48,20 @@ def test_whole_probe_identical_in_every_engine(model, llama, hf, mlx):
     assert mlx.tokenize(text) == lab
 
 
-@pytest.mark.parametrize("text", [
-    "a\n\n\nb", "x  \n  y", "tabs\t\t\tthen\n\t\n", "end with newlines\n\n", "  leading", "1\n\n2\n\n\n3",
-    "price: 1,000,000.50 $", "def g():\n\n\n    pass\n", "<|im_start|>user\nhi<|im_end|>\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a\n\n\nb",
+        "x  \n  y",
+        "tabs\t\t\tthen\n\t\n",
+        "end with newlines\n\n",
+        "  leading",
+        "1\n\n2\n\n\n3",
+        "price: 1,000,000.50 $",
+        "def g():\n\n\n    pass\n",
+        "<|im_start|>user\nhi<|im_end|>\n",
+    ],
+)
 def test_whitespace_digit_and_special_neighbours_agree(text, model, llama, hf):
     lab = lab_tokenizer(model)(text, add_special_tokens=False)["input_ids"]
     assert llama.tokenize(text) == lab

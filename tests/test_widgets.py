@@ -2,6 +2,7 @@
 
 Most tests replace lablib.sweep's sweep functions with fakes that emit synthetic rows; one
 runs a real tiny llama.cpp sweep through run_sync."""
+
 import threading
 import time
 
@@ -67,12 +68,15 @@ def test_full_mode_defaults_are_larger(monkeypatch):
         widgets.defaults("latency")
 
 
-@pytest.mark.parametrize("field,value,expect", [
-    ("prompt_tokens", "", "prompt tokens is empty"),
-    ("prompt_tokens", "64,abc", "expected whole numbers"),
-    ("prompt_tokens", "0,64", "at least 1"),
-    ("out", "results/x.csv", "expected a name ending in .jsonl or .parquet"),
-])
+@pytest.mark.parametrize(
+    "field,value,expect",
+    [
+        ("prompt_tokens", "", "prompt tokens is empty"),
+        ("prompt_tokens", "64,abc", "expected whole numbers"),
+        ("prompt_tokens", "0,64", "at least 1"),
+        ("out", "results/x.csv", "expected a name ending in .jsonl or .parquet"),
+    ],
+)
 def test_invalid_input_shows_the_lab_error_in_the_panel(quick, monkeypatch, field, value, expect):
     called = []
     monkeypatch.setattr(sweep, "context_sweep", lambda **kw: called.append(kw))
@@ -112,8 +116,18 @@ def test_fewer_requests_than_clients_is_refused_by_the_panel(quick):
 
 
 def fake_context_sweep(rows, started=None, delay=0.0):
-    def fake(model=None, engines=(), prompt_tokens=None, max_new_tokens=None, reps=None, warmup=1,
-             out=None, cancel=None, on_row=None, progress=True):
+    def fake(
+        model=None,
+        engines=(),
+        prompt_tokens=None,
+        max_new_tokens=None,
+        reps=None,
+        warmup=1,
+        out=None,
+        cancel=None,
+        on_row=None,
+        progress=True,
+    ):
         done = []
         for row in rows:
             if started is not None:
@@ -124,6 +138,7 @@ def fake_context_sweep(rows, started=None, delay=0.0):
             done.append(row)
             on_row(row)
         return pd.DataFrame(done)
+
     return fake
 
 
@@ -168,22 +183,37 @@ def test_cancel_sets_the_event_and_stops_between_requests(quick, monkeypatch):
 def test_live_concurrency_figure(quick, monkeypatch):
     rows = concurrency_df(levels=(1, 2), requests=2).to_dict("records")
 
-    def fake(model=None, engines=(), concurrency=(1, 2), modes=("serial", "batched"), requests=None,
-             prompt_tokens=None, max_new_tokens=None, out=None, cancel=None, on_row=None, progress=True):
+    def fake(
+        model=None,
+        engines=(),
+        concurrency=(1, 2),
+        modes=("serial", "batched"),
+        requests=None,
+        prompt_tokens=None,
+        max_new_tokens=None,
+        out=None,
+        cancel=None,
+        on_row=None,
+        progress=True,
+    ):
         for row in rows:
             on_row(row)
         return pd.DataFrame(rows)
+
     monkeypatch.setattr(sweep, "concurrency_sweep", fake, raising=False)
     p = widgets.sweep_panel(kind="concurrency", out="")
     df = p.run_sync()
     assert len(df) == len(rows)
-    assert {t.name for t in p.figure.data} == {f"{e} · {m}" for e in ("llama.cpp", "mlx") for m in ("serial", "batched")}
+    assert {t.name for t in p.figure.data} == {
+        f"{e} · {m}" for e in ("llama.cpp", "mlx") for m in ("serial", "batched")
+    }
     assert "concurrency" in p.figure.layout.xaxis.title.text
 
 
 def test_engine_errors_are_shown_then_raised_in_run_sync(quick, monkeypatch):
     def boom(**kw):
         raise RuntimeError("engine crashed")
+
     monkeypatch.setattr(sweep, "context_sweep", boom)
     p = widgets.sweep_panel(out="")
     with pytest.raises(RuntimeError):

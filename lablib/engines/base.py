@@ -24,8 +24,20 @@ from ..errors import ContextOverflowError, LabError
 from ..trace import RequestTrace, now
 
 # The settings :meth:`Engine.effective_config` returns (what lablib.compare holds side by side).
-CONFIG_KEYS = ("rope_theta", "rope_scaling", "rms_norm_eps", "n_heads", "n_kv_heads", "head_dim", "n_layers",
-               "vocab_size", "context_length", "tie_word_embeddings", "bos_id", "eos_id")
+CONFIG_KEYS = (
+    "rope_theta",
+    "rope_scaling",
+    "rms_norm_eps",
+    "n_heads",
+    "n_kv_heads",
+    "head_dim",
+    "n_layers",
+    "vocab_size",
+    "context_length",
+    "tie_word_embeddings",
+    "bos_id",
+    "eos_id",
+)
 
 
 @dataclass
@@ -132,8 +144,9 @@ class BatchStats:
         """Shared keys of a session's ``stats`` dict become fields, the rest ``extra``."""
         names = set(cls.__dataclass_fields__) - {"extra"}
         merged = {**counts, **run}
-        return cls(**{k: v for k, v in merged.items() if k in names},
-                   extra={k: v for k, v in merged.items() if k not in names})
+        return cls(
+            **{k: v for k, v in merged.items() if k in names}, extra={k: v for k, v in merged.items() if k not in names}
+        )
 
     def to_dict(self) -> dict:
         """One flat dict: the fields and the engine-specific counters."""
@@ -244,7 +257,7 @@ class Engine:
         this; the fallback slices :meth:`logits`."""
         full = self.logits(ids)
         for at in range(0, len(full), chunk):
-            yield full[at:at + chunk]
+            yield full[at : at + chunk]
 
     def close(self) -> None:
         """Free the model (memory) where the library allows it."""
@@ -304,8 +317,10 @@ class Engine:
         if self.n_vocab:
             bad = next((i for i in ids if not 0 <= i < self.n_vocab), None)
             if bad is not None:
-                raise LabError(f"token id {bad} is outside {self.name}'s vocabulary of {self.n_vocab} "
-                               f"(ids 0..{self.n_vocab - 1}); were the ids made by another model's tokenizer?")
+                raise LabError(
+                    f"token id {bad} is outside {self.name}'s vocabulary of {self.n_vocab} "
+                    f"(ids 0..{self.n_vocab - 1}); were the ids made by another model's tokenizer?"
+                )
 
     def check_context(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Raise ContextOverflowError unless prompt + output fits this engine's context."""
@@ -319,8 +334,9 @@ class Engine:
                 f"{self.model.max_position_embeddings})."
             )
 
-    def generate(self, ids: list[int], cfg: GenerationConfig | None = None,
-                 t_submit: float | None = None) -> RequestTrace:
+    def generate(
+        self, ids: list[int], cfg: GenerationConfig | None = None, t_submit: float | None = None
+    ) -> RequestTrace:
         """Generate from prompt token ids; returns the request's trace.
 
         ``t_submit`` is when the request entered the lab's queue (default: now).

@@ -17,6 +17,7 @@ by the manager's background thread. Requests stream their outputs (one output
 per step per request); the calling thread stamps each new token id as it
 receives it. Only the manager's thread touches the model during a session.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -67,8 +68,14 @@ class TransformersEngine(Engine):
     install_hint = "pip install 'torch==2.13.0' transformers accelerate"
     kv_bytes_per_value = 4  # float32 models
 
-    def __init__(self, model, dtype: str = "float32", threads: int | None = None,
-                 n_ctx: int | None = None, attn_implementation: str = "sdpa"):
+    def __init__(
+        self,
+        model,
+        dtype: str = "float32",
+        threads: int | None = None,
+        n_ctx: int | None = None,
+        attn_implementation: str = "sdpa",
+    ):
         super().__init__(model)
         try:
             import torch
@@ -85,7 +92,8 @@ class TransformersEngine(Engine):
         self.dtype = dtype
         self.tok = AutoTokenizer.from_pretrained(path)
         self.hf = AutoModelForCausalLM.from_pretrained(
-            path, dtype=getattr(torch, dtype), attn_implementation=attn_implementation).eval()
+            path, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
+        ).eval()
         trained = int(getattr(self.hf.config, "max_position_embeddings", 0) or model.max_position_embeddings)
         self.n_ctx = int(n_ctx or trained)
         self.n_vocab = int(self.hf.config.vocab_size)
@@ -110,11 +118,19 @@ class TransformersEngine(Engine):
         defaults = gc_cls._get_default_generation_params()
         token_keys = {"bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"}
         asked = self.hf.generation_config.to_diff_dict() if self.hf.generation_config is not None else {}
-        off = [f"{k}={v!r} (model folder's generation_config.json)" for k, v in sorted(asked.items())
-               if k not in token_keys and not k.startswith("_") and k != "transformers_version"
-               and v is not None and v is not False and v != defaults.get(k)]
-        self.hf.generation_config = gc_cls(bos_token_id=self.bos_id, eos_token_id=sorted(self._eos) or None,
-                                           pad_token_id=self._pad)
+        off = [
+            f"{k}={v!r} (model folder's generation_config.json)"
+            for k, v in sorted(asked.items())
+            if k not in token_keys
+            and not k.startswith("_")
+            and k != "transformers_version"
+            and v is not None
+            and v is not False
+            and v != defaults.get(k)
+        ]
+        self.hf.generation_config = gc_cls(
+            bos_token_id=self.bos_id, eos_token_id=sorted(self._eos) or None, pad_token_id=self._pad
+        )
         return off + [f"top_k={defaults['top_k']} (transformers' default when sampling; one-request path only)"]
 
     def _apply_threads(self, n: int) -> None:
@@ -130,8 +146,9 @@ class TransformersEngine(Engine):
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
         """transformers' own path: ``apply_chat_template(tokenize=True)`` (adds no
         special tokens beyond what the template writes)."""
-        out = self.tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt,
-                                           return_dict=True)
+        out = self.tok.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=True
+        )
         return list(out["input_ids"])
 
     @property
@@ -145,13 +162,21 @@ class TransformersEngine(Engine):
     def info(self) -> EngineInfo:
         torch = self._torch
         return EngineInfo(
-            name=self.name, version=self._transformers.__version__,
-            backend=f"torch {torch.__version__} cpu", dtype=self.dtype, threads=self.threads,
+            name=self.name,
+            version=self._transformers.__version__,
+            backend=f"torch {torch.__version__} cpu",
+            dtype=self.dtype,
+            threads=self.threads,
             n_ctx=self.n_ctx,
-            flags={"attn_implementation": self.hf.config._attn_implementation,
-                   "torch_threads": torch.get_num_threads(), "threads_auto": self.auto_threads,
-                   "max_threads": self.max_threads, "sampling": DEFINITION,
-                   "settings_off": list(self.settings_off)})
+            flags={
+                "attn_implementation": self.hf.config._attn_implementation,
+                "torch_threads": torch.get_num_threads(),
+                "threads_auto": self.auto_threads,
+                "max_threads": self.max_threads,
+                "sampling": DEFINITION,
+                "settings_off": list(self.settings_off),
+            },
+        )
 
     def effective_config(self) -> dict:
         """The config as transformers uses it; the RoPE base read back from the rotary embedding
@@ -161,17 +186,29 @@ class TransformersEngine(Engine):
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
         rp = getattr(c, "rope_parameters", None) or {}
         rotary = getattr(getattr(self.hf, "model", None), "rotary_emb", None)
-        theta = (float(f"{rope_base_from_inv_freq(rotary.inv_freq, head_dim):.6g}")  # float32 round-off
-                 if rotary is not None else rp.get("rope_theta", getattr(c, "rope_theta", None)))
-        scaling = (None if rp.get("rope_type", "default") == "default"
-                   else {k: v for k, v in rp.items() if k != "rope_theta"})
+        theta = (
+            float(f"{rope_base_from_inv_freq(rotary.inv_freq, head_dim):.6g}")  # float32 round-off
+            if rotary is not None
+            else rp.get("rope_theta", getattr(c, "rope_theta", None))
+        )
+        scaling = (
+            None if rp.get("rope_type", "default") == "default" else {k: v for k, v in rp.items() if k != "rope_theta"}
+        )
         eos = c.eos_token_id[0] if isinstance(c.eos_token_id, list) else c.eos_token_id
-        return {"rope_theta": theta, "rope_scaling": scaling, "rms_norm_eps": c.rms_norm_eps, "n_heads": heads,
-                "n_kv_heads": getattr(c, "num_key_value_heads", heads), "head_dim": head_dim,
-                "n_layers": c.num_hidden_layers, "vocab_size": c.vocab_size,
-                "context_length": c.max_position_embeddings,
-                "tie_word_embeddings": bool(getattr(c, "tie_word_embeddings", False)),
-                "bos_id": c.bos_token_id, "eos_id": eos}
+        return {
+            "rope_theta": theta,
+            "rope_scaling": scaling,
+            "rms_norm_eps": c.rms_norm_eps,
+            "n_heads": heads,
+            "n_kv_heads": getattr(c, "num_key_value_heads", heads),
+            "head_dim": head_dim,
+            "n_layers": c.num_hidden_layers,
+            "vocab_size": c.vocab_size,
+            "context_length": c.max_position_embeddings,
+            "tie_word_embeddings": bool(getattr(c, "tie_word_embeddings", False)),
+            "bos_id": c.bos_token_id,
+            "eos_id": eos,
+        }
 
     # --- generation -------------------------------------------------------
     def _generate(self, ids, cfg: GenerationConfig, trace: RequestTrace) -> None:
@@ -182,8 +219,12 @@ class TransformersEngine(Engine):
             torch.manual_seed(cfg.seed)
         with torch.inference_mode():
             trace.start()
-            self.hf.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                             generation_config=gen, streamer=_TokenIdStreamer(trace))
+            self.hf.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                generation_config=gen,
+                streamer=_TokenIdStreamer(trace),
+            )
         last = trace.token_ids[-1] if trace.token_ids else None
         trace.finish_reason = "stop" if (not cfg.ignore_eos and last in self._eos) else "length"
 
@@ -197,11 +238,14 @@ class TransformersEngine(Engine):
         on (as vLLM's ignore_eos), not masked."""
         sampling = {} if cfg.greedy else {"temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p}
         return self._transformers.GenerationConfig(
-            max_new_tokens=cfg.max_new_tokens, do_sample=not cfg.greedy, **sampling,
-            eos_token_id=[] if cfg.ignore_eos else sorted(self._eos), pad_token_id=self._pad)
+            max_new_tokens=cfg.max_new_tokens,
+            do_sample=not cfg.greedy,
+            **sampling,
+            eos_token_id=[] if cfg.ignore_eos else sorted(self._eos),
+            pad_token_id=self._pad,
+        )
 
-    def batch_session(self, cfg: GenerationConfig, max_sequences: int,
-                      max_seq_tokens: int) -> TransformersBatchSession:
+    def batch_session(self, cfg: GenerationConfig, max_sequences: int, max_seq_tokens: int) -> TransformersBatchSession:
         """A continuous-batching session: up to ``max_sequences`` requests per forward pass.
         ``max_seq_tokens`` (longest prompt + output, tokens) sizes the paged KV cache and is
         checked against ``n_ctx``."""
@@ -227,8 +271,7 @@ class TransformersEngine(Engine):
         cache = DynamicCache(config=self.hf.config)
         for at in range(0, len(ids), chunk):
             with torch.inference_mode():  # per chunk: the mode must not leak to the caller between yields
-                out = self.hf(torch.tensor([ids[at:at + chunk]], dtype=torch.long), cache=cache,
-                              use_cache=True)
+                out = self.hf(torch.tensor([ids[at : at + chunk]], dtype=torch.long), cache=cache, use_cache=True)
                 block = out.logits[0].float().numpy()
             del out
             yield block
@@ -259,28 +302,50 @@ class TransformersBatchSession:
 
     timeout_s = 600.0  # longest wait for one step's outputs before giving up
 
-    def __init__(self, engine: TransformersEngine, cfg: GenerationConfig, max_sequences: int,
-                 max_seq_tokens: int, page_size: int = 32, max_batch_tokens: int = 512):
+    def __init__(
+        self,
+        engine: TransformersEngine,
+        cfg: GenerationConfig,
+        max_sequences: int,
+        max_seq_tokens: int,
+        page_size: int = 32,
+        max_batch_tokens: int = 512,
+    ):
         from transformers import ContinuousBatchingConfig
 
         torch = engine._torch
         self.engine, self.cfg = engine, cfg
         pages = -(-max_seq_tokens // page_size) + 1  # ceil, plus one spare page per request
         cb = ContinuousBatchingConfig(
-            page_size=page_size, num_blocks=max_sequences * pages, safety_margin=0.0,
+            page_size=page_size,
+            num_blocks=max_sequences * pages,
+            safety_margin=0.0,
             max_batch_tokens=max(max_batch_tokens, max_sequences),
-            max_requests_per_batch=max_sequences, max_blocks_per_request=0,
-            allow_block_sharing=False, use_async_batching=False, use_cuda_graph=False,
-            auto_switch_to_flash=False, seed=cfg.seed)
+            max_requests_per_batch=max_sequences,
+            max_blocks_per_request=0,
+            allow_block_sharing=False,
+            use_async_batching=False,
+            use_cuda_graph=False,
+            auto_switch_to_flash=False,
+            seed=cfg.seed,
+        )
         if not cfg.greedy:
             torch.manual_seed(cfg.seed)
         self.manager = engine.hf.init_continuous_batching(
-            generation_config=engine._generation_config(cfg), continuous_batching_config=cb)
+            generation_config=engine._generation_config(cfg), continuous_batching_config=cb
+        )
         self.manager.warmup()  # builds the cache, scheduler and batch processor in this thread
-        self.stats = {"engine": engine.name, "impl": "transformers ContinuousBatchingManager (paged cache, "
-                      f"attn {engine.hf.config._attn_implementation})", "steps": 0,
-                      "max_sequences_per_step": 0, "max_decode_sequences_per_step": 0,
-                      "max_tokens_per_step": 0, "prompt_tokens": 0, "generated_tokens": 0}
+        self.stats = {
+            "engine": engine.name,
+            "impl": "transformers ContinuousBatchingManager (paged cache, "
+            f"attn {engine.hf.config._attn_implementation})",
+            "steps": 0,
+            "max_sequences_per_step": 0,
+            "max_decode_sequences_per_step": 0,
+            "max_tokens_per_step": 0,
+            "prompt_tokens": 0,
+            "generated_tokens": 0,
+        }
         self._count_schedule(self.manager.batch_processor.scheduler)
         self._traces: dict[str, RequestTrace] = {}
         self._n = 0
@@ -315,11 +380,14 @@ class TransformersBatchSession:
         rid = f"lab_{self._n}"
         self._n += 1
         eos = [] if self.cfg.ignore_eos else sorted(self.engine.eos_ids)
-        got = self.manager.add_request(list(ids), request_id=rid, max_new_tokens=self.cfg.max_new_tokens,
-                                       streaming=True, eos_token_id=eos)
+        got = self.manager.add_request(
+            list(ids), request_id=rid, max_new_tokens=self.cfg.max_new_tokens, streaming=True, eos_token_id=eos
+        )
         if got is None:
-            raise LabError("transformers' continuous-batching manager refused the request "
-                           f"(state: {self.manager.background_thread_status.can_accept_new_requests()})")
+            raise LabError(
+                "transformers' continuous-batching manager refused the request "
+                f"(state: {self.manager.background_thread_status.can_accept_new_requests()})"
+            )
         self._traces[rid] = trace
 
     def step(self) -> list[RequestTrace]:
@@ -329,8 +397,11 @@ class TransformersBatchSession:
         out = self.manager.get_result(timeout=self.timeout_s)
         if out is None:
             err = self.manager.background_thread_status.fatal_error
-            state = f"its thread stopped ({err})" if not self.manager.is_running() else \
-                f"no output for {self.timeout_s:.0f} s"
+            state = (
+                f"its thread stopped ({err})"
+                if not self.manager.is_running()
+                else f"no output for {self.timeout_s:.0f} s"
+            )
             raise LabError(f"transformers' continuous batching gave up: {state}")
         finished = []
         while out is not None:
@@ -341,7 +412,7 @@ class TransformersBatchSession:
             if trace is not None:
                 if trace.t_start is None:
                     trace.start(out.lifespan[0])
-                for tok in out.generated_tokens[trace.output_tokens:]:
+                for tok in out.generated_tokens[trace.output_tokens :]:
                     trace.token(tok, t)
                 if out.is_finished():
                     last = trace.token_ids[-1] if trace.token_ids else None

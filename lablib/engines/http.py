@@ -298,9 +298,11 @@ class HTTPEngine(Engine):
                 f"the http engine needs aiohttp ({e}); install it: pip install 'lablib[serve]'"
             ) from None
         if not base_url:
-            raise LabError("the http engine needs base_url=... (a server's OpenAI URL, e.g. "
-                           "http://127.0.0.1:8080/v1); start a server with `lablib serve`, measure it with "
-                           "`lablib bench --base-url URL`")
+            raise LabError(
+                "the http engine needs base_url=... (a server's OpenAI URL, e.g. "
+                "http://127.0.0.1:8080/v1); start a server with `lablib serve`, measure it with "
+                "`lablib bench --base-url URL`"
+            )
         if api not in APIS:
             raise LabError(f"api={api!r}: expected one of {', '.join(APIS)}")
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):

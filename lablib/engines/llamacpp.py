@@ -21,6 +21,7 @@ newly admitted ones (each token tagged with its ``seq_id``), one
 are freed with ``llama_memory_seq_rm``. Everything runs in the calling thread:
 a ``Llama`` object must never be used from two threads.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -77,13 +78,23 @@ class LlamaCppEngine(Engine):
         small models): 128 MiB for SmolLM2-135M at n_batch 512."""
         n_batch = min(n_batch, context_tokens) if context_tokens else n_batch
         return n_batch * model_shape(model)["vocab"] * 4 + GRAPH_RESERVE
-    # llama-cpp-python's and llama.cpp's sampling defaults the lab's own sampler chain leaves out
-    SETTINGS_OFF = ("Llama.generate/__call__ defaults (top_k=40, top_p=0.95, min_p=0.05, typical_p=1, "
-                    "repeat_penalty=1.0; filters before temperature): not used, the lab builds its own chain",
-                    "Llama.detokenize's 32-byte piece buffer and its strip of a space after BOS: not used")
 
-    def __init__(self, model, n_ctx: int | None = None, threads: int | None = None,
-                 n_batch: int = 512, n_seq_max: int = 1, verbose: bool = False):
+    # llama-cpp-python's and llama.cpp's sampling defaults the lab's own sampler chain leaves out
+    SETTINGS_OFF = (
+        "Llama.generate/__call__ defaults (top_k=40, top_p=0.95, min_p=0.05, typical_p=1, "
+        "repeat_penalty=1.0; filters before temperature): not used, the lab builds its own chain",
+        "Llama.detokenize's 32-byte piece buffer and its strip of a space after BOS: not used",
+    )
+
+    def __init__(
+        self,
+        model,
+        n_ctx: int | None = None,
+        threads: int | None = None,
+        n_batch: int = 512,
+        n_seq_max: int = 1,
+        verbose: bool = False,
+    ):
         super().__init__(model)
         try:
             import llama_cpp
@@ -100,12 +111,20 @@ class LlamaCppEngine(Engine):
         self.n_batch = int(n_batch)
         n_seq_max = int(n_seq_max)
         if not 1 <= n_seq_max <= llama_cpp.llama_max_parallel_sequences():
-            raise LabError(f"n_seq_max={n_seq_max} (one KV sequence per concurrent request): llama.cpp holds "
-                           f"1 to {llama_cpp.llama_max_parallel_sequences()} parallel sequences; use a "
-                           f"concurrency of at most {llama_cpp.llama_max_parallel_sequences()}")
-        self.llm = Llama(model_path=path, n_ctx=self._n_ctx_req, n_batch=self.n_batch,
-                         n_ubatch=self.n_batch, n_threads=self.threads,
-                         n_threads_batch=self.threads, verbose=verbose)
+            raise LabError(
+                f"n_seq_max={n_seq_max} (one KV sequence per concurrent request): llama.cpp holds "
+                f"1 to {llama_cpp.llama_max_parallel_sequences()} parallel sequences; use a "
+                f"concurrency of at most {llama_cpp.llama_max_parallel_sequences()}"
+            )
+        self.llm = Llama(
+            model_path=path,
+            n_ctx=self._n_ctx_req,
+            n_batch=self.n_batch,
+            n_ubatch=self.n_batch,
+            n_threads=self.threads,
+            n_threads_batch=self.threads,
+            verbose=verbose,
+        )
         if n_seq_max > 1:
             self._reopen_context(n_seq_max, verbose)
         self.ctx = self.llm._ctx.ctx
@@ -138,7 +157,8 @@ class LlamaCppEngine(Engine):
         old = self.llm._ctx
         old.close()  # free its KV buffer first (idempotent: the Llama's exit stack closes it again)
         self.llm._ctx = self.llm._stack.enter_context(
-            contextlib.closing(LlamaContext(model=self.llm._model, params=params, verbose=verbose)))
+            contextlib.closing(LlamaContext(model=self.llm._model, params=params, verbose=verbose))
+        )
 
     # --- tokenizer -------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:
@@ -180,8 +200,9 @@ class LlamaCppEngine(Engine):
 
         bos = self.detokenize([self.llm.token_bos()])
         eos = self.detokenize([self.llm.token_eos()])
-        fmt = Jinja2ChatFormatter(self.chat_template(), eos_token=eos, bos_token=bos,
-                                  add_generation_prompt=add_generation_prompt)
+        fmt = Jinja2ChatFormatter(
+            self.chat_template(), eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt
+        )
         text = fmt(messages=messages).prompt
         # llama.cpp's own rule: BOS added when the vocabulary asks for it
         # (tokenizer.ggml.add_bos_token), even if the template wrote one already
@@ -202,15 +223,24 @@ class LlamaCppEngine(Engine):
 
         sysinfo = self._lib.llama_print_system_info().decode(errors="replace")
         return EngineInfo(
-            name=self.name, version=self._lib.__version__, backend="cpu (ggml)",
-            dtype=self.model.quantization or "gguf", threads=self.threads,
+            name=self.name,
+            version=self._lib.__version__,
+            backend="cpu (ggml)",
+            dtype=self.model.quantization or "gguf",
+            threads=self.threads,
             n_ctx=self.n_ctx,
-            flags={"threads_auto": self.auto_threads, "max_threads": self.max_threads, "n_batch": self.n_batch,
-                   "n_seq_max": self._lib.llama_n_seq_max(self.ctx),
-                   "flash_attn": {-1: "auto", 0: "off", 1: "on"}.get(self.llm.context_params.flash_attn_type),
-                   "system_info": sysinfo.strip(), "sampling": DEFINITION,
-                   "settings_off": list(self.SETTINGS_OFF),
-                   "build": llama_build.describe(sysinfo, llama_build.build_report())})
+            flags={
+                "threads_auto": self.auto_threads,
+                "max_threads": self.max_threads,
+                "n_batch": self.n_batch,
+                "n_seq_max": self._lib.llama_n_seq_max(self.ctx),
+                "flash_attn": {-1: "auto", 0: "off", 1: "on"}.get(self.llm.context_params.flash_attn_type),
+                "system_info": sysinfo.strip(),
+                "sampling": DEFINITION,
+                "settings_off": list(self.SETTINGS_OFF),
+                "build": llama_build.describe(sysinfo, llama_build.build_report()),
+            },
+        )
 
     def _apply_threads(self, n: int) -> None:
         self._lib.llama_set_n_threads(self.ctx, n, n)
@@ -221,10 +251,15 @@ class LlamaCppEngine(Engine):
         lib, m = self._lib, self.llm._model.model
         cfg = gguf_config(self.model.gguf_path)  # llama.cpp uses the file's values as stated
         ctx_base = self.llm.context_params.rope_freq_base  # 0 means "from the model"
-        cfg.update(n_heads=lib.llama_model_n_head(m), n_kv_heads=lib.llama_model_n_head_kv(m),
-                   n_layers=lib.llama_model_n_layer(m), context_length=lib.llama_model_n_ctx_train(m),
-                   vocab_size=lib.llama_vocab_n_tokens(self.vocab), bos_id=lib.llama_vocab_bos(self.vocab),
-                   eos_id=lib.llama_vocab_eos(self.vocab))
+        cfg.update(
+            n_heads=lib.llama_model_n_head(m),
+            n_kv_heads=lib.llama_model_n_head_kv(m),
+            n_layers=lib.llama_model_n_layer(m),
+            context_length=lib.llama_model_n_ctx_train(m),
+            vocab_size=lib.llama_vocab_n_tokens(self.vocab),
+            bos_id=lib.llama_vocab_bos(self.vocab),
+            eos_id=lib.llama_vocab_eos(self.vocab),
+        )
         if ctx_base:
             cfg["rope_theta"] = float(ctx_base)
         return cfg
@@ -276,9 +311,14 @@ class LlamaCppEngine(Engine):
     def _decode(self) -> None:
         rc = self._lib.llama_decode(self.ctx, self._batch)
         if rc != 0:
-            raise LabError(f"llama_decode failed with code {rc} ("
-                           + ("no KV slot for the batch: raise n_ctx or lower the prompt)" if rc == 1 else
-                              "invalid batch: check the token ids are within the vocabulary)"))
+            raise LabError(
+                f"llama_decode failed with code {rc} ("
+                + (
+                    "no KV slot for the batch: raise n_ctx or lower the prompt)"
+                    if rc == 1
+                    else "invalid batch: check the token ids are within the vocabulary)"
+                )
+            )
 
     def clear_kv_cache(self) -> None:
         """Forget every sequence in the KV cache (no reuse across requests)."""
@@ -294,7 +334,7 @@ class LlamaCppEngine(Engine):
             lib.llama_perf_context_reset(self.ctx)
             trace.start()
             for at in range(0, len(ids), self.n_batch):  # prefill, n_batch tokens per call
-                chunk = ids[at:at + self.n_batch]
+                chunk = ids[at : at + self.n_batch]
                 self._fill(chunk, at, logits_last=at + len(chunk) == len(ids))
                 self._decode()
             pos = len(ids)
@@ -333,7 +373,7 @@ class LlamaCppEngine(Engine):
         self.clear_kv_cache()
         try:
             for at in range(0, len(ids), self.n_batch):
-                batch = ids[at:at + self.n_batch]
+                batch = ids[at : at + self.n_batch]
                 self._fill(batch, at, logits_last=False)
                 for i in range(len(batch)):
                     self._batch.logits[i] = 1
@@ -351,11 +391,9 @@ class LlamaCppEngine(Engine):
         """llama.cpp's own perf counters for the last request (since the reset):
         prompt tokens evaluated and their ms, decoded tokens and their ms."""
         d = self._lib.llama_perf_context(self.ctx)
-        return {"n_p_eval": d.n_p_eval, "t_p_eval_ms": d.t_p_eval_ms,
-                "n_eval": d.n_eval, "t_eval_ms": d.t_eval_ms}
+        return {"n_p_eval": d.n_p_eval, "t_p_eval_ms": d.t_p_eval_ms, "n_eval": d.n_eval, "t_eval_ms": d.t_eval_ms}
 
-    def batch_session(self, cfg: GenerationConfig, max_sequences: int,
-                      max_seq_tokens: int) -> LlamaCppBatchSession:
+    def batch_session(self, cfg: GenerationConfig, max_sequences: int, max_seq_tokens: int) -> LlamaCppBatchSession:
         """A continuous-batching session: up to ``max_sequences`` requests decoded together.
 
         ``max_seq_tokens``: the longest prompt + output of any request, tokens. Raises
@@ -400,8 +438,7 @@ class LlamaCppBatchSession:
     independent draws, as in transformers' and mlx-lm's batches (one random stream each).
     """
 
-    def __init__(self, engine: LlamaCppEngine, cfg: GenerationConfig, max_sequences: int,
-                 max_seq_tokens: int):
+    def __init__(self, engine: LlamaCppEngine, cfg: GenerationConfig, max_sequences: int, max_seq_tokens: int):
         lib = engine._lib
         n_seq_max = lib.llama_n_seq_max(engine.ctx)
         if max_sequences > n_seq_max:
@@ -409,10 +446,13 @@ class LlamaCppBatchSession:
                 f"llama.cpp batched mode with {max_sequences} concurrent sequences needs a context "
                 f"with n_seq_max >= {max_sequences}, but this engine was loaded with n_seq_max="
                 f"{n_seq_max}; load it with load_engine('llama.cpp', model, n_seq_max={max_sequences}, "
-                f"n_ctx=...)")
+                f"n_ctx=...)"
+            )
         if max_sequences > engine.n_batch:
-            raise LabError(f"{max_sequences} concurrent sequences need n_batch >= {max_sequences} (one "
-                           f"decode token each per llama_decode); this engine has n_batch={engine.n_batch}")
+            raise LabError(
+                f"{max_sequences} concurrent sequences need n_batch >= {max_sequences} (one "
+                f"decode token each per llama_decode); this engine has n_batch={engine.n_batch}"
+            )
         per_seq = min(engine.n_ctx // n_seq_max, lib.llama_n_ctx_seq(engine.ctx))
         if max_seq_tokens > per_seq:
             need = n_seq_max * max_seq_tokens
@@ -420,7 +460,8 @@ class LlamaCppBatchSession:
                 f"context overflow on llama.cpp (batched): a sequence needs prompt + output = {max_seq_tokens} "
                 f"tokens, but each of the {n_seq_max} sequences holds {per_seq} (n_ctx {engine.n_ctx} split "
                 f"between them). Load the engine with n_ctx >= {need}, or lower the concurrency, the prompt "
-                f"or max_new_tokens.")
+                f"or max_new_tokens."
+            )
         self.engine, self.cfg, self.lib = engine, cfg, lib
         self.max_sequences = max_sequences
         self._mem = lib.llama_get_memory(engine.ctx)
@@ -428,9 +469,16 @@ class LlamaCppBatchSession:
         self._waiting: list[_Seq] = []
         self._running: list[_Seq] = []  # admission order
         self._submitted = 0
-        self.stats = {"engine": engine.name, "impl": "llama_decode multi-sequence batch",
-                      "steps": 0, "max_sequences_per_step": 0, "max_decode_sequences_per_step": 0,
-                      "max_tokens_per_step": 0, "prompt_tokens": 0, "generated_tokens": 0}
+        self.stats = {
+            "engine": engine.name,
+            "impl": "llama_decode multi-sequence batch",
+            "steps": 0,
+            "max_sequences_per_step": 0,
+            "max_decode_sequences_per_step": 0,
+            "max_tokens_per_step": 0,
+            "prompt_tokens": 0,
+            "generated_tokens": 0,
+        }
         engine.clear_kv_cache()  # no request reuses another's KV cells
 
     @property
@@ -445,7 +493,7 @@ class LlamaCppBatchSession:
 
     def step(self) -> list[RequestTrace]:
         """One llama_decode over all running sequences; the traces finished in it, in order."""
-        lib, eng, cfg = self.lib, self.engine, self.cfg
+        eng, cfg = self.engine, self.cfg
         while self._waiting and self._free_ids:  # admit FIFO into free KV sequences
             s = self._waiting.pop(0)
             s.seq_id, s.smpl = self._free_ids.pop(0), eng._sampler(cfg, cfg.seed + s.number)
@@ -461,7 +509,7 @@ class LlamaCppBatchSession:
                 continue
             if s.n_prefilled == 0:
                 starting.append(s)
-            chunk = s.ids[s.n_prefilled:s.n_prefilled + budget]
+            chunk = s.ids[s.n_prefilled : s.n_prefilled + budget]
             for j, tok in enumerate(chunk):
                 last = s.n_prefilled + j == len(s.ids) - 1
                 entries.append((s, tok, s.n_prefilled + j, last))

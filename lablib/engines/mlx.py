@@ -19,6 +19,7 @@ prompts (a separate forward pass, right-padded) and moves them into the
 generation batch. Decode is pipelined: the step that returns token i has
 already queued the computation of token i+1.
 """
+
 from __future__ import annotations
 
 import functools
@@ -47,12 +48,20 @@ class MLXEngine(Engine):
     kv_bytes_per_value = 4  # float32 models
     compare_load_kwargs = {"fix_config": False}  # lablib.compare shows what a plain mlx-lm user gets
     # mlx-lm's sampling defaults the lab leaves out (mlx-lm 0.32: sample_utils, generate)
-    SETTINGS_OFF = ("make_sampler's order (top-p, min-p, XTC, top-k on untempered log-probs, then temperature): "
-                    "not used, the lab composes mlx-lm's filters as temperature -> top-k -> top-p",
-                    "logits processors (repetition/presence/frequency penalty, logit bias): none passed")
+    SETTINGS_OFF = (
+        "make_sampler's order (top-p, min-p, XTC, top-k on untempered log-probs, then temperature): "
+        "not used, the lab composes mlx-lm's filters as temperature -> top-k -> top-p",
+        "logits processors (repetition/presence/frequency penalty, logit bias): none passed",
+    )
 
-    def __init__(self, model, n_ctx: int | None = None, threads: int | None = None,
-                 prefill_step_size: int = 2048, fix_config: bool = True):
+    def __init__(
+        self,
+        model,
+        n_ctx: int | None = None,
+        threads: int | None = None,
+        prefill_step_size: int = 2048,
+        fix_config: bool = True,
+    ):
         super().__init__(model)
         try:
             import mlx.core as mx
@@ -66,15 +75,16 @@ class MLXEngine(Engine):
         # keys mlx-lm would otherwise misread; fix_config=False reads the folder as
         # plain mlx-lm does (lablib.compare uses it to show what mlx-lm users see)
         self.config_fixes = normalize_config(cfg) if fix_config else {}
-        self.mlx_model, self.tok, self.config = load(path, model_config=self.config_fixes or None,
-                                                     return_config=True)
+        self.mlx_model, self.tok, self.config = load(path, model_config=self.config_fixes or None, return_config=True)
         self.threads = threads or default_threads()  # MLX chooses its own CPU threads
         self.prefill_step_size = int(prefill_step_size)
         self.n_ctx = int(n_ctx or trained_context(self.config) or model.max_position_embeddings or 0)
         if self.n_ctx < 1:
-            raise LabError(f"{path}: the config names no trained context length (max_position_embeddings, "
-                           "n_positions...) and no n_ctx was given; pass n_ctx (--n-ctx) to say how many "
-                           "tokens the lab should allow")
+            raise LabError(
+                f"{path}: the config names no trained context length (max_position_embeddings, "
+                "n_positions...) and no n_ctx was given; pass n_ctx (--n-ctx) to say how many "
+                "tokens the lab should allow"
+            )
         self._eos = set(self.tok.eos_token_ids)
         self.n_vocab = int(self.mlx_model.args.vocab_size)
         w = next(iter(_leaves(self.mlx_model.parameters())), None)
@@ -93,8 +103,7 @@ class MLXEngine(Engine):
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
         """mlx-lm's own path (mlx_lm.generate): render, then add special tokens unless the
         text already starts with BOS."""
-        text = self.tok.apply_chat_template(messages, tokenize=False,
-                                            add_generation_prompt=add_generation_prompt)
+        text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
         bos = self.tok.bos_token
         return self.tokenize(text, add_special=bos is None or not text.startswith(bos))
 
@@ -114,12 +123,20 @@ class MLXEngine(Engine):
     def info(self) -> EngineInfo:
         mx = self._mx
         return EngineInfo(
-            name=self.name, version=self._mlx_lm.__version__,
-            backend=f"mlx {mx.__version__} {mx.default_device()}", dtype=self.dtype,
-            threads=self.threads, n_ctx=self.n_ctx,
-            flags={"prefill_step_size": self.prefill_step_size,
-                   "config_fixes": self.config_fixes, "rope_theta": self.rope_theta, "sampling": DEFINITION,
-                   "settings_off": list(self.SETTINGS_OFF)})
+            name=self.name,
+            version=self._mlx_lm.__version__,
+            backend=f"mlx {mx.__version__} {mx.default_device()}",
+            dtype=self.dtype,
+            threads=self.threads,
+            n_ctx=self.n_ctx,
+            flags={
+                "prefill_step_size": self.prefill_step_size,
+                "config_fixes": self.config_fixes,
+                "rope_theta": self.rope_theta,
+                "sampling": DEFINITION,
+                "settings_off": list(self.SETTINGS_OFF),
+            },
+        )
 
     def effective_config(self) -> dict:
         """The config as mlx-lm uses it: its ModelArgs, and the RoPE base of the module the
@@ -133,13 +150,20 @@ class MLXEngine(Engine):
         except AttributeError:
             pass
         eos = self.config.get("eos_token_id")
-        return {"rope_theta": theta, "rope_scaling": getattr(a, "rope_scaling", None),
-                "rms_norm_eps": a.rms_norm_eps, "n_heads": heads,
-                "n_kv_heads": getattr(a, "num_key_value_heads", heads) or heads, "head_dim": head_dim,
-                "n_layers": a.num_hidden_layers, "vocab_size": a.vocab_size,
-                "context_length": self.config.get("max_position_embeddings"),
-                "tie_word_embeddings": bool(getattr(a, "tie_word_embeddings", False)),
-                "bos_id": self.config.get("bos_token_id"), "eos_id": eos[0] if isinstance(eos, list) else eos}
+        return {
+            "rope_theta": theta,
+            "rope_scaling": getattr(a, "rope_scaling", None),
+            "rms_norm_eps": a.rms_norm_eps,
+            "n_heads": heads,
+            "n_kv_heads": getattr(a, "num_key_value_heads", heads) or heads,
+            "head_dim": head_dim,
+            "n_layers": a.num_hidden_layers,
+            "vocab_size": a.vocab_size,
+            "context_length": self.config.get("max_position_embeddings"),
+            "tie_word_embeddings": bool(getattr(a, "tie_word_embeddings", False)),
+            "bos_id": self.config.get("bos_token_id"),
+            "eos_id": eos[0] if isinstance(eos, list) else eos,
+        }
 
     # --- generation -------------------------------------------------------
     def _sampler(self, cfg: GenerationConfig):
@@ -175,9 +199,14 @@ class MLXEngine(Engine):
         prompt = mx.array(ids)
         cache = make_prompt_cache(self.mlx_model)  # fresh: no reuse across requests
         trace.start()
-        steps = generate_step(prompt, self.mlx_model, max_tokens=cfg.max_new_tokens,
-                              sampler=self._sampler(cfg), prompt_cache=cache,
-                              prefill_step_size=self.prefill_step_size)
+        steps = generate_step(
+            prompt,
+            self.mlx_model,
+            max_tokens=cfg.max_new_tokens,
+            sampler=self._sampler(cfg),
+            prompt_cache=cache,
+            prefill_step_size=self.prefill_step_size,
+        )
         trace.finish_reason = "length"
         for tok, _logprobs in steps:
             trace.token(tok)
@@ -186,8 +215,7 @@ class MLXEngine(Engine):
                 break
         steps.close()
 
-    def batch_session(self, cfg: GenerationConfig, max_sequences: int,
-                      max_seq_tokens: int) -> MLXBatchSession:
+    def batch_session(self, cfg: GenerationConfig, max_sequences: int, max_seq_tokens: int) -> MLXBatchSession:
         """A continuous-batching session: up to ``max_sequences`` requests decoded together.
         ``max_seq_tokens`` (longest prompt + output, tokens) is checked against ``n_ctx``."""
         self.check_context(max_seq_tokens, 0)
@@ -213,7 +241,7 @@ class MLXEngine(Engine):
         mx = self._mx
         cache = make_prompt_cache(self.mlx_model)
         for at in range(0, len(ids), chunk):
-            out = self.mlx_model(mx.array([ids[at:at + chunk]]), cache=cache)
+            out = self.mlx_model(mx.array([ids[at : at + chunk]]), cache=cache)
             yield np.array(out[0].astype(mx.float32))
 
     def close(self) -> None:
@@ -261,18 +289,28 @@ class MLXBatchSession:
         # one sampler for the batch (mlx-lm samples it in one call, from one random stream)
         sampler = engine._sampler(cfg)
         self.gen = _stamping_batch_generator()(
-            engine.mlx_model, max_tokens=cfg.max_new_tokens, sampler=sampler,
-            completion_batch_size=max_sequences, prefill_batch_size=max_sequences,
-            prefill_step_size=engine.prefill_step_size)
+            engine.mlx_model,
+            max_tokens=cfg.max_new_tokens,
+            sampler=sampler,
+            completion_batch_size=max_sequences,
+            prefill_batch_size=max_sequences,
+            prefill_step_size=engine.prefill_step_size,
+        )
         self._stop = None  # ignore_eos: no stop set; EOS is generated like any token
         if not cfg.ignore_eos:
             from mlx_lm.generate import StopSequences
 
             self._stop = StopSequences([(t,) for t in sorted(engine.eos_ids)])
         self._traces: dict[int, RequestTrace] = {}
-        self.stats = {"engine": engine.name, "impl": "mlx_lm BatchGenerator", "steps": 0,
-                      "max_sequences_per_step": 0, "max_prefill_sequences_per_step": 0,
-                      "prompt_tokens": 0, "generated_tokens": 0}
+        self.stats = {
+            "engine": engine.name,
+            "impl": "mlx_lm BatchGenerator",
+            "steps": 0,
+            "max_sequences_per_step": 0,
+            "max_prefill_sequences_per_step": 0,
+            "prompt_tokens": 0,
+            "generated_tokens": 0,
+        }
 
     @property
     def pending(self) -> int:
@@ -282,7 +320,7 @@ class MLXBatchSession:
     def submit(self, ids: list[int], trace: RequestTrace) -> None:
         """Insert prompt ``ids``; ``trace`` receives t_start and the token events."""
         stop = None if self._stop is None else [self._stop]
-        uid, = self.gen.insert([list(ids)], max_tokens=[self.cfg.max_new_tokens], stop_sequences=stop)
+        (uid,) = self.gen.insert([list(ids)], max_tokens=[self.cfg.max_new_tokens], stop_sequences=stop)
         self._traces[uid] = trace
 
     def step(self) -> list[RequestTrace]:

@@ -44,10 +44,12 @@ cols = ["prompt_tokens", "prefill_s", "decode_s", "tpot_s"]
 sm = short.groupby("engine", sort=False)[cols].median()
 lm = long.groupby("engine", sort=False)[cols].median()
 for engine in sm.index:
-    print(f"{engine:>12}: prompt {sm.prompt_tokens[engine]:.0f} -> {lm.prompt_tokens[engine]:.0f} tokens | "
-          f"prefill {sm.prefill_s[engine] * 1e3:.0f} -> {lm.prefill_s[engine] * 1e3:.0f} ms "
-          f"(x{lm.prefill_s[engine] / sm.prefill_s[engine]:.1f}) | "
-          f"decode {sm.decode_s[engine] * 1e3:.0f} -> {lm.decode_s[engine] * 1e3:.0f} ms "
-          f"(x{lm.decode_s[engine] / sm.decode_s[engine]:.2f})")
+    print(
+        f"{engine:>12}: prompt {sm.prompt_tokens[engine]:.0f} -> {lm.prompt_tokens[engine]:.0f} tokens | "
+        f"prefill {sm.prefill_s[engine] * 1e3:.0f} -> {lm.prefill_s[engine] * 1e3:.0f} ms "
+        f"(x{lm.prefill_s[engine] / sm.prefill_s[engine]:.1f}) | "
+        f"decode {sm.decode_s[engine] * 1e3:.0f} -> {lm.decode_s[engine] * 1e3:.0f} ms "
+        f"(x{lm.decode_s[engine] / sm.decode_s[engine]:.2f})"
+    )
 
 plots.prefill_decode_bars(long)  # in a notebook: the bars of the long prompt

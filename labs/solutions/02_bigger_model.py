@@ -52,5 +52,7 @@ candidates = {  # name: (parameters, bytes per weight)
 for name, (params, bytes_per_weight) in candidates.items():
     size = params * bytes_per_weight
     fits = "fits" if size < 0.8 * ram else "does NOT fit in memory"
-    print(f"{name:>18}: {size / 1e9:5.1f} GB -> at most {bandwidth / size:6.2f} tokens/s "
-          f"(TPOT >= {size / bandwidth * 1e3:,.0f} ms); {fits}")
+    print(
+        f"{name:>18}: {size / 1e9:5.1f} GB -> at most {bandwidth / size:6.2f} tokens/s "
+        f"(TPOT >= {size / bandwidth * 1e3:,.0f} ms); {fits}"
+    )

@@ -54,6 +54,8 @@ for engine in engines:
     kv_short, kv_long = kv_cache_bytes(model, cls, SHORT), kv_cache_bytes(model, cls, LONG)
     predicted = (weights + kv_long) / (weights + kv_short)
     measured = tpot[engine, LONG] / tpot[engine, SHORT]
-    print(f"{engine:>12}: weights {weights / 1e6:.0f} MB, KV at {LONG} tokens {kv_long / 1e6:.0f} MB | "
-          f"TPOT {tpot[engine, SHORT] * 1e3:.1f} -> {tpot[engine, LONG] * 1e3:.1f} ms | "
-          f"rise predicted from bytes x{predicted:.2f}, measured x{measured:.2f}")
+    print(
+        f"{engine:>12}: weights {weights / 1e6:.0f} MB, KV at {LONG} tokens {kv_long / 1e6:.0f} MB | "
+        f"TPOT {tpot[engine, SHORT] * 1e3:.1f} -> {tpot[engine, LONG] * 1e3:.1f} ms | "
+        f"rise predicted from bytes x{predicted:.2f}, measured x{measured:.2f}"
+    )

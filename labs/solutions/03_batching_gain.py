@@ -33,8 +33,9 @@ import lablib
 from lablib import sweep
 
 model = lablib.prepare()
-df = sweep.concurrency_sweep(model, engines=["llama.cpp"], concurrency=[1, 2, 4, 8], modes=["batched"],
-                             prompt_tokens=32, max_new_tokens=32)
+df = sweep.concurrency_sweep(
+    model, engines=["llama.cpp"], concurrency=[1, 2, 4, 8], modes=["batched"], prompt_tokens=32, max_new_tokens=32
+)
 runs = lablib.run_table(df).set_index("concurrency")
 one = runs.loc[1]
 runs["throughput_gain"] = runs["output_tps"] / one["output_tps"]

@@ -37,13 +37,25 @@ from lablib import sweep
 
 model = lablib.prepare()
 levels = [1, 2, 4]
-frames = [sweep.concurrency_sweep(model, engines=["llama.cpp"], concurrency=[c], modes=["serial", "batched"],
-                                  requests=4 * c, prompt_tokens=32, max_new_tokens=16)
-          for c in levels]  # 4 requests per client (one call per level: `requests` is per level)
+frames = [
+    sweep.concurrency_sweep(
+        model,
+        engines=["llama.cpp"],
+        concurrency=[c],
+        modes=["serial", "batched"],
+        requests=4 * c,
+        prompt_tokens=32,
+        max_new_tokens=16,
+    )
+    for c in levels
+]  # 4 requests per client (one call per level: `requests` is per level)
 df = pd.concat(frames, ignore_index=True)
 runs = lablib.run_table(df)
 mean_e2e = df.groupby("run_id")["e2e_s"].mean()
 runs["mean_e2e_s"] = runs["run_id"].map(mean_e2e)
 runs["requests_per_s_x_mean_e2e"] = runs["requests_per_s"] * runs["mean_e2e_s"]
-print(runs[["mode", "concurrency", "requests", "requests_per_s", "mean_e2e_s",
-            "requests_per_s_x_mean_e2e"]].round(3).to_string(index=False))
+print(
+    runs[["mode", "concurrency", "requests", "requests_per_s", "mean_e2e_s", "requests_per_s_x_mean_e2e"]]
+    .round(3)
+    .to_string(index=False)
+)
