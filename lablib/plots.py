@@ -447,7 +447,9 @@ def anchor_bars(rows, title: str | None = None) -> go.Figure:
     import plotly.graph_objects as go
 
     df = pd.DataFrame(rows)
-    need(df, ["source", "concurrency", "output_tps"], "anchor_bars")
+    missing = [c for c in ("source", "concurrency", "output_tps") if c not in df.columns]
+    if missing:  # not result rows (lablib.schema): rows of lablib.anchors.batched_rows
+        raise LabError(f"anchor_bars needs the columns {missing}; expected rows of lablib.anchors.batched_rows")
     fig = go.Figure()
     for source in df["source"].unique():
         part = df[df["source"] == source]

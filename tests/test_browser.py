@@ -36,6 +36,7 @@ LABS = ROOT / "labs"
 SHOTS = ROOT / "results" / "browser"
 NB01 = "01_one_model_three_engines.ipynb"
 NB02 = "02_prefill_vs_decode.ipynb"
+NB05 = "05_serving.ipynb"
 CHROMIUM = os.environ.get("LABLIB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
@@ -507,6 +508,18 @@ def test_notebook_01_runs_in_the_browser(browser, lab_server):
     finally:
         page.close()
         lab_server.shutdown_kernels()  # its engines' memory back before notebook 02
+
+
+def test_notebook_05_runs_in_the_browser(browser, lab_server):
+    """Lab 05 starts real servers (llama-cpp-python's, llama-server) from a kernel the browser drives."""
+    page = open_notebook(browser, lab_server, NB05)
+    try:
+        run = run_all(page, NB05, 600)
+        full_screenshot(page, NB05, "05_serving.png")
+        assert_screen_ok(page, NB05, run)
+    finally:
+        page.close()
+        lab_server.shutdown_kernels()  # the servers it started are stopped by the notebook; engines' memory back
 
 
 @pytest.fixture(scope="module")
