@@ -64,15 +64,17 @@ def test_the_last_position_logits_are_streamed(model, llamas):
 
 
 def test_the_logit_part_of_the_estimate_does_not_grow_with_tokens(model):
+    from lablib.engines import ENGINES
     from lablib.memory import compare_bytes, kv_cache_bytes
 
-    engines = ["transformers", "llama.cpp", "mlx"]
+    names = ["transformers", "llama.cpp", "mlx"]
+    engines = [ENGINES[n] for n in names]
     short, long = compare_bytes(model, engines, 256), compare_bytes(model, engines, 4096)
     assert short["logits"] == long["logits"] > 0
     assert short["weights"] == long["weights"] > 0
-    kv = sum(kv_cache_bytes(model, e, 4096 - 256) for e in ("transformers", "mlx"))
+    kv = sum(kv_cache_bytes(model, ENGINES[e], 4096 - 256) for e in ("transformers", "mlx"))
     assert long["kv_cache"] - short["kv_cache"] == kv  # llama.cpp's is reserved at load, for its n_ctx
-    assert compare_bytes(model, engines, 4096, loaded=engines)["weights"] == 0
+    assert compare_bytes(model, engines, 4096, loaded=names)["weights"] == 0
 
 
 def test_compare_checks_memory_before_loading_any_engine(model, monkeypatch):
