@@ -9,8 +9,17 @@ compute type, meeting at the ridge (intensity = peak / bandwidth). :func:`batch_
 
 from __future__ import annotations
 
+from .errors import LabError
 from .plots import _engines, color
 from .tables import need as _need, nonempty as _nonempty, ok_rows as _ok
+
+
+def _columns(df, columns, what: str, source: str) -> None:
+    """LabError naming the columns a table (not result rows: those are checked by tables.need) lacks."""
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise LabError(f"{what} needs the columns {missing}; expected a table from {source}")
+
 
 PHASE_SYMBOL = {"prefill": "circle", "decode": "diamond-open"}
 DTYPE_DASH = {"float32": "solid", "bfloat16": "dash", "int8": "dot"}
@@ -115,7 +124,7 @@ def batch_figure(sweep_df, measured=None, title: str | None = None):
     output_tps) drawn as points, batched runs only."""
     import plotly.graph_objects as go
 
-    _need(sweep_df, ["batch", "decode_tps_total", "bound"], "batch_figure")
+    _columns(sweep_df, ["batch", "decode_tps_total", "bound"], "batch_figure", "roofline.batch_sweep")
     engine = sweep_df.attrs.get("engine") or "predicted"
     fig = go.Figure()
     fig.add_scatter(
@@ -137,7 +146,12 @@ def batch_figure(sweep_df, measured=None, title: str | None = None):
             annotation_position="top left",
         )
     if measured is not None and len(measured):
-        _need(measured, ["engine", "mode", "concurrency", "output_tps"], "batch_figure measured points")
+        _columns(
+            measured,
+            ["engine", "mode", "concurrency", "output_tps"],
+            "batch_figure measured points",
+            "lablib.run_table of a concurrency sweep",
+        )
         m = measured[(measured["mode"] == "batched") & (measured["engine"] == engine)]
         if len(m):
             fig.add_scatter(
