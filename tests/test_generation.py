@@ -17,7 +17,7 @@ from lablib.engines.base import GenerationConfig
 CASES = Path(__file__).parent / "data" / "cases"
 COUNTING = [33, 28, 216, 34, 28, 216, 35, 28, 216, 33, 28, 216, 34, 28, 216, 35, 28, 216, 33, 28, 216, 34, 28]
 COUNTING_TEXT = "1, 2, 3, 1, 2, 3, 1, 2,"
-COUNTING_GREEDY = " 3, 1, 2, 3,"  # 8 tokens, transformers float32 (the case's right value)
+COUNTING_GREEDY = " 3, 1, 2, 3,"  # 12 tokens (digits and spaces are tokens of their own), transformers float32
 ANIMAL = [5820, 354, 3161, 42]  # "Name an animal:": a first token of high entropy (151+ tokens in the nucleus)
 TEMPERATURE, TOP_P, DRAWS = 0.8, 0.9, 300
 BATCH = 32  # concurrent sequences in batched mode
@@ -41,16 +41,17 @@ def llama_batched(model):
     2-core machine, and threads do not change what is sampled)."""
     from lablib.engines import load_engine
 
-    e = load_engine("llama.cpp", model, n_ctx=512, n_seq_max=BATCH, threads=1)
+    # each sequence gets n_ctx / BATCH KV cells of its own: 64 hold any prompt here plus its output
+    e = load_engine("llama.cpp", model, n_ctx=64 * BATCH, n_seq_max=BATCH, threads=1)
     yield e
     e.close()
 
 
-def _greedy_texts(engine, n: int = 8) -> tuple[str, str]:
+def _greedy_texts(engine, n: int = 12) -> tuple[str, str]:
     """The greedy text of the counting prompt through generate() and through batched mode."""
     cfg = GenerationConfig(max_new_tokens=n)
     single = engine.detokenize(engine.generate(COUNTING, cfg).token_ids)
-    batched = run_closed_loop(engine, [COUNTING, COUNTING], 2, "batched", cfg)
+    batched = run_closed_loop(engine, [COUNTING, COUNTING], 2, "batched", cfg).traces
     assert batched[0].token_ids == batched[1].token_ids
     return single, engine.detokenize(batched[0].token_ids)
 
@@ -195,7 +196,7 @@ def _first_tokens(engine, mode: str, cfg: GenerationConfig, n: int) -> list[int]
         return out[:, len(ANIMAL)].tolist()
     if mode == "single":  # one request at a time, each with its own seed
         return [engine.generate(ANIMAL, dataclasses.replace(cfg, seed=i)).token_ids[0] for i in range(n)]
-    traces = run_closed_loop(engine, [ANIMAL] * n, BATCH, "batched", cfg)
+    traces = run_closed_loop(engine, [ANIMAL] * n, BATCH, "batched", cfg).traces
     return [t.token_ids[0] for t in traces]
 
 
@@ -243,6 +244,6 @@ def test_mlx_requests_draw_inside_the_definitions_support(mlx):
     allowed = sampling.probabilities(lg, TEMPERATURE, 0, TOP_P + 0.02) > 0
     cfg = GenerationConfig(max_new_tokens=1, temperature=TEMPERATURE, top_p=TOP_P)
     single = [mlx.generate(ANIMAL, dataclasses.replace(cfg, seed=i)).token_ids[0] for i in range(4)]
-    batched = [t.token_ids[0] for t in run_closed_loop(mlx, [ANIMAL] * 8, 8, "batched", cfg)]
+    batched = [t.token_ids[0] for t in run_closed_loop(mlx, [ANIMAL] * 8, 8, "batched", cfg).traces]
     assert all(allowed[t] for t in single + batched), (single, batched)
     assert len(set(batched)) > 1  # one random stream for the batch: the rows draw independently
