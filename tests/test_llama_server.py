@@ -49,3 +49,16 @@ def test_two_slots_serve_two_requests_together(llama_server, model):
     assert len(rows) == 2 and not any(r["error"] for r in rows)
     a, b = sorted(rows, key=lambda r: r["t_first_token"])
     assert b["t_first_token"] < a["t_last_token"]  # the second started before the first ended
+
+
+def test_requests_one_after_another_on_one_client_all_succeed(llama_server, model):
+    """llama-server closes a connection after a streamed answer: a client that pooled it failed
+    every second request ("Can not write request body") until each request got its own."""
+    e = llama_server.engine(model)
+    prompts = [prompt_of_length(model, 16, offset=40 * i) for i in range(4)]
+    try:
+        rows = run_load(e, prompts, "closed", concurrency=1, cfg=GenerationConfig(max_new_tokens=4), max_duration_s=120)
+    finally:
+        e.close()
+    assert [r["error"] for r in rows] == [None] * 4
+    assert [r["output_tokens"] for r in rows] == [4] * 4

@@ -373,8 +373,12 @@ class HTTPEngine(Engine):
                     box["t_start"] = now()
 
             trace_cfg.on_request_headers_sent.append(headers_sent)
+            # one connection per request (force_close): llama-server closes a connection after a
+            # streamed answer, and a pooled connection closed that way failed the next POST
+            # ("Can not write request body") for every second request; connecting counts into
+            # queue_s (t_start is when the request's headers are sent), ~0.1 ms on loopback
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.max_connections),
+                connector=aiohttp.TCPConnector(limit=self.max_connections, force_close=True),
                 trace_configs=[trace_cfg],
                 auto_decompress=False,
             )
