@@ -51,3 +51,13 @@ def mlx(model):
 def engine(request):
     """Each real engine in turn (a missing engine fails, never skips)."""
     return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A scripted OpenAI-compatible SSE server on 127.0.0.1 (tests/sse_server.py), one per test module."""
+    from sse_server import ScriptedServer
+
+    s = ScriptedServer().start()
+    yield s
+    s.stop()

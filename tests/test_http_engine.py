@@ -7,7 +7,7 @@ from lablib.engines import load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.engines.http import HTTPEngineError, parse_chunk
 from lablib.sse import SSEParser
-from sse_server import ScriptedServer, chat, cmpl, sse
+from sse_server import chat, cmpl, sse
 
 DONE = sse("[DONE]")
 
@@ -85,13 +85,6 @@ def test_parse_chunk_reads_chat_completions_and_native():
 
 
 # --- the engine on scripted streams ------------------------------------------------------------
-@pytest.fixture(scope="module")
-def server():
-    s = ScriptedServer().start()
-    yield s
-    s.stop()
-
-
 @pytest.fixture
 def engine(server, model):
     server.script = []

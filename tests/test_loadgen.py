@@ -12,7 +12,7 @@ from lablib.engines import load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
 from lablib.loadgen import arrival_schedule, goodput, run_load, summarize
-from sse_server import ScriptedServer, cmpl, sse
+from sse_server import cmpl, sse
 
 DONE = sse("[DONE]")
 
@@ -113,13 +113,6 @@ def test_summarize_percentiles_throughput_and_errors():
 
 
 # --- real loops over HTTP (scripted server) --------------------------------------------------------
-@pytest.fixture(scope="module")
-def server():
-    s = ScriptedServer().start()
-    yield s
-    s.stop()
-
-
 @pytest.fixture
 def engine(server, model):
     server.script, server.queue = [], []
