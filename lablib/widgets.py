@@ -21,7 +21,7 @@ import traceback
 from . import plots, sweep
 from .concurrency import MODES
 from .config import budget, quick_mode
-from .engines import NAMES as ENGINE_NAMES
+from .engines import IN_PROCESS, NAMES as ENGINE_NAMES
 from .errors import LabError
 
 KINDS = ("context", "concurrency")
@@ -111,8 +111,8 @@ class SweepPanel:
             style=wide,
         )
         self.engine_boxes = {
-            name: w.Checkbox(value=True, description=name, indent=False, layout=w.Layout(width="130px"))
-            for name in ENGINE_NAMES
+            name: w.Checkbox(value=name in ENGINE_NAMES, description=name, indent=False, layout=w.Layout(width="130px"))
+            for name in IN_PROCESS
         }
         self.prompt_tokens = w.Text(description="prompt tokens", style=wide, layout=row_layout(), placeholder="64,256")
         self.concurrency = w.Text(description="concurrency", style=wide, layout=row_layout(), placeholder="1,2,4")

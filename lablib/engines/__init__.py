@@ -33,8 +33,10 @@ ALIASES = {
     "openai": "http",
     "server": "http",
 }
-# the engines that load the model in this process: the lab's default set (doctor, sweeps, widgets)
-NAMES = IN_PROCESS = tuple(name for name, cls in ENGINES.items() if cls.in_process)
+# the engines that load the model in this process: doctor checks them all, widgets offer them all
+IN_PROCESS = tuple(name for name, cls in ENGINES.items() if cls.in_process)
+# the lab's default set: what sweeps, compare, the CLI and the notebooks run when no engine is named
+NAMES = tuple(name for name in IN_PROCESS if ENGINES[name].lab_default)
 
 
 def canonical(name: str) -> str:
