@@ -35,6 +35,7 @@ from ._version import __version__
 from .compare import REFERENCE, compare
 from .concurrency import MODES
 from .config import budget, default_threads
+from .devices import describe as describe_devices, found as found_devices
 from .doctor import check_engines
 from .engines import NAMES, load_engine
 from .engines.base import GenerationConfig
@@ -60,6 +61,7 @@ def cmd_doctor(ns) -> int:
         f"CPU: {hw['cpu_model']}, {hw['cores_physical']} cores, RAM {hw['ram_bytes'] / 2**30:.1f} GiB, "
         f"accelerator: {hw['accelerator'] or 'none'}"
     )
+    print(f"devices the engines can compute on: {describe_devices(found_devices())}")
     if hw["cpu_quota"] or hw["memory_limit_bytes"]:
         limit = hw["memory_limit_bytes"]
         print(

@@ -19,7 +19,7 @@ e = load_engine(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None, n_ctx=2
 t = e.generate(e.tokenize("The capital of France is"), GenerationConfig(max_new_tokens=2))
 i = e.info()
 print(json.dumps({"version": i.version, "backend": i.backend, "dtype": i.dtype, "tokens": t.output_tokens,
-                  "build": i.flags.get("build")}))
+                  "device": i.device, "build": i.flags.get("build")}))
 """
 
 
@@ -44,7 +44,10 @@ def check_engine(name: str, model: str | None = None, timeout: float = 300) -> d
         return {"engine": name, "usable": False, "detail": f"no answer within {timeout:.0f} s"}
     if p.returncode == 0:
         info = json.loads(p.stdout.strip().splitlines()[-1])
-        detail = f"{info['version']}, {info['backend']}, {info['dtype']}: generated {info['tokens']} tokens"
+        detail = (
+            f"{info['version']}, {info['backend']}, {info['dtype']}, on {info.get('device', 'cpu')}: "
+            f"generated {info['tokens']} tokens"
+        )
         return {"engine": name, "usable": True, "detail": detail + (f"; {info['build']}" if info.get("build") else "")}
     if p.returncode < 0:
         sig = signal.Signals(-p.returncode).name

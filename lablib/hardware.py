@@ -15,7 +15,6 @@ import functools
 import math
 import os
 import platform
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -42,17 +41,12 @@ def cpu_model() -> str:
 
 
 def accelerator() -> str | None:
-    """An accelerator the engines could use: NVIDIA GPUs (nvidia-smi), Apple GPU (Metal), or None."""
-    if platform.system() == "Darwin" and platform.machine() == "arm64":
-        return "Apple GPU (Metal)"
-    if shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
-            gpus = [ln.split(" (UUID")[0] for ln in out.splitlines() if ln.startswith("GPU")]
-            return "; ".join(gpus) or None
-        except (OSError, subprocess.SubprocessError):
-            return None
-    return None
+    """The accelerators the engines could use (:mod:`lablib.devices`: NVIDIA GPUs as nvidia-smi
+    lists them, the Apple GPU), joined by "; ", or None on a CPU-only machine."""
+    from .devices import apple_gpu, nvidia_gpus
+
+    gpus = [f"{d.name} (Metal)" if d.kind == "metal" else d.name for d in nvidia_gpus() + apple_gpu()]
+    return "; ".join(gpus) or None
 
 
 # --- what this process may use: cgroup caps ------------------------------------------------

@@ -31,7 +31,9 @@ How:
    ``lablib doctor`` prints.
 
 On non-x86 machines (Apple silicon, aarch64 Linux) the engine's own defaults
-are kept, and the smoke test still runs.
+are kept, and the smoke test still runs. GPUs: llama.cpp builds its Metal backend on
+macOS by default; where the CUDA toolkit's ``nvcc`` is found (:func:`gpu_cmake_args`) the
+build adds ``-DGGML_CUDA=ON``, and falls back to the CPU-only build if that one fails.
 
 Stdlib only: this module runs before the project is installed
 (``python -m lablib.llama_build --install``).
@@ -226,6 +228,23 @@ def cmake_args(features: dict[str, bool], portable: bool = False) -> str:
     args = ["-DGGML_NATIVE=OFF"]
     args += [f"-D{opt}={'ON' if ok else 'OFF'}" for opt, ok in features.items()]
     return " ".join(args)
+
+
+def gpu_cmake_args(portable: bool = False) -> str:
+    """``-DGGML_CUDA=ON`` when an NVIDIA GPU is here (``nvidia-smi`` lists one) and so is the CUDA
+    toolkit's compiler (``nvcc`` on PATH, in ``$CUDA_HOME/bin`` or ``/usr/local/cuda/bin``), and
+    ``LABLIB_LLAMA_GPU`` is not "0"; else ''. A toolkit alone is not enough: images ship ``nvcc`` on
+    machines without a GPU, where a CUDA build would compile for many minutes and offload nothing.
+    A portable build stays CPU-only (its users' machines need not have CUDA)."""
+    from .devices import nvidia_gpus
+
+    if portable or os.environ.get("LABLIB_LLAMA_GPU", "1") == "0" or not nvidia_gpus():
+        return ""
+    homes = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc") or next(
+        (str(p) for h in homes if h and (p := Path(h) / "bin" / "nvcc").is_file()), None
+    )
+    return "-DGGML_CUDA=ON" if nvcc else ""
 
 
 def next_fallback(features: dict[str, bool]) -> tuple[str, dict[str, bool]] | None:
@@ -506,8 +525,9 @@ def verified_build(
     model = model or default_model_path()
     refused = sorted(k[5:] for k, ok in features.items() if not ok)
     dropped: list[dict] = []
+    gpu = gpu_cmake_args(portable)
     while True:
-        args = cmake_args(features, portable=portable)
+        args = " ".join(a for a in (cmake_args(features, portable=portable), gpu) if a)
         folder = wheel_cache_dir(cache_root, args)
         verdict = failed_here(folder)
         if verdict is not None:
@@ -516,7 +536,16 @@ def verified_build(
                 f"({verdict.get('detail')}); not using it"
             )
         else:
-            wheel = build(cache_root, args, log=log)
+            try:
+                wheel = build(cache_root, args, log=log)
+            except subprocess.CalledProcessError as e:
+                if not gpu:
+                    raise
+                # the CUDA build did not compile (a toolkit the vendored llama.cpp does not support): CPU only
+                log(f"llama-cpp-python: the build with {gpu} failed ({e}); building for the CPU only")
+                dropped.append({"family": "CUDA", "reason": f"the build with {gpu} failed: {e}"})
+                gpu = ""
+                continue
             verdict = smoke(wheel, model)
             if verdict.get("ok"):
                 report = {
@@ -535,6 +564,11 @@ def verified_build(
                 f"llama-cpp-python: the build with CMAKE_ARGS={args!r} failed its smoke test here: "
                 f"{verdict.get('detail')}"
             )
+        if gpu:  # the GPU backend goes first: a driver or device problem, not the CPU's extensions
+            dropped.append({"family": "CUDA", "reason": f"{verdict.get('detail')} with {gpu} on"})
+            log(f"llama-cpp-python: switching {gpu} off and building again")
+            gpu = ""
+            continue
         step = next_fallback(features) if features else None
         if step is None:
             raise BuildError(

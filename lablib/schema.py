@@ -27,6 +27,7 @@ MANIFEST_FIELDS = {
     "dtype": ("engine", "dtype"),
     "threads": ("engine", "threads"),
     "n_ctx": ("engine", "n_ctx"),
+    "device": ("engine", "device"),  # what it computed on: cpu, cuda, mps, metal, gpu offload
     "model": ("model", "id"),
     "model_format": ("model", "format"),
     "quantization": ("model", "quantization"),
@@ -52,6 +53,7 @@ MANIFEST_SUMMARY = (
     "engine",
     "engine_version",
     "backend",
+    "device",
     "dtype",
     "threads",
     "quantization",

@@ -64,10 +64,15 @@ def test_prepare_twice_is_a_cache_hit():
     assert p.returncode == 0 and "(cached)" in p.stdout and "hf" in p.stdout and "mlx" in p.stdout
 
 
-def test_doctor_finds_three_usable_engines():
+def test_doctor_finds_every_engine_usable_and_lists_the_devices():
+    from lablib.devices import describe, found
+    from lablib.engines import IN_PROCESS
+
     p = lablib("doctor")
     assert p.returncode == 0, p.stdout + p.stderr
-    assert p.stdout.count(" usable:") == 3
+    assert p.stdout.count(" usable:") == len(IN_PROCESS)
+    assert f"devices the engines can compute on: {describe(found())}\n" in p.stdout
+    assert ", on cpu: generated 2 tokens" in p.stdout or any(g in p.stdout for g in (", on cuda:", ", on metal:"))
 
 
 def test_a_context_that_will_not_fit_in_memory_is_refused_before_llama_cpp_allocates():

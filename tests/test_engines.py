@@ -125,6 +125,25 @@ def test_engines_describe_themselves(engine):
     assert info["threads"] >= 1 and info["n_ctx"] == 2048
 
 
+def test_engines_record_the_device_they_compute_on(engine):
+    """Every manifest names the device; on a machine without a GPU it is the CPU, in float32
+    for transformers (the faithful reference) and with no llama.cpp layer offloaded."""
+    from lablib.devices import found
+    from lablib.sweep import engine_manifest
+
+    info = engine.info()
+    gpus = [d.kind for d in found() if d.kind != "cpu"]
+    assert engine_manifest(engine)["engine"]["device"] == info.device
+    if not gpus:
+        assert info.device == "cpu"
+        if info.name == "transformers":
+            assert info.dtype == "float32" and "cpu" in info.backend
+        if info.name == "llama.cpp":
+            assert info.flags["n_gpu_layers"] == 0 and info.backend == "cpu (ggml)"
+    else:
+        assert info.device in ("cpu", "cuda", "mps", "metal")
+
+
 def test_prompt_of_length_is_exact_real_text(model, hf):
     for n in (1, 64, 700):
         ids = prompt_of_length(model, n)

@@ -94,6 +94,7 @@ class EngineInfo:
     threads: int
     n_ctx: int  # context window the engine enforces or was trained to, tokens
     flags: dict = field(default_factory=dict)
+    device: str = "cpu"  # what it computes on: cpu, cuda, mps (torch), metal / gpu (MLX), cuda/metal offload
 
     def to_dict(self) -> dict:
         return asdict(self)

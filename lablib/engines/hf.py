@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..devices import torch_device, torch_dtype
 from ..errors import EngineUnavailable, LabError
 from ..sampling import DEFINITION
 from ..trace import RequestTrace, now
@@ -57,8 +58,10 @@ class _TokenIdStreamer:
 class TransformersEngine(Engine):
     """transformers engine.
 
-    ``dtype``: torch dtype name for the weights (default float32, the faithful
-    reference). ``threads``: torch intra-op threads (default: automatic, see ``Engine.adapt_threads``).
+    ``device``: "auto" (CUDA, then Apple's MPS, then the CPU), "cpu", "cuda" or "mps".
+    ``dtype``: torch dtype name for the weights (default: float32 on the CPU, the faithful
+    reference; bfloat16 on CUDA where supported, else float16; float16 on MPS: see
+    :func:`lablib.devices.torch_dtype`). ``threads``: torch intra-op threads (default: automatic, see ``Engine.adapt_threads``).
     ``n_ctx``: context the lab enforces (default: the model's trained context).
     """
 
@@ -67,14 +70,17 @@ class TransformersEngine(Engine):
     requires = "transformers"
     install_hint = "pip install 'torch==2.13.0' transformers accelerate"
     kv_bytes_per_value = 4  # float32 models
+    # lablib.compare's reference: float32 on every device (on a GPU the default dtype is half precision)
+    compare_load_kwargs = {"dtype": "float32"}
 
     def __init__(
         self,
         model,
-        dtype: str = "float32",
+        dtype: str | None = None,
         threads: int | None = None,
         n_ctx: int | None = None,
         attn_implementation: str = "sdpa",
+        device: str = "auto",
     ):
         super().__init__(model)
         try:
@@ -87,13 +93,16 @@ class TransformersEngine(Engine):
         transformers.utils.logging.disable_progress_bar()
         path = model.path_for("hf", self.name)
         torch.set_num_threads(self._init_threads(threads))
-        if not hasattr(torch, dtype):
-            raise LabError(f"dtype={dtype!r}: expected a torch dtype name such as float32, bfloat16, float16")
-        self.dtype = dtype
+        self.device = torch_device(torch, device)
+        self.dtype = dtype = torch_dtype(torch, self.device, dtype)
         self.tok = AutoTokenizer.from_pretrained(path)
-        self.hf = AutoModelForCausalLM.from_pretrained(
-            path, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
-        ).eval()
+        self.hf = (
+            AutoModelForCausalLM.from_pretrained(
+                path, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
+            )
+            .to(self.device)
+            .eval()
+        )
         trained = int(getattr(self.hf.config, "max_position_embeddings", 0) or model.max_position_embeddings)
         self.n_ctx = int(n_ctx or trained)
         self.n_vocab = int(self.hf.config.vocab_size)
@@ -164,7 +173,8 @@ class TransformersEngine(Engine):
         return EngineInfo(
             name=self.name,
             version=self._transformers.__version__,
-            backend=f"torch {torch.__version__} cpu",
+            backend=f"torch {torch.__version__} {self.device}",
+            device=self.device,
             dtype=self.dtype,
             threads=self.threads,
             n_ctx=self.n_ctx,
@@ -213,7 +223,7 @@ class TransformersEngine(Engine):
     # --- generation -------------------------------------------------------
     def _generate(self, ids, cfg: GenerationConfig, trace: RequestTrace) -> None:
         torch = self._torch
-        input_ids = torch.tensor([ids], dtype=torch.long)
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
         gen = self._generation_config(cfg)
         if not cfg.greedy:
             torch.manual_seed(cfg.seed)
@@ -257,8 +267,8 @@ class TransformersEngine(Engine):
         self.check_ids(list(ids))
         torch = self._torch
         with torch.inference_mode():
-            out = self.hf(torch.tensor([list(ids)], dtype=torch.long))
-        return out.logits[0].float().numpy()
+            out = self.hf(torch.tensor([list(ids)], dtype=torch.long, device=self.device))
+        return out.logits[0].float().cpu().numpy()
 
     def iter_logits(self, ids, chunk: int = 64):
         """Teacher-forced logits, ``chunk`` positions per forward pass over one DynamicCache:
@@ -271,8 +281,12 @@ class TransformersEngine(Engine):
         cache = DynamicCache(config=self.hf.config)
         for at in range(0, len(ids), chunk):
             with torch.inference_mode():  # per chunk: the mode must not leak to the caller between yields
-                out = self.hf(torch.tensor([ids[at : at + chunk]], dtype=torch.long), cache=cache, use_cache=True)
-                block = out.logits[0].float().numpy()
+                out = self.hf(
+                    torch.tensor([ids[at : at + chunk]], dtype=torch.long, device=self.device),
+                    cache=cache,
+                    use_cache=True,
+                )
+                block = out.logits[0].float().cpu().numpy()
             del out
             yield block
 

@@ -39,6 +39,16 @@ DEFAULT_N_CTX = 8192  # SmolLM2's trained context; pass n_ctx for longer prompts
 GRAPH_RESERVE = 32 * 2**20  # bytes of llama.cpp's compute graph for a small model
 
 
+def _offload_device(llama_cpp) -> str:
+    """The GPU backend a build offloads to, from ``llama_print_system_info`` (each backend the
+    library was built with names itself there: "CUDA : ...", "Metal : ..."): cuda, metal or gpu."""
+    sysinfo = llama_cpp.llama_print_system_info().decode(errors="replace").lower()
+    for backend in ("cuda", "metal", "vulkan", "hip", "sycl"):
+        if f"{backend} :" in sysinfo or f"{backend}:" in sysinfo:
+            return backend
+    return "gpu"
+
+
 class LlamaCppEngine(Engine):
     """llama.cpp engine.
 
@@ -94,6 +104,7 @@ class LlamaCppEngine(Engine):
         n_batch: int = 512,
         n_seq_max: int = 1,
         verbose: bool = False,
+        n_gpu_layers: int | None = None,
     ):
         super().__init__(model)
         try:
@@ -116,8 +127,13 @@ class LlamaCppEngine(Engine):
                 f"1 to {llama_cpp.llama_max_parallel_sequences()} parallel sequences; use a "
                 f"concurrency of at most {llama_cpp.llama_max_parallel_sequences()}"
             )
+        # a CUDA or Metal build offloads every layer unless told otherwise; a CPU build has no GPU
+        offload = bool(llama_cpp.llama_supports_gpu_offload())
+        self.n_gpu_layers = (-1 if offload else 0) if n_gpu_layers is None else int(n_gpu_layers)
+        self.device = _offload_device(llama_cpp) if offload and self.n_gpu_layers != 0 else "cpu"
         self.llm = Llama(
             model_path=path,
+            n_gpu_layers=self.n_gpu_layers,
             n_ctx=self._n_ctx_req,
             n_batch=self.n_batch,
             n_ubatch=self.n_batch,
@@ -225,11 +241,13 @@ class LlamaCppEngine(Engine):
         return EngineInfo(
             name=self.name,
             version=self._lib.__version__,
-            backend="cpu (ggml)",
+            backend="cpu (ggml)" if self.device == "cpu" else f"ggml, {self.device} offload",
             dtype=self.model.quantization or "gguf",
             threads=self.threads,
             n_ctx=self.n_ctx,
+            device=self.device,
             flags={
+                "n_gpu_layers": self.n_gpu_layers,
                 "threads_auto": self.auto_threads,
                 "max_threads": self.max_threads,
                 "n_batch": self.n_batch,

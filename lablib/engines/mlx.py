@@ -129,6 +129,8 @@ class MLXEngine(Engine):
             dtype=self.dtype,
             threads=self.threads,
             n_ctx=self.n_ctx,
+            # MLX computes on its default device: the GPU (Metal) on Apple silicon, else the CPU
+            device="metal" if mx.default_device().type == mx.DeviceType.gpu else "cpu",
             flags={
                 "prefill_step_size": self.prefill_step_size,
                 "config_fixes": self.config_fixes,
