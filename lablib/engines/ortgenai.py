@@ -225,6 +225,7 @@ class OnnxRuntimeGenAIEngine(Engine):
         except Exception as e:
             raise LabError(f"onnxruntime-genai cannot load {self.folder} ({type(e).__name__}: {e})") from e
         self.tok = og.Tokenizer(self.og_model)
+        self.tok.update_options(skip_special_tokens="false")  # render special tokens, as the other engines do
         m = self.genai_config["model"]
         self.n_vocab = int(m["vocab_size"])
         self.n_ctx = int(n_ctx or m.get("context_length") or model.max_position_embeddings)
@@ -272,7 +273,7 @@ class OnnxRuntimeGenAIEngine(Engine):
             flags={
                 "precision": self.precision,
                 "onnx_folder": str(self.folder),
-                "build": json.loads((self.folder / BUILD_RECORD).read_text()),
+                "onnx_build": json.loads((self.folder / BUILD_RECORD).read_text()),
                 "intra_op_num_threads": self.threads,
                 "threads_auto": self.auto_threads_at_load,
                 "threads_fixed_at_load": True,
