@@ -83,9 +83,24 @@ def test_int4_builds_smaller_and_generates(model, first_token_flip):
         e.close()
 
 
-def test_serial_only(ort):
+def test_serial_only(ort, model):
+    from lablib.sweep import concurrency_sweep
+
+    assert OnnxRuntimeGenAIEngine.modes == ("serial",)
     with pytest.raises(LabError, match="no batched mode"):
         ort.batch_session(GenerationConfig(max_new_tokens=2), max_sequences=2, max_seq_tokens=64)
+    # a sweep asked for both modes runs it serial only: 2 clients, 4 requests
+    df = concurrency_sweep(
+        model,
+        engines=["ort"],
+        concurrency=[2],
+        modes="serial,batched",
+        prompt_tokens=16,
+        max_new_tokens=2,
+        warmup=0,
+        progress=False,
+    )
+    assert list(df["mode"]) == ["serial"] * 4 and (df["output_tokens"] == 2).all()
 
 
 def test_a_missing_package_says_not_installed_and_how_to_install(monkeypatch, model):

@@ -180,6 +180,7 @@ class OnnxRuntimeGenAIEngine(Engine):
     kv_bytes_per_value = 4  # the CPU builder's KV cache is float32, for fp32 and int4 weights alike
     reserves_kv_at_load = False  # each generator allocates its KV buffer for prompt + output (max_length)
     lab_default = False
+    modes = ("serial",)  # no continuous batching on CPU (module docstring)
 
     # the genai config's own search defaults (genai_config.json "search"), which the lab sets explicitly
     SETTINGS_OFF = (
