@@ -5,8 +5,8 @@ builder (``python -m onnxruntime_genai.models.builder -i HF_FOLDER -o OUT -p fp3
 in a child process (it imports torch, transformers, onnx and onnx-ir, and holds the weights
 twice), and cached under ``$LABLIB_HOME/onnx/<precision>-<key>/``, where key hashes the folder
 (``lablib.models._folder_sha256``), the precision and the builder's version
-(:func:`onnx_folder`). For SmolLM2-135M on two busy cores a build takes about 8 s (fp32) and
-9 s (int4: the builder's RTN quantizer, MatMulNBits with blocks of 32 weights).
+(:func:`onnx_folder`). For SmolLM2-135M on two busy cores a build took 8-14 s (fp32) and
+9-10 s (int4: the builder's RTN quantizer, MatMulNBits with blocks of 32 weights).
 
 Generation is the library's own loop on ``og.Generator``: ``append_tokens(prompt ids)`` is the
 prefill (one forward pass over the prompt: its logits, the KV cache), then each
