@@ -7,6 +7,10 @@ each engine's own figure for the same work.
   mlx-lm's own ``stream_generate`` and its ``generation_tps``, alternating.
 - transformers: the lab's run (``model.generate`` with a token-id streamer)
   against a bare forward loop with a KV cache and argmax, alternating.
+- onnxruntime-genai: it keeps no counters of its own, so the anchor is the same
+  ``og.Generator`` loop (append_tokens, then generate_next_token /
+  get_next_tokens) timed without the lab's per-token work (no trace, no EOS
+  check), alternating with the lab's run.
 
 Medians over repetitions after a warm-up, measured in one process; the machine
 is shared and noisy, so compare ratios, not absolute numbers. Prints a table,
@@ -86,7 +90,32 @@ def transformers(engine, ids, cfg, reps):
     return lab, own, "bare forward loop with KV cache (argmax)"
 
 
-RUNNERS = {"llama.cpp": llama_cpp, "mlx": mlx, "transformers": transformers}
+def onnxruntime_genai(engine, ids, cfg, reps):
+    import numpy as np
+
+    og = engine._og
+    prompt = np.asarray(ids, dtype=np.int32)
+
+    def bare_loop():
+        gen = og.Generator(engine.og_model, engine._params(cfg, len(ids) + cfg.max_new_tokens))
+        gen.append_tokens(prompt)
+        gen.generate_next_token()
+        gen.get_next_tokens()
+        t_first = time.perf_counter()
+        for _ in range(cfg.max_new_tokens - 1):
+            gen.generate_next_token()
+            gen.get_next_tokens()
+        t_last = time.perf_counter()
+        return (cfg.max_new_tokens - 1) / (t_last - t_first)
+
+    lab, own = [], []
+    for _ in range(reps):
+        lab.append(engine.generate(ids, cfg).decode_tps)
+        own.append(bare_loop())
+    return lab, own, "the same og.Generator loop without the lab's per-token work"
+
+
+RUNNERS = {"llama.cpp": llama_cpp, "mlx": mlx, "transformers": transformers, "onnxruntime-genai": onnxruntime_genai}
 
 
 def main(argv=None):
@@ -115,9 +144,9 @@ def main(argv=None):
         f"\nprompt {ns.prompt_tokens} tokens, {ns.new_tokens} new tokens, medians of {ns.reps} "
         f"after {ns.warmup} warm-up; decode tokens/s"
     )
-    print(f"{'engine':<13} {'lab_tps':>9} {'engine_tps':>11} {'ratio':>7} {'lab min..max':>16}  engine's figure")
+    print(f"{'engine':<17} {'lab_tps':>9} {'engine_tps':>11} {'ratio':>7} {'lab min..max':>16}  engine's figure")
     for name, lab_m, own_m, ratio, lo, hi, source in results:
-        print(f"{name:<13} {lab_m:>9.2f} {own_m:>11.2f} {ratio:>7.3f} {lo:>7.2f}..{hi:<7.2f}  {source}")
+        print(f"{name:<17} {lab_m:>9.2f} {own_m:>11.2f} {ratio:>7.3f} {lo:>7.2f}..{hi:<7.2f}  {source}")
     print()
     for name, lab_m, own_m, ratio, *_ in results:
         print(f"engine={name} lab_tps={lab_m:.2f} engine_tps={own_m:.2f} ratio={ratio:.3f}")

@@ -37,7 +37,7 @@ from .concurrency import MODES
 from .config import budget, default_threads
 from .devices import describe as describe_devices, found as found_devices
 from .doctor import check_engines
-from .engines import NAMES, load_engine
+from .engines import IN_PROCESS, NAMES, load_engine
 from .engines.base import GenerationConfig
 from .errors import LabError
 from .formats import FORMATS
@@ -84,9 +84,11 @@ def cmd_doctor(ns) -> int:
         print(f"model: NOT READY: {e}")
         return 1
     ok = True
-    for r in check_engines(ns.model):
+    checks = check_engines(ns.model)
+    width = max((len(r["engine"]) for r in checks), default=13)
+    for r in checks:
         ok &= r["usable"]
-        print(f"  {r['engine']:<13} {'usable' if r['usable'] else 'NOT USABLE'}: {r['detail']}")
+        print(f"  {r['engine']:<{width}} {'usable' if r['usable'] else 'NOT USABLE'}: {r['detail']}")
     return 0 if ok else 1
 
 
@@ -323,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_prepare)
 
     r = sub.add_parser("run", help="run one request and print its metrics")
-    r.add_argument("--engine", required=True, help=", ".join(NAMES))
+    r.add_argument("--engine", required=True, help=", ".join(IN_PROCESS))
     r.add_argument("--model", default=None)
     g = r.add_mutually_exclusive_group()
     g.add_argument("--prompt", help="raw text, tokenized as is")

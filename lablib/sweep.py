@@ -321,7 +321,8 @@ def concurrency_sweep(
     ``warmup`` unrecorded requests per engine and mode first. One row per
     request, appended to ``out`` as it finishes and passed to ``on_row``;
     ``cancel`` (threading.Event) stops after the request that finishes next,
-    keeping every finished row. Returns a DataFrame of this call's rows.
+    keeping every finished row. Returns a DataFrame of this call's rows. An engine runs only the
+    modes it has (``Engine.modes``: ONNX Runtime GenAI is serial only).
     """
     import pandas as pd
     from tqdm.auto import tqdm
@@ -349,9 +350,11 @@ def concurrency_sweep(
     writer = ResultsWriter(out) if out else None
     cfg = GenerationConfig(max_new_tokens=n_out)
     plan = [(c, requests or per_client * c) for c in levels]
+    # each engine in the modes it has (Engine.modes: an engine without continuous batching runs serial only)
+    engine_modes = {name: [m for m in modes if m in engine_class(name).modes] for name in names}
     rows = []
     bar = tqdm(
-        total=len(names) * len(modes) * sum(r for _, r in plan),
+        total=sum(len(m) for m in engine_modes.values()) * sum(r for _, r in plan),
         desc="concurrency sweep",
         unit="req",
         disable=not progress,
@@ -368,7 +371,7 @@ def concurrency_sweep(
             kw = {**engine_class(name).default_load_kwargs(rm, cmax), "n_ctx": cmax * (n_prompt + n_out) + 16}
             engine = load_engine(name, rm, **kw)
             try:
-                for mode in modes:
+                for mode in engine_modes[name]:
                     if warmup:
                         run_closed_loop(
                             engine,

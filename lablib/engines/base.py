@@ -189,6 +189,7 @@ class Engine:
     in_process: ClassVar[bool] = True  # False: the model runs in another process (a server), no memory check here
     lab_default: ClassVar[bool] = True  # in the lab's default set: what sweeps, compare and notebooks run unasked
     compare_load_kwargs: ClassVar[dict] = {}  # lablib.compare loads it so: as the library alone reads the model
+    modes: ClassVar[tuple] = ("serial", "batched")  # scheduling modes lablib.concurrency runs it in
 
     @classmethod
     def default_load_kwargs(cls, model, concurrency: int = 1) -> dict:
