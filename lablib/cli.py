@@ -87,8 +87,11 @@ def cmd_doctor(ns) -> int:
     checks = check_engines(ns.model)
     width = max((len(r["engine"]) for r in checks), default=13)
     for r in checks:
-        ok &= r["usable"]
-        print(f"  {r['engine']:<{width}} {'usable' if r['usable'] else 'NOT USABLE'}: {r['detail']}")
+        # an optional engine (outside the default set) whose package is not installed is not a fault
+        optional_absent = r["engine"] not in NAMES and r["detail"].startswith("not installed")
+        ok &= r["usable"] or optional_absent
+        state = "usable" if r["usable"] else "not installed (optional)" if optional_absent else "NOT USABLE"
+        print(f"  {r['engine']:<{width}} {state}: {r['detail']}")
     return 0 if ok else 1
 
 

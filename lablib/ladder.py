@@ -34,6 +34,7 @@ def reference_label(model) -> str:
 
 
 HF_DTYPES = ("float32", "bfloat16", "float16")
+LADDER_ENGINES = "the ladder measures llama.cpp (GGUF types), transformers (dtypes) and mlx (float32, 8bit, 4bit)"
 MLX_BITS = (8, 4)
 
 
@@ -270,9 +271,12 @@ def engine_row(lad: Ladder, engine: str, variant: str, speed: bool = True) -> di
     key = canonical(engine)
     rm = lad.model
     reads = engine_class(key).format  # what the engine reads decides what a variant is
+    dtypes = engine_class(key).dtypes
+    if reads == "hf" and not dtypes:
+        raise LabError(f"engine {key}: the quality ladder has no variants for it (not available); {LADDER_ENGINES}")
     if reads == "hf":
-        if variant not in HF_DTYPES:
-            raise LabError(f"transformers dtype {variant!r}: expected one of {', '.join(HF_DTYPES)}")
+        if variant not in dtypes:
+            raise LabError(f"{key} dtype {variant!r}: expected one of {', '.join(dtypes)}")
         kw, weights = {"dtype": variant}, _folder_bytes(rm.hf_path)
         bytes_ = weights if variant == "float32" else weights // 2  # in memory: 2 bytes per weight
         bpw = 8 * bytes_ / rm.parameters
@@ -356,11 +360,11 @@ def measure_one(
             rec = quant.file_facts(path)
             qtype = rec["file_type"]
         row = lad.llama_row(qtype, path, rec, speed)
-    elif reads in ("hf", "mlx"):
+    elif reads == "mlx" or (reads == "hf" and engine_class(key).dtypes):
         lad = Ladder(base if base is not None else model, n_ctx=n_ctx, n_chunks=n_chunks, log=log)
         row = engine_row(lad, key, variant or "float32", speed)
     else:
-        raise LabError(f"engine {engine!r}: expected llama.cpp, transformers or mlx")
+        raise LabError(f"engine {key}: the quality ladder has no variants for it (not available); {LADDER_ENGINES}")
     if writer:
         writer.append(row)
     return row

@@ -100,3 +100,27 @@ def test_bad_lablib_threads_is_one_clear_error(value):
 def test_a_zero_or_negative_context_is_refused_not_defaulted(n_ctx):
     p = lablib("run", "--engine", "transformers", f"--n-ctx={n_ctx}", "--max-new-tokens", "2")
     assert p.returncode == 2 and f"n_ctx={n_ctx}: expected a positive whole number" in p.stderr
+
+
+def test_doctor_passes_when_only_an_optional_engine_is_not_installed(monkeypatch, capsys):
+    """An engine outside the default set whose package is absent is listed, not a failure; a
+    default engine that is absent fails."""
+    from lablib import cli
+    from lablib.engines import NAMES
+
+    def checks(absent):
+        return lambda model=None: [
+            {"engine": n, "usable": n != absent, "detail": "not installed (no module 'x'); pip install x"}
+            if n == absent
+            else {"engine": n, "usable": True, "detail": "ok"}
+            for n in (*NAMES, "onnxruntime-genai")
+        ]
+
+    monkeypatch.setattr(cli, "check_engines", checks("onnxruntime-genai"))
+    assert cli.main(["doctor"]) == 0
+    assert "onnxruntime-genai not installed (optional): not installed (no module 'x')" in capsys.readouterr().out
+    monkeypatch.setattr(cli, "check_engines", checks("llama.cpp"))
+    assert cli.main(["doctor"]) == 1
+    import re
+
+    assert re.search(r"llama\.cpp\s+NOT USABLE: not installed", capsys.readouterr().out)

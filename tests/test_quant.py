@@ -177,3 +177,15 @@ def test_cli_quality_writes_one_row(model, tmp_path, capsys):
     assert list(df["type"]) == ["Q8_0"] and df["n_tokens"].iloc[0] == 126
     assert 0 < df["kl_mean"].iloc[0] < 0.05 and df["reference"].iloc[0].startswith("dequantized Q4_1")
     assert "type=Q8_0" in capsys.readouterr().out
+
+
+def test_quality_ladder_says_not_available_for_an_engine_without_variants(capsys, tmp_path):
+    """onnxruntime-genai reads the HF folder but takes no torch dtype: one clear line, no load."""
+    from lablib.cli import main
+
+    out = tmp_path / "q.jsonl"
+    args = ["quality", "--engine", "onnxruntime-genai", "--variant", "bfloat16", "--no-speed", "--out", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "engine onnxruntime-genai: the quality ladder has no variants for it (not available)" in err
+    assert "Traceback" not in err and not out.exists()

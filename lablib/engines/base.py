@@ -187,6 +187,8 @@ class Engine:
     kv_bytes_per_value: ClassVar[int] = 4  # bytes of one K or V element in its KV cache
     reserves_kv_at_load: ClassVar[bool] = False  # True: the KV cache for all of n_ctx is allocated at load
     in_process: ClassVar[bool] = True  # False: the model runs in another process (a server), no memory check here
+    # the weight dtypes its ``dtype=`` load argument takes (the quality ladder's variants); () = none
+    dtypes: ClassVar[tuple[str, ...]] = ()
     lab_default: ClassVar[bool] = True  # in the lab's default set: what sweeps, compare and notebooks run unasked
     compare_load_kwargs: ClassVar[dict] = {}  # lablib.compare loads it so: as the library alone reads the model
     modes: ClassVar[tuple] = ("serial", "batched")  # scheduling modes lablib.concurrency runs it in

@@ -70,6 +70,7 @@ class TransformersEngine(Engine):
     requires = "transformers"
     install_hint = "pip install 'torch==2.13.0' transformers accelerate"
     kv_bytes_per_value = 4  # float32 models
+    dtypes = ("float32", "bfloat16", "float16")
     # lablib.compare's reference: float32 on every device (on a GPU the default dtype is half precision)
     compare_load_kwargs = {"dtype": "float32"}
 
