@@ -28,7 +28,7 @@ from .tables import (
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-ENGINE_COLORS = {"transformers": "#F2A900", "llama.cpp": "#3D7DCA", "mlx": "#2CA58D"}
+ENGINE_COLORS = {"transformers": "#F2A900", "llama.cpp": "#3D7DCA", "mlx": "#2CA58D", "openvino": "#8E44AD"}
 PHASE_OPACITY = {"prefill": 1.0, "decode": 0.55}
 PHASE_LEGEND_COLOR = "#666666"  # legend swatches for phases: no engine's colour
 PHASE_PATTERN = {"prefill": "", "decode": "/"}
