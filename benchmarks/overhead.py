@@ -5,6 +5,8 @@ each engine's own figure for the same work.
   perf context counters (n_eval / t_eval) of that very request.
 - mlx: the lab's run (mlx-lm's generate_step, stamped per token) against
   mlx-lm's own ``stream_generate`` and its ``generation_tps``, alternating.
+- openvino: the same request, read twice: the lab's 1 / TPOT, and OpenVINO GenAI's own
+  perf_metrics of that very request (1000 / TPOT ms).
 - transformers: the lab's run (``model.generate`` with a token-id streamer)
   against a bare forward loop with a KV cache and argmax, alternating.
 - onnxruntime-genai: it keeps no counters of its own, so the anchor is the same
@@ -115,7 +117,22 @@ def onnxruntime_genai(engine, ids, cfg, reps):
     return lab, own, "the same og.Generator loop without the lab's per-token work"
 
 
-RUNNERS = {"llama.cpp": llama_cpp, "mlx": mlx, "transformers": transformers, "onnxruntime-genai": onnxruntime_genai}
+def openvino(engine, ids, cfg, reps):
+    lab, own = [], []
+    for _ in range(reps):
+        tr = engine.generate(ids, cfg)
+        lab.append(tr.decode_tps)
+        own.append(1e3 / engine.engine_counters()["tpot_ms"])
+    return lab, own, "openvino_genai perf_metrics: 1000 / TPOT"
+
+
+RUNNERS = {
+    "llama.cpp": llama_cpp,
+    "mlx": mlx,
+    "transformers": transformers,
+    "openvino": openvino,
+    "onnxruntime-genai": onnxruntime_genai,
+}
 
 
 def main(argv=None):

@@ -28,7 +28,13 @@ from .tables import (
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-ENGINE_COLORS = {"transformers": "#F2A900", "llama.cpp": "#3D7DCA", "mlx": "#2CA58D", "onnxruntime-genai": "#8E5BB5"}
+ENGINE_COLORS = {
+    "transformers": "#F2A900",
+    "llama.cpp": "#3D7DCA",
+    "mlx": "#2CA58D",
+    "onnxruntime-genai": "#8E5BB5",
+    "openvino": "#C0392B",
+}
 PHASE_OPACITY = {"prefill": 1.0, "decode": 0.55}
 PHASE_LEGEND_COLOR = "#666666"  # legend swatches for phases: no engine's colour
 PHASE_PATTERN = {"prefill": "", "decode": "/"}

@@ -1,7 +1,7 @@
 """The engines behind one interface (:class:`lablib.engines.base.Engine`).
 
 :data:`ENGINES` maps each canonical name to its Engine class. Importing the backend
-modules is cheap: each imports its library (torch, llama_cpp, mlx, onnxruntime_genai) only when an
+modules is cheap: each imports its library (torch, llama_cpp, mlx, openvino_genai, onnxruntime_genai) only when an
 engine is loaded. A new engine is one module here plus one line in :data:`ENGINES`.
 """
 
@@ -18,11 +18,13 @@ from .hf import TransformersEngine
 from .http import HTTPEngine
 from .llamacpp import LlamaCppEngine
 from .mlx import MLXEngine
+from .openvino import OpenVINOEngine
 from .ortgenai import OnnxRuntimeGenAIEngine
 
 # canonical name -> Engine class, in the lab's order; http: any OpenAI-compatible server
 ENGINES: dict[str, type[Engine]] = {
-    cls.name: cls for cls in (TransformersEngine, LlamaCppEngine, MLXEngine, OnnxRuntimeGenAIEngine, HTTPEngine)
+    cls.name: cls
+    for cls in (TransformersEngine, LlamaCppEngine, MLXEngine, OpenVINOEngine, OnnxRuntimeGenAIEngine, HTTPEngine)
 }
 ALIASES = {
     "hf": "transformers",
@@ -31,6 +33,9 @@ ALIASES = {
     "llama-cpp": "llama.cpp",
     "mlx-lm": "mlx",
     "mlx_lm": "mlx",
+    "openvino-genai": "openvino",
+    "openvino_genai": "openvino",
+    "ov": "openvino",
     "ort": "onnxruntime-genai",
     "ortgenai": "onnxruntime-genai",
     "onnxruntime": "onnxruntime-genai",

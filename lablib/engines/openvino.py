@@ -1,0 +1,370 @@
+"""OpenVINO GenAI: an ``LLMPipeline`` on the CPU plugin, reading a GGUF file directly.
+
+Which file. OpenVINO GenAI 2026.4 reads a GGUF itself (its "legacy" GGUF reader: llama, qwen2,
+qwen3; F16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K; a preview feature) and builds the model graph, the
+tokenizer and the detokenizer from the file: no export, no optimum-intel (which needs
+transformers < 5.6). Measured on the default model (SmolLM2-135M, Q4_1 with a Q8_0 token
+embedding tied to the output), the reader runs the shipped file, but a *different* model: greedy
+tokens leave transformers' at the first or second token on 4 of 5 prompts, and teacher-forced,
+the tokens it picks are 1-2 nats below transformers' argmax where llama.cpp on the same file
+agrees with transformers within 0.1 nats (a Q8_0 requantization of the file does the same). On the
+lab's F16 reference of that file (:func:`lablib.quant.reference`: every tensor dequantized with the
+gguf package, cached by the file's hash under the lab home), it agrees with transformers for 32
+greedy tokens on 4 of those 5 prompts. So the engine reads the F16 reference by default
+(``weights="f16"``); ``weights="source"`` reads the model's own GGUF, to show the difference
+(``lablib.compare`` then names where it diverges).
+
+Generation: ``LLMPipeline.generate`` on an ``ov.Tensor`` of the lab's token ids (no
+re-tokenization, no chat template), greedy, ``ignore_eos``, ``max_new_tokens`` from the lab's
+:class:`GenerationConfig`, with a ``StreamerBase`` whose ``write`` receives token *ids*: each is
+stamped with the lab's clock as it arrives. The pipeline's own ``perf_metrics`` of the last request
+(TTFT, TPOT, per-token times) are kept (:meth:`OpenVINOEngine.engine_counters`). Sampled requests
+are refused: OpenVINO GenAI's multinomial sampler has not been checked against
+:data:`lablib.sampling.DEFINITION`.
+
+Numerics are OpenVINO's own for this CPU, recorded in ``info().flags``: the CPU plugin's default
+inference precision (bf16 where the CPU has bf16 instructions, else f32), int8 dynamic
+quantization of activations for compressed weights, and the KV cache precision the reader sets
+(f16 for an F16 or F32 GGUF; u8, the CPU default, otherwise).
+
+Threads: ``INFERENCE_NUM_THREADS`` is a compile-time property of the CPU plugin: the engine loads
+with the lab's thread count and cannot change it per request, so threads are never automatic here
+(``threads_auto`` False; each row records the count it loaded with).
+
+Batched mode (:meth:`OpenVINOEngine.batch_session`) is OpenVINO GenAI's own continuous batching, a
+``ContinuousBatchingPipeline`` (paged attention, a ``SchedulerConfig`` sized for the session)
+driven step by step from the calling thread: ``add_request`` per request, ``step()`` advances every
+scheduled sequence, each handle's new token ids are read and stamped after the step.
+"""
+
+from __future__ import annotations
+
+from ..errors import EngineUnavailable, LabError
+from ..sampling import DEFINITION
+from ..trace import RequestTrace, now
+from .base import Engine, EngineInfo, GenerationConfig
+
+WEIGHTS = ("f16", "source")  # the lab's F16 reference GGUF, or the model's own GGUF
+
+
+def _greedy_only(cfg: GenerationConfig) -> None:
+    if not cfg.greedy:
+        raise LabError(
+            "engine openvino runs greedy decoding only (temperature 0): OpenVINO GenAI's multinomial "
+            "sampler has not been checked against the lab's sampling definition"
+        )
+
+
+class OpenVINOEngine(Engine):
+    """OpenVINO GenAI engine (CPU plugin).
+
+    ``weights``: "f16" (default: the lab's F16 reference GGUF of the model, see the module
+    docstring) or "source" (the model's own GGUF as shipped). ``threads``: CPU threads, fixed at
+    load (default: the CPUs this process may use, or LABLIB_THREADS). ``n_ctx``: context the lab
+    enforces (default: the trained context; OpenVINO's paged KV cache grows as needed).
+    ``properties``: extra CPU-plugin properties (e.g. {"INFERENCE_PRECISION_HINT": "f32"}).
+    """
+
+    name = "openvino"
+    format = "gguf"
+    requires = "openvino_genai"
+    install_hint = "pip install -e '.[openvino]' (openvino-genai, openvino, openvino-tokenizers)"
+    kv_bytes_per_value = 2  # f16: what the GGUF reader sets for an F16 file (the default weights)
+    lab_default = False
+    SETTINGS_OFF = (
+        "chat template and special tokens of string inputs: not used, the lab passes token ids",
+        "the GGUF's generation defaults and stop strings: replaced by a greedy config with max_new_tokens only",
+    )
+
+    @classmethod
+    def weights_bytes(cls, model) -> int:
+        """Bytes of the F16 reference GGUF it reads (parameters x 2 before it exists)."""
+        from ..quant import quant_home
+
+        ref = quant_home(model.sha256) / "reference-F16.gguf"
+        return ref.stat().st_size if ref.is_file() else model.parameters * 2
+
+    def __init__(
+        self,
+        model,
+        threads: int | None = None,
+        n_ctx: int | None = None,
+        weights: str = "f16",
+        properties: dict | None = None,
+    ):
+        super().__init__(model)
+        try:
+            import numpy as np
+            import openvino as ov
+            import openvino_genai as ov_genai
+        except ImportError as e:  # pragma: no cover - reported by doctor
+            raise EngineUnavailable(f"openvino-genai cannot be imported ({e}); install it: {self.install_hint}") from e
+        self._np, self._ov, self._g = np, ov, ov_genai
+        if weights not in WEIGHTS:
+            raise LabError(f"weights={weights!r}: expected one of {', '.join(WEIGHTS)}")
+        self.weights = weights
+        source = model.path_for("gguf", self.name)
+        if weights == "f16":
+            from ..quant import reference
+
+            self.path = str(reference(model, "F16"))
+        else:
+            self.path = source
+        self._init_threads(threads)
+        self.auto_threads, self._busy = False, None  # INFERENCE_NUM_THREADS is fixed at compile time
+        self.properties = {"INFERENCE_NUM_THREADS": self.threads, **(properties or {})}
+        self.n_ctx = int(n_ctx or model.max_position_embeddings or 0)
+        if self.n_ctx < 1:
+            raise LabError("the model states no trained context; pass n_ctx (--n-ctx)")
+        # LLMPipeline runs the paged-attention backend on the CPU with prefix caching ON by default:
+        # a repeated prompt would be served from the previous request's KV blocks (a prefill of one
+        # step). Off here, so no request reuses another's KV cache (Engine._generate).
+        sc = ov_genai.SchedulerConfig()
+        sc.enable_prefix_caching = False
+        self.pipe = ov_genai.LLMPipeline(self.path, "CPU", scheduler_config=sc, **self.properties)
+        self.tok = self.pipe.get_tokenizer()
+        self.n_vocab = model_vocab(model)
+        self._eos = {int(self.tok.get_eos_token_id())}
+        self._last_metrics = None
+
+    # --- tokenizer (OpenVINO's own, built from the GGUF) ---------------------------------
+    def tokenize(self, text: str, add_special: bool = False) -> list[int]:
+        ids = self.tok.encode([text], add_special_tokens=add_special).input_ids
+        return [int(i) for i in ids.data[0]]
+
+    def detokenize(self, ids) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
+        """OpenVINO GenAI's own path for a chat: render with the GGUF's template, then tokenize
+        without adding special tokens (the template writes them)."""
+        text = self.tok.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt)
+        return self.tokenize(text, add_special=False)
+
+    @property
+    def bos_id(self) -> int | None:
+        bos = int(self.tok.get_bos_token_id())
+        return bos if bos >= 0 else None
+
+    @property
+    def eos_ids(self) -> set[int]:
+        return self._eos
+
+    # --- description ---------------------------------------------------------------
+    def _device_defaults(self) -> dict:
+        """The CPU plugin's defaults for the settings that change numerics (before this engine's
+        properties): inference precision, KV cache precision, activation quantization group."""
+        core = self._ov.Core()
+        out = {}
+        for key in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE"):
+            try:
+                out[key] = str(core.get_property("CPU", key))
+            except RuntimeError:
+                out[key] = None
+        return out
+
+    def info(self) -> EngineInfo:
+        g = self._g
+        return EngineInfo(
+            name=self.name,
+            version=g.__version__.split("-")[0],
+            backend=f"openvino {self._ov.__version__.split('-')[0]} CPU",
+            dtype="F16" if self.weights == "f16" else (self.model.quantization or "gguf"),
+            threads=self.threads,
+            n_ctx=self.n_ctx,
+            flags={
+                "threads_auto": False,
+                "max_threads": self.max_threads,
+                "weights": self.weights,
+                "gguf": self.path,
+                "properties": dict(self.properties),
+                "attention": "paged (LLMPipeline's CPU default), prefix caching off",
+                "cpu_defaults": self._device_defaults(),
+                "kv_cache_precision": "f16 (set by the GGUF reader for F16/F32 files)"
+                if self.weights == "f16"
+                else "CPU default",
+                "sampling": DEFINITION + " (greedy only here)",
+                "settings_off": list(self.SETTINGS_OFF),
+            },
+        )
+
+    def effective_config(self) -> dict:
+        """The settings of the GGUF the reader builds from, with BOS/EOS read back from
+        OpenVINO's tokenizer (the pipeline exposes no model config of its own)."""
+        from ..formats import gguf_config
+
+        cfg = gguf_config(self.path)
+        cfg.update(bos_id=self.bos_id, eos_id=int(self.tok.get_eos_token_id()))
+        return cfg
+
+    # --- generation ---------------------------------------------------------------
+    def _ov_config(self, cfg: GenerationConfig):
+        g = self._g.GenerationConfig()
+        g.max_new_tokens = cfg.max_new_tokens
+        g.do_sample = False
+        g.ignore_eos = cfg.ignore_eos
+        if not cfg.ignore_eos:
+            g.stop_token_ids = set(self._eos)
+        return g
+
+    def _ids_tensor(self, ids):
+        return self._ov.Tensor(self._np.asarray([ids], dtype=self._np.int64))
+
+    def _generate(self, ids, cfg: GenerationConfig, trace: RequestTrace) -> None:
+        _greedy_only(cfg)
+        streamer = _make_streamer(self._g, trace)
+        inputs = self._ids_tensor(ids)
+        gcfg = self._ov_config(cfg)
+        trace.start()
+        res = self.pipe.generate(inputs, gcfg, streamer)
+        self._last_metrics = res.perf_metrics
+        last = trace.token_ids[-1] if trace.token_ids else None
+        trace.finish_reason = "stop" if (not cfg.ignore_eos and last in self._eos) else "length"
+
+    def engine_counters(self) -> dict:
+        """OpenVINO GenAI's own perf_metrics of the last request: ``ttft_ms``, ``tpot_ms`` (mean
+        time per output token after the first), ``n_input`` and ``n_generated`` tokens,
+        ``token_infer_ms`` (each token's inference time, ms) and ``token_times_s`` (when each token
+        was ready: ``raw_metrics.m_new_token_times``, ms of the steady clock, here in seconds; on
+        Linux the same CLOCK_MONOTONIC as the lab's clock, so comparable with a trace's ``t_tokens``)."""
+        pm = self._last_metrics
+        if pm is None:
+            raise LabError("engine openvino has run no request yet: no perf_metrics to read")
+        raw = pm.raw_metrics
+        return {
+            "ttft_ms": float(pm.get_ttft().mean),
+            "tpot_ms": float(pm.get_tpot().mean),
+            "n_input": int(pm.get_num_input_tokens()),
+            "n_generated": int(pm.get_num_generated_tokens()),
+            "token_infer_ms": [d / 1e3 for d in raw.token_infer_durations],
+            "token_times_s": [t / 1e3 for t in raw.m_new_token_times],
+        }
+
+    def batch_session(self, cfg: GenerationConfig, max_sequences: int, max_seq_tokens: int) -> OpenVINOBatchSession:
+        """OpenVINO GenAI's continuous batching for up to ``max_sequences`` requests of at most
+        ``max_seq_tokens`` (prompt + output) tokens: a ContinuousBatchingPipeline on the same GGUF
+        (loaded for the session, freed at close)."""
+        _greedy_only(cfg)
+        self.check_context(max_seq_tokens, 0)
+        return OpenVINOBatchSession(self, cfg, max_sequences, max_seq_tokens)
+
+    def close(self) -> None:
+        self.pipe = None
+        self.tok = None
+
+
+def model_vocab(model) -> int:
+    """Vocabulary size of ``model`` (its shape as the lab reads it from the files)."""
+    from ..formats import model_shape
+
+    return int(model_shape(model)["vocab"] or 0)
+
+
+def _make_streamer(ov_genai, trace: RequestTrace):
+    """A StreamerBase whose ``write`` gets token ids (one id, or a list when the pipeline emits
+    several at once) and stamps each with the lab's clock."""
+
+    class _TokenIdStreamer(ov_genai.StreamerBase):
+        def write(self, token):
+            t = now()
+            for tok in token if isinstance(token, (list, tuple)) else (token,):
+                trace.token(int(tok), t)
+            return ov_genai.StreamingStatus.RUNNING
+
+        def end(self):
+            pass
+
+    return _TokenIdStreamer()
+
+
+class OpenVINOBatchSession:
+    """OpenVINO GenAI's ContinuousBatchingPipeline behind the lab's session interface.
+
+    The scheduler holds ``max_sequences`` sequences (``max_num_seqs``) with KV blocks for all of
+    them at ``max_seq_tokens`` each (``num_kv_blocks``: block size 32 on the CPU, plus one spare
+    each), prefix caching off (no request reuses another's KV cache), at most 512 tokens per
+    step (``max_num_batched_tokens``, as llama.cpp's n_batch). :meth:`step` is one
+    ``ContinuousBatchingPipeline.step()``; afterwards each handle's new token ids are read and
+    stamped with the lab's clock. ``t_start`` is the start of the first step after the request was
+    submitted (the scheduler admits every waiting request that fits). ``stats``: ``steps``,
+    ``max_sequences_per_step`` (the pipeline's ``scheduled_requests`` after a step),
+    ``prompt_tokens``, ``generated_tokens``, ``max_cache_usage`` (% of KV blocks).
+    """
+
+    BLOCK = 32  # KV block size of the CPU plugin's paged attention, tokens
+
+    def __init__(self, engine: OpenVINOEngine, cfg: GenerationConfig, max_sequences: int, max_seq_tokens: int):
+        g = engine._g
+        sc = g.SchedulerConfig()
+        sc.max_num_seqs = max_sequences
+        sc.num_kv_blocks = max_sequences * (-(-max_seq_tokens // self.BLOCK) + 1)
+        sc.cache_size = 0  # sized by num_kv_blocks
+        sc.max_num_batched_tokens = max(512, max_sequences)
+        sc.enable_prefix_caching = False
+        sc.dynamic_split_fuse = True
+        self.engine, self.cfg = engine, cfg
+        self.pipe = g.ContinuousBatchingPipeline(engine.path, sc, "CPU", dict(engine.properties))
+        self._gcfg = engine._ov_config(cfg)
+        self._running: dict[int, tuple] = {}  # request id -> (handle, trace)
+        self._n = 0
+        self.stats = {
+            "engine": engine.name,
+            "impl": "openvino_genai ContinuousBatchingPipeline (paged attention, step() in the calling thread)",
+            "steps": 0,
+            "max_sequences_per_step": 0,
+            "prompt_tokens": 0,
+            "generated_tokens": 0,
+            "max_cache_usage": 0.0,
+        }
+
+    @property
+    def pending(self) -> int:
+        """Requests submitted and not yet finished."""
+        return len(self._running)
+
+    def submit(self, ids: list[int], trace: RequestTrace) -> None:
+        """Queue prompt ``ids`` (token ids, no re-tokenization); ``trace`` receives t_start and the tokens."""
+        rid = self._n
+        self._n += 1
+        tensor = self.engine._ov.Tensor(self.engine._np.asarray(ids, dtype=self.engine._np.int64))
+        handle = self.pipe.add_request(rid, tensor, self._gcfg)
+        self._running[rid] = (handle, trace)
+        self.stats["prompt_tokens"] += len(ids)
+
+    def step(self) -> list[RequestTrace]:
+        """One ContinuousBatchingPipeline.step(); the traces finished in it, in submission order."""
+        if not self._running:
+            return []
+        t0 = now()
+        for _, trace in self._running.values():
+            if trace.t_start is None:
+                trace.start(t0)
+        self.pipe.step()
+        t = now()
+        m = self.pipe.get_metrics()
+        st = self.stats
+        st["steps"] += 1
+        st["max_sequences_per_step"] = max(st["max_sequences_per_step"], int(m.scheduled_requests))
+        st["max_cache_usage"] = max(st["max_cache_usage"], float(m.cache_usage))
+        finished = []
+        status = self.engine._g.GenerationStatus
+        for rid, (handle, trace) in list(self._running.items()):
+            if handle.can_read():
+                for out in handle.read().values():
+                    for tok in out.generated_ids:
+                        trace.token(int(tok), t)
+                        st["generated_tokens"] += 1
+            if handle.get_status() != status.RUNNING and not handle.can_read():
+                last = trace.token_ids[-1] if trace.token_ids else None
+                eos = not self.cfg.ignore_eos and last in self.engine.eos_ids
+                trace.finish_reason = "stop" if eos else "length"
+                finished.append(trace)
+                del self._running[rid]
+        return finished
+
+    def close(self) -> None:
+        """Drop unfinished requests and free the pipeline (its model and KV blocks)."""
+        for handle, _ in self._running.values():
+            handle.stop()
+        self._running.clear()
+        self.pipe = None
