@@ -62,7 +62,9 @@ class OpenVINOEngine(Engine):
     docstring) or "source" (the model's own GGUF as shipped). ``threads``: CPU threads, fixed at
     load (default: the CPUs this process may use, or LABLIB_THREADS). ``n_ctx``: context the lab
     enforces (default: the trained context; OpenVINO's paged KV cache grows as needed).
-    ``properties``: extra CPU-plugin properties (e.g. {"INFERENCE_PRECISION_HINT": "f32"}).
+    ``properties``: extra plugin properties (e.g. {"INFERENCE_PRECISION_HINT": "f32"}).
+    ``device``: "auto" (OpenVINO's GPU plugin when ``ov.Core().available_devices`` lists a GPU,
+    else the CPU), "CPU" or "GPU". On a GPU the thread count is not a property (the CPU plugin's).
     """
 
     name = "openvino"
@@ -91,6 +93,7 @@ class OpenVINOEngine(Engine):
         n_ctx: int | None = None,
         weights: str = "f16",
         properties: dict | None = None,
+        device: str = "auto",
     ):
         super().__init__(model)
         try:
@@ -112,7 +115,16 @@ class OpenVINOEngine(Engine):
             self.path = source
         self._init_threads(threads)
         self.auto_threads, self._busy = False, None  # INFERENCE_NUM_THREADS is fixed at compile time
-        self.properties = {"INFERENCE_NUM_THREADS": self.threads, **(properties or {})}
+        found = list(ov.Core().available_devices)
+        device = device.upper()
+        if device == "AUTO":
+            device = "GPU" if any(d.startswith("GPU") for d in found) else "CPU"
+        if device not in found:
+            raise LabError(f"device={device!r}: OpenVINO sees {', '.join(found)} here; expected one of them or 'auto'")
+        self.ov_device = device
+        self.device = "cpu" if device == "CPU" else device.lower()
+        threads_prop = {"INFERENCE_NUM_THREADS": self.threads} if device == "CPU" else {}
+        self.properties = {**threads_prop, **(properties or {})}
         self.n_ctx = int(n_ctx or model.max_position_embeddings or 0)
         if self.n_ctx < 1:
             raise LabError("the model states no trained context; pass n_ctx (--n-ctx)")
@@ -121,7 +133,7 @@ class OpenVINOEngine(Engine):
         # step). Off here, so no request reuses another's KV cache (Engine._generate).
         sc = ov_genai.SchedulerConfig()
         sc.enable_prefix_caching = False
-        self.pipe = ov_genai.LLMPipeline(self.path, "CPU", scheduler_config=sc, **self.properties)
+        self.pipe = ov_genai.LLMPipeline(self.path, self.ov_device, scheduler_config=sc, **self.properties)
         self.tok = self.pipe.get_tokenizer()
         self.n_vocab = model_vocab(model)
         self._eos = {int(self.tok.get_eos_token_id())}
@@ -158,7 +170,7 @@ class OpenVINOEngine(Engine):
         out = {}
         for key in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE"):
             try:
-                out[key] = str(core.get_property("CPU", key))
+                out[key] = str(core.get_property(self.ov_device, key))
             except RuntimeError:
                 out[key] = None
         return out
@@ -168,10 +180,11 @@ class OpenVINOEngine(Engine):
         return EngineInfo(
             name=self.name,
             version=g.__version__.split("-")[0],
-            backend=f"openvino {self._ov.__version__.split('-')[0]} CPU",
+            backend=f"openvino {self._ov.__version__.split('-')[0]} {self.ov_device}",
             dtype="F16" if self.weights == "f16" else (self.model.quantization or "gguf"),
             threads=self.threads,
             n_ctx=self.n_ctx,
+            device=self.device,
             flags={
                 "threads_auto": False,
                 "max_threads": self.max_threads,
@@ -303,7 +316,7 @@ class OpenVINOBatchSession:
         sc.enable_prefix_caching = False
         sc.dynamic_split_fuse = True
         self.engine, self.cfg = engine, cfg
-        self.pipe = g.ContinuousBatchingPipeline(engine.path, sc, "CPU", dict(engine.properties))
+        self.pipe = g.ContinuousBatchingPipeline(engine.path, sc, engine.ov_device, dict(engine.properties))
         self._gcfg = engine._ov_config(cfg)
         self._running: dict[int, tuple] = {}  # request id -> (handle, trace)
         self._n = 0
