@@ -148,3 +148,19 @@ def test_shared_prefix_and_chat_rows(model, tmp_path):
     assert kept_turn2["evaluated_tokens"] == kept_turn2["prompt_tokens"] - kept_turn2["cached_tokens"]
     for fig in (prefix_plots.ttft_vs_shared(df), prefix_plots.chat_turns(ch), prefix_plots.kept_memory(mem)):
         assert len(fig.data) >= 2
+
+
+@pytest.mark.engine
+def test_cli_prefix_prints_ttft_with_and_without_reuse(capsys):
+    from lablib.cli import main
+
+    rc = main(
+        ["prefix", "--engines", "llama.cpp", "--shared-tokens", "16", "--questions", "1", "--reps", "1"]
+        + ["--max-new-tokens", "2", "--turns", "2", "--json"]
+    )
+    assert rc == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert [r["reuse"] for r in rep["shared"]] == [False, True]
+    assert rep["shared"][1]["cached_tokens"] == rep["shared"][1]["shared_tokens"] > 16
+    assert rep["memory"][0]["formula_bytes"] == 23040 * rep["memory"][0]["tokens"]
+    assert [(r["turn"], r["reuse"]) for r in rep["chat"]] == [(1, False), (1, True), (2, False), (2, True)]
