@@ -18,6 +18,7 @@
     lablib roofline [--results FILE...] [--engines a,b,c] [--refresh] [--json]
     lablib quantize [--types Q8_0,Q4_K_M,...] [--model M] [--out FILE]   the quantization ladder, measured
     lablib quality --engine E [--model M] [--variant V] --out FILE       one engine vs the F32 reference
+    lablib prefix [--engines a,b,c] [--shared-tokens 64,256] [--turns N] [--json]   prefix caching (lab 08)
 
 Errors the user can act on (LabError) print one message and exit 2.
 """
@@ -434,6 +435,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .quant_cli import add_parsers as add_quant_parsers
 
     add_quant_parsers(sub)
+
+    from .prefix_cli import add_parsers as add_prefix_parsers
+
+    add_prefix_parsers(sub)
     return ap
 
 

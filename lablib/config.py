@@ -47,6 +47,15 @@ BUDGETS = {
     "context_panel": {"prompt_tokens": ((64, 256), (64, 128, 256, 512, 1024))},
     # lab 03's anchor: llama.cpp's own batched benchmark next to the lab (lablib.anchors.batched_rows)
     "anchors": {"batches": ((1, 2), (1, 2, 4, 8)), "prompt_tokens": (32, 64), "max_new_tokens": (16, 32)},
+    # lab 08, prefix caching (lablib.prefix): a system prompt of S tokens + a question, with and without reuse
+    "prefix": {
+        "shared_tokens": ((16, 64), (64, 256, 1024, 2048)),
+        "questions": (2, 3),
+        "reps": (1, 3),
+        "max_new_tokens": (4, 16),
+    },
+    # lab 08: a chat, each turn reusing the previous ones (or not); output tokens per answer at most
+    "prefix_chat": {"turns": (3, 6), "max_new_tokens": (8, 32)},
     # concurrency sweep; requests per run default to requests_per_client x C
     "concurrency": {
         "max_new_tokens": (8, 32),

@@ -17,7 +17,7 @@ from pathlib import Path
 from ._version import __version__
 from .errors import LabError, first_line
 from .hardware import hardware_info, load_average, measured_summary
-from .schema import CLOCKS, METRICS, flatten_manifest
+from .schema import CLOCKS, DEFAULTS, METRICS, flatten_manifest
 from .trace import RequestTrace
 
 
@@ -157,7 +157,8 @@ def _jsonable(x):
 def load_results(*paths):
     """One pandas DataFrame from results files (.jsonl or .parquet), rows in file order.
 
-    Each row keeps a ``source_file`` column (the file it was first written to). Raises LabError for unknown
+    Each row keeps a ``source_file`` column (the file it was first written to); a column of
+    :data:`lablib.schema.DEFAULTS` a file lacks (written before it existed) gets its default. Raises LabError for unknown
     suffixes or missing files.
     """
     import pandas as pd
@@ -171,6 +172,9 @@ def load_results(*paths):
         df = _read_file(p)
         # a merged file keeps each row's original source
         df["source_file"] = df["source_file"].fillna(str(p)) if "source_file" in df else str(p)
+        for col, value in DEFAULTS.items():  # files written before a column existed
+            if col not in df.columns:
+                df[col] = value
         frames.append(df)
     if not frames:
         raise LabError("no results files given")

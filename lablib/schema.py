@@ -87,12 +87,18 @@ BOUND_COLUMNS = (
     "decode_bound_tps",
     "decode_pct_of_bound",
 )
+# prefix caching (lablib.prefix, lab 08): whether the request reused a kept prefix, the shared
+# prefix's length (tokens), which question / chat turn it was, the prompt tokens the engine's own
+# counter says it evaluated, and the bytes the kept prefix cache held
+PREFIX = ("reuse", "shared_tokens", "question", "turn", "evaluated_tokens", "kept_cache_bytes")
+# what a row written before a column existed means by its absence (lablib.results.load_results)
+DEFAULTS = {"cached_tokens": 0}
 # present in some rows only: output ids, decoded text, an error message, the file a row came from
 OPTIONAL = ("token_ids", "text", "error", "source_file")
 # machines to facet figures by
 FACETS = ("hostname", "cpu_model")
 
-COLUMNS = LABELS + METRICS + COUNTS + SERIES + CLOCKS + tuple(MANIFEST_FIELDS) + OPTIONAL + BOUND_COLUMNS
+COLUMNS = LABELS + METRICS + COUNTS + SERIES + CLOCKS + tuple(MANIFEST_FIELDS) + OPTIONAL + BOUND_COLUMNS + PREFIX
 
 
 def flatten_manifest(manifest: dict) -> dict:

@@ -200,6 +200,42 @@ def timeline_segments(run) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+# --- prefix caching (lab 08) -------------------------------------------------------------------------
+PREFIX_AXES = {"prefix_shared": "shared_tokens", "prefix_chat": "turn"}
+
+
+def prefix_medians(df, sweep: str = "prefix_shared") -> pd.DataFrame:
+    """Per engine, ``reuse`` and step of a prefix-caching run (``shared_tokens`` for sweep
+    "prefix_shared", ``turn`` for "prefix_chat"): medians of ttft_s and prefill_s, prompt_tokens,
+    cached_tokens and evaluated_tokens, ``n`` (requests), and ``speedup`` on the reuse rows (median
+    TTFT without reuse / with, at the same step). Sorted by engine order, step, reuse."""
+    if sweep not in PREFIX_AXES:
+        raise LabError(f"sweep={sweep!r}: expected one of {', '.join(PREFIX_AXES)}")
+    axis = PREFIX_AXES[sweep]
+    d = nonempty(
+        sweep_rows(df, sweep), f"{sweep} table", "run lablib.prefix.shared_prefix(...) or lablib.prefix.chat(...)"
+    )
+    need(d, ["engine", "reuse", axis, "ttft_s", "prefill_s", "prompt_tokens", "cached_tokens"], f"{sweep} table")
+    cols = {"ttft_s": "median", "prefill_s": "median", "prompt_tokens": "median", "cached_tokens": "median"}
+    if "evaluated_tokens" in d.columns:
+        cols["evaluated_tokens"] = "median"
+    d = d.assign(reuse=d["reuse"].astype(bool))
+    med = d.groupby(["engine", axis, "reuse"], sort=False).agg(
+        **{k: (k, v) for k, v in cols.items()}, n=("ttft_s", "size")
+    )
+    med = med.reset_index()
+    base = med[~med["reuse"]].set_index(["engine", axis])["ttft_s"]
+    key = list(zip(med["engine"], med[axis]))
+    med["speedup"] = [
+        base.get(k, float("nan")) / t if r else float("nan") for k, t, r in zip(key, med["ttft_s"], med["reuse"])
+    ]
+    order = {e: i for i, e in enumerate(dict.fromkeys(d["engine"]))}
+    med = med.sort_values([axis, "reuse"], kind="stable").sort_values(
+        "engine", key=lambda s: s.map(order), kind="stable"
+    )
+    return med.reset_index(drop=True)
+
+
 # --- the manifest -----------------------------------------------------------------------------
 def manifest_table(df) -> pd.DataFrame:
     """The manifest basics (:data:`lablib.schema.MANIFEST_SUMMARY`), one row per (hostname, engine):

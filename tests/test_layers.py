@@ -45,6 +45,7 @@ def test_every_module_imports_light():
 
 def test_plots_imports_no_module_that_measures():
     assert lablib_imports(PKG / "plots.py") == {"lablib.errors", "lablib.schema", "lablib.tables"}
+    assert lablib_imports(PKG / "prefix_plots.py") == {"lablib.errors", "lablib.plots", "lablib.tables"}
     assert lablib_imports(PKG / "tables.py") == {"lablib.errors", "lablib.schema"}
     assert lablib_imports(PKG / "schema.py") == set()
 

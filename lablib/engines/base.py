@@ -10,6 +10,11 @@ branches on an engine's name: the model format it reads, the module it needs and
 to install it, its KV-cache bytes per value, what it allocates at load, its load
 defaults, the effective config it computes with (:meth:`Engine.effective_config`), and
 its continuous-batching session (:class:`BatchSession`, counted in :class:`BatchStats`).
+
+Prefix caching is opt-in (lab 08): a :class:`PrefixCache` the caller owns holds the KV cache of a
+token prefix (:meth:`Engine.cache_prefix`); ``generate(ids, prefix_cache=...)`` takes the longest
+common prefix from it and prefills only the rest. Without it, every request starts from an empty
+KV cache (DESIGN.md, "no hidden cache reuse").
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from ..config import check_threads, default_threads  # noqa: F401  (engines import them from here)
 from ..errors import ContextOverflowError, LabError
@@ -98,6 +103,36 @@ class EngineInfo:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass
+class PrefixCache:
+    """The KV cache of one token prefix, kept by the caller for reuse (prefix caching, lab 08).
+
+    Made by :meth:`Engine.cache_prefix` (a prefill whose KV is kept) and used by
+    ``engine.generate(ids, prefix_cache=cache)``. ``engine``: the name of the engine that made it
+    (only that engine, loaded on the same model, can use it); ``ids``: the token ids whose KV it
+    holds, positions 0..len(ids)-1; ``state``: the engine's copy of that KV (llama.cpp: a sequence's
+    state bytes; transformers: per-layer key/value tensors; mlx: per-layer key/value arrays);
+    ``nbytes``: bytes the kept KV occupies, as the engine measures it.
+    """
+
+    engine: str
+    ids: list[int]
+    state: Any = None
+    nbytes: int = 0
+
+    def reusable(self, ids) -> int:
+        """Leading tokens of ``ids`` this cache can supply: their longest common prefix with
+        :attr:`ids`, at most ``len(ids) - 1`` (the last prompt token is always computed: its logits
+        give the first output token, as llama-server's prompt cache does)."""
+        n, limit = 0, min(len(self.ids), len(ids) - 1)
+        while n < limit and self.ids[n] == ids[n]:
+            n += 1
+        return n
+
+    def __repr__(self):
+        return f"PrefixCache({self.engine}, {len(self.ids)} tokens, {self.nbytes} bytes)"
 
 
 class BatchSession(Protocol):
@@ -192,6 +227,7 @@ class Engine:
     lab_default: ClassVar[bool] = True  # in the lab's default set: what sweeps, compare and notebooks run unasked
     compare_load_kwargs: ClassVar[dict] = {}  # lablib.compare loads it so: as the library alone reads the model
     modes: ClassVar[tuple] = ("serial", "batched")  # scheduling modes lablib.concurrency runs it in
+    prefix_caching: ClassVar[bool] = False  # True: generate(..., prefix_cache=) reuses a kept prefix (lab 08)
 
     @classmethod
     def default_load_kwargs(cls, model, concurrency: int = 1) -> dict:
@@ -240,10 +276,23 @@ class Engine:
     def eos_ids(self) -> set[int]:
         raise NotImplementedError
 
-    def _generate(self, ids: list[int], cfg: GenerationConfig, trace: RequestTrace) -> None:
+    def _generate(self, ids: list[int], cfg: GenerationConfig, trace: RequestTrace, prefix_cache=None) -> None:
         """Run prefill and decode for ``ids``; call ``trace.start()`` when the
         engine begins work and ``trace.token(id)`` as each token id arrives.
-        Must not reuse KV cache from an earlier request."""
+        Must not reuse KV cache from an earlier request, unless given ``prefix_cache``
+        (engines with :attr:`prefix_caching`): then copy its first
+        ``prefix_cache.reusable(ids)`` tokens' KV (after ``trace.start()``: the copy is the
+        request's work), set ``trace.cached_tokens`` to that count and prefill only the rest."""
+        raise NotImplementedError
+
+    def _cache_prefix(self, ids: list[int]) -> PrefixCache:
+        """Prefill ``ids`` and return their KV cache as a :class:`PrefixCache` (engines with
+        :attr:`prefix_caching`)."""
+        raise NotImplementedError
+
+    def _keep_request(self, prefix_cache: PrefixCache, ids: list[int], trace: RequestTrace) -> None:
+        """After a request run with ``prefix_cache``: make it hold that request's KV (prompt and the
+        output tokens fed back), as a chat server keeps a conversation's cache for its next turn."""
         raise NotImplementedError
 
     @property
@@ -266,6 +315,38 @@ class Engine:
 
     def close(self) -> None:
         """Free the model (memory) where the library allows it."""
+
+    def engine_counters(self) -> dict:
+        """The library's own counters for the last request, where it has them (``n_p_eval``: prompt
+        tokens evaluated in prefill). Default: none ({})."""
+        return {}
+
+    def cache_prefix(self, ids) -> PrefixCache:
+        """Prefill ``ids`` (a shared system prompt, a conversation so far) and keep their KV cache:
+        a :class:`PrefixCache` for ``generate(..., prefix_cache=)``. ``ids`` may be empty (an empty
+        cache, e.g. for a chat kept with ``keep=True``). Not a measured request: no trace. Raises
+        LabError for an engine without prefix caching, ContextOverflowError when ``ids`` exceed
+        the context."""
+        self._check_prefix_caching()
+        ids = [int(i) for i in ids]
+        if not ids:
+            return PrefixCache(self.name, [])
+        self.check_ids(ids)
+        self.check_context(len(ids), 0)
+        self.adapt_threads()
+        return self._cache_prefix(ids)
+
+    def _check_prefix_caching(self, cache: PrefixCache | None = None) -> None:
+        if not self.prefix_caching:
+            raise LabError(
+                f"engine {self.name} has no prefix caching in the lab; use one of the in-process engines "
+                "(transformers, llama.cpp, mlx)"
+            )
+        if cache is not None and (not isinstance(cache, PrefixCache) or cache.engine != self.name):
+            made = cache.engine if isinstance(cache, PrefixCache) else type(cache).__name__
+            raise LabError(
+                f"prefix_cache was made by {made}, not {self.name}: make it with this engine's cache_prefix(ids)"
+            )
 
     def effective_config(self) -> dict:
         """The settings this loaded engine computes with ({key: value} for :data:`CONFIG_KEYS`),
@@ -340,11 +421,21 @@ class Engine:
             )
 
     def generate(
-        self, ids: list[int], cfg: GenerationConfig | None = None, t_submit: float | None = None
+        self,
+        ids: list[int],
+        cfg: GenerationConfig | None = None,
+        t_submit: float | None = None,
+        prefix_cache: PrefixCache | None = None,
+        keep: bool = False,
     ) -> RequestTrace:
         """Generate from prompt token ids; returns the request's trace.
 
         ``t_submit`` is when the request entered the lab's queue (default: now).
+        ``prefix_cache`` (opt-in prefix caching, lab 08; a :class:`PrefixCache` from
+        :meth:`cache_prefix`): its KV for the longest common prefix with ``ids`` is copied in and
+        only the rest is prefilled; ``trace.cached_tokens`` counts the tokens taken from it. With
+        ``keep``, afterwards the cache holds this request's KV (prompt and output), for the next
+        turn of a chat. Without ``prefix_cache`` the request starts from an empty KV cache.
         Raises ContextOverflowError before any work when it cannot fit.
         """
         cfg = cfg or GenerationConfig()
@@ -353,11 +444,20 @@ class Engine:
             raise LabError("empty prompt: expected at least one token id")
         self.check_ids(ids)
         self.check_context(len(ids), cfg.max_new_tokens)
+        if keep and prefix_cache is None:
+            raise LabError("keep=True needs a prefix_cache to keep the request's KV in")
+        if prefix_cache is not None:
+            self._check_prefix_caching(prefix_cache)
         threads = self.adapt_threads()
         if t_submit is None:
             t_submit = now()  # after validation: a single request has no queue
         trace = RequestTrace(prompt_tokens=len(ids), t_submit=t_submit, threads=threads)
-        self._generate(ids, cfg, trace)
+        if prefix_cache is None:
+            self._generate(ids, cfg, trace)
+            return trace
+        self._generate(ids, cfg, trace, prefix_cache=prefix_cache)
+        if keep:
+            self._keep_request(prefix_cache, ids, trace)
         return trace
 
     def __enter__(self):

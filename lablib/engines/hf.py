@@ -6,6 +6,13 @@ cache per call) with a streamer that receives token *ids*: each call to
 streamer would emit words, not tokens, and distort TTFT and ITL
 (tests/data/cases/README.md, "words, not tokens").
 
+Prefix caching, only when asked (``generate(ids, prefix_cache=...)``, lab 08): a
+:class:`~lablib.engines.base.PrefixCache` holds the per-layer key/value tensors of a prefix;
+each request gets its own ``DynamicCache`` built from the first ``n`` positions of them (a
+copy: ``DynamicLayer.update`` concatenates), and ``generate`` is given the whole prompt with
+that cache, so its prefill forward receives only the uncached tokens. A forward pre-hook
+counts the tokens the prefill forward received (:meth:`TransformersEngine.engine_counters`).
+
 transformers has no hard context limit (past its trained length it runs with a
 warning); the lab enforces ``max_position_embeddings`` (or ``n_ctx``).
 
@@ -26,7 +33,7 @@ from ..devices import torch_device, torch_dtype
 from ..errors import EngineUnavailable, LabError
 from ..sampling import DEFINITION
 from ..trace import RequestTrace, now
-from .base import Engine, EngineInfo, GenerationConfig
+from .base import Engine, EngineInfo, GenerationConfig, PrefixCache
 
 if TYPE_CHECKING:
     import numpy as np
@@ -73,6 +80,7 @@ class TransformersEngine(Engine):
     dtypes = ("float32", "bfloat16", "float16")
     # lablib.compare's reference: float32 on every device (on a GPU the default dtype is half precision)
     compare_load_kwargs = {"dtype": "float32"}
+    prefix_caching = True  # a DynamicCache built from a kept prefix's key/value tensors, per request
 
     def __init__(
         self,
@@ -113,6 +121,18 @@ class TransformersEngine(Engine):
         self._eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
         self._pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else next(iter(self._eos), 0)
         self.settings_off = self._clean_generation_config()
+        self._prefill_tokens: int | None = None  # tokens the last request's first forward pass received
+        self._last_cache = None  # the last request's DynamicCache when it ran with a prefix cache
+        self.hf.register_forward_pre_hook(self._count_prefill, with_kwargs=True)
+
+    def _count_prefill(self, module, args, kwargs):
+        """Forward pre-hook: the first forward pass of a request (its prefill) records how many
+        token positions it received; later passes cost one comparison."""
+        if self._prefill_tokens is None:
+            x = kwargs.get("input_ids")
+            if x is None and args:
+                x = args[0]
+            self._prefill_tokens = int(x.shape[-1]) if x is not None else 0
 
     def _clean_generation_config(self) -> list[str]:
         """Replace the model's generation config (the folder's generation_config.json) by one that
@@ -222,19 +242,61 @@ class TransformersEngine(Engine):
         }
 
     # --- generation -------------------------------------------------------
-    def _generate(self, ids, cfg: GenerationConfig, trace: RequestTrace) -> None:
+    def engine_counters(self) -> dict:
+        """Counted at the model's forward for the last request: ``n_p_eval``, the prompt tokens its
+        prefill forward pass received (the uncached part of the prompt)."""
+        return {"n_p_eval": self._prefill_tokens or 0}
+
+    def _cache_prefix(self, ids) -> PrefixCache:
+        from transformers import DynamicCache
+
+        torch = self._torch
+        cache = DynamicCache(config=self.hf.config)
+        with torch.inference_mode():
+            self.hf(
+                torch.tensor([ids], dtype=torch.long, device=self.device), cache=cache, use_cache=True, logits_to_keep=1
+            )
+        return self._kept(cache, ids)
+
+    def _kept(self, cache, ids) -> PrefixCache:
+        """A PrefixCache of ``cache``'s per-layer (keys, values), positions 0..len(ids)-1."""
+        kv = [(layer.keys, layer.values) for layer in cache.layers]
+        n = kv[0][0].shape[-2]
+        if n != len(ids):
+            raise LabError(f"transformers' cache holds {n} positions, expected {len(ids)}")
+        return PrefixCache(self.name, list(ids), state=kv, nbytes=sum(k.nbytes + v.nbytes for k, v in kv))
+
+    def _keep_request(self, prefix_cache: PrefixCache, ids, trace: RequestTrace) -> None:
+        kept = self._kept(self._last_cache, (list(ids) + trace.token_ids)[: self._last_cache.get_seq_length()])
+        prefix_cache.ids, prefix_cache.state, prefix_cache.nbytes = kept.ids, kept.state, kept.nbytes
+        self._last_cache = None
+
+    def _generate(self, ids, cfg: GenerationConfig, trace: RequestTrace, prefix_cache=None) -> None:
         torch = self._torch
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
         gen = self._generation_config(cfg)
         if not cfg.greedy:
             torch.manual_seed(cfg.seed)
+        kw = {}
+        self._last_cache = None
         with torch.inference_mode():
             trace.start()
+            self._prefill_tokens = None  # the next forward pass is this request's prefill
+            cached = prefix_cache.reusable(ids) if prefix_cache is not None else 0
+            if prefix_cache is not None:
+                from transformers import DynamicCache
+
+                # the request's own cache: the first `cached` positions of each layer, copied in
+                # as the first update (a concatenation); the kept prefix is never written
+                data = [(k[..., :cached, :], v[..., :cached, :]) for k, v in prefix_cache.state] if cached else None
+                kw["cache"] = self._last_cache = DynamicCache(data, config=self.hf.config)
+                trace.cached_tokens = cached
             self.hf.generate(
                 input_ids,
                 attention_mask=torch.ones_like(input_ids),
                 generation_config=gen,
                 streamer=_TokenIdStreamer(trace),
+                **kw,
             )
         last = trace.token_ids[-1] if trace.token_ids else None
         trace.finish_reason = "stop" if (not cfg.ignore_eos and last in self._eos) else "length"

@@ -8,6 +8,14 @@ is cleared before every request (``llama_memory_clear``): ``Llama.generate``
 would otherwise reuse the longest common prefix of the previous prompt and
 show a near-zero prefill (tests/data/cases/README.md, "cached prefill").
 
+Prefix caching, only when asked (``generate(ids, prefix_cache=...)``, lab 08): a
+:class:`~lablib.engines.base.PrefixCache` holds a sequence's state as llama.cpp saves it
+(``llama_state_seq_get_data``: its KV cells, in host memory, as llama-server's slot save and
+prompt cache keep them); a request restores it into its emptied sequence
+(``llama_state_seq_set_data``), drops the cells past the common prefix
+(``llama_memory_seq_rm``) and prefills the rest. llama.cpp's perf counter ``n_p_eval`` then
+counts only the uncached tokens.
+
 The context is sized explicitly (``n_ctx``, default: the model's trained
 context up to 8192 tokens, since the KV cache is reserved for all of it), not
 llama-cpp-python's default of 512 tokens.
@@ -30,7 +38,7 @@ from ..errors import ContextOverflowError, EngineUnavailable, LabError
 from ..formats import gguf_config, model_shape
 from ..sampling import DEFINITION
 from ..trace import RequestTrace, now
-from .base import Engine, EngineInfo, GenerationConfig
+from .base import Engine, EngineInfo, GenerationConfig, PrefixCache
 
 if TYPE_CHECKING:
     import numpy as np
@@ -66,6 +74,7 @@ class LlamaCppEngine(Engine):
     install_hint = "make setup (builds llama-cpp-python for this CPU)"
     kv_bytes_per_value = 2  # f16 KV cache
     reserves_kv_at_load = True  # the KV cache for all of n_ctx is allocated when the context opens
+    prefix_caching = True  # a sequence's state saved and restored (llama_state_seq_get_data / set_data)
 
     @classmethod
     def default_n_ctx(cls, model) -> int:
@@ -343,7 +352,49 @@ class LlamaCppEngine(Engine):
         self._lib.llama_memory_clear(self._lib.llama_get_memory(self.ctx), True)
         self.llm.n_tokens = 0  # keep the high-level object's prefix bookkeeping honest
 
-    def _generate(self, ids, cfg: GenerationConfig, trace: RequestTrace) -> None:
+    def _prefill(self, ids, start: int = 0) -> None:
+        """Decode ``ids[start:]`` at positions start.. into sequence 0, ``n_batch`` tokens per call
+        (logits for the last token only)."""
+        for at in range(start, len(ids), self.n_batch):
+            chunk = ids[at : at + self.n_batch]
+            self._fill(chunk, at, logits_last=at + len(chunk) == len(ids))
+            self._decode()
+
+    def _save_seq(self, ids) -> PrefixCache:
+        """Sequence 0's state (its KV cells for ``ids``) copied out of the context."""
+        import ctypes
+
+        lib = self._lib
+        size = lib.llama_state_seq_get_size(self.ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        n = lib.llama_state_seq_get_data(self.ctx, buf, size, 0)
+        if n == 0:
+            raise LabError("llama.cpp could not save the sequence's state (llama_state_seq_get_data returned 0)")
+        return PrefixCache(self.name, list(ids), state=buf, nbytes=int(n))
+
+    def _restore(self, cache: PrefixCache, n: int) -> None:
+        """Sequence 0 (emptied) takes the first ``n`` tokens' KV cells of ``cache``."""
+        lib = self._lib
+        if not lib.llama_state_seq_set_data(self.ctx, cache.state, cache.nbytes, 0):
+            raise LabError("llama.cpp could not restore the prefix cache (llama_state_seq_set_data returned 0)")
+        if n < len(cache.ids):
+            lib.llama_memory_seq_rm(lib.llama_get_memory(self.ctx), 0, n, -1)
+
+    def _cache_prefix(self, ids) -> PrefixCache:
+        self.clear_kv_cache()
+        try:
+            self._prefill(ids)
+            return self._save_seq(ids)
+        finally:
+            self.clear_kv_cache()
+
+    def _keep_request(self, prefix_cache: PrefixCache, ids, trace: RequestTrace) -> None:
+        # sequence 0 holds the prompt and every output token but the last (sampled, never decoded)
+        kept = self._save_seq(list(ids) + trace.token_ids[:-1])
+        prefix_cache.ids, prefix_cache.state, prefix_cache.nbytes = kept.ids, kept.state, kept.nbytes
+        self.clear_kv_cache()
+
+    def _generate(self, ids, cfg: GenerationConfig, trace: RequestTrace, prefix_cache=None) -> None:
         lib = self._lib
         smpl = self._sampler(cfg)
         eos = self.eos_ids
@@ -351,10 +402,11 @@ class LlamaCppEngine(Engine):
             self.clear_kv_cache()
             lib.llama_perf_context_reset(self.ctx)
             trace.start()
-            for at in range(0, len(ids), self.n_batch):  # prefill, n_batch tokens per call
-                chunk = ids[at : at + self.n_batch]
-                self._fill(chunk, at, logits_last=at + len(chunk) == len(ids))
-                self._decode()
+            cached = prefix_cache.reusable(ids) if prefix_cache is not None else 0
+            if cached:
+                self._restore(prefix_cache, cached)
+                trace.cached_tokens = cached
+            self._prefill(ids, cached)
             pos = len(ids)
             while True:
                 tok = self._sample(smpl, cfg, -1)

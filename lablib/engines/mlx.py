@@ -7,6 +7,14 @@ lab stops at EOS itself when asked to. MLX's Linux CPU backend is slow (a few
 tokens/s on a 135M model in float32 on two cores): expected, it is built for
 Apple silicon.
 
+Prefix caching, only when asked (``generate(ids, prefix_cache=...)``, lab 08): a
+:class:`~lablib.engines.base.PrefixCache` holds the per-layer key/value arrays of a prefix
+(mlx-lm's prompt cache, ``make_prompt_cache``, cut to its offset); each request gets a fresh
+prompt cache whose layers start from the first ``n`` positions of them (the first update
+concatenates into new arrays, so the kept prefix is never written) and ``generate_step`` is
+given only the uncached tokens. The lab counts the prompt positions each forward pass
+receives (:meth:`MLXEngine.engine_counters`).
+
 mlx-lm has no hard context limit; the lab enforces the trained context. The
 config is read with keys that moved between transformers versions lifted back
 to where mlx-lm looks (``lablib.formats.normalize_config``): mlx-lm 0.32 reads
@@ -31,7 +39,7 @@ from ..errors import EngineUnavailable, LabError
 from ..formats import normalize_config, trained_context
 from ..sampling import DEFINITION
 from ..trace import RequestTrace, now
-from .base import Engine, EngineInfo, GenerationConfig, default_threads
+from .base import Engine, EngineInfo, GenerationConfig, PrefixCache, default_threads
 
 if TYPE_CHECKING:
     import numpy as np
@@ -46,6 +54,7 @@ class MLXEngine(Engine):
     requires = "mlx_lm"
     install_hint = "pip install 'mlx[cpu]' mlx-lm (Linux) or mlx-lm (macOS)"
     kv_bytes_per_value = 4  # float32 models
+    prefix_caching = True  # a fresh prompt cache per request, starting from a kept prefix's arrays
     compare_load_kwargs = {"fix_config": False}  # lablib.compare shows what a plain mlx-lm user gets
     # mlx-lm's sampling defaults the lab leaves out (mlx-lm 0.32: sample_utils, generate)
     SETTINGS_OFF = (
@@ -193,17 +202,78 @@ class MLXEngine(Engine):
 
         return sampler
 
-    def _generate(self, ids, cfg: GenerationConfig, trace: RequestTrace) -> None:
+    _prefill_tokens = 0  # prompt positions the last request's forward passes received
+    _last_cache = None  # the last request's prompt cache when it ran with a prefix cache
+
+    def engine_counters(self) -> dict:
+        """Counted at the model's forward for the last request: ``n_p_eval``, the prompt positions
+        its forward passes received (the uncached part of the prompt)."""
+        return {"n_p_eval": self._prefill_tokens}
+
+    def _new_cache(self):
+        """A fresh mlx-lm prompt cache for this model; LabError unless it is trimmable (plain KV
+        layers: prefix caching copies and cuts them)."""
+        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+        cache = make_prompt_cache(self.mlx_model)
+        if not can_trim_prompt_cache(cache):
+            raise LabError(f"mlx-lm's prompt cache for {self.model.name} cannot be cut to a prefix (not trimmable)")
+        return cache
+
+    def _kept(self, cache, ids) -> PrefixCache:
+        """A PrefixCache of ``cache``'s per-layer (keys, values) cut to ``len(ids)`` positions."""
+        mx, n = self._mx, len(ids)
+        kv = [(c.keys[..., :n, :], c.values[..., :n, :]) for c in cache]
+        mx.eval(kv)
+        return PrefixCache(self.name, list(ids), state=kv, nbytes=sum(k.nbytes + v.nbytes for k, v in kv))
+
+    def _cache_prefix(self, ids) -> PrefixCache:
+        mx = self._mx
+        cache = self._new_cache()
+        for at in range(0, len(ids), self.prefill_step_size):
+            self.mlx_model(mx.array([ids[at : at + self.prefill_step_size]]), cache=cache)
+            mx.eval([c.state for c in cache])
+        return self._kept(cache, ids)
+
+    def _keep_request(self, prefix_cache: PrefixCache, ids, trace: RequestTrace) -> None:
+        cache = self._last_cache
+        kept = self._kept(cache, (list(ids) + trace.token_ids)[: cache[0].offset])
+        prefix_cache.ids, prefix_cache.state, prefix_cache.nbytes = kept.ids, kept.state, kept.nbytes
+        self._last_cache = None
+
+    def _counting_model(self, n_prompt: int, cache):
+        """The model, wrapped to add up the prompt positions (below ``n_prompt``) each forward
+        pass receives, read from the cache offset before the call."""
+        model, engine = self.mlx_model, self
+
+        def forward(inputs, cache=cache, **kw):
+            at = cache[0].offset
+            engine._prefill_tokens += max(0, min(at + inputs.shape[-1], n_prompt) - at)
+            return model(inputs, cache=cache, **kw)
+
+        return forward
+
+    def _generate(self, ids, cfg: GenerationConfig, trace: RequestTrace, prefix_cache=None) -> None:
         from mlx_lm.generate import generate_step
         from mlx_lm.models.cache import make_prompt_cache
 
         mx = self._mx
-        prompt = mx.array(ids)
-        cache = make_prompt_cache(self.mlx_model)  # fresh: no reuse across requests
-        trace.start()
+        self._prefill_tokens, self._last_cache = 0, None
+        cached = 0
+        if prefix_cache is None:
+            cache = make_prompt_cache(self.mlx_model)  # fresh: no reuse across requests
+            trace.start()
+        else:
+            trace.start()  # the copy of the kept prefix is this request's work
+            cache = self._last_cache = self._new_cache()
+            cached = prefix_cache.reusable(ids)
+            if cached:  # each layer starts from the kept prefix's first `cached` positions
+                for c, (k, v) in zip(cache, prefix_cache.state):
+                    c.keys, c.values, c.offset = k[..., :cached, :], v[..., :cached, :], cached
+            trace.cached_tokens = cached
         steps = generate_step(
-            prompt,
-            self.mlx_model,
+            mx.array(ids[cached:]),
+            self._counting_model(len(ids), cache),
             max_tokens=cfg.max_new_tokens,
             sampler=self._sampler(cfg),
             prompt_cache=cache,
