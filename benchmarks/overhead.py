@@ -66,6 +66,16 @@ def mlx(engine, ids, cfg, reps):
     return lab, own, "mlx-lm stream_generate: generation_tps"
 
 
+def alternate(engine, ids, cfg, reps, bare_loop) -> tuple[list[float], list[float]]:
+    """The lab's decode tok/s and ``bare_loop()``'s (the engine's own loop without the lab's
+    per-token work), ``reps`` times each, alternating so the machine's drift hits both."""
+    lab, own = [], []
+    for _ in range(reps):
+        lab.append(engine.generate(ids, cfg).decode_tps)
+        own.append(bare_loop())
+    return lab, own
+
+
 def transformers(engine, ids, cfg, reps):
     import torch
     from transformers import DynamicCache
@@ -85,11 +95,7 @@ def transformers(engine, ids, cfg, reps):
             t_last = time.perf_counter()
         return (cfg.max_new_tokens - 1) / (t_last - t_first)
 
-    lab, own = [], []
-    for _ in range(reps):
-        lab.append(engine.generate(ids, cfg).decode_tps)
-        own.append(bare_loop())
-    return lab, own, "bare forward loop with KV cache (argmax)"
+    return alternate(engine, ids, cfg, reps, bare_loop) + ("bare forward loop with KV cache (argmax)",)
 
 
 def onnxruntime_genai(engine, ids, cfg, reps):
@@ -110,11 +116,9 @@ def onnxruntime_genai(engine, ids, cfg, reps):
         t_last = time.perf_counter()
         return (cfg.max_new_tokens - 1) / (t_last - t_first)
 
-    lab, own = [], []
-    for _ in range(reps):
-        lab.append(engine.generate(ids, cfg).decode_tps)
-        own.append(bare_loop())
-    return lab, own, "the same og.Generator loop without the lab's per-token work"
+    return alternate(engine, ids, cfg, reps, bare_loop) + (
+        "the same og.Generator loop without the lab's per-token work",
+    )
 
 
 def openvino(engine, ids, cfg, reps):

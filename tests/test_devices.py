@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
 from types import SimpleNamespace
 
 import pytest
 
-from lablib import devices, llama_build
+from lablib import devices
 from lablib.errors import LabError
 
 
@@ -79,62 +78,3 @@ def test_a_device_torch_does_not_see_is_one_clear_error():
         devices.torch_device(torch, "tpu")
     with pytest.raises(LabError, match=r"dtype='float33'"):
         devices.torch_dtype(torch, "cpu", "float33")
-
-
-# --- llama.cpp: a CUDA build where the toolkit is, and the CPU build when it does not work ---------
-
-
-def test_cuda_is_asked_for_only_where_a_gpu_and_nvcc_are(tmp_path, monkeypatch):
-    _program(tmp_path, "nvcc", "exit 0")
-    _program(tmp_path, "nvidia-smi", "exit 0")  # the driver's tool, listing no GPU
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.delenv("LABLIB_LLAMA_GPU", raising=False)
-    # a CUDA toolkit on a machine without a GPU (this project's CPU machines ship nvcc 13.0)
-    assert llama_build.gpu_cmake_args() == ""
-    _program(tmp_path, "nvidia-smi", 'echo "NVIDIA H200, 143771"')
-    assert llama_build.gpu_cmake_args() == "-DGGML_CUDA=ON"
-    assert llama_build.gpu_cmake_args(portable=True) == ""  # a wheel for other machines stays CPU-only
-    monkeypatch.setenv("LABLIB_LLAMA_GPU", "0")
-    assert llama_build.gpu_cmake_args() == ""
-
-
-def _builds(tmp_path, built, compile_fails: bool, smoke_fails: bool):
-    """Stand-in build and smoke steps: the CUDA build fails to compile or to run (a real CUDA
-    build inside a test takes far too long)."""
-
-    def build(root, args, log=print):
-        built.append(args)
-        if compile_fails and "GGML_CUDA=ON" in args:
-            raise subprocess.CalledProcessError(1, ["pip", "wheel"])
-        folder = llama_build.wheel_cache_dir(root, args)
-        folder.mkdir(parents=True, exist_ok=True)
-        wheel = folder / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
-        wheel.write_text(args)
-        return wheel
-
-    def smoke(wheel, model):
-        if smoke_fails and "GGML_CUDA=ON" in wheel.read_text():
-            return {"ok": False, "signal": None, "detail": "CUDA error: no CUDA-capable device is detected"}
-        return {"ok": True, "system_info": "CPU : AVX2 = 1 |"}
-
-    return build, smoke
-
-
-@pytest.mark.parametrize("compile_fails, smoke_fails", [(True, False), (False, True)])
-def test_a_cuda_build_that_fails_falls_back_to_the_cpu_build(tmp_path, monkeypatch, compile_fails, smoke_fails):
-    _program(tmp_path, "nvcc", "exit 0")
-    _program(tmp_path, "nvidia-smi", 'echo "NVIDIA H200, 143771"')
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.delenv("LABLIB_LLAMA_GPU", raising=False)
-    built: list[str] = []
-    build, smoke = _builds(tmp_path, built, compile_fails, smoke_fails)
-    features = {"GGML_AVX2": True, "GGML_AVX512": True}
-    wheel, report = llama_build.verified_build(
-        features, tmp_path / "cache", tmp_path / "m.gguf", build=build, smoke=smoke, log=lambda *a: None
-    )
-    assert built == [
-        "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_CUDA=ON",
-        "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON",  # the CPU's extensions are kept
-    ]
-    assert report["cmake_args"] == built[1] and [d["family"] for d in report["dropped"]] == ["CUDA"]
-    assert ("no CUDA-capable device" if smoke_fails else "failed") in report["dropped"][0]["reason"]

@@ -1,6 +1,8 @@
 """The CPU probe behind the llama.cpp build: extensions are enabled only if they execute."""
 
+import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -77,12 +79,15 @@ ROOT = Path(__file__).resolve().parent.parent
 ALL_ON = {opt: True for opt in llama_build._PROBES}
 
 
-def _stand_ins(fails_with: set[str], built: list[str], tmp_path: Path):
-    """A build that records its CMAKE_ARGS and a smoke step that 'dies with SIGILL' while any
-    extension of ``fails_with`` is on (a real rebuild inside a test takes minutes)."""
+def _stand_ins(fails_with: set[str], built: list[str], tmp_path: Path, compile_fails: set[str] = frozenset()):
+    """A build that records its CMAKE_ARGS (and fails to compile while an option of
+    ``compile_fails`` is on) and a smoke step that 'dies with SIGILL' while any option of
+    ``fails_with`` is on (a real rebuild inside a test takes minutes)."""
 
     def build(root, args, log=print):
         built.append(args)
+        if any(f"-D{opt}=ON" in args for opt in compile_fails):
+            raise subprocess.CalledProcessError(1, ["pip", "wheel"])
         folder = llama_build.wheel_cache_dir(root, args)
         folder.mkdir(parents=True, exist_ok=True)
         wheel = folder / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
@@ -90,7 +95,7 @@ def _stand_ins(fails_with: set[str], built: list[str], tmp_path: Path):
         return wheel
 
     def smoke(wheel, model):
-        on = {opt for opt in llama_build._PROBES if f"-D{opt}=ON" in wheel.read_text()}
+        on = set(re.findall(r"-D(\w+)=ON", wheel.read_text()))
         if on & fails_with:
             return {"ok": False, "signal": "SIGILL", "detail": "the smoke test died with SIGILL"}
         return {"ok": True, "system_info": "CPU : AVX2 = 1 |"}
@@ -203,3 +208,46 @@ def test_doctor_line_names_what_the_library_uses_and_what_the_build_dropped():
         "with AMX on; not run by this CPU: AVX_VNNI"
     )
     assert "no build record" in llama_build.describe(info, None)
+
+
+# --- a GPU build where a GPU and the CUDA toolkit are, and the CPU build when it does not work ----
+
+
+def _program(folder: Path, name: str, script: str) -> None:
+    path = folder / name
+    path.write_text("#!/bin/sh\n" + script + "\n")
+    path.chmod(0o755)
+
+
+def test_cuda_is_asked_for_only_where_a_gpu_and_nvcc_are(tmp_path, monkeypatch):
+    _program(tmp_path, "nvcc", "exit 0")
+    _program(tmp_path, "nvidia-smi", "exit 0")  # the driver's tool, listing no GPU
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("LABLIB_LLAMA_GPU", raising=False)
+    # a CUDA toolkit on a machine without a GPU (this project's CPU machines ship nvcc 13.0)
+    assert llama_build.gpu_cmake_args() == ""
+    _program(tmp_path, "nvidia-smi", 'echo "NVIDIA H200, 143771"')
+    assert llama_build.gpu_cmake_args() == "-DGGML_CUDA=ON"
+    assert llama_build.gpu_cmake_args(portable=True) == ""  # a wheel for other machines stays CPU-only
+    monkeypatch.setenv("LABLIB_LLAMA_GPU", "0")
+    assert llama_build.gpu_cmake_args() == ""
+
+
+@pytest.mark.parametrize("compile_fails, smoke_fails", [({"GGML_CUDA"}, set()), (set(), {"GGML_CUDA"})])
+def test_a_cuda_build_that_fails_falls_back_to_the_cpu_build(tmp_path, monkeypatch, compile_fails, smoke_fails):
+    _program(tmp_path, "nvcc", "exit 0")
+    _program(tmp_path, "nvidia-smi", 'echo "NVIDIA H200, 143771"')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("LABLIB_LLAMA_GPU", raising=False)
+    built: list[str] = []
+    build, smoke = _stand_ins(smoke_fails, built, tmp_path, compile_fails)
+    features = {"GGML_AVX2": True, "GGML_AVX512": True}
+    _, report = llama_build.verified_build(
+        features, tmp_path / "cache", tmp_path / "m.gguf", build=build, smoke=smoke, log=lambda *a: None
+    )
+    assert built == [
+        "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_CUDA=ON",
+        "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON",  # the CPU's extensions are kept
+    ]
+    assert report["cmake_args"] == built[1] and [d["family"] for d in report["dropped"]] == ["CUDA"]
+    assert ("SIGILL" if smoke_fails else "failed") in report["dropped"][0]["reason"]
