@@ -144,3 +144,23 @@ def test_compare_explains_the_shipped_gguf(hf_engine):
     assert c.check("logits").ok is None and "not available" in c.check("logits").verdict
     assert c.verdict["layer"] == "numerics" and c.verdict["engine"] == "openvino"
     assert c.verdict["position"] == 0 and c.verdict["near_tie"] is False
+
+
+def test_sampling_is_refused_before_the_engine_loads(monkeypatch, capsys):
+    """`lablib run --engine ov --temperature 0.7` says greedy-only before preparing or loading
+    anything (loading the pipeline, and on first use writing the F16 reference, takes seconds)."""
+    from lablib import cli
+
+    cls = ENGINES["openvino"]
+    with pytest.raises(LabError, match="greedy decoding only"):
+        cls.check_generation(GenerationConfig(temperature=0.7))
+    cls.check_generation(GenerationConfig())  # greedy: fine
+
+    def not_reached(*a, **kw):
+        raise AssertionError("the engine was loaded before the sampling settings were checked")
+
+    monkeypatch.setattr(cli, "load_engine", not_reached)
+    monkeypatch.setattr(cli, "prepare", not_reached)
+    assert cli.main(["run", "--engine", "ov", "--max-new-tokens", "2", "--temperature", "0.7"]) == 2
+    err = capsys.readouterr().err
+    assert "engine openvino runs greedy decoding only" in err and "--temperature 0" in err

@@ -218,6 +218,11 @@ class Engine:
         allocated per request and covered by lablib.memory's headroom)."""
         return 0
 
+    @classmethod
+    def check_generation(cls, cfg: GenerationConfig) -> None:
+        """Raise LabError when this engine cannot run ``cfg`` (e.g. sampling in a greedy-only
+        engine); a class method, so callers check before loading anything."""
+
     def __init__(self, model):
         self.model = model  # lablib.models.ResolvedModel
 
@@ -345,9 +350,11 @@ class Engine:
         """Generate from prompt token ids; returns the request's trace.
 
         ``t_submit`` is when the request entered the lab's queue (default: now).
-        Raises ContextOverflowError before any work when it cannot fit.
+        Raises ContextOverflowError before any work when it cannot fit, LabError for settings the
+        engine cannot run (:meth:`check_generation`).
         """
         cfg = cfg or GenerationConfig()
+        self.check_generation(cfg)
         ids = [int(i) for i in ids]
         if not ids:
             raise LabError("empty prompt: expected at least one token id")

@@ -47,14 +47,6 @@ from .base import Engine, EngineInfo, GenerationConfig
 WEIGHTS = ("f16", "source")  # the lab's F16 reference GGUF, or the model's own GGUF
 
 
-def _greedy_only(cfg: GenerationConfig) -> None:
-    if not cfg.greedy:
-        raise LabError(
-            "engine openvino runs greedy decoding only (temperature 0): OpenVINO GenAI's multinomial "
-            "sampler has not been checked against the lab's sampling definition"
-        )
-
-
 class OpenVINOEngine(Engine):
     """OpenVINO GenAI engine (CPU plugin).
 
@@ -77,6 +69,16 @@ class OpenVINOEngine(Engine):
         "chat template and special tokens of string inputs: not used, the lab passes token ids",
         "the GGUF's generation defaults and stop strings: replaced by a greedy config with max_new_tokens only",
     )
+
+    @classmethod
+    def check_generation(cls, cfg: GenerationConfig) -> None:
+        """Greedy only: LabError for a sampled ``cfg`` (temperature > 0)."""
+        if not cfg.greedy:
+            raise LabError(
+                f"engine {cls.name} runs greedy decoding only (--temperature 0 / temperature=0): OpenVINO "
+                "GenAI's multinomial sampler has not been checked against the lab's sampling definition; "
+                "sample with another engine"
+            )
 
     @classmethod
     def weights_bytes(cls, model) -> int:
@@ -224,7 +226,6 @@ class OpenVINOEngine(Engine):
         return self._ov.Tensor(self._np.asarray([ids], dtype=self._np.int64))
 
     def _generate(self, ids, cfg: GenerationConfig, trace: RequestTrace) -> None:
-        _greedy_only(cfg)
         streamer = _make_streamer(self._g, trace)
         inputs = self._ids_tensor(ids)
         gcfg = self._ov_config(cfg)
@@ -257,7 +258,7 @@ class OpenVINOEngine(Engine):
         """OpenVINO GenAI's continuous batching for up to ``max_sequences`` requests of at most
         ``max_seq_tokens`` (prompt + output) tokens: a ContinuousBatchingPipeline on the same GGUF
         (loaded for the session, freed at close)."""
-        _greedy_only(cfg)
+        self.check_generation(cfg)
         self.check_context(max_seq_tokens, 0)
         return OpenVINOBatchSession(self, cfg, max_sequences, max_seq_tokens)
 
