@@ -28,8 +28,9 @@ quantization of activations for compressed weights, and the KV cache precision t
 (f16 for an F16 or F32 GGUF; u8, the CPU default, otherwise).
 
 Threads: ``INFERENCE_NUM_THREADS`` is a compile-time property of the CPU plugin: the engine loads
-with the lab's thread count and cannot change it per request, so threads are never automatic here
-(``threads_auto`` False; each row records the count it loaded with).
+with the lab's thread count (``threads``, else LABLIB_THREADS, else the CPUs other processes leave
+free at load) and cannot change it per request (``threads_auto`` says whether the count was chosen
+automatically at load, ``threads_fixed_at_load`` True; each row records the count it loaded with).
 
 Batched mode (:meth:`OpenVINOEngine.batch_session`) is OpenVINO GenAI's own continuous batching, a
 ``ContinuousBatchingPipeline`` (paged attention, a ``SchedulerConfig`` sized for the session)
@@ -116,7 +117,8 @@ class OpenVINOEngine(Engine):
         else:
             self.path = source
         self._init_threads(threads)
-        self.auto_threads, self._busy = False, None  # INFERENCE_NUM_THREADS is fixed at compile time
+        # INFERENCE_NUM_THREADS is fixed at compile time: chosen once (automatically or not), then kept
+        self.auto_threads_at_load, self.auto_threads, self._busy = self.auto_threads, False, None
         found = list(ov.Core().available_devices)
         device = device.upper()
         if device == "AUTO":
@@ -172,7 +174,9 @@ class OpenVINOEngine(Engine):
         out = {}
         for key in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE"):
             try:
-                out[key] = str(core.get_property(self.ov_device, key))
+                value = core.get_property(self.ov_device, key)
+                # an element type as OpenVINO spells it (bf16, u8), not its Python repr
+                out[key] = value.get_type_name() if hasattr(value, "get_type_name") else str(value)
             except RuntimeError:
                 out[key] = None
         return out
@@ -188,7 +192,8 @@ class OpenVINOEngine(Engine):
             n_ctx=self.n_ctx,
             device=self.device,
             flags={
-                "threads_auto": False,
+                "threads_auto": self.auto_threads_at_load,
+                "threads_fixed_at_load": True,
                 "max_threads": self.max_threads,
                 "weights": self.weights,
                 "gguf": self.path,
