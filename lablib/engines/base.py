@@ -200,10 +200,16 @@ class Engine:
         return {}
 
     @classmethod
+    def weights_path(cls, model) -> str | None:
+        """The weights file or folder the engine reads by default for ``model``: its format's path
+        (None when ``model`` has none; lablib.roofline counts the bytes a step reads from it)."""
+        return getattr(model, f"{cls.format}_path", None) if cls.format else None
+
+    @classmethod
     def weights_bytes(cls, model) -> int:
         """Bytes of weights the engine loads: its format's file, or the folder's weight files
         (the parameters x 4 bytes when ``model`` has no path in that format)."""
-        path = getattr(model, f"{cls.format}_path", None) if cls.format else None
+        path = cls.weights_path(model)
         if not path:
             return model.parameters * 4
         p = Path(path)

@@ -82,6 +82,14 @@ class OpenVINOEngine(Engine):
             )
 
     @classmethod
+    def weights_path(cls, model, log=lambda *_: None) -> str:
+        """The lab's F16 reference GGUF of ``model`` (what ``weights="f16"``, the default, reads;
+        written once and cached by :func:`lablib.quant.reference` when missing, saying so to ``log``)."""
+        from ..quant import reference
+
+        return str(reference(model, "F16", log=log))
+
+    @classmethod
     def weights_bytes(cls, model) -> int:
         """Bytes of the F16 reference GGUF it reads (parameters x 2 before it exists)."""
         from ..quant import quant_home
@@ -110,12 +118,7 @@ class OpenVINOEngine(Engine):
             raise LabError(f"weights={weights!r}: expected one of {', '.join(WEIGHTS)}")
         self.weights = weights
         source = model.path_for("gguf", self.name)
-        if weights == "f16":
-            from ..quant import reference
-
-            self.path = str(reference(model, "F16"))
-        else:
-            self.path = source
+        self.path = self.weights_path(model, log=print) if weights == "f16" else source
         self._init_threads(threads)
         # INFERENCE_NUM_THREADS is fixed at compile time: chosen once (automatically or not), then kept
         self.auto_threads_at_load, self.auto_threads, self._busy = self.auto_threads, False, None
