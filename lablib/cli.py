@@ -38,7 +38,7 @@ from .concurrency import MODES
 from .config import budget, default_threads
 from .devices import describe as describe_devices, found as found_devices
 from .doctor import check_engines
-from .engines import IN_PROCESS, NAMES, load_engine
+from .engines import IN_PROCESS, NAMES, engine_class, load_engine
 from .engines.base import GenerationConfig
 from .errors import LabError
 from .formats import FORMATS
@@ -122,6 +122,7 @@ def cmd_run(ns) -> int:
         top_k=ns.top_k,
         seed=ns.seed,
     )
+    engine_class(ns.engine).check_generation(cfg)  # before preparing and loading anything
     rm = prepare(ns.model, log=lambda m: print(m, file=sys.stderr))
     if ns.prompt_tokens is not None:
         ids = prompt_of_length(rm, ns.prompt_tokens)

@@ -498,12 +498,16 @@ def decide(checks: list[Check]) -> dict:
         }
     if lg is not None and lg.ok is False:
         return {"layer": "numerics", "position": None, "near_tie": False, "text": lg.verdict}
-    return {
-        "layer": "none",
-        "position": None,
-        "near_tie": None,
-        "text": "no disagreement found: config, tokenizer, template, logits and greedy text agree",
-    }
+    # name only the checks that ran: an engine without logits (openvino) is not checked there
+    words = {"generation": "greedy text"}
+    agreed = [words.get(c.name, c.name) for c in checks if c.ok]
+    said = ", ".join(agreed[:-1]) + f" and {agreed[-1]}" if len(agreed) > 1 else "".join(agreed)
+    text = f"no disagreement found: {said} agree" if agreed else "no disagreement found: no check could run"
+    skipped = [f"{c.name} ({c.verdict})" for c in checks if c.ok is None]
+    skipped += [u for c in checks if c.ok for u in c.details.get("unavailable", [])]
+    if skipped:
+        text += "; not checked: " + "; ".join(skipped)
+    return {"layer": "none", "position": None, "near_tie": None, "text": text}
 
 
 def compare(

@@ -34,6 +34,7 @@ def reference_label(model) -> str:
 
 
 HF_DTYPES = ("float32", "bfloat16", "float16")
+GGUF_ENGINE = "llama.cpp"  # the engine GGUF rungs are made (its quantizer) and measured on
 LADDER_ENGINES = "the ladder measures llama.cpp (GGUF types), transformers (dtypes) and mlx (float32, 8bit, 4bit)"
 MLX_BITS = (8, 4)
 
@@ -136,7 +137,7 @@ class Ladder:
         from .engines import load_engine
 
         t0 = time.perf_counter()
-        eng = load_engine("llama.cpp", quant.rung_model(path, self.model, qtype), n_ctx=self._engine_ctx())
+        eng = load_engine(GGUF_ENGINE, quant.rung_model(path, self.model, qtype), n_ctx=self._engine_ctx())
         load_s = time.perf_counter() - t0
         try:
             figures = self.measure(eng, speed)
@@ -145,7 +146,7 @@ class Ladder:
             eng.close()
         return {
             **self.base_row(),
-            "engine": "llama.cpp",
+            "engine": GGUF_ENGINE,
             "engine_version": version,
             "format": "gguf",
             "type": qtype,
@@ -342,6 +343,8 @@ def measure_one(
 
     key = canonical(engine)
     reads = engine_class(key).format
+    if reads == "gguf" and key != GGUF_ENGINE:  # another GGUF reader (openvino): its rows would be llama.cpp's
+        raise LabError(f"engine {key}: the quality ladder has no variants for it (not available); {LADDER_ENGINES}")
     writer = ResultsWriter(out) if out else None
     if reads == "gguf":
         if variant:

@@ -253,12 +253,13 @@ def _reads_gguf(engine: str) -> bool:
 def _tensors(model, engine: str) -> tuple:
     from .engines import engine_class
 
-    fmt = engine_class(engine).format
+    cls = engine_class(engine)
+    fmt, path = cls.format, cls.weights_path(model)  # what the engine reads (openvino: the F16 reference)
     if fmt == "gguf":
-        if not model.gguf_path:
+        if not path:
             raise LabError(f"{model.source}: no GGUF file for {engine}; run `lablib prepare` on a GGUF model")
-        return gguf_tensors(str(model.gguf_path))
-    folder = getattr(model, f"{fmt}_path", None)
+        return gguf_tensors(str(path))
+    folder = path
     if not folder or not list(Path(folder).glob("*.safetensors")):
         raise LabError(f"{model.source}: no safetensors folder for {engine}; run `lablib prepare`")
     return safetensors_tensors(str(folder))

@@ -178,6 +178,21 @@ def check_plan(model, engines, prompt_tokens, max_new_tokens, concurrency=(1,)) 
     check_fits(model, [engine_class(n) for n in engines], longest, max(concurrency))
 
 
+def modes_per_engine(engines, modes) -> dict[str, list[str]]:
+    """{engine: the modes of ``modes`` it runs} for canonical engine names ``engines`` (an engine runs
+    only the scheduling modes it has, ``Engine.modes``). Raises LabError naming an engine that has
+    none of ``modes`` (a sweep would load it and run nothing)."""
+    plan = {name: [m for m in modes if m in engine_class(name).modes] for name in engines}
+    for name, kept in plan.items():
+        if not kept:
+            has = engine_class(name).modes
+            raise LabError(
+                f"engine {name} has no {' or '.join(modes)} mode (it runs {', '.join(has)}): "
+                f"add {has[0]} to the modes, or leave {name} out"
+            )
+    return plan
+
+
 def check_requests(requests, levels) -> int | None:
     """``requests`` per concurrency run, checked: None (2 x C per level) or a whole number at least
     the largest level C (C clients need C requests to ever have C in flight). Raises LabError."""
@@ -344,14 +359,13 @@ def concurrency_sweep(
     if warmup < 0:
         raise LabError(f"warmup={warmup}: expected 0 or more")
     names = engine_names(engines)
+    engine_modes = modes_per_engine(names, modes)
     rm = resolve(model)
     check_plan(rm, names, [n_prompt], n_out, levels)
     cmax = max(levels)
     writer = ResultsWriter(out) if out else None
     cfg = GenerationConfig(max_new_tokens=n_out)
     plan = [(c, requests or per_client * c) for c in levels]
-    # each engine in the modes it has (Engine.modes: an engine without continuous batching runs serial only)
-    engine_modes = {name: [m for m in modes if m in engine_class(name).modes] for name in names}
     rows = []
     bar = tqdm(
         total=sum(len(m) for m in engine_modes.values()) * sum(r for _, r in plan),

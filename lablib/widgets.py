@@ -234,7 +234,8 @@ class SweepPanel:
             # 0: the sweep's default, 2 x concurrency
             requests = sweep.check_requests(int(self.requests.value) or None, levels)
             kwargs.update(prompt_tokens=lengths[0], concurrency=tuple(levels), modes=tuple(modes), requests=requests)
-            total = len(engines) * len(modes) * sum(requests or 2 * c for c in levels)
+            runs = sum(len(m) for m in sweep.modes_per_engine(engines, modes).values())  # Engine.modes
+            total = runs * sum(requests or 2 * c for c in levels)
         return {"kind": kind, "kwargs": kwargs, "total": total}
 
     # --- running ------------------------------------------------------------------------------

@@ -172,3 +172,23 @@ def test_cases_are_read_once_and_agree_with_the_tests_copy():
     assert load_case("rope_theta_v5").name == "config.json"
     with pytest.raises(LabError, match="unknown case"):
         load_case("no_such_case")
+
+
+def test_the_verdict_names_only_checks_that_ran():
+    """openvino exposes no logits: the logit check is n/a (or covers only the other engines), so a
+    verdict of no disagreement must not say the logits agree for it."""
+    ok = lambda n: cmp.Check(n, True, "ok")  # noqa: E731
+    na = cmp.Check("logits", None, "openvino: logits not available", details={"unavailable": ["openvino: x"]})
+    d = cmp.decide([ok("config"), ok("tokenizer"), ok("template"), na, ok("generation")])
+    assert d["layer"] == "none"
+    assert d["text"] == (
+        "no disagreement found: config, tokenizer, template and greedy text agree; "
+        "not checked: logits (openvino: logits not available)"
+    )
+    part = cmp.Check("logits", True, "llama.cpp: ...", details={"unavailable": ["openvino: logits not available (x)"]})
+    d = cmp.decide([ok("config"), ok("tokenizer"), ok("template"), part, ok("generation")])
+    assert d["text"] == (
+        "no disagreement found: config, tokenizer, template, logits and greedy text agree; "
+        "not checked: openvino: logits not available (x)"
+    )
+    assert cmp.decide([ok("config"), ok("generation")])["text"] == "no disagreement found: config and greedy text agree"

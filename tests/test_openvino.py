@@ -144,3 +144,45 @@ def test_compare_explains_the_shipped_gguf(hf_engine):
     assert c.check("logits").ok is None and "not available" in c.check("logits").verdict
     assert c.verdict["layer"] == "numerics" and c.verdict["engine"] == "openvino"
     assert c.verdict["position"] == 0 and c.verdict["near_tie"] is False
+
+
+def test_sampling_is_refused_before_the_engine_loads(monkeypatch, capsys):
+    """`lablib run --engine ov --temperature 0.7` says greedy-only before preparing or loading
+    anything (loading the pipeline, and on first use writing the F16 reference, takes seconds)."""
+    from lablib import cli
+
+    cls = ENGINES["openvino"]
+    with pytest.raises(LabError, match="greedy decoding only"):
+        cls.check_generation(GenerationConfig(temperature=0.7))
+    cls.check_generation(GenerationConfig())  # greedy: fine
+
+    def not_reached(*a, **kw):
+        raise AssertionError("the engine was loaded before the sampling settings were checked")
+
+    monkeypatch.setattr(cli, "load_engine", not_reached)
+    monkeypatch.setattr(cli, "prepare", not_reached)
+    assert cli.main(["run", "--engine", "ov", "--max-new-tokens", "2", "--temperature", "0.7"]) == 2
+    err = capsys.readouterr().err
+    assert "engine openvino runs greedy decoding only" in err and "--temperature 0" in err
+
+
+@pytest.mark.engine
+def test_manifest_names_the_cpu_defaults_and_how_threads_were_chosen(ov_engine, monkeypatch):
+    """The CPU plugin's defaults as OpenVINO spells its types (bf16, u8), not a Python repr; threads
+    chosen automatically at load say so (as onnxruntime-genai's), and stay fixed."""
+    flags = ov_engine.info().flags
+    if ov_engine.ov_device == "CPU":
+        assert flags["cpu_defaults"]["INFERENCE_PRECISION_HINT"] in ("bf16", "f16", "f32")
+        assert flags["cpu_defaults"]["KV_CACHE_PRECISION"] in ("u8", "f16", "bf16", "f32")
+    assert flags["threads_fixed_at_load"] is True and ov_engine.auto_threads is False
+    monkeypatch.delenv("LABLIB_THREADS", raising=False)
+    e = load_engine("openvino", None, n_ctx=64, threads=1)
+    try:
+        assert (e.info().threads, e.info().flags["threads_auto"]) == (1, False)
+    finally:
+        e.close()
+    e = load_engine("openvino", None, n_ctx=64)
+    try:
+        assert e.info().flags["threads_auto"] is True
+    finally:
+        e.close()

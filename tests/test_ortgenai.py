@@ -124,3 +124,18 @@ def test_a_failing_build_names_the_command(monkeypatch, tmp_path, model):
     with pytest.raises(LabError, match=r"building the ONNX model failed .*onnxruntime_genai\.models\.builder -i "):
         onnx_folder(replace(model, hf_path=str(broken)), "fp32", log=lambda *_: None)
     assert not [p for p in (tmp_path / "home" / "onnx").iterdir() if not p.name.endswith((".tmp", ".lock"))]
+
+
+def test_a_context_beyond_the_models_is_capped_and_refused_before_work(model):
+    """The builder's model holds genai_config.json's context_length (8192 for SmolLM2) and ORT
+    GenAI refuses a longer generator (a RuntimeError mid-request): n_ctx is capped there, so a
+    request past it is a ContextOverflowError before any work."""
+    from lablib.errors import ContextOverflowError
+
+    e = load_engine(NAME, model, n_ctx=9000)
+    try:
+        assert e.n_ctx == e.info().n_ctx == 8192
+        with pytest.raises(ContextOverflowError, match="8190 \\+ output 8 = 8198 tokens, but the context holds 8192"):
+            e.generate([1] * 8190, GenerationConfig(max_new_tokens=8))
+    finally:
+        e.close()

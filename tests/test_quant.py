@@ -189,3 +189,15 @@ def test_quality_ladder_says_not_available_for_an_engine_without_variants(capsys
     err = capsys.readouterr().err
     assert "engine onnxruntime-genai: the quality ladder has no variants for it (not available)" in err
     assert "Traceback" not in err and not out.exists()
+
+
+def test_quality_of_another_gguf_engine_is_not_measured_on_llama_cpp(capsys, tmp_path):
+    """openvino reads a GGUF too, but the ladder's GGUF rungs are measured on llama.cpp: asked for
+    openvino, quality says not available instead of writing a llama.cpp row."""
+    from lablib.cli import main
+
+    out = tmp_path / "q.jsonl"
+    assert main(["quality", "--engine", "openvino", "--no-speed", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "engine openvino: the quality ladder has no variants for it (not available)" in err
+    assert not out.exists()

@@ -385,3 +385,15 @@ def test_merge_into_parquet_names_a_type_clash_and_writes_nothing(tmp_path):
         merge_results([a, b], out)
     assert list(tmp_path.glob("all.parquet*")) == []
     assert len(merge_results([a, b], tmp_path / "all.jsonl")) == 2  # JSON lines hold both
+
+
+def test_a_mode_an_engine_lacks_is_refused_before_any_work(model, tmp_path):
+    """onnxruntime-genai runs serial only (Engine.modes): asked for batched alone, the concurrency
+    sweep says so before loading anything, instead of returning no rows."""
+    out = tmp_path / "c.jsonl"
+    kw = dict(concurrency=[1], prompt_tokens=16, max_new_tokens=2, out=out, progress=False)
+    with pytest.raises(LabError, match=r"onnxruntime-genai has no batched mode \(it runs serial\)"):
+        sweep.concurrency_sweep(model, engines=["onnxruntime-genai"], modes=["batched"], **kw)
+    assert not out.exists()
+    plan = sweep.modes_per_engine(["openvino", "onnxruntime-genai"], ["serial", "batched"])
+    assert plan == {"openvino": ["serial", "batched"], "onnxruntime-genai": ["serial"]}

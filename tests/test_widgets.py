@@ -256,3 +256,16 @@ def test_real_tiny_llama_cpp_sweep_through_run_sync(quick, tmp_path):
     from lablib.results import load_results
 
     assert len(load_results(tmp_path / "ctx.jsonl")) == 1
+
+
+def test_concurrency_total_counts_the_modes_each_engine_has(quick):
+    """onnxruntime-genai runs serial only: the panel counts its requests once, and refuses batched
+    alone for it in the panel (the sweep would have no mode to run it in)."""
+    p = widgets.sweep_panel(kind="concurrency", out="")
+    for name, box in p.engine_boxes.items():
+        box.value = name in ("openvino", "onnxruntime-genai")
+    p.concurrency.value = "1,2"
+    assert p.plan()["total"] == (2 + 1) * (2 + 4)  # openvino serial + batched, onnxruntime-genai serial
+    p.mode_boxes["serial"].value = False
+    p.run_button.click()
+    assert "onnxruntime-genai has no batched mode" in p.message.value and p._thread is None

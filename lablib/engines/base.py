@@ -236,10 +236,16 @@ class Engine:
         return {}
 
     @classmethod
+    def weights_path(cls, model) -> str | None:
+        """The weights file or folder the engine reads by default for ``model``: its format's path
+        (None when ``model`` has none; lablib.roofline counts the bytes a step reads from it)."""
+        return getattr(model, f"{cls.format}_path", None) if cls.format else None
+
+    @classmethod
     def weights_bytes(cls, model) -> int:
         """Bytes of weights the engine loads: its format's file, or the folder's weight files
         (the parameters x 4 bytes when ``model`` has no path in that format)."""
-        path = getattr(model, f"{cls.format}_path", None) if cls.format else None
+        path = cls.weights_path(model)
         if not path:
             return model.parameters * 4
         p = Path(path)
@@ -253,6 +259,11 @@ class Engine:
         """Buffers allocated at load besides weights and KV cache, bytes (0: activations are
         allocated per request and covered by lablib.memory's headroom)."""
         return 0
+
+    @classmethod
+    def check_generation(cls, cfg: GenerationConfig) -> None:
+        """Raise LabError when this engine cannot run ``cfg`` (e.g. sampling in a greedy-only
+        engine); a class method, so callers check before loading anything."""
 
     def __init__(self, model):
         self.model = model  # lablib.models.ResolvedModel
@@ -436,9 +447,11 @@ class Engine:
         only the rest is prefilled; ``trace.cached_tokens`` counts the tokens taken from it. With
         ``keep``, afterwards the cache holds this request's KV (prompt and output), for the next
         turn of a chat. Without ``prefix_cache`` the request starts from an empty KV cache.
-        Raises ContextOverflowError before any work when it cannot fit.
+        Raises ContextOverflowError before any work when it cannot fit, LabError for settings the
+        engine cannot run (:meth:`check_generation`).
         """
         cfg = cfg or GenerationConfig()
+        self.check_generation(cfg)
         ids = [int(i) for i in ids]
         if not ids:
             raise LabError("empty prompt: expected at least one token id")

@@ -28,8 +28,9 @@ quantization of activations for compressed weights, and the KV cache precision t
 (f16 for an F16 or F32 GGUF; u8, the CPU default, otherwise).
 
 Threads: ``INFERENCE_NUM_THREADS`` is a compile-time property of the CPU plugin: the engine loads
-with the lab's thread count and cannot change it per request, so threads are never automatic here
-(``threads_auto`` False; each row records the count it loaded with).
+with the lab's thread count (``threads``, else LABLIB_THREADS, else the CPUs other processes leave
+free at load) and cannot change it per request (``threads_auto`` says whether the count was chosen
+automatically at load, ``threads_fixed_at_load`` True; each row records the count it loaded with).
 
 Batched mode (:meth:`OpenVINOEngine.batch_session`) is OpenVINO GenAI's own continuous batching, a
 ``ContinuousBatchingPipeline`` (paged attention, a ``SchedulerConfig`` sized for the session)
@@ -45,14 +46,6 @@ from ..trace import RequestTrace, now
 from .base import Engine, EngineInfo, GenerationConfig
 
 WEIGHTS = ("f16", "source")  # the lab's F16 reference GGUF, or the model's own GGUF
-
-
-def _greedy_only(cfg: GenerationConfig) -> None:
-    if not cfg.greedy:
-        raise LabError(
-            "engine openvino runs greedy decoding only (temperature 0): OpenVINO GenAI's multinomial "
-            "sampler has not been checked against the lab's sampling definition"
-        )
 
 
 class OpenVINOEngine(Engine):
@@ -77,6 +70,24 @@ class OpenVINOEngine(Engine):
         "chat template and special tokens of string inputs: not used, the lab passes token ids",
         "the GGUF's generation defaults and stop strings: replaced by a greedy config with max_new_tokens only",
     )
+
+    @classmethod
+    def check_generation(cls, cfg: GenerationConfig) -> None:
+        """Greedy only: LabError for a sampled ``cfg`` (temperature > 0)."""
+        if not cfg.greedy:
+            raise LabError(
+                f"engine {cls.name} runs greedy decoding only (--temperature 0 / temperature=0): OpenVINO "
+                "GenAI's multinomial sampler has not been checked against the lab's sampling definition; "
+                "sample with another engine"
+            )
+
+    @classmethod
+    def weights_path(cls, model, log=lambda *_: None) -> str:
+        """The lab's F16 reference GGUF of ``model`` (what ``weights="f16"``, the default, reads;
+        written once and cached by :func:`lablib.quant.reference` when missing, saying so to ``log``)."""
+        from ..quant import reference
+
+        return str(reference(model, "F16", log=log))
 
     @classmethod
     def weights_bytes(cls, model) -> int:
@@ -107,14 +118,10 @@ class OpenVINOEngine(Engine):
             raise LabError(f"weights={weights!r}: expected one of {', '.join(WEIGHTS)}")
         self.weights = weights
         source = model.path_for("gguf", self.name)
-        if weights == "f16":
-            from ..quant import reference
-
-            self.path = str(reference(model, "F16"))
-        else:
-            self.path = source
+        self.path = self.weights_path(model, log=print) if weights == "f16" else source
         self._init_threads(threads)
-        self.auto_threads, self._busy = False, None  # INFERENCE_NUM_THREADS is fixed at compile time
+        # INFERENCE_NUM_THREADS is fixed at compile time: chosen once (automatically or not), then kept
+        self.auto_threads_at_load, self.auto_threads, self._busy = self.auto_threads, False, None
         found = list(ov.Core().available_devices)
         device = device.upper()
         if device == "AUTO":
@@ -170,7 +177,9 @@ class OpenVINOEngine(Engine):
         out = {}
         for key in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE"):
             try:
-                out[key] = str(core.get_property(self.ov_device, key))
+                value = core.get_property(self.ov_device, key)
+                # an element type as OpenVINO spells it (bf16, u8), not its Python repr
+                out[key] = value.get_type_name() if hasattr(value, "get_type_name") else str(value)
             except RuntimeError:
                 out[key] = None
         return out
@@ -186,7 +195,8 @@ class OpenVINOEngine(Engine):
             n_ctx=self.n_ctx,
             device=self.device,
             flags={
-                "threads_auto": False,
+                "threads_auto": self.auto_threads_at_load,
+                "threads_fixed_at_load": True,
                 "max_threads": self.max_threads,
                 "weights": self.weights,
                 "gguf": self.path,
@@ -224,7 +234,6 @@ class OpenVINOEngine(Engine):
         return self._ov.Tensor(self._np.asarray([ids], dtype=self._np.int64))
 
     def _generate(self, ids, cfg: GenerationConfig, trace: RequestTrace) -> None:
-        _greedy_only(cfg)
         streamer = _make_streamer(self._g, trace)
         inputs = self._ids_tensor(ids)
         gcfg = self._ov_config(cfg)
@@ -257,7 +266,7 @@ class OpenVINOEngine(Engine):
         """OpenVINO GenAI's continuous batching for up to ``max_sequences`` requests of at most
         ``max_seq_tokens`` (prompt + output) tokens: a ContinuousBatchingPipeline on the same GGUF
         (loaded for the session, freed at close)."""
-        _greedy_only(cfg)
+        self.check_generation(cfg)
         self.check_context(max_seq_tokens, 0)
         return OpenVINOBatchSession(self, cfg, max_sequences, max_seq_tokens)
 

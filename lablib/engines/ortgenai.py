@@ -169,8 +169,8 @@ class OnnxRuntimeGenAIEngine(Engine):
     ``precision``: "fp32" (default: the derived folder's float32 weights as they are) or "int4"
     (the builder's 4-bit weights). ``threads``: ONNX Runtime intra-op threads, fixed at load
     (default: the CPUs this process may use, less those other processes keep busy at load).
-    ``n_ctx``: context the lab enforces (default: the genai config's ``context_length``, the
-    trained context).
+    ``n_ctx``: context the lab enforces (default and most: the genai config's ``context_length``,
+    the trained context; a larger one is capped to it).
     """
 
     name = "onnxruntime-genai"
@@ -229,7 +229,10 @@ class OnnxRuntimeGenAIEngine(Engine):
         self.tok.update_options(skip_special_tokens="false")  # render special tokens, as the other engines do
         m = self.genai_config["model"]
         self.n_vocab = int(m["vocab_size"])
-        self.n_ctx = int(n_ctx or m.get("context_length") or model.max_position_embeddings)
+        # the model holds context_length tokens (its RoPE cache): ORT GenAI refuses a longer generator
+        # mid-request, so a larger n_ctx is capped there and a longer request is a ContextOverflowError
+        held = int(m.get("context_length") or model.max_position_embeddings)
+        self.n_ctx = min(int(n_ctx or held), held)
         eos = m.get("eos_token_id")
         self._eos = set(eos if isinstance(eos, list) else [eos]) - {None}
         self._bos = m.get("bos_token_id")
