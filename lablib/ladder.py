@@ -91,7 +91,7 @@ class Ladder:
         self.cache = quant.quant_home(self.model.sha256)  # reference log-probs
         self.home = Path(home) if home else self.cache  # ladder files
         ref_rm = quant.rung_model(self.reference_path, self.model, "F32")
-        eng = load_engine("llama.cpp", ref_rm, n_ctx=self._engine_ctx())
+        eng = load_engine(GGUF_ENGINE, ref_rm, n_ctx=self._engine_ctx())
         try:
             self.chunks = quality.text_chunks(eng, self.cfg["n_ctx"], self.cfg["n_chunks"])
             self.ref = quality.reference_logprobs(eng, self.chunks, self.cache, key=f"F32:{self.model.sha256}")
@@ -132,18 +132,23 @@ class Ladder:
         return out
 
     # --- llama.cpp ---------------------------------------------------------------------------
-    def llama_row(self, qtype: str, path, facts: dict, speed: bool = True) -> dict:
-        from . import quant
+    def load_and_measure(self, engine: str, model, speed: bool = True, **kw) -> tuple[dict, str, float]:
+        """Load ``engine`` on ``model`` (keyword arguments to :func:`lablib.engines.load_engine`),
+        measure it (:meth:`measure`) and close it: (figures, engine version, load seconds)."""
         from .engines import load_engine
 
         t0 = time.perf_counter()
-        eng = load_engine(GGUF_ENGINE, quant.rung_model(path, self.model, qtype), n_ctx=self._engine_ctx())
+        eng = load_engine(engine, model, n_ctx=self._engine_ctx(), **kw)
         load_s = time.perf_counter() - t0
         try:
-            figures = self.measure(eng, speed)
-            version = eng.info().version
+            return self.measure(eng, speed), eng.info().version, load_s
         finally:
             eng.close()
+
+    def llama_row(self, qtype: str, path, facts: dict, speed: bool = True) -> dict:
+        from . import quant
+
+        figures, version, load_s = self.load_and_measure(GGUF_ENGINE, quant.rung_model(path, self.model, qtype), speed)
         return {
             **self.base_row(),
             "engine": GGUF_ENGINE,
@@ -267,7 +272,7 @@ def engine_row(lad: Ladder, engine: str, variant: str, speed: bool = True) -> di
     the ladder's reference. ``bytes``: the weights files read at load."""
     from dataclasses import replace
 
-    from .engines import canonical, engine_class, load_engine
+    from .engines import canonical, engine_class
 
     key = canonical(engine)
     rm = lad.model
@@ -294,14 +299,7 @@ def engine_row(lad: Ladder, engine: str, variant: str, speed: bool = True) -> di
         bpw, fmt = 8 * bytes_ / rm.parameters, "mlx"
     else:
         raise LabError(f"engine {engine!r}: expected transformers or mlx here (llama.cpp: run_ladder)")
-    t0 = time.perf_counter()
-    eng = load_engine(key, rm, n_ctx=lad._engine_ctx(), **kw)
-    load_s = time.perf_counter() - t0
-    try:
-        figures = lad.measure(eng, speed)
-        version = eng.info().version
-    finally:
-        eng.close()
+    figures, version, load_s = lad.load_and_measure(key, rm, speed, **kw)
     return {
         **lad.base_row(),
         "engine": key,

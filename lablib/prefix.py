@@ -26,7 +26,7 @@ from .errors import LabError
 from .memory import kv_cache_bytes
 from .models import resolve
 from .results import ResultsWriter, trace_row
-from .sweep import check_plan, engine_manifest, engine_names, positive_ints
+from .sweep import budgeted_int, check_plan, engine_manifest, engine_names, positive_ints
 from .workload import chat_ids, lab_tokenizer, prompt_of_length
 
 # the unique part of each request: a question in the chat template (lab 08's default questions)
@@ -100,13 +100,11 @@ def shared_prefix(
     sizes = positive_ints(
         budget("prefix", "shared_tokens") if shared_tokens is None else shared_tokens, "shared_tokens"
     )
-    nq = positive_ints([budget("prefix", "questions") if questions is None else questions], "questions")[0]
+    nq = budgeted_int(questions, "prefix", "questions")
     if nq > len(QUESTIONS):
         raise LabError(f"questions={nq}: the lab has {len(QUESTIONS)} questions")
-    n_out = positive_ints(
-        [budget("prefix", "max_new_tokens") if max_new_tokens is None else max_new_tokens], "max_new_tokens"
-    )[0]
-    reps = positive_ints([budget("prefix", "reps") if reps is None else reps], "reps")[0]
+    n_out = budgeted_int(max_new_tokens, "prefix", "max_new_tokens")
+    reps = budgeted_int(reps, "prefix", "reps")
     if warmup < 0:
         raise LabError(f"warmup={warmup}: expected 0 or more")
     names = engine_names(engines)
@@ -188,12 +186,10 @@ def chat(
     import pandas as pd
     from tqdm.auto import tqdm
 
-    n_turns = positive_ints([budget("prefix_chat", "turns") if turns is None else turns], "turns")[0]
+    n_turns = budgeted_int(turns, "prefix_chat", "turns")
     if n_turns > len(CHAT_MESSAGES):
         raise LabError(f"turns={n_turns}: the lab's chat has {len(CHAT_MESSAGES)} user messages")
-    n_out = positive_ints(
-        [budget("prefix_chat", "max_new_tokens") if max_new_tokens is None else max_new_tokens], "max_new_tokens"
-    )[0]
+    n_out = budgeted_int(max_new_tokens, "prefix_chat", "max_new_tokens")
     names = engine_names(engines)
     rm = resolve(model)
     tok = lab_tokenizer(rm)

@@ -123,6 +123,12 @@ def side_by_side(
 
 
 # --- parameters and guards ------------------------------------------------------------------
+def budgeted_int(value, kind: str, setting: str) -> int:
+    """``value`` as one positive int, or the budget's default for ``kind``/``setting`` when it is
+    None (:func:`lablib.config.budget`: quick or full). LabError for anything else."""
+    return positive_ints([budget(kind, setting) if value is None else value], setting)[0]
+
+
 def positive_ints(values, what: str) -> list[int]:
     """``values`` (a list or "64,256") as a non-empty list of positive ints; LabError otherwise."""
     if isinstance(values, str):
@@ -251,7 +257,7 @@ def context_sweep(
     if max_new_tokens is None:
         max_new_tokens = budget("context", "max_new_tokens")
     max_new_tokens = positive_ints([max_new_tokens], "max_new_tokens")[0]
-    reps = positive_ints([budget("context", "reps") if reps is None else reps], "reps")[0]
+    reps = budgeted_int(reps, "context", "reps")
     if warmup < 0:
         raise LabError(f"warmup={warmup}: expected 0 or more")
     names = engine_names(engines)
