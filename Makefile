@@ -15,7 +15,7 @@ PORT   ?= 8888
 # JupyterLab refuses to run as root unless told (containers, CI machines)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab lint test browser prepare doctor benchmark clean wheelhouse install-offline
+.PHONY: setup lab lint test test-packages prepare doctor benchmark clean wheelhouse install-offline
 
 setup: $(STAMP)
 
@@ -45,12 +45,13 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# the browser tests need Debian's Chromium: installed here when root or passwordless sudo
-# allows, otherwise the one command to run is printed and the tests do not start
-browser:
-	@bash scripts/ensure-chromium
+# the tests' system packages (Debian's Chromium for the browser tests, qemu-user for the
+# emulated-CPU tests): installed here when root or passwordless sudo allows, otherwise the one
+# command to run is printed and the tests do not start
+test-packages:
+	@bash scripts/ensure-test-packages
 
-test: setup lint browser
+test: setup lint test-packages
 	$(PY) -m pytest
 
 benchmark: setup

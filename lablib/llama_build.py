@@ -30,6 +30,11 @@ How:
    dropped, and why, to ``<venv>/lablib-llama-build.json``, which
    ``lablib doctor`` prints.
 
+Another x86 CPU (``--cpu MODEL``): the probe and the smoke test run under QEMU's user-mode
+emulation of that CPU model (:func:`emulator`), so a build can be proved on a CPU this machine
+is not: QEMU 7.2 executes up to AVX2/FMA/F16C, so ``--cpu EPYC-Rome`` stands in for an AMD EPYC
+or a laptop without AVX-512. Its verdicts are kept for that CPU, not for this machine.
+
 On non-x86 machines (Apple silicon, aarch64 Linux) the engine's own defaults
 are kept, and the smoke test still runs. GPUs: llama.cpp builds its Metal backend on
 macOS by default; where the CUDA toolkit's ``nvcc`` is found (:func:`gpu_cmake_args`) the
@@ -155,8 +160,9 @@ def _compiler(env: str, *names: str) -> str | None:
     return os.environ.get(env) or next((shutil.which(n) for n in names if shutil.which(n)), None)
 
 
-def _probe(flags: str, body: str, cc: str, workdir: Path, cxx: str | None = None) -> bool:
-    """Compile and run one probe; True when it compiled and exited 0 (a SIGILL shows as -4)."""
+def _probe(flags: str, body: str, cc: str, workdir: Path, cxx: str | None = None, runner: tuple = ()) -> bool:
+    """Compile and run one probe (under ``runner``, an :func:`emulator`, if given); True when it
+    compiled and exited 0 (a SIGILL shows as -4)."""
     if "amx" in flags:
         if not cxx:
             return False
@@ -171,7 +177,7 @@ def _probe(flags: str, body: str, cc: str, workdir: Path, cxx: str | None = None
     if built.returncode != 0:
         return False
     try:
-        ran = subprocess.run([str(exe)], capture_output=True, timeout=10)
+        ran = subprocess.run([*runner, str(exe)], capture_output=True, timeout=30 if runner else 10)
     except subprocess.TimeoutExpired:
         return False
     return ran.returncode == 0
@@ -181,8 +187,9 @@ def _is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
-def probe_cpu_features(cc: str | None = None) -> dict[str, bool]:
-    """Execute one instruction of each ggml x86 extension in a child process.
+def probe_cpu_features(cc: str | None = None, runner: tuple = ()) -> dict[str, bool]:
+    """Execute one instruction of each ggml x86 extension in a child process (under ``runner``,
+    an :func:`emulator`, to probe another CPU).
 
     Returns {ggml CMake option: runs here}. Empty on non-x86 machines or when
     no C compiler is found (then ggml's own defaults apply). Raises BuildError
@@ -203,7 +210,31 @@ def probe_cpu_features(cc: str | None = None) -> dict[str, bool]:
         ) from None
     cxx = _compiler("CXX", "c++", "g++")
     with tempfile.TemporaryDirectory(prefix="lablib-probe-") as tmp:
-        return {opt: _probe(flags, body, cc, Path(tmp), cxx) for opt, (flags, body) in _PROBES.items()}
+        return {opt: _probe(flags, body, cc, Path(tmp), cxx, runner) for opt, (flags, body) in _PROBES.items()}
+
+
+def emulator(cpu: str) -> tuple[str, ...]:
+    """The command prefix that runs an x86-64 program as on the CPU model ``cpu`` (QEMU's names,
+    ``qemu-x86_64 -cpu help``: Haswell, EPYC-Rome, ...): ``("qemu-x86_64", "-cpu", cpu)``.
+
+    qemu-user (Debian's package ``qemu-user``) translates each instruction and reports that
+    model's CPUID, so a library's runtime dispatch (numpy, ggml) picks what that CPU would; QEMU 7.2
+    executes up to AVX2, FMA and F16C, and no AVX-512, AVX-VNNI or AMX. Child processes of the
+    emulated program run natively (qemu-user does not follow ``exec``). Raises BuildError when
+    ``qemu-x86_64`` is missing or does not know ``cpu``.
+    """
+    qemu = shutil.which("qemu-x86_64")
+    if qemu is None:
+        raise BuildError(
+            f"emulating the CPU {cpu!r} needs qemu-user's qemu-x86_64, which is not installed: "
+            "`apt-get install qemu-user` (Debian/Ubuntu)"
+        )
+    known = subprocess.run([qemu, "-cpu", "help"], capture_output=True, text=True).stdout.split()
+    if cpu not in known:
+        raise BuildError(
+            f"qemu-x86_64 knows no CPU model {cpu!r}: `qemu-x86_64 -cpu help` lists them (Haswell, EPYC-Rome, ...)"
+        )
+    return (qemu, "-cpu", cpu)
 
 
 # x86-64-v3 (the x86-64 psABI's microarchitecture level 3, Intel Haswell / AMD Excavator and
@@ -262,8 +293,11 @@ def wheel_cache_dir(root: Path, args: str) -> Path:
     return root / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def machine_fingerprint() -> str:
-    """This CPU as the build sees it (model name and the flags the kernel reports), 16 hex digits."""
+def machine_fingerprint(runner: tuple = ()) -> str:
+    """This CPU as the build sees it (model name and the flags the kernel reports), 16 hex digits;
+    with ``runner`` (an :func:`emulator`), the emulated CPU instead."""
+    if runner:
+        return hashlib.sha256(f"{platform.machine()}\nemulated: {' '.join(runner[1:])}".encode()).hexdigest()[:16]
     text = ""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
@@ -280,15 +314,17 @@ def _failures(folder: Path) -> dict:
         return {}
 
 
-def failed_here(folder: Path) -> dict | None:
-    """The smoke-test failure recorded for this machine in a build folder, or None."""
-    return _failures(folder).get(machine_fingerprint())
+def failed_here(folder: Path, runner: tuple = ()) -> dict | None:
+    """The smoke-test failure recorded for this machine (or the CPU ``runner`` emulates) in a
+    build folder, or None."""
+    return _failures(folder).get(machine_fingerprint(runner))
 
 
-def mark_failed(folder: Path, verdict: dict) -> None:
-    """Record that the build in ``folder`` failed its smoke test on this machine."""
+def mark_failed(folder: Path, verdict: dict, runner: tuple = ()) -> None:
+    """Record that the build in ``folder`` failed its smoke test on this machine (or on the CPU
+    ``runner`` emulates)."""
     failures = _failures(folder)
-    failures[machine_fingerprint()] = verdict
+    failures[machine_fingerprint(runner)] = verdict
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "failed.json").write_text(json.dumps(failures, indent=1) + "\n")
 
@@ -463,8 +499,9 @@ def _req_name(req: str) -> str:
     return re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0].lower()
 
 
-def smoke_test(wheel: Path, model: Path, threads: int | None = None, timeout: float = 300) -> dict:
-    """Run the built library on the real model in a child process (see :data:`_SMOKE`).
+def smoke_test(wheel: Path, model: Path, threads: int | None = None, timeout: float = 300, runner: tuple = ()) -> dict:
+    """Run the built library on the real model in a child process (see :data:`_SMOKE`); with
+    ``runner`` (an :func:`emulator`) that child runs on the emulated CPU.
 
     Returns {"ok": True, "system_info": ...} or {"ok": False, "signal": name or None,
     "detail": ...}: a signal or non-finite logits is a fault of the build on this CPU.
@@ -484,7 +521,7 @@ def smoke_test(wheel: Path, model: Path, threads: int | None = None, timeout: fl
         env = dict(os.environ, PYTHONPATH=tmp + os.pathsep + os.environ.get("PYTHONPATH", ""))
         try:
             p = subprocess.run(
-                [sys.executable, "-c", _SMOKE, str(model), str(threads)],
+                [*runner, sys.executable, "-c", _SMOKE, str(model), str(threads)],
                 env=env,
                 cwd=tmp,
                 capture_output=True,
@@ -512,27 +549,31 @@ def verified_build(
     build=build_wheel,
     smoke=smoke_test,
     log=print,
+    runner: tuple = (),
 ) -> tuple[Path, dict]:
-    """Build, smoke-test and fall back until a wheel runs here.
+    """Build, smoke-test and fall back until a wheel runs here (or, with ``runner``, an
+    :func:`emulator`, on the CPU it emulates).
 
-    ``build(cache_root, args, log=...) -> wheel`` and ``smoke(wheel, model) -> verdict`` are
-    parameters so the fallback logic can be tested with stand-ins. A wheel that fails is marked
-    failed for this machine (:func:`mark_failed`) and the next family of :data:`FALLBACK` is
-    switched off. Returns (wheel, report): report holds ``cmake_args``, ``enabled`` and
-    ``refused_by_probe`` (extension names), ``dropped`` ([{family, reason}]), ``build_dir``,
-    ``smoke`` and ``machine``. Raises BuildError when even the last fallback crashes.
+    ``build(cache_root, args, log=...) -> wheel`` and ``smoke(wheel, model, runner=...) -> verdict``
+    are parameters so the fallback logic can be tested with stand-ins. A wheel that fails is marked
+    failed for this machine, or the emulated CPU (:func:`mark_failed`), and the next family of
+    :data:`FALLBACK` is switched off. Returns (wheel, report): report holds ``cmake_args``,
+    ``enabled`` and ``refused_by_probe`` (extension names), ``dropped`` ([{family, reason}]),
+    ``build_dir``, ``smoke``, ``machine`` and ``emulated`` (the runner, [] for none). Raises
+    BuildError when even the last fallback crashes.
     """
     model = model or default_model_path()
     refused = sorted(k[5:] for k, ok in features.items() if not ok)
     dropped: list[dict] = []
-    gpu = gpu_cmake_args(portable)
+    gpu = "" if runner else gpu_cmake_args(portable)  # an emulated CPU has no GPU
+    where = f"on the emulated CPU {runner[-1]}" if runner else "here"
     while True:
         args = " ".join(a for a in (cmake_args(features, portable=portable), gpu) if a)
         folder = wheel_cache_dir(cache_root, args)
-        verdict = failed_here(folder)
+        verdict = failed_here(folder, runner)
         if verdict is not None:
             log(
-                f"llama-cpp-python: the build with CMAKE_ARGS={args!r} failed here before "
+                f"llama-cpp-python: the build with CMAKE_ARGS={args!r} failed {where} before "
                 f"({verdict.get('detail')}); not using it"
             )
         else:
@@ -546,7 +587,7 @@ def verified_build(
                 dropped.append({"family": "CUDA", "reason": f"the build with {gpu} failed: {e}"})
                 gpu = ""
                 continue
-            verdict = smoke(wheel, model)
+            verdict = smoke(wheel, model, runner=runner)
             if verdict.get("ok"):
                 report = {
                     "cmake_args": args,
@@ -556,12 +597,13 @@ def verified_build(
                     "refused_by_probe": refused,
                     "dropped": dropped,
                     "smoke": verdict,
-                    "machine": machine_fingerprint(),
+                    "machine": machine_fingerprint(runner),
+                    "emulated": list(runner),
                 }
                 return wheel, report
-            mark_failed(folder, verdict)
+            mark_failed(folder, verdict, runner)
             log(
-                f"llama-cpp-python: the build with CMAKE_ARGS={args!r} failed its smoke test here: "
+                f"llama-cpp-python: the build with CMAKE_ARGS={args!r} failed its smoke test {where}: "
                 f"{verdict.get('detail')}"
             )
         if gpu:  # the GPU backend goes first: a driver or device problem, not the CPU's extensions
@@ -572,7 +614,8 @@ def verified_build(
         step = next_fallback(features) if features else None
         if step is None:
             raise BuildError(
-                f"llama-cpp-python built with CMAKE_ARGS={args!r} does not run on this CPU "
+                f"llama-cpp-python built with CMAKE_ARGS={args!r} does not run on "
+                f"{'the emulated CPU ' + runner[-1] if runner else 'this CPU'} "
                 f"({verdict.get('detail')}) and no extension family is left to switch off; "
                 "report the CPU (lscpu) and the compiler (cc --version) with this message"
             )
@@ -691,18 +734,27 @@ def main(argv: list[str] | None = None) -> int:
         help="only x86-64-v3 extensions (AVX2, FMA, F16C): a wheel for other machines too "
         "(Binder's session nodes, a room's laptops)",
     )
+    ap.add_argument(
+        "--cpu",
+        metavar="MODEL",
+        help="build for another x86 CPU: probe and smoke-test under qemu-user's emulation of MODEL "
+        "(`qemu-x86_64 -cpu help`; EPYC-Rome or Haswell: a CPU without AVX-512); not with --install",
+    )
     ns = ap.parse_args(argv)
+    if ns.cpu and ns.install:
+        ap.error(f"--cpu {ns.cpu} builds for another CPU and --install installs for this one: run them separately")
     try:
+        runner = emulator(ns.cpu) if ns.cpu else ()
         if ns.tool:
             print(llama_tool(ns.tool))
             return 0
-        features = probe_cpu_features()
+        features = probe_cpu_features(runner=runner)
         if ns.print_flags:
             print(cmake_args(features, portable=ns.portable))
             return 0
         if features:
             print(
-                "CPU extensions that run here:",
+                f"CPU extensions that run {'on the emulated ' + ns.cpu if ns.cpu else 'here'}:",
                 " ".join(k[5:] for k, ok in features.items() if ok) or "none",
                 "| refused:",
                 " ".join(k[5:] for k, ok in features.items() if not ok) or "none",
@@ -710,9 +762,10 @@ def main(argv: list[str] | None = None) -> int:
         from .config import lab_home
 
         root = Path(ns.cache) if ns.cache else lab_home() / "wheels"
-        wheel, report = verified_build(features, root, Path(ns.model) if ns.model else None, portable=ns.portable)
+        model = Path(ns.model) if ns.model else None
+        wheel, report = verified_build(features, root, model, portable=ns.portable, runner=runner)
         print(
-            f"llama-cpp-python: {wheel.name} runs here (enabled: {' '.join(report['enabled']) or 'defaults'}"
+            f"llama-cpp-python: {wheel} runs {'on the emulated ' + ns.cpu if ns.cpu else 'here'} (enabled: {' '.join(report['enabled']) or 'defaults'}"
             + (f"; dropped: {', '.join(d['family'] for d in report['dropped'])}" if report["dropped"] else "")
             + ")"
         )

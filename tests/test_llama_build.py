@@ -94,7 +94,7 @@ def _stand_ins(fails_with: set[str], built: list[str], tmp_path: Path, compile_f
         wheel.write_text(args)
         return wheel
 
-    def smoke(wheel, model):
+    def smoke(wheel, model, runner=()):
         on = set(re.findall(r"-D(\w+)=ON", wheel.read_text()))
         if on & fails_with:
             return {"ok": False, "signal": "SIGILL", "detail": "the smoke test died with SIGILL"}

@@ -1,0 +1,98 @@
+"""The llama.cpp build judged on a CPU this machine is not: an x86 without AVX-512, emulated.
+
+The project's machines differ (AMD EPYC without AVX-512; Intel Xeon with AVX-512 and AMX). CI runs
+on one of them; qemu-user's emulation of an AMD EPYC-Rome (QEMU 7.2 executes up to AVX2, FMA and
+F16C) stands in for a CPU without AVX-512, so each run also checks the probe and the smoke test,
+with the real programs and the real built library, on the other kind.
+"""
+
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lablib import llama_build
+
+pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="emulates an x86-64 CPU")
+
+CPU = "EPYC-Rome"  # AMD Zen 2: AVX2, FMA, F16C, BMI2; no AVX-512, AVX-VNNI or AMX
+BEYOND = ("AVX512", "AVX_VNNI", "AMX")  # what such a CPU cannot run
+
+
+@pytest.fixture(scope="module")
+def emulated():
+    return llama_build.emulator(CPU)
+
+
+def test_the_probe_on_a_cpu_without_avx512_keeps_avx2_and_refuses_the_rest(emulated):
+    features = llama_build.probe_cpu_features(runner=emulated)
+    on = {k[5:] for k, ok in features.items() if ok}
+    assert on == {"SSE42", "AVX", "AVX2", "FMA", "F16C", "BMI2"}
+    args = llama_build.cmake_args(features)
+    assert "-DGGML_AVX2=ON" in args and "-DGGML_AVX512=OFF" in args and "-DGGML_AMX_INT8=OFF" in args
+
+
+def test_the_emulator_runs_python_and_numpy_as_that_cpu(emulated):
+    """The control for the next test: Python and numpy run under the emulation, and numpy's own
+    dispatch sees a CPU without AVX-512 (so a crash there is the library's, not the emulator's)."""
+    code = (
+        "import numpy as np; from numpy._core._multiarray_umath import __cpu_features__ as f; "
+        "print(float(np.arange(10.0).sum()), f['AVX2'], f['AVX512F'])"
+    )
+    out = subprocess.run([*emulated, sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["45.0", "True", "False"]
+
+
+def test_the_smoke_test_judges_this_environments_build_on_a_cpu_without_avx512(emulated):
+    """The real library on the real model, on the emulated CPU: a build that switched on an
+    extension that CPU lacks dies there with SIGILL, which the smoke test reports (the verdict
+    the fallback acts on, as on an AMX Xeon); a build without them runs."""
+    report = llama_build.build_report()
+    assert report is not None, "this environment's llama-cpp-python was not installed by llama_build --install"
+    beyond = [e for e in report["enabled"] if e.startswith(BEYOND)]
+    verdict = llama_build.smoke_test(
+        Path(report["wheel"]), llama_build.default_model_path(), threads=2, timeout=600, runner=emulated
+    )
+    if beyond:
+        assert verdict == {"ok": False, "signal": "SIGILL", "detail": "the smoke test died with SIGILL"}, beyond
+    else:
+        assert verdict["ok"] is True, verdict
+        assert "AVX512 = 1" not in verdict["system_info"]
+
+
+def test_verdicts_on_an_emulated_cpu_are_kept_for_that_cpu_not_this_machine(emulated, tmp_path):
+    """A build that fails on the emulated CPU is never served there again, and stays usable here."""
+    assert llama_build.machine_fingerprint(emulated) != llama_build.machine_fingerprint()
+    built: list[str] = []
+
+    def build(root, args, log=print):
+        built.append(args)
+        folder = llama_build.wheel_cache_dir(root, args)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl").write_text(args)
+        return folder / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
+
+    def smoke(wheel, model, runner=()):  # stand-in: AVX-512 dies on the emulated CPU only
+        dies = runner and "-DGGML_AVX512=ON" in wheel.read_text()
+        return {"ok": False, "signal": "SIGILL", "detail": "died"} if dies else {"ok": True, "system_info": ""}
+
+    features = {"GGML_AVX2": True, "GGML_AVX512": True}
+    quiet = dict(build=build, smoke=smoke, log=lambda *a: None)
+    wheel, report = llama_build.verified_build(features, tmp_path, tmp_path / "m.gguf", runner=emulated, **quiet)
+    assert [d["family"] for d in report["dropped"]] == ["AVX-512"]
+    assert report["emulated"] == list(emulated) and report["machine"] == llama_build.machine_fingerprint(emulated)
+    first = llama_build.wheel_cache_dir(tmp_path, built[0])
+    assert llama_build.failed_here(first, emulated)["signal"] == "SIGILL"
+    assert llama_build.failed_here(first) is None  # this machine's verdict on that build is not touched
+    built.clear()
+    here, report_here = llama_build.verified_build(features, tmp_path, tmp_path / "m.gguf", **quiet)
+    assert built == [report_here["cmake_args"]]  # the AVX-512 build, not refused here
+    assert "-DGGML_AVX512=ON" in report_here["cmake_args"] and report_here["dropped"] == []
+
+
+def test_an_unknown_cpu_model_is_refused_with_where_to_look():
+    with pytest.raises(llama_build.BuildError, match=r"no CPU model 'Pentium-9'.*-cpu help"):
+        llama_build.emulator("Pentium-9")
