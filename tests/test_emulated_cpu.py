@@ -38,7 +38,9 @@ def test_the_emulator_runs_python_and_numpy_as_that_cpu(emulated):
     """The control for the next test: Python and numpy run under the emulation, and numpy's own
     dispatch sees a CPU without AVX-512 (so a crash there is the library's, not the emulator's)."""
     code = (
-        "import numpy as np; from numpy._core._multiarray_umath import __cpu_features__ as f; "
+        "import numpy as np\n"
+        "try:\n    from numpy._core._multiarray_umath import __cpu_features__ as f\n"
+        "except ImportError:  # numpy 1.x\n    from numpy.core._multiarray_umath import __cpu_features__ as f\n"
         "print(float(np.arange(10.0).sum()), f['AVX2'], f['AVX512F'])"
     )
     out = subprocess.run([*emulated, sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
