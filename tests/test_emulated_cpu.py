@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lablib import llama_build
+from lablib import llama_build, wheelhouse
 
 pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="emulates an x86-64 CPU")
 
@@ -63,6 +63,22 @@ def test_the_smoke_test_judges_this_environments_build_on_a_cpu_without_avx512(e
     else:
         assert verdict["ok"] is True, verdict
         assert "AVX512 = 1" not in verdict["system_info"]
+
+
+def test_a_wheel_for_other_laptops_is_run_on_an_emulated_x86_64_v3_cpu():
+    """``make wheelhouse PORTABLE=1`` runs the portable wheel on an emulated Haswell too; a wheel
+    with more than x86-64-v3 in it (this environment's, where the CPU has AVX-512) is refused there."""
+    report = llama_build.build_report()
+    assert report is not None, "this environment's llama-cpp-python was not installed by llama_build --install"
+    beyond = sorted(set(report["enabled"]) - {opt[5:] for opt in llama_build.PORTABLE})
+    run = lambda: wheelhouse.check_portable(
+        Path(report["wheel"]), llama_build.default_model_path(), log=lambda *a: None
+    )
+    if beyond:
+        with pytest.raises(RuntimeError, match=r"does not run on an emulated Haswell \(x86-64-v3\): .*SIGILL"):
+            run()
+    else:
+        assert run() == ["emulated Haswell (x86-64-v3)"]
 
 
 def test_verdicts_on_an_emulated_cpu_are_kept_for_that_cpu_not_this_machine(emulated, tmp_path):
