@@ -181,6 +181,7 @@ def test_llama_wheel_is_the_one_cached_for_the_probed_flags(built):
     manifest = json.loads((built / wheelhouse.MANIFEST).read_text())
     assert manifest["llama_cpp_python"]["cmake_args"] == args
     assert manifest["llama_cpp_python"]["cache_key"] == cache.name
+    assert manifest["llama_cpp_python"]["smoke_tested_on"] == ["this machine"]  # not portable: here only
     assert args in (built / "install.sh").read_text()
 
 
