@@ -34,9 +34,23 @@ def reference_label(model) -> str:
 
 
 HF_DTYPES = ("float32", "bfloat16", "float16")
-GGUF_ENGINE = "llama.cpp"  # the engine GGUF rungs are made (its quantizer) and measured on
 LADDER_ENGINES = "the ladder measures llama.cpp (GGUF types), transformers (dtypes) and mlx (float32, 8bit, 4bit)"
 MLX_BITS = (8, 4)
+
+
+def gguf_engine() -> str:
+    """The name of the engine GGUF rungs are made (its quantizer) and measured on: the engine of
+    :data:`lablib.engines.ENGINES` whose class says ``quantizes_gguf`` (llama.cpp). LabError when
+    not exactly one does."""
+    from .engines import ENGINES
+
+    found = [name for name, cls in ENGINES.items() if cls.quantizes_gguf]
+    if len(found) != 1:
+        raise LabError(
+            f"engines that quantize GGUF (Engine.quantizes_gguf): {found or 'none'}; expected exactly one "
+            "(set quantizes_gguf = True on the one engine class whose quantizer lablib.quant uses)"
+        )
+    return found[0]
 
 
 def quick() -> bool:
@@ -91,7 +105,7 @@ class Ladder:
         self.cache = quant.quant_home(self.model.sha256)  # reference log-probs
         self.home = Path(home) if home else self.cache  # ladder files
         ref_rm = quant.rung_model(self.reference_path, self.model, "F32")
-        eng = load_engine(GGUF_ENGINE, ref_rm, n_ctx=self._engine_ctx())
+        eng = load_engine(gguf_engine(), ref_rm, n_ctx=self._engine_ctx())
         try:
             self.chunks = quality.text_chunks(eng, self.cfg["n_ctx"], self.cfg["n_chunks"])
             self.ref = quality.reference_logprobs(eng, self.chunks, self.cache, key=f"F32:{self.model.sha256}")
@@ -148,10 +162,11 @@ class Ladder:
     def llama_row(self, qtype: str, path, facts: dict, speed: bool = True) -> dict:
         from . import quant
 
-        figures, version, load_s = self.load_and_measure(GGUF_ENGINE, quant.rung_model(path, self.model, qtype), speed)
+        engine = gguf_engine()
+        figures, version, load_s = self.load_and_measure(engine, quant.rung_model(path, self.model, qtype), speed)
         return {
             **self.base_row(),
-            "engine": GGUF_ENGINE,
+            "engine": engine,
             "engine_version": version,
             "format": "gguf",
             "type": qtype,
@@ -341,7 +356,8 @@ def measure_one(
 
     key = canonical(engine)
     reads = engine_class(key).format
-    if reads == "gguf" and key != GGUF_ENGINE:  # another GGUF reader (openvino): its rows would be llama.cpp's
+    # another GGUF reader (openvino): its rows would be the GGUF engine's (Engine.quantizes_gguf)
+    if reads == "gguf" and not engine_class(key).quantizes_gguf:
         raise LabError(f"engine {key}: the quality ladder has no variants for it (not available); {LADDER_ENGINES}")
     writer = ResultsWriter(out) if out else None
     if reads == "gguf":

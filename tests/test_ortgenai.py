@@ -1,6 +1,7 @@
 """ONNX Runtime GenAI on the real default model: the ONNX model built from the lab's Hugging Face
 folder (fp32 and int4, cached), greedy ids against transformers, the trace, EOS kept under
-ignore_eos, and the errors a missing package or a failing build give."""
+ignore_eos, the errors a missing package or a failing build give, and a killed loader taking
+its builder with it."""
 
 import json
 from dataclasses import replace
@@ -139,3 +140,102 @@ def test_a_context_beyond_the_models_is_capped_and_refused_before_work(model):
             e.generate([1] * 8190, GenerationConfig(max_new_tokens=8))
     finally:
         e.close()
+
+
+# A lab process that loads onnxruntime-genai into a fresh lab home (argv[1]) after resolving the
+# default model in the usual one: its load starts the model builder, a grandchild of the test.
+_LOADER = """\
+import os, sys
+from lablib.engines import load_engine
+from lablib.models import prepare
+
+model = prepare(log=lambda *_: None)
+os.environ["LABLIB_HOME"] = sys.argv[1]
+load_engine("onnxruntime-genai", model, n_ctx=256)
+"""
+
+
+def _gone(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE  # dead, waiting for a reaper that may never come
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_killed_loader_takes_its_builder_with_it(monkeypatch, tmp_path, model, ort, first_token_flip):
+    """kill -9 of the process that loads the engine, mid-build: the builder (its child) dies too
+    (Linux: PR_SET_PDEATHSIG) instead of writing on into <folder>.tmp; the next load rebuilds the
+    half-written folder and generates the ids a normal load does."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    if not sys.platform.startswith("linux"):
+        pytest.fail(f"this test checks a Linux guarantee (prctl PR_SET_PDEATHSIG); platform is {sys.platform}")
+    home = tmp_path / "home"
+    loader = subprocess.Popen([sys.executable, "-c", _LOADER, str(home)], stdin=subprocess.DEVNULL)
+    try:
+        builder, deadline = None, time.monotonic() + 300  # liveness bounds, not timings
+        while builder is None:
+            assert loader.poll() is None, f"the loader exited ({loader.returncode}) before its builder appeared"
+            assert time.monotonic() < deadline, "no model builder appeared under the loader within 300 s"
+            for p in psutil.Process(loader.pid).children():
+                try:  # mid-build: the builder module's native library is mapped, so the guard has run
+                    if any("onnxruntime_genai" in m.path for m in p.memory_maps()) and str(home) in " ".join(
+                        p.cmdline()
+                    ):
+                        builder = p
+                except psutil.NoSuchProcess:
+                    pass
+            time.sleep(0.2)
+        tmp = [d for d in (home / "onnx").iterdir() if d.name.endswith(".tmp")]
+        assert len(tmp) == 1 and not (tmp[0] / BUILD_RECORD).exists()  # the build is under way
+        os.kill(loader.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        loader.wait()
+        while not _gone(builder) and time.monotonic() - t0 < 30:
+            time.sleep(0.01)
+        died_s = time.monotonic() - t0
+        assert _gone(builder), f"the builder (pid {builder.pid}) still runs 30 s after its loader was killed"
+        print(f"builder pid {builder.pid} gone {died_s:.3f} s after kill -9 of its loader")
+    finally:
+        if loader.poll() is None:
+            loader.kill()
+            loader.wait()
+    # killed mid-build: none of the builder's outputs (an orphan writes them all when it finishes;
+    # measured here without the guard: gone 8 s after the kill, the files written)
+    left = {f.name for f in tmp[0].iterdir()}
+    assert left.isdisjoint({"model.onnx", "model.onnx.data", "genai_config.json", "tokenizer.json"}), left
+    monkeypatch.setenv("LABLIB_HOME", str(home))
+    e = load_engine(NAME, model, n_ctx=256)
+    try:
+        assert e.folder == tmp[0].with_name(tmp[0].name[: -len(".tmp")]) and (e.folder / BUILD_RECORD).is_file()
+        assert not tmp[0].exists() and e.folder != ort.folder
+        ids = first_token_flip["prompt_token_ids"]
+        cfg = GenerationConfig(max_new_tokens=8)
+        assert e.generate(ids, cfg).token_ids == ort.generate(ids, cfg).token_ids
+    finally:
+        e.close()
+
+
+def test_a_builder_whose_parent_died_before_the_guard_exits_at_once(tmp_path):
+    """The guard's other half: a builder whose parent is not the process named (it died between
+    the fork and the prctl, so no signal will come) exits before building anything."""
+    import os
+    import subprocess
+    import sys
+
+    from lablib.engines.ortgenai import builder_command, guarded
+
+    if not sys.platform.startswith("linux"):
+        pytest.fail(f"this test checks a Linux guarantee (prctl PR_SET_PDEATHSIG); platform is {sys.platform}")
+    cmd = guarded(builder_command(tmp_path / "hf", tmp_path / "out", "fp32", tmp_path / "cache"), os.getppid())
+    p = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert p.returncode == 1 and "the lab process that started this ONNX build has exited" in p.stderr
+    assert not (tmp_path / "out").exists()

@@ -201,3 +201,21 @@ def test_quality_of_another_gguf_engine_is_not_measured_on_llama_cpp(capsys, tmp
     err = capsys.readouterr().err
     assert "engine openvino: the quality ladder has no variants for it (not available)" in err
     assert not out.exists()
+
+
+def test_the_ladder_finds_its_gguf_engine_by_the_class_fact(monkeypatch):
+    """The engine GGUF rungs are made and measured on is the one whose class says quantizes_gguf;
+    a second one is a clear error, not a silent pick."""
+    from lablib.engines import ENGINES
+    from lablib.errors import LabError
+    from lablib.ladder import gguf_engine
+
+    assert gguf_engine() == "llama.cpp"
+    assert [n for n, cls in ENGINES.items() if cls.quantizes_gguf] == ["llama.cpp"]
+
+    class Second(ENGINES["openvino"]):
+        quantizes_gguf = True
+
+    monkeypatch.setitem(ENGINES, "openvino", Second)
+    with pytest.raises(LabError, match=r"\['llama.cpp', 'openvino'\]; expected exactly one"):
+        gguf_engine()

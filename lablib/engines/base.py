@@ -228,6 +228,9 @@ class Engine:
     compare_load_kwargs: ClassVar[dict] = {}  # lablib.compare loads it so: as the library alone reads the model
     modes: ClassVar[tuple] = ("serial", "batched")  # scheduling modes lablib.concurrency runs it in
     prefix_caching: ClassVar[bool] = False  # True: generate(..., prefix_cache=) reuses a kept prefix (lab 08)
+    # True: the quality ladder's GGUF engine: its library's quantizer makes the GGUF rungs (lablib.quant)
+    # and the ladder measures them and the F32 reference on it (lablib.ladder.gguf_engine); exactly one engine
+    quantizes_gguf: ClassVar[bool] = False
 
     @classmethod
     def default_load_kwargs(cls, model, concurrency: int = 1) -> dict:

@@ -75,6 +75,7 @@ class LlamaCppEngine(Engine):
     kv_bytes_per_value = 2  # f16 KV cache
     reserves_kv_at_load = True  # the KV cache for all of n_ctx is allocated when the context opens
     prefix_caching = True  # a sequence's state saved and restored (llama_state_seq_get_data / set_data)
+    quantizes_gguf = True  # llama_model_quantize makes the ladder's GGUF rungs (lablib.quant); measured here
 
     @classmethod
     def default_n_ctx(cls, model) -> int:
