@@ -3,17 +3,20 @@ machine, against a short context sweep of the three engines.
 
 The machine is measured first (:func:`lablib.hardware.measure_machine`, refreshed: read bandwidth and
 matmul FLOP/s), then each engine runs the context sweep (one warm-up, ``--reps`` requests per length,
-``--new-tokens`` output tokens). The prediction for each row: prefill of its prompt at the engine's
-compute roof (int8 for llama.cpp's Q4_1, float32 for transformers and MLX) or its bytes, whichever is
-slower; decode at the mean depth, bandwidth- or compute-bound. Prints the table of medians, the
-crossover batch size per engine, then one line per engine and prompt length:
-``engine=NAME prompt=N decode_pred=X decode_meas=Y decode_ratio=R prefill_pred=... prefill_ratio=...``.
+``--new-tokens`` output tokens; ``--weights openvino=source,onnxruntime-genai=int4`` loads those engines
+with those weights). The prediction for each row follows what its engine loaded, as the row records it
+(``weights``, ``compute_dtype``): prefill of its prompt at that compute roof (int8 for llama.cpp's Q4_1
+and onnxruntime-genai's int4, float32 for transformers and MLX, openvino's inference precision) or its
+bytes, whichever is slower; decode at the mean depth, bandwidth- or compute-bound. Prints the table of
+medians, the crossover batch size per engine and weights, then one line per engine, weights and prompt
+length: ``engine=NAME weights=W prompt=N decode_pred=X decode_meas=Y decode_ratio=R prefill_pred=...``.
 
 The machine is shared with other people's jobs: the measured columns wander by multiples from run to
 run (llama.cpp most: its threads wait for each other at every step when a core is taken). Compare
 orders of magnitude, and run it twice.
 
     python benchmarks/roofline.py [--prompt-tokens 64,256] [--new-tokens 16] [--reps 2] [--results FILE]
+    python benchmarks/roofline.py --engines openvino,ort --weights openvino=source,ort=int4
     LABLIB_THREADS=1 python benchmarks/roofline.py --threads 1   # engines and ceilings on one core
 
 ``--threads N`` measures the ceilings with N threads (float32 through torch, whose thread count can be set)
@@ -31,6 +34,15 @@ What it printed on the lab's shared 2-core EPYC (30 Nov 2026, load average 6-7 f
     mlx           prompt 256: decode  2.6 of 15.2 (0.17), prefill   4 of 149 (0.03)
 With two threads at the same load, llama.cpp fell to 2-5 tokens/s (0.02-0.05 of its bound): its threads
 wait for each other at every step when another process holds a core.
+
+The two engines with a choice of weights, same machine (cached measurement: read 34.2 GB/s, float32 193,
+bfloat16 428, int8 865 GFLOP/s), LABLIB_THREADS=2, 64 prompt + 8 output tokens, 2 repetitions
+(``--engines openvino,onnxruntime-genai [--weights openvino=source,onnxruntime-genai=int4]``), bound
+tokens/s (measured) per row; before 30 Nov 2026 every row was bounded by the engine's defaults:
+    openvino          f16     decode 126.2 (48), prefill 1986 (914; float32 roof before: 897, below the measurement)
+    openvino          source  decode 348.1 (61), prefill 1986 (804)   before: 126.2 and 897 (the F16 file, float32)
+    onnxruntime-genai fp32    decode  63.1 (24), prefill  897 (190)
+    onnxruntime-genai int4    decode 391.2 (52), prefill 4016 (264)   before: 63.1 and 897 (float32 weights and math)
 """
 
 from __future__ import annotations
@@ -49,6 +61,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--engines", default="transformers,llama.cpp,mlx")
+    ap.add_argument("--weights", default=None, help="weight choices, e.g. openvino=source,onnxruntime-genai=int4")
+    ap.add_argument("--out", default=None, help="also append the measured rows to this results file")
     ap.add_argument("--results", default=None, help="use this results file's context rows instead of measuring")
     ap.add_argument("--no-refresh", action="store_true", help="use the cached machine measurement")
     ap.add_argument("--threads", type=int, default=None, help="measure the ceilings with N threads (not cached)")
@@ -95,6 +109,8 @@ def main() -> None:
             max_new_tokens=ns.new_tokens,
             reps=ns.reps,
             progress=False,
+            weights=ns.weights,
+            out=ns.out,
         )
     d = roofline.add_bound_columns(df, model, machine_name=mach)
     t = roofline.bound_table(d)
@@ -102,6 +118,7 @@ def main() -> None:
     t["decode_ratio"] = t["decode_tps"] / t["decode_bound_tps"]
     cols = [
         "engine",
+        *(["weights"] if "weights" in t.columns else []),
         "prompt_tokens",
         "prefill_bound_tps",
         "prefill_tps",
@@ -114,17 +131,20 @@ def main() -> None:
         print("\npredicted (bound) versus measured, tokens/s, medians:")
         print(t[cols].to_string(index=False))
     print("\ncrossover batch (decode turns compute-bound), at depth 256:")
-    for e in dict.fromkeys(d["engine"]):
-        prof = roofline.engine_profile(model, e)
+    runs = d.reindex(columns=["engine", "weights", "compute_dtype"]).drop_duplicates()
+    for e, w, c in runs.itertuples(index=False):
+        prof = roofline.engine_profile(model, e, w, c)
         print(
-            f"  {e:<13} {roofline.crossover_batch(prof, mach, 256):.1f} sequences "
+            f"  {e:<17} {str(prof['weights'] or '-'):<8} {roofline.crossover_batch(prof, mach, 256):.1f} sequences "
             f"({prof['compute_dtype']} roof {roofline.peak_flops(mach, prof['compute_dtype']) / 1e9:.0f} GFLOP/s, "
             f"{prof['weight_bytes'] / 1e6:.1f} MB of weights)"
         )
     print()
     for r in t.itertuples():
+        w = getattr(r, "weights", None)
         print(
-            f"engine={r.engine} prompt={r.prompt_tokens} decode_pred={r.decode_bound_tps:.1f} "
+            f"engine={r.engine} weights={w if isinstance(w, str) else '-'} prompt={r.prompt_tokens} "
+            f"decode_pred={r.decode_bound_tps:.1f} "
             f"decode_meas={r.decode_tps:.1f} decode_ratio={r.decode_ratio:.2f} prefill_pred={r.prefill_bound_tps:.0f} "
             f"prefill_meas={r.prefill_tps:.0f} prefill_ratio={r.prefill_ratio:.2f}"
         )

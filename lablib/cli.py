@@ -177,6 +177,7 @@ def cmd_sweep(ns) -> int:
         warmup=ns.warmup,
         out=ns.out,
         progress=not ns.quiet,
+        weights=ns.weights,
     )
     if ns.kind == "context":
         df = sweep.context_sweep(prompt_tokens=ns.prompt_tokens, reps=ns.reps, **common)
@@ -383,6 +384,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help=f"concurrency: requests per level (default {budget('concurrency', 'requests_per_client')} x C)",
+    )
+    s.add_argument(
+        "--weights",
+        default=None,
+        help="weight choices per engine, e.g. openvino=source,onnxruntime-genai=int4 (default: each engine's own)",
     )
     s.add_argument("--out", required=True, help="results file, .jsonl or .parquet (appended)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")

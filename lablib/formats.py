@@ -6,6 +6,8 @@
 - :func:`gguf_facts` and :func:`gguf_config`: what a GGUF file states (one GGUF reader,
   :func:`open_gguf`, for both)
 - :func:`restore_pre_tokenizer`: the GGUF's split rule for a tokenizer built from it
+- :func:`weight_tensors`: every weight tensor a file or folder stores, with its type and bytes (GGUF
+  tensors, safetensors headers, ONNX initializers)
 - :func:`folder_with_config`: a model folder with another config, for experiments
 """
 
@@ -282,6 +284,114 @@ def gguf_config(path) -> dict:
         "bos_id": val("tokenizer.ggml.bos_token_id"),
         "eos_id": val("tokenizer.ggml.eos_token_id"),
     }
+
+
+# --- weight tensors as stored ------------------------------------------------------
+def weight_tensors(path) -> tuple:
+    """(name, type, elements, bytes) of every weight tensor stored at ``path``: a GGUF file
+    (:func:`gguf_tensors`), a folder of ONNX models (:func:`onnx_tensors`) or of *.safetensors
+    (:func:`safetensors_tensors`). ``elements`` counts weights, ``bytes`` what they occupy as stored.
+    Raises LabError for a path that holds none of these."""
+    p = Path(path)
+    if p.is_file() and p.suffix == ".gguf":
+        return gguf_tensors(str(p))
+    if p.is_dir() and list(p.glob("*.onnx")):
+        return onnx_tensors(str(p))
+    if p.is_dir() and list(p.glob("*.safetensors")):
+        return safetensors_tensors(str(p))
+    raise LabError(
+        f"{p}: no weights to count; expected a GGUF file, or a folder of ONNX models or *.safetensors "
+        "(run `lablib prepare`, or load the engine once so that it builds its model)"
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def gguf_tensors(path: str) -> tuple:
+    """(name, ggml type name, elements, bytes) of every tensor of a GGUF file (its header, memory-mapped)."""
+    r, _ = open_gguf(path)
+    return tuple((t.name, t.tensor_type.name, int(t.n_elements), int(t.n_bytes)) for t in r.tensors)
+
+
+@functools.lru_cache(maxsize=16)
+def safetensors_tensors(folder: str) -> tuple:
+    """(name, dtype, elements, bytes) of every tensor in a folder's *.safetensors (headers only: an
+    8-byte little-endian length, then JSON {name: {dtype, shape, data_offsets}})."""
+    import math
+    import struct
+
+    out = []
+    for p in sorted(Path(folder).glob("*.safetensors")):
+        with open(p, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        for name, t in header.items():
+            if name != "__metadata__":
+                lo, hi = t["data_offsets"]
+                out.append((name, t["dtype"], math.prod(t["shape"]), hi - lo))
+    return tuple(out)
+
+
+# floating-point tensor types, as GGUF and safetensors name them (the rest are quantized or integer)
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+# ONNX TensorProto data types as safetensors names them
+ONNX_TYPES = {1: "F32", 2: "U8", 3: "I8", 5: "I16", 6: "I32", 7: "I64", 9: "BOOL", 10: "F16", 11: "F64", 16: "BF16"}
+# ONNX Runtime's block-quantized operators: (data, scales, zero points) inputs of one weight matrix
+BLOCK_QUANTIZED = {"MatMulNBits": (1, 2, 3), "GatherBlockQuantized": (0, 2, 3)}
+
+
+@functools.lru_cache(maxsize=16)
+def onnx_tensors(folder: str) -> tuple:
+    """(name, type, elements, bytes) of every initializer of the *.onnx models in ``folder``, read from
+    the graph (external data left unread: its ``length``, else the tensor's own bytes).
+
+    A weight matrix that ONNX Runtime's block-quantized operators read (``MatMulNBits``,
+    ``GatherBlockQuantized``: packed ``bits``-bit data, per-block scales and optional zero points)
+    is one entry: the data's name without its ``_Q4``-style suffix, type ``INT{bits}``, its weights
+    (N x K, from the node's attributes, or the packed bytes x 8 / bits), the bytes of data, scales and
+    zero points together (as a GGUF Q4_0 block holds its scale). Other initializers keep their ONNX
+    type, named as safetensors names dtypes (F32, F16, U8...). Needs the ``onnx`` package."""
+    import math
+    import re
+
+    try:
+        import onnx
+    except ImportError:
+        raise LabError(
+            f"{folder}: counting an ONNX model's weights needs the onnx package; install it: "
+            "pip install -e '.[onnxruntime-genai]'"
+        ) from None
+    out = []
+    for path in sorted(Path(folder).glob("*.onnx")):
+        g = onnx.load(str(path), load_external_data=False).graph
+        init = {t.name: t for t in g.initializer}
+
+        def nbytes(t):
+            ext = {e.key: e.value for e in t.external_data}
+            if "length" in ext:
+                return int(ext["length"])
+            return len(t.raw_data) or len(onnx.numpy_helper.to_array(t).tobytes())
+
+        merged = set()
+        for node in g.node:
+            if node.op_type not in BLOCK_QUANTIZED or node.input[BLOCK_QUANTIZED[node.op_type][0]] not in init:
+                continue
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            bits = int(attrs.get("bits", 4))
+            parts = [node.input[i] for i in BLOCK_QUANTIZED[node.op_type] if i < len(node.input)]
+            parts = [n for n in parts if n in init and n not in merged]
+            data = init[parts[0]]
+            if "K" in attrs and "N" in attrs:
+                elements = int(attrs["K"]) * int(attrs["N"])
+            else:
+                elements = math.prod(data.dims) * 8 // bits
+            name = re.sub(r"_Q\d+$", "", data.name)
+            out.append((name, f"INT{bits}", elements, sum(nbytes(init[n]) for n in parts)))
+            merged.update(parts)
+        for t in g.initializer:
+            if t.name not in merged:
+                kind = ONNX_TYPES.get(t.data_type, onnx.TensorProto.DataType.Name(t.data_type))
+                out.append((t.name, kind, math.prod(t.dims), nbytes(t)))
+    return tuple(out)
 
 
 # --- the model's shape -------------------------------------------------------------

@@ -17,8 +17,9 @@ Counting, per token, for a decoder of ``layers`` blocks (hidden size d, ``heads`
   weighted sum of v, each 2 x heads x head_dim x L per layer, so 4 x layers x heads x head_dim x L
   (Hoffmann et al. 2022, "Training Compute-Optimal Large Language Models", appendix F). Softmax,
   norms and activations are left out (a few % at most).
-- bytes: the weights as stored (GGUF tensor types, or safetensors dtypes) read once per step, an
-  untied input embedding excepted (a step reads one row of it); the KV cache of the L positions read,
+- bytes: the weights as the engine holds them (GGUF tensor types, safetensors dtypes, ONNX initializers)
+  read once per step, an untied input embedding and rotary tables excepted (a step reads one row of
+  each); the KV cache of the L positions read,
   and the new token's K and V written: 2 x layers x kv_heads x head_dim x bytes per element per
   token (lablib.memory). Activations stay in cache and are not counted: these are the compulsory
   bytes, so the bound is a ceiling.
@@ -28,24 +29,26 @@ Counting, per token, for a decoder of ``layers`` blocks (hidden size d, ``heads`
 - decode with B sequences in a batch, each at depth L: one pass over the weights serves all B tokens,
   each reads its own L positions of KV cache.
 
+Which weights and which compute type: what the run loaded, not the engine's defaults. A run's manifest
+and rows record ``weights`` (the engine's weight choice: onnxruntime-genai "int4", openvino "source",
+transformers "bfloat16"...) and ``compute_dtype`` (the type its matrix products ran at, as the engine
+reported it: openvino's inference precision, bf16 on a CPU with AVX-512 BF16); :func:`engine_profile` takes
+both, and the engine class says which tensors that choice holds and what it computes at
+(:meth:`lablib.engines.base.Engine.weight_tensors`, :meth:`~lablib.engines.base.Engine.compute_dtype`).
+
 Machines are dicts {name, bytes_per_s, flop_per_s: {float32, bfloat16, int8}, source}: this machine's
 measurement (:func:`lablib.hardware.measure_machine`) or an entry of :mod:`lablib.accelerators`.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
 from .errors import LabError
+from .formats import gguf_tensors, safetensors_tensors  # noqa: F401  (the readers weight_table's types come from)
 from .schema import BOUND_COLUMNS  # noqa: F401  (the columns add_bound_columns adds)
 
-# the rate that bounds each engine's matrix products here: transformers and MLX multiply float32;
-# llama.cpp multiplies quantized weights by int8-quantized activations (Q4_1 x Q8_1 dot products,
-# ggml-cpu's vec_dot_q4_1_q8_1; VNNI where present), float32 for F32/F16/BF16 files.
-ENGINE_COMPUTE = {"transformers": "float32", "mlx": "float32", "llama.cpp": "int8"}
-FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 # what-if (predict with fmt=): the math each stored format runs at: 16-bit weights on 16-bit tensor math
 # (the bfloat16 figure; float32's where a machine has none), quantized ones on int8 dot products
 FORMAT_COMPUTE = {"F32": "float32", "F64": "float32", "F16": "bfloat16", "BF16": "bfloat16"}
@@ -216,102 +219,87 @@ def format_bits(fmt: str) -> float:
     return 8 * size / block
 
 
-@functools.lru_cache(maxsize=16)
-def gguf_tensors(path: str) -> tuple:
-    """(name, ggml type name, elements, bytes) of every tensor of a GGUF file (its header, memory-mapped)."""
-    import gguf
-
-    r = gguf.GGUFReader(path)
-    return tuple((t.name, t.tensor_type.name, int(t.n_elements), int(t.n_bytes)) for t in r.tensors)
-
-
-@functools.lru_cache(maxsize=16)
-def safetensors_tensors(folder: str) -> tuple:
-    """(name, dtype, elements, bytes) of every tensor in a folder's *.safetensors (headers only: an
-    8-byte little-endian length, then JSON {name: {dtype, shape, data_offsets}})."""
-    import math
-    import struct
-
-    out = []
-    for p in sorted(Path(folder).glob("*.safetensors")):
-        with open(p, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-        for name, t in header.items():
-            if name != "__metadata__":
-                lo, hi = t["data_offsets"]
-                out.append((name, t["dtype"], math.prod(t["shape"]), hi - lo))
-    return tuple(out)
-
-
-def _reads_gguf(engine: str) -> bool:
+def _tensors(model, engine: str, weights: str | None = None) -> tuple:
+    """The tensors ``engine`` holds for ``model`` loaded with the weight choice ``weights`` (None: its
+    default): the engine class says which (:meth:`lablib.engines.base.Engine.weight_tensors`)."""
     from .engines import engine_class
 
-    return engine_class(engine).format == "gguf"
+    return engine_class(engine).weight_tensors(model, weights)
 
 
-def _tensors(model, engine: str) -> tuple:
-    from .engines import engine_class
-
-    cls = engine_class(engine)
-    fmt, path = cls.format, cls.weights_path(model)  # what the engine reads (openvino: the F16 reference)
-    if fmt == "gguf":
-        if not path:
-            raise LabError(f"{model.source}: no GGUF file for {engine}; run `lablib prepare` on a GGUF model")
-        return gguf_tensors(str(path))
-    folder = path
-    if not folder or not list(Path(folder).glob("*.safetensors")):
-        raise LabError(f"{model.source}: no safetensors folder for {engine}; run `lablib prepare`")
-    return safetensors_tensors(str(folder))
+# tensors of which a step reads one row, not the whole: an input embedding (when the model has a separate
+# LM head; tied, it is the LM head and read whole) and ONNX Runtime's rotary tables (a row per position)
+INPUT_EMBEDDINGS = ("token_embd.weight", "model.embed_tokens.weight", "embed_tokens.weight", "transformer.wte.weight")
+LM_HEADS = ("output.weight", "lm_head.weight", "lm_head.MatMul.weight")
+ROTARY_TABLES = ("cos_cache", "sin_cache")
 
 
 def _is_input_embedding(name: str) -> bool:
-    return name in ("token_embd.weight", "model.embed_tokens.weight", "embed_tokens.weight", "transformer.wte.weight")
+    return name in INPUT_EMBEDDINGS
 
 
 def _has_separate_head(names) -> bool:
-    return any(n in ("output.weight", "lm_head.weight") for n in names)
+    return any(n in LM_HEADS for n in names)
 
 
-def weight_table(model, engine: str):
-    """Weights ``engine`` loads, per stored type: DataFrame of type, tensors, elements, bytes,
-    bits_per_weight (from the GGUF header for llama.cpp, safetensors headers for transformers/MLX)."""
+def weight_table(model, engine: str, weights: str | None = None):
+    """Weights ``engine`` loads with the weight choice ``weights`` (None: its default), per stored type:
+    DataFrame of type, tensors, elements, bytes, bits_per_weight (from the GGUF header for llama.cpp and
+    openvino, safetensors headers for transformers/MLX, the ONNX graph's initializers for
+    onnxruntime-genai: INT4 there is a matrix in 4-bit blocks with its scales)."""
     import pandas as pd
 
-    df = pd.DataFrame(_tensors(model, engine), columns=["name", "type", "elements", "bytes"])
+    df = pd.DataFrame(_tensors(model, engine, weights), columns=["name", "type", "elements", "bytes"])
     g = df.groupby("type").agg(tensors=("name", "size"), elements=("elements", "sum"), bytes=("bytes", "sum"))
     g["bits_per_weight"] = 8 * g["bytes"] / g["elements"]
     return g.reset_index().sort_values("bytes", ascending=False, ignore_index=True)
 
 
-def weight_bytes_read(model, engine: str) -> int:
-    """Bytes of weights one forward step reads, as stored for ``engine``: every tensor, except an
-    untied input embedding (a step reads one row of it; tied, it is the LM head and read whole)."""
-    tensors = _tensors(model, engine)
+def weight_bytes_read(model, engine: str, weights: str | None = None) -> int:
+    """Bytes of weights one forward step reads, as stored for ``engine`` loaded with the weight choice
+    ``weights`` (None: its default): every tensor, except those of which a step reads one row: an untied
+    input embedding (tied, it is the LM head and read whole) and rotary tables (:data:`ROTARY_TABLES`)."""
+    tensors = _tensors(model, engine, weights)
     separate = _has_separate_head(t[0] for t in tensors)
-    return sum(t[3] for t in tensors if not (separate and _is_input_embedding(t[0])))
+    return sum(t[3] for t in tensors if not ((separate and _is_input_embedding(t[0])) or t[0] in ROTARY_TABLES))
 
 
-def compute_dtype(model, engine: str) -> str:
-    """The matrix-multiply type that bounds ``engine``'s arithmetic (:data:`ENGINE_COMPUTE`): for llama.cpp
-    int8 when the GGUF's largest tensors are quantized, float32 when they are F32/F16/BF16."""
-    if not _reads_gguf(engine):
-        return ENGINE_COMPUTE.get(engine, "float32")
-    t = weight_table(model, engine)
-    return "float32" if t["type"].iloc[0] in FLOAT_TYPES else "int8"
+def compute_dtype(model, engine: str, weights: str | None = None) -> str:
+    """The matrix-multiply type that bounds ``engine``'s arithmetic with the weight choice ``weights``, as
+    the engine class expects it before loading (:meth:`lablib.engines.base.Engine.compute_dtype`: llama.cpp
+    int8 for a quantized GGUF; openvino the plugin's inference precision; onnxruntime-genai int8 for its
+    int4 build). A run's own, as its engine reported it, is its rows' ``compute_dtype``."""
+    from .engines import engine_class
+
+    return engine_class(engine).compute_dtype(model, weights)
 
 
-def engine_profile(model, engine: str) -> dict:
-    """{dims, weight_bytes, kv_bytes_per_element, compute_dtype} of ``model`` as ``engine`` runs it."""
+def _given(value) -> str | None:
+    """A row's text field, None when absent (None, NaN, "")."""
+    return None if value is None or value != value or value == "" else str(value)
+
+
+def engine_profile(model, engine, weights: str | None = None, dtype: str | None = None) -> dict:
+    """{engine, weights, dims, weight_bytes, kv_bytes_per_element, compute_dtype} of ``model`` as ``engine``
+    runs it loaded with the weight choice ``weights`` (what its EngineInfo, manifest and rows record as
+    ``weights``: "int4", "source"...; None: its default) computing in ``dtype`` (what they record as
+    ``compute_dtype``; None: what the engine class expects, :func:`compute_dtype`). ``engine``: a name,
+    or a loaded Engine, whose ``info()`` gives both. Raises LabError for a choice the engine does not have."""
     from .engines import canonical, engine_class
 
+    if not isinstance(engine, str):  # a loaded engine: what it loaded, as it reports it
+        info = engine.info()
+        engine, weights, dtype = info.name, info.weights, info.compute_dtype
     engine = canonical(engine)
+    cls = engine_class(engine)
+    weights = cls.check_weights(_given(weights))
     return {
         "engine": engine,
+        "weights": weights,
         "dims": model_dims(model),
-        "weight_bytes": weight_bytes_read(model, engine),
-        "kv_bytes_per_element": engine_class(engine).kv_bytes_per_value,
-        "compute_dtype": compute_dtype(model, engine),
+        "weight_bytes": weight_bytes_read(model, engine, weights),
+        "kv_bytes_per_element": cls.kv_bytes_per_value,
+        "compute_dtype": _given(dtype) or compute_dtype(model, engine, weights),
     }
 
 
@@ -499,7 +487,10 @@ def add_bound_columns(df, model, machine_name=None):
     """Measured rows (tidy, one per request) with the roofline beside each: a new DataFrame with
     :data:`lablib.schema.BOUND_COLUMNS` added.
 
-    Per row: prefill of ``prompt_tokens``; decode at the mean depth prompt_tokens + output_tokens / 2,
+    Per row: the weights and compute type its engine ran with (its ``weights`` and ``compute_dtype``
+    columns, from the run's manifest; the engine's defaults where a row has none, as rows written
+    before these columns existed: :func:`engine_profile`); prefill of ``prompt_tokens``; decode at the
+    mean depth prompt_tokens + output_tokens / 2,
     batch = concurrency for ``mode == 'batched'`` rows, else 1. ``*_bound_tps``: the roofline's tokens/s
     (decode: per sequence) on the machine; ``*_pct_of_bound``: 100 x measured / bound; ``*_flop_per_s``:
     the FLOP/s attained (decode: all sequences of the batch). The machine: the row's own
@@ -524,10 +515,10 @@ def add_bound_columns(df, model, machine_name=None):
     profiles = {}
     out = []
     for row in df.to_dict("records"):
-        e = row["engine"]
-        if e not in profiles:
-            profiles[e] = engine_profile(model, e)
-        prof = profiles[e]
+        key = (row["engine"], _given(row.get("weights")), _given(row.get("compute_dtype")))
+        if key not in profiles:
+            profiles[key] = engine_profile(model, *key)
+        prof = profiles[key]
         dtype = prof["compute_dtype"]
         bw = row.get("measured_bandwidth_gbps") if machine_name is None else None
         f = row.get(f"measured_{dtype}_{'gops' if dtype == 'int8' else 'gflops'}")
@@ -571,8 +562,10 @@ def add_bound_columns(df, model, machine_name=None):
 
 
 def bound_table(df):
-    """Per engine and prompt length: medians of measured and bound tokens/s and % of bound, prefill and decode."""
-    g = df.groupby(["engine", "prompt_tokens"], sort=False)
+    """Per engine (and weight choice, where rows record one: ``weights``) and prompt length: medians of
+    measured and bound tokens/s and % of bound, prefill and decode."""
+    keys = ["engine", "weights", "prompt_tokens"] if "weights" in df.columns else ["engine", "prompt_tokens"]
+    g = df.groupby(keys, sort=False, dropna=False)
     return g.agg(
         prefill_tps=("prefill_tps", "median"),
         prefill_bound_tps=("prefill_bound_tps", "median"),

@@ -25,6 +25,10 @@ MANIFEST_FIELDS = {
     "engine_version": ("engine", "version"),
     "backend": ("engine", "backend"),
     "dtype": ("engine", "dtype"),
+    # the weights it loaded, as its weights option names them (int4, source...; None: its one choice), and
+    # the type its matrix products ran at: what lablib.roofline bounds the row by
+    "weights": ("engine", "weights"),
+    "compute_dtype": ("engine", "compute_dtype"),
     "threads": ("engine", "threads"),
     "n_ctx": ("engine", "n_ctx"),
     "device": ("engine", "device"),  # what it computed on: cpu, cuda, mps, metal, gpu offload
@@ -55,6 +59,8 @@ MANIFEST_SUMMARY = (
     "backend",
     "device",
     "dtype",
+    "weights",
+    "compute_dtype",
     "threads",
     "quantization",
     "model",
@@ -68,9 +74,9 @@ MANIFEST_SUMMARY = (
     "lablib_version",
 )
 # the roofline beside each measured row (lablib.roofline.add_bound_columns): FLOPs, bytes, intensity
-# (FLOP per byte), the machine's bound and the share of it reached, for prefill and decode
+# (FLOP per byte), the machine's bound and the share of it reached, for prefill and decode (it also
+# fills the manifest's compute_dtype where a row has none: rows written before the column existed)
 BOUND_COLUMNS = (
-    "compute_dtype",
     "bound_bytes_per_s",
     "bound_flop_per_s",
     "prefill_flops",

@@ -155,6 +155,32 @@ def engine_names(engines) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def weights_load_kwargs(names, weights) -> dict[str, dict]:
+    """{engine: load keywords} loading each engine of ``names`` with its weight choice in
+    ``weights``: {engine: choice} or "engine=choice,..." (e.g. "openvino=source,ort=int4"; None: every
+    engine's default), as the engine's weights option (``Engine.weights_option``: openvino
+    ``weights=``, onnxruntime-genai ``precision=``, transformers ``dtype=``). Raises LabError, before any
+    work, for an engine the sweep does not run or a choice it does not have."""
+    if isinstance(weights, str):
+        pairs = [w.split("=", 1) for w in weights.split(",") if w.strip()]
+        bad = [w for w in pairs if len(w) != 2 or not w[0].strip() or not w[1].strip()]
+        if bad:
+            raise LabError(f"weights {weights!r}: expected engine=choice pairs, such as openvino=source,ort=int4")
+        weights = {e.strip(): c.strip() for e, c in pairs}
+    out: dict[str, dict] = {canonical(name): {} for name in names}
+    for given, choice in (weights or {}).items():
+        name = canonical(given)
+        if name not in out:
+            raise LabError(
+                f"weights for {given!r}: {name} is not among this sweep's engines ({', '.join(out)}); "
+                "expected weight choices for the engines it runs"
+            )
+        cls = engine_class(name)
+        cls.check_weights(choice)
+        out[name] = {cls.weights_option: choice}
+    return out
+
+
 def default_prompt_lengths(model, max_new_tokens: int) -> list[int]:
     """Log-spaced prompt lengths 64, 128, ... up to what the trained context holds
     with ``max_new_tokens`` of output (quick mode: ``BUDGETS["context"]["prompt_tokens"]``)."""
@@ -238,6 +264,7 @@ def context_sweep(
     on_row=None,
     progress: bool = True,
     corpus: str = "prose",
+    weights=None,
 ):
     """Prompt length against prefill and decode, per engine.
 
@@ -248,8 +275,9 @@ def context_sweep(
     repetitions; quick mode 8 x 1). Every row is
     appended to ``out`` (.jsonl or .parquet) as it finishes and passed to
     ``on_row``; ``cancel`` (a threading.Event) stops between requests with
-    every finished row kept. Returns a DataFrame of the rows of this call.
-    Raises LabError/ContextOverflowError for bad parameters before any work.
+    every finished row kept. ``weights``: a weight choice per engine ({"openvino": "source"} or
+    "ort=int4": :func:`weights_load_kwargs`; each row records it, ``weights``). Returns a DataFrame of
+    the rows of this call. Raises LabError/ContextOverflowError for bad parameters before any work.
     """
     import pandas as pd
     from tqdm.auto import tqdm
@@ -261,6 +289,7 @@ def context_sweep(
     if warmup < 0:
         raise LabError(f"warmup={warmup}: expected 0 or more")
     names = engine_names(engines)
+    load = weights_load_kwargs(names, weights)
     rm = resolve(model)
     lengths = positive_ints(
         default_prompt_lengths(rm, max_new_tokens) if prompt_tokens is None else prompt_tokens, "prompt_tokens"
@@ -273,7 +302,7 @@ def context_sweep(
     bar = tqdm(total=len(names) * len(lengths) * reps, desc="context sweep", unit="req", disable=not progress)
     try:
         for name in names:
-            engine = load_engine(name, rm, n_ctx=n_ctx)
+            engine = load_engine(name, rm, n_ctx=n_ctx, **load[name])
             try:
                 for n in lengths:
                     ids = prompt_of_length(rm, n, corpus=corpus)
@@ -329,6 +358,7 @@ def concurrency_sweep(
     on_row=None,
     progress: bool = True,
     corpus: str = "prose",
+    weights=None,
 ):
     """Closed-loop clients against each engine, serial queue versus continuous batching.
 
@@ -342,7 +372,8 @@ def concurrency_sweep(
     ``warmup`` unrecorded requests per engine and mode first. One row per
     request, appended to ``out`` as it finishes and passed to ``on_row``;
     ``cancel`` (threading.Event) stops after the request that finishes next,
-    keeping every finished row. Returns a DataFrame of this call's rows. An engine runs only the
+    keeping every finished row. ``weights``: a weight choice per engine (:func:`weights_load_kwargs`).
+    Returns a DataFrame of this call's rows. An engine runs only the
     modes it has (``Engine.modes``: ONNX Runtime GenAI is serial only).
     """
     import pandas as pd
@@ -365,6 +396,7 @@ def concurrency_sweep(
     if warmup < 0:
         raise LabError(f"warmup={warmup}: expected 0 or more")
     names = engine_names(engines)
+    load = weights_load_kwargs(names, weights)
     engine_modes = modes_per_engine(names, modes)
     rm = resolve(model)
     check_plan(rm, names, [n_prompt], n_out, levels)
@@ -388,7 +420,11 @@ def concurrency_sweep(
     try:
         for name in names:
             # the engine's own load defaults for cmax sequences (llama.cpp: one KV sequence each)
-            kw = {**engine_class(name).default_load_kwargs(rm, cmax), "n_ctx": cmax * (n_prompt + n_out) + 16}
+            kw = {
+                **engine_class(name).default_load_kwargs(rm, cmax),
+                "n_ctx": cmax * (n_prompt + n_out) + 16,
+                **load[name],
+            }
             engine = load_engine(name, rm, **kw)
             try:
                 for mode in engine_modes[name]:

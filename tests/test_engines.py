@@ -123,6 +123,10 @@ def test_engines_describe_themselves(engine):
     assert info["name"] in ("transformers", "llama.cpp", "mlx")
     assert info["version"] and info["backend"] and info["dtype"]
     assert info["threads"] >= 1 and info["n_ctx"] == 2048
+    # what the roofline bounds its rows by: the weights it loaded and the type it multiplies in
+    # (the fixtures load each engine's defaults on the CPU: Q4_1 in llama.cpp runs int8 dot products)
+    expect = {"transformers": ("float32", "float32"), "llama.cpp": (None, "int8"), "mlx": (None, "float32")}
+    assert (info["weights"], info["compute_dtype"]) == expect[info["name"]]
 
 
 def test_engines_record_the_device_they_compute_on(engine):

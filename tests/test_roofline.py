@@ -340,15 +340,3 @@ def test_cli_roofline_json_from_a_results_file(model, llama, tmp_path, monkeypat
     assert e["rows"] == 2 and e["source"].startswith("results: ") and e["prompt_tokens"] == 64
     assert e["fraction_of_bound"] == pytest.approx(e["decode_tps"] / e["decode_bound_tps"])
     assert main(["roofline", "--results", str(tmp_path / "none.jsonl")]) == 2
-
-
-def test_openvino_bound_counts_the_f16_file_it_reads(model):
-    """openvino reads the lab's F16 reference GGUF, not the shipped Q4_1 file: its bytes per step
-    are the F16 file's tensors (tied embedding: all of them), about 2.7x llama.cpp's."""
-    from lablib import quant
-
-    ref = quant.reference(model, "F16", log=lambda *_: None)
-    f16 = sum(t[3] for t in roofline.gguf_tensors(str(ref)))
-    assert roofline.weight_bytes_read(model, "openvino") == f16
-    assert f16 > 2 * roofline.weight_bytes_read(model, "llama.cpp")
-    assert roofline.compute_dtype(model, "openvino") == "float32"  # F16 weights: float math, not int8

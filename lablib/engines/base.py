@@ -8,7 +8,10 @@ timestamp per generated token id.
 An engine class also carries its facts, so that no module outside ``lablib/engines/``
 branches on an engine's name: the model format it reads, the module it needs and how
 to install it, its KV-cache bytes per value, what it allocates at load, its load
-defaults, the effective config it computes with (:meth:`Engine.effective_config`), and
+defaults, the weights it reads for each choice of its weights option and the type its
+matrix products run at (:meth:`Engine.weight_tensors`, :meth:`Engine.compute_dtype`: what
+lablib.roofline bounds a run by; a loaded engine records both in its :class:`EngineInfo`),
+the effective config it computes with (:meth:`Engine.effective_config`), and
 its continuous-batching session (:class:`BatchSession`, counted in :class:`BatchStats`).
 
 Prefix caching is opt-in (lab 08): a :class:`PrefixCache` the caller owns holds the KV cache of a
@@ -100,6 +103,11 @@ class EngineInfo:
     n_ctx: int  # context window the engine enforces or was trained to, tokens
     flags: dict = field(default_factory=dict)
     device: str = "cpu"  # what it computes on: cpu, cuda, mps (torch), metal / gpu (MLX), cuda/metal offload
+    # the weights it loaded, as its ``Engine.weights_option`` load keyword names them ("int4", "source", ...;
+    # None: an engine with one choice); Engine.weight_tensors(model, weights) lists them
+    weights: str | None = None
+    # the type its matrix products run at (float32, bfloat16, float16, int8): the roof that bounds its arithmetic
+    compute_dtype: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -224,6 +232,10 @@ class Engine:
     in_process: ClassVar[bool] = True  # False: the model runs in another process (a server), no memory check here
     # the weight dtypes its ``dtype=`` load argument takes (the quality ladder's variants); () = none
     dtypes: ClassVar[tuple[str, ...]] = ()
+    # the load keyword that chooses which weights it reads ("precision", "weights", "dtype") and its choices,
+    # the default first; None and (): one choice, its format's file (EngineInfo.weights records the choice)
+    weights_option: ClassVar[str | None] = None
+    weights_choices: ClassVar[tuple[str, ...]] = ()
     lab_default: ClassVar[bool] = True  # in the lab's default set: what sweeps, compare and notebooks run unasked
     compare_load_kwargs: ClassVar[dict] = {}  # lablib.compare loads it so: as the library alone reads the model
     modes: ClassVar[tuple] = ("serial", "batched")  # scheduling modes lablib.concurrency runs it in
@@ -239,10 +251,52 @@ class Engine:
         return {}
 
     @classmethod
-    def weights_path(cls, model) -> str | None:
-        """The weights file or folder the engine reads by default for ``model``: its format's path
-        (None when ``model`` has none; lablib.roofline counts the bytes a step reads from it)."""
+    def check_weights(cls, weights: str | None) -> str | None:
+        """``weights`` as a choice of :attr:`weights_choices` (None: the default, the first; None for an
+        engine with one choice). Raises LabError naming the choices for anything else."""
+        if not weights:
+            return cls.weights_choices[0] if cls.weights_choices else None
+        if not cls.weights_choices:
+            raise LabError(
+                f"weights={weights!r} for {cls.name}: it has one choice, its {cls.format or 'model'} file as "
+                "given; expected no weights choice (None)"
+            )
+        if weights not in cls.weights_choices:
+            raise LabError(
+                f"{cls.weights_option}={weights!r} for {cls.name}: expected one of "
+                f"{', '.join(cls.weights_choices)} (its {cls.weights_option}= load keyword)"
+            )
+        return weights
+
+    @classmethod
+    def weights_path(cls, model, weights: str | None = None, log=lambda *_: None) -> str | None:
+        """The weights file or folder the engine reads for ``model`` when loaded with ``weights`` (a choice
+        of :attr:`weights_choices`; None: its default): its format's path by default (None when
+        ``model`` has none). Engines whose weights are derived write them on first use (saying so to
+        ``log``)."""
+        cls.check_weights(weights)
         return getattr(model, f"{cls.format}_path", None) if cls.format else None
+
+    @classmethod
+    def weight_tensors(cls, model, weights: str | None = None) -> tuple:
+        """(name, type, elements, bytes) of every weight tensor the engine holds for ``model`` loaded with
+        ``weights`` (:meth:`weights_path`'s file or folder, as stored: :func:`lablib.formats.weight_tensors`).
+        lablib.roofline counts the bytes a step reads from them. Raises LabError when there is no such file."""
+        from ..formats import weight_tensors
+
+        path = cls.weights_path(model, weights)
+        if not path:
+            raise LabError(
+                f"{getattr(model, 'source', model)}: no {cls.format or 'weights'} files for {cls.name}; "
+                "run `lablib prepare` on a model in that format"
+            )
+        return weight_tensors(path)
+
+    @classmethod
+    def compute_dtype(cls, model, weights: str | None = None) -> str:
+        """The type the engine's matrix products run at for ``model`` loaded with ``weights``, as known
+        before loading (float32 by default); a loaded engine reports its own in ``info().compute_dtype``."""
+        return "float32"
 
     @classmethod
     def weights_bytes(cls, model) -> int:

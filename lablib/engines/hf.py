@@ -31,9 +31,13 @@ from typing import TYPE_CHECKING
 
 from ..devices import torch_device, torch_dtype
 from ..errors import EngineUnavailable, LabError
+from ..formats import FLOAT_TYPES
 from ..sampling import DEFINITION
 from ..trace import RequestTrace, now
 from .base import Engine, EngineInfo, GenerationConfig, PrefixCache
+
+# a torch dtype name -> (its safetensors name, bytes per element)
+TORCH_DTYPES = {"float32": ("F32", 4), "bfloat16": ("BF16", 2), "float16": ("F16", 2)}
 
 if TYPE_CHECKING:
     import numpy as np
@@ -78,9 +82,27 @@ class TransformersEngine(Engine):
     install_hint = "pip install 'torch==2.13.0' transformers accelerate"
     kv_bytes_per_value = 4  # float32 models
     dtypes = ("float32", "bfloat16", "float16")
+    weights_option = "dtype"  # the folder's weights, cast to this dtype at load
+    weights_choices = dtypes
     # lablib.compare's reference: float32 on every device (on a GPU the default dtype is half precision)
     compare_load_kwargs = {"dtype": "float32"}
     prefix_caching = True  # a DynamicCache built from a kept prefix's key/value tensors, per request
+
+    @classmethod
+    def weight_tensors(cls, model, weights: str | None = None) -> tuple:
+        """The Hugging Face folder's tensors as torch holds them after loading with ``dtype=weights``
+        (float32 by default): floating-point tensors in that dtype (2 bytes a weight in bfloat16 or
+        float16), others as stored."""
+        kind, size = TORCH_DTYPES[cls.check_weights(weights)]
+        return tuple(
+            (name, kind, n, n * size) if t in FLOAT_TYPES else (name, t, n, b)
+            for name, t, n, b in super().weight_tensors(model, weights)
+        )
+
+    @classmethod
+    def compute_dtype(cls, model, weights: str | None = None) -> str:
+        """The dtype it loaded the weights in (float32 by default): torch multiplies in the weights' dtype."""
+        return cls.check_weights(weights)
 
     def __init__(
         self,
@@ -199,6 +221,8 @@ class TransformersEngine(Engine):
             dtype=self.dtype,
             threads=self.threads,
             n_ctx=self.n_ctx,
+            weights=self.dtype,
+            compute_dtype=self.dtype,
             flags={
                 "attn_implementation": self.hf.config._attn_implementation,
                 "torch_threads": torch.get_num_threads(),

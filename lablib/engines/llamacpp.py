@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import ContextOverflowError, EngineUnavailable, LabError
-from ..formats import gguf_config, model_shape
+from ..formats import FLOAT_TYPES, gguf_config, model_shape
 from ..sampling import DEFINITION
 from ..trace import RequestTrace, now
 from .base import Engine, EngineInfo, GenerationConfig, PrefixCache
@@ -90,6 +90,16 @@ class LlamaCppEngine(Engine):
     def default_load_kwargs(cls, model, concurrency: int = 1) -> dict:
         """``n_ctx`` (:meth:`default_n_ctx`) and one KV sequence per concurrent request (``n_seq_max``)."""
         return {"n_ctx": cls.default_n_ctx(model), "n_seq_max": concurrency}
+
+    @classmethod
+    def compute_dtype(cls, model, weights: str | None = None) -> str:
+        """int8 when the GGUF's largest tensors (by bytes) are quantized: ggml-cpu multiplies them by
+        activations quantized to int8 (Q4_1 x Q8_1 dot products, ``vec_dot_q4_1_q8_1``; VNNI where
+        present); float32 for F32/F16/BF16 files."""
+        biggest: dict[str, int] = {}
+        for _, kind, _, nbytes in cls.weight_tensors(model, weights):
+            biggest[kind] = biggest.get(kind, 0) + nbytes
+        return "float32" if max(biggest, key=biggest.get) in FLOAT_TYPES else "int8"
 
     @classmethod
     def runtime_bytes(cls, model, n_batch: int = 512, context_tokens: int = 0) -> int:
@@ -256,6 +266,7 @@ class LlamaCppEngine(Engine):
             threads=self.threads,
             n_ctx=self.n_ctx,
             device=self.device,
+            compute_dtype=self.compute_dtype(self.model),
             flags={
                 "n_gpu_layers": self.n_gpu_layers,
                 "threads_auto": self.auto_threads,

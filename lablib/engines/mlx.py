@@ -140,6 +140,7 @@ class MLXEngine(Engine):
             n_ctx=self.n_ctx,
             # MLX computes on its default device: the GPU (Metal) on Apple silicon, else the CPU
             device="metal" if mx.default_device().type == mx.DeviceType.gpu else "cpu",
+            compute_dtype=self.compute_dtype(self.model),
             flags={
                 "prefill_step_size": self.prefill_step_size,
                 "config_fixes": self.config_fixes,

@@ -25,7 +25,9 @@ are refused: OpenVINO GenAI's multinomial sampler has not been checked against
 Numerics are OpenVINO's own for this CPU, recorded in ``info().flags``: the CPU plugin's default
 inference precision (bf16 where the CPU has bf16 instructions, else f32), int8 dynamic
 quantization of activations for compressed weights, and the KV cache precision the reader sets
-(f16 for an F16 or F32 GGUF; u8, the CPU default, otherwise).
+(f16 for an F16 or F32 GGUF; u8, the CPU default, otherwise). ``info().weights`` names the file it read
+("f16" or "source") and ``info().compute_dtype`` the inference precision its matrix products run at
+(bfloat16 for either file on a CPU with AVX-512 BF16 or AMX): what :mod:`lablib.roofline` bounds its rows by.
 
 Threads: ``INFERENCE_NUM_THREADS`` is a compile-time property of the CPU plugin: the engine loads
 with the lab's thread count (``threads``, else LABLIB_THREADS, else the CPUs other processes leave
@@ -39,6 +41,8 @@ scheduled sequence, each handle's new token ids are read and stamped after the s
 """
 
 from __future__ import annotations
+
+import functools
 
 from ..errors import EngineUnavailable, LabError
 from ..sampling import DEFINITION
@@ -66,6 +70,8 @@ class OpenVINOEngine(Engine):
     install_hint = "pip install -e '.[openvino]' (openvino-genai, openvino, openvino-tokenizers)"
     kv_bytes_per_value = 2  # f16: what the GGUF reader sets for an F16 file (the default weights)
     lab_default = False
+    weights_option = "weights"
+    weights_choices = WEIGHTS
     SETTINGS_OFF = (
         "chat template and special tokens of string inputs: not used, the lab passes token ids",
         "the GGUF's generation defaults and stop strings: replaced by a greedy config with max_new_tokens only",
@@ -82,12 +88,30 @@ class OpenVINOEngine(Engine):
             )
 
     @classmethod
-    def weights_path(cls, model, log=lambda *_: None) -> str:
-        """The lab's F16 reference GGUF of ``model`` (what ``weights="f16"``, the default, reads;
-        written once and cached by :func:`lablib.quant.reference` when missing, saying so to ``log``)."""
+    def weights_path(cls, model, weights: str | None = None, log=lambda *_: None) -> str:
+        """The GGUF it reads for ``weights``: "f16" (the default) the lab's F16 reference of ``model``
+        (written once and cached by :func:`lablib.quant.reference` when missing, saying so to ``log``),
+        "source" the model's own GGUF. FormatError for a model without a GGUF file."""
+        if cls.check_weights(weights) == "source":
+            return model.path_for("gguf", cls.name)
         from ..quant import reference
 
         return str(reference(model, "F16", log=log))
+
+    @classmethod
+    def compute_dtype(cls, model, weights: str | None = None, device: str = "CPU", properties=None) -> str:
+        """The type its matrix products run at: the plugin's inference precision (``properties``'
+        INFERENCE_PRECISION_HINT, else the ``device``'s default: bf16 on a CPU with AVX-512 BF16 or AMX,
+        else f32), for either weights: the CPU plugin decompresses Q4_1/Q8_0 weights to it (its runtime
+        graph on an AVX-512 BF16 EPYC: every FullyConnected a ``brgemm_avx512_bf16`` primitive, the F16
+        and the shipped Q4_1 file alike). float32 when OpenVINO is not installed."""
+        cls.check_weights(weights)
+        hint = (properties or {}).get("INFERENCE_PRECISION_HINT")
+        if hint is None:
+            hint = _device_property(device, "INFERENCE_PRECISION_HINT")
+        if hasattr(hint, "get_type_name"):  # an ov.Type given as a property
+            hint = hint.get_type_name()
+        return OV_TYPES.get(str(hint).lower(), str(hint)) if hint else "float32"
 
     @classmethod
     def weights_bytes(cls, model) -> int:
@@ -117,8 +141,8 @@ class OpenVINOEngine(Engine):
         if weights not in WEIGHTS:
             raise LabError(f"weights={weights!r}: expected one of {', '.join(WEIGHTS)}")
         self.weights = weights
-        source = model.path_for("gguf", self.name)
-        self.path = self.weights_path(model, log=print) if weights == "f16" else source
+        model.path_for("gguf", self.name)  # FormatError for a model without a GGUF, before any work
+        self.path = self.weights_path(model, weights, log=print)
         self._init_threads(threads)
         # INFERENCE_NUM_THREADS is fixed at compile time: chosen once (automatically or not), then kept
         self.auto_threads_at_load, self.auto_threads, self._busy = self.auto_threads, False, None
@@ -173,16 +197,8 @@ class OpenVINOEngine(Engine):
     def _device_defaults(self) -> dict:
         """The CPU plugin's defaults for the settings that change numerics (before this engine's
         properties): inference precision, KV cache precision, activation quantization group."""
-        core = self._ov.Core()
-        out = {}
-        for key in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE"):
-            try:
-                value = core.get_property(self.ov_device, key)
-                # an element type as OpenVINO spells it (bf16, u8), not its Python repr
-                out[key] = value.get_type_name() if hasattr(value, "get_type_name") else str(value)
-            except RuntimeError:
-                out[key] = None
-        return out
+        keys = ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE")
+        return {key: _device_property(self.ov_device, key) for key in keys}
 
     def info(self) -> EngineInfo:
         g = self._g
@@ -194,6 +210,8 @@ class OpenVINOEngine(Engine):
             threads=self.threads,
             n_ctx=self.n_ctx,
             device=self.device,
+            weights=self.weights,
+            compute_dtype=self.compute_dtype(self.model, self.weights, self.ov_device, self.properties),
             flags={
                 "threads_auto": self.auto_threads_at_load,
                 "threads_fixed_at_load": True,
@@ -273,6 +291,23 @@ class OpenVINOEngine(Engine):
     def close(self) -> None:
         self.pipe = None
         self.tok = None
+
+
+# OpenVINO's element type names (get_type_name) -> the lab's compute dtypes (lablib.roofline's roofs)
+OV_TYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "i8": "int8", "u8": "int8"}
+
+
+@functools.lru_cache(maxsize=32)
+def _device_property(device: str, key: str) -> str | None:
+    """An OpenVINO device's default for property ``key``, as OpenVINO spells it: an element type's name
+    (bf16, u8), not its Python repr; None when the device does not have it or OpenVINO is not installed."""
+    try:
+        import openvino as ov
+
+        value = ov.Core().get_property(device, key)
+    except (ImportError, RuntimeError):
+        return None
+    return value.get_type_name() if hasattr(value, "get_type_name") else str(value)
 
 
 def model_vocab(model) -> int:

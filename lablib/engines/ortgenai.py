@@ -10,6 +10,12 @@ twice), and cached under ``$LABLIB_HOME/onnx/<precision>-<key>/``, where key has
 builder dies with the process that started it, even under ``kill -9`` (:data:`_GUARD`: it went
 0.00-0.02 s after its parent), so an interrupted load leaves no orphan writing into the cache.
 
+What a step reads and computes with follows the build it loaded (``info().weights``, the precision;
+``info().compute_dtype``): fp32, the float32 weights (538 MB for SmolLM2-135M, as transformers);
+int4, every matrix in 4-bit blocks of 32 with a float32 scale, 5 bits a weight (84 MB), multiplied
+in int8 (the builder's ``accuracy_level`` 4 on MatMulNBits: ONNX Runtime quantizes the activations
+to int8 per block). :mod:`lablib.roofline` counts both from the built model's initializers.
+
 Generation is the library's own loop on ``og.Generator``: ``append_tokens(prompt ids)`` is the
 prefill (one forward pass over the prompt: its logits, the KV cache), then each
 ``generate_next_token()`` samples from the logits at hand (the first call only samples; every
@@ -60,6 +66,9 @@ if TYPE_CHECKING:
 
 PRECISIONS = ("fp32", "int4")  # what the lab builds; the builder also has int8, fp16 and bf16 (not for CPU)
 DTYPES = {"fp32": "float32", "int4": "int4 (MatMulNBits, RTN, block 32)"}  # the builder's CPU defaults
+# MatMulNBits' accuracy_level: the type ONNX Runtime may convert the activations to before the product
+# (0: left as they are, float32 here); the contrib op's documentation (onnxruntime ContribOperators.md)
+ACCURACY_LEVELS = {0: "float32", 1: "float32", 2: "float16", 3: "bfloat16", 4: "int8"}
 BUILD_LOG = "build.log"
 BUILD_RECORD = "lab_build.json"
 
@@ -218,6 +227,8 @@ class OnnxRuntimeGenAIEngine(Engine):
     reserves_kv_at_load = False  # each generator allocates its KV buffer for prompt + output (max_length)
     lab_default = False
     modes = ("serial",)  # no continuous batching on CPU (module docstring)
+    weights_option = "precision"
+    weights_choices = PRECISIONS
 
     # the genai config's own search defaults (genai_config.json "search"), which the lab sets explicitly
     SETTINGS_OFF = (
@@ -230,6 +241,31 @@ class OnnxRuntimeGenAIEngine(Engine):
     def default_load_kwargs(cls, model, concurrency: int = 1) -> dict:
         """``precision`` fp32: the same float32 weights transformers reads."""
         return {"precision": "fp32"}
+
+    @classmethod
+    def weights_path(cls, model, weights: str | None = None, log=lambda *_: None) -> str:
+        """The ONNX folder it reads for ``weights`` (a precision: "fp32", the default, or "int4"),
+        built on first use (:func:`onnx_folder`, saying so to ``log``)."""
+        return str(onnx_folder(model, cls.check_weights(weights), log=log))
+
+    @classmethod
+    def weights_bytes(cls, model) -> int:
+        """Bytes of the float32 weights it loads by default: the Hugging Face folder's weights the
+        builder converts (counted without building the ONNX model; parameters x 4 without a folder)."""
+        folder = getattr(model, "hf_path", None)
+        files = sorted(Path(folder).glob("*.safetensors")) if folder else []
+        return sum(f.stat().st_size for f in files) if files else model.parameters * 4
+
+    @classmethod
+    def compute_dtype(cls, model, weights: str | None = None) -> str:
+        """The type its matrix products run at, read from the built graph (:meth:`weights_path`):
+        float32 for the fp32 build's MatMul nodes; for the int4 build, what its MatMulNBits nodes'
+        ``accuracy_level`` lets ONNX Runtime quantize the activations to (:data:`ACCURACY_LEVELS`:
+        the CPU builder sets 4, int8: blocks of activations quantized to int8 and multiplied with
+        the 4-bit weights in int8 dot products, MLAS's CompInt8 kernels)."""
+        folder = Path(cls.weights_path(model, weights))
+        levels = _graph_facts(folder / "model.onnx").get("accuracy_levels") or [0]
+        return ACCURACY_LEVELS.get(max(levels), "float32")
 
     @classmethod
     def runtime_bytes(cls, model, n_batch: int = 512, context_tokens: int = 0) -> int:
@@ -311,6 +347,8 @@ class OnnxRuntimeGenAIEngine(Engine):
             dtype=DTYPES[self.precision],
             threads=self.threads,
             n_ctx=self.n_ctx,
+            weights=self.precision,
+            compute_dtype=self.compute_dtype(self.model, self.precision),
             flags={
                 "precision": self.precision,
                 "onnx_folder": str(self.folder),
@@ -425,8 +463,9 @@ class OnnxRuntimeGenAIEngine(Engine):
 
 def _graph_facts(path: Path) -> dict:
     """From an ONNX graph (its external weights left unread): ``epsilon`` of its first
-    (Skip)SimplifiedLayerNormalization node, and ``cos_row1``, ``cos_cache[1, 1]`` read from the
-    external data file at its offset. {} without the onnx package."""
+    (Skip)SimplifiedLayerNormalization node, ``cos_row1``, ``cos_cache[1, 1]`` read from the
+    external data file at its offset, and ``accuracy_levels``, the sorted distinct ``accuracy_level``
+    of its MatMulNBits nodes ([] without any). {} without the onnx package."""
     try:
         import onnx
     except ImportError:
@@ -439,6 +478,13 @@ def _graph_facts(path: Path) -> dict:
         if node.op_type.endswith("SimplifiedLayerNormalization"):
             out["epsilon"] = next((float(a.f) for a in node.attribute if a.name == "epsilon"), None)
             break
+    out["accuracy_levels"] = sorted(
+        {
+            next((int(a.i) for a in node.attribute if a.name == "accuracy_level"), 0)
+            for node in g.node
+            if node.op_type == "MatMulNBits"
+        }
+    )
     for t in g.initializer:
         if t.name == "cos_cache" and t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2:
             ext = {e.key: e.value for e in t.external_data}
