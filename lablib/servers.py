@@ -2,7 +2,10 @@
 
 Each server runs as a child process on 127.0.0.1 and a free port, with its log under
 ``$LABLIB_HOME/servers/``; it is ready when its health or models endpoint answers, and
-it is stopped by its own process id (SIGTERM, then SIGKILL after a grace period).
+it is stopped by its own process id (SIGTERM, then SIGKILL after a grace period). It runs in
+a session of its own (a Ctrl-C in the lab's terminal does not reach it), and dies with the
+process that started it, even under ``kill -9`` or a restarted kernel (Linux:
+:func:`lablib.children.popen`, whichever thread calls :func:`start_server`).
 
 =====================  ===========================================  ==========================
 name                   what runs                                    slots (``parallel``)
@@ -31,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import children
 from .errors import LabError
 
 SERVERS = ("llama-server", "llama-cpp-python", "mlx", "transformers")  # the keys of COMMANDS, in this order
@@ -321,7 +325,8 @@ def start_server(
     with open(log_path, "ab") as log:
         log.write(f"# lablib: {' '.join(argv)}\n".encode())
         log.flush()
-        proc = subprocess.Popen(
+        # tied: it dies with this process; forked by a thread that outlives it (children.popen)
+        proc = children.popen(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env, start_new_session=True
         )
     srv = RunningServer(

@@ -7,7 +7,7 @@ twice), and cached under ``$LABLIB_HOME/onnx/<precision>-<key>/``, where key has
 (``lablib.models._folder_sha256``), the precision and the builder's version
 (:func:`onnx_folder`). For SmolLM2-135M on two busy cores a build took 8-14 s (fp32) and
 9-10 s (int4: the builder's RTN quantizer, MatMulNBits with blocks of 32 weights). On Linux the
-builder dies with the process that started it, even under ``kill -9`` (:data:`_GUARD`: it went
+builder dies with the process that started it, even under ``kill -9`` (:mod:`lablib.children`: it went
 0.00-0.02 s after its parent), so an interrupted load leaves no orphan writing into the cache.
 
 What a step reads and computes with follows the build it loaded (``info().weights``, the precision;
@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -55,6 +54,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..children import tied
 from ..config import lab_home
 from ..errors import EngineUnavailable, LabError
 from ..sampling import DEFINITION
@@ -86,32 +86,19 @@ def builder_version() -> str:
 
 BUILDER = "onnxruntime_genai.models.builder"
 
-# The builder runs as ``python -c _GUARD PARENT_PID <builder arguments>``: on Linux the child asks
-# the kernel for SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG, through libc), so a killed
-# lab process (kill -9, an out-of-memory kill, a restarted kernel) takes the build with it instead
-# of leaving an orphan that burns CPU and writes into <folder>.tmp. If the parent died before the
-# prctl, the child is already someone else's and exits at once. Elsewhere (macOS: no prctl) the
-# guard does nothing. Done in the child, not in a ``preexec_fn``: that runs Python between fork
-# and exec, which Python documents as unsafe where threads exist (a Jupyter kernel always has).
-# The signal fires when the *thread* that forked exits; :func:`_build` forks from the thread that
-# calls it and blocks there in ``subprocess.run`` until the child has exited (on an exception too:
-# run kills the child first), so the forking thread outlives the child even when the load runs
-# in a worker thread (the widgets' sweep thread).
-_GUARD = f"""\
-import ctypes, os, runpy, signal, sys
-parent = int(sys.argv.pop(1))
-if sys.platform.startswith("linux"):
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        sys.exit("the lab process that started this ONNX build has exited")
-runpy.run_module("{BUILDER}", run_name="__main__", alter_sys=True)
-"""
+# The builder runs tied to the lab process (:func:`lablib.children.tied`): a killed lab process
+# (kill -9, an out-of-memory kill, a restarted kernel) takes the build with it instead of leaving
+# an orphan that burns CPU and writes into <folder>.tmp. The signal fires when the *thread* that
+# forked exits; :func:`_build` forks from the thread that calls it and blocks there in
+# ``subprocess.run`` until the child has exited (on an exception too: run kills the child first),
+# so the forking thread outlives the child even when the load runs in a worker thread (the
+# widgets' sweep thread).
 
 
 def builder_command(hf_path, out, precision: str, cache_dir) -> list[str]:
     """The model builder's command line: ``python -m onnxruntime_genai.models.builder -i HF -o OUT
     -p PRECISION -e cpu -c CACHE`` (``-c``: where it puts temporary files; default ./cache_dir).
-    The lab runs it under :data:`_GUARD` (:func:`guarded`); this is the line a person would type."""
+    The lab runs it tied to itself (:func:`lablib.children.tied`); this is the line a person would type."""
     return [
         sys.executable,
         "-m",
@@ -127,13 +114,6 @@ def builder_command(hf_path, out, precision: str, cache_dir) -> list[str]:
         "-c",
         str(cache_dir),
     ]
-
-
-def guarded(cmd: list[str], parent: int) -> list[str]:
-    """``cmd`` (:func:`builder_command`) as the lab launches it: ``python -c _GUARD PARENT args``,
-    the builder tied to the process ``parent`` (the pid of the process that starts it)."""
-    assert cmd[1:3] == ["-m", BUILDER], cmd
-    return [cmd[0], "-c", _GUARD, str(parent), *cmd[3:]]
 
 
 def onnx_key(hf_path, precision: str) -> str:
@@ -180,9 +160,7 @@ def _build(hf: Path, out: Path, precision: str, log) -> None:
     log(f"building an ONNX model ({precision}) from {hf} with onnxruntime-genai's model builder (~10 s for 135M)...")
     t0 = time.perf_counter()
     with open(tmp / BUILD_LOG, "w") as f:
-        p = subprocess.run(
-            guarded(cmd, os.getpid()), stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp
-        )
+        p = subprocess.run(tied(cmd), stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp)
     seconds = time.perf_counter() - t0
     if p.returncode != 0 or not (tmp / "genai_config.json").is_file():
         tail = [ln for ln in (tmp / BUILD_LOG).read_text(errors="replace").splitlines() if ln.strip()][-3:]

@@ -1,0 +1,286 @@
+"""Children tied to the lab process (lablib.children), with real programs: ``kill -9`` of a Python
+process takes the program it started through the guard with it (sleep, and a real llama-server
+started by lablib.servers, its port then free), while an untied one lives on; the exec keeps the
+pid; a child forked by a short-lived thread dies with that thread unless :func:`popen` forks it;
+the guard's race branch, a missing program and bad input."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+from lablib.children import popen, tied
+from lablib.errors import LabError
+
+if not sys.platform.startswith("linux"):
+    pytest.fail(f"these tests check a Linux guarantee (prctl PR_SET_PDEATHSIG); platform is {sys.platform}")
+
+BOUND_S = 30  # liveness bound for a death that should follow at once: not a timing assertion
+
+
+def _gone(p: psutil.Process) -> bool:
+    """Dead: no such process any more, or a zombie (waiting for a reaper that may never come) with
+    all its threads gone: the leader thread is a zombie while its other threads still exit, and
+    the process's files (a listening socket) close with the last of them (seen with llama-server)."""
+    try:
+        if not p.is_running():
+            return True
+        return p.status() == psutil.STATUS_ZOMBIE and os.listdir(f"/proc/{p.pid}/task") == [str(p.pid)]
+    except (psutil.NoSuchProcess, FileNotFoundError):
+        return True
+
+
+def _wait_gone(p: psutil.Process, t0: float | None = None, bound_s: float = BOUND_S) -> float:
+    """Seconds from ``t0`` (time.monotonic(); default now) until ``p`` was gone, polled every 10 ms
+    for at most ``bound_s``; fails the test past it."""
+    t0 = time.monotonic() if t0 is None else t0
+    while not _gone(p) and time.monotonic() - t0 < bound_s:
+        time.sleep(0.01)
+    assert _gone(p), f"pid {p.pid} ({p.name()}) still runs {bound_s} s after its parent was killed"
+    return time.monotonic() - t0
+
+
+def _execd(p: psutil.Process, argv: list[str]) -> bool:
+    """Whether ``p`` runs ``argv`` (the guard has exec'd it) within BOUND_S; /proc/PID/cmdline
+    reads empty for a moment during an exec, so it is polled."""
+    deadline = time.monotonic() + BOUND_S
+    while p.cmdline() != argv and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return p.cmdline() == argv
+
+
+# A "lab process": starts `sleep 60` tied (and one untied, the control), prints both pids, waits.
+_TWO_SLEEPS = """\
+import subprocess, sys, time
+from lablib.children import tied
+a = subprocess.Popen(tied(["sleep", "60"]))
+b = subprocess.Popen(["sleep", "61"])
+print(a.pid, b.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_kill_9_of_the_parent_takes_the_tied_program_and_only_it():
+    lab = subprocess.Popen([sys.executable, "-c", _TWO_SLEEPS], stdout=subprocess.PIPE, text=True)
+    untied = None
+    try:
+        a, b = map(int, lab.stdout.readline().split())
+        tied_sleep, untied = psutil.Process(a), psutil.Process(b)
+        # the guard exec'd sleep in place: same pid, the lab process its parent
+        assert _execd(tied_sleep, ["sleep", "60"]) and tied_sleep.ppid() == lab.pid
+        t0 = time.monotonic()
+        os.kill(lab.pid, signal.SIGKILL)
+        lab.wait()
+        died_s = _wait_gone(tied_sleep, t0)
+        assert not _gone(untied) and untied.cmdline() == ["sleep", "61"]  # the control lives on
+        print(f"tied sleep (pid {a}) gone {died_s:.3f} s after kill -9 of its parent; untied sleep still runs")
+    finally:
+        if lab.poll() is None:
+            lab.kill()
+            lab.wait()
+        if untied is not None and not _gone(untied):
+            os.kill(untied.pid, signal.SIGKILL)
+
+
+# A "lab process" whose worker thread starts `sleep 60` twice, tied: once by a plain Popen on the
+# worker thread, once by children.popen; the worker waits until both have exec'd sleep (the guard
+# has run: a thread gone before the prctl hands its children and the signal to another thread of
+# the process), then exits; prints both pids once the worker's OS thread is gone.
+_FROM_A_THREAD = """\
+import os, subprocess, threading, time
+from lablib.children import popen, tied
+started = {}
+def worker():
+    started["native_id"] = threading.get_native_id()
+    started["plain"] = subprocess.Popen(tied(["sleep", "60"]))
+    started["popen"] = popen(["sleep", "61"])
+    for p in (started["plain"], started["popen"]):
+        while open(f"/proc/{p.pid}/comm").read().strip() != "sleep":
+            time.sleep(0.01)
+t = threading.Thread(target=worker)
+t.start()
+t.join()
+while os.path.exists(f"/proc/self/task/{started['native_id']}"):  # the OS thread itself is gone
+    time.sleep(0.01)
+print(started["plain"].pid, started["popen"].pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_popen_from_a_short_lived_thread_outlives_the_thread_not_the_process():
+    lab = subprocess.Popen([sys.executable, "-c", _FROM_A_THREAD], stdout=subprocess.PIPE, text=True)
+    try:
+        plain, forked = (psutil.Process(int(x)) for x in lab.stdout.readline().split())
+        # the signal follows the forking *thread*: a plain Popen on the worker died with it
+        _wait_gone(plain)
+        # children.popen forked it on the lablib-children thread: still running, same pid, same parent
+        assert not _gone(forked) and forked.ppid() == lab.pid
+        assert _execd(forked, ["sleep", "61"])
+        t0 = time.monotonic()
+        os.kill(lab.pid, signal.SIGKILL)
+        lab.wait()
+        died_s = _wait_gone(forked, t0)
+        print(f"sleep started by popen() from a finished thread gone {died_s:.3f} s after kill -9 of its parent")
+    finally:
+        if lab.poll() is None:
+            lab.kill()
+            lab.wait()
+
+
+def test_popen_on_the_main_thread_and_its_errors_in_the_caller():
+    p = popen(["sh", "-c", "exit 3"])
+    assert p.wait(timeout=BOUND_S) == 3
+    r = subprocess.run(tied(["no-such-program-lablib"]), capture_output=True, text=True)
+    assert r.returncode == 127 and "lablib: cannot run no-such-program-lablib: [Errno 2]" in r.stderr
+    with pytest.raises(FileNotFoundError):  # Popen's own error (a missing cwd), raised on the thread...
+        popen(["true"], cwd="/no/such/folder/lablib")
+    errors = []
+
+    def worker():  # ...and on a worker thread, forked by the lablib-children thread
+        try:
+            popen(["true"], cwd="/no/such/folder/lablib")
+        except FileNotFoundError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert len(errors) == 1 and "/no/such/folder/lablib" in str(errors[0])
+
+
+# A process that uses popen from a worker thread, forks (os.fork), and does it again in the copy.
+_FORKED = """\
+import os, signal, threading
+from lablib.children import popen
+def worker(out):
+    out.append(popen(["sh", "-c", "exit 7"]).wait())
+for who in ("parent", "copy"):
+    out = []
+    t = threading.Thread(target=worker, args=(out,))
+    t.start()
+    t.join()
+    print(who, out, sorted(t.name for t in threading.enumerate()), flush=True)
+    if who == "parent":
+        if os.fork() != 0:
+            os.wait()
+            break
+        signal.alarm(60)  # the copy: a liveness bound of its own (a hang here would outlive the test)
+"""
+
+
+def test_a_forked_copy_of_the_process_starts_its_own_forking_thread():
+    r = subprocess.run([sys.executable, "-c", _FORKED], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "parent [7] ['MainThread', 'lablib-children']",
+        "copy [7] ['MainThread', 'lablib-children']",
+    ], r
+
+
+def test_a_child_whose_parent_is_not_the_one_named_exits_before_running_anything(tmp_path):
+    """The race branch: the parent died between the fork and the prctl (no signal will come)."""
+    made = tmp_path / "made"
+    r = subprocess.run(tied(["touch", str(made)], parent=os.getppid()), capture_output=True, text=True)
+    assert r.returncode == 1
+    assert f"the process that started this command (pid {os.getppid()}) has exited; not running touch" in r.stderr
+    assert not made.exists()
+    r = subprocess.run(tied(["touch", str(made)]), capture_output=True, text=True)
+    assert r.returncode == 0 and made.exists()
+
+
+def test_the_program_gets_default_signal_dispositions_and_the_environment():
+    """Python ignores SIGPIPE and SIGXFSZ at start and an exec keeps ignored signals ignored: the
+    guard restores them, as subprocess does, so no signal is ignored in the program."""
+    r = subprocess.run(
+        tied(["sh", "-c", "grep SigIgn /proc/self/status; echo $LABLIB_CHILD_TEST"]),
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, LABLIB_CHILD_TEST="seen"),
+    )
+    assert r.returncode == 0 and r.stdout.split() == ["SigIgn:", "0000000000000000", "seen"], r
+
+
+def test_bad_input_is_one_clear_error():
+    with pytest.raises(LabError, match=r"cmd='sleep 60': expected a non-empty list of program and arguments"):
+        tied("sleep 60")
+    with pytest.raises(LabError, match=r"cmd=\[\]: expected a non-empty list"):
+        tied([])
+    with pytest.raises(LabError, match=r"cmd=\['sleep', 60\]: expected .*\(str or Path\)"):
+        tied(["sleep", 60])
+    with pytest.raises(LabError, match=r"parent=0: expected a process id"):
+        tied(["true"], parent=0)
+    assert tied(["true"])[-2:] == [str(os.getpid()), "true"]
+
+
+# A "lab process" that starts a real llama-server through lablib.servers on the default model, from
+# the main thread (argv[1] "main") or from a worker thread ("worker") whose OS thread is gone
+# before it prints the server's pid and port.
+_SERVER = """\
+import os, sys, threading, time
+from lablib.servers import start_server
+out = {}
+def start():
+    out["native_id"] = threading.get_native_id()
+    out["srv"] = start_server("llama-server", threads=1, n_ctx=256, timeout_s=600)
+if sys.argv[1] == "worker":
+    t = threading.Thread(target=start)
+    t.start()
+    t.join()
+    while os.path.exists(f"/proc/self/task/{out['native_id']}"):
+        time.sleep(0.01)
+else:
+    start()
+print(out["srv"].pid, out["srv"].port, flush=True)
+time.sleep(900)
+"""
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        if s.connect_ex(("127.0.0.1", port)) == 0:
+            return False
+    with socket.socket() as s:  # and a new server could listen there (SO_REUSEADDR, as servers bind)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+        except OSError:
+            return False
+    return True
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("thread", ["main", "worker"])
+def test_kill_9_of_the_lab_process_takes_its_llama_server_and_frees_the_port(thread):
+    lab = subprocess.Popen(
+        [sys.executable, "-c", _SERVER, thread], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
+    )
+    server = None
+    try:
+        line = lab.stdout.readline()
+        assert line, f"the lab process exited ({lab.wait()}) before its llama-server was ready"
+        pid, port = map(int, line.split())
+        server = psutil.Process(pid)
+        assert server.name() == "llama-server" and server.ppid() == lab.pid
+        assert os.getsid(pid) == pid  # still in a session of its own (start_new_session)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+            assert r.status == 200  # ready, and alive after the thread that started it has exited
+        t0 = time.monotonic()
+        os.kill(lab.pid, signal.SIGKILL)
+        lab.wait()
+        died_s = _wait_gone(server, t0)
+        assert _port_free(port), f"port {port} still taken after llama-server (pid {pid}) was gone"
+        print(f"llama-server (pid {pid}, started on the {thread} thread) gone {died_s:.3f} s after kill -9, port free")
+    finally:
+        if lab.poll() is None:
+            lab.kill()
+            lab.wait()
+        if server is not None and not _gone(server):
+            os.kill(server.pid, signal.SIGKILL)
