@@ -7,6 +7,7 @@ with the real programs and the real built library, on the other kind.
 """
 
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,22 @@ def test_verdicts_on_an_emulated_cpu_are_kept_for_that_cpu_not_this_machine(emul
 def test_an_unknown_cpu_model_is_refused_with_where_to_look():
     with pytest.raises(llama_build.BuildError, match=r"no CPU model 'Pentium-9'.*-cpu help"):
         llama_build.emulator("Pentium-9")
+
+
+@pytest.mark.parametrize("word", ["avx2", "Available", "(alias", "x86"])
+def test_a_word_of_qemus_help_that_is_no_cpu_model_is_refused(word):
+    """``qemu-x86_64 -cpu help`` also lists CPUID flags and prose: none of that is a CPU model (qemu
+    itself refuses it, so every probe would fail and a build with all extensions off would follow)."""
+    with pytest.raises(llama_build.BuildError, match=rf"no CPU model '{re.escape(word)}'.*-cpu help"):
+        llama_build.emulator(word)
+
+
+def test_a_cpu_model_in_other_case_is_refused_naming_the_model_meant():
+    with pytest.raises(llama_build.BuildError, match=r"no CPU model 'epyc-rome' \(did you mean 'EPYC-Rome'\?\)"):
+        llama_build.emulator("epyc-rome")
+
+
+def test_a_32_bit_cpu_model_is_refused_as_one_that_cannot_run_x86_64_programs():
+    with pytest.raises(llama_build.BuildError, match=r"CPU model 'pentium3' does not run x86-64 programs"):
+        llama_build.emulator("pentium3")
+    assert llama_build.emulator("Haswell")[1:] == ("-cpu", "Haswell")
