@@ -754,11 +754,17 @@ def main(argv: list[str] | None = None) -> int:
         "--cpu",
         metavar="MODEL",
         help="build for another x86 CPU: probe and smoke-test under qemu-user's emulation of MODEL "
-        "(`qemu-x86_64 -cpu help`; EPYC-Rome or Haswell: a CPU without AVX-512); not with --install",
+        "(`qemu-x86_64 -cpu help`; EPYC-Rome or Haswell: a CPU without AVX-512); not with --install or --tool",
     )
     ns = ap.parse_args(argv)
     if ns.cpu and ns.install:
         ap.error(f"--cpu {ns.cpu} builds for another CPU and --install installs for this one: run them separately")
+    for given, option in ((ns.cpu, "--cpu"), (ns.portable, "--portable")):
+        if ns.tool and given:
+            ap.error(
+                f"{option} does not apply to --tool: llama.cpp's {ns.tool} is built from this environment's "
+                "installed library, with its flags, for this CPU"
+            )
     try:
         runner = emulator(ns.cpu) if ns.cpu else ()
         if ns.tool:

@@ -134,3 +134,15 @@ def test_a_32_bit_cpu_model_is_refused_as_one_that_cannot_run_x86_64_programs():
     with pytest.raises(llama_build.BuildError, match=r"CPU model 'pentium3' does not run x86-64 programs"):
         llama_build.emulator("pentium3")
     assert llama_build.emulator("Haswell")[1:] == ("-cpu", "Haswell")
+
+
+@pytest.mark.parametrize("option", [["--cpu", CPU], ["--portable"]])
+def test_tool_with_an_option_it_cannot_honour_is_refused_not_ignored(option, capsys):
+    """``--tool`` builds llama.cpp's program from this environment's installed library and its flags
+    (for this CPU): asked together with ``--cpu`` or ``--portable`` it would hand back a program for
+    this machine while the user asked for another CPU; refused before anything is built."""
+    with pytest.raises(SystemExit) as e:
+        llama_build.main([*option, "--tool", "llama-server"])
+    assert e.value.code == 2
+    err = capsys.readouterr()
+    assert f"{option[0]} does not apply to --tool" in err.err and err.out == ""
