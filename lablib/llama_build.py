@@ -221,9 +221,14 @@ def emulator(cpu: str) -> tuple[str, ...]:
     model's CPUID, so a library's runtime dispatch (numpy, ggml) picks what that CPU would; QEMU 7.2
     executes up to AVX2, FMA and F16C, and no AVX-512, AVX-VNNI or AMX. Child processes of the
     emulated program run natively (qemu-user does not follow ``exec``). Raises BuildError when
-    ``qemu-x86_64`` is missing, does not know ``cpu`` (case matters: EPYC-Rome), or ``cpu`` is a
-    32-bit model (486, pentium3) that cannot run x86-64 programs.
+    this machine is not x86-64, ``qemu-x86_64`` is missing, does not know ``cpu`` (case matters:
+    EPYC-Rome), or ``cpu`` is a 32-bit model (486, pentium3) that cannot run x86-64 programs.
     """
+    if not _is_x86():
+        raise BuildError(
+            f"emulating the CPU {cpu!r} (--cpu) runs this machine's Python and probes as x86-64 programs, "
+            f"and this machine is {platform.machine()}: run it on an x86-64 machine"
+        )
     qemu = shutil.which("qemu-x86_64")
     if qemu is None:
         raise BuildError(

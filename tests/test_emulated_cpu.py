@@ -146,3 +146,12 @@ def test_tool_with_an_option_it_cannot_honour_is_refused_not_ignored(option, cap
     assert e.value.code == 2
     err = capsys.readouterr()
     assert f"{option[0]} does not apply to --tool" in err.err and err.out == ""
+
+
+def test_emulating_an_x86_cpu_on_another_architecture_is_refused_at_once(monkeypatch):
+    """On an ARM machine with qemu-x86_64 installed, this interpreter and compiler make ARM
+    programs: the probe would find nothing and a native build would follow, only for its smoke
+    test to fail under qemu minutes later. Refused before anything runs."""
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    with pytest.raises(llama_build.BuildError, match=r"emulating the CPU 'EPYC-Rome' .*this machine is aarch64"):
+        llama_build.emulator(CPU)
