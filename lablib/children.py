@@ -11,11 +11,12 @@ when its parent dies:
 The guard (a few lines of Python, stdlib only) asks for the signal (Linux: ``prctl(PR_SET_PDEATHSIG,
 SIGKILL)`` through libc), exits at once if its parent is already gone (it died between the fork and
 the prctl: no signal would come), restores SIGPIPE and SIGXFSZ (Python ignores them, an exec would
-keep them ignored), then execs the command (``os.execvp``): same pid, so the caller stops it by
-``proc.pid`` as before, and a ``start_new_session`` child stays its session's leader. The death
-signal survives the exec (not into set-user-id programs). Elsewhere (macOS: no prctl) the guard
-only execs. Cost: one interpreter start per child (``-I -S``: ~20 ms measured on the 2-core VM).
-Only the child is tied: children it starts itself (pip's compilers, say) are not.
+keep them ignored), then execs the command (``os.execvpe``) with the environment it was given
+(Linux: read back from ``/proc/self/environ``: under a C locale Python's start adds LC_CTYPE=C.UTF-8,
+PEP 538, and ``-I`` does not stop it): same pid, so the caller stops it by ``proc.pid`` as before,
+and a ``start_new_session`` child stays its session's leader. The death signal survives the exec
+(not into set-user-id programs). Elsewhere (macOS: no prctl) the guard only execs. Cost: one
+interpreter start per child (``-I -S``: ~20 ms measured on the 2-core VM). Only the child is tied: children it starts itself (pip's compilers, say) are not.
 
 Why not ``preexec_fn``: it runs Python between fork and exec, which Python documents as unsafe
 where threads exist (a Jupyter kernel always has some). Why it matters which *thread* forks: the
@@ -54,8 +55,18 @@ if sys.platform.startswith("linux"):
 for s in ("SIGPIPE", "SIGXFSZ"):  # ignored by Python at start; an exec keeps ignored signals ignored
     if hasattr(signal, s):
         signal.signal(getattr(signal, s), signal.SIG_DFL)
+env = os.environ  # Python's start may have changed it: a C locale gets LC_CTYPE=C.UTF-8 (PEP 538)
 try:
-    os.execvp(cmd[0], cmd)
+    with open("/proc/self/environ", "rb") as f:  # the environment as given to this process
+        env = {}
+        for e in f.read().split(b"\\0"):
+            k, eq, v = e.partition(b"=")
+            if eq and k not in env:
+                env[k] = v
+except OSError:
+    pass
+try:
+    os.execvpe(cmd[0], cmd, env)
 except OSError as e:
     print(f"lablib: cannot run {cmd[0]}: {e}", file=sys.stderr)
     sys.exit(127)

@@ -221,18 +221,36 @@ def emulator(cpu: str) -> tuple[str, ...]:
     model's CPUID, so a library's runtime dispatch (numpy, ggml) picks what that CPU would; QEMU 7.2
     executes up to AVX2, FMA and F16C, and no AVX-512, AVX-VNNI or AMX. Child processes of the
     emulated program run natively (qemu-user does not follow ``exec``). Raises BuildError when
-    ``qemu-x86_64`` is missing or does not know ``cpu``.
+    this machine is not x86-64, ``qemu-x86_64`` is missing, does not know ``cpu`` (case matters:
+    EPYC-Rome), or ``cpu`` is a 32-bit model (486, pentium3) that cannot run x86-64 programs.
     """
+    if not _is_x86():
+        raise BuildError(
+            f"emulating the CPU {cpu!r} (--cpu) runs this machine's Python and probes as x86-64 programs, "
+            f"and this machine is {platform.machine()}: run it on an x86-64 machine"
+        )
     qemu = shutil.which("qemu-x86_64")
     if qemu is None:
         raise BuildError(
             f"emulating the CPU {cpu!r} needs qemu-user's qemu-x86_64, which is not installed: "
             "`apt-get install qemu-user` (Debian/Ubuntu)"
         )
-    known = subprocess.run([qemu, "-cpu", "help"], capture_output=True, text=True).stdout.split()
+    # the models are the lines "x86 NAME  description"; the rest of the help is prose and CPUID flags
+    lines = subprocess.run([qemu, "-cpu", "help"], capture_output=True, text=True).stdout.splitlines()
+    known = [w[1] for ln in lines if len(w := ln.split()) > 1 and w[0] == "x86"]
     if cpu not in known:
+        meant = [k for k in known if k.lower() == str(cpu).lower()]
         raise BuildError(
-            f"qemu-x86_64 knows no CPU model {cpu!r}: `qemu-x86_64 -cpu help` lists them (Haswell, EPYC-Rome, ...)"
+            f"qemu-x86_64 knows no CPU model {cpu!r}{f' (did you mean {meant[0]!r}?)' if meant else ''}: "
+            "`qemu-x86_64 -cpu help` lists them (Haswell, EPYC-Rome, ...)"
+        )
+    # some models are 32-bit CPUs (486, pentium3, base): qemu-x86_64 cannot run a 64-bit program on them
+    ran = subprocess.run([qemu, "-cpu", cpu, shutil.which("true") or "/bin/true"], capture_output=True, text=True)
+    if ran.returncode != 0:
+        why = (ran.stderr.strip().splitlines() or [f"exit {ran.returncode}"])[-1]
+        raise BuildError(
+            f"qemu-x86_64's CPU model {cpu!r} does not run x86-64 programs ({why}): "
+            "pick a 64-bit one, e.g. Haswell or EPYC-Rome"
         )
     return (qemu, "-cpu", cpu)
 
@@ -741,11 +759,17 @@ def main(argv: list[str] | None = None) -> int:
         "--cpu",
         metavar="MODEL",
         help="build for another x86 CPU: probe and smoke-test under qemu-user's emulation of MODEL "
-        "(`qemu-x86_64 -cpu help`; EPYC-Rome or Haswell: a CPU without AVX-512); not with --install",
+        "(`qemu-x86_64 -cpu help`; EPYC-Rome or Haswell: a CPU without AVX-512); not with --install or --tool",
     )
     ns = ap.parse_args(argv)
     if ns.cpu and ns.install:
         ap.error(f"--cpu {ns.cpu} builds for another CPU and --install installs for this one: run them separately")
+    for given, option in ((ns.cpu, "--cpu"), (ns.portable, "--portable")):
+        if ns.tool and given:
+            ap.error(
+                f"{option} does not apply to --tool: llama.cpp's {ns.tool} is built from this environment's "
+                "installed library, with its flags, for this CPU"
+            )
     try:
         runner = emulator(ns.cpu) if ns.cpu else ()
         if ns.tool:

@@ -285,3 +285,18 @@ def test_kill_9_of_the_lab_process_takes_its_llama_server_and_frees_the_port(thr
             lab.wait()
         if server is not None and not _gone(server):
             os.kill(server.pid, signal.SIGKILL)
+
+
+def test_the_program_gets_exactly_the_environment_it_was_given_even_a_c_locale():
+    """Python's start coerces a C/POSIX locale by setting LC_CTYPE=C.UTF-8 in its own environment
+    (PEP 538; ``-I`` cannot turn that off): the guard must exec the program with the environment
+    the caller gave (``env=``), not the one the guard's interpreter ended up with."""
+    for env in ({"PATH": os.defpath, "LANG": "C"}, {"PATH": os.defpath, "LC_CTYPE": "POSIX", "X": "a=b"}, {}):
+        untied = subprocess.run(["env"], capture_output=True, text=True, env=env)
+        r = subprocess.run(tied(["env"]), capture_output=True, text=True, env=env)
+        assert r.returncode == 0 and r.stderr == ""
+        assert (
+            sorted(r.stdout.splitlines())
+            == sorted(untied.stdout.splitlines())
+            == sorted(f"{k}={v}" for k, v in env.items())
+        ), (env, r.stdout)

@@ -7,6 +7,7 @@ with the real programs and the real built library, on the other kind.
 """
 
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,43 @@ def test_verdicts_on_an_emulated_cpu_are_kept_for_that_cpu_not_this_machine(emul
 def test_an_unknown_cpu_model_is_refused_with_where_to_look():
     with pytest.raises(llama_build.BuildError, match=r"no CPU model 'Pentium-9'.*-cpu help"):
         llama_build.emulator("Pentium-9")
+
+
+@pytest.mark.parametrize("word", ["avx2", "Available", "(alias", "x86"])
+def test_a_word_of_qemus_help_that_is_no_cpu_model_is_refused(word):
+    """``qemu-x86_64 -cpu help`` also lists CPUID flags and prose: none of that is a CPU model (qemu
+    itself refuses it, so every probe would fail and a build with all extensions off would follow)."""
+    with pytest.raises(llama_build.BuildError, match=rf"no CPU model '{re.escape(word)}'.*-cpu help"):
+        llama_build.emulator(word)
+
+
+def test_a_cpu_model_in_other_case_is_refused_naming_the_model_meant():
+    with pytest.raises(llama_build.BuildError, match=r"no CPU model 'epyc-rome' \(did you mean 'EPYC-Rome'\?\)"):
+        llama_build.emulator("epyc-rome")
+
+
+def test_a_32_bit_cpu_model_is_refused_as_one_that_cannot_run_x86_64_programs():
+    with pytest.raises(llama_build.BuildError, match=r"CPU model 'pentium3' does not run x86-64 programs"):
+        llama_build.emulator("pentium3")
+    assert llama_build.emulator("Haswell")[1:] == ("-cpu", "Haswell")
+
+
+@pytest.mark.parametrize("option", [["--cpu", CPU], ["--portable"]])
+def test_tool_with_an_option_it_cannot_honour_is_refused_not_ignored(option, capsys):
+    """``--tool`` builds llama.cpp's program from this environment's installed library and its flags
+    (for this CPU): asked together with ``--cpu`` or ``--portable`` it would hand back a program for
+    this machine while the user asked for another CPU; refused before anything is built."""
+    with pytest.raises(SystemExit) as e:
+        llama_build.main([*option, "--tool", "llama-server"])
+    assert e.value.code == 2
+    err = capsys.readouterr()
+    assert f"{option[0]} does not apply to --tool" in err.err and err.out == ""
+
+
+def test_emulating_an_x86_cpu_on_another_architecture_is_refused_at_once(monkeypatch):
+    """On an ARM machine with qemu-x86_64 installed, this interpreter and compiler make ARM
+    programs: the probe would find nothing and a native build would follow, only for its smoke
+    test to fail under qemu minutes later. Refused before anything runs."""
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    with pytest.raises(llama_build.BuildError, match=r"emulating the CPU 'EPYC-Rome' .*this machine is aarch64"):
+        llama_build.emulator(CPU)
