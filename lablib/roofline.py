@@ -46,7 +46,6 @@ import json
 from pathlib import Path
 
 from .errors import LabError
-from .formats import gguf_tensors, safetensors_tensors  # noqa: F401  (the readers weight_table's types come from)
 from .schema import BOUND_COLUMNS  # noqa: F401  (the columns add_bound_columns adds)
 
 # what-if (predict with fmt=): the math each stored format runs at: 16-bit weights on 16-bit tensor math

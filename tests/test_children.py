@@ -18,33 +18,10 @@ import pytest
 
 from lablib.children import popen, tied
 from lablib.errors import LabError
+from procs import BOUND_S, gone, wait_gone
 
 if not sys.platform.startswith("linux"):
     pytest.fail(f"these tests check a Linux guarantee (prctl PR_SET_PDEATHSIG); platform is {sys.platform}")
-
-BOUND_S = 30  # liveness bound for a death that should follow at once: not a timing assertion
-
-
-def _gone(p: psutil.Process) -> bool:
-    """Dead: no such process any more, or a zombie (waiting for a reaper that may never come) with
-    all its threads gone: the leader thread is a zombie while its other threads still exit, and
-    the process's files (a listening socket) close with the last of them (seen with llama-server)."""
-    try:
-        if not p.is_running():
-            return True
-        return p.status() == psutil.STATUS_ZOMBIE and os.listdir(f"/proc/{p.pid}/task") == [str(p.pid)]
-    except (psutil.NoSuchProcess, FileNotFoundError):
-        return True
-
-
-def _wait_gone(p: psutil.Process, t0: float | None = None, bound_s: float = BOUND_S) -> float:
-    """Seconds from ``t0`` (time.monotonic(); default now) until ``p`` was gone, polled every 10 ms
-    for at most ``bound_s``; fails the test past it."""
-    t0 = time.monotonic() if t0 is None else t0
-    while not _gone(p) and time.monotonic() - t0 < bound_s:
-        time.sleep(0.01)
-    assert _gone(p), f"pid {p.pid} ({p.name()}) still runs {bound_s} s after its parent was killed"
-    return time.monotonic() - t0
 
 
 def _execd(p: psutil.Process, argv: list[str]) -> bool:
@@ -78,14 +55,14 @@ def test_kill_9_of_the_parent_takes_the_tied_program_and_only_it():
         t0 = time.monotonic()
         os.kill(lab.pid, signal.SIGKILL)
         lab.wait()
-        died_s = _wait_gone(tied_sleep, t0)
-        assert not _gone(untied) and untied.cmdline() == ["sleep", "61"]  # the control lives on
+        died_s = wait_gone(tied_sleep, t0)
+        assert not gone(untied) and untied.cmdline() == ["sleep", "61"]  # the control lives on
         print(f"tied sleep (pid {a}) gone {died_s:.3f} s after kill -9 of its parent; untied sleep still runs")
     finally:
         if lab.poll() is None:
             lab.kill()
             lab.wait()
-        if untied is not None and not _gone(untied):
+        if untied is not None and not gone(untied):
             os.kill(untied.pid, signal.SIGKILL)
 
 
@@ -119,14 +96,14 @@ def test_popen_from_a_short_lived_thread_outlives_the_thread_not_the_process():
     try:
         plain, forked = (psutil.Process(int(x)) for x in lab.stdout.readline().split())
         # the signal follows the forking *thread*: a plain Popen on the worker died with it
-        _wait_gone(plain)
+        wait_gone(plain)
         # children.popen forked it on the lablib-children thread: still running, same pid, same parent
-        assert not _gone(forked) and forked.ppid() == lab.pid
+        assert not gone(forked) and forked.ppid() == lab.pid
         assert _execd(forked, ["sleep", "61"])
         t0 = time.monotonic()
         os.kill(lab.pid, signal.SIGKILL)
         lab.wait()
-        died_s = _wait_gone(forked, t0)
+        died_s = wait_gone(forked, t0)
         print(f"sleep started by popen() from a finished thread gone {died_s:.3f} s after kill -9 of its parent")
     finally:
         if lab.poll() is None:
@@ -276,14 +253,14 @@ def test_kill_9_of_the_lab_process_takes_its_llama_server_and_frees_the_port(thr
         t0 = time.monotonic()
         os.kill(lab.pid, signal.SIGKILL)
         lab.wait()
-        died_s = _wait_gone(server, t0)
+        died_s = wait_gone(server, t0)
         assert _port_free(port), f"port {port} still taken after llama-server (pid {pid}) was gone"
         print(f"llama-server (pid {pid}, started on the {thread} thread) gone {died_s:.3f} s after kill -9, port free")
     finally:
         if lab.poll() is None:
             lab.kill()
             lab.wait()
-        if server is not None and not _gone(server):
+        if server is not None and not gone(server):
             os.kill(server.pid, signal.SIGKILL)
 
 

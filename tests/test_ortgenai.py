@@ -12,6 +12,7 @@ from lablib.engines import ENGINES, load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.engines.ortgenai import BUILD_RECORD, OnnxRuntimeGenAIEngine, onnx_folder
 from lablib.errors import EngineUnavailable, LabError
+from procs import wait_gone
 
 pytestmark = pytest.mark.engine
 
@@ -155,15 +156,6 @@ load_engine("onnxruntime-genai", model, n_ctx=256)
 """
 
 
-def _gone(proc) -> bool:
-    import psutil
-
-    try:
-        return proc.status() == psutil.STATUS_ZOMBIE  # dead, waiting for a reaper that may never come
-    except psutil.NoSuchProcess:
-        return True
-
-
 def test_a_killed_loader_takes_its_builder_with_it(monkeypatch, tmp_path, model, ort, first_token_flip):
     """kill -9 of the process that loads the engine, mid-build: the builder (its child) dies too
     (Linux: PR_SET_PDEATHSIG) instead of writing on into <folder>.tmp; the next load rebuilds the
@@ -199,10 +191,7 @@ def test_a_killed_loader_takes_its_builder_with_it(monkeypatch, tmp_path, model,
         os.kill(loader.pid, signal.SIGKILL)
         t0 = time.monotonic()
         loader.wait()
-        while not _gone(builder) and time.monotonic() - t0 < 30:
-            time.sleep(0.01)
-        died_s = time.monotonic() - t0
-        assert _gone(builder), f"the builder (pid {builder.pid}) still runs 30 s after its loader was killed"
+        died_s = wait_gone(builder, t0)
         print(f"builder pid {builder.pid} gone {died_s:.3f} s after kill -9 of its loader")
     finally:
         if loader.poll() is None:

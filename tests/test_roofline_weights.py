@@ -20,7 +20,7 @@ import json
 
 import pytest
 
-from lablib import roofline
+from lablib import formats, roofline
 from lablib.engines import ENGINES, load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.engines.openvino import OV_TYPES
@@ -66,7 +66,7 @@ def test_openvino_rows_are_bounded_by_the_file_it_read(model, weights):
     row = _bound_rows(model, rows).iloc[0]
     assert (row["weights"], row["compute_dtype"]) == (weights, reported)  # the manifest's, in the row
     gguf = model.gguf_path if weights == "source" else quant.reference(model, "F16", log=lambda *_: None)
-    file_bytes = sum(t[3] for t in roofline.gguf_tensors(str(gguf)))  # every tensor: tied embedding
+    file_bytes = sum(t[3] for t in formats.gguf_tensors(str(gguf)))  # every tensor: tied embedding
     assert roofline.weight_bytes_read(model, "openvino", weights) == file_bytes
     if weights == "source":
         assert file_bytes == Q4_1_FILE == roofline.weight_bytes_read(model, "llama.cpp")
