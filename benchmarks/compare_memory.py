@@ -1,4 +1,4 @@
-"""Peak memory of one engine-vs-model comparison (lablib.compare) at a given prompt length.
+"""Peak memory of one engine-vs-model comparison (lablib.studies.compare) at a given prompt length.
 
 Each run is a fresh child process (so one run's pages never count for another); the
 table gives its peak resident set (``ru_maxrss`` of the child, MiB) and wall time.
@@ -21,9 +21,9 @@ import time
 
 CHILD = """
 import sys
-from lablib import compare as cmp
-from lablib.models import prepare
-from lablib.workload import prompt_of_length
+from lablib.studies import compare as cmp
+from lablib.model.resolve import prepare
+from lablib.measure.workload import prompt_of_length
 m = prepare(log=lambda *a: None)
 ids = prompt_of_length(m, {tokens})
 r = cmp.compare(m, engines={engines!r}, ids=ids, max_new_tokens={new})

@@ -7,7 +7,7 @@ TTFT p50/p95 and TPOT p50, then one line per engine, mode and C:
 ``engine=NAME mode=MODE c=C output_tps=X ttft_p50_s=Y``.
 
 The batching evidence (most sequences advanced in one engine step) is read
-from the engine's own counters (lablib.concurrency.run_closed_loop(...).stats).
+from the engine's own counters (lablib.measure.closed_loop.run_closed_loop(...).stats).
 
     python benchmarks/concurrency.py [--engines ...] [--concurrency 1,2,4,8] [--out results/concurrency.jsonl]
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 import lablib
-from lablib import sweep
+from lablib.measure import sweep
 
 
 def main(argv=None):

@@ -34,7 +34,7 @@ BUSY = "while True: pass"
 def child(engine_name: str, prompt_tokens: int, new_tokens: int, reps: int) -> dict:
     from lablib.engines import load_engine
     from lablib.engines.base import GenerationConfig
-    from lablib.workload import prompt_of_length
+    from lablib.measure.workload import prompt_of_length
 
     engine = load_engine(engine_name, n_ctx=prompt_tokens + new_tokens + 16)
     ids = prompt_of_length(engine.model, prompt_tokens)

@@ -30,7 +30,7 @@ import time
 import lablib
 from lablib.engines import load_engine
 from lablib.engines.base import GenerationConfig
-from lablib.workload import prompt_of_length
+from lablib.measure.workload import prompt_of_length
 
 
 def llama_cpp(engine, ids, cfg, reps):

@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lablib import ladder, quality, quant
+from lablib.studies import ladder
+from lablib.studies import quality
+from lablib.studies import quant
 
 
 def main() -> int:
@@ -54,7 +56,7 @@ def main() -> int:
                 rows.append(row)
                 print(ladder.format_row(row), flush=True)
     if ns.cross_check:
-        from lablib.workload import data_dir
+        from lablib.measure.workload import data_dir
 
         ref = rows[0]["reference_path"]
         print("\ncross-check with llama-perplexity --kl-divergence (-fa off, as the lab's engine runs):")

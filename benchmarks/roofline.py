@@ -1,7 +1,7 @@
 """Prediction versus measurement: the roofline's prefill and decode tokens/s for each engine on this
 machine, against a short context sweep of the three engines.
 
-The machine is measured first (:func:`lablib.hardware.measure_machine`, refreshed: read bandwidth and
+The machine is measured first (:func:`lablib.machine.measure_machine`, refreshed: read bandwidth and
 matmul FLOP/s), then each engine runs the context sweep (one warm-up, ``--reps`` requests per length,
 ``--new-tokens`` output tokens; ``--weights openvino=source,onnxruntime-genai=int4`` loads those engines
 with those weights). The prediction for each row follows what its engine loaded, as the row records it
@@ -52,7 +52,9 @@ import argparse
 import pandas as pd
 
 import lablib
-from lablib import hardware, roofline, sweep
+from lablib import machine as hardware
+from lablib.studies import roofline
+from lablib.measure import sweep
 
 
 def main() -> None:
@@ -97,7 +99,7 @@ def main() -> None:
             f" n={v['n']}, {v['backend']})"
         )
     if ns.results:
-        from lablib.results import load_results
+        from lablib.results.store import load_results
 
         df = load_results(ns.results)
         df = df[df.get("sweep", "context") == "context"]

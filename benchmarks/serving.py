@@ -9,7 +9,7 @@
    C = 1 and 2, and an open loop with Poisson arrivals at ``--rate``; one line per run,
    ``server=NAME mode=MODE rate=R c=C output_tps=X ttft_p50_s=Y goodput=Z``
    (goodput: requests/s meeting ``--ttft-target-s`` and ``--tpot-target-s``).
-3. For llama-server (when ``lablib.llama_build.llama_tool`` can build it):
+3. For llama-server (when ``lablib.build.llama.llama_tool`` can build it):
    ``server=llama-server client_vs_server_decode_ratio=R``, the lab's decode tok/s over the
    server's own ``timings.predicted_per_second`` (1.0: the client sees what the server did).
 
@@ -31,10 +31,10 @@ import lablib
 from lablib.engines import load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
-from lablib.loadgen import run_load, summarize
-from lablib.servers import start_server
-from lablib.serving_cli import summary_line
-from lablib.workload import prompt_of_length
+from lablib.measure.load import run_load, summarize
+from lablib.engines.servers import start_server
+from lablib.cli.serve import summary_line
+from lablib.measure.workload import prompt_of_length
 
 TWIN = {"llama-cpp-python": "llama.cpp", "mlx": "mlx", "llama-server": "llama.cpp"}
 

@@ -39,7 +39,7 @@ import sys
 import threading
 from concurrent.futures import Future
 
-from .errors import LabError
+from lablib.errors import LabError
 
 # argv[1]: the pid of the process that started the child; argv[2:]: the command. Exit codes:
 # 1 the parent is gone, 127 the command cannot be executed (as a shell says).

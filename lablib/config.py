@@ -13,12 +13,10 @@ widgets and the CLI read; :func:`budget` picks the value for the current mode.
 
 from __future__ import annotations
 
-import operator
 import os
 from pathlib import Path
 
-from .errors import LabError
-from .hardware import cpus_usable
+from lablib.errors import LabError
 
 
 def lab_home() -> Path:
@@ -45,9 +43,9 @@ BUDGETS = {
     "context": {"max_new_tokens": (8, 32), "reps": (1, 3), "prompt_tokens": ((64, 256), None)},
     # the sweep panel's first context run: short enough to watch
     "context_panel": {"prompt_tokens": ((64, 256), (64, 128, 256, 512, 1024))},
-    # lab 03's anchor: llama.cpp's own batched benchmark next to the lab (lablib.anchors.batched_rows)
+    # lab 03's anchor: llama.cpp's own batched benchmark next to the lab (lablib.studies.anchors.batched_rows)
     "anchors": {"batches": ((1, 2), (1, 2, 4, 8)), "prompt_tokens": (32, 64), "max_new_tokens": (16, 32)},
-    # lab 08, prefix caching (lablib.prefix): a system prompt of S tokens + a question, with and without reuse
+    # lab 08, prefix caching (lablib.studies.prefix): a system prompt of S tokens + a question, with and without reuse
     "prefix": {
         "shared_tokens": ((16, 64), (64, 256, 1024, 2048)),
         "questions": (2, 3),
@@ -74,37 +72,3 @@ def budget(kind: str, setting: str, quick: bool | None = None):
         raise LabError(f"no budget {kind}.{setting}: expected one of {have}")
     q, full = BUDGETS[kind][setting]
     return q if (quick_mode() if quick is None else quick) else full
-
-
-# --- threads ------------------------------------------------------------------------------------
-# Oversubscription is a fair experiment (what do 8 threads on 2 cores cost?), thousands of
-# threads are not: llama.cpp crashes, torch cannot start them.
-MAX_THREADS_PER_CPU = 4
-
-
-def check_threads(value, what: str = "threads") -> int:
-    """``value`` as a thread count: a whole number from 1 to :data:`MAX_THREADS_PER_CPU` per
-    logical CPU (a str of digits, an int or a numpy integer). Raises LabError naming ``what``."""
-    most = MAX_THREADS_PER_CPU * (os.cpu_count() or 1)
-    try:
-        n = int(value) if isinstance(value, str) and value.strip().isdecimal() else operator.index(value)
-    except (TypeError, ValueError):
-        n = None
-    if isinstance(value, bool) or n is None or not 1 <= n <= most:
-        shown = value if len(repr(value)) < 40 else f"{repr(value)[:37]}..."
-        raise LabError(
-            f"{what}={shown!r}: expected a whole number of threads from 1 to {most} "
-            f"({MAX_THREADS_PER_CPU} per logical CPU; {cpus_usable()} would use the CPUs this "
-            f"process may use), or leave it unset"
-        )
-    return n
-
-
-def default_threads() -> int:
-    """Threads for CPU engines: the CPUs this process can use (physical cores, affinity and
-    container quota: :func:`lablib.hardware.cpus_usable`). LABLIB_THREADS overrides.
-
-    Raises LabError when LABLIB_THREADS is not a whole number from 1 to 4 per logical CPU.
-    """
-    env = os.environ.get("LABLIB_THREADS", "").strip()
-    return check_threads(env, "LABLIB_THREADS") if env else cpus_usable()

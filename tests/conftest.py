@@ -10,7 +10,7 @@ CASES = Path(__file__).parent / "data" / "cases"
 
 @pytest.fixture(scope="session")
 def model():
-    from lablib.models import prepare
+    from lablib.model.resolve import prepare
 
     return prepare()
 

@@ -227,13 +227,13 @@ def test_scripts_are_executable_bash_that_parses(name):
 def test_what_postbuild_runs_exists():
     post = (BINDER / "postBuild").read_text()
     modules = set(re.findall(r"-m\s+([A-Za-z_][\w.]*)", post))
-    assert modules == {"uv", "lablib.llama_build", "pip"}, modules
-    assert find_spec("lablib.llama_build") is not None
+    assert modules == {"uv", "lablib.build.llama", "pip"}, modules
+    assert find_spec("lablib.build.llama") is not None
     assert find_spec("pip") is not None
     helped = subprocess.run(
-        [sys.executable, "-m", "lablib.llama_build", "--help"], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "lablib.build.llama", "--help"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
-    assert "--install" in helped and "lablib.llama_build --install" in post
+    assert "--install" in helped and "lablib.build.llama --install" in post
     # sessions run on other nodes than the build: llama.cpp built for x86-64-v3, not the build CPU
     assert "--portable" in helped and re.search(r"lablib\.llama_build --install --portable$", post, re.M)
     # `lablib prepare`: the console script pyproject declares, and its subcommand

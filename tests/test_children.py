@@ -1,6 +1,6 @@
 """Children tied to the lab process (lablib.children), with real programs: ``kill -9`` of a Python
 process takes the program it started through the guard with it (sleep, and a real llama-server
-started by lablib.servers, its port then free), while an untied one lives on; the exec keeps the
+started by lablib.engines.servers, its port then free), while an untied one lives on; the exec keeps the
 pid; a child forked by a short-lived thread dies with that thread unless :func:`popen` forks it;
 the guard's race branch, a missing program and bad input."""
 
@@ -197,12 +197,12 @@ def test_bad_input_is_one_clear_error():
     assert tied(["true"])[-2:] == [str(os.getpid()), "true"]
 
 
-# A "lab process" that starts a real llama-server through lablib.servers on the default model, from
+# A "lab process" that starts a real llama-server through lablib.engines.servers on the default model, from
 # the main thread (argv[1] "main") or from a worker thread ("worker") whose OS thread is gone
 # before it prints the server's pid and port.
 _SERVER = """\
 import os, sys, threading, time
-from lablib.servers import start_server
+from lablib.engines.servers import start_server
 out = {}
 def start():
     out["native_id"] = threading.get_native_id()

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from lablib.trace import METRICS
+from lablib.results.trace import METRICS
 
 
 def lablib(*args, timeout=600):
@@ -65,7 +65,7 @@ def test_prepare_twice_is_a_cache_hit():
 
 
 def test_doctor_finds_every_engine_usable_and_lists_the_devices():
-    from lablib.devices import describe, found
+    from lablib.machine.identity import describe, found
     from lablib.engines import IN_PROCESS
 
     p = lablib("doctor")

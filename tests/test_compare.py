@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from lablib import compare as cmp
-from lablib.cases import load_case
+from lablib.studies import compare as cmp
+from lablib.studies.cases import load_case
 from lablib.errors import LabError
-from lablib.formats import folder_with_config, gguf_config
+from lablib.model.formats import folder_with_config, gguf_config
 
 CASES = Path(__file__).parent / "data" / "cases"
 
@@ -106,7 +106,7 @@ def test_template_with_bos_in_its_text_is_caught(model, hf):
 
 def test_config_neighbours_other_moved_keys(model):
     """Keys that moved between transformers versions: rope scaling and the norm epsilon."""
-    base = gguf_config(model.gguf_path)  # the one GGUF reader (lablib.formats)
+    base = gguf_config(model.gguf_path)  # the one GGUF reader (lablib.model.formats)
     assert base["rope_theta"] == 100000.0 and base["tie_word_embeddings"] is True
     assert base["n_kv_heads"] == 3 and base["head_dim"] == 64 and base["rms_norm_eps"] == pytest.approx(1e-5)
     assert cmp._same(100000.0, 100000.04) and not cmp._same(10000.0, 100000.0)
@@ -165,7 +165,7 @@ def test_compare_figures(flip, hf, llama):
 
 
 def test_cases_are_read_once_and_agree_with_the_tests_copy():
-    """lablib.cases reads data/cases (notebook 04); the tests keep their own copy of the inputs."""
+    """lablib.studies.cases reads data/cases (notebook 04); the tests keep their own copy of the inputs."""
     assert load_case("tokenizer_probe") == load_case("tokenizer_probe", root=CASES)
     assert "a,b  c\n\n123456" in load_case("tokenizer_probe")  # escapes written out
     assert load_case("first_token_flip")["prompt_token_ids"] == load_case("first_token_flip", CASES)["prompt_token_ids"]

@@ -6,9 +6,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from lablib import compare as cmp
+from lablib.studies import compare as cmp
 from lablib.errors import LabError
-from lablib.workload import prompt_of_length
+from lablib.measure.workload import prompt_of_length
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_the_last_position_logits_are_streamed(model, llamas):
 
 def test_the_logit_part_of_the_estimate_does_not_grow_with_tokens(model):
     from lablib.engines import ENGINES
-    from lablib.memory import compare_bytes, kv_cache_bytes
+    from lablib.engines.memory import compare_bytes, kv_cache_bytes
 
     names = ["transformers", "llama.cpp", "mlx"]
     engines = [ENGINES[n] for n in names]
@@ -78,9 +78,9 @@ def test_the_logit_part_of_the_estimate_does_not_grow_with_tokens(model):
 
 
 def test_compare_checks_memory_before_loading_any_engine(model, monkeypatch):
-    import lablib.hardware
+    import lablib.machine
 
-    monkeypatch.setattr(lablib.hardware, "available_ram_bytes", lambda: 300 * 2**20)
+    monkeypatch.setattr(lablib.machine, "available_ram_bytes", lambda: 300 * 2**20)
     with pytest.raises(
         LabError,
         match=r"memory: comparing transformers, llama.cpp on 2056 tokens needs about "

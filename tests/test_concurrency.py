@@ -6,10 +6,10 @@ has two shared cores.
 
 import pytest
 
-from lablib.concurrency import MODES, run_closed_loop
+from lablib.measure.closed_loop import MODES, run_closed_loop
 from lablib.engines.base import GenerationConfig
 from lablib.errors import ContextOverflowError, LabError
-from lablib.workload import prompt_of_length
+from lablib.measure.workload import prompt_of_length
 
 
 @pytest.fixture(scope="module")

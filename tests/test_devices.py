@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lablib import devices
+from lablib.machine import devices
 from lablib.errors import LabError
 
 

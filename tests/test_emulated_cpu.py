@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from lablib import llama_build, wheelhouse
+from lablib.build import llama as llama_build
+from lablib.build import wheelhouse
 
 pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="emulates an x86-64 CPU")
 

@@ -7,7 +7,7 @@ import pytest
 
 from lablib.engines.base import GenerationConfig
 from lablib.errors import ContextOverflowError, LabError
-from lablib.workload import chat_ids, prompt_of_length
+from lablib.measure.workload import chat_ids, prompt_of_length
 
 CASES = Path(__file__).parent / "data" / "cases"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
@@ -132,8 +132,8 @@ def test_engines_describe_themselves(engine):
 def test_engines_record_the_device_they_compute_on(engine):
     """Every manifest names the device; on a machine without a GPU it is the CPU, in float32
     for transformers (the faithful reference) and with no llama.cpp layer offloaded."""
-    from lablib.devices import found
-    from lablib.sweep import engine_manifest
+    from lablib.machine.identity import found
+    from lablib.measure.sweep import engine_manifest
 
     info = engine.info()
     gpus = [d.kind for d in found() if d.kind != "cpu"]

@@ -1,6 +1,6 @@
 """Generation means the same in every engine and mode: the lab's GenerationConfig is all that
 applies (../shared/cases, generation_config_leak), and sampling follows one definition
-(lablib.sampling.DEFINITION), checked on each engine's real first-token draws."""
+(lablib.engines.sampling.DEFINITION), checked on each engine's real first-token draws."""
 
 import dataclasses
 import shutil
@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lablib import sampling
-from lablib.compare import last_logits
-from lablib.concurrency import run_closed_loop
+from lablib.engines import sampling
+from lablib.studies.compare import last_logits
+from lablib.measure.closed_loop import run_closed_loop
 from lablib.engines.base import GenerationConfig
 
 CASES = Path(__file__).parent / "data" / "cases"
@@ -57,7 +57,7 @@ def _greedy_texts(engine, n: int = 12) -> tuple[str, str]:
 
 
 def test_the_counting_prompt_is_the_cases(model):
-    from lablib.workload import text_ids
+    from lablib.measure.workload import text_ids
 
     assert text_ids(model, COUNTING_TEXT) == COUNTING
 
@@ -209,7 +209,7 @@ def _engine(name, request):
 def test_first_token_draws_follow_the_definition(name, mode, request):
     """300 first tokens at temperature 0.8, top-p 0.9 against the distribution the definition
     gives on the engine's *own* logits (so Q4_1 vs float32 rounding is no fault), by Pearson's
-    chi-square (lablib.sampling.check_draws): false-alarm rate about 0.1 % per engine and mode
+    chi-square (lablib.engines.sampling.check_draws): false-alarm rate about 0.1 % per engine and mode
     (the seeds are fixed, so a pass stays a pass); a hidden top-k of 50, top-p before the
     temperature, a missing filter or temperature fail it (test above). Tokens the definition
     cuts may not be drawn at all (a margin of 0.02 in top-p for tokens at the boundary)."""

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from lablib import hardware
-from lablib.config import default_threads
+from lablib import machine as hardware
+from lablib.machine.threads import default_threads
 from lablib.errors import LabError
 
 GIB = 2**30
@@ -111,7 +111,7 @@ def test_default_threads_follow_the_affinity_mask():
         pytest.skip("no CPU affinity on this OS")
     code = (
         "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-        "from lablib.config import default_threads; print(default_threads())"
+        "from lablib.machine.threads import default_threads; print(default_threads())"
     )
     env = {k: v for k, v in os.environ.items() if k != "LABLIB_THREADS"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
@@ -192,7 +192,7 @@ def test_a_real_binder_sized_cgroup_is_seen():
             f"open('{cpu}/cgroup.procs', 'w').write(str(os.getpid()))\n"
             f"open('{mem}/cgroup.procs', 'w').write(str(os.getpid()))\n"
             "from lablib import hardware as h\n"
-            "from lablib.config import default_threads\n"
+            "from lablib.machine.threads import default_threads\n"
             "print(h.cpu_quota(), h.memory_limit_bytes(), default_threads(), h.available_ram_bytes())\n"
         )
         env = {k: v for k, v in os.environ.items() if k != "LABLIB_THREADS"}

@@ -6,7 +6,7 @@ import pytest
 from lablib.engines import load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.engines.http import HTTPEngineError, parse_chunk
-from lablib.sse import SSEParser
+from lablib.engines.http.sse import SSEParser
 from sse_server import chat, cmpl, sse
 
 DONE = sse("[DONE]")

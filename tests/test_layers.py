@@ -12,7 +12,7 @@ from pathlib import Path
 
 import lablib
 from lablib.engines import NAMES
-from lablib.formats import FORMATS
+from lablib.model.formats import FORMATS
 
 PKG = Path(lablib.__file__).resolve().parent
 HEAVY = ("torch", "transformers", "llama_cpp", "mlx", "pandas", "plotly", "numpy", "ipywidgets")
@@ -44,9 +44,9 @@ def test_every_module_imports_light():
 
 
 def test_plots_imports_no_module_that_measures():
-    assert lablib_imports(PKG / "plots.py") == {"lablib.errors", "lablib.schema", "lablib.tables"}
-    assert lablib_imports(PKG / "prefix_plots.py") == {"lablib.errors", "lablib.plots", "lablib.tables"}
-    assert lablib_imports(PKG / "tables.py") == {"lablib.errors", "lablib.schema"}
+    assert lablib_imports(PKG / "plots.py") == {"lablib.errors", "lablib.results.schema", "lablib.results.tables"}
+    assert lablib_imports(PKG / "prefix_plots.py") == {"lablib.errors", "lablib.plots.sweeps", "lablib.results.tables"}
+    assert lablib_imports(PKG / "tables.py") == {"lablib.errors", "lablib.results.schema"}
     assert lablib_imports(PKG / "schema.py") == set()
 
 
@@ -66,4 +66,4 @@ def test_no_branching_on_an_engine_name_outside_the_engines():
 def test_the_notebook_face_is_lazy_and_complete():
     for name in lablib.__all__:
         assert getattr(lablib, name) is not None
-    assert lablib.run_table is lablib.tables.run_table and lablib.sweep_panel.__module__ == "lablib.widgets"
+    assert lablib.run_table is lablib.results.tables.run_table and lablib.sweep_panel.__module__ == "lablib.ui.widgets"

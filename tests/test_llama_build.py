@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lablib import llama_build
+from lablib.build import llama as llama_build
 
 x86 = platform.machine().lower() in ("x86_64", "amd64")
 

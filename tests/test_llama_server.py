@@ -1,16 +1,16 @@
 """llama.cpp's llama-server, built from the in-process engine's source and flags, on the default model:
 greedy ids equal to the in-process engine's, token ids per chunk, server timings, parallel slots.
 
-The server comes from ``lablib.llama_build.llama_tool`` (built in the library's CMake tree on first
+The server comes from ``lablib.build.llama.llama_tool`` (built in the library's CMake tree on first
 use: minutes); a build failure fails these tests.
 """
 
 import pytest
 
 from lablib.engines.base import GenerationConfig
-from lablib.loadgen import run_load
-from lablib.servers import start_server
-from lablib.workload import prompt_of_length
+from lablib.measure.load import run_load
+from lablib.engines.servers import start_server
+from lablib.measure.workload import prompt_of_length
 
 pytestmark = pytest.mark.engine
 

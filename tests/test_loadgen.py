@@ -11,7 +11,7 @@ import pytest
 from lablib.engines import load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
-from lablib.loadgen import arrival_schedule, goodput, run_load, summarize
+from lablib.measure.load import arrival_schedule, goodput, run_load, summarize
 from sse_server import cmpl, sse
 
 DONE = sse("[DONE]")
@@ -132,7 +132,7 @@ OK = [
 
 
 def test_closed_loop_keeps_failed_requests_as_rows(engine, server, tmp_path):
-    from lablib.results import ResultsWriter, load_results
+    from lablib.results.store import ResultsWriter, load_results
 
     server.script = OK
     server.queue = [OK, [("status", 500, "boom")]]  # the second request fails
@@ -198,7 +198,7 @@ def test_the_time_limit_cancels_requests_in_flight(engine, server):
 
 
 def test_rate_sweep_runs_each_rate(engine, server):
-    from lablib.loadgen import parse_rates, rate_sweep
+    from lablib.measure.load import parse_rates, rate_sweep
 
     server.script = OK
     rows = rate_sweep(

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from lablib import derive, formats, models
+from lablib.model import derive
+from lablib.model import formats
+from lablib.model import resolve as models
 from lablib.errors import FormatError, LabError
 
 CASES = Path(__file__).parent / "data" / "cases"
@@ -143,7 +145,7 @@ def test_detect_format_rejects_what_is_no_model(tmp_path):
 
 
 def test_engine_given_the_wrong_format_names_got_need_and_how(model):
-    from lablib.models import ResolvedModel
+    from lablib.model.resolve import ResolvedModel
 
     hf_only = ResolvedModel(name="x", source=model.hf_path, source_format="hf", sha256="0", hf_path=model.hf_path)
     with pytest.raises(FormatError) as e:

@@ -7,13 +7,13 @@ import pytest
 from lablib.engines import ENGINES, canonical, load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.errors import EngineUnavailable, LabError
-from lablib.workload import DEFAULT_MESSAGES, prompt_of_length
+from lablib.measure.workload import DEFAULT_MESSAGES, prompt_of_length
 
 N_AGREE = 32  # greedy tokens compared with transformers
 
 
 def _model():
-    from lablib.models import resolve
+    from lablib.model.resolve import resolve
 
     return resolve(None)
 
@@ -32,7 +32,7 @@ def test_aliases_and_facts():
 
 def test_missing_package_names_the_install_command(monkeypatch):
     """load_engine and the doctor both check ``requires`` first: a class naming a missing module."""
-    from lablib import doctor
+    from lablib.engines import doctor
     from lablib.engines import OpenVINOEngine
 
     class Missing(OpenVINOEngine):
@@ -66,7 +66,7 @@ def test_greedy_ids_agree_with_transformers(ov_engine, hf_engine, prompt):
     """On the F16 reference GGUF, OpenVINO's greedy tokens are transformers' for the first 16 at
     least; where the 32 diverge later, transformers' own top-2 margin there is a near-tie (the CPU
     plugin computes in bf16 on this CPU by default, and its thread count changes the rounding)."""
-    from lablib.compare import NEAR_TIE_NATS, check_generation
+    from lablib.studies.compare import NEAR_TIE_NATS, check_generation
 
     ids = hf_engine.apply_chat_template(DEFAULT_MESSAGES) if prompt == "chat" else prompt_of_length(_model(), prompt)
     c = check_generation({"transformers": hf_engine, "openvino": ov_engine}, "transformers", ids, N_AGREE)
@@ -106,7 +106,7 @@ def test_tokenizer_and_template_agree_with_transformers(ov_engine, hf_engine):
 
 @pytest.mark.engine
 def test_batched_matches_serial(ov_engine):
-    from lablib.concurrency import run_closed_loop
+    from lablib.measure.closed_loop import run_closed_loop
 
     prompts = [prompt_of_length(_model(), 32, offset=i) for i in range(4)]
     cfg = GenerationConfig(max_new_tokens=8)
@@ -128,7 +128,7 @@ def test_compare_explains_the_shipped_gguf(hf_engine):
     """Read as shipped (Q4_1, Q8_0 tied embedding), OpenVINO's GGUF reader leaves transformers at
     once on a 128-token prompt where transformers' top-2 margin is over 1 nat: compare names it
     numerics beyond a near-tie, and says the logit check is not available."""
-    from lablib.compare import compare
+    from lablib.studies.compare import compare
 
     ov_src = load_engine("openvino", None, n_ctx=1024, weights="source")
     try:

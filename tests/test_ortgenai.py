@@ -86,7 +86,7 @@ def test_int4_builds_smaller_and_generates(model, first_token_flip):
 
 
 def test_serial_only(ort, model):
-    from lablib.sweep import concurrency_sweep
+    from lablib.measure.sweep import concurrency_sweep
 
     assert OnnxRuntimeGenAIEngine.modes == ("serial",)
     with pytest.raises(LabError, match="no batched mode"):
@@ -106,7 +106,7 @@ def test_serial_only(ort, model):
 
 
 def test_a_missing_package_says_not_installed_and_how_to_install(monkeypatch, model):
-    from lablib.doctor import check_engine
+    from lablib.engines.doctor import check_engine
 
     class Missing(OnnxRuntimeGenAIEngine):
         requires = "onnxruntime_genai_not_here"
@@ -148,7 +148,7 @@ def test_a_context_beyond_the_models_is_capped_and_refused_before_work(model):
 _LOADER = """\
 import os, sys
 from lablib.engines import load_engine
-from lablib.models import prepare
+from lablib.model.resolve import prepare
 
 model = prepare(log=lambda *_: None)
 os.environ["LABLIB_HOME"] = sys.argv[1]

@@ -7,7 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lablib import plots, report, tables
+from lablib import plots
+from lablib.ui import report
+from lablib.results import tables
 from lablib.errors import LabError
 
 MANIFEST = dict(
@@ -385,7 +387,7 @@ def test_prefill_decode_legend_names_phases_in_no_engine_colour():
 
 def test_shared_results_of_two_machines_facet_after_a_round_trip_on_disk(tmp_path):
     """Workshop flow: each machine writes its rows, the files are merged and loaded, one figure."""
-    from lablib.results import ResultsWriter, load_results, merge_results
+    from lablib.results.store import ResultsWriter, load_results, merge_results
 
     for host, decode in (("laptop", 1.0), ("server", 0.5)):
         w = ResultsWriter(tmp_path / f"{host}.jsonl")

@@ -12,7 +12,7 @@ import pytest
 
 from lablib.engines.base import GenerationConfig, PrefixCache
 from lablib.errors import LabError
-from lablib.workload import chat_ids, prompt_of_length
+from lablib.measure.workload import chat_ids, prompt_of_length
 
 N_OUT = 12  # greedy tokens compared with and without reuse
 ASK = [{"role": "user", "content": "What is the main idea of the text above?"}]
@@ -77,7 +77,7 @@ def test_a_longer_cache_is_cut_at_the_common_prefix(engine, model, shared, ask):
 
 @pytest.mark.engine
 def test_kept_bytes_match_the_shape_of_the_kv_cache(engine, model, shared):
-    from lablib.memory import kv_cache_bytes
+    from lablib.engines.memory import kv_cache_bytes
 
     kept = engine.cache_prefix(shared)
     formula = kv_cache_bytes(model, type(engine), len(shared))  # 2 x 30 layers x 3 KV heads x 64 x bytes x 96
@@ -113,7 +113,7 @@ def test_a_cache_from_another_engine_or_keep_without_one_is_refused(llama, share
 
 
 def test_old_result_files_without_cached_tokens_load_as_no_reuse(tmp_path):
-    from lablib.results import load_results
+    from lablib.results.store import load_results
 
     p = tmp_path / "old.jsonl"
     p.write_text(json.dumps({"engine": "llama.cpp", "ttft_s": 0.5, "prompt_tokens": 64}) + "\n")
@@ -123,8 +123,10 @@ def test_old_result_files_without_cached_tokens_load_as_no_reuse(tmp_path):
 
 @pytest.mark.engine
 def test_shared_prefix_and_chat_rows(model, tmp_path):
-    from lablib import prefix, prefix_plots, tables
-    from lablib.results import load_results
+    from lablib.studies import prefix
+    from lablib.plots import prefix as prefix_plots
+    from lablib.results import tables
+    from lablib.results.store import load_results
 
     out = tmp_path / "prefix.jsonl"
     df = prefix.shared_prefix(

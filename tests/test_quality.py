@@ -1,11 +1,11 @@
-"""lablib.quality: the statistics of llama.cpp's perplexity tool, checked on values worked by hand."""
+"""lablib.studies.quality: the statistics of llama.cpp's perplexity tool, checked on values worked by hand."""
 
 import math
 
 import numpy as np
 import pytest
 
-from lablib import quality
+from lablib.studies import quality
 from lablib.errors import LabError
 
 
@@ -93,7 +93,7 @@ def test_parse_llama_perplexity_output():
 def test_pareto_front_keeps_only_undominated_rungs():
     import pandas as pd
 
-    from lablib.quant_plots import pareto_front, quality_vs_size, type_mix
+    from lablib.plots.quant import pareto_front, quality_vs_size, type_mix
 
     df = pd.DataFrame(
         {

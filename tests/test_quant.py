@@ -1,4 +1,4 @@
-"""lablib.quant and lablib.ladder on the real default model: the F32 reference, llama.cpp's quantizer,
+"""lablib.studies.quant and lablib.studies.ladder on the real default model: the F32 reference, llama.cpp's quantizer,
 quality against the reference, and a ladder that survives an interruption."""
 
 import json
@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from lablib import quality, quant
+from lablib.studies import quality
+from lablib.studies import quant
 from lablib.errors import LabError
 
 
@@ -44,7 +45,7 @@ def test_reference_gives_the_same_greedy_ids_as_transformers(model, ref_path, hf
     from lablib.cli import DEFAULT_CHAT
     from lablib.engines import load_engine
     from lablib.engines.base import GenerationConfig
-    from lablib.workload import chat_ids
+    from lablib.measure.workload import chat_ids
 
     ids = chat_ids(model, [{"role": "user", "content": DEFAULT_CHAT}])
     cfg = GenerationConfig(max_new_tokens=12, ignore_eos=True)
@@ -89,7 +90,7 @@ def test_k_quants_fall_back_where_rows_are_576(model, ref_path):
 
 
 def test_q8_0_is_closer_to_the_reference_than_q4_0(model):
-    from lablib.ladder import run_ladder
+    from lablib.studies.ladder import run_ladder
 
     rows = run_ladder(
         ["Q8_0", "Q4_0"], model=model, speed=False, include_reference=False, n_ctx=128, n_chunks=2, log=lambda *_: None
@@ -101,7 +102,7 @@ def test_q8_0_is_closer_to_the_reference_than_q4_0(model):
 
 
 def test_interrupted_ladder_keeps_finished_files_and_rows(model, tmp_path):
-    from lablib.ladder import run_ladder
+    from lablib.studies.ladder import run_ladder
 
     out, home = tmp_path / "ladder.jsonl", tmp_path / "files"
 
@@ -151,7 +152,7 @@ def test_cli_refuses_an_unknown_type_before_any_work(capsys):
 
 def test_cli_quality_writes_one_row(model, tmp_path, capsys):
     from lablib.cli import main
-    from lablib.results import load_results
+    from lablib.results.store import load_results
 
     out = tmp_path / "q.jsonl"
     assert (
@@ -208,7 +209,7 @@ def test_the_ladder_finds_its_gguf_engine_by_the_class_fact(monkeypatch):
     a second one is a clear error, not a silent pick."""
     from lablib.engines import ENGINES
     from lablib.errors import LabError
-    from lablib.ladder import gguf_engine
+    from lablib.studies.ladder import gguf_engine
 
     assert gguf_engine() == "llama.cpp"
     assert [n for n, cls in ENGINES.items() if cls.quantizes_gguf] == ["llama.cpp"]

@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lablib import hardware, roofline
+from lablib import machine as hardware
+from lablib.studies import roofline
 from lablib.errors import LabError
 
 MATRIX_WEIGHTS = 134_479_872
@@ -176,7 +177,7 @@ def test_bandwidth_and_flops_are_positive_finite_and_coherent():
 
 
 def test_measurement_is_cached_per_machine_and_enters_the_manifest(tmp_path, monkeypatch, llama):
-    from lablib.sweep import engine_manifest
+    from lablib.measure.sweep import engine_manifest
 
     path = tmp_path / "hw" / "m.json"
     monkeypatch.setattr(hardware, "measurement_path", lambda: path)
@@ -247,7 +248,7 @@ def test_bound_columns_of_rows_by_hand(model):
 
 
 def test_roofline_figure_draws_from_tidy_rows_alone(model):
-    from lablib.roofline_plots import roofline as figure
+    from lablib.plots.roofline import roofline as figure
 
     mach = {"name": "toy", "bytes_per_s": 10e9, "flop_per_s": {"float32": 50e9, "int8": 100e9}}
     df = roofline.add_bound_columns(rows(model), model, machine_name=mach)
@@ -269,7 +270,7 @@ def test_roofline_figure_draws_from_tidy_rows_alone(model):
 
 
 def test_report_gains_the_bound_table(model, tmp_path):
-    from lablib.report import report_html
+    from lablib.ui.report import report_html
 
     own = {"measured_bandwidth_gbps": 20.0, "measured_int8_gops": 200.0, "measured_float32_gflops": 80.0}
     df = rows(model, own)
@@ -306,8 +307,8 @@ def test_what_if_is_a_ceiling_over_a_real_llama_cpp_decode(model, llama):
     for llama.cpp: 5.6 x; the 8.5-bit LM head as float32) or a unit slip (bits for bytes, GB for GiB
     does not, 7 %). The two-sided comparison, measured / predicted, is benchmarks/roofline.py's table."""
     from lablib.engines.base import GenerationConfig
-    from lablib.sweep import measure
-    from lablib.workload import prompt_of_length
+    from lablib.measure.sweep import measure
+    from lablib.measure.workload import prompt_of_length
 
     bw = hardware.stream_bandwidth("read", reps=5)
     rs = measure(llama, prompt_of_length(model, 64), GenerationConfig(max_new_tokens=16), warmup=1, reps=2)
@@ -322,9 +323,9 @@ def test_what_if_is_a_ceiling_over_a_real_llama_cpp_decode(model, llama):
 def test_cli_roofline_json_from_a_results_file(model, llama, tmp_path, monkeypatch, capsys):
     from lablib.cli import main
     from lablib.engines.base import GenerationConfig
-    from lablib.results import ResultsWriter
-    from lablib.sweep import measure
-    from lablib.workload import prompt_of_length
+    from lablib.results.store import ResultsWriter
+    from lablib.measure.sweep import measure
+    from lablib.measure.workload import prompt_of_length
 
     monkeypatch.setattr(hardware, "measurement_path", lambda: tmp_path / "m.json")
     hardware.measure_machine(quick=True)

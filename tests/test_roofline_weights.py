@@ -20,13 +20,14 @@ import json
 
 import pytest
 
-from lablib import formats, roofline
+from lablib.model import formats
+from lablib.studies import roofline
 from lablib.engines import ENGINES, load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.engines.openvino import OV_TYPES
 from lablib.errors import LabError
-from lablib.sweep import context_sweep, measure, weights_load_kwargs
-from lablib.workload import prompt_of_length
+from lablib.measure.sweep import context_sweep, measure, weights_load_kwargs
+from lablib.measure.workload import prompt_of_length
 
 PARAMETERS = 134_515_008
 MATRIX_WEIGHTS = 134_479_872
@@ -53,7 +54,7 @@ def _decode_bound(weight_bytes, kv_per_position, row):
 @pytest.mark.engine
 @pytest.mark.parametrize("weights", ["f16", "source"])
 def test_openvino_rows_are_bounded_by_the_file_it_read(model, weights):
-    from lablib import quant
+    from lablib.studies import quant
 
     e = load_engine("openvino", model, n_ctx=256, threads=2, weights=weights)
     try:

@@ -8,9 +8,9 @@ import pytest
 from lablib.engines import load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
-from lablib.loadgen import run_load, summarize
-from lablib.servers import free_port, start_server
-from lablib.workload import prompt_of_length
+from lablib.measure.load import run_load, summarize
+from lablib.engines.servers import free_port, start_server
+from lablib.measure.workload import prompt_of_length
 
 pytestmark = pytest.mark.engine
 N = 5

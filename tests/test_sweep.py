@@ -5,10 +5,12 @@ import threading
 
 import pytest
 
-from lablib import formats, memory, sweep
+from lablib.model import formats
+from lablib.engines import memory
+from lablib.measure import sweep
 from lablib.engines import ENGINES
 from lablib.errors import ContextOverflowError, LabError
-from lablib.results import ResultsWriter, load_results
+from lablib.results.store import ResultsWriter, load_results
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
@@ -97,8 +99,8 @@ def test_llama_cpp_buffers_are_one_micro_batch_of_logits_plus_the_graph(model):
     ],
 )
 def test_model_shape_reads_other_config_spellings(tmp_path, config, shape):
-    from lablib.formats import trained_context
-    from lablib.models import ResolvedModel
+    from lablib.model.formats import trained_context
+    from lablib.model.resolve import ResolvedModel
 
     (tmp_path / "config.json").write_text(json.dumps(config))
     rm = ResolvedModel(name="m", source=str(tmp_path), source_format="hf", sha256="0", hf_path=str(tmp_path))
@@ -245,7 +247,7 @@ def test_cli_sweep_writes_a_file_that_merge_and_report_read(tmp_path):
 
 
 def test_merge_refuses_to_overwrite(tmp_path):
-    from lablib.results import merge_results
+    from lablib.results.store import merge_results
 
     a = tmp_path / "a.jsonl"
     ResultsWriter(a).append({"engine": "x"})
@@ -375,7 +377,7 @@ def test_one_token_runs_append_to_parquet_and_bad_rows_are_named(tmp_path):
 
 
 def test_merge_into_parquet_names_a_type_clash_and_writes_nothing(tmp_path):
-    from lablib.results import merge_results
+    from lablib.results.store import merge_results
 
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     a.write_text('{"engine": "llama.cpp", "threads": 2}\n')

@@ -6,7 +6,7 @@ import time
 
 from lablib.engines import load_engine
 from lablib.engines.base import GenerationConfig
-from lablib.hardware import BusyMeter, threads_beside_others
+from lablib.machine.threads import BusyMeter, threads_beside_others
 
 SPIN = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
 
@@ -54,8 +54,8 @@ def test_requests_use_the_cpus_a_busy_neighbour_leaves(model, monkeypatch):
             p.kill()
             p.wait()
         assert trace.threads == max(1, engine.max_threads - 1)
-        from lablib.results import trace_row
-        from lablib.sweep import engine_manifest
+        from lablib.results.store import trace_row
+        from lablib.measure.sweep import engine_manifest
 
         assert trace_row(trace, engine_manifest(engine))["threads"] == trace.threads
     finally:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lablib.cases import unescape_probe
-from lablib.workload import lab_tokenizer
+from lablib.studies.cases import unescape_probe
+from lablib.measure.workload import lab_tokenizer
 
 CASES = Path(__file__).parent / "data" / "cases"
 

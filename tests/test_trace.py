@@ -2,8 +2,8 @@
 
 import pytest
 
-from lablib.tables import percentile
-from lablib.trace import RequestTrace, output_tps
+from lablib.results.tables import percentile
+from lablib.results.trace import RequestTrace, output_tps
 
 
 def make(ts, t_submit=10.0, t_start=10.5, prompt=100, cached=0):

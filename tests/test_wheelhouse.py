@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 from packaging.utils import parse_wheel_filename
 
-from lablib import llama_build, wheelhouse
+from lablib.build import llama as llama_build
+from lablib.build import wheelhouse
 from lablib.config import lab_home
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,7 +89,7 @@ def test_makefile_targets_are_phony_and_pass_the_pins():
     dry = subprocess.run(
         ["make", "-n", "wheelhouse"], cwd=ROOT, env=_env(), capture_output=True, text=True, check=True
     ).stdout
-    assert "-m lablib.wheelhouse" in dry
+    assert "-m lablib.build.wheelhouse" in dry
     assert f'--torch-spec "{makefile_var("TORCH_SPEC")}"' in dry
     assert f'--model-pkg "{makefile_var("MODEL_PKG")}"' in dry
     dry = subprocess.run(
@@ -100,7 +101,7 @@ def test_makefile_targets_are_phony_and_pass_the_pins():
 def test_module_runs_on_the_standard_library_alone():
     """`python -S` (no site-packages): it must run before anything is installed."""
     out = subprocess.run(
-        [sys.executable, "-S", "-m", "lablib.wheelhouse", "--help"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-S", "-m", "lablib.build.wheelhouse", "--help"], cwd=ROOT, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
     assert "--out" in out.stdout

@@ -1,6 +1,6 @@
 """The sweep panel: defaults, input errors shown in the panel, Run in a thread, Cancel, run_sync.
 
-Most tests replace lablib.sweep's sweep functions with fakes that emit synthetic rows; one
+Most tests replace lablib.measure.sweep's sweep functions with fakes that emit synthetic rows; one
 runs a real tiny llama.cpp sweep through run_sync."""
 
 import threading
@@ -9,7 +9,9 @@ import time
 import pandas as pd
 import pytest
 
-from lablib import plots, sweep, widgets
+from lablib import plots
+from lablib.measure import sweep
+from lablib.ui import widgets
 from lablib.errors import LabError
 from test_plots import concurrency_df, context_df
 
@@ -253,7 +255,7 @@ def test_real_tiny_llama_cpp_sweep_through_run_sync(quick, tmp_path):
     assert pre.name == "llama.cpp · prefill" and list(pre.x) == ["32"]
     assert pre.y[0] == pytest.approx(df.prefill_s.iloc[0]) and dec.y[0] == pytest.approx(df.decode_s.iloc[0])
     assert p.progress.value == 1 and "done: 1 requests" in p.message.value
-    from lablib.results import load_results
+    from lablib.results.store import load_results
 
     assert len(load_results(tmp_path / "ctx.jsonl")) == 1
 

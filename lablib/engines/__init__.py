@@ -10,16 +10,17 @@ from __future__ import annotations
 import importlib.util
 import operator
 
-from ..errors import EngineUnavailable, LabError
-from ..memory import check_fits
-from ..models import resolve
-from .base import Engine, check_threads
-from .hf import TransformersEngine
-from .http import HTTPEngine
-from .llamacpp import LlamaCppEngine
-from .mlx import MLXEngine
-from .openvino import OpenVINOEngine
-from .ortgenai import OnnxRuntimeGenAIEngine
+from lablib.errors import EngineUnavailable, LabError
+from lablib.engines.memory import check_fits
+from lablib.model.resolve import resolve
+from lablib.engines.base import Engine
+from lablib.machine.threads import check_threads
+from lablib.engines.hf import TransformersEngine
+from lablib.engines.http import HTTPEngine
+from lablib.engines.llamacpp import LlamaCppEngine
+from lablib.engines.mlx import MLXEngine
+from lablib.engines.openvino import OpenVINOEngine
+from lablib.engines.ortgenai import OnnxRuntimeGenAIEngine
 
 # canonical name -> Engine class, in the lab's order; http: any OpenAI-compatible server
 ENGINES: dict[str, type[Engine]] = {
@@ -69,7 +70,7 @@ def load_engine(name: str, model=None, **kw) -> Engine:
     in its defaults for the rest (:meth:`Engine.default_load_kwargs`: llama.cpp's n_ctx is
     the trained context, at most 8192 tokens). Raises EngineUnavailable when its library is
     missing, FormatError for a format it cannot read, LabError for a bad n_ctx, n_batch or
-    threads or an engine that will not fit in the memory available (:func:`lablib.memory.check_fits`).
+    threads or an engine that will not fit in the memory available (:func:`lablib.engines.memory.check_fits`).
     """
     cls = engine_class(name)
     if importlib.util.find_spec(cls.requires) is None:

@@ -10,7 +10,7 @@ branches on an engine's name: the model format it reads, the module it needs and
 to install it, its KV-cache bytes per value, what it allocates at load, its load
 defaults, the weights it reads for each choice of its weights option and the type its
 matrix products run at (:meth:`Engine.weight_tensors`, :meth:`Engine.compute_dtype`: what
-lablib.roofline bounds a run by; a loaded engine records both in its :class:`EngineInfo`),
+lablib.studies.roofline bounds a run by; a loaded engine records both in its :class:`EngineInfo`),
 the effective config it computes with (:meth:`Engine.effective_config`), and
 its continuous-batching session (:class:`BatchSession`, counted in :class:`BatchStats`).
 
@@ -27,11 +27,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from ..config import check_threads, default_threads  # noqa: F401  (engines import them from here)
-from ..errors import ContextOverflowError, LabError
-from ..trace import RequestTrace, now
+from lablib.machine.threads import check_threads, default_threads
+from lablib.errors import ContextOverflowError, LabError
+from lablib.results.trace import RequestTrace, now
 
-# The settings :meth:`Engine.effective_config` returns (what lablib.compare holds side by side).
+# The settings :meth:`Engine.effective_config` returns (what lablib.studies.compare holds side by side).
 CONFIG_KEYS = (
     "rope_theta",
     "rope_scaling",
@@ -56,7 +56,7 @@ class GenerationConfig:
     ``max_new_tokens`` (sweeps, so engines do equal work) instead of stopping at
     EOS; an EOS the model picks is kept in the output and generation goes on
     (vLLM's ``ignore_eos``), it is not masked. ``temperature`` 0 means greedy; otherwise sampled with
-    ``top_k`` (0 = off), ``top_p`` (1 = off) and ``seed``, as :data:`lablib.sampling.DEFINITION` says:
+    ``top_k`` (0 = off), ``top_p`` (1 = off) and ``seed``, as :data:`lablib.engines.sampling.DEFINITION` says:
     logits / temperature -> top-k -> top-p -> softmax -> draw, in every engine and mode. These
     settings are all that apply: what a model folder (generation_config.json) or a library
     default asks for beyond them is switched off (each engine's ``info().flags["settings_off"]``).
@@ -144,7 +144,7 @@ class PrefixCache:
 
 
 class BatchSession(Protocol):
-    """An engine's continuous batching, driven by :func:`lablib.concurrency.run_closed_loop`.
+    """An engine's continuous batching, driven by :func:`lablib.measure.closed_loop.run_closed_loop`.
 
     ``submit(ids, trace)`` queues a request (its trace receives t_start and the token events);
     ``step()`` advances every running sequence by one engine step and returns the traces that
@@ -199,8 +199,8 @@ class BatchStats:
 
 
 class TokenizerLike(Protocol):
-    """What the tokenizer and template checks of lablib.compare need (an Engine, or a
-    tokenizer alone such as lablib.compare.TokenizerView)."""
+    """What the tokenizer and template checks of lablib.studies.compare need (an Engine, or a
+    tokenizer alone such as lablib.studies.compare.TokenizerView)."""
 
     name: str
 
@@ -219,7 +219,7 @@ class Engine:
 
     Public verbs: :meth:`tokenize`, :meth:`apply_chat_template`,
     :meth:`generate`, :meth:`info`, :meth:`close`; :meth:`batch_session` where the
-    library batches; :meth:`effective_config` for lablib.compare.
+    library batches; :meth:`effective_config` for lablib.studies.compare.
     """
 
     name = "engine"
@@ -237,11 +237,11 @@ class Engine:
     weights_option: ClassVar[str | None] = None
     weights_choices: ClassVar[tuple[str, ...]] = ()
     lab_default: ClassVar[bool] = True  # in the lab's default set: what sweeps, compare and notebooks run unasked
-    compare_load_kwargs: ClassVar[dict] = {}  # lablib.compare loads it so: as the library alone reads the model
-    modes: ClassVar[tuple] = ("serial", "batched")  # scheduling modes lablib.concurrency runs it in
+    compare_load_kwargs: ClassVar[dict] = {}  # lablib.studies.compare loads it so: as the library alone reads the model
+    modes: ClassVar[tuple] = ("serial", "batched")  # scheduling modes lablib.measure.closed_loop runs it in
     prefix_caching: ClassVar[bool] = False  # True: generate(..., prefix_cache=) reuses a kept prefix (lab 08)
-    # True: the quality ladder's GGUF engine: its library's quantizer makes the GGUF rungs (lablib.quant)
-    # and the ladder measures them and the F32 reference on it (lablib.ladder.gguf_engine); exactly one engine
+    # True: the quality ladder's GGUF engine: its library's quantizer makes the GGUF rungs (lablib.studies.quant)
+    # and the ladder measures them and the F32 reference on it (lablib.studies.ladder.gguf_engine); exactly one engine
     quantizes_gguf: ClassVar[bool] = False
 
     @classmethod
@@ -280,9 +280,9 @@ class Engine:
     @classmethod
     def weight_tensors(cls, model, weights: str | None = None) -> tuple:
         """(name, type, elements, bytes) of every weight tensor the engine holds for ``model`` loaded with
-        ``weights`` (:meth:`weights_path`'s file or folder, as stored: :func:`lablib.formats.weight_tensors`).
-        lablib.roofline counts the bytes a step reads from them. Raises LabError when there is no such file."""
-        from ..formats import weight_tensors
+        ``weights`` (:meth:`weights_path`'s file or folder, as stored: :func:`lablib.model.formats.weight_tensors`).
+        lablib.studies.roofline counts the bytes a step reads from them. Raises LabError when there is no such file."""
+        from lablib.model.formats import weight_tensors
 
         path = cls.weights_path(model, weights)
         if not path:
@@ -314,7 +314,7 @@ class Engine:
     @classmethod
     def runtime_bytes(cls, model, n_batch: int = 512, context_tokens: int = 0) -> int:
         """Buffers allocated at load besides weights and KV cache, bytes (0: activations are
-        allocated per request and covered by lablib.memory's headroom)."""
+        allocated per request and covered by lablib.engines.memory's headroom)."""
         return 0
 
     @classmethod
@@ -323,7 +323,7 @@ class Engine:
         engine); a class method, so callers check before loading anything."""
 
     def __init__(self, model):
-        self.model = model  # lablib.models.ResolvedModel
+        self.model = model  # lablib.model.resolve.ResolvedModel
 
     # --- to implement --------------------------------------------------
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:
@@ -436,13 +436,13 @@ class Engine:
     threads: int = 0  # threads the engine computes with now
     max_threads: int = 0  # threads on a quiet machine: the CPUs this process may use
     auto_threads: bool = False  # True: threads follow the CPUs other processes leave free
-    _busy = None  # lablib.hardware.BusyMeter when auto_threads
+    _busy = None  # lablib.machine.BusyMeter when auto_threads
 
     def _init_threads(self, threads: int | None) -> int:
         """Each engine's thread count at load: ``threads`` when given, else LABLIB_THREADS, else
         automatic (:func:`default_threads` on a quiet machine, fewer while other processes keep
         CPUs busy: :meth:`adapt_threads`). Returns the count to load with."""
-        from ..hardware import BusyMeter, threads_beside_others
+        from lablib.machine.threads import BusyMeter, threads_beside_others
 
         fixed = threads is not None or bool(os.environ.get("LABLIB_THREADS", "").strip())
         self.max_threads = threads or default_threads()
@@ -455,10 +455,10 @@ class Engine:
 
     def adapt_threads(self) -> int:
         """Before a request: with automatic threads, use the CPUs other processes left free since
-        the last request (:func:`lablib.hardware.threads_beside_others`). Returns the threads the
+        the last request (:func:`lablib.machine.threads_beside_others`). Returns the threads the
         request runs with (recorded in its trace and row)."""
         if self.auto_threads and self._busy is not None:
-            from ..hardware import threads_beside_others
+            from lablib.machine.threads import threads_beside_others
 
             n = threads_beside_others(self.max_threads, self._busy.others())
             if n != self.threads:

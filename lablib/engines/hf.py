@@ -29,12 +29,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..devices import torch_device, torch_dtype
-from ..errors import EngineUnavailable, LabError
-from ..formats import FLOAT_TYPES
-from ..sampling import DEFINITION
-from ..trace import RequestTrace, now
-from .base import Engine, EngineInfo, GenerationConfig, PrefixCache
+from lablib.machine.devices import torch_device, torch_dtype
+from lablib.errors import EngineUnavailable, LabError
+from lablib.model.formats import FLOAT_TYPES
+from lablib.engines.sampling import DEFINITION
+from lablib.results.trace import RequestTrace, now
+from lablib.engines.base import Engine, EngineInfo, GenerationConfig, PrefixCache
 
 # a torch dtype name -> (its safetensors name, bytes per element)
 TORCH_DTYPES = {"float32": ("F32", 4), "bfloat16": ("BF16", 2), "float16": ("F16", 2)}
@@ -72,7 +72,7 @@ class TransformersEngine(Engine):
     ``device``: "auto" (CUDA, then Apple's MPS, then the CPU), "cpu", "cuda" or "mps".
     ``dtype``: torch dtype name for the weights (default: float32 on the CPU, the faithful
     reference; bfloat16 on CUDA where supported, else float16; float16 on MPS: see
-    :func:`lablib.devices.torch_dtype`). ``threads``: torch intra-op threads (default: automatic, see ``Engine.adapt_threads``).
+    :func:`lablib.machine.devices.torch_dtype`). ``threads``: torch intra-op threads (default: automatic, see ``Engine.adapt_threads``).
     ``n_ctx``: context the lab enforces (default: the model's trained context).
     """
 
@@ -84,7 +84,7 @@ class TransformersEngine(Engine):
     dtypes = ("float32", "bfloat16", "float16")
     weights_option = "dtype"  # the folder's weights, cast to this dtype at load
     weights_choices = dtypes
-    # lablib.compare's reference: float32 on every device (on a GPU the default dtype is half precision)
+    # lablib.studies.compare's reference: float32 on every device (on a GPU the default dtype is half precision)
     compare_load_kwargs = {"dtype": "float32"}
     prefix_caching = True  # a DynamicCache built from a kept prefix's key/value tensors, per request
 
@@ -328,7 +328,7 @@ class TransformersEngine(Engine):
     def _generation_config(self, cfg: GenerationConfig):
         """transformers' GenerationConfig for ``cfg``, the same for ``generate`` and continuous
         batching: greedy, or transformers' warpers in the lab's order (temperature, top-k, top-p:
-        :data:`lablib.sampling.DEFINITION`) with ``top_k`` always explicit (0 = off; left unset,
+        :data:`lablib.engines.sampling.DEFINITION`) with ``top_k`` always explicit (0 = off; left unset,
         ``generate`` would add its default 50 and continuous batching would not). The model's
         own generation config holds token ids only (:meth:`_clean_generation_config`).
         ignore_eos: an empty EOS list, so EOS is generated like any token and generation goes

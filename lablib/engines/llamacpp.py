@@ -34,11 +34,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import ContextOverflowError, EngineUnavailable, LabError
-from ..formats import FLOAT_TYPES, gguf_config, model_shape
-from ..sampling import DEFINITION
-from ..trace import RequestTrace, now
-from .base import Engine, EngineInfo, GenerationConfig, PrefixCache
+from lablib.errors import ContextOverflowError, EngineUnavailable, LabError
+from lablib.model.formats import FLOAT_TYPES, gguf_config, model_shape
+from lablib.engines.sampling import DEFINITION
+from lablib.results.trace import RequestTrace, now
+from lablib.engines.base import Engine, EngineInfo, GenerationConfig, PrefixCache
 
 if TYPE_CHECKING:
     import numpy as np
@@ -75,7 +75,7 @@ class LlamaCppEngine(Engine):
     kv_bytes_per_value = 2  # f16 KV cache
     reserves_kv_at_load = True  # the KV cache for all of n_ctx is allocated when the context opens
     prefix_caching = True  # a sequence's state saved and restored (llama_state_seq_get_data / set_data)
-    quantizes_gguf = True  # llama_model_quantize makes the ladder's GGUF rungs (lablib.quant); measured here
+    quantizes_gguf = True  # llama_model_quantize makes the ladder's GGUF rungs (lablib.studies.quant); measured here
 
     @classmethod
     def default_n_ctx(cls, model) -> int:
@@ -255,7 +255,7 @@ class LlamaCppEngine(Engine):
 
     # --- description -------------------------------------------------------
     def info(self) -> EngineInfo:
-        from .. import llama_build
+        from lablib.build import llama as llama_build
 
         sysinfo = self._lib.llama_print_system_info().decode(errors="replace")
         return EngineInfo(
@@ -305,7 +305,7 @@ class LlamaCppEngine(Engine):
 
     # --- generation -------------------------------------------------------
     def _sampler(self, cfg: GenerationConfig, seed: int | None = None):
-        """A llama.cpp sampler chain for ``cfg`` (:data:`lablib.sampling.DEFINITION`): greedy, or
+        """A llama.cpp sampler chain for ``cfg`` (:data:`lablib.engines.sampling.DEFINITION`): greedy, or
         temp -> top_k (when > 0) -> top_p (when < 1) -> dist seeded with ``seed`` (default
         ``cfg.seed``). Built from nothing: llama.cpp's usual chain (llama-server, the CLI,
         ``Llama.generate``: penalties, DRY, top_k 40, top_p 0.95, min_p 0.05, XTC..., with top-k/top-p

@@ -17,7 +17,7 @@ receives (:meth:`MLXEngine.engine_counters`).
 
 mlx-lm has no hard context limit; the lab enforces the trained context. The
 config is read with keys that moved between transformers versions lifted back
-to where mlx-lm looks (``lablib.formats.normalize_config``): mlx-lm 0.32 reads
+to where mlx-lm looks (``lablib.model.formats.normalize_config``): mlx-lm 0.32 reads
 ``rope_theta`` only at the top level and silently uses 10000 otherwise.
 
 Batched mode (:meth:`MLXEngine.batch_session`) is mlx-lm's own continuous
@@ -35,11 +35,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import EngineUnavailable, LabError
-from ..formats import normalize_config, trained_context
-from ..sampling import DEFINITION
-from ..trace import RequestTrace, now
-from .base import Engine, EngineInfo, GenerationConfig, PrefixCache, default_threads
+from lablib.errors import EngineUnavailable, LabError
+from lablib.model.formats import normalize_config, trained_context
+from lablib.engines.sampling import DEFINITION
+from lablib.results.trace import RequestTrace, now
+from lablib.engines.base import Engine, EngineInfo, GenerationConfig, PrefixCache
+from lablib.machine.threads import default_threads
 
 if TYPE_CHECKING:
     import numpy as np
@@ -55,7 +56,7 @@ class MLXEngine(Engine):
     install_hint = "pip install 'mlx[cpu]' mlx-lm (Linux) or mlx-lm (macOS)"
     kv_bytes_per_value = 4  # float32 models
     prefix_caching = True  # a fresh prompt cache per request, starting from a kept prefix's arrays
-    compare_load_kwargs = {"fix_config": False}  # lablib.compare shows what a plain mlx-lm user gets
+    compare_load_kwargs = {"fix_config": False}  # lablib.studies.compare shows what a plain mlx-lm user gets
     # mlx-lm's sampling defaults the lab leaves out (mlx-lm 0.32: sample_utils, generate)
     SETTINGS_OFF = (
         "make_sampler's order (top-p, min-p, XTC, top-k on untempered log-probs, then temperature): "
@@ -82,7 +83,7 @@ class MLXEngine(Engine):
         path = model.path_for("mlx", self.name)
         cfg = json.loads((Path(path) / "config.json").read_text())
         # keys mlx-lm would otherwise misread; fix_config=False reads the folder as
-        # plain mlx-lm does (lablib.compare uses it to show what mlx-lm users see)
+        # plain mlx-lm does (lablib.studies.compare uses it to show what mlx-lm users see)
         self.config_fixes = normalize_config(cfg) if fix_config else {}
         self.mlx_model, self.tok, self.config = load(path, model_config=self.config_fixes or None, return_config=True)
         self.threads = threads or default_threads()  # MLX chooses its own CPU threads
@@ -179,7 +180,7 @@ class MLXEngine(Engine):
 
     # --- generation -------------------------------------------------------
     def _sampler(self, cfg: GenerationConfig):
-        """mlx-lm sampler for ``cfg`` (:data:`lablib.sampling.DEFINITION`), seeding MLX's random
+        """mlx-lm sampler for ``cfg`` (:data:`lablib.engines.sampling.DEFINITION`), seeding MLX's random
         stream with ``cfg.seed``: greedy, or mlx-lm's own filters composed in the lab's order,
         logprobs / temperature -> ``apply_top_k`` -> ``apply_top_p`` -> categorical draw.
         Not ``make_sampler``: it applies top-p (then min-p, XTC, top-k) to the *untempered*

@@ -8,11 +8,11 @@ embedding tied to the output), the reader runs the shipped file, but a *differen
 tokens leave transformers' at the first or second token on 4 of 5 prompts, and teacher-forced,
 the tokens it picks are 1-2 nats below transformers' argmax where llama.cpp on the same file
 agrees with transformers within 0.1 nats (a Q8_0 requantization of the file does the same). On the
-lab's F16 reference of that file (:func:`lablib.quant.reference`: every tensor dequantized with the
+lab's F16 reference of that file (:func:`lablib.studies.quant.reference`: every tensor dequantized with the
 gguf package, cached by the file's hash under the lab home), it agrees with transformers for 32
 greedy tokens on 4 of those 5 prompts. So the engine reads the F16 reference by default
 (``weights="f16"``); ``weights="source"`` reads the model's own GGUF, to show the difference
-(``lablib.compare`` then names where it diverges).
+(``lablib.studies.compare`` then names where it diverges).
 
 Generation: ``LLMPipeline.generate`` on an ``ov.Tensor`` of the lab's token ids (no
 re-tokenization, no chat template), greedy, ``ignore_eos``, ``max_new_tokens`` from the lab's
@@ -20,14 +20,14 @@ re-tokenization, no chat template), greedy, ``ignore_eos``, ``max_new_tokens`` f
 stamped with the lab's clock as it arrives. The pipeline's own ``perf_metrics`` of the last request
 (TTFT, TPOT, per-token times) are kept (:meth:`OpenVINOEngine.engine_counters`). Sampled requests
 are refused: OpenVINO GenAI's multinomial sampler has not been checked against
-:data:`lablib.sampling.DEFINITION`.
+:data:`lablib.engines.sampling.DEFINITION`.
 
 Numerics are OpenVINO's own for this CPU, recorded in ``info().flags``: the CPU plugin's default
 inference precision (bf16 where the CPU has bf16 instructions, else f32), int8 dynamic
 quantization of activations for compressed weights, and the KV cache precision the reader sets
 (f16 for an F16 or F32 GGUF; u8, the CPU default, otherwise). ``info().weights`` names the file it read
 ("f16" or "source") and ``info().compute_dtype`` the inference precision its matrix products run at
-(bfloat16 for either file on a CPU with AVX-512 BF16 or AMX): what :mod:`lablib.roofline` bounds its rows by.
+(bfloat16 for either file on a CPU with AVX-512 BF16 or AMX): what :mod:`lablib.studies.roofline` bounds its rows by.
 
 Threads: ``INFERENCE_NUM_THREADS`` is a compile-time property of the CPU plugin: the engine loads
 with the lab's thread count (``threads``, else LABLIB_THREADS, else the CPUs other processes leave
@@ -44,10 +44,10 @@ from __future__ import annotations
 
 import functools
 
-from ..errors import EngineUnavailable, LabError
-from ..sampling import DEFINITION
-from ..trace import RequestTrace, now
-from .base import Engine, EngineInfo, GenerationConfig
+from lablib.errors import EngineUnavailable, LabError
+from lablib.engines.sampling import DEFINITION
+from lablib.results.trace import RequestTrace, now
+from lablib.engines.base import Engine, EngineInfo, GenerationConfig
 
 WEIGHTS = ("f16", "source")  # the lab's F16 reference GGUF, or the model's own GGUF
 
@@ -90,11 +90,11 @@ class OpenVINOEngine(Engine):
     @classmethod
     def weights_path(cls, model, weights: str | None = None, log=lambda *_: None) -> str:
         """The GGUF it reads for ``weights``: "f16" (the default) the lab's F16 reference of ``model``
-        (written once and cached by :func:`lablib.quant.reference` when missing, saying so to ``log``),
+        (written once and cached by :func:`lablib.studies.quant.reference` when missing, saying so to ``log``),
         "source" the model's own GGUF. FormatError for a model without a GGUF file."""
         if cls.check_weights(weights) == "source":
             return model.path_for("gguf", cls.name)
-        from ..quant import reference
+        from lablib.studies.quant import reference
 
         return str(reference(model, "F16", log=log))
 
@@ -116,7 +116,7 @@ class OpenVINOEngine(Engine):
     @classmethod
     def weights_bytes(cls, model) -> int:
         """Bytes of the F16 reference GGUF it reads (parameters x 2 before it exists)."""
-        from ..quant import quant_home
+        from lablib.studies.quant import quant_home
 
         ref = quant_home(model.sha256) / "reference-F16.gguf"
         return ref.stat().st_size if ref.is_file() else model.parameters * 2
@@ -232,7 +232,7 @@ class OpenVINOEngine(Engine):
     def effective_config(self) -> dict:
         """The settings of the GGUF the reader builds from, with BOS/EOS read back from
         OpenVINO's tokenizer (the pipeline exposes no model config of its own)."""
-        from ..formats import gguf_config
+        from lablib.model.formats import gguf_config
 
         cfg = gguf_config(self.path)
         cfg.update(bos_id=self.bos_id, eos_id=int(self.tok.get_eos_token_id()))
@@ -293,7 +293,7 @@ class OpenVINOEngine(Engine):
         self.tok = None
 
 
-# OpenVINO's element type names (get_type_name) -> the lab's compute dtypes (lablib.roofline's roofs)
+# OpenVINO's element type names (get_type_name) -> the lab's compute dtypes (lablib.studies.roofline's roofs)
 OV_TYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "i8": "int8", "u8": "int8"}
 
 
@@ -312,7 +312,7 @@ def _device_property(device: str, key: str) -> str | None:
 
 def model_vocab(model) -> int:
     """Vocabulary size of ``model`` (its shape as the lab reads it from the files)."""
-    from ..formats import model_shape
+    from lablib.model.formats import model_shape
 
     return int(model_shape(model)["vocab"] or 0)
 

@@ -4,7 +4,7 @@ The model is built once per Hugging Face folder and precision by onnxruntime-gen
 builder (``python -m onnxruntime_genai.models.builder -i HF_FOLDER -o OUT -p fp32|int4 -e cpu``),
 in a child process (it imports torch, transformers, onnx and onnx-ir, and holds the weights
 twice), and cached under ``$LABLIB_HOME/onnx/<precision>-<key>/``, where key hashes the folder
-(``lablib.models._folder_sha256``), the precision and the builder's version
+(``lablib.model.resolve._folder_sha256``), the precision and the builder's version
 (:func:`onnx_folder`). For SmolLM2-135M on two busy cores a build took 8-14 s (fp32) and
 9-10 s (int4: the builder's RTN quantizer, MatMulNBits with blocks of 32 weights). On Linux the
 builder dies with the process that started it, even under ``kill -9`` (:mod:`lablib.children`: it went
@@ -14,7 +14,7 @@ What a step reads and computes with follows the build it loaded (``info().weight
 ``info().compute_dtype``): fp32, the float32 weights (538 MB for SmolLM2-135M, as transformers);
 int4, every matrix in 4-bit blocks of 32 with a float32 scale, 5 bits a weight (84 MB), multiplied
 in int8 (the builder's ``accuracy_level`` 4 on MatMulNBits: ONNX Runtime quantizes the activations
-to int8 per block). :mod:`lablib.roofline` counts both from the built model's initializers.
+to int8 per block). :mod:`lablib.studies.roofline` counts both from the built model's initializers.
 
 Generation is the library's own loop on ``og.Generator``: ``append_tokens(prompt ids)`` is the
 prefill (one forward pass over the prompt: its logits, the KV cache), then each
@@ -54,12 +54,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..children import tied
-from ..config import lab_home
-from ..errors import EngineUnavailable, LabError
-from ..sampling import DEFINITION
-from ..trace import RequestTrace
-from .base import Engine, EngineInfo, GenerationConfig
+from lablib.children import tied
+from lablib.config import lab_home
+from lablib.errors import EngineUnavailable, LabError
+from lablib.engines.sampling import DEFINITION
+from lablib.results.trace import RequestTrace
+from lablib.engines.base import Engine, EngineInfo, GenerationConfig
 
 if TYPE_CHECKING:
     import numpy as np
@@ -118,8 +118,8 @@ def builder_command(hf_path, out, precision: str, cache_dir) -> list[str]:
 
 def onnx_key(hf_path, precision: str) -> str:
     """16 hex digits naming a build: sha256 of the Hugging Face folder's hash (file names, sizes,
-    JSON contents, as ``lablib.models`` keys a folder), the precision and the builder version."""
-    from ..models import _folder_sha256
+    JSON contents, as ``lablib.model.resolve`` keys a folder), the precision and the builder version."""
+    from lablib.model.resolve import _folder_sha256
 
     h = hashlib.sha256(f"{_folder_sha256(Path(hf_path))}|{precision}|{builder_version()}".encode())
     return h.hexdigest()[:16]
@@ -136,7 +136,7 @@ def onnx_folder(model, precision: str = "fp32", log=print) -> Path:
     Raises LabError for an unknown precision, or naming the command and the builder's last lines
     when it fails; FormatError when ``model`` has no Hugging Face folder.
     """
-    from ..models import _locked
+    from lablib.model.resolve import _locked
 
     if precision not in PRECISIONS:
         raise LabError(f"precision={precision!r}: expected one of {', '.join(PRECISIONS)}")
@@ -250,7 +250,7 @@ class OnnxRuntimeGenAIEngine(Engine):
         """The prefill's logits, bytes: the builder's model returns logits for every prompt position
         ([1, prompt tokens, vocabulary] float32), 1.6 GB for an 8192-token SmolLM2 prompt. Allocated
         per request, so 0 at load (``context_tokens`` 0)."""
-        from ..formats import model_shape
+        from lablib.model.formats import model_shape
 
         return context_tokens * (model_shape(model)["vocab"] or 0) * 4
 
@@ -345,8 +345,8 @@ class OnnxRuntimeGenAIEngine(Engine):
         (what ORT GenAI reads), the RMSNorm epsilon from the graph's normalization nodes, the RoPE
         base from the graph's ``cos_cache`` (cos(p * inv_freq), so inv_freq[1] = arccos of row 1),
         and ``rope_scaling`` from the folder the builder read (the cache holds it baked in)."""
-        from ..formats import read_config
-        from .hf import rope_base_from_inv_freq
+        from lablib.model.formats import read_config
+        from lablib.engines.hf import rope_base_from_inv_freq
 
         m, d = self.genai_config["model"], self.genai_config["model"]["decoder"]
         hf = read_config(Path(self.model.path_for("hf", self.name)))
@@ -379,7 +379,7 @@ class OnnxRuntimeGenAIEngine(Engine):
     # --- generation ----------------------------------------------------------------------------
     def _params(self, cfg: GenerationConfig, max_length: int):
         """og.GeneratorParams for one request of ``max_length`` tokens (prompt + output), every
-        search option set from ``cfg`` (:data:`lablib.sampling.DEFINITION`): greedy, or ORT
+        search option set from ``cfg`` (:data:`lablib.engines.sampling.DEFINITION`): greedy, or ORT
         GenAI's CPU sampler (top-k, then / temperature, then top-p on the softmax, then a draw:
         ``GreedySearch_Cpu::SampleTopKTopP``), with top-k 0 (off) as the whole vocabulary."""
         p = self._og.GeneratorParams(self.og_model)

@@ -29,7 +29,7 @@
 # llama.cpp a TPOT of 32 ms, and once 3.4 s, instead of 6 ms: llama.cpp then
 # looks slower than transformers, and the comparison means nothing.
 import lablib
-from lablib import sweep
+from lablib.measure import sweep
 
 model = lablib.prepare()
 df = sweep.side_by_side(model, engines=("llama.cpp", "transformers"), max_new_tokens=32, reps=3)

@@ -29,8 +29,9 @@
 import platform
 
 import lablib
-from lablib import plots, sweep
-from lablib.workload import chat_ids, prompt_of_length
+from lablib import plots
+from lablib.measure import sweep
+from lablib.measure.workload import chat_ids, prompt_of_length
 
 engines = ("transformers", "llama.cpp") + (("mlx",) if platform.system() == "Darwin" else ())
 model = lablib.prepare()

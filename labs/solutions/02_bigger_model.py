@@ -30,9 +30,9 @@
 from pathlib import Path
 
 import lablib
-from lablib import sweep
-from lablib.hardware import hardware_info
-from lablib.workload import prompt_of_length
+from lablib.measure import sweep
+from lablib.machine.identity import hardware_info
+from lablib.measure.workload import prompt_of_length
 
 model = lablib.prepare()
 df = sweep.side_by_side(model, engines=("llama.cpp",), ids=prompt_of_length(model, 32), max_new_tokens=64, reps=3)

@@ -5,7 +5,7 @@
 #     layers x 2 (K and V) x kv_heads x head_dim x bytes per value
 #   = 30 x 2 x 3 x 64 values = 11,520 values per token for SmolLM2-135M:
 #     46 KB in float32 (transformers), 23 KB in float16 (llama.cpp's default
-#     cache type; lablib.memory counts it the same way).
+#     cache type; lablib.engines.memory counts it the same way).
 # If decode were *only* bytes, TPOT would grow like the bytes read per step:
 #     TPOT(long) / TPOT(short) ≈ (weights + KV(long)) / (weights + KV(short)).
 # At 1024 tokens the cache is ~47 MB (float32) against ~540 MB of float32
@@ -34,10 +34,10 @@
 # exact factors move by several percent from run to run, more when another
 # program is busy on the cores.
 import lablib
-from lablib import sweep
+from lablib.measure import sweep
 from lablib.engines import ENGINES
-from lablib.formats import model_shape
-from lablib.memory import kv_cache_bytes, weights_bytes
+from lablib.model.formats import model_shape
+from lablib.engines.memory import kv_cache_bytes, weights_bytes
 
 SHORT, LONG = 64, 1024
 engines = ["transformers", "llama.cpp"]

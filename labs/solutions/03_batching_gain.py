@@ -30,7 +30,7 @@
 # 1.5x at 8. Expect the same shape on a laptop, with gains that vary by tens of percent from run to run (a second
 # run here: 0.91x at 2, 1.20x at 4, 1.40x at 8, with TPOT x2.3, x3.2, x5.2).
 import lablib
-from lablib import sweep
+from lablib.measure import sweep
 
 model = lablib.prepare()
 df = sweep.concurrency_sweep(

@@ -33,7 +33,7 @@
 import pandas as pd
 
 import lablib
-from lablib import sweep
+from lablib.measure import sweep
 
 model = lablib.prepare()
 levels = [1, 2, 4]

@@ -14,8 +14,9 @@
 # in the sweep above. If llama.cpp reached, say, 60 % of its bound on the
 # 135M model, expect about 60 % of the 8B bound too (a bigger model's step is
 # longer, so fixed per-step costs weigh less: the fraction usually rises).
-from lablib import hardware, roofline
-from lablib.accelerators import ACCELERATORS
+from lablib import machine as hardware
+from lablib.studies import roofline
+from lablib.machine.accelerators import ACCELERATORS
 
 memory = {
     "this": hardware.hardware_info()["ram_bytes"],

@@ -14,7 +14,8 @@
 # bytes predict at first, because per-step fixed costs dilute it; on a shared
 # machine the run-to-run noise can hide a 20 % change: repeat it.
 import lablib
-from lablib import roofline, sweep
+from lablib.studies import roofline
+from lablib.measure import sweep
 
 model = lablib.prepare()
 mach = roofline.machine("this")

@@ -15,7 +15,8 @@
 # The prediction "TTFT with reuse ~ TTFT of the question's turn alone" holds to
 # within that noise.
 import lablib
-from lablib import prefix, tables
+from lablib.studies import prefix
+from lablib.results import tables
 from lablib.engines.base import GenerationConfig
 
 model = lablib.prepare()

@@ -8,7 +8,7 @@
 # --cache-type-k/v q8_0, vLLM's kv_cache_dtype fp8) the bytes halve and twice
 # as many fit. Grouped-query attention is what keeps these numbers sane: with
 # one KV head per query head (32) Llama-3.1-8B would keep 4 x as much.
-from lablib import roofline
+from lablib.studies import roofline
 
 BUDGET, TOKENS = 8e9, 2000
 for name, bytes_per_value, label in (

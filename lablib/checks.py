@@ -1,0 +1,64 @@
+"""The one check of the whole numbers and lists a user gives (counts, ports, slots, tokens).
+
+One semantics everywhere: an ``int`` or a numpy integer (anything :func:`operator.index` takes),
+never a ``bool``, never a float; a string of digits only where the caller says so
+(``strings=True``: a CLI flag, an environment variable, a widget's text). Raises LabError naming
+what was given and what was expected.
+"""
+
+from __future__ import annotations
+
+import operator
+
+from lablib.errors import LabError
+
+
+def _shown(value) -> str:
+    r = repr(value)
+    return r if len(r) < 40 else f"{r[:37]}..."
+
+
+def whole(value, what: str, expected: str, lo: int | None = 1, hi: int | None = None, strings: bool = False) -> int:
+    """``value`` as an int from ``lo`` to ``hi`` (either None: unbounded); LabError
+    ``"{what}={value!r}: expected {expected}"`` otherwise."""
+    try:
+        if strings and isinstance(value, str) and value.strip().isdecimal():
+            n = int(value)
+        else:
+            n = None if isinstance(value, bool) else operator.index(value)
+    except (TypeError, ValueError):
+        n = None
+    if n is None or (lo is not None and n < lo) or (hi is not None and n > hi):
+        raise LabError(f"{what}={_shown(value)}: expected {expected}")
+    return n
+
+
+def csv_list(values) -> list:
+    """"a,b, c" as ["a", "b", "c"] (empty items dropped); a list or tuple as a list; None as []."""
+    if values is None:
+        return []
+    if isinstance(values, str):
+        return [v.strip() for v in values.split(",") if v.strip()]
+    return list(values)
+
+
+def positive_ints(values, what: str) -> list[int]:
+    """``values`` (a list, or "64,256" from a command line or widget) as a non-empty list of
+    ints of at least 1; LabError otherwise."""
+    items = csv_list(values) if isinstance(values, str) else values
+    try:
+        items = list(items)
+    except TypeError:
+        raise LabError(f"{what}={_shown(values)}: expected whole numbers such as 64,256") from None
+    if not items:
+        raise LabError(f"{what} is empty: expected at least one value")
+    out = []
+    for v in items:
+        try:
+            out.append(whole(v, what, "whole numbers such as 64,256", lo=None, strings=True))
+        except LabError:
+            raise LabError(f"{what}={_shown(values)}: expected whole numbers such as 64,256") from None
+    bad = [v for v in out if v < 1]
+    if bad:
+        raise LabError(f"{what}={out}: every value must be at least 1 (got {bad})")
+    return out

@@ -1,0 +1,273 @@
+"""This machine's measured ceilings: memory bandwidth and matrix-multiply rate (the roofline's two).
+
+Measured once per machine (:func:`measure_machine`) and cached under the lab home, keyed by
+:func:`lablib.machine.identity.machine_key`; the published peaks of machines you do not have are
+:mod:`lablib.machine.accelerators`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from lablib.config import budget, lab_home, quick_mode
+from lablib.machine.identity import hardware_info, machine_key
+from lablib.machine.limits import cpus_usable
+
+# --- measured: memory bandwidth and matrix-multiply rate (the roofline's two ceilings) --------------
+# STREAM (McCalpin, "Memory Bandwidth and Machine Balance in Current High Performance Computers",
+# IEEE TCCA Newsletter 1995; www.cs.virginia.edu/stream): each array at least 4 x the last-level cache,
+# bytes counted as the kernel names them (copy a = b: 2 x 8 bytes per element; triad a = b + s*c:
+# 3 x 8), write-allocate traffic not counted, the best of the repetitions reported. Here the median
+# is the figure (the machine is shared: the best run is the one nobody else used) and the spread
+# (min, max) comes with it.
+# "read" (sum b: 1 x 8 bytes per element, no writes) is not STREAM's: it is what a decode step does to the
+# weights, so it is the bandwidth the roofline uses (lmbench's bw_mem "rd" measures the same).
+STREAM_KERNELS = {"read": 1, "copy": 2, "triad": 3}  # arrays touched per element
+ROOFLINE_KERNEL = "read"
+STREAM_ARRAY_BYTES = 64 * 2**20  # per array: 2 x the 32 MiB L3 of the lab's EPYC, 4 x a 16 MiB laptop L3
+_STREAM_BLOCK = 2**15  # float64 elements a thread handles per step (256 KiB: the temporaries stay in L2)
+MATMUL_DTYPES = ("float32", "bfloat16", "int8")
+MEASUREMENT_VERSION = 2
+
+
+def _spread(values: list[float]) -> dict:
+    import statistics
+
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "reps": len(values)}
+
+
+def stream_bandwidth(
+    kernel: str = "triad", array_bytes: int = STREAM_ARRAY_BYTES, reps: int = 5, threads: int | None = None
+) -> dict:
+    """Memory bandwidth of a STREAM-style ``kernel`` ("read": sum of b, "copy" a = b, or "triad"
+    a = b + 3 c), bytes/s.
+
+    float64 arrays of ``array_bytes`` each (default 64 MiB: far past the last-level cache), split
+    into ``threads`` contiguous slices (default :func:`cpus_usable`), each thread walking its slice
+    in 256 KiB blocks with NumPy (which releases the GIL), so the triad's temporary ``3 c`` stays in
+    cache and memory sees what STREAM counts: 1 (read), 2 (copy) or 3 (triad) x 8 bytes per element.
+    One unrecorded pass first (page faults), then ``reps`` timed passes.
+
+    Returns {kernel, bytes_per_s (median), min, max, reps, threads, array_bytes, bytes_per_pass}.
+    Raises LabError for an unknown kernel or sizes/reps/threads below 1.
+    """
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    from lablib.errors import LabError
+
+    if kernel not in STREAM_KERNELS:
+        raise LabError(f"kernel={kernel!r}: expected one of {', '.join(STREAM_KERNELS)}")
+    threads = cpus_usable() if threads is None else threads
+    if not (isinstance(array_bytes, int) and array_bytes >= 8 * threads) or reps < 1 or threads < 1:
+        raise LabError(
+            f"array_bytes={array_bytes!r}, reps={reps}, threads={threads}: expected whole numbers, "
+            "reps and threads at least 1 and at least 8 bytes per thread (default 64 MiB, 5 reps)"
+        )
+    n = array_bytes // 8
+    a, b, c = np.zeros(n), np.ones(n), np.full(n, 2.0)
+    bounds = np.linspace(0, n, threads + 1).astype(int)
+
+    sums = []  # keeps the read kernel's results alive (list.append is thread-safe)
+
+    def work(lo: int, hi: int) -> None:
+        tmp = np.empty(min(_STREAM_BLOCK, hi - lo))
+        for s in range(lo, hi, _STREAM_BLOCK):
+            e = min(s + _STREAM_BLOCK, hi)
+            if kernel == "read":
+                sums.append(float(np.add.reduce(b[s:e])))
+            elif kernel == "copy":
+                np.copyto(a[s:e], b[s:e])
+            else:
+                t = tmp[: e - s]
+                np.multiply(c[s:e], 3.0, out=t)
+                np.add(b[s:e], t, out=a[s:e])
+
+    bytes_per_pass = STREAM_KERNELS[kernel] * 8 * n
+    rates = []
+    with ThreadPoolExecutor(threads) as pool:
+        for i in range(reps + 1):
+            t0 = time.perf_counter()
+            list(pool.map(work, bounds[:-1], bounds[1:]))
+            dt = time.perf_counter() - t0
+            if i:
+                rates.append(bytes_per_pass / dt)
+    s = _spread(rates)
+    return {
+        "kernel": kernel,
+        "bytes_per_s": s["median"],
+        "min": s["min"],
+        "max": s["max"],
+        "reps": s["reps"],
+        "threads": threads,
+        "array_bytes": 8 * n,
+        "bytes_per_pass": bytes_per_pass,
+    }
+
+
+def _matmul_runner(backend: str, dtype: str, n: int, threads: int):
+    """A zero-argument function multiplying two n x n matrices once (result ready on return)."""
+    from lablib.errors import LabError
+
+    if backend == "numpy":
+        import numpy as np
+
+        if dtype != "float32":
+            raise LabError(
+                f"matmul_flops(backend='numpy', dtype={dtype!r}): NumPy's BLAS multiplies float32 "
+                "(and float64); use backend='torch' for bfloat16 and int8"
+            )
+        a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+        return lambda: np.matmul(a, a)
+    if backend == "torch":
+        import torch
+
+        torch.set_num_threads(threads)
+        g = torch.Generator().manual_seed(0)
+        if dtype == "int8":
+            # int8 x int8 -> int32: the arithmetic of llama.cpp's quantized dot products (VNNI where present)
+            a = torch.randint(-64, 64, (n, n), dtype=torch.int8, generator=g)
+            return lambda: torch._int_mm(a, a)
+        a = torch.randn((n, n), generator=g).to(getattr(torch, dtype))
+        return lambda: torch.matmul(a, a)
+    if backend == "mlx":
+        import mlx.core as mx
+        import numpy as np
+
+        if dtype not in ("float32", "bfloat16"):
+            raise LabError(f"matmul_flops(backend='mlx', dtype={dtype!r}): expected float32 or bfloat16")
+        a = mx.array(np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)).astype(getattr(mx, dtype))
+        return lambda: mx.eval(mx.matmul(a, a))
+    raise LabError(f"backend={backend!r}: expected numpy, torch or mlx")
+
+
+def matmul_flops(
+    dtype: str = "float32", n: int = 1024, reps: int = 5, backend: str = "auto", threads: int | None = None
+) -> dict:
+    """Matrix-multiply rate, FLOP/s: two n x n matrices of ``dtype`` multiplied ``reps`` times after one
+    unrecorded warm-up; 2 n^3 FLOP per product (one multiply and one add per term).
+
+    ``backend``: "numpy" (its BLAS; float32), "torch" (float32, bfloat16, int8 through
+    ``torch._int_mm``), "mlx" (float32, bfloat16), or "auto" (numpy for float32, torch otherwise).
+    ``threads`` (default :func:`cpus_usable`) applies to torch; NumPy's BLAS uses its own pool.
+    Returns {dtype, backend, n, flop_per_s (median), min, max, reps, threads}. Raises LabError for a
+    dtype or backend this function does not know, or one whose library is missing.
+    """
+    import time
+
+    from lablib.errors import LabError
+
+    if dtype not in MATMUL_DTYPES:
+        raise LabError(f"dtype={dtype!r}: expected one of {', '.join(MATMUL_DTYPES)}")
+    if not isinstance(n, int) or n < 1 or reps < 1:
+        raise LabError(f"n={n!r}, reps={reps!r}: expected a matrix size and repetitions of at least 1")
+    backend = ("numpy" if dtype == "float32" else "torch") if backend == "auto" else backend
+    threads = cpus_usable() if threads is None else threads
+    try:
+        run = _matmul_runner(backend, dtype, n, threads)
+    except ImportError as e:
+        raise LabError(
+            f"matmul_flops(backend={backend!r}): {e.name or backend} is not installed; "
+            "install it (make setup) or pick another backend"
+        ) from None
+    run()
+    rates = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run()
+        rates.append(2 * n**3 / (time.perf_counter() - t0))
+    s = _spread(rates)
+    return {
+        "dtype": dtype,
+        "backend": backend,
+        "n": n,
+        "flop_per_s": s["median"],
+        "min": s["min"],
+        "max": s["max"],
+        "reps": s["reps"],
+        "threads": threads,
+    }
+
+
+def measurement_path() -> Path:
+    """Where this machine's measurement is cached: <lab home>/hardware/<machine key>.json."""
+    return lab_home() / "hardware" / f"{machine_key()}.json"
+
+
+def cached_measurement() -> dict | None:
+    """This machine's cached :func:`measure_machine` result, or None when it was never measured."""
+    import json
+
+    p = measurement_path()
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("version") == MEASUREMENT_VERSION else None
+
+
+def measure_machine(refresh: bool = False, quick: bool | None = None) -> dict:
+    """This machine's roofline ceilings, measured once and cached (:func:`measurement_path`).
+
+    Returns {version, machine_key, cpu_model, threads, time, bandwidth: {read, copy, triad}
+    (:func:`stream_bandwidth` results, bytes/s), matmul: {float32, bfloat16, int8}
+    (:func:`matmul_flops` results, FLOP/s; bfloat16 and int8 only where torch runs them),
+    bytes_per_s (the read kernel's median: the roofline's bandwidth), flop_per_s ({dtype: median})}.
+    ``refresh`` measures again;
+    ``quick`` (default: quick mode) uses fewer repetitions and smaller matrices (about 1 s
+    instead of about 10 on two cores).
+    """
+    import datetime as _dt
+    import json
+
+    if not refresh:
+        cached = cached_measurement()
+        if cached:
+            return cached
+    quick = quick_mode() if quick is None else quick
+    reps, n = (3, 1024) if quick else (5, 2048)
+    bw = {k: stream_bandwidth(k, reps=reps) for k in STREAM_KERNELS}
+    mm = {"float32": matmul_flops("float32", n=n, reps=reps)}
+    for dtype in ("bfloat16", "int8"):
+        try:
+            mm[dtype] = matmul_flops(dtype, n=n, reps=reps, backend="torch")
+        except Exception:  # no torch, or this torch/CPU has no kernel for the type
+            pass
+    out = {
+        "version": MEASUREMENT_VERSION,
+        "machine_key": machine_key(),
+        "cpu_model": hardware_info()["cpu_model"],
+        "threads": cpus_usable(),
+        "quick": quick,
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "bandwidth": bw,
+        "matmul": mm,
+        "bytes_per_s": bw[ROOFLINE_KERNEL]["bytes_per_s"],
+        "flop_per_s": {k: v["flop_per_s"] for k, v in mm.items()},
+    }
+    p = measurement_path()
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(json.dumps(out, indent=1))
+        tmp.replace(p)
+    except OSError:
+        pass  # a read-only lab home: the measurement is still returned
+    return out
+
+
+def measured_summary() -> dict:
+    """Manifest fields from this machine's cached measurement: {measured_bandwidth_gbps,
+    measured_float32_gflops, measured_bfloat16_gflops, measured_int8_gops} (GB/s = 1e9 bytes/s,
+    GFLOP/s = 1e9 FLOP/s), or {} when the machine was never measured (nothing is measured here)."""
+    m = cached_measurement()
+    if not m:
+        return {}
+    out = {"measured_bandwidth_gbps": m["bytes_per_s"] / 1e9}
+    for dtype, unit in (("float32", "gflops"), ("bfloat16", "gflops"), ("int8", "gops")):
+        if dtype in m.get("flop_per_s", {}):
+            out[f"measured_{dtype}_{unit}"] = m["flop_per_s"][dtype] / 1e9
+    return out

@@ -1,0 +1,100 @@
+"""What machine this is: CPU model, accelerators, the manifest's hardware record, load average.
+
+Facts only, read from the OS (``/proc/cpuinfo``, ``sysctl``, psutil) and from
+:mod:`lablib.machine.devices` (GPUs). What this process may *use* of the machine is
+:mod:`lablib.machine.limits`; how many threads an engine takes, :mod:`lablib.machine.threads`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import subprocess
+
+from lablib.machine.devices import Device, apple_gpu, nvidia_gpus
+from lablib.machine.limits import cpu_quota, cpus_usable, memory_limit_bytes
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name ('AMD EPYC', 'Apple M2'), or the architecture if unknown."""
+    if platform.system() == "Linux":
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    if line.lower().startswith(("model name", "hardware", "cpu model")):
+                        return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+    if platform.system() == "Darwin":
+        try:
+            return subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine()
+
+
+def accelerator() -> str | None:
+    """The accelerators the engines could use (:mod:`lablib.machine.devices`: NVIDIA GPUs as nvidia-smi
+    lists them, the Apple GPU), joined by "; ", or None on a CPU-only machine."""
+    gpus = [f"{d.name} (Metal)" if d.kind == "metal" else d.name for d in nvidia_gpus() + apple_gpu()]
+    return "; ".join(gpus) or None
+
+
+@functools.lru_cache(maxsize=1)
+def hardware_info() -> dict:
+    """{cpu_model, cores_physical, cores_logical, ram_bytes, cpu_quota, memory_limit_bytes, os,
+    machine, hostname, python, accelerator}. ``cpu_quota`` (CPUs) and ``memory_limit_bytes``
+    are the container's caps, None when there are none."""
+    import psutil
+
+    return {
+        "cpu_model": cpu_model(),
+        "cores_physical": psutil.cpu_count(logical=False) or os.cpu_count(),
+        "cores_logical": psutil.cpu_count(logical=True) or os.cpu_count(),
+        "ram_bytes": psutil.virtual_memory().total,
+        "cpu_quota": cpu_quota(),
+        "memory_limit_bytes": memory_limit_bytes(),
+        "os": f"{platform.system()} {platform.release()}",
+        "machine": platform.machine(),
+        "hostname": platform.node(),
+        "python": platform.python_version(),
+        "accelerator": accelerator(),
+    }
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (runnable processes, averaged by the kernel), None where the
+    OS has none. Recorded in every run's manifest: a run started on a busy machine says so."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def machine_key() -> str:
+    """What makes two measurements comparable: hostname, CPU model and the CPUs this process may use."""
+    import hashlib
+
+    hw = hardware_info()
+    raw = f"{hw['hostname']}|{hw['cpu_model']}|{cpus_usable()}|{hw['accelerator']}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def found() -> list[Device]:
+    """Every device the engines could compute on here: the CPU first, then GPUs."""
+    return [Device("cpu", cpu_model(), 0, "platform"), *nvidia_gpus(), *apple_gpu()]
+
+
+def describe(devices: list[Device]) -> str:
+    """One line for doctor: ``cpu (AMD EPYC); cuda (NVIDIA H200, 140 GiB)``."""
+    parts = []
+    for d in devices:
+        mem = f", {d.memory_bytes / 2**30:.0f} GiB" if d.memory_bytes else ""
+        parts.append(f"{d.kind} ({d.name}{mem})")
+    return "; ".join(parts)
+
+
+# --- transformers (torch) ------------------------------------------------------------------

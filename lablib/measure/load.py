@@ -1,0 +1,407 @@
+"""Load shapes over HTTP: a closed loop, an open loop from a seeded arrival schedule, goodput.
+
+- **closed loop** (``mode="closed"``): C clients; each sends its next request the moment
+  its previous one finished (``t_submit`` = that moment), until R requests are done;
+- **open loop** (``mode="open"``): requests arrive on a precomputed schedule
+  (:func:`arrival_schedule`: constant, Poisson or gamma inter-arrival times at ``rate``
+  requests/s, seeded), whether or not earlier ones finished; an optional concurrency
+  cap makes later arrivals wait in the lab's queue (their ``queue_s``). Each row keeps
+  its scheduled and actual dispatch time (``t_scheduled``, ``schedule_lag_s``); ``t_submit``
+  is the scheduled time, so a late client does not hide latency.
+
+Every run is bounded: at most ``len(prompts)`` requests and ``max_duration_s`` seconds;
+at the limit no new request starts and requests in flight are cancelled and recorded as
+error rows. A failed request (HTTP 429/500, error event, cut stream, timeout) is an error
+row with what arrived; the run goes on. Rows are written by the calling thread (off the
+event loop that times the streams) as each request finishes.
+
+:func:`summarize` gives a run's throughput, p50/p90/p95/p99 of TTFT, TPOT, ITL and e2e,
+and goodput: requests per second that met every target (TTFT, TPOT, e2e; DistServe's
+definition, as ``vllm bench serve --goodput``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import queue
+from collections.abc import Callable
+
+from lablib.engines.base import GenerationConfig
+from lablib.errors import LabError
+from lablib.results.store import trace_row
+from lablib.results.trace import RequestTrace, now
+
+ARRIVALS = ("constant", "poisson", "gamma")
+MODES = ("closed", "open")
+PERCENTILES = (50, 90, 95, 99)
+MAX_REQUESTS = 100_000
+
+
+def arrival_schedule(
+    n: int, rate: float, arrival: str = "poisson", burstiness: float = 1.0, seed: int = 0
+) -> list[float]:
+    """Send times of ``n`` requests, seconds after the run's start (the first at 0).
+
+    Inter-arrival times have mean ``1 / rate`` (``rate`` in requests/s; ``math.inf``: all at
+    0, a burst): ``constant`` (all equal), ``poisson`` (exponential), or ``gamma`` with shape
+    ``burstiness`` (below 1 burstier than Poisson, above 1 smoother; 1 is Poisson). The same
+    seed gives the same schedule. Raises LabError for bad arguments.
+    """
+    import numpy as np
+
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_REQUESTS:
+        raise LabError(f"requests={n!r}: expected a whole number from 1 to {MAX_REQUESTS}")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
+        raise LabError(f"rate={rate!r}: expected requests per second above 0 (math.inf: all at once)")
+    if arrival not in ARRIVALS:
+        raise LabError(f"arrival={arrival!r}: expected one of {', '.join(ARRIVALS)}")
+    if not isinstance(burstiness, (int, float)) or not burstiness > 0 or not math.isfinite(burstiness):
+        raise LabError(f"burstiness={burstiness!r}: expected a positive number (1 = Poisson)")
+    if math.isinf(rate):
+        return [0.0] * n
+    if arrival == "constant":
+        gaps = np.full(n - 1, 1.0 / rate)
+    else:
+        shape = 1.0 if arrival == "poisson" else float(burstiness)
+        gaps = np.random.default_rng(seed).gamma(shape, 1.0 / (rate * shape), size=n - 1)
+    return [0.0] + np.cumsum(gaps).tolist()
+
+
+def run_load(
+    engine,
+    prompts: list[list[int]],
+    mode: str = "closed",
+    concurrency: int | None = None,
+    rate: float | None = None,
+    arrival: str = "poisson",
+    burstiness: float = 1.0,
+    seed: int = 0,
+    max_duration_s: float = 300.0,
+    cfg: GenerationConfig | None = None,
+    manifest: dict | None = None,
+    on_row: Callable[[dict], None] | None = None,
+    **labels,
+) -> list[dict]:
+    """Send ``prompts`` (token ids, one request each) to an HTTP engine in a load shape; one row per request.
+
+    ``mode="closed"``: ``concurrency`` clients (required). ``mode="open"``: ``rate`` requests/s
+    with ``arrival`` and ``burstiness`` (:func:`arrival_schedule`, ``seed``), at most
+    ``concurrency`` in flight when given. Rows (dicts, in finish order) hold the trace's metrics
+    and manifest fields (:func:`lablib.results.store.trace_row`), the HTTP fields (chunk counts,
+    usage checks, server timings), ``mode``, ``arrival``, ``rate``, ``concurrency``,
+    ``request_index``, ``client`` (closed), ``t_scheduled``, ``schedule_lag_s`` (open), and
+    ``error`` (None when it succeeded). ``on_row(row)`` is called in the calling thread as each
+    request finishes (write it to disk there). Raises LabError for bad arguments.
+    """
+    from lablib.engines.http import HTTPEngine
+    from lablib.results.store import run_manifest
+
+    if not isinstance(engine, HTTPEngine):
+        raise LabError(
+            f"run_load drives an http engine (load_engine('http', ...)); got {type(engine).__name__}: "
+            "for in-process engines use lablib.measure.closed_loop.run_closed_loop"
+        )
+    if mode not in MODES:
+        raise LabError(f"mode={mode!r}: expected 'closed' or 'open'")
+    if not prompts or len(prompts) > MAX_REQUESTS:
+        raise LabError(f"{len(prompts or [])} prompts: expected 1 to {MAX_REQUESTS} requests")
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        raise LabError(f"concurrency={concurrency!r}: expected a whole number of requests in flight, at least 1")
+    if mode == "closed" and concurrency is None:
+        raise LabError("a closed loop needs concurrency=C (clients)")
+    if not isinstance(max_duration_s, (int, float)) or not 0 < max_duration_s < math.inf:
+        raise LabError(
+            f"max_duration_s={max_duration_s!r}: expected a positive, finite number of seconds "
+            "(every load run is bounded in time)"
+        )
+    cfg = cfg or GenerationConfig()
+    prompts = [[int(t) for t in p] for p in prompts]
+    for i, p in enumerate(prompts):
+        if not p:
+            raise LabError(f"prompt {i} is empty: expected at least one token id")
+        engine.check_ids(p)
+        engine.check_context(len(p), cfg.max_new_tokens)
+    schedule = None
+    if mode == "open":
+        if rate is None:
+            raise LabError("an open loop needs rate=R (requests per second; math.inf for all at once)")
+        schedule = arrival_schedule(len(prompts), rate, arrival, burstiness, seed)
+    manifest = manifest or run_manifest(
+        engine.info().to_dict(),
+        engine.model.manifest(),
+        {
+            "mode": mode,
+            "requests": len(prompts),
+            "concurrency": concurrency,
+            "rate": rate,
+            "arrival": arrival if mode == "open" else None,
+            "burstiness": burstiness if mode == "open" else None,
+            "seed": seed,
+            "max_new_tokens": cfg.max_new_tokens,
+            "max_duration_s": max_duration_s,
+            "prompt_tokens": sorted({len(p) for p in prompts}),
+        },
+    )
+    base = dict(
+        labels,
+        mode=mode,
+        concurrency=concurrency,
+        rate=rate if mode == "open" else None,
+        arrival=arrival if mode == "open" else None,
+        burstiness=burstiness if mode == "open" else None,
+    )
+    rows_q: queue.Queue = queue.Queue()
+    run = (
+        _closed(engine, prompts, concurrency, cfg, max_duration_s, manifest, base, rows_q.put)
+        if mode == "closed"
+        else _open(engine, prompts, schedule, concurrency, cfg, max_duration_s, manifest, base, rows_q.put)
+    )
+    engine.run(asyncio.sleep(0))  # start the engine's loop
+    fut = asyncio.run_coroutine_threadsafe(run, engine._loop)
+    rows: list[dict] = []
+    try:
+        while True:  # rows go to on_row here, in the calling thread, while the loop keeps timing streams
+            try:
+                row = rows_q.get(timeout=0.05)
+            except queue.Empty:
+                if fut.done() and rows_q.empty():
+                    break
+                continue
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+    except BaseException:  # on_row failed (a full disk) or Ctrl-C: stop the run, its requests with it
+        fut.cancel()
+        raise
+    fut.result()  # re-raise a bug in the driver itself
+    return rows
+
+
+def rate_sweep(engine, prompts: list[list[int]], rates, **kw) -> list[dict]:
+    """:func:`run_load` in an open loop once per rate in ``rates`` (requests/s, in the order
+    given), each with the same prompts and seeded schedule; the rows of all runs, each with its
+    ``rate``. ``kw`` goes to run_load (arrival, burstiness, seed, concurrency, max_duration_s
+    per rate, cfg, on_row, labels)."""
+    rates = list(rates)
+    if not rates:
+        raise LabError("no rates: expected one or more requests-per-second values")
+    rows: list[dict] = []
+    for r in rates:
+        rows += run_load(engine, prompts, "open", rate=r, **kw)
+    return rows
+
+
+def parse_rates(text) -> list[float]:
+    """Rates from "0.5,1,2" (or "inf"), requests/s; LabError naming a bad one."""
+    out = []
+    for part in str(text).split(","):
+        try:
+            r = float(part)
+        except ValueError:
+            r = None
+        if r is None or not r > 0:
+            raise LabError(f"rate {part.strip()!r}: expected requests per second above 0 (or inf), several as 0.5,1,2")
+        out.append(r)
+    return out
+
+
+def _manifest_columns(manifest: dict) -> dict:
+    """The manifest fields trace_row puts on every row (engine, model, hardware ...)."""
+    dummy = RequestTrace(prompt_tokens=1, t_submit=0.0, t_start=0.0)
+    dummy.token(-1, 1.0)
+    row = trace_row(dummy, manifest)
+    drop = set(dummy.metrics()) | {"itl_s", "t_submit", "t_start", "t_first_token", "t_last_token"}
+    return {k: v for k, v in row.items() if k not in drop}
+
+
+def request_row(trace, manifest: dict, error: str | None = None, **labels) -> dict:
+    """One tidy row of an HTTP request: :func:`trace_row` when tokens arrived, else the manifest
+    columns and what is known (prompt tokens, t_submit, t_start, output tokens so far) with ``error``."""
+    if trace is not None and trace.t_tokens and trace.t_start is not None:
+        row = trace_row(trace, manifest, **labels)
+        row["token_ids"] = list(trace.token_ids)
+    else:
+        row = dict(labels)
+        row.update(_manifest_columns(manifest))
+        if trace is not None:
+            row.update(
+                prompt_tokens=trace.prompt_tokens,
+                output_tokens=trace.output_tokens,
+                t_submit=trace.t_submit,
+                t_start=trace.t_start,
+                server=getattr(trace, "server", None),
+                api=getattr(trace, "api", None),
+            )
+    row["error"] = error
+    return row
+
+
+async def _one(engine, ids, cfg, t_submit, manifest, labels, emit):
+    box: dict = {}
+    try:
+        trace = await engine.agenerate(ids, cfg, t_submit=t_submit, _checked=True, box=box)
+        emit(request_row(trace, manifest, None, **labels))
+    except asyncio.CancelledError:
+        emit(request_row(box.get("trace"), manifest, "cancelled at the run's time limit (max_duration_s)", **labels))
+        raise
+    except LabError as e:  # HTTPEngineError: what arrived is in its trace
+        emit(request_row(getattr(e, "trace", None) or box.get("trace"), manifest, str(e), **labels))
+
+
+async def _bounded(tasks, deadline):
+    if not tasks:
+        return
+    try:
+        _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - now()))
+    except asyncio.CancelledError:  # the run itself was stopped: its requests stop with it
+        pending = tasks
+        raise
+    finally:
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def _closed(engine, prompts, clients, cfg, max_duration_s, manifest, base, emit):
+    t0 = now()
+    deadline = t0 + max_duration_s
+    nxt = iter(range(len(prompts)))
+
+    async def client(c):
+        t_submit = t0
+        for i in nxt:
+            if now() >= deadline:
+                return
+            await _one(engine, prompts[i], cfg, t_submit, manifest, dict(base, request_index=i, client=c), emit)
+            t_submit = now()  # the client sends its next request the moment this one finished
+
+    await _bounded([asyncio.ensure_future(client(c)) for c in range(min(clients, len(prompts)))], deadline)
+
+
+async def _open(engine, prompts, schedule, cap, cfg, max_duration_s, manifest, base, emit):
+    t0 = now()
+    deadline = t0 + max_duration_s
+    sem = asyncio.Semaphore(cap) if cap else None
+    tasks = []
+
+    async def send(i, t_sched, t_disp):
+        labels = dict(base, request_index=i, t_scheduled=t_sched - t0, schedule_lag_s=t_disp - t_sched)
+        if sem is None:
+            await _one(engine, prompts[i], cfg, t_sched, manifest, labels, emit)
+            return
+        try:
+            await sem.acquire()  # waiting here is the request's queue_s (t_start - t_submit)
+        except asyncio.CancelledError:
+            emit(
+                request_row(
+                    None,
+                    manifest,
+                    "not sent: the run's time limit (max_duration_s) came while it waited for the concurrency cap",
+                    **labels,
+                    prompt_tokens=len(prompts[i]),
+                )
+            )
+            raise
+        try:
+            await _one(engine, prompts[i], cfg, t_sched, manifest, labels, emit)
+        finally:
+            sem.release()
+
+    try:
+        for i, offset in enumerate(schedule):
+            t_sched = t0 + offset
+            if t_sched >= deadline:
+                break
+            delay = t_sched - now()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(send(i, t_sched, now())))
+    except asyncio.CancelledError:  # the run itself was stopped while it scheduled
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    await _bounded(tasks, deadline)
+
+
+# --- summaries ----------------------------------------------------------------------------------
+def goodput(
+    rows,
+    ttft_s: float | None = None,
+    tpot_s: float | None = None,
+    e2e_s: float | None = None,
+    duration_s: float | None = None,
+) -> dict:
+    """Requests that met every given target (seconds; None: no target), of ``rows`` (dicts or a
+    DataFrame). A failed request never counts; a one-token request has no TPOT and meets a TPOT
+    target. Returns ``good`` (count), ``fraction`` (of all rows) and ``rps`` (good / duration_s,
+    default the run's makespan: first t_submit to last token)."""
+    rows = _records(rows)
+    good = 0
+    for r in rows:
+        if r.get("error") or r.get("ttft_s") is None:
+            continue
+        ok = (
+            (ttft_s is None or r["ttft_s"] <= ttft_s)
+            and (e2e_s is None or r["e2e_s"] <= e2e_s)
+            and (tpot_s is None or r.get("tpot_s") is None or _nan(r.get("tpot_s")) or r["tpot_s"] <= tpot_s)
+        )
+        good += bool(ok)
+    dur = makespan_s(rows) if duration_s is None else duration_s
+    return {"good": good, "fraction": good / len(rows) if rows else 0.0, "rps": good / dur if dur else 0.0}
+
+
+def makespan_s(rows) -> float:
+    """First ``t_submit`` to last token over the successful rows, seconds (0 when none)."""
+    ok = [r for r in _records(rows) if not r.get("error") and r.get("t_last_token") is not None]
+    if not ok:
+        return 0.0
+    return max(r["t_last_token"] for r in ok) - min(r["t_submit"] for r in ok)
+
+
+def summarize(rows, ttft_s: float | None = None, tpot_s: float | None = None, e2e_s: float | None = None) -> dict:
+    """One run in numbers: ``requests``, ``errors``, ``duration_s`` (makespan), ``output_tps``
+    (output tokens of successful requests / makespan), ``request_rps``, ``goodput_rps`` and
+    ``goodput_fraction`` against the targets, and ``<metric>_p50/p90/p95/p99`` for ttft_s,
+    tpot_s, e2e_s, queue_s, itl_s (every inter-token gap of every request) and chunk_gaps_s (every gap
+    between content chunks; None without HTTP rows), plus
+    ``schedule_lag_s_max`` for open loops."""
+    from lablib.results.tables import percentile
+
+    rows = _records(rows)
+    ok = [r for r in rows if not r.get("error") and r.get("ttft_s") is not None]
+    dur = makespan_s(rows)
+    out = {
+        "requests": len(rows),
+        "errors": len(rows) - len(ok),
+        "duration_s": dur,
+        "output_tps": sum(r["output_tokens"] for r in ok) / dur if dur else 0.0,
+        "request_rps": len(ok) / dur if dur else 0.0,
+    }
+    g = goodput(rows, ttft_s, tpot_s, e2e_s, dur)
+    out.update(goodput_rps=g["rps"], goodput_fraction=g["fraction"])
+    series = {
+        m: [r[m] for r in ok if r.get(m) is not None and not _nan(r[m])]
+        for m in ("ttft_s", "tpot_s", "e2e_s", "queue_s")
+    }
+    series["itl_s"] = [x for r in ok for x in (r.get("itl_s") or [])]
+    series["chunk_gaps_s"] = [x for r in ok for x in (r.get("chunk_gaps_s") or [])]  # ICL: gaps between chunks
+    for m, vals in series.items():
+        for q in PERCENTILES:
+            out[f"{m}_p{q}"] = percentile(vals, q) if len(vals) else None
+    lags = [r["schedule_lag_s"] for r in rows if r.get("schedule_lag_s") is not None]
+    out["schedule_lag_s_max"] = max(lags) if lags else None
+    return out
+
+
+def _records(rows) -> list[dict]:
+    if hasattr(rows, "to_dict"):
+        return rows.to_dict("records")
+    return list(rows)
+
+
+def _nan(x) -> bool:
+    return isinstance(x, float) and math.isnan(x)

@@ -1,0 +1,170 @@
+"""Derived formats: a Hugging Face folder from a GGUF file, an MLX folder from a Hugging Face folder.
+
+Each derivation writes into ``<out>.tmp`` and renames it into place when complete, so an
+interrupted derivation leaves no half folder. :func:`lablib.model.resolve.prepare` calls these
+once per source file and caches the result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import io
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+from lablib.errors import FormatError, LabError, first_line
+from lablib.model.formats import gguf_facts, normalize_config, restore_pre_tokenizer, write_normalized_config
+
+
+@contextlib.contextmanager
+def gguf_read_once():
+    """Within the block, each GGUF file is parsed once, and gguf's tensor-name maps built once.
+
+    transformers parses the same GGUF for the tokenizer, the config and the weights (each parse
+    walks every vocabulary entry in Python), converts its metadata twice, and builds a
+    ``gguf.TensorNameMap`` once per module of the model (397 times for SmolLM2-135M). These are
+    pure functions of their arguments, so here they are memoized: the derived folder is
+    byte-for-byte what the unmemoized path writes (tests/test_models.py), and a first
+    ``lablib prepare`` takes about half the time (benchmarks/prepare.py). transformers imports
+    these names from their modules at call time, so replacing the module attributes reaches it.
+    """
+    import copy
+
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as hf_gguf
+
+    reader_cls, name_map, load = gguf.GGUFReader, gguf.get_tensor_name_map, hf_gguf.load_gguf_checkpoint
+    readers: dict = {}
+    metadata: dict = {}
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = reader_cls(path, mode)
+        return readers[key]
+
+    def load_checkpoint(path, return_tensors=False, **kw):
+        if return_tensors or kw:  # the weights: read once anyway
+            return load(path, return_tensors=return_tensors, **kw)
+        key = os.path.realpath(path)
+        if key not in metadata:  # the tokenizer and the config each ask for the metadata
+            metadata[key] = load(path, return_tensors=False)
+        return copy.deepcopy(metadata[key])
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(name_map)
+    hf_gguf.load_gguf_checkpoint = load_checkpoint
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map, hf_gguf.load_gguf_checkpoint = reader_cls, name_map, load
+
+
+def derive_hf_from_gguf(gguf_path: Path, out: Path, read_once: bool = True) -> None:
+    """Dequantize a GGUF into a Hugging Face folder (float32 safetensors).
+
+    ``read_once``: parse the GGUF once (:func:`gguf_read_once`); False runs transformers' own
+    path unchanged (tests compare the two).
+
+    transformers reads GGUF (dequantizing, about 30-40 s for 135M parameters on
+    two cores) but refuses ``save_pretrained`` on what it read that way, so the
+    state dict, config and tokenizer are written here. Tied embeddings are
+    stored once, as transformers would.
+    """
+    import transformers
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    transformers.utils.logging.disable_progress_bar()
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    folder, fname = str(gguf_path.parent), gguf_path.name
+    with gguf_read_once() if read_once else contextlib.nullcontext():
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+        restore_pre_tokenizer(tok, gguf_facts(gguf_path)["pre_tokenizer"])
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype="float32")
+    state = model.state_dict()
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    save_file(
+        {k: v.detach().contiguous() for k, v in state.items()},
+        str(tmp / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    cfg["architectures"] = [type(model).__name__]
+    cfg["dtype"] = "float32"
+    cfg.update(normalize_config(cfg))
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    if model.generation_config is not None:
+        model.generation_config.save_pretrained(str(tmp))
+    tok.save_pretrained(str(tmp))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+def derive_mlx_from_hf(hf_path: Path, out: Path, dtype: str = "float32") -> None:
+    """Convert a Hugging Face folder to an MLX folder (mlx_lm.convert), then
+    normalize its config so mlx-lm reads the RoPE base and scaling correctly."""
+    from mlx_lm import convert
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with contextlib.redirect_stdout(io.StringIO()):
+        convert(str(hf_path), mlx_path=str(tmp), dtype=dtype)
+    write_normalized_config(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+def run_derivation(what: str, source: Path, work) -> None:
+    """Run a derivation; a failure becomes one LabError naming the source and the cause."""
+    try:
+        work()
+    except LabError:
+        raise
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise  # prepare() names the unwritable lab home
+        raise FormatError(
+            f"deriving {what} from {source} failed ({e}); check the files and free disk "
+            "space, then run `lablib prepare` again."
+        ) from e
+    except Exception as e:
+        raise FormatError(
+            f"deriving {what} from {source} failed ({type(e).__name__}: {first_line(e)}); "
+            "expected a complete model the converter supports: check the files, or "
+            "give the engine a model in its own format."
+        ) from e
+
+
+def count_params(folder: Path) -> int:
+    """Parameters in a folder's weights: safetensors headers, else PyTorch .bin files (memory-mapped)."""
+    from safetensors import safe_open
+
+    n = 0
+    for w in folder.glob("*.safetensors"):
+        with safe_open(str(w), "np") as f:
+            for k in f.keys():
+                n += math.prod(int(d) for d in f.get_slice(k).get_shape())
+    if n == 0 and any(folder.glob("pytorch_model*.bin")):
+        import torch
+
+        for w in folder.glob("pytorch_model*.bin"):
+            try:
+                state = torch.load(w, map_location="cpu", mmap=True, weights_only=True)
+                n += sum(t.numel() for t in state.values())
+            except Exception as e:  # torn zip, pickle of something else, an old torch format
+                raise FormatError(
+                    f"{w} is not a readable PyTorch checkpoint ({type(e).__name__}: "
+                    f"{first_line(e)}); expected weights saved by torch.save or transformers: "
+                    "copy or download the folder again, or convert it to safetensors."
+                ) from None
+    return n

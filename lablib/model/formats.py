@@ -1,0 +1,448 @@
+"""Model formats and the facts a model's files state: one reader per kind of file.
+
+- :func:`detect_format`: GGUF file, Hugging Face folder or MLX folder
+- :func:`read_config`, :func:`trained_context`, :func:`model_shape`: a folder's config.json
+- :func:`normalize_config`: a config every engine reads the same way
+- :func:`gguf_facts` and :func:`gguf_config`: what a GGUF file states (one GGUF reader,
+  :func:`open_gguf`, for both)
+- :func:`restore_pre_tokenizer`: the GGUF's split rule for a tokenizer built from it
+- :func:`weight_tensors`: every weight tensor a file or folder stores, with its type and bytes (GGUF
+  tensors, safetensors headers, ONNX initializers)
+- :func:`folder_with_config`: a model folder with another config, for experiments
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+from pathlib import Path
+
+from lablib.errors import FormatError, LabError, first_line
+
+FORMATS = ("gguf", "hf", "mlx")
+CONVERT_HINT = {
+    (
+        "hf",
+        "gguf",
+    ): "convert it with llama.cpp's convert_hf_to_gguf.py (python convert_hf_to_gguf.py FOLDER --outtype f16)",
+    (
+        "mlx",
+        "gguf",
+    ): "convert the Hugging Face original with llama.cpp's convert_hf_to_gguf.py; MLX folders do not convert to GGUF directly",
+    ("gguf", "hf"): "run `lablib prepare FILE.gguf`, which dequantizes it into a Hugging Face folder",
+    (
+        "mlx",
+        "hf",
+    ): "start from the Hugging Face original, or dequantize with `mlx_lm.convert --dequantize` and load that folder",
+    ("gguf", "mlx"): "run `lablib prepare FILE.gguf`, which derives an MLX folder",
+    ("hf", "mlx"): "run `lablib prepare FOLDER` (uses mlx_lm.convert, which needs safetensors weights, "
+    "not PyTorch .bin files)",
+}
+
+
+# --- format detection -------------------------------------------------------
+def detect_format(path: str | Path) -> str:
+    """'gguf', 'hf' or 'mlx' for a local file or folder; FormatError otherwise.
+
+    GGUF: a file starting with the magic ``GGUF``. MLX: a folder whose
+    safetensors say ``{"format": "mlx"}`` in their metadata, or whose config
+    has an MLX ``quantization`` block. HF: a folder with config.json and
+    safetensors or PyTorch weights.
+    """
+    p = Path(path)
+    if p.is_file():
+        with open(p, "rb") as f:
+            if f.read(4) == b"GGUF":
+                return "gguf"
+        raise FormatError(
+            f"{p} is a file but not GGUF (no GGUF magic); expected a .gguf file "
+            "or a model folder (Hugging Face or MLX)."
+        )
+    if not p.is_dir():
+        raise FormatError(f"{p} does not exist")
+    ggufs = gguf_files(p)
+    config = p / "config.json"
+    weights = sorted(p.glob("*.safetensors"))
+    if config.is_file() and weights:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(weights[0]), "np") as f:
+                meta = f.metadata() or {}
+        except Exception as e:  # safetensors raises its own SafetensorError on a bad header
+            raise FormatError(
+                f"{weights[0]} is not a readable safetensors file ({first_line(e)}); "
+                "expected complete weights: copy or download the folder again."
+            ) from None
+        cfg = read_config(p)
+        if meta.get("format") == "mlx" or "quantization" in cfg:
+            return "mlx"
+        return "hf"
+    if config.is_file() and (list(p.glob("pytorch_model*.bin"))):
+        return "hf"
+    if ggufs:
+        return "gguf"
+    raise FormatError(
+        f"{p}: no GGUF file, and no config.json with safetensors weights; expected "
+        "a GGUF file, a Hugging Face folder or an MLX folder."
+    )
+
+
+def gguf_files(folder: Path) -> list[Path]:
+    """Files in ``folder`` named *.gguf that start with the GGUF magic, sorted."""
+    found = []
+    for g in sorted(folder.glob("*.gguf")):
+        try:
+            with open(g, "rb") as f:
+                if f.read(4) == b"GGUF":
+                    found.append(g)
+        except OSError:
+            continue
+    return found
+
+
+def read_config(folder: Path) -> dict:
+    """A model folder's config.json as a dict; FormatError naming the file otherwise."""
+    path = Path(folder) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise FormatError(
+            f"{path} is not readable JSON ({first_line(e)}); expected the model's config: "
+            "copy or download the folder again."
+        ) from None
+    if not isinstance(cfg, dict):
+        raise FormatError(f"{path} holds a {type(cfg).__name__}, expected a JSON object (the model's config)")
+    return cfg
+
+
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def trained_context(cfg: dict, where="config.json") -> int:
+    """The trained context length a config names (Llama-style ``max_position_embeddings``,
+    GPT-2-style ``n_positions``...; in ``text_config`` for multimodal models), tokens; 0 when it
+    names none. Raises FormatError for a value that is not a whole number (``"8k"``)."""
+    cfg = cfg.get("text_config") or cfg
+    for key in CONTEXT_KEYS:
+        value = cfg.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise FormatError(
+                f"{where}: {key}={value!r}, expected a whole number of tokens (e.g. 8192): fix the config"
+            )
+        if value:
+            return value
+    return 0
+
+
+# --- config compatibility -------------------------------------------------------
+def normalize_config(cfg: dict) -> dict:
+    """A config every engine reads the same way (returns the keys to add).
+
+    transformers 5 moved ``rope_theta`` and ``rope_scaling`` into
+    ``rope_parameters``; mlx-lm 0.32 still reads them at the top level and
+    silently falls back to its defaults (RoPE base 10000). This lifts them back
+    up, and names ``torch_dtype`` for readers that predate ``dtype``. Keys
+    already at the top level win. Source: data/cases/rope_theta_v5.
+    """
+    add: dict = {}
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, dict):
+        if "rope_theta" in rp and "rope_theta" not in cfg:
+            add["rope_theta"] = rp["rope_theta"]
+        rtype = rp.get("rope_type", "default")
+        if rtype != "default" and not cfg.get("rope_scaling"):
+            add["rope_scaling"] = {k: v for k, v in rp.items() if k != "rope_theta"}
+        if "partial_rotary_factor" in rp and "partial_rotary_factor" not in cfg:
+            add["partial_rotary_factor"] = rp["partial_rotary_factor"]
+    if "dtype" in cfg and "torch_dtype" not in cfg:
+        add["torch_dtype"] = cfg["dtype"]
+    return add
+
+
+def write_normalized_config(folder: Path) -> dict:
+    """Rewrite ``folder/config.json`` with :func:`normalize_config`'s keys; returns them."""
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    add = normalize_config(cfg)
+    if add:
+        cfg.update(add)
+        path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return add
+
+
+# --- tokenizer fidelity -----------------------------------------------------------
+# GGUF pre-tokenizer types (``tokenizer.ggml.pre``) whose split rule llama.cpp
+# implements as "each digit alone, then the GPT-2 regex" (llama-vocab.cpp:
+# STARCODER, REFACT, COMMAND_R, SMOLLM, CODESHELL, EXAONE, MINERVA), i.e. the
+# original tokenizer.json's Sequence[Digits(individual_digits), ByteLevel].
+# transformers 5's GGUF loader has no entry for them and falls back to a plain
+# ByteLevel split, which tokenizes "c\n\n1" as "\n", "\n" instead of "\n\n"
+# (data/cases/tokenizer_probe.txt).
+DIGIT_SPLIT_PRE_TYPES = {"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva"}
+
+
+def restore_pre_tokenizer(tokenizer, pre_type: str) -> bool:
+    """Give an HF tokenizer built from a GGUF the split rule its GGUF names.
+
+    Returns True when it changed something. Only types transformers misses are
+    touched; others keep what transformers built.
+    """
+    from tokenizers import pre_tokenizers
+
+    if pre_type not in DIGIT_SPLIT_PRE_TYPES:
+        return False
+    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+        ]
+    )
+    return True
+
+
+# --- GGUF facts -----------------------------------------------------------------
+def open_gguf(path):
+    """(reader, val) for a GGUF file: ``val(key, default)`` gives a metadata field's value.
+
+    The package's one GGUF reader (the ``gguf`` library). Raises FormatError for a file
+    that starts like GGUF but cannot be read (torn, truncated).
+    """
+    import gguf
+
+    path = Path(path)
+    try:
+        r = gguf.GGUFReader(str(path))
+    except Exception as e:  # gguf raises ValueError, struct or numpy errors on a torn file
+        raise FormatError(
+            f"{path} starts like GGUF but cannot be read ({type(e).__name__}: {first_line(e)}); "
+            f"it is {path.stat().st_size:,} bytes, perhaps truncated or corrupt: download or copy it again."
+        ) from None
+
+    def val(key, default=None):
+        f = r.fields.get(key)
+        return f.contents() if f is not None else default
+
+    return r, val
+
+
+def gguf_facts(path: Path) -> dict:
+    """Architecture, parameter count, quantization and context length of a GGUF file."""
+    st = Path(path).stat()
+    return dict(_gguf_facts(os.path.realpath(path), st.st_size, st.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=8)
+def _gguf_facts(path: str, size: int, mtime_ns: int) -> dict:
+    """:func:`gguf_facts` of one version of a file (parsing its vocabulary takes seconds)."""
+    import gguf
+
+    path = Path(path)
+    r, val = open_gguf(path)
+    arch = val("general.architecture", "")
+    ftype = val("general.file_type")
+    try:
+        quant = gguf.LlamaFileType(ftype).name.replace("MOSTLY_", "") if ftype is not None else ""
+    except ValueError:
+        quant = str(ftype)
+    return {
+        "architecture": arch,
+        "name": val("general.name", path.stem),
+        "parameters": int(sum(int(t.n_elements) for t in r.tensors)),
+        "quantization": quant,
+        "max_position_embeddings": int(val(f"{arch}.context_length", 0) or 0),
+        "pre_tokenizer": val("tokenizer.ggml.pre", ""),
+    }
+
+
+def gguf_config(path) -> dict:
+    """The settings a GGUF file states (what llama.cpp reads), keyed as
+    :data:`lablib.engines.base.CONFIG_KEYS`."""
+    r, val = open_gguf(path)
+    arch = val("general.architecture", "")
+    heads = val(f"{arch}.attention.head_count")
+    embd = val(f"{arch}.embedding_length")
+    scaling = val(f"{arch}.rope.scaling.type")
+    names = {t.name for t in r.tensors}
+    return {
+        "rope_theta": float(val(f"{arch}.rope.freq_base", 10000.0)),
+        "rope_scaling": None
+        if scaling in (None, "none")
+        else {"type": scaling, "factor": val(f"{arch}.rope.scaling.factor")},
+        "rms_norm_eps": float(val(f"{arch}.attention.layer_norm_rms_epsilon", float("nan"))),
+        "n_heads": heads,
+        "n_kv_heads": val(f"{arch}.attention.head_count_kv", heads),
+        "head_dim": val(f"{arch}.rope.dimension_count") or (embd // heads if embd and heads else None),
+        "n_layers": val(f"{arch}.block_count"),
+        "vocab_size": val(f"{arch}.vocab_size") or len(val("tokenizer.ggml.tokens", [])),
+        "context_length": val(f"{arch}.context_length"),
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_id": val("tokenizer.ggml.bos_token_id"),
+        "eos_id": val("tokenizer.ggml.eos_token_id"),
+    }
+
+
+# --- weight tensors as stored ------------------------------------------------------
+def weight_tensors(path) -> tuple:
+    """(name, type, elements, bytes) of every weight tensor stored at ``path``: a GGUF file
+    (:func:`gguf_tensors`), a folder of ONNX models (:func:`onnx_tensors`) or of *.safetensors
+    (:func:`safetensors_tensors`). ``elements`` counts weights, ``bytes`` what they occupy as stored.
+    Raises LabError for a path that holds none of these."""
+    p = Path(path)
+    if p.is_file() and p.suffix == ".gguf":
+        return gguf_tensors(str(p))
+    if p.is_dir() and list(p.glob("*.onnx")):
+        return onnx_tensors(str(p))
+    if p.is_dir() and list(p.glob("*.safetensors")):
+        return safetensors_tensors(str(p))
+    raise LabError(
+        f"{p}: no weights to count; expected a GGUF file, or a folder of ONNX models or *.safetensors "
+        "(run `lablib prepare`, or load the engine once so that it builds its model)"
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def gguf_tensors(path: str) -> tuple:
+    """(name, ggml type name, elements, bytes) of every tensor of a GGUF file (its header, memory-mapped)."""
+    r, _ = open_gguf(path)
+    return tuple((t.name, t.tensor_type.name, int(t.n_elements), int(t.n_bytes)) for t in r.tensors)
+
+
+@functools.lru_cache(maxsize=16)
+def safetensors_tensors(folder: str) -> tuple:
+    """(name, dtype, elements, bytes) of every tensor in a folder's *.safetensors (headers only: an
+    8-byte little-endian length, then JSON {name: {dtype, shape, data_offsets}})."""
+    import math
+    import struct
+
+    out = []
+    for p in sorted(Path(folder).glob("*.safetensors")):
+        with open(p, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        for name, t in header.items():
+            if name != "__metadata__":
+                lo, hi = t["data_offsets"]
+                out.append((name, t["dtype"], math.prod(t["shape"]), hi - lo))
+    return tuple(out)
+
+
+# floating-point tensor types, as GGUF and safetensors name them (the rest are quantized or integer)
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+# ONNX TensorProto data types as safetensors names them
+ONNX_TYPES = {1: "F32", 2: "U8", 3: "I8", 5: "I16", 6: "I32", 7: "I64", 9: "BOOL", 10: "F16", 11: "F64", 16: "BF16"}
+# ONNX Runtime's block-quantized operators: (data, scales, zero points) inputs of one weight matrix
+BLOCK_QUANTIZED = {"MatMulNBits": (1, 2, 3), "GatherBlockQuantized": (0, 2, 3)}
+
+
+@functools.lru_cache(maxsize=16)
+def onnx_tensors(folder: str) -> tuple:
+    """(name, type, elements, bytes) of every initializer of the *.onnx models in ``folder``, read from
+    the graph (external data left unread: its ``length``, else the tensor's own bytes).
+
+    A weight matrix that ONNX Runtime's block-quantized operators read (``MatMulNBits``,
+    ``GatherBlockQuantized``: packed ``bits``-bit data, per-block scales and optional zero points)
+    is one entry: the data's name without its ``_Q4``-style suffix, type ``INT{bits}``, its weights
+    (N x K, from the node's attributes, or the packed bytes x 8 / bits), the bytes of data, scales and
+    zero points together (as a GGUF Q4_0 block holds its scale). Other initializers keep their ONNX
+    type, named as safetensors names dtypes (F32, F16, U8...). Needs the ``onnx`` package."""
+    import math
+    import re
+
+    try:
+        import onnx
+    except ImportError:
+        raise LabError(
+            f"{folder}: counting an ONNX model's weights needs the onnx package; install it: "
+            "pip install -e '.[onnxruntime-genai]'"
+        ) from None
+    out = []
+    for path in sorted(Path(folder).glob("*.onnx")):
+        g = onnx.load(str(path), load_external_data=False).graph
+        init = {t.name: t for t in g.initializer}
+
+        def nbytes(t):
+            ext = {e.key: e.value for e in t.external_data}
+            if "length" in ext:
+                return int(ext["length"])
+            return len(t.raw_data) or len(onnx.numpy_helper.to_array(t).tobytes())
+
+        merged = set()
+        for node in g.node:
+            if node.op_type not in BLOCK_QUANTIZED or node.input[BLOCK_QUANTIZED[node.op_type][0]] not in init:
+                continue
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            bits = int(attrs.get("bits", 4))
+            parts = [node.input[i] for i in BLOCK_QUANTIZED[node.op_type] if i < len(node.input)]
+            parts = [n for n in parts if n in init and n not in merged]
+            data = init[parts[0]]
+            if "K" in attrs and "N" in attrs:
+                elements = int(attrs["K"]) * int(attrs["N"])
+            else:
+                elements = math.prod(data.dims) * 8 // bits
+            name = re.sub(r"_Q\d+$", "", data.name)
+            out.append((name, f"INT{bits}", elements, sum(nbytes(init[n]) for n in parts)))
+            merged.update(parts)
+        for t in g.initializer:
+            if t.name not in merged:
+                kind = ONNX_TYPES.get(t.data_type, onnx.TensorProto.DataType.Name(t.data_type))
+                out.append((t.name, kind, math.prod(t.dims), nbytes(t)))
+    return tuple(out)
+
+
+# --- the model's shape -------------------------------------------------------------
+def model_shape(model) -> dict:
+    """{layers, kv_heads, head_dim, vocab} from a ResolvedModel's HF or MLX config (Llama-style
+    names, or GPT-2-style n_layer / n_head / n_embd). Raises LabError when the config does not say."""
+    folder = model.hf_path or model.mlx_path
+    if not folder:
+        raise LabError(f"{model.source}: no config.json to read the model's shape from; run `lablib prepare`")
+    cfg = read_config(folder)
+    cfg = cfg.get("text_config") or cfg
+
+    def first(*keys):
+        for k in keys:
+            if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool):
+                return cfg[k]
+        return None
+
+    heads = first("num_attention_heads", "n_head", "num_heads")
+    layers = first("num_hidden_layers", "n_layer", "num_layers")
+    hidden = first("hidden_size", "n_embd", "d_model")
+    if not heads or not layers or not (hidden or first("head_dim")):
+        raise LabError(
+            f"{Path(folder) / 'config.json'}: cannot tell the model's layers, attention heads and "
+            "hidden size (num_hidden_layers/n_layer, num_attention_heads/n_head, hidden_size/n_embd); "
+            "expected a transformer decoder's config"
+        )
+    return {
+        "layers": layers,
+        "kv_heads": first("num_key_value_heads") or heads,
+        "head_dim": first("head_dim") or hidden // heads,
+        "vocab": first("vocab_size") or 0,
+    }
+
+
+# --- experiments ------------------------------------------------------------------
+def folder_with_config(folder, config, out) -> Path:
+    """A copy of model ``folder`` at ``out`` whose config.json is ``config`` (a dict or a
+    path); weights are linked, not copied. For experiments such as "what does mlx-lm do
+    with a config written by transformers 5?" (data/cases/rope_theta_v5)."""
+    folder, out = Path(folder), Path(out)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for f in folder.iterdir():
+        if f.name == "config.json" or not f.is_file():
+            continue
+        if f.suffix == ".safetensors":
+            (out / f.name).symlink_to(f.resolve())
+        else:
+            shutil.copy(f, out / f.name)
+    cfg = config if isinstance(config, dict) else json.loads(Path(config).read_text())
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return out

@@ -1,0 +1,36 @@
+"""Figures: pure functions of tidy rows (or of what a comparison stored), one module per subject.
+
+- :mod:`lablib.plots.style`: the one style (engine colours, phase and mode looks, engine order);
+- :mod:`lablib.plots.sweeps`: labs 01-03 (context and concurrency sweeps, timeline, prefill/decode split);
+- :mod:`lablib.plots.anchors`: lab 03 (the lab beside llama.cpp's own benchmarks);
+- :mod:`lablib.plots.compare`: lab 04 (KL per position, top-k at the divergence);
+- :mod:`lablib.plots.quant`, ``.roofline``, ``.prefix``: labs 06, 07, 08.
+
+A figure only draws: its numbers come from :mod:`lablib.results.tables`, its columns are declared
+in :mod:`lablib.results.schema`, and plotly is imported inside each function (``import lablib.plots``
+stays light). ``plots.context_bars(df)`` and the other names below work as before the package.
+"""
+
+from __future__ import annotations
+
+from lablib.plots.anchors import anchor_bars
+from lablib.plots.compare import kl_per_position, topk_at_divergence
+from lablib.plots.style import ENGINE_COLORS, MODE_DASH, PHASE_OPACITY, PHASE_PATTERN, color, mode_dash
+from lablib.plots.sweeps import concurrency_lines, context_bars, context_lines, prefill_decode_bars, timeline
+
+__all__ = [
+    "ENGINE_COLORS",
+    "MODE_DASH",
+    "PHASE_OPACITY",
+    "PHASE_PATTERN",
+    "anchor_bars",
+    "color",
+    "concurrency_lines",
+    "context_bars",
+    "context_lines",
+    "kl_per_position",
+    "mode_dash",
+    "prefill_decode_bars",
+    "timeline",
+    "topk_at_divergence",
+]

@@ -1,0 +1,173 @@
+"""Roofline figures: pure plotly functions of tidy rows (no engine, no measurement).
+
+:func:`roofline` draws measured rows that carry :data:`lablib.results.schema.BOUND_COLUMNS`
+(:func:`lablib.studies.roofline.add_bound_columns`): log-log, arithmetic intensity (FLOP/byte) across, FLOP/s
+attained up; the machine's ceilings are the bandwidth slope (intensity x bytes/s) and one flat roof per
+compute type, meeting at the ridge (intensity = peak / bandwidth). :func:`batch_figure` draws a
+:func:`lablib.studies.roofline.batch_sweep` table, with measured concurrency runs when given.
+"""
+
+from __future__ import annotations
+
+from lablib.errors import LabError
+from lablib.plots.style import color, engine_order
+from lablib.results.tables import need as _need, nonempty as _nonempty, ok_rows as _ok
+
+
+def _columns(df, columns, what: str, source: str) -> None:
+    """LabError naming the columns a table (not result rows: those are checked by tables.need) lacks."""
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise LabError(f"{what} needs the columns {missing}; expected a table from {source}")
+
+
+PHASE_SYMBOL = {"prefill": "circle", "decode": "diamond-open"}
+DTYPE_DASH = {"float32": "solid", "bfloat16": "dash", "int8": "dot"}
+
+
+def _ceilings(d) -> tuple[float, dict]:
+    """(bandwidth bytes/s, {dtype: FLOP/s}) of the rows: medians per compute type."""
+    bw = float(d["bound_bytes_per_s"].median())
+    roofs = {str(k): float(v) for k, v in d.groupby("compute_dtype")["bound_flop_per_s"].median().items()}
+    return bw, roofs
+
+
+def roofline(df, title: str | None = None):
+    """Log-log roofline with each engine's measured prefill (filled circles) and decode (open diamonds),
+    one point per engine, phase and prompt length (medians over repetitions), in the engine's color.
+
+    Needs: engine, prompt_tokens, compute_dtype, bound_bytes_per_s, bound_flop_per_s, prefill_intensity,
+    prefill_flop_per_s, decode_intensity, decode_flop_per_s (and *_pct_of_bound for the hover).
+    """
+    import numpy as np
+    import plotly.graph_objects as go
+
+    cols = [
+        "engine",
+        "prompt_tokens",
+        "compute_dtype",
+        "bound_bytes_per_s",
+        "bound_flop_per_s",
+        "prefill_intensity",
+        "prefill_flop_per_s",
+        "decode_intensity",
+        "decode_flop_per_s",
+        "prefill_pct_of_bound",
+        "decode_pct_of_bound",
+    ]
+    d = _nonempty(_ok(df), "roofline", "add the bound columns first: lablib.studies.roofline.add_bound_columns(df, model)")
+    _need(d, cols, "roofline")
+    bw, roofs = _ceilings(d)
+    keys = ["engine", "prompt_tokens"] + (["decode_batch"] if "decode_batch" in d.columns else [])
+    med = d.groupby(keys, sort=False)[[c for c in cols[5:]]].median().reset_index()
+    x_all = np.concatenate([med["prefill_intensity"], med["decode_intensity"], [r / bw for r in roofs.values()]])
+    x_all = x_all[np.isfinite(x_all) & (x_all > 0)]
+    lo, hi = x_all.min() / 3, x_all.max() * 3
+    xs = np.logspace(np.log10(lo), np.log10(hi), 200)
+    fig = go.Figure()
+    for dtype, peak in sorted(roofs.items(), key=lambda kv: -kv[1]):
+        fig.add_scatter(
+            x=xs,
+            y=np.minimum(peak, xs * bw),
+            mode="lines",
+            name=f"roof: {dtype} {peak / 1e9:.0f} GFLOP/s",
+            line=dict(color="#444444", dash=DTYPE_DASH.get(dtype, "dashdot"), width=1.5),
+            hovertemplate=(
+                f"{dtype} roof<br>intensity %{{x:.2f}} FLOP/byte<br>bound %{{y:.3s}}FLOP/s"
+                f"<br>ridge at {peak / bw:.1f} FLOP/byte<extra></extra>"
+            ),
+        )
+    fig.add_scatter(
+        x=[lo, hi],
+        y=[lo * bw, hi * bw],
+        mode="lines",
+        line=dict(color="#999999", width=0.8),
+        name=f"memory bandwidth {bw / 1e9:.1f} GB/s",
+        hoverinfo="skip",
+        visible="legendonly",
+    )
+    for engine in engine_order(med):
+        m = med[med["engine"] == engine]
+        for phase in ("prefill", "decode"):
+            fig.add_scatter(
+                x=m[f"{phase}_intensity"],
+                y=m[f"{phase}_flop_per_s"],
+                mode="markers",
+                name=f"{engine} · {phase}",
+                legendgroup=engine,
+                marker=dict(
+                    symbol=PHASE_SYMBOL[phase], size=11, color=color(engine), line=dict(width=2, color=color(engine))
+                ),
+                customdata=np.stack([m["prompt_tokens"], m[f"{phase}_pct_of_bound"]], axis=1),
+                hovertemplate=(
+                    f"{engine} · {phase}<br>prompt %{{customdata[0]:.0f}} tokens<br>intensity "
+                    "%{x:.2f} FLOP/byte<br>attained %{y:.3s}FLOP/s<br>%{customdata[1]:.0f} % of the "
+                    "bound<extra></extra>"
+                ),
+            )
+    fig.update_layout(
+        template="plotly_white",
+        title=title or "Roofline: measured prefill and decode against this machine's ceilings",
+        xaxis_title="arithmetic intensity (FLOP per byte of memory traffic)",
+        yaxis_title="attained FLOP/s",
+        xaxis_type="log",
+        yaxis_type="log",
+        legend_title_text="",
+    )
+    return fig
+
+
+def batch_figure(sweep_df, measured=None, title: str | None = None):
+    """Predicted decode tokens/s (all sequences) against batch size, log-log, from a
+    :func:`lablib.studies.roofline.batch_sweep` table; a vertical line at its crossover batch (``attrs``).
+    ``measured`` (optional): rows of :func:`lablib.measure.sweep.run_table` (engine, mode, concurrency,
+    output_tps) drawn as points, batched runs only."""
+    import plotly.graph_objects as go
+
+    _columns(sweep_df, ["batch", "decode_tps_total", "bound"], "batch_figure", "roofline.batch_sweep")
+    engine = sweep_df.attrs.get("engine") or "predicted"
+    fig = go.Figure()
+    fig.add_scatter(
+        x=sweep_df["batch"],
+        y=sweep_df["decode_tps_total"],
+        mode="lines+markers",
+        name=f"{engine}: roofline bound",
+        line=dict(color=color(engine)),
+        customdata=sweep_df[["bound"]].to_numpy(),
+        hovertemplate="batch %{x}<br>%{y:.0f} tokens/s in all<br>%{customdata[0]}-bound<extra></extra>",
+    )
+    cross = sweep_df.attrs.get("crossover")
+    if cross and cross != float("inf"):
+        fig.add_vline(
+            x=cross,
+            line_dash="dash",
+            line_color="#777777",
+            annotation_text=f"crossover batch {cross:.1f}",
+            annotation_position="top left",
+        )
+    if measured is not None and len(measured):
+        _columns(
+            measured,
+            ["engine", "mode", "concurrency", "output_tps"],
+            "batch_figure measured points",
+            "lablib.run_table of a concurrency sweep",
+        )
+        m = measured[(measured["mode"] == "batched") & (measured["engine"] == engine)]
+        if len(m):
+            fig.add_scatter(
+                x=m["concurrency"],
+                y=m["output_tps"],
+                mode="markers",
+                name=f"{engine}: measured (batched)",
+                marker=dict(size=11, color=color(engine), symbol="x"),
+                hovertemplate="concurrency %{x}<br>%{y:.0f} output tokens/s<extra></extra>",
+            )
+    fig.update_layout(
+        template="plotly_white",
+        xaxis_type="log",
+        yaxis_type="log",
+        title=title or f"Decode against batch size on {sweep_df.attrs.get('machine', 'the machine')}",
+        xaxis_title="sequences decoded together (batch size)",
+        yaxis_title="decode tokens/s, all sequences",
+    )
+    return fig

@@ -1,0 +1,252 @@
+"""Tidy results: one row per request, with the run manifest attached, durable on disk.
+
+Every result carries the manifest of DESIGN.md: model (id, architecture,
+parameters, format, quantization, file hash), engine (name, version, backend,
+flags), hardware (CPU model, cores, RAM, accelerator), workload, lablib
+version and time. The row's columns are declared in :mod:`lablib.results.schema`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from lablib._version import __version__
+from lablib.errors import LabError, first_line
+from lablib.machine.identity import hardware_info, load_average
+from lablib.machine.ceilings import measured_summary
+from lablib.results.schema import CLOCKS, DEFAULTS, METRICS, flatten_manifest
+from lablib.results.trace import RequestTrace
+
+
+def run_manifest(engine_info: dict, model: dict, workload: dict | None = None) -> dict:
+    """The manifest of a run: ``engine_info`` (``Engine.info().to_dict()``), ``model``
+    (``ResolvedModel.manifest()``), ``workload`` (what the requests were), plus this machine's
+    hardware with its 1-minute load average when the run started, the lablib version and the
+    time (UTC)."""
+    return {
+        "model": model,
+        "engine": engine_info,
+        # the machine's measured bandwidth and FLOP/s, when it was measured (lablib.machine.measure_machine)
+        "hardware": {**hardware_info(), "load_avg_1m": load_average(), **measured_summary()},
+        "workload": workload or {},
+        "lablib_version": __version__,
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def trace_row(trace: RequestTrace, manifest: dict, **labels) -> dict:
+    """One tidy row (:data:`lablib.results.schema.COLUMNS`): labels (repetition, mode...; a closed loop's
+    ``request_index`` and ``client`` from the trace when not given), the metrics, the raw clocks
+    and the flattened manifest fields."""
+    row = dict(labels)
+    for label in ("request_index", "client"):
+        if label not in row and getattr(trace, label) is not None:
+            row[label] = getattr(trace, label)
+    row.update(trace.metrics())
+    row["itl_s"] = trace.itl_s
+    row.update(zip(CLOCKS, (trace.t_submit, trace.t_start, trace.t_tokens[0], trace.t_tokens[-1])))
+    row.update(flatten_manifest(manifest))
+    if trace.threads is not None:  # automatic threads: what this request ran with
+        row["threads"] = trace.threads
+    return row
+
+
+# --- durable results on disk -------------------------------------------------------------
+FORMATS = (".jsonl", ".parquet")
+
+
+def _suffix(path) -> str:
+    suffix = Path(path).suffix.lower()
+    if suffix not in FORMATS:
+        raise LabError(f"results file {path}: expected a name ending in .jsonl or .parquet")
+    return suffix
+
+
+class ResultsWriter:
+    """Appends rows to a results file as each request finishes.
+
+    ``.jsonl``: one JSON object per line, appended and flushed to disk per row.
+    ``.parquet``: the whole file rewritten atomically (temporary file, then
+    rename) per row, so a crash leaves the previous complete file. Rows
+    already in the file are kept: a new sweep adds to them.
+    """
+
+    def __init__(self, path):
+        import pandas as pd
+
+        self.path = Path(path)
+        self.suffix = _suffix(self.path)
+        self.written = 0
+        # refuse now, before any measurement, what would fail at the first row
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.is_dir():
+                raise LabError(
+                    f"results file {self.path} is a folder; expected a file name ending in .jsonl or .parquet"
+                )
+            if self.path.exists():
+                open(self.path, "ab").close()
+            elif self.path.is_symlink():  # a link to a file not there yet: its folder must be
+                target = self.path.resolve()
+                if not target.parent.is_dir():
+                    raise LabError(
+                        f"results file {self.path} links to {target}, whose folder does not exist; "
+                        "expected a writable place: create the folder or choose another --out"
+                    )
+                tempfile.TemporaryFile(dir=target.parent).close()
+            else:
+                tempfile.TemporaryFile(dir=self.path.parent).close()
+        except OSError as e:
+            raise LabError(
+                f"results file {self.path}: cannot write there ({e.strerror or e}); expected a "
+                "writable folder: choose another --out"
+            ) from None
+        # parquet is rewritten whole per row: read what is there now (a corrupt or foreign file is
+        # refused here, before a measurement whose row could not be written)
+        self._rows = None
+        if self.suffix == ".parquet":
+            old = _read_file(self.path) if self.path.exists() else None
+            if old is not None and len(old):
+                engine_ok = "engine" in old.columns and old["engine"].map(lambda v: isinstance(v, str)).all()
+                wrong = [
+                    c
+                    for c in METRICS
+                    if c in old.columns and not old[c].isna().all() and not pd.api.types.is_numeric_dtype(old[c])
+                ]  # all-null: e.g. TPOT of 1-token runs
+                if not engine_ok or wrong:
+                    raise LabError(
+                        f"{self.path} is not a results file the lab wrote (engine names "
+                        f"{'fine' if engine_ok else 'missing or not text'}, non-numeric metric "
+                        f"columns {wrong}); expected lab results to add to: write to a new file"
+                    )
+            self._rows = [] if old is None else old.to_dict("records")
+
+    def append(self, row: dict) -> None:
+        if self.suffix == ".jsonl":
+            with open(self.path, "a+", encoding="utf-8") as f:
+                if f.tell() > 0:  # a file torn by a crash: start the row on its own line
+                    f.seek(f.tell() - 1)
+                    if f.read(1) != "\n":
+                        f.write("\n")
+                f.write(json.dumps(row, default=_jsonable) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        else:
+            import pandas as pd
+
+            self._rows.append(row)
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            pd.DataFrame(self._rows).to_parquet(tmp, index=False)
+            os.replace(tmp, self.path)
+        self.written += 1
+
+
+def _jsonable(x):
+    import numpy as np
+
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return str(x)
+
+
+def load_results(*paths):
+    """One pandas DataFrame from results files (.jsonl or .parquet), rows in file order.
+
+    Each row keeps a ``source_file`` column (the file it was first written to); a column of
+    :data:`lablib.results.schema.DEFAULTS` a file lacks (written before it existed) gets its default. Raises LabError for unknown
+    suffixes or missing files.
+    """
+    import pandas as pd
+
+    frames = []
+    for p in paths:
+        p = Path(p)
+        if not p.is_file():
+            _suffix(p)
+            raise LabError(f"results file {p} not found")
+        df = _read_file(p)
+        # a merged file keeps each row's original source
+        df["source_file"] = df["source_file"].fillna(str(p)) if "source_file" in df else str(p)
+        for col, value in DEFAULTS.items():  # files written before a column existed
+            if col not in df.columns:
+                df[col] = value
+        frames.append(df)
+    if not frames:
+        raise LabError("no results files given")
+    return pd.concat(frames, ignore_index=True)
+
+
+def _read_file(p):
+    """One results file as written (.jsonl or .parquet), a DataFrame; LabError naming a bad line or file."""
+    import pandas as pd
+
+    if _suffix(p) == ".jsonl":
+        rows = []
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except ValueError as e:
+                    raise LabError(
+                        f"{p}, line {n}: not a JSON row ({e}); remove or repair that line "
+                        "(a crash can leave a torn last line)"
+                    ) from None
+                if not isinstance(row, dict):
+                    raise LabError(
+                        f"{p}, line {n}: a JSON {type(row).__name__}, expected one row as a JSON "
+                        'object ({"engine": ..., ...}); remove or repair that line'
+                    )
+                rows.append(row)
+        return pd.DataFrame(rows)
+    try:
+        return pd.read_parquet(p)
+    except Exception as e:  # pyarrow's ArrowInvalid and friends
+        raise LabError(
+            f"{p}: not a readable parquet file ({type(e).__name__}: "
+            f"{first_line(e)}); expected a results file the lab "
+            "wrote: restore it, or write to a new file"
+        ) from None
+
+
+def merge_results(paths, out):
+    """Combine results files (for example one per workshop laptop) into ``out``.
+
+    Every row keeps its manifest columns (hostname, cpu_model, engine versions)
+    and ``source_file``, so plots can facet by machine. Rows identical in
+    everything (the same file given twice) are kept once. Returns the DataFrame.
+    """
+    out = Path(out)
+    _suffix(out)
+    if out.exists():
+        raise LabError(f"{out} exists: merge writes a new file; remove it or name another")
+    df = load_results(*paths)
+    key = [c for c in df.columns if c not in ("source_file",)]
+    df = df.loc[~df[key].astype(str).duplicated()].reset_index(drop=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".parquet":
+        tmp = out.with_name(out.name + ".tmp")
+        try:
+            df.to_parquet(tmp, index=False)
+        except Exception as e:  # pyarrow: a column mixing numbers and text across the files
+            tmp.unlink(missing_ok=True)
+            raise LabError(
+                f"cannot write {out}: the files disagree on a column's type ({type(e).__name__}: "
+                f"{first_line(e)}); merge into a .jsonl instead, or "
+                "repair the file whose rows differ"
+            ) from None
+        tmp.replace(out)
+    else:  # full float precision, as ResultsWriter writes
+        with open(out, "w", encoding="utf-8") as f:
+            for row in df.to_dict("records"):
+                f.write(json.dumps({k: v for k, v in row.items() if not _missing(v)}, default=_jsonable) + "\n")
+    return df
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and v != v)

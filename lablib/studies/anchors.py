@@ -1,0 +1,140 @@
+"""llama.cpp's own benchmarks as anchors for the lab's numbers.
+
+``llama-bench`` and ``llama-batched-bench`` are built from the same source and CMake flags as
+the lab's in-process library (:func:`lablib.build.llama.llama_tool`), and run here with the
+lab engine's settings (threads, batch sizes, flash attention), so a lab figure next to its
+anchor shows what the lab's own loop costs. Tests:
+
+- ``tg128@d0`` / ``tg128@d512``: 128 decode steps after a context of 0 / 512 tokens
+  (llama-bench ``-n 128 -d D``); the lab: a prompt of max(D, 1) tokens, then 128 new tokens,
+  decode tok/s = 1 / TPOT.
+- ``pp512``: a 512-token prompt (llama-bench ``-p 512``); the lab: prefill tok/s.
+- batched, B sequences of ``pp`` prompt and ``tg`` new tokens decoded together:
+  llama-batched-bench's ``S_TG`` (generated tokens/s over the batch); the lab: a batched closed
+  loop with B clients and B requests, B / median TPOT.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+
+from lablib.engines.base import GenerationConfig
+from lablib.build.llama import llama_tool
+from lablib.measure.workload import prompt_of_length
+
+SINGLE = {"tg128@d0": (0, 128), "tg128@d512": (512, 128), "pp512": (512, 0)}  # test: (context, new tokens)
+
+
+def llama_bench(gguf: str, test: str, threads: int, n_batch: int, flash: str, reps: int = 3) -> float:
+    """llama-bench's tok/s for one test of :data:`SINGLE` (its own average over ``reps`` runs)."""
+    depth, new = SINGLE[test]
+    args = ["-p", "512", "-n", "0"] if new == 0 else ["-p", "0", "-n", str(new), "-d", str(depth)]
+    out = subprocess.run(
+        [
+            str(llama_tool("llama-bench")),
+            "-m",
+            gguf,
+            "-t",
+            str(threads),
+            "-b",
+            str(n_batch),
+            "-ub",
+            str(n_batch),
+            "-fa",
+            flash,
+            "-r",
+            str(reps),
+            "-o",
+            "jsonl",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])["avg_ts"]
+
+
+def lab_single(engine, test: str, reps: int = 3) -> float:
+    """The lab's tok/s for one test of :data:`SINGLE` on a loaded llama.cpp engine (median)."""
+    depth, new = SINGLE[test]
+    ids = prompt_of_length(engine.model, max(depth, 1))
+    if new == 0:
+        tps = [engine.generate(ids, GenerationConfig(max_new_tokens=1)).prefill_tps for _ in range(reps)]
+    else:
+        tps = [engine.generate(ids, GenerationConfig(max_new_tokens=new)).decode_tps for _ in range(reps)]
+    return statistics.median(tps)
+
+
+def batched_bench(
+    gguf: str, batches, pp: int, tg: int, threads: int, n_batch: int = 512, flash: str = "off"
+) -> dict[int, float]:
+    """llama-batched-bench's ``S_TG`` (generated tokens/s across the batch) for each B in ``batches``."""
+    b_max = max(batches)
+    out = subprocess.run(
+        [
+            str(llama_tool("llama-batched-bench")),
+            "-m",
+            gguf,
+            "-t",
+            str(threads),
+            "-c",
+            str(b_max * (pp + tg) + 16),
+            "-b",
+            str(n_batch),
+            "-ub",
+            str(n_batch),
+            "-fa",
+            flash,
+            "-npp",
+            str(pp),
+            "-ntg",
+            str(tg),
+            "-npl",
+            ",".join(str(b) for b in batches),
+            "--output-format",
+            "jsonl",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = [json.loads(line) for line in (out.stdout + out.stderr).splitlines() if line.startswith("{")]
+    return {int(r["pl"]): float(r["speed_tg"]) for r in rows}
+
+
+def lab_batched(model, b: int, pp: int, tg: int, threads: int | None = None, n_batch: int = 512) -> float:
+    """The lab's batched decode for B = ``b`` sequences (B / median TPOT of a closed loop with B
+    clients and B requests on llama.cpp)."""
+    from lablib.measure.closed_loop import run_closed_loop
+    from lablib.engines import load_engine
+
+    engine = load_engine("llama.cpp", model, n_ctx=b * (pp + tg) + 16, n_seq_max=b, threads=threads, n_batch=n_batch)
+    try:
+        ids = [prompt_of_length(model, pp, offset=pp * i) for i in range(b)]
+        traces = run_closed_loop(engine, ids, b, "batched", GenerationConfig(max_new_tokens=tg)).traces
+        return b / statistics.median(t.tpot_s for t in traces)
+    finally:
+        engine.close()
+
+
+def batched_rows(
+    model, batches=None, pp: int | None = None, tg: int | None = None, threads: int | None = None
+) -> list[dict]:
+    """Tidy rows for a figure (:func:`lablib.plots.anchor_bars`): ``source`` ("lab" or
+    "llama-batched-bench"), ``concurrency`` (B) and ``output_tps`` (generated tokens/s across the
+    batch), for each B, the anchor first. Defaults: ``config.BUDGETS["anchors"]`` (quick or full)."""
+    from lablib.config import budget
+    from lablib.machine.threads import default_threads
+
+    batches = batches or budget("anchors", "batches")
+    pp, tg = pp or budget("anchors", "prompt_tokens"), tg or budget("anchors", "max_new_tokens")
+    threads = threads or default_threads()
+    anchor = batched_bench(model.path_for("gguf", "llama.cpp"), list(batches), pp, tg, threads)
+    rows = []
+    for b in batches:
+        rows.append({"source": "llama-batched-bench", "concurrency": b, "output_tps": anchor[b]})
+        rows.append({"source": "lab", "concurrency": b, "output_tps": lab_batched(model, b, pp, tg, threads)})
+    return rows

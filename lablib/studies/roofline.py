@@ -1,0 +1,640 @@
+"""The roofline: FLOPs and bytes per token from a model's shape, and the speed a machine allows.
+
+A phase of a request (prefill, decode) does F floating-point operations and moves at least B bytes
+between memory and the cores; on a machine with peak rate P (FLOP/s) and memory bandwidth W
+(bytes/s) it cannot take less than max(F / P, B / W) seconds. F / B (FLOP per byte) is the phase's
+*arithmetic intensity*; P / W is the machine's *balance*: below it a phase is bandwidth-bound, above
+it compute-bound (Williams, Waterman & Patterson, "Roofline: an insightful visual performance model
+for multicore architectures", CACM 52(4), 2009).
+
+Counting, per token, for a decoder of ``layers`` blocks (hidden size d, ``heads`` query heads and
+``kv_heads`` key/value heads of size ``head_dim``, MLP width ``intermediate``, vocabulary V):
+- weights: 2 FLOP (multiply, add) per weight of every matrix product: q, k, v, o projections, the MLP
+  (3 matrices when gated, as in Llama; 2 in GPT-2) and the LM head (d x V; tied or not). The input
+  embedding is a lookup, no FLOPs (Kaplan et al. 2020, "Scaling Laws for Neural Language Models",
+  table 1: C_forward ~ 2 N).
+- attention at context depth L (the token attends L positions, itself included): scores q.k and the
+  weighted sum of v, each 2 x heads x head_dim x L per layer, so 4 x layers x heads x head_dim x L
+  (Hoffmann et al. 2022, "Training Compute-Optimal Large Language Models", appendix F). Softmax,
+  norms and activations are left out (a few % at most).
+- bytes: the weights as the engine holds them (GGUF tensor types, safetensors dtypes, ONNX initializers)
+  read once per step, an untied input embedding and rotary tables excepted (a step reads one row of
+  each); the KV cache of the L positions read,
+  and the new token's K and V written: 2 x layers x kv_heads x head_dim x bytes per element per
+  token (lablib.engines.memory). Activations stay in cache and are not counted: these are the compulsory
+  bytes, so the bound is a ceiling.
+- prefill of P prompt tokens: one pass over the weights for all P tokens; the causal attention of
+  token i covers i positions (P(P+1)/2 in all); the LM head runs for the last token only (what
+  llama.cpp and ``generate`` do); P tokens of KV cache written.
+- decode with B sequences in a batch, each at depth L: one pass over the weights serves all B tokens,
+  each reads its own L positions of KV cache.
+
+Which weights and which compute type: what the run loaded, not the engine's defaults. A run's manifest
+and rows record ``weights`` (the engine's weight choice: onnxruntime-genai "int4", openvino "source",
+transformers "bfloat16"...) and ``compute_dtype`` (the type its matrix products ran at, as the engine
+reported it: openvino's inference precision, bf16 on a CPU with AVX-512 BF16); :func:`engine_profile` takes
+both, and the engine class says which tensors that choice holds and what it computes at
+(:meth:`lablib.engines.base.Engine.weight_tensors`, :meth:`~lablib.engines.base.Engine.compute_dtype`).
+
+Machines are dicts {name, bytes_per_s, flop_per_s: {float32, bfloat16, int8}, source}: this machine's
+measurement (:func:`lablib.machine.measure_machine`) or an entry of :mod:`lablib.machine.accelerators`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lablib.errors import LabError
+from lablib.results.schema import BOUND_COLUMNS  # noqa: F401  (the columns add_bound_columns adds)
+
+# what-if (predict with fmt=): the math each stored format runs at: 16-bit weights on 16-bit tensor math
+# (the bfloat16 figure; float32's where a machine has none), quantized ones on int8 dot products
+FORMAT_COMPUTE = {"F32": "float32", "F64": "float32", "F16": "bfloat16", "BF16": "bfloat16"}
+
+# Shapes of published models, from each one's config.json on the Hugging Face hub (for what-if).
+PRESETS = {
+    "SmolLM2-135M": dict(
+        layers=30,
+        hidden=576,
+        heads=9,
+        kv_heads=3,
+        head_dim=64,
+        intermediate=1536,
+        vocab=49152,
+        tied=True,
+        mlp_matrices=3,
+    ),
+    "SmolLM2-360M": dict(
+        layers=32,
+        hidden=960,
+        heads=15,
+        kv_heads=5,
+        head_dim=64,
+        intermediate=2560,
+        vocab=49152,
+        tied=True,
+        mlp_matrices=3,
+    ),
+    "SmolLM2-1.7B": dict(
+        layers=24,
+        hidden=2048,
+        heads=32,
+        kv_heads=32,
+        head_dim=64,
+        intermediate=8192,
+        vocab=49152,
+        tied=True,
+        mlp_matrices=3,
+    ),
+    "Llama-3.1-8B": dict(
+        layers=32,
+        hidden=4096,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=14336,
+        vocab=128256,
+        tied=False,
+        mlp_matrices=3,
+    ),
+    "Llama-3.1-70B": dict(
+        layers=80,
+        hidden=8192,
+        heads=64,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=28672,
+        vocab=128256,
+        tied=False,
+        mlp_matrices=3,
+    ),
+}
+
+
+# --- the model's shape ------------------------------------------------------------------------------
+def model_dims(model) -> dict:
+    """{layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied, mlp_matrices} of ``model``:
+    a ResolvedModel (its HF or MLX config.json, through :func:`lablib.model.formats.model_shape`), a name of
+    :data:`PRESETS`, or such a dict (returned checked). Raises LabError when a figure is missing."""
+    if isinstance(model, str):
+        if model not in PRESETS:
+            raise LabError(
+                f"model {model!r}: not a preset; expected one of {', '.join(PRESETS)}, a dict of "
+                "the shape, or a prepared model (lablib.prepare())"
+            )
+        return dict(PRESETS[model])
+    if isinstance(model, dict):
+        need = ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab")
+        bad = [k for k in need if not isinstance(model.get(k), int) or model[k] < 1]
+        if bad:
+            raise LabError(
+                f"model shape {model}: {', '.join(bad)} missing or not a positive whole number; "
+                f"expected {', '.join(need)} (and tied, mlp_matrices)"
+            )
+        return {"tied": True, "mlp_matrices": 3, **model}
+    from lablib.model.formats import model_shape
+
+    s = model_shape(model)
+    folder = model.hf_path or model.mlx_path
+    cfg = json.loads((Path(folder) / "config.json").read_text())
+    cfg = cfg.get("text_config") or cfg
+    heads = next(cfg[k] for k in ("num_attention_heads", "n_head", "num_heads") if cfg.get(k))
+    hidden = next((cfg[k] for k in ("hidden_size", "n_embd", "d_model") if cfg.get(k)), heads * s["head_dim"])
+    gated = cfg.get("intermediate_size") is not None
+    intermediate = cfg.get("intermediate_size") or cfg.get("n_inner") or 4 * hidden
+    return {
+        "layers": s["layers"],
+        "hidden": hidden,
+        "heads": heads,
+        "kv_heads": s["kv_heads"],
+        "head_dim": s["head_dim"],
+        "intermediate": intermediate,
+        "vocab": s["vocab"],
+        "tied": bool(cfg.get("tie_word_embeddings", False)),
+        "mlp_matrices": 3 if gated else 2,
+    }
+
+
+def matmul_weights(dims: dict) -> dict:
+    """Weights in matrix products, by part: {attention, mlp, lm_head, total} (counts, not bytes).
+
+    Per layer: q (d x heads*head_dim), k and v (d x kv_heads*head_dim each), o (heads*head_dim x d),
+    MLP (mlp_matrices x d x intermediate); the LM head d x vocab."""
+    d, q = dims["hidden"], dims["heads"] * dims["head_dim"]
+    kv = dims["kv_heads"] * dims["head_dim"]
+    attn = dims["layers"] * (2 * d * q + 2 * d * kv)
+    mlp = dims["layers"] * dims["mlp_matrices"] * d * dims["intermediate"]
+    head = d * dims["vocab"]
+    return {"attention": attn, "mlp": mlp, "lm_head": head, "total": attn + mlp + head}
+
+
+def parameters(dims: dict) -> int:
+    """All weights: matrix products, the input embedding when untied, and the RMSNorm weights
+    (2 per layer and a final one, d each; biases are left out)."""
+    d = dims["hidden"]
+    return matmul_weights(dims)["total"] + (0 if dims["tied"] else dims["vocab"] * d) + (2 * dims["layers"] + 1) * d
+
+
+def attention_flops_per_position(dims: dict) -> int:
+    """FLOPs one token spends per attended position: 4 x layers x heads x head_dim (q.k and the sum of v)."""
+    return 4 * dims["layers"] * dims["heads"] * dims["head_dim"]
+
+
+def flops_per_token(dims: dict, context: int) -> dict:
+    """FLOPs of one decoded token attending ``context`` positions: {weights, attention, total}."""
+    w = 2 * matmul_weights(dims)["total"]
+    a = attention_flops_per_position(dims) * context
+    return {"weights": w, "attention": a, "total": w + a}
+
+
+def prefill_flops(dims: dict, prompt_tokens: int) -> dict:
+    """FLOPs of a prefill of ``prompt_tokens`` tokens (causal; LM head for the last token only):
+    {weights, attention, total}."""
+    m = matmul_weights(dims)
+    p = prompt_tokens
+    w = 2 * (m["total"] - m["lm_head"]) * p + 2 * m["lm_head"]
+    a = attention_flops_per_position(dims) * p * (p + 1) // 2
+    return {"weights": w, "attention": a, "total": w + a}
+
+
+def kv_bytes_per_token(dims: dict, bytes_per_element: float) -> float:
+    """KV cache bytes one token keeps: 2 x layers x kv_heads x head_dim x bytes per element."""
+    return 2 * dims["layers"] * dims["kv_heads"] * dims["head_dim"] * bytes_per_element
+
+
+# --- weights as stored ----------------------------------------------------------------------------------
+def format_bits(fmt: str) -> float:
+    """Bits per weight of a GGUF type name ('Q4_1' -> 5.0: blocks of 32 weights in 20 bytes, two float16
+    scales and 16 bytes of nibbles) or 'F32'/'F16'/'BF16', from gguf-py's GGML_QUANT_SIZES (block size,
+    bytes per block), the sizes of ggml's block structs. Raises LabError for an unknown name."""
+    import gguf
+
+    try:
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[fmt.upper()]]
+    except (KeyError, AttributeError):
+        known = ", ".join(t.name for t in gguf.GGML_QUANT_SIZES)
+        raise LabError(f"format {fmt!r}: not a GGUF tensor type; expected one of {known}") from None
+    return 8 * size / block
+
+
+def _tensors(model, engine: str, weights: str | None = None) -> tuple:
+    """The tensors ``engine`` holds for ``model`` loaded with the weight choice ``weights`` (None: its
+    default): the engine class says which (:meth:`lablib.engines.base.Engine.weight_tensors`)."""
+    from lablib.engines import engine_class
+
+    return engine_class(engine).weight_tensors(model, weights)
+
+
+# tensors of which a step reads one row, not the whole: an input embedding (when the model has a separate
+# LM head; tied, it is the LM head and read whole) and ONNX Runtime's rotary tables (a row per position)
+INPUT_EMBEDDINGS = ("token_embd.weight", "model.embed_tokens.weight", "embed_tokens.weight", "transformer.wte.weight")
+LM_HEADS = ("output.weight", "lm_head.weight", "lm_head.MatMul.weight")
+ROTARY_TABLES = ("cos_cache", "sin_cache")
+
+
+def _is_input_embedding(name: str) -> bool:
+    return name in INPUT_EMBEDDINGS
+
+
+def _has_separate_head(names) -> bool:
+    return any(n in LM_HEADS for n in names)
+
+
+def weight_table(model, engine: str, weights: str | None = None):
+    """Weights ``engine`` loads with the weight choice ``weights`` (None: its default), per stored type:
+    DataFrame of type, tensors, elements, bytes, bits_per_weight (from the GGUF header for llama.cpp and
+    openvino, safetensors headers for transformers/MLX, the ONNX graph's initializers for
+    onnxruntime-genai: INT4 there is a matrix in 4-bit blocks with its scales)."""
+    import pandas as pd
+
+    df = pd.DataFrame(_tensors(model, engine, weights), columns=["name", "type", "elements", "bytes"])
+    g = df.groupby("type").agg(tensors=("name", "size"), elements=("elements", "sum"), bytes=("bytes", "sum"))
+    g["bits_per_weight"] = 8 * g["bytes"] / g["elements"]
+    return g.reset_index().sort_values("bytes", ascending=False, ignore_index=True)
+
+
+def weight_bytes_read(model, engine: str, weights: str | None = None) -> int:
+    """Bytes of weights one forward step reads, as stored for ``engine`` loaded with the weight choice
+    ``weights`` (None: its default): every tensor, except those of which a step reads one row: an untied
+    input embedding (tied, it is the LM head and read whole) and rotary tables (:data:`ROTARY_TABLES`)."""
+    tensors = _tensors(model, engine, weights)
+    separate = _has_separate_head(t[0] for t in tensors)
+    return sum(t[3] for t in tensors if not ((separate and _is_input_embedding(t[0])) or t[0] in ROTARY_TABLES))
+
+
+def compute_dtype(model, engine: str, weights: str | None = None) -> str:
+    """The matrix-multiply type that bounds ``engine``'s arithmetic with the weight choice ``weights``, as
+    the engine class expects it before loading (:meth:`lablib.engines.base.Engine.compute_dtype`: llama.cpp
+    int8 for a quantized GGUF; openvino the plugin's inference precision; onnxruntime-genai int8 for its
+    int4 build). A run's own, as its engine reported it, is its rows' ``compute_dtype``."""
+    from lablib.engines import engine_class
+
+    return engine_class(engine).compute_dtype(model, weights)
+
+
+def _given(value) -> str | None:
+    """A row's text field, None when absent (None, NaN, "")."""
+    return None if value is None or value != value or value == "" else str(value)
+
+
+def engine_profile(model, engine, weights: str | None = None, dtype: str | None = None) -> dict:
+    """{engine, weights, dims, weight_bytes, kv_bytes_per_element, compute_dtype} of ``model`` as ``engine``
+    runs it loaded with the weight choice ``weights`` (what its EngineInfo, manifest and rows record as
+    ``weights``: "int4", "source"...; None: its default) computing in ``dtype`` (what they record as
+    ``compute_dtype``; None: what the engine class expects, :func:`compute_dtype`). ``engine``: a name,
+    or a loaded Engine, whose ``info()`` gives both. Raises LabError for a choice the engine does not have."""
+    from lablib.engines import canonical, engine_class
+
+    if not isinstance(engine, str):  # a loaded engine: what it loaded, as it reports it
+        info = engine.info()
+        engine, weights, dtype = info.name, info.weights, info.compute_dtype
+    engine = canonical(engine)
+    cls = engine_class(engine)
+    weights = cls.check_weights(_given(weights))
+    return {
+        "engine": engine,
+        "weights": weights,
+        "dims": model_dims(model),
+        "weight_bytes": weight_bytes_read(model, engine, weights),
+        "kv_bytes_per_element": cls.kv_bytes_per_value,
+        "compute_dtype": _given(dtype) or compute_dtype(model, engine, weights),
+    }
+
+
+# --- machines -------------------------------------------------------------------------------------------
+def machine(name=None) -> dict:
+    """A machine's ceilings {name, bytes_per_s, flop_per_s: {dtype: FLOP/s}, source}: None or "this" for
+    this machine's measurement (measured once and cached), a name of :data:`lablib.machine.accelerators.ACCELERATORS`,
+    or such a dict (returned as is). Raises LabError for an unknown name."""
+    from lablib.machine.accelerators import ACCELERATORS
+
+    if isinstance(name, dict):
+        return name
+    if name in (None, "this"):
+        from lablib.machine.ceilings import measure_machine
+
+        m = measure_machine()
+        return {
+            "name": f"this machine ({m['cpu_model']}, {m['threads']} threads)",
+            "bytes_per_s": m["bytes_per_s"],
+            "flop_per_s": dict(m["flop_per_s"]),
+            "source": f"measured {m['time']} (read kernel; matmul)",
+        }
+    if name not in ACCELERATORS:
+        raise LabError(f"machine {name!r}: unknown; expected 'this' or one of {', '.join(ACCELERATORS)}")
+    a = ACCELERATORS[name]
+    return {"name": name, "bytes_per_s": a["bytes_per_s"], "flop_per_s": dict(a["flop_per_s"]), "source": a["source"]}
+
+
+def peak_flops(mach: dict, dtype: str) -> float:
+    """The machine's FLOP/s for ``dtype``, float32's when it has none for that type, inf when it has neither
+    (then only bandwidth bounds)."""
+    f = mach.get("flop_per_s") or {}
+    return f.get(dtype) or f.get("float32") or float("inf")
+
+
+# --- phases: FLOPs, bytes, intensity, bound ------------------------------------------------------------
+def _check_counts(**kw) -> None:
+    bad = {k: v for k, v in kw.items() if not isinstance(v, (int, float)) or v != v or v < (1 if k != "context" else 0)}
+    if bad:
+        given = ", ".join(f"{k}={v!r}" for k, v in bad.items())
+        raise LabError(f"{given}: expected numbers of tokens or sequences, at least 1 (a context may be 0)")
+
+
+def decode_cost(profile: dict, context: int, batch: int = 1) -> dict:
+    """One decode step of ``batch`` sequences, each attending ``context`` positions:
+    {flops, bytes, intensity (FLOP/byte)} of the whole step."""
+    _check_counts(context=context, batch=batch)
+    d = profile["dims"]
+    kv = kv_bytes_per_token(d, profile["kv_bytes_per_element"])
+    flops = batch * flops_per_token(d, context)["total"]
+    nbytes = profile["weight_bytes"] + batch * kv * context  # the new K, V are among the `context` positions
+    return {"flops": flops, "bytes": nbytes, "intensity": flops / nbytes}
+
+
+def prefill_cost(profile: dict, prompt_tokens: int) -> dict:
+    """A prefill of ``prompt_tokens`` tokens: {flops, bytes (weights once + KV cache written), intensity}."""
+    _check_counts(prompt_tokens=prompt_tokens)
+    d = profile["dims"]
+    flops = prefill_flops(d, prompt_tokens)["total"]
+    nbytes = profile["weight_bytes"] + kv_bytes_per_token(d, profile["kv_bytes_per_element"]) * prompt_tokens
+    return {"flops": flops, "bytes": nbytes, "intensity": flops / nbytes}
+
+
+def bound_seconds(cost: dict, mach: dict, dtype: str) -> dict:
+    """{seconds, compute_s, memory_s, bound ('compute' or 'bandwidth')}: the roofline's least time."""
+    c = cost["flops"] / peak_flops(mach, dtype)
+    m = cost["bytes"] / mach["bytes_per_s"]
+    return {"seconds": max(c, m), "compute_s": c, "memory_s": m, "bound": "compute" if c > m else "bandwidth"}
+
+
+def predict(
+    model="SmolLM2-135M",
+    engine: str | None = None,
+    fmt: str | None = None,
+    prompt_tokens: int = 256,
+    context: int | None = None,
+    batch: int = 1,
+    machine_name=None,
+    kv_bytes: float = 2,
+    dtype: str | None = None,
+) -> dict:
+    """Predicted best prefill and decode speed (tokens/s) of a model on a machine.
+
+    ``model``: a prepared model (with ``engine``: its real stored weights) or a preset name / shape dict
+    (with ``fmt``: a GGUF type such as 'Q4_1', 'Q8_0', 'F16', 'F32' for every weight). ``prompt_tokens``:
+    the prefill's length; ``context``: decode's depth (default prompt_tokens); ``batch``: sequences
+    decoded together; ``machine_name``: see :func:`machine`; ``kv_bytes``: KV cache bytes per element
+    (presets); ``dtype``: the compute type (default: the engine's, or :data:`FORMAT_COMPUTE`'s).
+
+    Returns {machine, weight_bytes, prefill_tps, prefill_bound, prefill_intensity, decode_tps (per
+    sequence), decode_tps_total (all sequences), decode_bound, decode_intensity, machine_balance
+    (FLOP/byte), compute_dtype}.
+    """
+    if engine is not None:
+        prof = engine_profile(model, engine)
+    else:
+        if fmt is None:
+            raise LabError(
+                "predict: give engine= (a prepared model's real weights) or fmt= (e.g. 'Q4_1') for a preset or a shape"
+            )
+        d = model_dims(model)
+        bits = format_bits(fmt)
+        norms = (2 * d["layers"] + 1) * d["hidden"] * 4  # norms stay float32 in GGUF files
+        prof = {
+            "engine": None,
+            "dims": d,
+            "weight_bytes": matmul_weights(d)["total"] * bits / 8 + norms,
+            "kv_bytes_per_element": kv_bytes,
+            "compute_dtype": FORMAT_COMPUTE.get(fmt.upper(), "int8"),
+        }
+    dtype = dtype or prof["compute_dtype"]
+    mach = machine(machine_name)
+    context = prompt_tokens if context is None else context
+    pre = prefill_cost(prof, prompt_tokens)
+    dec = decode_cost(prof, context, batch)
+    pb, db = bound_seconds(pre, mach, dtype), bound_seconds(dec, mach, dtype)
+    return {
+        "machine": mach["name"],
+        "weight_bytes": prof["weight_bytes"],
+        "compute_dtype": dtype,
+        "prefill_tps": prompt_tokens / pb["seconds"],
+        "prefill_bound": pb["bound"],
+        "prefill_intensity": pre["intensity"],
+        "decode_tps": 1 / db["seconds"],
+        "decode_tps_total": batch / db["seconds"],
+        "decode_bound": db["bound"],
+        "decode_intensity": dec["intensity"],
+        "machine_balance": peak_flops(mach, dtype) / mach["bytes_per_s"],
+    }
+
+
+def crossover_batch(profile: dict, mach: dict, context: int = 0, dtype: str | None = None) -> float:
+    """The batch size B at which decode turns from bandwidth- to compute-bound:
+    B x F / P = (W + B x kv x L) / BW, so B = (W / BW) / (F / P - kv x L / BW) (F: FLOPs per token at
+    depth L, W: weight bytes, kv: KV bytes per position). inf when the KV reads alone keep it
+    bandwidth-bound at any batch (the denominator is not positive)."""
+    dtype = dtype or profile["compute_dtype"]
+    d = profile["dims"]
+    f = flops_per_token(d, context)["total"] / peak_flops(mach, dtype)
+    kv = kv_bytes_per_token(d, profile["kv_bytes_per_element"]) * context / mach["bytes_per_s"]
+    return float("inf") if f <= kv else (profile["weight_bytes"] / mach["bytes_per_s"]) / (f - kv)
+
+
+def batch_sweep(
+    profile: dict, mach: dict, batches=(1, 2, 4, 8, 16, 32, 64, 128, 256), context: int = 256, dtype: str | None = None
+):
+    """Predicted decode for each batch size: DataFrame of batch, step_s, decode_tps_total, decode_tps
+    (per sequence), intensity (FLOP/byte), flop_per_s (attained), bound; its ``attrs`` hold the
+    crossover batch size and the machine's ceilings."""
+    import pandas as pd
+
+    dtype = dtype or profile["compute_dtype"]
+    rows = []
+    for b in batches:
+        cost = decode_cost(profile, context, int(b))
+        t = bound_seconds(cost, mach, dtype)
+        rows.append(
+            {
+                "batch": int(b),
+                "step_s": t["seconds"],
+                "decode_tps_total": b / t["seconds"],
+                "decode_tps": 1 / t["seconds"],
+                "intensity": cost["intensity"],
+                "flop_per_s": cost["flops"] / t["seconds"],
+                "bound": t["bound"],
+            }
+        )
+    df = pd.DataFrame(rows)
+    df.attrs.update(
+        crossover=crossover_batch(profile, mach, context, dtype),
+        machine=mach["name"],
+        bytes_per_s=mach["bytes_per_s"],
+        peak_flop_per_s=peak_flops(mach, dtype),
+        dtype=dtype,
+        engine=profile.get("engine"),
+        context=context,
+    )
+    return df
+
+
+# --- measured rows against the bound -----------------------------------------------------------------------
+
+
+def add_bound_columns(df, model, machine_name=None):
+    """Measured rows (tidy, one per request) with the roofline beside each: a new DataFrame with
+    :data:`lablib.results.schema.BOUND_COLUMNS` added.
+
+    Per row: the weights and compute type its engine ran with (its ``weights`` and ``compute_dtype``
+    columns, from the run's manifest; the engine's defaults where a row has none, as rows written
+    before these columns existed: :func:`engine_profile`); prefill of ``prompt_tokens``; decode at the
+    mean depth prompt_tokens + output_tokens / 2,
+    batch = concurrency for ``mode == 'batched'`` rows, else 1. ``*_bound_tps``: the roofline's tokens/s
+    (decode: per sequence) on the machine; ``*_pct_of_bound``: 100 x measured / bound; ``*_flop_per_s``:
+    the FLOP/s attained (decode: all sequences of the batch). The machine: the row's own
+    ``measured_bandwidth_gbps`` / ``measured_<dtype>_g(fl)ops`` columns when ``machine_name`` is None and
+    they are present (rows written on a measured machine), else ``machine_name`` (:func:`machine`;
+    None: this machine, measured now if never before).
+    Needs: engine, prompt_tokens, output_tokens, prefill_s, prefill_tps, decode_tps.
+    """
+    import math
+
+    need = [
+        c
+        for c in ("engine", "prompt_tokens", "output_tokens", "prefill_s", "prefill_tps", "decode_tps")
+        if c not in df.columns
+    ]
+    if need:
+        raise LabError(
+            f"add_bound_columns needs the columns {', '.join(need)}; expected rows of a context or "
+            "concurrency sweep (lablib.measure.sweep)"
+        )
+    mach = None  # resolved at the first row without its own measured columns (it may measure this machine)
+    profiles = {}
+    out = []
+    for row in df.to_dict("records"):
+        key = (row["engine"], _given(row.get("weights")), _given(row.get("compute_dtype")))
+        if key not in profiles:
+            profiles[key] = engine_profile(model, *key)
+        prof = profiles[key]
+        dtype = prof["compute_dtype"]
+        bw = row.get("measured_bandwidth_gbps") if machine_name is None else None
+        f = row.get(f"measured_{dtype}_{'gops' if dtype == 'int8' else 'gflops'}")
+        if bw is not None and bw == bw and f is not None and f == f:
+            m = {"bytes_per_s": bw * 1e9, "flop_per_s": {dtype: f * 1e9}}
+        else:
+            mach = mach or machine(machine_name)
+            m = mach
+        p = int(row["prompt_tokens"])
+        n = int(row["output_tokens"] or 1)
+        batch = int(row.get("concurrency") or 1) if row.get("mode") == "batched" else 1
+        depth = p + n / 2
+        pre = prefill_cost(prof, p)
+        dec = decode_cost(prof, depth, batch)
+        pre_t, dec_t = bound_seconds(pre, m, dtype)["seconds"], bound_seconds(dec, m, dtype)["seconds"]
+        dtps = row["decode_tps"]
+        dtps = float(dtps) if dtps is not None and dtps == dtps else math.nan
+        f_tok = dec["flops"] / batch
+        row.update(
+            compute_dtype=dtype,
+            bound_bytes_per_s=m["bytes_per_s"],
+            bound_flop_per_s=peak_flops(m, dtype),
+            prefill_flops=pre["flops"],
+            prefill_bytes=pre["bytes"],
+            prefill_intensity=pre["intensity"],
+            prefill_flop_per_s=pre["flops"] / row["prefill_s"],
+            prefill_bound_tps=p / pre_t,
+            prefill_pct_of_bound=100 * row["prefill_tps"] / (p / pre_t),
+            decode_depth=depth,
+            decode_batch=batch,
+            decode_flops_per_token=f_tok,
+            decode_intensity=dec["intensity"],
+            decode_flop_per_s=f_tok * dtps * batch,
+            decode_bound_tps=1 / dec_t,
+            decode_pct_of_bound=100 * dtps * dec_t,
+        )
+        out.append(row)
+    import pandas as pd
+
+    return pd.DataFrame(out, index=df.index)
+
+
+def bound_table(df):
+    """Per engine (and weight choice, where rows record one: ``weights``) and prompt length: medians of
+    measured and bound tokens/s and % of bound, prefill and decode."""
+    keys = ["engine", "weights", "prompt_tokens"] if "weights" in df.columns else ["engine", "prompt_tokens"]
+    g = df.groupby(keys, sort=False, dropna=False)
+    return g.agg(
+        prefill_tps=("prefill_tps", "median"),
+        prefill_bound_tps=("prefill_bound_tps", "median"),
+        prefill_pct_of_bound=("prefill_pct_of_bound", "median"),
+        decode_tps=("decode_tps", "median"),
+        decode_bound_tps=("decode_bound_tps", "median"),
+        decode_pct_of_bound=("decode_pct_of_bound", "median"),
+    ).reset_index()
+
+
+def bounds_for_report(df):
+    """(rows, table): ``df`` with :data:`BOUND_COLUMNS` and :func:`bound_table` of its context rows, when
+    the bound can be computed without measuring anything: every row of the default model (its sha256),
+    and the machine's figures in the rows (``measured_*`` columns) or in this machine's cache. Else
+    (``df``, None)."""
+    from lablib.machine.ceilings import cached_measurement
+
+    try:
+        if "model_sha256" not in df.columns:
+            return df, None
+        from lablib.model.resolve import prepare
+
+        rm = prepare(log=lambda *_: None)
+        if set(df["model_sha256"].dropna()) != {rm.sha256}:
+            return df, None
+        own = "measured_bandwidth_gbps" in df.columns and df["measured_bandwidth_gbps"].notna().all()
+        if not own and cached_measurement() is None:
+            return df, None
+        rows = add_bound_columns(df, rm)
+    except Exception:  # a report is still written without the bound  # noqa: BLE001
+        return df, None
+    ctx = rows[rows["sweep"] == "context"] if "sweep" in rows.columns else rows
+    return rows, (bound_table(ctx) if len(ctx) else None)
+
+
+def what_if_table(
+    models=("SmolLM2-135M", "SmolLM2-1.7B", "Llama-3.1-8B", "Llama-3.1-70B"),
+    formats=("Q4_1", "F16"),
+    machines=("this", "RTX 4090", "Apple M2 Max (38-core GPU)", "H100 SXM"),
+    prompt_tokens: int = 1024,
+    batch: int = 1,
+):
+    """:func:`predict` for every model (presets), format and machine: DataFrame of model, format, machine,
+    weight_gb, fits (the weights in the machine's memory: RAM here, the table's memory elsewhere),
+    prefill_tps, prefill_bound, decode_tps (per sequence, at depth ``prompt_tokens``), decode_bound."""
+    import pandas as pd
+
+    from lablib.machine.accelerators import ACCELERATORS
+    from lablib.machine.identity import hardware_info
+
+    rows = []
+    for mach_name in machines:
+        mach = machine(mach_name)
+        memory = (
+            hardware_info()["ram_bytes"] if mach_name in (None, "this") else ACCELERATORS[mach_name]["memory_bytes"]
+        )
+        for name in models:
+            for fmt in formats:
+                p = predict(name, fmt=fmt, prompt_tokens=prompt_tokens, batch=batch, machine_name=mach)
+                rows.append(
+                    {
+                        "model": name,
+                        "format": fmt,
+                        "machine": mach_name,
+                        "weight_gb": p["weight_bytes"] / 1e9,
+                        "fits": bool(p["weight_bytes"] < memory),
+                        "prefill_tps": p["prefill_tps"],
+                        "prefill_bound": p["prefill_bound"],
+                        "decode_tps": p["decode_tps"],
+                        "decode_bound": p["decode_bound"],
+                    }
+                )
+    return pd.DataFrame(rows)

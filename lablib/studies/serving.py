@@ -1,0 +1,244 @@
+"""Lab 05's operations: in-process against a server, rate sweeps with goodput, prefix caching, a panel.
+
+Thin wrappers over :mod:`lablib.engines.servers`, :mod:`lablib.engines.http` and :mod:`lablib.measure.load`,
+so the notebook stays a few calls. Every function returns a pandas DataFrame.
+"""
+
+from __future__ import annotations
+
+from lablib.engines.base import GenerationConfig
+from lablib.errors import LabError
+
+TWIN = {"llama-cpp-python": "llama.cpp", "llama-server": "llama.cpp", "mlx": "mlx", "transformers": "transformers"}
+
+
+def quick_defaults(quick: bool | None = None) -> dict:
+    """Sizes for the lab: small in quick mode (LABLIB_QUICK=1)."""
+    from lablib.config import quick_mode
+
+    quick = quick_mode() if quick is None else quick
+    return dict(
+        prompt_tokens=32 if quick else 64,
+        max_new_tokens=8 if quick else 16,
+        reps=2 if quick else 5,
+        requests=4 if quick else 12,
+        rates=[0.5, 4.0] if quick else [0.25, 0.5, 1.0, 2.0, 4.0],
+        ttft_s=1.0 if quick else 2.0,
+        tpot_s=0.1,
+    )
+
+
+def in_process_vs_server(model, server, prompt_tokens: int = 32, max_new_tokens: int = 8, reps: int = 2):
+    """The same requests on the in-process twin of ``server`` (a RunningServer), with the server's
+    threads, and over HTTP.
+
+    One row per request: ``where`` ("in-process" or "http"), ttft_s, tpot_s, e2e_s, plus the http
+    rows' count_method. Each request has its own prompt (no prefix reuse), after one warm-up each way.
+    """
+    import pandas as pd
+
+    from lablib.engines import load_engine
+    from lablib.measure.workload import prompt_of_length
+
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens)
+    prompts = [prompt_of_length(model, prompt_tokens, offset=(prompt_tokens + 17) * i) for i in range(reps + 1)]
+    rows = []
+    # the twin gets the server's threads: on a shared 2-core machine two threads can be far slower than one
+    twin = load_engine(
+        TWIN[server.name], model, n_ctx=max(2048, prompt_tokens + max_new_tokens), threads=server.threads or None
+    )
+    try:
+        twin.generate(prompts[-1], cfg)
+        for i in range(reps):
+            t = twin.generate(prompts[i], cfg)
+            rows.append(dict(where="in-process", engine=twin.name, rep=i, **_times(t)))
+    finally:
+        twin.close()
+    e = server.engine(model)
+    try:
+        e.generate(prompts[-1], cfg)
+        for i in range(reps):
+            t = e.generate(prompts[i], cfg)
+            rows.append(
+                dict(where="http", engine=f"{server.name} server", rep=i, **_times(t), count_method=t.count_method)
+            )
+    finally:
+        e.close()
+    return pd.DataFrame(rows)
+
+
+def _times(t) -> dict:
+    return {"ttft_s": t.ttft_s, "tpot_s": t.tpot_s, "e2e_s": t.e2e_s, "output_tokens": t.output_tokens}
+
+
+def rate_sweep_table(
+    servers,
+    model,
+    rates,
+    requests: int = 4,
+    prompt_tokens: int = 32,
+    max_new_tokens: int = 8,
+    ttft_s: float = 2.0,
+    tpot_s: float = 0.1,
+    max_duration_s: float = 120.0,
+    seed: int = 0,
+):
+    """A Poisson rate sweep on each server of ``servers`` (RunningServer objects); one row per
+    (server, rate): output_tps, ttft p50/p95, tpot p50, goodput (requests/s meeting ``ttft_s``
+    and ``tpot_s``) and its fraction. The raw request rows are in the result's ``attrs["rows"]``."""
+    import pandas as pd
+
+    from lablib.measure.load import rate_sweep, summarize
+    from lablib.measure.workload import prompt_of_length
+
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens)
+    prompts = [prompt_of_length(model, prompt_tokens, offset=(prompt_tokens + 17) * i) for i in range(requests + 1)]
+    table, raw = [], []
+    for srv in servers:
+        e = srv.engine(model)
+        try:
+            e.generate(prompts[-1], cfg)  # warm-up on a prompt no measured request uses
+            rows = rate_sweep(e, prompts[:-1], rates, seed=seed, cfg=cfg, max_duration_s=max_duration_s)
+        finally:
+            e.close()
+        raw += rows
+        for r in rates:
+            s = summarize([x for x in rows if x["rate"] == r], ttft_s=ttft_s, tpot_s=tpot_s)
+            table.append(
+                {
+                    "server": srv.name,
+                    "rate": r,
+                    "output_tps": s["output_tps"],
+                    "ttft_p50_s": s["ttft_s_p50"],
+                    "ttft_p95_s": s["ttft_s_p95"],
+                    "tpot_p50_s": s["tpot_s_p50"],
+                    "goodput_rps": s["goodput_rps"],
+                    "goodput_fraction": s["goodput_fraction"],
+                    "errors": s["errors"],
+                }
+            )
+    df = pd.DataFrame(table)
+    df.attrs["rows"] = raw
+    return df
+
+
+def prefix_cache_demo(model, server, shared_tokens: int = 256, own_tokens: int = 16, max_new_tokens: int = 4):
+    """A shared system prompt of ``shared_tokens`` and a short question of its own per request, sent
+    three times to ``server``: the first request computes the whole prompt, the next ones may reuse
+    the shared prefix if the server caches it. One row per request: ``request``, ttft_s, cached_tokens
+    (as the server reports it; None where it does not), and the labelled ``prefix`` ("cold" / "shared")."""
+    import pandas as pd
+
+    from lablib.measure.workload import prompt_of_length
+
+    shared = prompt_of_length(model, shared_tokens, offset=3000)
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens)
+    e = server.engine(model)
+    rows = []
+    try:
+        e.generate(prompt_of_length(model, own_tokens, offset=9000), cfg)  # warm-up, nothing shared
+        for i in range(3):
+            ids = shared + prompt_of_length(model, own_tokens, offset=5000 + 100 * i)
+            t = e.generate(ids, cfg)
+            rows.append(
+                {
+                    "server": server.name,
+                    "request": i,
+                    "prefix": "cold" if i == 0 else "shared",
+                    "prompt_tokens": t.prompt_tokens,
+                    "ttft_s": t.ttft_s,
+                    "cached_tokens": t.usage_cached_tokens,
+                }
+            )
+    finally:
+        e.close()
+    return pd.DataFrame(rows)
+
+
+class ServingPanel:
+    """Widgets for a load run on any server: base URL, rate (empty: closed loop), concurrency, TTFT and
+    TPOT targets, requests. ``run_sync()`` runs the current values here (headless notebooks) and returns
+    the one-line summary; the Run button does the same and prints it."""
+
+    def __init__(
+        self,
+        model,
+        base_url: str = "",
+        rate: float = 1.0,
+        concurrency: int = 1,
+        requests: int = 4,
+        prompt_tokens: int = 32,
+        max_new_tokens: int = 8,
+        ttft_s: float = 2.0,
+        tpot_s: float = 0.1,
+    ):
+        import ipywidgets as w
+
+        self.model = model
+        self.base_url = w.Text(value=base_url, description="base URL", layout=w.Layout(width="420px"))
+        self.rate = w.FloatText(value=rate, description="rate (req/s)")
+        self.open_loop = w.Checkbox(value=True, description="open loop (off: closed loop of C clients)")
+        self.concurrency = w.BoundedIntText(value=concurrency, min=1, max=64, description="concurrency")
+        self.requests = w.BoundedIntText(value=requests, min=1, max=1000, description="requests")
+        self.ttft = w.FloatText(value=ttft_s, description="TTFT target s")
+        self.tpot = w.FloatText(value=tpot_s, description="TPOT target s")
+        self.prompt_tokens, self.max_new_tokens = prompt_tokens, max_new_tokens
+        self.button = w.Button(description="Run", button_style="primary")
+        self.output = w.Output()
+        self.button.on_click(lambda _: self._click())
+        self.widget = w.VBox(
+            [
+                self.base_url,
+                w.HBox([self.open_loop, self.rate]),
+                w.HBox([self.concurrency, self.requests]),
+                w.HBox([self.ttft, self.tpot]),
+                self.button,
+                self.output,
+            ]
+        )
+        self.rows: list[dict] = []
+        self.summary: dict | None = None
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+    def _click(self):
+        with self.output:
+            try:
+                print(self.run_sync())
+            except LabError as e:
+                print(f"lablib: {e}")
+
+    def run_sync(self) -> str:
+        from lablib.engines import load_engine
+        from lablib.measure.load import run_load, summarize
+        from lablib.cli.serve import summary_line
+        from lablib.measure.workload import prompt_of_length
+
+        if not self.base_url.value.strip():
+            raise LabError("base URL is empty: expected a server's OpenAI URL such as http://127.0.0.1:8080/v1")
+        n = self.requests.value
+        prompts = [
+            prompt_of_length(self.model, self.prompt_tokens, offset=(self.prompt_tokens + 17) * i) for i in range(n)
+        ]
+        cfg = GenerationConfig(max_new_tokens=self.max_new_tokens)
+        e = load_engine("http", self.model, base_url=self.base_url.value.strip())
+        try:
+            mode = "open" if self.open_loop.value else "closed"
+            self.rows = run_load(
+                e,
+                prompts,
+                mode,
+                concurrency=self.concurrency.value,
+                rate=self.rate.value if mode == "open" else None,
+                cfg=cfg,
+                max_duration_s=120,
+            )
+        finally:
+            e.close()
+        self.summary = summarize(self.rows, ttft_s=self.ttft.value, tpot_s=self.tpot.value)
+        return summary_line(
+            e.kind, mode, self.rate.value if mode == "open" else None, self.concurrency.value, self.summary
+        )

@@ -1,0 +1,73 @@
+"""One self-contained HTML report: every figure the data supports and the run manifest.
+
+Built from :mod:`lablib.plots` (the figures) and :mod:`lablib.results.tables` (the manifest table);
+plotly.js is embedded once.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from lablib import plots
+from lablib.errors import LabError
+from lablib.studies.roofline import bounds_for_report
+from lablib.plots.roofline import roofline as roofline_figure
+from lablib.results.tables import manifest_table, ok_rows, sweep_rows
+
+
+def report_figures(df) -> list:  # of plotly Figures
+    """The figures ``df`` supports: context_bars and context_lines when there are context rows,
+    concurrency_lines (faceted by hostname when there are several) and timeline when there are
+    concurrency rows; the roofline when the rows carry their bounds (:func:`lablib.studies.roofline.add_bound_columns`)."""
+    figs = []
+    if len(sweep_rows(df, "context")):
+        figs += [plots.context_bars(df), plots.context_lines(df)]
+    conc = sweep_rows(df, "concurrency")
+    if len(conc):
+        facet = "hostname" if "hostname" in conc.columns and conc["hostname"].nunique() > 1 else None
+        figs.append(plots.concurrency_lines(df, facet_by=facet))
+        figs.append(plots.timeline(df))
+    if "decode_intensity" in df.columns and len(sweep_rows(df, "context")):  # lablib.studies.roofline.add_bound_columns
+        figs.append(roofline_figure(sweep_rows(df, "context")))
+    return figs
+
+
+def report_html(df, path, title: str = "Inference Engine Lab results") -> Path:
+    """Write every figure the data supports (see :func:`report_figures`) and a table of the manifest
+    basics into ONE self-contained HTML file (plotly.js embedded once); returns the path.
+
+    Needs: the columns of the figures it draws; the manifest fields when present."""
+    d = ok_rows(df)
+    if len(d) == 0:
+        raise LabError("report_html: no rows to report; run a sweep or load a results file first")
+    d, bounds = bounds_for_report(d)  # "% of the machine's bound" columns and table, when they can be computed
+    figs = report_figures(d)
+    if not figs:
+        raise LabError("report_html: no context or concurrency rows in the data (column 'sweep')")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = manifest_table(d).to_html(index=False, border=0, classes="manifest", na_rep="–")
+    parts = [
+        "<!DOCTYPE html>",
+        "<html><head><meta charset='utf-8'>",
+        f"<title>{html.escape(title)}</title>",
+        "<style>body{font-family:system-ui,sans-serif;margin:2em;color:#222}"
+        "table.manifest{border-collapse:collapse;font-size:13px}"
+        "table.manifest td,table.manifest th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:left}"
+        "</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p>{len(d)} measured requests; models: {html.escape(', '.join(map(str, d.get('model', ['?']).unique())))}."
+        "</p><h2>Run manifest</h2>",
+        table,
+    ]
+    if bounds is not None:
+        parts += [
+            "<h2>Measured against the machine's bound (roofline)</h2>",
+            bounds.to_html(index=False, border=0, classes="manifest", float_format=lambda v: f"{v:,.1f}"),
+        ]
+    for i, fig in enumerate(figs):
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
+    parts.append("</body></html>")
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path
