@@ -1,6 +1,6 @@
-"""The lab's settings in one place: its folders, quick mode, threads, and the quick/full budgets.
+"""The lab's settings in one place: its folders, quick mode and the quick/full budgets.
 
-Environment variables (all optional):
+Environment variables (all optional; ``LABLIB_THREADS`` is read by :mod:`lablib.machine.threads`):
 
 - ``LABLIB_HOME``: derived models and caches (default ``~/.cache/lablib``)
 - ``LABLIB_DATA``: the project's ``data/`` folder (default: the one beside ``lablib/``)
@@ -61,7 +61,43 @@ BUDGETS = {
         "concurrency": ((1, 2), (1, 2, 4, 8)),
         "requests_per_client": (2, 2),
     },
+    # lab 05 (lablib.studies.serving): requests per rate, Poisson rates (requests/s), goodput targets (s)
+    "serving": {
+        "prompt_tokens": (32, 64),
+        "max_new_tokens": (8, 16),
+        "reps": (2, 5),
+        "requests": (4, 12),
+        "rates": ([0.5, 4.0], [0.25, 0.5, 1.0, 2.0, 4.0]),
+        "ttft_s": (1.0, 2.0),
+        "tpot_s": (0.1, 0.1),
+    },
+    # lab 06 (lablib.studies.ladder): the quantization types, the perplexity text (n_ctx tokens x
+    # n_chunks) and the speed request of each rung
+    "ladder": {
+        "types": (
+            ("Q8_0", "Q5_0", "Q4_K_M", "Q4_0", "Q2_K"),
+            ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_1", "Q5_0", "Q4_K_M", "Q4_1", "Q4_0", "IQ4_NL", "Q3_K_M", "Q2_K"),
+        ),
+        "n_ctx": (128, 512),
+        "n_chunks": (2, 4),
+        "prompt_tokens": (32, 256),
+        "max_new_tokens": (8, 64),
+        "reps": (1, 3),
+    },
+    # lab 07 (lablib.machine.ceilings.measure_machine): repetitions of each micro-benchmark, matmul size n
+    # (about 1 s quick, 10 s full on two cores)
+    "machine": {"reps": (3, 5), "matmul_n": (1024, 2048)},
+    # `lablib roofline`: the run measured now for an engine without rows from this machine and model
+    "roofline": {"prompt_tokens": (64, 64), "max_new_tokens": (32, 32), "reps": (3, 3)},
 }
+
+
+def budgets(kind: str, quick: bool | None = None) -> dict:
+    """Every setting of ``kind`` from :data:`BUDGETS` for quick or full mode, as {setting: value}.
+    Raises LabError for an unknown kind."""
+    if kind not in BUDGETS:
+        raise LabError(f"unknown budget kind {kind!r}: expected one of {', '.join(BUDGETS)}")
+    return {setting: budget(kind, setting, quick) for setting in BUDGETS[kind]}
 
 
 def budget(kind: str, setting: str, quick: bool | None = None):

@@ -52,8 +52,9 @@ def roofline_report(results=None, engines="transformers,llama.cpp,mlx", model=No
     decode_bound_tps, fraction_of_bound, prefill_tps, prefill_bound_tps, prompt_tokens, rows, source}}}.
 
     ``results``: results files (None: those under results/ and labs/results/; [] : none); an engine
-    without rows from this machine and model is measured now (one warm-up, 3 requests of 64 prompt
-    tokens and 32 output tokens)."""
+    without rows from this machine and model is measured now (one warm-up, then the requests of
+    :data:`lablib.config.BUDGETS` ``"roofline"``: 3 of 64 prompt and 32 output tokens)."""
+    from lablib.config import budget
     from lablib.machine.ceilings import measure_machine
     from lablib.model.resolve import prepare
     from lablib.studies.roofline import add_bound_columns
@@ -73,8 +74,9 @@ def roofline_report(results=None, engines="transformers,llama.cpp,mlx", model=No
     frames = [rows.assign(source="results: " + rows["source_file"].astype(str))] if len(rows) else []
     todo = [e for e in names if not len(rows) or e not in set(rows["engine"])]
     if todo:
-        fresh = side_by_side(rm, engines=todo, ids=prompt_of_length(rm, 64), max_new_tokens=32, reps=3, progress=False)
-        frames.append(fresh.assign(source="measured now (64 prompt + 32 output tokens, 3 requests)"))
+        n, new, reps = (budget("roofline", k) for k in ("prompt_tokens", "max_new_tokens", "reps"))
+        fresh = side_by_side(rm, engines=todo, ids=prompt_of_length(rm, n), max_new_tokens=new, reps=reps, progress=False)
+        frames.append(fresh.assign(source=f"measured now ({n} prompt + {new} output tokens, {reps} requests)"))
     df = add_bound_columns(pd.concat(frames, ignore_index=True), rm, machine_name=None)
     engines_out = {}
     for e, g in df.groupby("engine", sort=False):

@@ -228,7 +228,7 @@ def measure_machine(refresh: bool = False, quick: bool | None = None) -> dict:
         if cached:
             return cached
     quick = quick_mode() if quick is None else quick
-    reps, n = (3, 1024) if quick else (5, 2048)
+    reps, n = budget("machine", "reps", quick), budget("machine", "matmul_n", quick)
     bw = {k: stream_bandwidth(k, reps=reps) for k in STREAM_KERNELS}
     mm = {"float32": matmul_flops("float32", n=n, reps=reps)}
     for dtype in ("bfloat16", "int8"):

@@ -21,6 +21,7 @@ import statistics
 import time
 from pathlib import Path
 
+from lablib.config import budget
 from lablib.errors import LabError
 
 REFERENCE_LABEL = "dequantized Q4_1 (F32 GGUF)"  # the default model's
@@ -53,21 +54,13 @@ def gguf_engine() -> str:
     return found[0]
 
 
-def quick() -> bool:
-    from lablib.config import quick_mode
+def settings(quick: bool | None = None, **override) -> dict:
+    """Measurement sizes (:data:`lablib.config.BUDGETS` ``"ladder"``): ``n_ctx`` and ``n_chunks`` of the
+    perplexity text, speed request sizes (``prompt_tokens``, ``max_new_tokens``, ``reps``);
+    ``override`` replaces any of them."""
+    from lablib.config import budgets
 
-    return quick_mode()
-
-
-def settings(quick_mode: bool | None = None, **override) -> dict:
-    """Measurement sizes: ``n_ctx`` and ``n_chunks`` of the perplexity text, speed request sizes
-    (``prompt_tokens``, ``max_new_tokens``, ``reps``); ``override`` replaces any of them."""
-    q = quick() if quick_mode is None else quick_mode
-    base = (
-        {"n_ctx": 128, "n_chunks": 2, "prompt_tokens": 32, "max_new_tokens": 8, "reps": 1}
-        if q
-        else {"n_ctx": 512, "n_chunks": 4, "prompt_tokens": 256, "max_new_tokens": 64, "reps": 3}
-    )
+    base = {k: v for k, v in budgets("ladder", quick).items() if k != "types"}
     return {**base, **{k: int(v) for k, v in override.items() if v is not None}}
 
 
@@ -209,7 +202,7 @@ def run_ladder(
     from lablib.studies import quant
     from lablib.results.store import ResultsWriter
 
-    types = quant.parse_types(types if types is not None else (quant.QUICK_LADDER if quick() else quant.LADDER))
+    types = quant.parse_types(types if types is not None else budget("ladder", "types"))
     writer = ResultsWriter(out) if out else None
     lad = Ladder(model, n_ctx=n_ctx, n_chunks=n_chunks, home=home, log=log, **sizes)
     rows = []

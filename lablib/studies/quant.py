@@ -25,11 +25,11 @@ import json
 import os
 from pathlib import Path
 
+from lablib.config import BUDGETS
 from lablib.errors import FormatError, LabError
 
 # ladder rungs: llama.cpp ftype names (llama_cpp.LLAMA_FTYPE_MOSTLY_<name>; F32 is LLAMA_FTYPE_ALL_F32)
-LADDER = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_1", "Q5_0", "Q4_K_M", "Q4_1", "Q4_0", "IQ4_NL", "Q3_K_M", "Q2_K")
-QUICK_LADDER = ("Q8_0", "Q5_0", "Q4_K_M", "Q4_0", "Q2_K")
+QUICK_LADDER, LADDER = BUDGETS["ladder"]["types"]  # the quick and the full ladder (lablib.config.BUDGETS)
 REFERENCE_TYPES = ("F32", "F16", "BF16")  # what write_reference writes (gguf package only)
 # types that need an importance matrix (llama-imatrix, a tool the wheel does not ship)
 NEEDS_IMATRIX = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS")

@@ -13,19 +13,10 @@ TWIN = {"llama-cpp-python": "llama.cpp", "llama-server": "llama.cpp", "mlx": "ml
 
 
 def quick_defaults(quick: bool | None = None) -> dict:
-    """Sizes for the lab: small in quick mode (LABLIB_QUICK=1)."""
-    from lablib.config import quick_mode
+    """Sizes for the lab (:data:`lablib.config.BUDGETS` ``"serving"``): small in quick mode (LABLIB_QUICK=1)."""
+    from lablib.config import budgets
 
-    quick = quick_mode() if quick is None else quick
-    return dict(
-        prompt_tokens=32 if quick else 64,
-        max_new_tokens=8 if quick else 16,
-        reps=2 if quick else 5,
-        requests=4 if quick else 12,
-        rates=[0.5, 4.0] if quick else [0.25, 0.5, 1.0, 2.0, 4.0],
-        ttft_s=1.0 if quick else 2.0,
-        tpot_s=0.1,
-    )
+    return budgets("serving", quick)
 
 
 def in_process_vs_server(model, server, prompt_tokens: int = 32, max_new_tokens: int = 8, reps: int = 2):
