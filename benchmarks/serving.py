@@ -33,7 +33,7 @@ from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
 from lablib.measure.load import run_load, summarize
 from lablib.engines.servers import start_server
-from lablib.cli.serve import summary_line
+from lablib.ui.text import summary_line
 from lablib.measure.workload import prompt_of_length
 
 TWIN = {"llama-cpp-python": "llama.cpp", "mlx": "mlx", "llama-server": "llama.cpp"}

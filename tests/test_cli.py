@@ -106,6 +106,7 @@ def test_doctor_passes_when_only_an_optional_engine_is_not_installed(monkeypatch
     """An engine outside the default set whose package is absent is listed, not a failure; a
     default engine that is absent fails."""
     from lablib import cli
+    from lablib.cli import doctor
     from lablib.engines import NAMES
 
     def checks(absent):
@@ -116,10 +117,10 @@ def test_doctor_passes_when_only_an_optional_engine_is_not_installed(monkeypatch
             for n in (*NAMES, "onnxruntime-genai")
         ]
 
-    monkeypatch.setattr(cli, "check_engines", checks("onnxruntime-genai"))
+    monkeypatch.setattr(doctor, "check_engines", checks("onnxruntime-genai"))
     assert cli.main(["doctor"]) == 0
     assert "onnxruntime-genai not installed (optional): not installed (no module 'x')" in capsys.readouterr().out
-    monkeypatch.setattr(cli, "check_engines", checks("llama.cpp"))
+    monkeypatch.setattr(doctor, "check_engines", checks("llama.cpp"))
     assert cli.main(["doctor"]) == 1
     import re
 

@@ -150,6 +150,7 @@ def test_sampling_is_refused_before_the_engine_loads(monkeypatch, capsys):
     """`lablib run --engine ov --temperature 0.7` says greedy-only before preparing or loading
     anything (loading the pipeline, and on first use writing the F16 reference, takes seconds)."""
     from lablib import cli
+    from lablib.cli import run
 
     cls = ENGINES["openvino"]
     with pytest.raises(LabError, match="greedy decoding only"):
@@ -159,8 +160,8 @@ def test_sampling_is_refused_before_the_engine_loads(monkeypatch, capsys):
     def not_reached(*a, **kw):
         raise AssertionError("the engine was loaded before the sampling settings were checked")
 
-    monkeypatch.setattr(cli, "load_engine", not_reached)
-    monkeypatch.setattr(cli, "prepare", not_reached)
+    monkeypatch.setattr(run, "load_engine", not_reached)
+    monkeypatch.setattr(run, "prepare", not_reached)
     assert cli.main(["run", "--engine", "ov", "--max-new-tokens", "2", "--temperature", "0.7"]) == 2
     err = capsys.readouterr().err
     assert "engine openvino runs greedy decoding only" in err and "--temperature 0" in err

@@ -12,42 +12,25 @@ from __future__ import annotations
 
 import json
 
-
-def prefix_report(
-    engines=None, shared_tokens=None, questions=None, reps=None, max_new_tokens=None, turns=0, model=None, out=None
-) -> dict:
-    """{"shared": [one dict per engine, shared_tokens and reuse: medians of ttft_s, prefill_s, prompt,
-    cached and evaluated tokens, n, speedup], "memory": [per engine and length: kept_bytes,
-    formula_bytes...], "chat": [per engine, turn and reuse, as "shared"] (with ``turns``)}."""
-    from lablib.studies import prefix
-    from lablib.results import tables
-    from lablib.engines import NAMES
-    from lablib.model.resolve import prepare
-
-    rm = prepare(model, log=lambda *_: None)
-    names = engines or NAMES
-    df = prefix.shared_prefix(
-        rm,
-        engines=names,
-        shared_tokens=shared_tokens,
-        questions=questions,
-        reps=reps,
-        max_new_tokens=max_new_tokens,
-        out=out,
-        progress=False,
-    )
-    report = {
-        "shared": tables.prefix_medians(df).to_dict("records"),
-        "memory": prefix.memory_table(df, rm).to_dict("records"),
-    }
-    if turns:
-        ch = prefix.chat(rm, engines=names, turns=turns, out=out, progress=False)
-        report["chat"] = tables.prefix_medians(ch, "prefix_chat").to_dict("records")
-    return report
+HELP = "prefix caching: TTFT with and without reuse of a shared system prompt's KV cache (lab 08)"
 
 
-def cmd_prefix(ns) -> int:
-    rep = prefix_report(
+def add_arguments(p) -> None:
+    p.add_argument("--engines", default=None, help="comma-separated (default: the lab's three in-process engines)")
+    p.add_argument("--shared-tokens", default=None, help="system prompt lengths, e.g. 64,256 (default: the budget)")
+    p.add_argument("--questions", type=int, default=None, help="different questions after the system prompt")
+    p.add_argument("--reps", type=int, default=None, help="repetitions of each question")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="output tokens per request")
+    p.add_argument("--turns", type=int, default=0, help="also a chat of this many turns, previous turns reused or not")
+    p.add_argument("--model", default=None)
+    p.add_argument("--out", default=None, help="results file, .jsonl or .parquet (rows appended as they finish)")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+
+
+def run(ns) -> int:
+    from lablib.studies.prefix import report
+
+    rep = report(
         engines=ns.engines,
         shared_tokens=ns.shared_tokens,
         questions=ns.questions,
@@ -79,19 +62,3 @@ def cmd_prefix(ns) -> int:
     if ns.out:
         print(f"rows appended to {ns.out}")
     return 0
-
-
-def add_parsers(sub) -> None:
-    p = sub.add_parser(
-        "prefix", help="prefix caching: TTFT with and without reuse of a shared system prompt's KV cache (lab 08)"
-    )
-    p.add_argument("--engines", default=None, help="comma-separated (default: the lab's three in-process engines)")
-    p.add_argument("--shared-tokens", default=None, help="system prompt lengths, e.g. 64,256 (default: the budget)")
-    p.add_argument("--questions", type=int, default=None, help="different questions after the system prompt")
-    p.add_argument("--reps", type=int, default=None, help="repetitions of each question")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="output tokens per request")
-    p.add_argument("--turns", type=int, default=0, help="also a chat of this many turns, previous turns reused or not")
-    p.add_argument("--model", default=None)
-    p.add_argument("--out", default=None, help="results file, .jsonl or .parquet (rows appended as they finish)")
-    p.add_argument("--json", action="store_true", help="one JSON object")
-    p.set_defaults(func=cmd_prefix)

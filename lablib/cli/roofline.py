@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from lablib.errors import LabError
@@ -56,10 +57,10 @@ def roofline_report(results=None, engines="transformers,llama.cpp,mlx", model=No
     :data:`lablib.config.BUDGETS` ``"roofline"``: 3 of 64 prompt and 32 output tokens)."""
     from lablib.config import budget
     from lablib.machine.ceilings import measure_machine
-    from lablib.model.resolve import prepare
-    from lablib.studies.roofline import add_bound_columns
     from lablib.measure.sweep import engine_names, side_by_side
     from lablib.measure.workload import prompt_of_length
+    from lablib.model.resolve import prepare
+    from lablib.studies.roofline import add_bound_columns
 
     names = engine_names(engines)
     m = measure_machine(refresh=refresh)
@@ -75,7 +76,9 @@ def roofline_report(results=None, engines="transformers,llama.cpp,mlx", model=No
     todo = [e for e in names if not len(rows) or e not in set(rows["engine"])]
     if todo:
         n, new, reps = (budget("roofline", k) for k in ("prompt_tokens", "max_new_tokens", "reps"))
-        fresh = side_by_side(rm, engines=todo, ids=prompt_of_length(rm, n), max_new_tokens=new, reps=reps, progress=False)
+        fresh = side_by_side(
+            rm, engines=todo, ids=prompt_of_length(rm, n), max_new_tokens=new, reps=reps, progress=False
+        )
         frames.append(fresh.assign(source=f"measured now ({n} prompt + {new} output tokens, {reps} requests)"))
     df = add_bound_columns(pd.concat(frames, ignore_index=True), rm, machine_name=None)
     engines_out = {}
@@ -106,3 +109,38 @@ def roofline_report(results=None, engines="transformers,llama.cpp,mlx", model=No
         },
         "engines": engines_out,
     }
+
+
+HELP = "this machine's bandwidth and FLOP/s, each engine's decode against its bound"
+
+
+def add_arguments(p) -> None:
+    p.add_argument(
+        "--results",
+        nargs="*",
+        default=None,
+        help="results files (default: results/ and labs/results/ here; none: a quick measurement)",
+    )
+    p.add_argument("--engines", default="transformers,llama.cpp,mlx")
+    p.add_argument("--model", default=None)
+    p.add_argument("--refresh", action="store_true", help="measure the machine again (else the cached measurement)")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+
+
+def run(ns) -> int:
+    out = roofline_report(results=ns.results, engines=ns.engines, model=ns.model, refresh=ns.refresh)
+    if ns.json:
+        print(json.dumps(out, default=str))
+        return 0
+    m = out["machine"]
+    rates = ", ".join(f"{k} {v:.0f} G/s" for k, v in m["gflops"].items())
+    print(
+        f"{m['cpu_model']}, {m['threads']} threads: bandwidth {m['bandwidth_gbps']:.1f} GB/s (read; STREAM copy "
+        f"{m['copy_gbps']:.1f}, triad {m['triad_gbps']:.1f}), matmul {rates}"
+    )
+    for e, r in out["engines"].items():
+        print(
+            f"  {e:<13} decode {r['decode_tps']:.1f} tok/s of a {r['decode_bound_tps']:.1f} tok/s bound "
+            f"({100 * r['fraction_of_bound']:.0f} %), prompt {r['prompt_tokens']} tokens; {r['source']}"
+        )
+    return 0

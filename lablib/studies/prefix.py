@@ -22,12 +22,12 @@ from __future__ import annotations
 from lablib.config import budget
 from lablib.engines import NAMES, engine_class, load_engine
 from lablib.engines.base import GenerationConfig
-from lablib.errors import LabError
 from lablib.engines.memory import kv_cache_bytes
-from lablib.model.resolve import resolve
-from lablib.results.store import ResultsWriter, trace_row
+from lablib.errors import LabError
 from lablib.measure.sweep import budgeted_int, check_plan, engine_manifest, engine_names, positive_ints
 from lablib.measure.workload import chat_ids, lab_tokenizer, prompt_of_length
+from lablib.model.resolve import resolve
+from lablib.results.store import ResultsWriter, trace_row
 
 # the unique part of each request: a question in the chat template (lab 08's default questions)
 QUESTIONS = (
@@ -269,3 +269,35 @@ def memory_table(df, model=None):
             }
         )
     return pd.DataFrame(out)
+
+
+def report(
+    engines=None, shared_tokens=None, questions=None, reps=None, max_new_tokens=None, turns=0, model=None, out=None
+) -> dict:
+    """{"shared": [one dict per engine, shared_tokens and reuse: medians of ttft_s, prefill_s, prompt,
+    cached and evaluated tokens, n, speedup], "memory": [per engine and length: kept_bytes,
+    formula_bytes...], "chat": [per engine, turn and reuse, as "shared"] (with ``turns``)}."""
+    from lablib.engines import NAMES
+    from lablib.model.resolve import prepare
+    from lablib.results import tables
+
+    rm = prepare(model, log=lambda *_: None)
+    names = engines or NAMES
+    df = shared_prefix(
+        rm,
+        engines=names,
+        shared_tokens=shared_tokens,
+        questions=questions,
+        reps=reps,
+        max_new_tokens=max_new_tokens,
+        out=out,
+        progress=False,
+    )
+    report = {
+        "shared": tables.prefix_medians(df).to_dict("records"),
+        "memory": memory_table(df, rm).to_dict("records"),
+    }
+    if turns:
+        ch = chat(rm, engines=names, turns=turns, out=out, progress=False)
+        report["chat"] = tables.prefix_medians(ch, "prefix_chat").to_dict("records")
+    return report

@@ -205,7 +205,7 @@ class ServingPanel:
     def run_sync(self) -> str:
         from lablib.engines import load_engine
         from lablib.measure.load import run_load, summarize
-        from lablib.cli.serve import summary_line
+        from lablib.ui.text import summary_line
         from lablib.measure.workload import prompt_of_length
 
         if not self.base_url.value.strip():

@@ -1,0 +1,17 @@
+"""Help-text helpers shared by the command modules."""
+
+from __future__ import annotations
+
+from lablib.config import budget
+
+
+def csv(values) -> str:
+    """Values as one comma-separated string ("64,256")."""
+    return ",".join(str(v) for v in values)
+
+
+def quick_full(kind: str, setting: str) -> str:
+    """A default of lablib.config.BUDGETS as help text: "FULL (QUICK in quick mode)"."""
+    full, quick = (budget(kind, setting, q) for q in (False, True))
+    full, quick = (csv(v) if isinstance(v, tuple) else str(v) for v in (full, quick))
+    return full if full == quick else f"{full} ({quick} in quick mode)"

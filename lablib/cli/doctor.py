@@ -1,0 +1,60 @@
+"""`lablib doctor`: is each engine usable here, and why not (exit 0: every default engine usable)."""
+
+from __future__ import annotations
+
+from lablib._version import __version__
+from lablib.engines import NAMES
+from lablib.engines.doctor import check_engines
+from lablib.errors import LabError
+from lablib.machine.identity import describe as describe_devices, found as found_devices, hardware_info, load_average
+from lablib.machine.limits import available_ram_bytes
+from lablib.machine.threads import cpus_busy, default_threads
+from lablib.model.resolve import prepare
+
+BUSY_CPUS = 0.3  # doctor warns when other processes keep at least this many CPUs busy
+HELP = "is each engine usable here, and why not (exit 0: all usable)"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default=None)
+
+
+def run(ns) -> int:
+    hw = hardware_info()
+    print(f"lablib {__version__}, Python {hw['python']}, {hw['os']} {hw['machine']}")
+    print(
+        f"CPU: {hw['cpu_model']}, {hw['cores_physical']} cores, RAM {hw['ram_bytes'] / 2**30:.1f} GiB, "
+        f"accelerator: {hw['accelerator'] or 'none'}"
+    )
+    print(f"devices the engines can compute on: {describe_devices(found_devices())}")
+    if hw["cpu_quota"] or hw["memory_limit_bytes"]:
+        limit = hw["memory_limit_bytes"]
+        print(
+            f"container caps: CPU {hw['cpu_quota'] or 'no cap'}"
+            f"{' CPUs' if hw['cpu_quota'] else ''}, memory "
+            f"{f'{limit / 2**30:.1f} GiB' if limit else 'no cap'}"
+        )
+    print(f"engines will use {default_threads()} threads; {available_ram_bytes() / 2**30:.1f} GiB free for them")
+    busy = cpus_busy()
+    if busy >= BUSY_CPUS:
+        print(
+            f"WARNING: the machine is busy: other processes keep {busy:.1f} of {hw['cores_logical']} CPUs busy "
+            f"(load average {load_average()}). Timings will be slower and noisier than on a quiet machine; "
+            "close what runs (a browser tab, a build) or measure with fewer threads (LABLIB_THREADS=1)"
+        )
+    try:
+        rm = prepare(ns.model, log=lambda *_: None)
+        print(f"model: {rm.name} ({rm.source_format}, {rm.quantization}, {rm.parameters / 1e6:.0f}M parameters)")
+    except LabError as e:
+        print(f"model: NOT READY: {e}")
+        return 1
+    ok = True
+    checks = check_engines(ns.model)
+    width = max((len(r["engine"]) for r in checks), default=13)
+    for r in checks:
+        # an optional engine (outside the default set) whose package is not installed is not a fault
+        optional_absent = r["engine"] not in NAMES and r["detail"].startswith("not installed")
+        ok &= r["usable"] or optional_absent
+        state = "usable" if r["usable"] else "not installed (optional)" if optional_absent else "NOT USABLE"
+        print(f"  {r['engine']:<{width}} {state}: {r['detail']}")
+    return 0 if ok else 1

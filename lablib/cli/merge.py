@@ -1,0 +1,19 @@
+"""`lablib merge FILE... --out ALL`: results files of several machines combined into one."""
+
+from __future__ import annotations
+
+from lablib.results.store import merge_results
+
+HELP = "combine results files (several machines) into one"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("files", nargs="+")
+    p.add_argument("--out", required=True, help=".jsonl or .parquet")
+
+
+def run(ns) -> int:
+    df = merge_results(ns.files, ns.out)
+    hosts = sorted(df["hostname"].dropna().unique()) if "hostname" in df else []
+    print(f"{len(df)} rows from {len(ns.files)} file(s), {len(hosts)} machine(s) {hosts} -> {ns.out}")
+    return 0

@@ -1,0 +1,89 @@
+"""`lablib sweep context|concurrency ...`: a sweep, rows appended to --out, a table printed."""
+
+from __future__ import annotations
+
+from lablib.cli.common import csv, quick_full
+from lablib.config import budget
+from lablib.engines import NAMES
+from lablib.errors import LabError
+from lablib.measure import sweep
+from lablib.measure.closed_loop import MODES
+from lablib.results.schema import METRICS
+from lablib.results.store import _suffix
+from lablib.results.tables import run_table
+
+HELP = "sweep context length or concurrency; rows appended to --out"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("kind", choices=["context", "concurrency"])
+    p.add_argument("--engines", default=",".join(NAMES))
+    p.add_argument("--model", default=None)
+    p.add_argument(
+        "--prompt-tokens",
+        default=None,
+        help="context: lengths such as 64,256,1024, default log-spaced to the trained context "
+        f"({csv(budget('context', 'prompt_tokens', True))} in quick mode); concurrency: one length, "
+        f"default {quick_full('concurrency', 'prompt_tokens')}",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help=f"output tokens per request; default: context {quick_full('context', 'max_new_tokens')}, "
+        f"concurrency {quick_full('concurrency', 'max_new_tokens')}",
+    )
+    p.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help=f"context: repetitions per length, default {quick_full('context', 'reps')}",
+    )
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument(
+        "--concurrency",
+        default=None,
+        help=f"concurrency: client counts, default {quick_full('concurrency', 'concurrency')}",
+    )
+    p.add_argument("--mode", default=",".join(MODES), help="concurrency: serial, batched, or serial,batched (default)")
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help=f"concurrency: requests per level (default {budget('concurrency', 'requests_per_client')} x C)",
+    )
+    p.add_argument(
+        "--weights",
+        default=None,
+        help="weight choices per engine, e.g. openvino=source,onnxruntime-genai=int4 (default: each engine's own)",
+    )
+    p.add_argument("--out", required=True, help="results file, .jsonl or .parquet (appended)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(ns) -> int:
+    _suffix(ns.out)  # refuse a bad file name before any work
+    common = dict(
+        model=ns.model,
+        engines=ns.engines,
+        max_new_tokens=ns.max_new_tokens,
+        warmup=ns.warmup,
+        out=ns.out,
+        progress=not ns.quiet,
+        weights=ns.weights,
+    )
+    if ns.kind == "context":
+        df = sweep.context_sweep(prompt_tokens=ns.prompt_tokens, reps=ns.reps, **common)
+        cols = ["engine", "prompt_tokens", "repetition", *(m for m in METRICS if m != "queue_s")]
+        table = df[cols] if len(df) else df
+    else:
+        n_prompt = sweep.positive_ints(ns.prompt_tokens, "prompt_tokens") if ns.prompt_tokens else [None]
+        if len(n_prompt) != 1:
+            raise LabError(f"--prompt-tokens {ns.prompt_tokens}: a concurrency sweep takes one prompt length")
+        df = sweep.concurrency_sweep(
+            concurrency=ns.concurrency, modes=ns.mode, requests=ns.requests, prompt_tokens=n_prompt[0], **common
+        )
+        table = run_table(df) if len(df) else df
+    print(table.to_string(index=False) if len(table) else "no rows")
+    print(f"{len(df)} rows appended to {ns.out}")
+    return 0
