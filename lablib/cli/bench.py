@@ -50,7 +50,7 @@ def run(ns) -> int:
     from lablib.engines import load_engine
     from lablib.engines.base import GenerationConfig
     from lablib.measure.load import parse_rates, run_load, summarize
-    from lablib.measure.workload import prompt_of_length
+    from lablib.measure.workload import distinct_prompts
     from lablib.model.resolve import prepare
     from lablib.results.store import ResultsWriter, _suffix
     from lablib.ui.text import summary_line
@@ -66,10 +66,7 @@ def run(ns) -> int:
     rm = prepare(ns.lab_model, log=lambda m: print(m, file=sys.stderr))
     cfg = GenerationConfig(max_new_tokens=ns.max_new_tokens, ignore_eos=not ns.until_eos)
     # distinct prompts: no request reuses another's prefix (a server's prefix cache stays cold)
-    prompts = [
-        prompt_of_length(rm, ns.prompt_tokens, offset=i * (ns.prompt_tokens + 17))
-        for i in range(ns.warmup + ns.requests)
-    ]
+    prompts = distinct_prompts(rm, ns.prompt_tokens, ns.warmup + ns.requests)
     writer = ResultsWriter(ns.out)  # a bad --out is refused before any request
     engine = load_engine(
         "http",

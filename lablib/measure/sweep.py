@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import uuid
 
-from lablib.measure.closed_loop import MODES, run_closed_loop
 from lablib.config import budget
 from lablib.engines import NAMES, canonical, engine_class, load_engine
 from lablib.engines.base import GenerationConfig
-from lablib.errors import ContextOverflowError, LabError
 from lablib.engines.memory import check_fits
+from lablib.errors import ContextOverflowError, LabError
+from lablib.measure.closed_loop import MODES, run_closed_loop
+from lablib.measure.workload import DEFAULT_MESSAGES, chat_ids, distinct_prompts, lab_tokenizer, prompt_of_length
 from lablib.model.resolve import resolve
 from lablib.results.store import ResultsWriter, run_manifest, trace_row
-from lablib.measure.workload import DEFAULT_MESSAGES, chat_ids, lab_tokenizer, prompt_of_length
 
 
 def engine_manifest(engine, workload: dict | None = None) -> dict:
@@ -437,7 +437,7 @@ def concurrency_sweep(
                             cfg,
                         )
                     for c, r in plan:
-                        prompts = [prompt_of_length(rm, n_prompt, corpus=corpus, offset=i * n_prompt) for i in range(r)]
+                        prompts = distinct_prompts(rm, n_prompt, r, corpus=corpus)
                         workload = {
                             "sweep": "concurrency",
                             "mode": mode,

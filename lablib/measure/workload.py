@@ -79,6 +79,16 @@ def prompt_of_length(model, n: int, corpus: str = "prose", offset: int = 0) -> l
     return out
 
 
+DISTINCT_GAP = 17  # tokens skipped between two prompts, so that no prompt starts where the last one ended
+
+
+def distinct_prompts(model, n: int, count: int, start: int = 0, corpus: str = "prose") -> list[list[int]]:
+    """``count`` prompts of exactly ``n`` token ids each, cut from the corpus at different offsets
+    (``start``, then every ``n`` + :data:`DISTINCT_GAP` tokens): no two share a prefix, so no measured
+    request can reuse another's KV cache (DESIGN.md's rule). Raises LabError for n < 1."""
+    return [prompt_of_length(model, n, corpus=corpus, offset=start + i * (n + DISTINCT_GAP)) for i in range(count)]
+
+
 def chat_ids(model, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
     """Chat messages rendered by the model's own (Hugging Face) chat template, as token ids."""
     tok = lab_tokenizer(model)

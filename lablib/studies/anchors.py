@@ -20,9 +20,9 @@ import json
 import statistics
 import subprocess
 
-from lablib.engines.base import GenerationConfig
 from lablib.build.llama import llama_tool
-from lablib.measure.workload import prompt_of_length
+from lablib.engines.base import GenerationConfig
+from lablib.measure.workload import distinct_prompts, prompt_of_length
 
 SINGLE = {"tg128@d0": (0, 128), "tg128@d512": (512, 128), "pp512": (512, 0)}  # test: (context, new tokens)
 
@@ -108,12 +108,12 @@ def batched_bench(
 def lab_batched(model, b: int, pp: int, tg: int, threads: int | None = None, n_batch: int = 512) -> float:
     """The lab's batched decode for B = ``b`` sequences (B / median TPOT of a closed loop with B
     clients and B requests on llama.cpp)."""
-    from lablib.measure.closed_loop import run_closed_loop
     from lablib.engines import load_engine
+    from lablib.measure.closed_loop import run_closed_loop
 
     engine = load_engine("llama.cpp", model, n_ctx=b * (pp + tg) + 16, n_seq_max=b, threads=threads, n_batch=n_batch)
     try:
-        ids = [prompt_of_length(model, pp, offset=pp * i) for i in range(b)]
+        ids = distinct_prompts(model, pp, b)
         traces = run_closed_loop(engine, ids, b, "batched", GenerationConfig(max_new_tokens=tg)).traces
         return b / statistics.median(t.tpot_s for t in traces)
     finally:
