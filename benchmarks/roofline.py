@@ -53,8 +53,10 @@ import pandas as pd
 
 import lablib
 from lablib import machine as hardware
-from lablib.studies import roofline
+from lablib.machine import ceilings
 from lablib.measure import sweep
+from lablib.results import tables
+from lablib.studies import roofline
 
 
 def main() -> None:
@@ -85,7 +87,7 @@ def main() -> None:
         }
     else:
         m = hardware.measure_machine(refresh=not ns.no_refresh, quick=False)
-        mach = roofline.machine("this")
+        mach = ceilings.machine("this")
     bw = m["bandwidth"]
     print(f"machine: {m['cpu_model']}, {m['threads']} threads, measured {m['time']}")
     for k, v in bw.items():
@@ -115,7 +117,7 @@ def main() -> None:
             out=ns.out,
         )
     d = roofline.add_bound_columns(df, model, machine_name=mach)
-    t = roofline.bound_table(d)
+    t = tables.bound_table(d)
     t["prefill_ratio"] = t["prefill_tps"] / t["prefill_bound_tps"]
     t["decode_ratio"] = t["decode_tps"] / t["decode_bound_tps"]
     cols = [
@@ -138,7 +140,7 @@ def main() -> None:
         prof = roofline.engine_profile(model, e, w, c)
         print(
             f"  {e:<17} {str(prof['weights'] or '-'):<8} {roofline.crossover_batch(prof, mach, 256):.1f} sequences "
-            f"({prof['compute_dtype']} roof {roofline.peak_flops(mach, prof['compute_dtype']) / 1e9:.0f} GFLOP/s, "
+            f"({prof['compute_dtype']} roof {ceilings.peak_flops(mach, prof['compute_dtype']) / 1e9:.0f} GFLOP/s, "
             f"{prof['weight_bytes'] / 1e6:.1f} MB of weights)"
         )
     print()

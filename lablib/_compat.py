@@ -96,4 +96,4 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
 def install() -> None:
     """Put the finder on ``sys.meta_path`` once (``import lablib`` calls it)."""
     if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
-        sys.meta_path.append(_AliasFinder())
+        sys.meta_path.insert(0, _AliasFinder())  # before an editable install's finder of an older checkout

@@ -39,6 +39,7 @@ import sys
 import threading
 from concurrent.futures import Future
 
+from lablib.checks import whole
 from lablib.errors import LabError
 
 # argv[1]: the pid of the process that started the child; argv[2:]: the command. Exit codes:
@@ -90,8 +91,8 @@ def tied(cmd: list[str], parent: int | None = None) -> list[str]:
         )
     if parent is None:
         parent = os.getpid()
-    elif isinstance(parent, bool) or not isinstance(parent, int) or parent < 1:
-        raise LabError(f"parent={parent!r}: expected a process id (a positive int), or None for this process")
+    else:
+        parent = whole(parent, "parent", "a process id (a positive int), or None for this process")
     return [sys.executable, "-I", "-S", "-c", GUARD, str(parent), *map(os.fspath, cmd)]
 
 

@@ -6,9 +6,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from lablib.studies import compare as cmp
 from lablib.errors import LabError
 from lablib.measure.workload import prompt_of_length
+from lablib.studies import compare as cmp, logits
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_streamed_statistics_equal_the_whole_array_ones(model, llamas):
     ids = prompt_of_length(model, 300)  # 4 blocks of 64 and one of 44
     check = cmp.check_logits({"a": a, "b": b}, "a", ids)
     got = check.details["stats"]["b"]
-    want = cmp.logit_stats(a.logits(ids), b.logits(ids))
+    want = logits.logit_stats(a.logits(ids), b.logits(ids))
     assert set(got) == set(want) and len(got["kl"]) == 300
     for key in want:
         np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-9, err_msg=key)
@@ -60,7 +60,7 @@ def test_logit_check_memory_does_not_grow_with_positions(model, llamas):
 def test_the_last_position_logits_are_streamed(model, llamas):
     a, _ = llamas
     ids = prompt_of_length(model, 200)
-    np.testing.assert_array_equal(cmp.last_logits(a, ids), a.logits(ids)[-1])
+    np.testing.assert_array_equal(logits.last_logits(a, ids), a.logits(ids)[-1])
 
 
 def test_the_logit_part_of_the_estimate_does_not_grow_with_tokens(model):

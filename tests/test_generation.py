@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from lablib.engines import sampling
-from lablib.studies.compare import last_logits
-from lablib.measure.closed_loop import run_closed_loop
 from lablib.engines.base import GenerationConfig
+from lablib.measure.closed_loop import run_closed_loop
+from lablib.studies.logits import last_logits
 
 CASES = Path(__file__).parent / "data" / "cases"
 COUNTING = [33, 28, 216, 34, 28, 216, 35, 28, 216, 33, 28, 216, 34, 28, 216, 35, 28, 216, 33, 28, 216, 34, 28]

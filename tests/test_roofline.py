@@ -19,8 +19,9 @@ import pandas as pd
 import pytest
 
 from lablib import machine as hardware
-from lablib.studies import roofline
 from lablib.errors import LabError
+from lablib.model import shape
+from lablib.studies import roofline
 
 MATRIX_WEIGHTS = 134_479_872
 PARAMETERS = 134_515_008
@@ -30,7 +31,7 @@ ATTN_PER_POSITION = 69_120
 
 # --- the model's shape, by hand ----------------------------------------------------------------------
 def test_flops_per_token_of_the_real_model_by_hand(model):
-    d = roofline.model_dims(model)
+    d = shape.model_dims(model)
     assert d == {
         "layers": 30,
         "hidden": 576,
@@ -42,17 +43,17 @@ def test_flops_per_token_of_the_real_model_by_hand(model):
         "tied": True,
         "mlp_matrices": 3,
     }
-    assert roofline.matmul_weights(d) == {
+    assert shape.matmul_weights(d) == {
         "attention": 26_542_080,
         "mlp": 79_626_240,
         "lm_head": 28_311_552,
         "total": MATRIX_WEIGHTS,
     }
-    assert roofline.parameters(d) == PARAMETERS == model.parameters  # the GGUF header's count agrees
-    assert roofline.flops_per_token(d, 0) == {"weights": FLOP_PER_TOKEN, "attention": 0, "total": FLOP_PER_TOKEN}
-    assert roofline.flops_per_token(d, 1024)["attention"] == 70_778_880 == ATTN_PER_POSITION * 1024
+    assert shape.parameters(d) == PARAMETERS == model.parameters  # the GGUF header's count agrees
+    assert shape.flops_per_token(d, 0) == {"weights": FLOP_PER_TOKEN, "attention": 0, "total": FLOP_PER_TOKEN}
+    assert shape.flops_per_token(d, 1024)["attention"] == 70_778_880 == ATTN_PER_POSITION * 1024
     # prefill of 64 tokens: the LM head for the last token only, causal attention 64 x 65 / 2 positions
-    p = roofline.prefill_flops(d, 64)
+    p = shape.prefill_flops(d, 64)
     assert p["weights"] == 2 * (MATRIX_WEIGHTS - 28_311_552) * 64 + 2 * 28_311_552 == 13_646_168_064
     assert p["attention"] == ATTN_PER_POSITION * 64 * 65 // 2 == 143_769_600
 
@@ -71,7 +72,7 @@ def test_bytes_per_token_of_the_real_model_by_hand(model):
         assert roofline.weight_bytes_read(model, engine) == 4 * PARAMETERS == 538_060_032
     llama = roofline.engine_profile(model, "llama.cpp")
     assert llama["compute_dtype"] == "int8" and llama["kv_bytes_per_element"] == 2
-    assert roofline.kv_bytes_per_token(llama["dims"], 2) == 23_040
+    assert shape.kv_bytes_per_token(llama["dims"], 2) == 23_040
     # decode at depth 1024: the weights once plus 1024 positions of float16 KV cache
     cost = roofline.decode_cost(llama, 1024)
     assert cost["bytes"] == 96_576_768 + 1024 * 23_040
@@ -94,15 +95,15 @@ def test_formats_and_presets_by_hand():
         32.0,
     ]
     # Llama-3.1-8B: 32 x (2 x 4096^2 + 2 x 4096 x 1024 + 3 x 4096 x 14336 + 2 x 4096) + 2 x 128256 x 4096 + 4096
-    assert roofline.parameters(roofline.model_dims("Llama-3.1-8B")) == 8_030_261_248
-    assert roofline.parameters(roofline.model_dims("SmolLM2-1.7B")) == 1_711_376_384
-    assert roofline.parameters(roofline.model_dims("SmolLM2-135M")) == PARAMETERS
+    assert shape.parameters(shape.model_dims("Llama-3.1-8B")) == 8_030_261_248
+    assert shape.parameters(shape.model_dims("SmolLM2-1.7B")) == 1_711_376_384
+    assert shape.parameters(shape.model_dims("SmolLM2-135M")) == PARAMETERS
     with pytest.raises(LabError, match="Q4_9"):
         roofline.format_bits("Q4_9")
     with pytest.raises(LabError, match="GPT-9"):
-        roofline.model_dims("GPT-9")
+        shape.model_dims("GPT-9")
     with pytest.raises(LabError, match="heads"):
-        roofline.model_dims({"layers": 2, "hidden": 64})
+        shape.model_dims({"layers": 2, "hidden": 64})
     with pytest.raises(LabError, match="fmt="):
         roofline.predict("Llama-3.1-8B", machine_name="H100 SXM")
 
@@ -112,9 +113,9 @@ def test_what_if_on_an_accelerator_by_hand():
     """Llama-3.1-8B in Q4_1 on an H100 SXM (3.35 TB/s, 1979 TOPS int8): decode at depth 1 reads
     7,504,658,432 matrix weights (8,030,261,248 less the untied embedding and the norms) x 5/8 bytes,
     + 65 x 4096 x 4 bytes of float32 norms + one position of KV cache."""
-    d = roofline.model_dims("Llama-3.1-8B")
-    w = roofline.matmul_weights(d)["total"] * 5 / 8 + 65 * 4096 * 4
-    assert roofline.matmul_weights(d)["total"] == 7_504_658_432
+    d = shape.model_dims("Llama-3.1-8B")
+    w = shape.matmul_weights(d)["total"] * 5 / 8 + 65 * 4096 * 4
+    assert shape.matmul_weights(d)["total"] == 7_504_658_432
     r = roofline.predict("Llama-3.1-8B", fmt="Q4_1", prompt_tokens=1, batch=1, machine_name="H100 SXM", kv_bytes=2)
     kv = 2 * 32 * 8 * 128 * 2
     assert r["weight_bytes"] == w
@@ -139,7 +140,7 @@ def test_batch_sweep_crosses_over_at_the_crossover_batch_by_hand(model):
     assert sw["decode_tps_total"].is_monotonic_increasing and sw["intensity"].is_monotonic_increasing
     # past the crossover the total rate is the compute roof: B / (B x F / P)
     last = sw.iloc[-1]
-    f = roofline.flops_per_token(llama["dims"], 256)["total"]
+    f = shape.flops_per_token(llama["dims"], 256)["total"]
     assert last["decode_tps_total"] == pytest.approx(100e9 / f)
     # KV reads that alone exceed the compute time per token: bandwidth-bound at every batch
     assert roofline.crossover_batch(llama, {"bytes_per_s": 1e6, "flop_per_s": {"int8": 1e15}}, context=1000) == math.inf
@@ -180,7 +181,7 @@ def test_measurement_is_cached_per_machine_and_enters_the_manifest(tmp_path, mon
     from lablib.measure.sweep import engine_manifest
 
     path = tmp_path / "hw" / "m.json"
-    monkeypatch.setattr(hardware, "measurement_path", lambda: path)
+    monkeypatch.setattr(hardware.ceilings, "measurement_path", lambda: path)
     assert hardware.cached_measurement() is None and hardware.measured_summary() == {}
     m = hardware.measure_machine(quick=True)
     assert json.loads(path.read_text()) == json.loads(json.dumps(m))
@@ -323,11 +324,11 @@ def test_what_if_is_a_ceiling_over_a_real_llama_cpp_decode(model, llama):
 def test_cli_roofline_json_from_a_results_file(model, llama, tmp_path, monkeypatch, capsys):
     from lablib.cli import main
     from lablib.engines.base import GenerationConfig
-    from lablib.results.store import ResultsWriter
     from lablib.measure.sweep import measure
     from lablib.measure.workload import prompt_of_length
+    from lablib.results.store import ResultsWriter
 
-    monkeypatch.setattr(hardware, "measurement_path", lambda: tmp_path / "m.json")
+    monkeypatch.setattr(hardware.ceilings, "measurement_path", lambda: tmp_path / "m.json")
     hardware.measure_machine(quick=True)
     out = tmp_path / "r.jsonl"
     w = ResultsWriter(out)

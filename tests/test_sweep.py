@@ -5,11 +5,9 @@ import threading
 
 import pytest
 
-from lablib.model import formats
-from lablib.engines import memory
-from lablib.measure import sweep
-from lablib.engines import ENGINES
+from lablib.engines import ENGINES, memory
 from lablib.errors import ContextOverflowError, LabError
+from lablib.measure import sweep
 from lablib.results.store import ResultsWriter, load_results
 
 
@@ -101,14 +99,15 @@ def test_llama_cpp_buffers_are_one_micro_batch_of_logits_plus_the_graph(model):
 def test_model_shape_reads_other_config_spellings(tmp_path, config, shape):
     from lablib.model.formats import trained_context
     from lablib.model.resolve import ResolvedModel
+    from lablib.model.shape import model_shape
 
     (tmp_path / "config.json").write_text(json.dumps(config))
     rm = ResolvedModel(name="m", source=str(tmp_path), source_format="hf", sha256="0", hf_path=str(tmp_path))
-    assert formats.model_shape(rm) == shape
+    assert model_shape(rm) == shape
     assert trained_context(config) == config.get("n_positions", 0)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "mystery"}))
     with pytest.raises(LabError, match=r"cannot tell the model's layers"):
-        formats.model_shape(rm)
+        model_shape(rm)
 
 
 def test_default_prompt_lengths(model, monkeypatch):

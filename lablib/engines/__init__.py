@@ -8,19 +8,19 @@ engine is loaded. A new engine is one module here plus one line in :data:`ENGINE
 from __future__ import annotations
 
 import importlib.util
-import operator
 
-from lablib.errors import EngineUnavailable, LabError
-from lablib.engines.memory import check_fits
-from lablib.model.resolve import resolve
+from lablib.checks import whole
 from lablib.engines.base import Engine
-from lablib.machine.threads import check_threads
 from lablib.engines.hf import TransformersEngine
 from lablib.engines.http import HTTPEngine
 from lablib.engines.llamacpp import LlamaCppEngine
+from lablib.engines.memory import check_fits
 from lablib.engines.mlx import MLXEngine
 from lablib.engines.openvino import OpenVINOEngine
 from lablib.engines.ortgenai import OnnxRuntimeGenAIEngine
+from lablib.errors import EngineUnavailable, LabError
+from lablib.machine.threads import check_threads
+from lablib.model.resolve import resolve
 
 # canonical name -> Engine class, in the lab's order; http: any OpenAI-compatible server
 ENGINES: dict[str, type[Engine]] = {
@@ -81,7 +81,7 @@ def load_engine(name: str, model=None, **kw) -> Engine:
     kw = {k: v for k, v in kw.items() if v is not None}
     for arg in ("n_ctx", "n_batch"):
         if arg in kw:
-            kw[arg] = _positive_int(kw[arg], arg)
+            kw[arg] = whole(kw[arg], arg, "a positive whole number of tokens (or leave it out for the default)")
     if "threads" in kw:
         kw["threads"] = check_threads(kw["threads"])
     kw = {**cls.default_load_kwargs(rm), **kw}
@@ -89,15 +89,3 @@ def load_engine(name: str, model=None, **kw) -> Engine:
         reserved = kw["n_ctx"] if cls.reserves_kv_at_load else 0
         check_fits(rm, [cls], reserved, n_batch=kw.get("n_batch") or 512)
     return cls(rm, **kw)
-
-
-def _positive_int(value, what: str) -> int:
-    try:
-        n = operator.index(value)  # int, numpy integers; not float, str or bool
-    except TypeError:
-        n = None
-    if isinstance(value, bool) or n is None or n < 1:
-        raise LabError(
-            f"{what}={value!r}: expected a positive whole number of tokens (or leave it out for the default)"
-        )
-    return n

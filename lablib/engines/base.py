@@ -27,8 +27,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from lablib.machine.threads import check_threads, default_threads
-from lablib.errors import ContextOverflowError, LabError
+from lablib.checks import whole
+from lablib.errors import ContextOverflowError, EngineUnavailable, LabError
+from lablib.machine.threads import default_threads
 from lablib.results.trace import RequestTrace, now
 
 # The settings :meth:`Engine.effective_config` returns (what lablib.studies.compare holds side by side).
@@ -70,21 +71,13 @@ class GenerationConfig:
     top_k: int = 0
 
     def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise LabError(f"max_new_tokens={self.max_new_tokens}: expected at least 1 token")
+        self.max_new_tokens = whole(self.max_new_tokens, "max_new_tokens", "at least 1 token")
         if self.temperature < 0:
             raise LabError(f"temperature={self.temperature}: expected 0 (greedy) or more")
         if not 0 < self.top_p <= 1:
             raise LabError(f"top_p={self.top_p}: expected a value in (0, 1]")
-        import operator
-
-        try:
-            k = None if isinstance(self.top_k, bool) else operator.index(self.top_k)  # int, numpy integers
-        except TypeError:
-            k = None
-        if k is None or k < 0:
-            raise LabError(f"top_k={self.top_k!r}: expected a whole number of tokens, 0 (off) or more")
-        self.top_k = k
+        self.top_k = whole(self.top_k, "top_k", "a whole number of tokens, 0 (off) or more", lo=0)
+        self.seed = whole(self.seed, "seed", "a whole number, 0 or more", lo=0)
 
     @property
     def greedy(self) -> bool:
@@ -182,6 +175,15 @@ class BatchStats:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     extra: dict = field(default_factory=dict)
+
+    @staticmethod
+    def counters(engine, impl: str, *maxima: str, **start) -> dict:
+        """A batch session's ``stats`` dict at its start: ``engine`` (its name) and ``impl`` (what
+        batches), the shared counters at 0 (``steps``, ``max_sequences_per_step``, ``prompt_tokens``,
+        ``generated_tokens``), then the engine's own: each name of ``maxima`` at 0 (e.g.
+        ``max_tokens_per_step``) and ``start``'s counters at their given values."""
+        counts = {"engine": engine.name, "impl": impl, "steps": 0, "max_sequences_per_step": 0}
+        return {**counts, **dict.fromkeys(maxima, 0), "prompt_tokens": 0, "generated_tokens": 0, **start}
 
     @classmethod
     def from_counts(cls, counts: dict, **run) -> BatchStats:
@@ -322,8 +324,30 @@ class Engine:
         """Raise LabError when this engine cannot run ``cfg`` (e.g. sampling in a greedy-only
         engine); a class method, so callers check before loading anything."""
 
+    library_version: str | None = None  # the ``__version__`` of :attr:`requires`, once :meth:`_import_library` ran
+
     def __init__(self, model):
         self.model = model  # lablib.model.resolve.ResolvedModel
+
+    def _import_library(self, *modules: str) -> tuple:
+        """Import the library this engine runs on, ``modules`` in order (dotted names: "mlx.core"),
+        and return them, as a tuple. Raises EngineUnavailable naming the module that failed and
+        :attr:`install_hint`, the engine's one install hint. Records the ``__version__`` of
+        :attr:`requires` (imported by then) as :attr:`library_version`, what :meth:`info` reports."""
+        import importlib
+        import sys
+
+        found = []
+        for name in modules:
+            try:
+                found.append(importlib.import_module(name))
+            except ImportError as e:  # pragma: no cover - load_engine and doctor report a missing library first
+                raise EngineUnavailable(
+                    f"engine {self.name}: {name} cannot be imported ({e}); install it: {self.install_hint}"
+                ) from e
+        version = getattr(sys.modules.get(self.requires), "__version__", None)
+        self.library_version = None if version is None else str(version)
+        return tuple(found)
 
     # --- to implement --------------------------------------------------
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:

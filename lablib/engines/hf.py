@@ -29,12 +29,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lablib.machine.devices import torch_device, torch_dtype
-from lablib.errors import EngineUnavailable, LabError
-from lablib.model.formats import FLOAT_TYPES
+from lablib.engines.base import BatchStats, Engine, EngineInfo, GenerationConfig, PrefixCache
 from lablib.engines.sampling import DEFINITION
+from lablib.errors import LabError
+from lablib.machine.devices import torch_device, torch_dtype
+from lablib.model.formats import FLOAT_TYPES
 from lablib.results.trace import RequestTrace, now
-from lablib.engines.base import Engine, EngineInfo, GenerationConfig, PrefixCache
 
 # a torch dtype name -> (its safetensors name, bytes per element)
 TORCH_DTYPES = {"float32": ("F32", 4), "bfloat16": ("BF16", 2), "float16": ("F16", 2)}
@@ -79,7 +79,7 @@ class TransformersEngine(Engine):
     name = "transformers"
     format = "hf"
     requires = "transformers"
-    install_hint = "pip install 'torch==2.13.0' transformers accelerate"
+    install_hint = "make setup, or pip install 'torch==2.13.0' transformers accelerate"
     kv_bytes_per_value = 4  # float32 models
     dtypes = ("float32", "bfloat16", "float16")
     weights_option = "dtype"  # the folder's weights, cast to this dtype at load
@@ -114,21 +114,16 @@ class TransformersEngine(Engine):
         device: str = "auto",
     ):
         super().__init__(model)
-        try:
-            import torch
-            import transformers
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-        except ImportError as e:  # pragma: no cover - reported by doctor
-            raise EngineUnavailable(f"transformers/torch cannot be imported ({e}); run `make setup`") from e
+        torch, transformers = self._import_library("torch", "transformers")
         self._torch, self._transformers = torch, transformers
         transformers.utils.logging.disable_progress_bar()
         path = model.path_for("hf", self.name)
         torch.set_num_threads(self._init_threads(threads))
         self.device = torch_device(torch, device)
         self.dtype = dtype = torch_dtype(torch, self.device, dtype)
-        self.tok = AutoTokenizer.from_pretrained(path)
+        self.tok = transformers.AutoTokenizer.from_pretrained(path)
         self.hf = (
-            AutoModelForCausalLM.from_pretrained(
+            transformers.AutoModelForCausalLM.from_pretrained(
                 path, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
             )
             .to(self.device)
@@ -215,7 +210,7 @@ class TransformersEngine(Engine):
         torch = self._torch
         return EngineInfo(
             name=self.name,
-            version=self._transformers.__version__,
+            version=self.library_version,
             backend=f"torch {torch.__version__} {self.device}",
             device=self.device,
             dtype=self.dtype,
@@ -436,17 +431,12 @@ class TransformersBatchSession:
             generation_config=engine._generation_config(cfg), continuous_batching_config=cb
         )
         self.manager.warmup()  # builds the cache, scheduler and batch processor in this thread
-        self.stats = {
-            "engine": engine.name,
-            "impl": "transformers ContinuousBatchingManager (paged cache, "
-            f"attn {engine.hf.config._attn_implementation})",
-            "steps": 0,
-            "max_sequences_per_step": 0,
-            "max_decode_sequences_per_step": 0,
-            "max_tokens_per_step": 0,
-            "prompt_tokens": 0,
-            "generated_tokens": 0,
-        }
+        self.stats = BatchStats.counters(
+            engine,
+            f"transformers ContinuousBatchingManager (paged cache, attn {engine.hf.config._attn_implementation})",
+            "max_decode_sequences_per_step",
+            "max_tokens_per_step",
+        )
         self._count_schedule(self.manager.batch_processor.scheduler)
         self._traces: dict[str, RequestTrace] = {}
         self._n = 0

@@ -34,11 +34,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lablib.errors import ContextOverflowError, EngineUnavailable, LabError
-from lablib.model.formats import FLOAT_TYPES, gguf_config, model_shape
+from lablib.checks import whole
+from lablib.engines.base import BatchStats, Engine, EngineInfo, GenerationConfig, PrefixCache
 from lablib.engines.sampling import DEFINITION
+from lablib.errors import ContextOverflowError, LabError
+from lablib.model.formats import FLOAT_TYPES, gguf_config, model_shape
 from lablib.results.trace import RequestTrace, now
-from lablib.engines.base import Engine, EngineInfo, GenerationConfig, PrefixCache
 
 if TYPE_CHECKING:
     import numpy as np
@@ -127,18 +128,11 @@ class LlamaCppEngine(Engine):
         n_gpu_layers: int | None = None,
     ):
         super().__init__(model)
-        try:
-            import llama_cpp
-            import numpy as np
-            from llama_cpp import Llama
-        except ImportError as e:  # pragma: no cover - reported by doctor
-            raise EngineUnavailable(f"llama-cpp-python cannot be imported ({e}); run `make setup`") from e
+        llama_cpp, np = self._import_library("llama_cpp", "numpy")
         self._lib, self._np = llama_cpp, np  # numpy: greedy takes the argmax of the logits in place (_sample)
         path = model.path_for("gguf", self.name)
         self._init_threads(threads)
-        self._n_ctx_req = int(n_ctx or self.default_n_ctx(model))
-        if self._n_ctx_req < 1:
-            raise LabError(f"n_ctx={n_ctx}: expected a positive number of tokens")
+        self._n_ctx_req = whole(n_ctx or self.default_n_ctx(model), "n_ctx", "a positive number of tokens")
         self.n_batch = int(n_batch)
         n_seq_max = int(n_seq_max)
         if not 1 <= n_seq_max <= llama_cpp.llama_max_parallel_sequences():
@@ -151,7 +145,7 @@ class LlamaCppEngine(Engine):
         offload = bool(llama_cpp.llama_supports_gpu_offload())
         self.n_gpu_layers = (-1 if offload else 0) if n_gpu_layers is None else int(n_gpu_layers)
         self.device = _offload_device(llama_cpp) if offload and self.n_gpu_layers != 0 else "cpu"
-        self.llm = Llama(
+        self.llm = llama_cpp.Llama(
             model_path=path,
             n_gpu_layers=self.n_gpu_layers,
             n_ctx=self._n_ctx_req,
@@ -260,7 +254,7 @@ class LlamaCppEngine(Engine):
         sysinfo = self._lib.llama_print_system_info().decode(errors="replace")
         return EngineInfo(
             name=self.name,
-            version=self._lib.__version__,
+            version=self.library_version,
             backend="cpu (ggml)" if self.device == "cpu" else f"ggml, {self.device} offload",
             dtype=self.model.quantization or "gguf",
             threads=self.threads,
@@ -551,16 +545,9 @@ class LlamaCppBatchSession:
         self._waiting: list[_Seq] = []
         self._running: list[_Seq] = []  # admission order
         self._submitted = 0
-        self.stats = {
-            "engine": engine.name,
-            "impl": "llama_decode multi-sequence batch",
-            "steps": 0,
-            "max_sequences_per_step": 0,
-            "max_decode_sequences_per_step": 0,
-            "max_tokens_per_step": 0,
-            "prompt_tokens": 0,
-            "generated_tokens": 0,
-        }
+        self.stats = BatchStats.counters(
+            engine, "llama_decode multi-sequence batch", "max_decode_sequences_per_step", "max_tokens_per_step"
+        )
         engine.clear_kv_cache()  # no request reuses another's KV cells
 
     @property

@@ -1,8 +1,8 @@
 """Will it fit? Weights plus KV cache against the RAM available now.
 
 KV cache per token = 2 (K and V) x layers x KV heads x head size x bytes per
-element (the standard count for grouped-query attention, e.g. Pope et al.,
-"Efficiently Scaling Transformer Inference", 2022). Weights: the bytes the
+element (:func:`lablib.model.shape.kv_bytes_per_token`, the standard count for
+grouped-query attention). Weights: the bytes the
 engine reads (GGUF file for llama.cpp, safetensors for transformers and MLX).
 An estimate, not a promise: activations and allocator slack come on top,
 hence the 20 % headroom.
@@ -15,8 +15,8 @@ caller: ``engine`` below is an Engine subclass, e.g. ``lablib.engines.ENGINES["l
 from __future__ import annotations
 
 from lablib.errors import LabError
-from lablib.model.formats import model_shape
 from lablib.machine.limits import available_ram_bytes
+from lablib.model.shape import kv_bytes_per_token, model_dims
 
 HEADROOM = 1.2
 
@@ -28,8 +28,7 @@ def weights_bytes(model, engine) -> int:
 
 def kv_cache_bytes(model, engine, tokens: int) -> int:
     """KV cache bytes for ``tokens`` tokens (all sequences together) in ``engine`` (an Engine class)."""
-    s = model_shape(model)
-    return 2 * s["layers"] * s["kv_heads"] * s["head_dim"] * engine.kv_bytes_per_value * tokens
+    return kv_bytes_per_token(model_dims(model), engine.kv_bytes_per_value) * tokens
 
 
 def estimate_bytes(model, engine, context_tokens: int, concurrency: int = 1, n_batch: int = 512) -> dict:
@@ -75,7 +74,7 @@ def check_fits(
 
 
 # --- compare: every engine loaded at once, logits streamed -------------------------------------------
-LOGIT_FLOAT64_ARRAYS = 10  # float64 [chunk, vocab] arrays alive at once in compare.logit_stats (measured peak)
+LOGIT_FLOAT64_ARRAYS = 10  # float64 [chunk, vocab] arrays alive at once in logits.logit_stats (measured peak)
 
 
 def compare_bytes(model, engines, tokens: int, chunk: int = 64, loaded=()) -> dict:
@@ -88,7 +87,7 @@ def compare_bytes(model, engines, tokens: int, chunk: int = 64, loaded=()) -> di
     (the engine's output and the lab's copy), plus the float64 arrays of the statistics; they
     never grow with ``tokens``.
     """
-    vocab = model_shape(model)["vocab"] or 0
+    vocab = model_dims(model)["vocab"] or 0
     weights = kv = 0
     for e in engines:  # Engine classes
         if e.reserves_kv_at_load:  # the KV cache for the whole default context, allocated at load

@@ -35,12 +35,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lablib.errors import EngineUnavailable, LabError
-from lablib.model.formats import normalize_config, trained_context
+from lablib.engines.base import BatchStats, Engine, EngineInfo, GenerationConfig, PrefixCache
 from lablib.engines.sampling import DEFINITION
-from lablib.results.trace import RequestTrace, now
-from lablib.engines.base import Engine, EngineInfo, GenerationConfig, PrefixCache
+from lablib.errors import LabError
 from lablib.machine.threads import default_threads
+from lablib.model.formats import normalize_config, trained_context
+from lablib.results.trace import RequestTrace, now
 
 if TYPE_CHECKING:
     import numpy as np
@@ -73,19 +73,16 @@ class MLXEngine(Engine):
         fix_config: bool = True,
     ):
         super().__init__(model)
-        try:
-            import mlx.core as mx
-            import mlx_lm
-            from mlx_lm import load
-        except ImportError as e:  # pragma: no cover - reported by doctor
-            raise EngineUnavailable(f"mlx-lm cannot be imported ({e}); install mlx[cpu] and mlx-lm") from e
+        mx, mlx_lm = self._import_library("mlx.core", "mlx_lm")
         self._mx, self._mlx_lm = mx, mlx_lm
         path = model.path_for("mlx", self.name)
         cfg = json.loads((Path(path) / "config.json").read_text())
         # keys mlx-lm would otherwise misread; fix_config=False reads the folder as
         # plain mlx-lm does (lablib.studies.compare uses it to show what mlx-lm users see)
         self.config_fixes = normalize_config(cfg) if fix_config else {}
-        self.mlx_model, self.tok, self.config = load(path, model_config=self.config_fixes or None, return_config=True)
+        self.mlx_model, self.tok, self.config = mlx_lm.load(
+            path, model_config=self.config_fixes or None, return_config=True
+        )
         self.threads = threads or default_threads()  # MLX chooses its own CPU threads
         self.prefill_step_size = int(prefill_step_size)
         self.n_ctx = int(n_ctx or trained_context(self.config) or model.max_position_embeddings or 0)
@@ -134,7 +131,7 @@ class MLXEngine(Engine):
         mx = self._mx
         return EngineInfo(
             name=self.name,
-            version=self._mlx_lm.__version__,
+            version=self.library_version,
             backend=f"mlx {mx.__version__} {mx.default_device()}",
             dtype=self.dtype,
             threads=self.threads,
@@ -376,15 +373,7 @@ class MLXBatchSession:
 
             self._stop = StopSequences([(t,) for t in sorted(engine.eos_ids)])
         self._traces: dict[int, RequestTrace] = {}
-        self.stats = {
-            "engine": engine.name,
-            "impl": "mlx_lm BatchGenerator",
-            "steps": 0,
-            "max_sequences_per_step": 0,
-            "max_prefill_sequences_per_step": 0,
-            "prompt_tokens": 0,
-            "generated_tokens": 0,
-        }
+        self.stats = BatchStats.counters(engine, "mlx_lm BatchGenerator", "max_prefill_sequences_per_step")
 
     @property
     def pending(self) -> int:

@@ -44,10 +44,10 @@ from __future__ import annotations
 
 import functools
 
-from lablib.errors import EngineUnavailable, LabError
+from lablib.engines.base import BatchStats, Engine, EngineInfo, GenerationConfig
 from lablib.engines.sampling import DEFINITION
+from lablib.errors import LabError
 from lablib.results.trace import RequestTrace, now
-from lablib.engines.base import Engine, EngineInfo, GenerationConfig
 
 WEIGHTS = ("f16", "source")  # the lab's F16 reference GGUF, or the model's own GGUF
 
@@ -131,12 +131,7 @@ class OpenVINOEngine(Engine):
         device: str = "auto",
     ):
         super().__init__(model)
-        try:
-            import numpy as np
-            import openvino as ov
-            import openvino_genai as ov_genai
-        except ImportError as e:  # pragma: no cover - reported by doctor
-            raise EngineUnavailable(f"openvino-genai cannot be imported ({e}); install it: {self.install_hint}") from e
+        np, ov, ov_genai = self._import_library("numpy", "openvino", "openvino_genai")
         self._np, self._ov, self._g = np, ov, ov_genai
         if weights not in WEIGHTS:
             raise LabError(f"weights={weights!r}: expected one of {', '.join(WEIGHTS)}")
@@ -201,10 +196,9 @@ class OpenVINOEngine(Engine):
         return {key: _device_property(self.ov_device, key) for key in keys}
 
     def info(self) -> EngineInfo:
-        g = self._g
         return EngineInfo(
             name=self.name,
-            version=g.__version__.split("-")[0],
+            version=self.library_version.split("-")[0],
             backend=f"openvino {self._ov.__version__.split('-')[0]} {self.ov_device}",
             dtype="F16" if self.weights == "f16" else (self.model.quantization or "gguf"),
             threads=self.threads,
@@ -364,15 +358,11 @@ class OpenVINOBatchSession:
         self._gcfg = engine._ov_config(cfg)
         self._running: dict[int, tuple] = {}  # request id -> (handle, trace)
         self._n = 0
-        self.stats = {
-            "engine": engine.name,
-            "impl": "openvino_genai ContinuousBatchingPipeline (paged attention, step() in the calling thread)",
-            "steps": 0,
-            "max_sequences_per_step": 0,
-            "prompt_tokens": 0,
-            "generated_tokens": 0,
-            "max_cache_usage": 0.0,
-        }
+        self.stats = BatchStats.counters(
+            engine,
+            "openvino_genai ContinuousBatchingPipeline (paged attention, step() in the calling thread)",
+            max_cache_usage=0.0,
+        )
 
     @property
     def pending(self) -> int:

@@ -56,10 +56,10 @@ from typing import TYPE_CHECKING
 
 from lablib.children import tied
 from lablib.config import lab_home
-from lablib.errors import EngineUnavailable, LabError
-from lablib.engines.sampling import DEFINITION
-from lablib.results.trace import RequestTrace
 from lablib.engines.base import Engine, EngineInfo, GenerationConfig
+from lablib.engines.sampling import DEFINITION
+from lablib.errors import LabError
+from lablib.results.trace import RequestTrace
 
 if TYPE_CHECKING:
     import numpy as np
@@ -256,11 +256,7 @@ class OnnxRuntimeGenAIEngine(Engine):
 
     def __init__(self, model, precision: str = "fp32", threads: int | None = None, n_ctx: int | None = None):
         super().__init__(model)
-        try:
-            import numpy as np
-            import onnxruntime_genai as og
-        except ImportError as e:  # pragma: no cover - reported by doctor
-            raise EngineUnavailable(f"onnxruntime-genai cannot be imported ({e}); {self.install_hint}") from e
+        np, og = self._import_library("numpy", "onnxruntime_genai")
         self._og, self._np = og, np
         og.disable_telemetry_events()  # the library would otherwise queue usage events for Microsoft
         self.precision = precision
@@ -320,7 +316,7 @@ class OnnxRuntimeGenAIEngine(Engine):
 
         return EngineInfo(
             name=self.name,
-            version=self._og.__version__,
+            version=self.library_version,
             backend=f"onnxruntime {version('onnxruntime')} cpu",
             dtype=DTYPES[self.precision],
             threads=self.threads,
@@ -345,8 +341,8 @@ class OnnxRuntimeGenAIEngine(Engine):
         (what ORT GenAI reads), the RMSNorm epsilon from the graph's normalization nodes, the RoPE
         base from the graph's ``cos_cache`` (cos(p * inv_freq), so inv_freq[1] = arccos of row 1),
         and ``rope_scaling`` from the folder the builder read (the cache holds it baked in)."""
-        from lablib.model.formats import read_config
         from lablib.engines.hf import rope_base_from_inv_freq
+        from lablib.model.formats import read_config
 
         m, d = self.genai_config["model"], self.genai_config["model"]["decoder"]
         hf = read_config(Path(self.model.path_for("hf", self.name)))

@@ -19,6 +19,12 @@ name                   what runs                                    slots (``par
 ``transformers``       ``transformers serve`` on the HF folder      ``--continuous-batching``
                                                                      when N > 1
 =====================  ===========================================  ==========================
+
+Everything the lab knows of a server it starts is one row of :data:`SERVERS` (a :class:`Server`):
+how to start it (``command``), its in-process ``twin`` engine (lab 05 compares the two), how it
+streams (``profile``: the http engine's :class:`lablib.engines.http.ServerProfile` for its kind,
+which also covers the servers the lab only measures: vLLM, any other OpenAI-compatible one) and
+the other names it goes by.
 """
 
 from __future__ import annotations
@@ -31,22 +37,31 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lablib import children
+from lablib.checks import whole
+from lablib.engines.http.engine import PROFILES, ServerProfile
 from lablib.errors import LabError
 
-SERVERS = ("llama-server", "llama-cpp-python", "mlx", "transformers")  # the keys of COMMANDS, in this order
-ALIASES = {
-    "llama_cpp.server": "llama-cpp-python",
-    "llama-cpp": "llama-cpp-python",
-    "mlx_lm.server": "mlx",
-    "mlx-lm": "mlx",
-    "mlx_lm": "mlx",
-    "transformers-serve": "transformers",
-    "llama.cpp": "llama-server",
-}
+
+@dataclass(frozen=True)
+class Server:
+    """A server the lab starts: a row of :data:`SERVERS`, named by its kind (the http engine's ``server=``).
+
+    ``command``: how to start it, ``(model, host, port, parallel, threads, n_ctx) -> (argv, version,
+    readiness paths, the model id requests name, or None for the profile's)``. ``twin``: the
+    in-process engine on the same library. ``profile``: how it streams (the http engine's
+    :data:`lablib.engines.http.PROFILES` row for its kind). ``aliases``: other names
+    :func:`start_server` takes for it.
+    """
+
+    command: Callable
+    twin: str
+    profile: ServerProfile
+    aliases: tuple[str, ...] = ()
 
 
 def free_port() -> int:
@@ -116,6 +131,7 @@ class RunningServer:
 
 
 def canonical_server(name: str) -> str:
+    """The name :data:`SERVERS` gives the server ``name`` (any alias); LabError naming them otherwise."""
     key = ALIASES.get(str(name).strip().lower(), str(name).strip().lower())
     if key not in SERVERS:
         raise LabError(f"unknown server {name!r}: expected one of {', '.join(SERVERS)}")
@@ -173,7 +189,7 @@ def _llama_cpp_python(model, host: str, port: str, parallel: int, threads: int, 
         "--model_alias",
         "lab-model",
     ]
-    return argv, "llama-cpp-python", _version("llama_cpp_python"), ["/v1/models"]
+    return argv, _version("llama_cpp_python"), ["/v1/models"], "lab-model"
 
 
 def _mlx_server(model, host: str, port: str, parallel: int, threads: int, n_ctx: int):
@@ -200,7 +216,7 @@ def _mlx_server(model, host: str, port: str, parallel: int, threads: int, n_ctx:
         "--log-level",
         "WARNING",
     ]
-    return argv, "mlx", _version("mlx-lm"), ["/health"]
+    return argv, _version("mlx-lm"), ["/health"], None
 
 
 def _transformers_serve(model, host: str, port: str, parallel: int, threads: int, n_ctx: int):
@@ -213,7 +229,7 @@ def _transformers_serve(model, host: str, port: str, parallel: int, threads: int
     exe = Path(sys.executable).with_name("transformers")
     argv = [str(exe), "serve", folder, "--host", host, "--port", port, "--device", "cpu", "--log-level", "warning"]
     argv += ["--continuous-batching"] if parallel > 1 else []
-    return argv, "transformers", _version("transformers"), ["/v1/models"]
+    return argv, _version("transformers"), ["/v1/models"], folder
 
 
 def _llama_server(model, host: str, port: str, parallel: int, threads: int, n_ctx: int):
@@ -247,17 +263,21 @@ def _llama_server(model, host: str, port: str, parallel: int, threads: int, n_ct
         "--alias",
         "lab-model",
     ]
-    return argv, "llama-server", "llama.cpp (built by lablib)", ["/health"]
+    return argv, "llama.cpp (built by lablib)", ["/health"], "lab-model"
 
 
-# server name -> its command: (model, host, port, parallel, threads, n_ctx) ->
-# (argv, kind for the http engine, version, readiness paths)
-COMMANDS = {
-    "llama-server": _llama_server,
-    "llama-cpp-python": _llama_cpp_python,
-    "mlx": _mlx_server,
-    "transformers": _transformers_serve,
+# The servers the lab starts, in the lab's order: name (its kind, as the http engine knows it) -> its row
+SERVERS: dict[str, Server] = {
+    "llama-server": Server(_llama_server, "llama.cpp", PROFILES["llama-server"], aliases=("llama.cpp",)),
+    "llama-cpp-python": Server(
+        _llama_cpp_python, "llama.cpp", PROFILES["llama-cpp-python"], aliases=("llama_cpp.server", "llama-cpp")
+    ),
+    "mlx": Server(_mlx_server, "mlx", PROFILES["mlx"], aliases=("mlx_lm.server", "mlx-lm", "mlx_lm")),
+    "transformers": Server(
+        _transformers_serve, "transformers", PROFILES["transformers"], aliases=("transformers-serve",)
+    ),
 }
+ALIASES = {alias: name for name, s in SERVERS.items() for alias in s.aliases}
 
 
 def server_command(
@@ -269,15 +289,22 @@ def server_command(
     (default: :func:`lablib.machine.threads.default_threads`); ``n_ctx``: context per slot, tokens.
     Raises LabError when the server cannot run here (not installed, wrong format).
     """
+    argv, version, ready, _ = _command(name, model, port, parallel, threads, n_ctx)
+    return argv, canonical_server(name), version, ready
+
+
+def _command(name: str, model, port: int, parallel: int, threads: int | None, n_ctx: int):
+    """(argv, version, readiness URLs, the model id requests name) for :func:`server_command`."""
     from lablib.machine.threads import check_threads, default_threads
 
     name = canonical_server(name)
     threads = check_threads(threads) if threads is not None else default_threads()
-    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
-        raise LabError(f"parallel={parallel!r}: expected a whole number of slots, at least 1")
+    parallel = whole(parallel, "parallel", "a whole number of slots, at least 1")
+    n_ctx = whole(n_ctx, "n_ctx", "a whole number of tokens per slot, at least 1")
     host = "127.0.0.1"
-    argv, kind, version, paths = COMMANDS[name](model, host, str(port), parallel, threads, n_ctx)
-    return argv, kind, version, [f"http://{host}:{port}{path}" for path in paths]
+    server = SERVERS[name]
+    argv, version, paths, model_id = server.command(model, host, str(port), parallel, threads, n_ctx)
+    return argv, version, [f"http://{host}:{port}{path}" for path in paths], model_id or server.profile.model_id
 
 
 def start_server(
@@ -304,17 +331,18 @@ def start_server(
     rm = model if isinstance(model, ResolvedModel) else prepare(model, log=lambda *_: None)
     if port is None:
         port = free_port()
-    elif isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise LabError(f"port={port!r}: expected a TCP port from 1 to 65535 (or leave it out for a free one)")
-    argv, kind, version, ready = server_command(name, rm, port, parallel, threads, n_ctx)
+    else:
+        port = whole(port, "port", "a TCP port from 1 to 65535 (or leave it out for a free one)", hi=65535)
+    name = canonical_server(name)
+    argv, version, ready, server_model = _command(name, rm, port, parallel, threads, n_ctx)
     logs = lab_home() / "servers"
     logs.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    log_path = logs / f"{canonical_server(name)}-{port}-{stamp}.log"
+    log_path = logs / f"{name}-{port}-{stamp}.log"
     child_env = dict(os.environ, **(env or {}))
     child_env.setdefault("HF_HUB_OFFLINE", "1")
     child_env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    if kind == "mlx" and "HF_HUB_CACHE" not in child_env:
+    if name == "mlx" and "HF_HUB_CACHE" not in child_env:
         # mlx_lm.server 0.32's GET /v1/models scans the hub cache and fails (500) when the folder is missing
         hub = Path(child_env.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub"
         if not hub.is_dir():
@@ -330,15 +358,15 @@ def start_server(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env, start_new_session=True
         )
     srv = RunningServer(
-        canonical_server(name),
-        kind,
+        name,
+        name,
         proc.pid,
         port,
         log_path,
         argv,
         version,
         proc,
-        server_model={"mlx": "default_model", "transformers": rm.hf_path}.get(kind, "lab-model"),
+        server_model=server_model,
         n_ctx=n_ctx,
         threads=threads or default_threads(),
     )

@@ -2,7 +2,7 @@
 
 Measured once per machine (:func:`measure_machine`) and cached under the lab home, keyed by
 :func:`lablib.machine.identity.machine_key`; the published peaks of machines you do not have are
-:mod:`lablib.machine.accelerators`.
+:mod:`lablib.machine.accelerators`. :func:`machine` gives either as the roofline reads them.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ def stream_bandwidth(
     Returns {kernel, bytes_per_s (median), min, max, reps, threads, array_bytes, bytes_per_pass}.
     Raises LabError for an unknown kernel or sizes/reps/threads below 1.
     """
-    import time
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
@@ -156,7 +155,6 @@ def matmul_flops(
     Returns {dtype, backend, n, flop_per_s (median), min, max, reps, threads}. Raises LabError for a
     dtype or backend this function does not know, or one whose library is missing.
     """
-    import time
 
     from lablib.errors import LabError
 
@@ -271,3 +269,35 @@ def measured_summary() -> dict:
         if dtype in m.get("flop_per_s", {}):
             out[f"measured_{dtype}_{unit}"] = m["flop_per_s"][dtype] / 1e9
     return out
+
+
+# --- a machine's ceilings, as the roofline reads them ------------------------------------------------
+def machine(name=None) -> dict:
+    """A machine's ceilings {name, bytes_per_s, flop_per_s: {dtype: FLOP/s}, source}: None or "this" for
+    this machine's measurement (:func:`measure_machine`: measured once and cached), a name of
+    :data:`lablib.machine.accelerators.ACCELERATORS` (published peaks), or such a dict (returned as is).
+    Raises LabError for an unknown name."""
+    from lablib.errors import LabError
+    from lablib.machine.accelerators import ACCELERATORS
+
+    if isinstance(name, dict):
+        return name
+    if name in (None, "this"):
+        m = measure_machine()
+        return {
+            "name": f"this machine ({m['cpu_model']}, {m['threads']} threads)",
+            "bytes_per_s": m["bytes_per_s"],
+            "flop_per_s": dict(m["flop_per_s"]),
+            "source": f"measured {m['time']} (read kernel; matmul)",
+        }
+    if name not in ACCELERATORS:
+        raise LabError(f"machine {name!r}: unknown; expected 'this' or one of {', '.join(ACCELERATORS)}")
+    a = ACCELERATORS[name]
+    return {"name": name, "bytes_per_s": a["bytes_per_s"], "flop_per_s": dict(a["flop_per_s"]), "source": a["source"]}
+
+
+def peak_flops(mach: dict, dtype: str) -> float:
+    """The machine's FLOP/s for ``dtype``, float32's when it has none for that type, inf when it has neither
+    (then only bandwidth bounds)."""
+    f = mach.get("flop_per_s") or {}
+    return f.get(dtype) or f.get("float32") or float("inf")

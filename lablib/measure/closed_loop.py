@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from lablib.checks import whole
 from lablib.engines.base import BatchStats, GenerationConfig
 from lablib.errors import LabError
 from lablib.results.trace import RequestTrace, now
@@ -67,8 +68,7 @@ def run_closed_loop(
     """
     if mode not in MODES:
         raise LabError(f"unknown scheduling mode {mode!r}: expected one of {', '.join(MODES)}")
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise LabError(f"concurrency={concurrency!r}: expected a whole number of clients, at least 1")
+    concurrency = whole(concurrency, "concurrency", "a whole number of clients, at least 1")
     if not prompts:
         raise LabError("no prompts: a closed loop needs at least one request")
     prompts = [[int(t) for t in p] for p in prompts]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from lablib.config import data_dir
 from lablib.errors import LabError
+from lablib.model.tokenizer import _tokenizer, lab_tokenizer  # noqa: F401 (lab_tokenizer: the measure layer's name for it)
 
 CORPORA = ("prose", "code")
 # the lab's default question (lab 01, `lablib run`, lablib.studies.compare)
@@ -30,27 +31,9 @@ def corpus_text(name: str = "prose") -> str:
             )
         return path.read_text(encoding="utf-8")
     if name == "code":
-        src = Path(__file__).resolve().parent
+        src = Path(__file__).resolve().parents[1]  # lablib/, every layer's source
         return "\n\n".join(p.read_text(encoding="utf-8") for p in sorted(src.rglob("*.py")))
     raise LabError(f"unknown corpus {name!r}: expected one of {', '.join(CORPORA)}")
-
-
-@functools.lru_cache(maxsize=8)
-def _tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
-
-
-def lab_tokenizer(model):
-    """The one tokenizer the lab uses for text: the model's Hugging Face tokenizer.
-
-    ``model``: a ResolvedModel with an HF or MLX folder. Raises LabError otherwise.
-    """
-    path = model.hf_path or model.mlx_path
-    if not path:
-        raise LabError(f"{model.source} has no Hugging Face tokenizer folder; run `lablib prepare` on it")
-    return _tokenizer(path)
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,10 +1,11 @@
 """Model formats and the facts a model's files state: one reader per kind of file.
 
 - :func:`detect_format`: GGUF file, Hugging Face folder or MLX folder
-- :func:`read_config`, :func:`trained_context`, :func:`model_shape`: a folder's config.json
+- :func:`read_config`, :func:`trained_context`: a folder's config.json (the model's shape from it:
+  :mod:`lablib.model.shape`)
 - :func:`normalize_config`: a config every engine reads the same way
-- :func:`gguf_facts` and :func:`gguf_config`: what a GGUF file states (one GGUF reader,
-  :func:`open_gguf`, for both)
+- :func:`gguf_facts`, :func:`gguf_config` and :func:`gguf_tensors`: what a GGUF file states (one
+  GGUF reader, :func:`open_gguf`, for all three; :func:`file_type_name` names its file type)
 - :func:`restore_pre_tokenizer`: the GGUF's split rule for a tokenizer built from it
 - :func:`weight_tensors`: every weight tensor a file or folder stores, with its type and bytes (GGUF
   tensors, safetensors headers, ONNX initializers)
@@ -209,18 +210,27 @@ def restore_pre_tokenizer(tokenizer, pre_type: str) -> bool:
 def open_gguf(path):
     """(reader, val) for a GGUF file: ``val(key, default)`` gives a metadata field's value.
 
-    The package's one GGUF reader (the ``gguf`` library). Raises FormatError for a file
-    that starts like GGUF but cannot be read (torn, truncated).
+    The package's one GGUF reader (the ``gguf`` library). Raises FormatError for a path that cannot
+    be opened, a file that is not GGUF, and one that starts like GGUF but cannot be read (torn,
+    truncated).
     """
     import gguf
 
     path = Path(path)
     try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise _cannot_open(path, e) from None
+    if magic != b"GGUF":
+        raise FormatError(f"{path} is not a GGUF file (no GGUF magic); expected a .gguf model file")
+    try:
         r = gguf.GGUFReader(str(path))
     except Exception as e:  # gguf raises ValueError, struct or numpy errors on a torn file
         raise FormatError(
             f"{path} starts like GGUF but cannot be read ({type(e).__name__}: {first_line(e)}); "
-            f"it is {path.stat().st_size:,} bytes, perhaps truncated or corrupt: download or copy it again."
+            f"it is {path.stat().st_size:,} bytes, perhaps truncated or corrupt: remove it, then download, "
+            "copy or make it again."
         ) from None
 
     def val(key, default=None):
@@ -230,30 +240,49 @@ def open_gguf(path):
     return r, val
 
 
+def file_type_name(file_type) -> str:
+    """A GGUF's ``general.file_type`` (a llama_ftype number) by name, as llama.cpp prints it: gguf's
+    LlamaFileType without ``MOSTLY_`` (7 -> 'Q8_0', 0 -> 'ALL_F32'); "" for None, the number as text
+    for one this gguf version does not know."""
+    import gguf
+
+    if file_type is None:
+        return ""
+    try:
+        return gguf.LlamaFileType(file_type).name.replace("MOSTLY_", "")
+    except ValueError:
+        return str(file_type)
+
+
+def _version(path) -> tuple[str, int, int]:
+    """(real path, size, mtime): one version of a file, the key of the cached readers below."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise _cannot_open(path, e) from None
+    return os.path.realpath(path), st.st_size, st.st_mtime_ns
+
+
+def _cannot_open(path, e: OSError) -> FormatError:
+    return FormatError(f"{path}: cannot open it ({e.strerror or first_line(e)}); expected a GGUF file")
+
+
 def gguf_facts(path: Path) -> dict:
     """Architecture, parameter count, quantization and context length of a GGUF file."""
-    st = Path(path).stat()
-    return dict(_gguf_facts(os.path.realpath(path), st.st_size, st.st_mtime_ns))
+    return dict(_gguf_facts(*_version(path)))
 
 
 @functools.lru_cache(maxsize=8)
 def _gguf_facts(path: str, size: int, mtime_ns: int) -> dict:
     """:func:`gguf_facts` of one version of a file (parsing its vocabulary takes seconds)."""
-    import gguf
-
     path = Path(path)
     r, val = open_gguf(path)
     arch = val("general.architecture", "")
-    ftype = val("general.file_type")
-    try:
-        quant = gguf.LlamaFileType(ftype).name.replace("MOSTLY_", "") if ftype is not None else ""
-    except ValueError:
-        quant = str(ftype)
     return {
         "architecture": arch,
         "name": val("general.name", path.stem),
         "parameters": int(sum(int(t.n_elements) for t in r.tensors)),
-        "quantization": quant,
+        "quantization": file_type_name(val("general.file_type")),
         "max_position_embeddings": int(val(f"{arch}.context_length", 0) or 0),
         "pre_tokenizer": val("tokenizer.ggml.pre", ""),
     }
@@ -305,9 +334,14 @@ def weight_tensors(path) -> tuple:
     )
 
 
+def gguf_tensors(path) -> tuple:
+    """(name, ggml type name, elements, bytes) of every tensor of a GGUF file (its header, memory-mapped;
+    read once per version of the file)."""
+    return _gguf_tensors(*_version(path))
+
+
 @functools.lru_cache(maxsize=16)
-def gguf_tensors(path: str) -> tuple:
-    """(name, ggml type name, elements, bytes) of every tensor of a GGUF file (its header, memory-mapped)."""
+def _gguf_tensors(path: str, size: int, mtime_ns: int) -> tuple:
     r, _ = open_gguf(path)
     return tuple((t.name, t.tensor_type.name, int(t.n_elements), int(t.n_bytes)) for t in r.tensors)
 
@@ -394,37 +428,13 @@ def onnx_tensors(folder: str) -> tuple:
     return tuple(out)
 
 
-# --- the model's shape -------------------------------------------------------------
+# --- the model's shape: lablib.model.shape -------------------------------------------
 def model_shape(model) -> dict:
-    """{layers, kv_heads, head_dim, vocab} from a ResolvedModel's HF or MLX config (Llama-style
-    names, or GPT-2-style n_layer / n_head / n_embd). Raises LabError when the config does not say."""
-    folder = model.hf_path or model.mlx_path
-    if not folder:
-        raise LabError(f"{model.source}: no config.json to read the model's shape from; run `lablib prepare`")
-    cfg = read_config(folder)
-    cfg = cfg.get("text_config") or cfg
+    """{layers, kv_heads, head_dim, vocab}: :func:`lablib.model.shape.model_shape`, the one reader of a
+    model's shape (this name stays for the engines that import it from here)."""
+    from lablib.model.shape import model_shape
 
-    def first(*keys):
-        for k in keys:
-            if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool):
-                return cfg[k]
-        return None
-
-    heads = first("num_attention_heads", "n_head", "num_heads")
-    layers = first("num_hidden_layers", "n_layer", "num_layers")
-    hidden = first("hidden_size", "n_embd", "d_model")
-    if not heads or not layers or not (hidden or first("head_dim")):
-        raise LabError(
-            f"{Path(folder) / 'config.json'}: cannot tell the model's layers, attention heads and "
-            "hidden size (num_hidden_layers/n_layer, num_attention_heads/n_head, hidden_size/n_embd); "
-            "expected a transformer decoder's config"
-        )
-    return {
-        "layers": layers,
-        "kv_heads": first("num_key_value_heads") or heads,
-        "head_dim": first("head_dim") or hidden // heads,
-        "vocab": first("vocab_size") or 0,
-    }
+    return model_shape(model)
 
 
 # --- experiments ------------------------------------------------------------------

@@ -8,6 +8,7 @@ Each function takes a pandas DataFrame of ladder rows (``lablib.results.store.lo
 from __future__ import annotations
 
 from lablib.errors import LabError
+from lablib.plots.style import ENGINE_SYMBOL
 
 
 

@@ -213,7 +213,9 @@ def prefix_medians(df, sweep: str = "prefix_shared") -> pd.DataFrame:
         raise LabError(f"sweep={sweep!r}: expected one of {', '.join(PREFIX_AXES)}")
     axis = PREFIX_AXES[sweep]
     d = nonempty(
-        sweep_rows(df, sweep), f"{sweep} table", "run lablib.studies.prefix.shared_prefix(...) or lablib.studies.prefix.chat(...)"
+        sweep_rows(df, sweep),
+        f"{sweep} table",
+        "run lablib.studies.prefix.shared_prefix(...) or lablib.studies.prefix.chat(...)",
     )
     need(d, ["engine", "reuse", axis, "ttft_s", "prefill_s", "prompt_tokens", "cached_tokens"], f"{sweep} table")
     cols = {"ttft_s": "median", "prefill_s": "median", "prompt_tokens": "median", "cached_tokens": "median"}
@@ -254,3 +256,20 @@ def manifest_table(df) -> pd.DataFrame:
         agg.update(first_time=("time", "min"), last_time=("time", "max"))
     agg["requests"] = (keys[0], "size")
     return d.groupby(keys, sort=False, dropna=False).agg(**agg).reset_index()
+
+
+# --- measured against the roofline's bound ----------------------------------------------------------
+def bound_table(df) -> pd.DataFrame:
+    """Per engine (and weight choice, where rows record one: ``weights``) and prompt length: medians of
+    measured and bound tokens/s and % of bound, prefill and decode, of rows that carry the bound columns
+    (:func:`lablib.studies.roofline.add_bound_columns`)."""
+    keys = ["engine", "weights", "prompt_tokens"] if "weights" in df.columns else ["engine", "prompt_tokens"]
+    g = df.groupby(keys, sort=False, dropna=False)
+    return g.agg(
+        prefill_tps=("prefill_tps", "median"),
+        prefill_bound_tps=("prefill_bound_tps", "median"),
+        prefill_pct_of_bound=("prefill_pct_of_bound", "median"),
+        decode_tps=("decode_tps", "median"),
+        decode_bound_tps=("decode_bound_tps", "median"),
+        decode_pct_of_bound=("decode_pct_of_bound", "median"),
+    ).reset_index()

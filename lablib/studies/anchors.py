@@ -20,7 +20,6 @@ import json
 import statistics
 import subprocess
 
-from lablib.build.llama import llama_tool
 from lablib.engines.base import GenerationConfig
 from lablib.measure.workload import distinct_prompts, prompt_of_length
 
@@ -33,7 +32,7 @@ def llama_bench(gguf: str, test: str, threads: int, n_batch: int, flash: str, re
     args = ["-p", "512", "-n", "0"] if new == 0 else ["-p", "0", "-n", str(new), "-d", str(depth)]
     out = subprocess.run(
         [
-            str(llama_tool("llama-bench")),
+            str(_tool("llama-bench")),
             "-m",
             gguf,
             "-t",
@@ -75,7 +74,7 @@ def batched_bench(
     b_max = max(batches)
     out = subprocess.run(
         [
-            str(llama_tool("llama-batched-bench")),
+            str(_tool("llama-batched-bench")),
             "-m",
             gguf,
             "-t",
@@ -138,3 +137,10 @@ def batched_rows(
         rows.append({"source": "llama-batched-bench", "concurrency": b, "output_tps": anchor[b]})
         rows.append({"source": "lab", "concurrency": b, "output_tps": lab_batched(model, b, pp, tg, threads)})
     return rows
+
+
+def _tool(name: str):
+    """llama.cpp's program ``name``, built on first use (install-time code, imported only here)."""
+    from lablib.build.llama import llama_tool
+
+    return llama_tool(name)

@@ -17,24 +17,22 @@ float32: slow, but the faithful arithmetic.
 
 from __future__ import annotations
 
-import collections
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lablib.engines import NAMES, canonical, engine_class, load_engine
 from lablib.engines.base import CONFIG_KEYS, GenerationConfig
-from lablib.errors import LabError
-from lablib.model.formats import gguf_config
 from lablib.engines.memory import check_compare_fits
-from lablib.model.resolve import resolve
+from lablib.errors import LabError
 from lablib.measure.workload import DEFAULT_MESSAGES
+from lablib.model.formats import gguf_config
+from lablib.model.resolve import resolve
+from lablib.studies.logits import LOGIT_CHUNK, TOP_K, last_logits, log_softmax, logit_blocks, logit_stats
 
 NEAR_TIE_NATS = 0.5  # top-2 log-prob margin below which a flip is a near-tie (p1/p2 < e^0.5 = 1.65)
 KL_OK = 0.05  # nats; mean KL above this is numerics beyond rounding (first_token_flip: 0.0069)
-TOP_K = 5
 REFERENCE = "transformers"  # the default reference: float32, slow, but the faithful arithmetic
-LOGIT_CHUNK = 64  # positions per block in the logit checks: 64 x 49,152 floats x 8 bytes = 24 MiB a float64 array
 LAYERS = ("config", "tokenizer", "template", "numerics", "none")
 
 
@@ -222,82 +220,7 @@ def check_template(engines: dict, reference: str, cases: dict | None = None) -> 
 
 
 # --- 4. logits ------------------------------------------------------------------------------------
-def log_softmax(x):
-    import numpy as np
-
-    x = np.asarray(x, dtype=np.float64)
-    m = x.max(axis=-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
-
-
-def logit_stats(ref_logits, logits, k: int = TOP_K) -> dict:
-    """Per-position comparison of two [positions, vocab] logit arrays.
-
-    Returns arrays over positions: ``kl`` (KL(ref || other), nats),
-    ``max_abs_dlogp``, ``argmax_ref``, ``argmax``, ``margin_ref`` (reference's
-    top-1 minus top-2 log-prob), ``topk_ref``/``topk`` ids and their log-probs.
-    """
-    import numpy as np
-
-    lp_ref, lp = log_softmax(ref_logits), log_softmax(logits)
-    p_ref = np.exp(lp_ref)
-    kl = (p_ref * (lp_ref - lp)).sum(axis=-1)
-    del p_ref
-    order_ref, order = _top_k(lp_ref, k), _top_k(lp, k)
-    top2 = np.take_along_axis(lp_ref, order_ref[:, :2], axis=-1)
-    return {
-        "kl": kl,
-        "max_abs_dlogp": np.abs(lp_ref - lp).max(axis=-1),
-        "argmax_ref": order_ref[:, 0],
-        "argmax": order[:, 0],
-        "margin_ref": top2[:, 0] - top2[:, 1],
-        "topk_ref": order_ref,
-        "topk_ref_logp": np.take_along_axis(lp_ref, order_ref, -1),
-        "topk": order,
-        "topk_logp": np.take_along_axis(lp, order, -1),
-    }
-
-
-def logit_blocks(engine, ids: list[int], chunk: int = LOGIT_CHUNK):
-    """Teacher-forced logits of ``ids`` through ``engine`` as float32 arrays of exactly ``chunk``
-    positions (the last may be shorter), from the engine's :meth:`iter_logits` where it has one,
-    else sliced from :meth:`logits`. Raises NotImplementedError at the first block when the
-    engine has no logits."""
-    import numpy as np
-
-    src = engine.iter_logits(ids, chunk) if hasattr(engine, "iter_logits") else _sliced(engine, ids, chunk)
-    held, n = [], 0
-    for block in src:
-        held.append(block)
-        n += len(block)
-        while n >= chunk:
-            rows = np.concatenate(held) if len(held) > 1 else held[0]
-            yield rows[:chunk]
-            held, n = ([rows[chunk:]] if len(rows) > chunk else []), len(rows) - chunk
-    if n:
-        yield np.concatenate(held) if len(held) > 1 else held[0]
-
-
-def _sliced(engine, ids, chunk):
-    full = engine.logits(ids)
-    for at in range(0, len(full), chunk):
-        yield full[at : at + chunk]
-
-
-def last_logits(engine, ids: list[int], chunk: int = LOGIT_CHUNK):
-    """The logits of the last position of ``ids`` ([vocab], float32), streamed (never [positions, vocab])."""
-    (last,) = collections.deque(logit_blocks(engine, ids, chunk), maxlen=1)  # earlier blocks dropped as they come
-    return last[-1]
-
-
-def _top_k(lp, k: int):
-    """Ids of the ``k`` largest values per row, largest first: a new [rows, k] array (a slice of a
-    full argsort would keep the whole [rows, vocab] index array alive)."""
-    import numpy as np
-
-    part = np.argpartition(-lp, k - 1, axis=-1)[:, :k]
-    order = np.argsort(-np.take_along_axis(lp, part, -1), axis=-1, kind="stable")
-    return np.take_along_axis(part, order, -1)
+# the logit math (log_softmax, logit_stats, logit_blocks, last_logits) is lablib.studies.logits
 
 
 def check_logits(engines: dict, reference: str, ids: list[int], k: int = TOP_K, chunk: int = LOGIT_CHUNK) -> Check:
@@ -604,6 +527,10 @@ class TokenizerView:
 
     def logits(self, ids):
         raise NotImplementedError(f"{self.name} is a tokenizer only, it has no model")
+
+    def iter_logits(self, ids, chunk: int = LOGIT_CHUNK):
+        """Raises NotImplementedError, as :meth:`logits` does (the logit checks say so)."""
+        return self.logits(ids)
 
     def effective_config(self) -> dict:
         raise LabError(f"{self.name} is a tokenizer only: it has no model config to compare")

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lablib.errors import LabError
+from lablib.studies.logits import log_softmax
 
 STATS = ("ppl", "ppl_ref", "kl_mean", "kl_p99", "kl_max", "top1", "dp_top_abs_mean", "dp_mean", "dp_rms", "n_tokens")
 
@@ -61,15 +62,6 @@ def perplexity_chunks(ids, n_ctx: int, n_chunks: int | None = None, bos: int | N
 def scored_positions(n_ctx: int) -> slice:
     """Positions of a chunk whose logits are scored: ``[n_ctx // 2, n_ctx - 1)``."""
     return slice(n_ctx // 2, n_ctx - 1)
-
-
-def log_softmax(logits):
-    """Row-wise log-softmax of ``[n, vocab]`` logits, float64 (nats)."""
-    import numpy as np
-
-    x = np.asarray(logits, dtype=np.float64)
-    m = x.max(axis=-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
 def token_stats(ref_logp, q_logp, targets) -> dict:

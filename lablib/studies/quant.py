@@ -26,7 +26,8 @@ import os
 from pathlib import Path
 
 from lablib.config import BUDGETS
-from lablib.errors import FormatError, LabError
+from lablib.errors import LabError
+from lablib.model.formats import gguf_facts, gguf_tensors, open_gguf
 
 # ladder rungs: llama.cpp ftype names (llama_cpp.LLAMA_FTYPE_MOSTLY_<name>; F32 is LLAMA_FTYPE_ALL_F32)
 QUICK_LADDER, LADDER = BUDGETS["ladder"]["types"]  # the quick and the full ladder (lablib.config.BUDGETS)
@@ -80,32 +81,18 @@ def quant_home(model_sha: str) -> Path:
     return lab_home() / "quant" / model_sha[:16]
 
 
-# --- what a GGUF file holds ----------------------------------------------------------------
-def _reader(path: Path):
-    import gguf
-
-    try:
-        return gguf.GGUFReader(str(path))
-    except Exception as e:  # gguf raises ValueError, struct or numpy errors on a torn file
-        raise FormatError(
-            f"{path} cannot be read as GGUF ({type(e).__name__}: {str(e)[:200]}); expected a "
-            "complete GGUF file: remove it and make it again"
-        ) from None
-
-
+# --- what a GGUF file holds (read by lablib.model.formats, the one GGUF reader) ----------------
 def tensor_types(path) -> list[dict]:
     """The tensors of a GGUF grouped by storage type, one dict per type:
     ``type`` (GGML type name), ``n_tensors``, ``n_elements`` (weights), ``bytes`` (tensor data),
     ``bpw`` (bits per weight of that type), ``tensors`` (names, sorted). Sorted by bytes, largest first."""
     groups: dict[str, dict] = {}
-    for t in _reader(Path(path)).tensors:
-        g = groups.setdefault(
-            t.tensor_type.name, {"type": t.tensor_type.name, "n_tensors": 0, "n_elements": 0, "bytes": 0, "tensors": []}
-        )
+    for name, kind, elements, nbytes in gguf_tensors(path):
+        g = groups.setdefault(kind, {"type": kind, "n_tensors": 0, "n_elements": 0, "bytes": 0, "tensors": []})
         g["n_tensors"] += 1
-        g["n_elements"] += int(t.n_elements)
-        g["bytes"] += int(t.n_bytes)
-        g["tensors"].append(t.name)
+        g["n_elements"] += elements
+        g["bytes"] += nbytes
+        g["tensors"].append(name)
     for g in groups.values():
         g["bpw"] = 8 * g["bytes"] / g["n_elements"]
         g["tensors"].sort()
@@ -115,24 +102,18 @@ def tensor_types(path) -> list[dict]:
 def file_facts(path) -> dict:
     """Size facts of a GGUF: ``bytes`` (the file), ``tensor_bytes`` (weights only), ``parameters``,
     ``bpw`` (bits per weight = 8 x tensor_bytes / parameters, as llama.cpp's loader prints it),
-    ``file_type`` (general.file_type as a name) and ``types`` (:func:`tensor_types` without names)."""
-    import gguf
-
+    ``file_type`` (general.file_type as a name: :func:`lablib.model.formats.file_type_name`) and
+    ``types`` (:func:`tensor_types` without names)."""
     path = Path(path)
     groups = tensor_types(path)
     n = sum(g["n_elements"] for g in groups)
     tb = sum(g["bytes"] for g in groups)
-    f = _reader(path).fields.get("general.file_type")
-    try:
-        ft = gguf.LlamaFileType(f.contents()).name.replace("MOSTLY_", "") if f is not None else ""
-    except ValueError:
-        ft = str(f.contents())
     return {
         "bytes": path.stat().st_size,
         "tensor_bytes": tb,
         "parameters": n,
         "bpw": 8 * tb / n,
-        "file_type": ft,
+        "file_type": gguf_facts(path)["quantization"],
         "types": [{k: v for k, v in g.items() if k != "tensors"} for g in groups],
     }
 
@@ -162,7 +143,7 @@ def write_reference(src, out, dtype: str = "F32") -> Path:
     if dtype not in FILE_TYPE:
         raise LabError(f"reference type {dtype!r}: expected one of {', '.join(REFERENCE_TYPES)}")
     src, out = Path(src), Path(out)
-    r = _reader(src)
+    r, _ = open_gguf(src)
     arch = r.fields["general.architecture"].contents()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

@@ -1,4 +1,4 @@
-"""The roofline: FLOPs and bytes per token from a model's shape, and the speed a machine allows.
+"""The roofline: the least time a machine allows each phase of a request, from its FLOPs and bytes.
 
 A phase of a request (prefill, decode) does F floating-point operations and moves at least B bytes
 between memory and the cores; on a machine with peak rate P (FLOP/s) and memory bandwidth W
@@ -7,25 +7,14 @@ between memory and the cores; on a machine with peak rate P (FLOP/s) and memory 
 it compute-bound (Williams, Waterman & Patterson, "Roofline: an insightful visual performance model
 for multicore architectures", CACM 52(4), 2009).
 
-Counting, per token, for a decoder of ``layers`` blocks (hidden size d, ``heads`` query heads and
-``kv_heads`` key/value heads of size ``head_dim``, MLP width ``intermediate``, vocabulary V):
-- weights: 2 FLOP (multiply, add) per weight of every matrix product: q, k, v, o projections, the MLP
-  (3 matrices when gated, as in Llama; 2 in GPT-2) and the LM head (d x V; tied or not). The input
-  embedding is a lookup, no FLOPs (Kaplan et al. 2020, "Scaling Laws for Neural Language Models",
-  table 1: C_forward ~ 2 N).
-- attention at context depth L (the token attends L positions, itself included): scores q.k and the
-  weighted sum of v, each 2 x heads x head_dim x L per layer, so 4 x layers x heads x head_dim x L
-  (Hoffmann et al. 2022, "Training Compute-Optimal Large Language Models", appendix F). Softmax,
-  norms and activations are left out (a few % at most).
-- bytes: the weights as the engine holds them (GGUF tensor types, safetensors dtypes, ONNX initializers)
+F comes from the model's shape (:mod:`lablib.model.shape`, which writes the counting out: 2 FLOP per
+matrix weight, 4 x layers x heads x head_dim per attended position). B, per step:
+- the weights as the engine holds them (GGUF tensor types, safetensors dtypes, ONNX initializers)
   read once per step, an untied input embedding and rotary tables excepted (a step reads one row of
-  each); the KV cache of the L positions read,
-  and the new token's K and V written: 2 x layers x kv_heads x head_dim x bytes per element per
-  token (lablib.engines.memory). Activations stay in cache and are not counted: these are the compulsory
-  bytes, so the bound is a ceiling.
-- prefill of P prompt tokens: one pass over the weights for all P tokens; the causal attention of
-  token i covers i positions (P(P+1)/2 in all); the LM head runs for the last token only (what
-  llama.cpp and ``generate`` do); P tokens of KV cache written.
+  each); the KV cache of the L positions read, and the new token's K and V written
+  (:func:`lablib.model.shape.kv_bytes_per_token`). Activations stay in cache and are not counted:
+  these are the compulsory bytes, so the bound is a ceiling.
+- prefill of P prompt tokens: one pass over the weights for all P tokens; P tokens of KV cache written.
 - decode with B sequences in a batch, each at depth L: one pass over the weights serves all B tokens,
   each reads its own L positions of KV cache.
 
@@ -36,171 +25,25 @@ reported it: openvino's inference precision, bf16 on a CPU with AVX-512 BF16); :
 both, and the engine class says which tensors that choice holds and what it computes at
 (:meth:`lablib.engines.base.Engine.weight_tensors`, :meth:`~lablib.engines.base.Engine.compute_dtype`).
 
-Machines are dicts {name, bytes_per_s, flop_per_s: {float32, bfloat16, int8}, source}: this machine's
-measurement (:func:`lablib.machine.measure_machine`) or an entry of :mod:`lablib.machine.accelerators`.
+Machines are dicts {name, bytes_per_s, flop_per_s: {float32, bfloat16, int8}, source}:
+:func:`lablib.machine.ceilings.machine` (this machine's measurement or an entry of
+:mod:`lablib.machine.accelerators`). The bound beside measured rows: :func:`add_bound_columns` (their
+medians: :func:`lablib.results.tables.bound_table`); for models and machines you do not have:
+:func:`predict`, :func:`what_if_table`, :func:`batch_sweep`; ``lablib roofline``: :func:`report`.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from lablib.errors import LabError
+from lablib.machine.ceilings import machine, peak_flops
+from lablib.model.shape import flops_per_token, kv_bytes_per_token, matmul_weights, model_dims, prefill_flops
 from lablib.results.schema import BOUND_COLUMNS  # noqa: F401  (the columns add_bound_columns adds)
 
 # what-if (predict with fmt=): the math each stored format runs at: 16-bit weights on 16-bit tensor math
 # (the bfloat16 figure; float32's where a machine has none), quantized ones on int8 dot products
 FORMAT_COMPUTE = {"F32": "float32", "F64": "float32", "F16": "bfloat16", "BF16": "bfloat16"}
-
-# Shapes of published models, from each one's config.json on the Hugging Face hub (for what-if).
-PRESETS = {
-    "SmolLM2-135M": dict(
-        layers=30,
-        hidden=576,
-        heads=9,
-        kv_heads=3,
-        head_dim=64,
-        intermediate=1536,
-        vocab=49152,
-        tied=True,
-        mlp_matrices=3,
-    ),
-    "SmolLM2-360M": dict(
-        layers=32,
-        hidden=960,
-        heads=15,
-        kv_heads=5,
-        head_dim=64,
-        intermediate=2560,
-        vocab=49152,
-        tied=True,
-        mlp_matrices=3,
-    ),
-    "SmolLM2-1.7B": dict(
-        layers=24,
-        hidden=2048,
-        heads=32,
-        kv_heads=32,
-        head_dim=64,
-        intermediate=8192,
-        vocab=49152,
-        tied=True,
-        mlp_matrices=3,
-    ),
-    "Llama-3.1-8B": dict(
-        layers=32,
-        hidden=4096,
-        heads=32,
-        kv_heads=8,
-        head_dim=128,
-        intermediate=14336,
-        vocab=128256,
-        tied=False,
-        mlp_matrices=3,
-    ),
-    "Llama-3.1-70B": dict(
-        layers=80,
-        hidden=8192,
-        heads=64,
-        kv_heads=8,
-        head_dim=128,
-        intermediate=28672,
-        vocab=128256,
-        tied=False,
-        mlp_matrices=3,
-    ),
-}
-
-
-# --- the model's shape ------------------------------------------------------------------------------
-def model_dims(model) -> dict:
-    """{layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied, mlp_matrices} of ``model``:
-    a ResolvedModel (its HF or MLX config.json, through :func:`lablib.model.formats.model_shape`), a name of
-    :data:`PRESETS`, or such a dict (returned checked). Raises LabError when a figure is missing."""
-    if isinstance(model, str):
-        if model not in PRESETS:
-            raise LabError(
-                f"model {model!r}: not a preset; expected one of {', '.join(PRESETS)}, a dict of "
-                "the shape, or a prepared model (lablib.prepare())"
-            )
-        return dict(PRESETS[model])
-    if isinstance(model, dict):
-        need = ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab")
-        bad = [k for k in need if not isinstance(model.get(k), int) or model[k] < 1]
-        if bad:
-            raise LabError(
-                f"model shape {model}: {', '.join(bad)} missing or not a positive whole number; "
-                f"expected {', '.join(need)} (and tied, mlp_matrices)"
-            )
-        return {"tied": True, "mlp_matrices": 3, **model}
-    from lablib.model.formats import model_shape
-
-    s = model_shape(model)
-    folder = model.hf_path or model.mlx_path
-    cfg = json.loads((Path(folder) / "config.json").read_text())
-    cfg = cfg.get("text_config") or cfg
-    heads = next(cfg[k] for k in ("num_attention_heads", "n_head", "num_heads") if cfg.get(k))
-    hidden = next((cfg[k] for k in ("hidden_size", "n_embd", "d_model") if cfg.get(k)), heads * s["head_dim"])
-    gated = cfg.get("intermediate_size") is not None
-    intermediate = cfg.get("intermediate_size") or cfg.get("n_inner") or 4 * hidden
-    return {
-        "layers": s["layers"],
-        "hidden": hidden,
-        "heads": heads,
-        "kv_heads": s["kv_heads"],
-        "head_dim": s["head_dim"],
-        "intermediate": intermediate,
-        "vocab": s["vocab"],
-        "tied": bool(cfg.get("tie_word_embeddings", False)),
-        "mlp_matrices": 3 if gated else 2,
-    }
-
-
-def matmul_weights(dims: dict) -> dict:
-    """Weights in matrix products, by part: {attention, mlp, lm_head, total} (counts, not bytes).
-
-    Per layer: q (d x heads*head_dim), k and v (d x kv_heads*head_dim each), o (heads*head_dim x d),
-    MLP (mlp_matrices x d x intermediate); the LM head d x vocab."""
-    d, q = dims["hidden"], dims["heads"] * dims["head_dim"]
-    kv = dims["kv_heads"] * dims["head_dim"]
-    attn = dims["layers"] * (2 * d * q + 2 * d * kv)
-    mlp = dims["layers"] * dims["mlp_matrices"] * d * dims["intermediate"]
-    head = d * dims["vocab"]
-    return {"attention": attn, "mlp": mlp, "lm_head": head, "total": attn + mlp + head}
-
-
-def parameters(dims: dict) -> int:
-    """All weights: matrix products, the input embedding when untied, and the RMSNorm weights
-    (2 per layer and a final one, d each; biases are left out)."""
-    d = dims["hidden"]
-    return matmul_weights(dims)["total"] + (0 if dims["tied"] else dims["vocab"] * d) + (2 * dims["layers"] + 1) * d
-
-
-def attention_flops_per_position(dims: dict) -> int:
-    """FLOPs one token spends per attended position: 4 x layers x heads x head_dim (q.k and the sum of v)."""
-    return 4 * dims["layers"] * dims["heads"] * dims["head_dim"]
-
-
-def flops_per_token(dims: dict, context: int) -> dict:
-    """FLOPs of one decoded token attending ``context`` positions: {weights, attention, total}."""
-    w = 2 * matmul_weights(dims)["total"]
-    a = attention_flops_per_position(dims) * context
-    return {"weights": w, "attention": a, "total": w + a}
-
-
-def prefill_flops(dims: dict, prompt_tokens: int) -> dict:
-    """FLOPs of a prefill of ``prompt_tokens`` tokens (causal; LM head for the last token only):
-    {weights, attention, total}."""
-    m = matmul_weights(dims)
-    p = prompt_tokens
-    w = 2 * (m["total"] - m["lm_head"]) * p + 2 * m["lm_head"]
-    a = attention_flops_per_position(dims) * p * (p + 1) // 2
-    return {"weights": w, "attention": a, "total": w + a}
-
-
-def kv_bytes_per_token(dims: dict, bytes_per_element: float) -> float:
-    """KV cache bytes one token keeps: 2 x layers x kv_heads x head_dim x bytes per element."""
-    return 2 * dims["layers"] * dims["kv_heads"] * dims["head_dim"] * bytes_per_element
 
 
 # --- weights as stored ----------------------------------------------------------------------------------
@@ -300,38 +143,6 @@ def engine_profile(model, engine, weights: str | None = None, dtype: str | None 
         "kv_bytes_per_element": cls.kv_bytes_per_value,
         "compute_dtype": _given(dtype) or compute_dtype(model, engine, weights),
     }
-
-
-# --- machines -------------------------------------------------------------------------------------------
-def machine(name=None) -> dict:
-    """A machine's ceilings {name, bytes_per_s, flop_per_s: {dtype: FLOP/s}, source}: None or "this" for
-    this machine's measurement (measured once and cached), a name of :data:`lablib.machine.accelerators.ACCELERATORS`,
-    or such a dict (returned as is). Raises LabError for an unknown name."""
-    from lablib.machine.accelerators import ACCELERATORS
-
-    if isinstance(name, dict):
-        return name
-    if name in (None, "this"):
-        from lablib.machine.ceilings import measure_machine
-
-        m = measure_machine()
-        return {
-            "name": f"this machine ({m['cpu_model']}, {m['threads']} threads)",
-            "bytes_per_s": m["bytes_per_s"],
-            "flop_per_s": dict(m["flop_per_s"]),
-            "source": f"measured {m['time']} (read kernel; matmul)",
-        }
-    if name not in ACCELERATORS:
-        raise LabError(f"machine {name!r}: unknown; expected 'this' or one of {', '.join(ACCELERATORS)}")
-    a = ACCELERATORS[name]
-    return {"name": name, "bytes_per_s": a["bytes_per_s"], "flop_per_s": dict(a["flop_per_s"]), "source": a["source"]}
-
-
-def peak_flops(mach: dict, dtype: str) -> float:
-    """The machine's FLOP/s for ``dtype``, float32's when it has none for that type, inf when it has neither
-    (then only bandwidth bounds)."""
-    f = mach.get("flop_per_s") or {}
-    return f.get(dtype) or f.get("float32") or float("inf")
 
 
 # --- phases: FLOPs, bytes, intensity, bound ------------------------------------------------------------
@@ -560,46 +371,6 @@ def add_bound_columns(df, model, machine_name=None):
     return pd.DataFrame(out, index=df.index)
 
 
-def bound_table(df):
-    """Per engine (and weight choice, where rows record one: ``weights``) and prompt length: medians of
-    measured and bound tokens/s and % of bound, prefill and decode."""
-    keys = ["engine", "weights", "prompt_tokens"] if "weights" in df.columns else ["engine", "prompt_tokens"]
-    g = df.groupby(keys, sort=False, dropna=False)
-    return g.agg(
-        prefill_tps=("prefill_tps", "median"),
-        prefill_bound_tps=("prefill_bound_tps", "median"),
-        prefill_pct_of_bound=("prefill_pct_of_bound", "median"),
-        decode_tps=("decode_tps", "median"),
-        decode_bound_tps=("decode_bound_tps", "median"),
-        decode_pct_of_bound=("decode_pct_of_bound", "median"),
-    ).reset_index()
-
-
-def bounds_for_report(df):
-    """(rows, table): ``df`` with :data:`BOUND_COLUMNS` and :func:`bound_table` of its context rows, when
-    the bound can be computed without measuring anything: every row of the default model (its sha256),
-    and the machine's figures in the rows (``measured_*`` columns) or in this machine's cache. Else
-    (``df``, None)."""
-    from lablib.machine.ceilings import cached_measurement
-
-    try:
-        if "model_sha256" not in df.columns:
-            return df, None
-        from lablib.model.resolve import prepare
-
-        rm = prepare(log=lambda *_: None)
-        if set(df["model_sha256"].dropna()) != {rm.sha256}:
-            return df, None
-        own = "measured_bandwidth_gbps" in df.columns and df["measured_bandwidth_gbps"].notna().all()
-        if not own and cached_measurement() is None:
-            return df, None
-        rows = add_bound_columns(df, rm)
-    except Exception:  # a report is still written without the bound  # noqa: BLE001
-        return df, None
-    ctx = rows[rows["sweep"] == "context"] if "sweep" in rows.columns else rows
-    return rows, (bound_table(ctx) if len(ctx) else None)
-
-
 def what_if_table(
     models=("SmolLM2-135M", "SmolLM2-1.7B", "Llama-3.1-8B", "Llama-3.1-70B"),
     formats=("Q4_1", "F16"),
@@ -638,3 +409,107 @@ def what_if_table(
                     }
                 )
     return pd.DataFrame(rows)
+
+
+# --- `lablib roofline`: this machine's ceilings, each engine's last decode against its bound ------------
+RESULTS_DIRS = ("results", "labs/results")  # where report() looks for earlier measurements
+
+
+def results_files(folders=RESULTS_DIRS) -> list[Path]:
+    """Results files (.jsonl, .parquet) the lab wrote under ``folders`` (relative to the current folder)."""
+    out = []
+    for d in folders:
+        for suffix in ("*.jsonl", "*.parquet"):
+            out += sorted(Path(d).glob(suffix))
+    return out
+
+
+def _last_rows(files, model, engines):
+    """Each engine's rows from its most recent measurement in ``files`` on this machine and model (single-stream
+    rows with a decode rate), or an empty DataFrame."""
+    import pandas as pd
+
+    from lablib.machine.identity import hardware_info
+    from lablib.results.store import load_results
+
+    if not files:
+        return pd.DataFrame()
+    df = load_results(*files)
+    keep = df["engine"].isin(engines) & df["decode_tps"].notna() if "decode_tps" in df else df["engine"].isna()
+    if "error" in df:
+        keep &= df["error"].isna()
+    if "hostname" in df:
+        keep &= df["hostname"] == hardware_info()["hostname"]
+    if "model_sha256" in df:
+        keep &= df["model_sha256"] == model.sha256
+    if "mode" in df:
+        keep &= df["mode"].isin(["single", "serial"]) | df["mode"].isna()
+    d = df[keep]
+    if not len(d):
+        return d
+    last = d.groupby("engine")["time"].transform("max") if "time" in d else None
+    return d[d["time"] == last] if last is not None else d
+
+
+def report(results=None, engines="transformers,llama.cpp,mlx", model=None, refresh: bool = False) -> dict:
+    """{machine: {cpu_model, threads, bandwidth_gbps (read kernel's median: the roofline's),
+    bandwidth_spread_gbps [min, max], copy_gbps, triad_gbps (STREAM's kernels, medians),
+    gflops {dtype: median GFLOP/s (int8: GOP/s)}, measured}, engines: {engine: {decode_tps,
+    decode_bound_tps, fraction_of_bound, prefill_tps, prefill_bound_tps, prompt_tokens, rows, source}}}.
+
+    ``results``: results files (None: those under results/ and labs/results/; [] : none); an engine
+    without rows from this machine and model is measured now (one warm-up, then the requests of
+    :data:`lablib.config.BUDGETS` ``"roofline"``: 3 of 64 prompt and 32 output tokens)."""
+    from lablib.config import budget
+    from lablib.machine.ceilings import measure_machine
+    from lablib.measure.sweep import engine_names, side_by_side
+    from lablib.measure.workload import prompt_of_length
+    from lablib.model.resolve import prepare
+
+    names = engine_names(engines)
+    m = measure_machine(refresh=refresh)
+    rm = prepare(model, log=lambda *_: None)
+    files = results_files() if results is None else [Path(f) for f in results]
+    missing = [f for f in files if not f.is_file()]
+    if missing:
+        raise LabError(f"--results {', '.join(map(str, missing))}: not found; expected results files the lab wrote")
+    rows = _last_rows(files, rm, names)
+    import pandas as pd
+
+    frames = [rows.assign(source="results: " + rows["source_file"].astype(str))] if len(rows) else []
+    todo = [e for e in names if not len(rows) or e not in set(rows["engine"])]
+    if todo:
+        n, new, reps = (budget("roofline", k) for k in ("prompt_tokens", "max_new_tokens", "reps"))
+        fresh = side_by_side(
+            rm, engines=todo, ids=prompt_of_length(rm, n), max_new_tokens=new, reps=reps, progress=False
+        )
+        frames.append(fresh.assign(source=f"measured now ({n} prompt + {new} output tokens, {reps} requests)"))
+    df = add_bound_columns(pd.concat(frames, ignore_index=True), rm, machine_name=None)
+    engines_out = {}
+    for e, g in df.groupby("engine", sort=False):
+        dec, bound = float(g["decode_tps"].median()), float(g["decode_bound_tps"].median())
+        engines_out[e] = {
+            "decode_tps": dec,
+            "decode_bound_tps": bound,
+            "fraction_of_bound": dec / bound,
+            "prefill_tps": float(g["prefill_tps"].median()),
+            "prefill_bound_tps": float(g["prefill_bound_tps"].median()),
+            "prompt_tokens": int(g["prompt_tokens"].median()),
+            "rows": len(g),
+            "compute_dtype": g["compute_dtype"].iloc[0],
+            "source": g["source"].iloc[0],
+        }
+    bw = m["bandwidth"]
+    return {
+        "machine": {
+            "cpu_model": m["cpu_model"],
+            "threads": m["threads"],
+            "bandwidth_gbps": m["bytes_per_s"] / 1e9,
+            "bandwidth_spread_gbps": [bw["read"]["min"] / 1e9, bw["read"]["max"] / 1e9],
+            "copy_gbps": bw["copy"]["bytes_per_s"] / 1e9,
+            "triad_gbps": bw["triad"]["bytes_per_s"] / 1e9,
+            "gflops": {k: v / 1e9 for k, v in m["flop_per_s"].items()},
+            "measured": m["time"],
+        },
+        "engines": engines_out,
+    }

@@ -11,9 +11,41 @@ from pathlib import Path
 
 from lablib import plots
 from lablib.errors import LabError
-from lablib.studies.roofline import bounds_for_report
 from lablib.plots.roofline import roofline as roofline_figure
-from lablib.results.tables import manifest_table, ok_rows, sweep_rows
+from lablib.results.tables import bound_table, manifest_table, ok_rows, sweep_rows
+from lablib.studies.roofline import add_bound_columns
+
+
+def bounds_for_report(df):
+    """(rows, table, why): ``df`` with :data:`lablib.results.schema.BOUND_COLUMNS` and the
+    :func:`~lablib.results.tables.bound_table` of its context rows, when the bound can be computed
+    without measuring anything: every row of the default model (its sha256), and the machine's figures
+    in the rows (``measured_*`` columns) or in this machine's cache. Else (``df``, None, why): a
+    sentence saying why the report has no bound. Only a LabError (a model, engine or file the bound
+    cannot read) leaves the bound out; any other error is a fault and is raised."""
+    from lablib.machine.ceilings import cached_measurement
+    from lablib.model.resolve import prepare
+
+    if "model_sha256" not in df.columns:
+        return df, None, "the rows do not name their model (no model_sha256 column)"
+    try:
+        rm = prepare(log=lambda *_: None)
+        if set(df["model_sha256"].dropna()) != {rm.sha256}:
+            return df, None, f"not every row is of the default model ({rm.name}), the one whose weights it counts"
+        own = "measured_bandwidth_gbps" in df.columns and df["measured_bandwidth_gbps"].notna().all()
+        if not own and cached_measurement() is None:
+            return (
+                df,
+                None,
+                "the rows carry no measured ceilings and this machine was never measured: run `lablib roofline`",
+            )
+        rows = add_bound_columns(df, rm)
+    except LabError as e:
+        return df, None, f"it could not be computed ({e})"
+    ctx = rows[rows["sweep"] == "context"] if "sweep" in rows.columns else rows
+    if not len(ctx):
+        return rows, None, "no context-sweep rows to tabulate"
+    return rows, bound_table(ctx), None
 
 
 def report_figures(df) -> list:  # of plotly Figures
@@ -41,7 +73,7 @@ def report_html(df, path, title: str = "Inference Engine Lab results") -> Path:
     d = ok_rows(df)
     if len(d) == 0:
         raise LabError("report_html: no rows to report; run a sweep or load a results file first")
-    d, bounds = bounds_for_report(d)  # "% of the machine's bound" columns and table, when they can be computed
+    d, bounds, no_bound = bounds_for_report(d)  # "% of the machine's bound" columns and table, or why not
     figs = report_figures(d)
     if not figs:
         raise LabError("report_html: no context or concurrency rows in the data (column 'sweep')")
@@ -66,6 +98,8 @@ def report_html(df, path, title: str = "Inference Engine Lab results") -> Path:
             "<h2>Measured against the machine's bound (roofline)</h2>",
             bounds.to_html(index=False, border=0, classes="manifest", float_format=lambda v: f"{v:,.1f}"),
         ]
+    elif no_bound:
+        parts.append(f"<p class='note'>No roofline bound in this report: {html.escape(no_bound)}.</p>")
     for i, fig in enumerate(figs):
         parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
     parts.append("</body></html>")

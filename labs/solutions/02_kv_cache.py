@@ -34,10 +34,10 @@
 # exact factors move by several percent from run to run, more when another
 # program is busy on the cores.
 import lablib
-from lablib.measure import sweep
 from lablib.engines import ENGINES
-from lablib.model.formats import model_shape
 from lablib.engines.memory import kv_cache_bytes, weights_bytes
+from lablib.measure import sweep
+from lablib.model.shape import model_shape
 
 SHORT, LONG = 64, 1024
 engines = ["transformers", "llama.cpp"]

@@ -14,11 +14,13 @@
 # bytes predict at first, because per-step fixed costs dilute it; on a shared
 # machine the run-to-run noise can hide a 20 % change: repeat it.
 import lablib
-from lablib.studies import roofline
+from lablib.machine import ceilings
 from lablib.measure import sweep
+from lablib.results import tables
+from lablib.studies import roofline
 
 model = lablib.prepare()
-mach = roofline.machine("this")
+mach = ceilings.machine("this")
 for engine in ("llama.cpp", "transformers"):
     prof = roofline.engine_profile(model, engine)
     base = None
@@ -34,4 +36,4 @@ for engine in ("llama.cpp", "transformers"):
 df = sweep.context_sweep(
     model, engines=["llama.cpp"], prompt_tokens=[64, 1024], max_new_tokens=32, reps=2, progress=False
 )
-print(roofline.bound_table(roofline.add_bound_columns(df, model)).round(1).to_string(index=False))
+print(tables.bound_table(roofline.add_bound_columns(df, model)).round(1).to_string(index=False))

@@ -8,7 +8,7 @@
 # --cache-type-k/v q8_0, vLLM's kv_cache_dtype fp8) the bytes halve and twice
 # as many fit. Grouped-query attention is what keeps these numbers sane: with
 # one KV head per query head (32) Llama-3.1-8B would keep 4 x as much.
-from lablib.studies import roofline
+from lablib.model import shape
 
 BUDGET, TOKENS = 8e9, 2000
 for name, bytes_per_value, label in (
@@ -16,7 +16,7 @@ for name, bytes_per_value, label in (
     ("Llama-3.1-8B", 2, "float16"),
     ("Llama-3.1-8B", 1, "8-bit"),
 ):
-    per_token = roofline.kv_bytes_per_token(roofline.model_dims(name), bytes_per_value)
+    per_token = shape.kv_bytes_per_token(shape.model_dims(name), bytes_per_value)
     per_conv = per_token * TOKENS
     print(
         f"{name:>13} {label:>7}: {per_token:>9,.0f} bytes a token, {per_conv / 1e6:6.0f} MB a conversation, "

@@ -26,7 +26,8 @@ the client's count (``usage_mismatch``); llama-server's ``timings`` are kept
 
 Each server kind has a profile (:data:`PROFILES`): whether the completions API takes token
 ids, how to ask for a fixed length (``ignore_eos``, ``min_tokens`` or a logit bias against
-EOS), the prompt-cache switch. ``server="auto"`` asks the server what it is.
+EOS), the prompt-cache switch, the model id to name. ``server="auto"`` asks the server what it
+is. The servers the lab starts itself (:data:`lablib.engines.servers.SERVERS`) carry these profiles.
 
 Sync use goes through :meth:`Engine.generate`; many concurrent streams through
 :meth:`HTTPEngine.agenerate`, run on the engine's own event loop (:meth:`HTTPEngine.run`),
@@ -43,12 +44,11 @@ import os
 import threading
 from dataclasses import dataclass, field
 
+from lablib.engines.base import Engine, EngineInfo, GenerationConfig
 from lablib.errors import LabError
 from lablib.results.trace import RequestTrace, now
-from lablib.engines.base import Engine, EngineInfo, GenerationConfig
 
 APIS = ("completions", "chat", "native")
-KINDS = ("llama-server", "llama-cpp-python", "mlx", "transformers", "vllm", "openai")
 
 
 class HTTPEngineError(LabError):
@@ -62,42 +62,45 @@ class HTTPEngineError(LabError):
 
 @dataclass(frozen=True)
 class ServerProfile:
-    """What one kind of server honours.
+    """What one kind of server honours, as the http engine streams from it.
 
     ``ids``: the completions API takes the prompt as token ids. ``fixed``: how to generate
-    exactly max_tokens (``ignore_eos``, ``min_tokens``, ``logit_bias`` or ``none``).
+    exactly max_tokens (``ignore_eos``, ``min_tokens``, ``logit_bias``, ``generation_config`` or ``none``).
     ``extra``: fields sent with every request (prompt cache off where there is a switch).
     ``logprobs``: ask for one logprob per token to count tokens per chunk exactly (cheap on
     this server). ``stream_usage``: the server can put usage in a stream. ``chunk_usage``: ask for
     cumulative usage on every chunk (vLLM's ``continuous_usage_stats``): an exact count per chunk.
+    ``model_id``: the model id requests name when none is given (None: the first of ``/v1/models``).
     """
 
-    kind: str
     ids: bool
     fixed: str
     extra: dict = field(default_factory=dict)
     logprobs: bool = False
     stream_usage: bool = True
     chunk_usage: bool = False
+    model_id: str | None = None
 
 
+# kind of server -> its profile; lablib.engines.servers.SERVERS gives each server the lab starts its row here
 PROFILES = {
     # llama.cpp tools/server: `logprobs` is an alias of n_probs (ids in each entry), cache_prompt defaults true
-    "llama-server": ServerProfile(
-        "llama-server", ids=True, fixed="ignore_eos", extra={"cache_prompt": False}, logprobs=True
-    ),
+    "llama-server": ServerProfile(ids=True, fixed="ignore_eos", extra={"cache_prompt": False}, logprobs=True),
     # llama_cpp/server/types.py: prompt is str | list[str]; min_tokens masks EOS; no usage in streams;
     # logprobs would sort the whole vocabulary per token in Python (distorts what it measures)
-    "llama-cpp-python": ServerProfile("llama-cpp-python", ids=False, fixed="min_tokens", stream_usage=False),
-    # mlx_lm/server.py: text prompts, logit_bias honoured, usage with stream_options.include_usage
-    "mlx": ServerProfile("mlx", ids=False, fixed="logit_bias"),
+    "llama-cpp-python": ServerProfile(ids=False, fixed="min_tokens", stream_usage=False),
+    # mlx_lm/server.py: text prompts, logit_bias honoured, usage with stream_options.include_usage;
+    # "default_model" is the model it was started with (another id may load another)
+    "mlx": ServerProfile(ids=False, fixed="logit_bias", model_id="default_model"),
     # transformers/cli/serving: stream_options and logprobs unused; a `generation_config` JSON string replaces
     # the generation config (min_new_tokens holds EOS back); the role chunk comes before prefill
-    "transformers": ServerProfile("transformers", ids=False, fixed="generation_config"),
+    "transformers": ServerProfile(ids=False, fixed="generation_config"),
     # vLLM: token ids, ignore_eos and min_tokens, cumulative usage per chunk; prefix caching on by default
-    "vllm": ServerProfile("vllm", ids=True, fixed="ignore_eos", chunk_usage=True),
-    "openai": ServerProfile("openai", ids=False, fixed="logit_bias"),
+    "vllm": ServerProfile(ids=True, fixed="ignore_eos", chunk_usage=True),
+    # any other OpenAI-compatible server
+    "openai": ServerProfile(ids=False, fixed="logit_bias"),
 }
+KINDS = tuple(PROFILES)
 
 
 @dataclass
@@ -289,14 +292,7 @@ class HTTPEngine(Engine):
         tokenizer=True,
     ):
         super().__init__(model)
-        try:
-            import aiohttp  # noqa: F401
-        except ImportError as e:  # pragma: no cover - load_engine reports it first
-            from lablib.errors import EngineUnavailable
-
-            raise EngineUnavailable(
-                f"the http engine needs aiohttp ({e}); install it: pip install 'lablib[serve]'"
-            ) from None
+        self._import_library("aiohttp")
         if not base_url:
             raise LabError(
                 "the http engine needs base_url=... (a server's OpenAI URL, e.g. "
@@ -322,7 +318,7 @@ class HTTPEngine(Engine):
         self._lock = threading.Lock()
         self._tok = None
         if tokenizer and model is not None:
-            from lablib.measure.workload import lab_tokenizer
+            from lablib.model.tokenizer import lab_tokenizer
 
             self._tok = lab_tokenizer(model)
             self.n_vocab = len(self._tok)
@@ -337,10 +333,7 @@ class HTTPEngine(Engine):
             raise
         self.kind = kind or self.server_info.get("kind", "openai")
         self.profile = PROFILES[self.kind]
-        # mlx_lm.server maps "default_model" to the model it was started with (another id may load another)
-        self.server_model = server_model or (
-            "default_model" if self.kind == "mlx" else self.server_info.get("model_id")
-        )
+        self.server_model = server_model or self.profile.model_id or self.server_info.get("model_id")
         self.server_version = server_version or self.server_info.get("version") or "unknown"
         if api == "native" and self.kind != "llama-server":
             raise LabError(
