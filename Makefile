@@ -19,7 +19,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml lablib/build/llama.py Makefile
+$(STAMP): pyproject.toml $(wildcard lablib/build/llama/*.py) Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade --quiet pip
 	$(PIP) install --quiet "$(TORCH_SPEC)"

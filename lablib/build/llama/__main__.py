@@ -1,0 +1,5 @@
+"""``python -m lablib.build.llama``."""
+
+from lablib.build.llama.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""llama.cpp's own programs (llama-bench, llama-server, ...), built from the installed library's CMake tree.
+
+Standard library only (it runs before the lab is installed).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import subprocess
+from pathlib import Path
+
+from lablib.build.llama.probe import BuildError
+from lablib.build.llama.wheel import _build_env, build_report
+
+# llama.cpp's own programs, built from the library's build tree on first use (llama_tool)
+TOOLS = ("llama-bench", "llama-batched-bench", "llama-server", "llama-perplexity", "llama-quantize")
+
+
+def llama_tool(name: str, log=print) -> Path:
+    """Path of llama.cpp's program ``name`` (one of :data:`TOOLS`), built on first use.
+
+    It is built in the CMake tree of this environment's installed library (same source, same
+    flags: the report ``--install`` wrote), so it measures the same kernels as the in-process
+    engine. The first call for a tool takes a minute or more (the library's objects are reused).
+    Raises BuildError when ``name`` is unknown or this environment's library was not installed
+    by ``python -m lablib.build.llama --install``.
+    """
+    if name not in TOOLS:
+        raise BuildError(f"unknown llama.cpp tool {name!r}: expected one of {', '.join(TOOLS)}")
+    report = build_report()
+    folder = Path(report["build_dir"]) if report and report.get("build_dir") else None
+    if folder is None or not (folder / "src" / "CMakeLists.txt").exists() or not (folder / "build").is_dir():
+        raise BuildError(
+            f"llama.cpp's {name} is built from the same build tree as the installed library, and "
+            "none is recorded for this environment: run `python -m lablib.build.llama --install` "
+            "(`make setup` does)"
+        )
+    exe = folder / "build" / "bin" / name
+    if exe.is_file():
+        return exe
+    build = folder / "build"
+    with open(folder / "tools.lock", "w") as lock:  # one tool build at a time in this tree
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if exe.is_file():
+            return exe
+        log(f"llama.cpp: building {name} from the library's build tree (CMAKE_ARGS={report['cmake_args']!r})")
+        env = _build_env(report["cmake_args"])
+        # LLAVA_BUILD=OFF: llama.cpp's tools add its mtmd folder themselves (llama-cpp-python adds it too otherwise)
+        steps = [
+            [
+                "cmake",
+                "-S",
+                str(folder / "src"),
+                "-B",
+                str(build),
+                "-DLLAVA_BUILD=OFF",
+                "-DLLAMA_BUILD_TOOLS=ON",
+                "-DLLAMA_BUILD_SERVER=ON",
+                "-DLLAMA_BUILD_UI=OFF",
+                "-DLLAMA_USE_PREBUILT_UI=OFF",
+            ],
+            ["cmake", "--build", str(build), "--target", name, "--parallel", env["CMAKE_BUILD_PARALLEL_LEVEL"]],
+        ]
+        for cmd in steps:
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if p.returncode != 0:
+                tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-15:])
+                raise BuildError(f"building llama.cpp's {name} failed ({' '.join(cmd[:3])} ...):\n{tail}")
+    if not exe.is_file():
+        raise BuildError(f"building {name} finished but {exe} does not exist")
+    return exe
