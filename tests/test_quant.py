@@ -42,7 +42,7 @@ def test_reference_keeps_metadata_and_tokenizer(model, ref_path):
 
 
 def test_reference_gives_the_same_greedy_ids_as_transformers(model, ref_path, hf):
-    from lablib.cli import DEFAULT_CHAT
+    from lablib.cli.run import DEFAULT_CHAT
     from lablib.engines import load_engine
     from lablib.engines.base import GenerationConfig
     from lablib.measure.workload import chat_ids

@@ -38,7 +38,8 @@ from lablib.checks import whole
 from lablib.engines.base import BatchStats, Engine, EngineInfo, GenerationConfig, PrefixCache
 from lablib.engines.sampling import DEFINITION
 from lablib.errors import ContextOverflowError, LabError
-from lablib.model.formats import FLOAT_TYPES, gguf_config, model_shape
+from lablib.model.formats import FLOAT_TYPES, gguf_config
+from lablib.model.shape import model_shape
 from lablib.results.trace import RequestTrace, now
 
 if TYPE_CHECKING:

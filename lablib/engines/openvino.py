@@ -8,7 +8,7 @@ embedding tied to the output), the reader runs the shipped file, but a *differen
 tokens leave transformers' at the first or second token on 4 of 5 prompts, and teacher-forced,
 the tokens it picks are 1-2 nats below transformers' argmax where llama.cpp on the same file
 agrees with transformers within 0.1 nats (a Q8_0 requantization of the file does the same). On the
-lab's F16 reference of that file (:func:`lablib.studies.quant.reference`: every tensor dequantized with the
+lab's F16 reference of that file (:func:`lablib.model.reference.reference`: every tensor dequantized with the
 gguf package, cached by the file's hash under the lab home), it agrees with transformers for 32
 greedy tokens on 4 of those 5 prompts. So the engine reads the F16 reference by default
 (``weights="f16"``); ``weights="source"`` reads the model's own GGUF, to show the difference
@@ -90,11 +90,11 @@ class OpenVINOEngine(Engine):
     @classmethod
     def weights_path(cls, model, weights: str | None = None, log=lambda *_: None) -> str:
         """The GGUF it reads for ``weights``: "f16" (the default) the lab's F16 reference of ``model``
-        (written once and cached by :func:`lablib.studies.quant.reference` when missing, saying so to ``log``),
+        (written once and cached by :func:`lablib.model.reference.reference` when missing, saying so to ``log``),
         "source" the model's own GGUF. FormatError for a model without a GGUF file."""
         if cls.check_weights(weights) == "source":
             return model.path_for("gguf", cls.name)
-        from lablib.studies.quant import reference
+        from lablib.model.reference import reference
 
         return str(reference(model, "F16", log=log))
 
@@ -116,7 +116,7 @@ class OpenVINOEngine(Engine):
     @classmethod
     def weights_bytes(cls, model) -> int:
         """Bytes of the F16 reference GGUF it reads (parameters x 2 before it exists)."""
-        from lablib.studies.quant import quant_home
+        from lablib.model.reference import quant_home
 
         ref = quant_home(model.sha256) / "reference-F16.gguf"
         return ref.stat().st_size if ref.is_file() else model.parameters * 2
@@ -306,7 +306,7 @@ def _device_property(device: str, key: str) -> str | None:
 
 def model_vocab(model) -> int:
     """Vocabulary size of ``model`` (its shape as the lab reads it from the files)."""
-    from lablib.model.formats import model_shape
+    from lablib.model.shape import model_shape
 
     return int(model_shape(model)["vocab"] or 0)
 

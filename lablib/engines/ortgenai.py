@@ -250,7 +250,7 @@ class OnnxRuntimeGenAIEngine(Engine):
         """The prefill's logits, bytes: the builder's model returns logits for every prompt position
         ([1, prompt tokens, vocabulary] float32), 1.6 GB for an 8192-token SmolLM2 prompt. Allocated
         per request, so 0 at load (``context_tokens`` 0)."""
-        from lablib.model.formats import model_shape
+        from lablib.model.shape import model_shape
 
         return context_tokens * (model_shape(model)["vocab"] or 0) * 4
 

@@ -429,12 +429,6 @@ def onnx_tensors(folder: str) -> tuple:
 
 
 # --- the model's shape: lablib.model.shape -------------------------------------------
-def model_shape(model) -> dict:
-    """{layers, kv_heads, head_dim, vocab}: :func:`lablib.model.shape.model_shape`, the one reader of a
-    model's shape (this name stays for the engines that import it from here)."""
-    from lablib.model.shape import model_shape
-
-    return model_shape(model)
 
 
 # --- experiments ------------------------------------------------------------------

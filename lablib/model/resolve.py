@@ -22,10 +22,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from lablib.model import derive
 from lablib.config import lab_home
 from lablib.errors import FormatError, LabError
-from lablib.model.formats import CONVERT_HINT, FORMATS, detect_format, gguf_facts, gguf_files, read_config, trained_context
+from lablib.model import derive
+from lablib.model.formats import (
+    CONVERT_HINT,
+    FORMATS,
+    detect_format,
+    gguf_facts,
+    gguf_files,
+    read_config,
+    trained_context,
+)
 
 try:
     import fcntl
