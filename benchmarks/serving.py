@@ -30,13 +30,11 @@ import time
 import lablib
 from lablib.engines import load_engine
 from lablib.engines.base import GenerationConfig
+from lablib.engines.servers import SERVERS, start_server
 from lablib.errors import LabError
 from lablib.measure.load import run_load, summarize
-from lablib.engines.servers import start_server
-from lablib.ui.text import summary_line
 from lablib.measure.workload import prompt_of_length
-
-TWIN = {"llama-cpp-python": "llama.cpp", "mlx": "mlx", "llama-server": "llama.cpp"}
+from lablib.ui.text import summary_line
 
 
 def client_overhead(model, n_tokens: int) -> float:
@@ -112,7 +110,7 @@ def in_process_vs_http(srv, model, ids, warm, cfg) -> str:
 
     The warm-up prompt ``warm`` differs from ``ids``: llama-cpp-python's server reuses the KV cache of
     a matching prefix (no switch), so warming up on the same prompt would hide its prefill."""
-    twin = load_engine(TWIN[srv.name], model, n_ctx=2048, threads=1)
+    twin = load_engine(SERVERS[srv.name].twin, model, n_ctx=2048, threads=1)
     try:
         twin.generate(warm, cfg)
         a = twin.generate(ids, cfg)
@@ -125,7 +123,7 @@ def in_process_vs_http(srv, model, ids, warm, cfg) -> str:
     finally:
         e.close()
     return (
-        f"server={srv.name} inprocess={TWIN[srv.name]} ttft_inprocess_s={a.ttft_s:.4f} ttft_http_s={b.ttft_s:.4f} "
+        f"server={srv.name} inprocess={SERVERS[srv.name].twin} ttft_inprocess_s={a.ttft_s:.4f} ttft_http_s={b.ttft_s:.4f} "
         f"tpot_inprocess_s={a.tpot_s:.4f} tpot_http_s={b.tpot_s:.4f} "
         f"http_adds_ttft_s={b.ttft_s - a.ttft_s:.4f} http_adds_tpot_s={b.tpot_s - a.tpot_s:.4f}"
     )
@@ -199,7 +197,7 @@ def main(argv=None):
             continue
         with srv:
             print(f"# {srv.name} {srv.version} at {srv.base_url}, ready in {srv.startup_s:.1f} s", flush=True)
-            if srv.name in TWIN:
+            if srv.name in SERVERS:
                 print(
                     in_process_vs_http(
                         srv,

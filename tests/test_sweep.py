@@ -398,3 +398,182 @@ def test_a_mode_an_engine_lacks_is_refused_before_any_work(model, tmp_path):
     assert not out.exists()
     plan = sweep.modes_per_engine(["openvino", "onnxruntime-genai"], ["serial", "batched"])
     assert plan == {"openvino": ["serial", "batched"], "onnxruntime-genai": ["serial"]}
+
+
+# --- the one loop of a sweep, the warm-up loop, the manifest: on a stand-in engine (no library) ---------
+class _Info:
+    def to_dict(self):
+        return {"name": "stand-in", "version": "0"}
+
+
+class _Model:
+    def manifest(self):
+        return {"name": "m", "sha256": "0" * 64}
+
+
+class _Trace:
+    def __init__(self, ids, cfg):
+        self.ids, self.cfg = list(ids), cfg
+        self.prefill_tps, self.decode_tps = float(len(ids)), float(cfg.max_new_tokens)
+
+    def metrics(self):
+        return {"prefill_tps": self.prefill_tps, "decode_tps": self.decode_tps}
+
+
+class _StandIn:
+    """What the loops use of an engine: generate, info, model, close; it logs each call."""
+
+    def __init__(self, log, name="stand-in", **load):
+        self.log, self.name, self.load, self.model = log, name, load, _Model()
+        log.append(("load", name))
+
+    def generate(self, ids, cfg, **_):
+        self.log.append(("generate", len(ids), cfg.max_new_tokens))
+        return _Trace(ids, cfg)
+
+    def info(self):
+        return _Info()
+
+    def close(self):
+        self.log.append(("close", self.name))
+
+
+def test_engine_manifest_takes_any_object_with_info_and_model():
+    from lablib.results.store import engine_manifest
+
+    m = engine_manifest(_StandIn([]), {"prompt_tokens": 3})
+    assert m["engine"] == {"name": "stand-in", "version": "0"} and m["model"]["name"] == "m"
+    assert m["workload"] == {"prompt_tokens": 3} and {"hardware", "lablib_version", "time"} <= set(m)
+    assert sweep.engine_manifest is engine_manifest  # where the sweeps' callers reach it
+
+
+def test_the_guards_live_in_plan_and_positive_ints_is_the_one_check():
+    from lablib import checks
+    from lablib.measure import plan
+
+    assert sweep.positive_ints is plan.positive_ints is checks.positive_ints
+    for name in ("budgeted_int", "engine_names", "weights_load_kwargs", "default_prompt_lengths", "check_plan"):
+        assert getattr(sweep, name) is getattr(plan, name)
+    assert plan.scheduling_modes("batched, serial") == ["batched", "serial"]
+    with pytest.raises(LabError, match=r"modes=\['fast'\]: expected one or more of serial, batched"):
+        plan.scheduling_modes(["fast"])
+    with pytest.raises(LabError, match=r"warmup=-1: expected 0 or more"):
+        plan.check_warmup(-1)
+
+
+def test_measured_traces_warm_up_unrecorded_then_measure_each_prompt_and_stop_on_cancel():
+    from lablib.engines.base import GenerationConfig
+
+    log = []
+    e = _StandIn(log)
+    cfg, short = GenerationConfig(max_new_tokens=4), GenerationConfig(max_new_tokens=2)
+    traces = list(sweep.measured_traces(e, [[1] * 5, [1] * 6], cfg, warmup=[[1] * 3], warmup_cfg=short))
+    assert [len(t.ids) for t in traces] == [5, 6]
+    assert log[1:] == [("generate", 3, 2), ("generate", 5, 4), ("generate", 6, 4)]
+    cancel = threading.Event()
+    gen = sweep.measured_traces(e, [[1]] * 3, cfg, warmup=[[1]], cancel=cancel)
+    next(gen)
+    cancel.set()
+    assert list(gen) == []
+
+
+def test_ladder_and_anchors_measure_through_the_warm_up_loop(monkeypatch):
+    from lablib.studies import anchors, ladder
+
+    log = []
+    speed = ladder.measure_speed(_StandIn(log), list(range(20)), 5, reps=2)
+    # one short warm-up (8 prompt tokens, 2 new), then the reps
+    assert log[1:] == [("generate", 8, 2), ("generate", 20, 5), ("generate", 20, 5)]
+    assert speed == {"prefill_tps": 20.0, "decode_tps": 5.0, "prompt_tokens": 20, "output_tokens": 5}
+    monkeypatch.setattr(anchors, "prompt_of_length", lambda model, n: [1] * n)
+    log.clear()
+    assert anchors.lab_single(_StandIn(log), "pp512", reps=2) == 512.0  # no warm-up unless asked
+    assert log[1:] == [("generate", 512, 1)] * 2
+    log.clear()
+    assert anchors.lab_single(_StandIn(log), "tg128@d0", reps=1, warmup=1) == 128.0
+    assert log[1:] == [("generate", 1, 128)] * 2
+
+
+def test_in_process_vs_server_warms_up_each_way_then_one_distinct_prompt_per_rep(monkeypatch):
+    import lablib.engines
+    from lablib.studies import serving
+
+    class Trace(_Trace):
+        ttft_s = tpot_s = e2e_s = 0.1
+        output_tokens, count_method = 2, "token_ids"
+
+    class Engine(_StandIn):
+        def generate(self, ids, cfg, **_):
+            self.log.append((self.name, ids[0]))
+            return Trace(ids, cfg)
+
+    class Server:
+        name, threads = "llama-server", 1
+
+        def engine(self, model):
+            return Engine(log, "http")
+
+    log = []
+    # prompt i starts with token i: which prompt each request got
+    monkeypatch.setattr(
+        "lablib.measure.workload.distinct_prompts", lambda model, n, count: [[i] * n for i in range(count)]
+    )
+    monkeypatch.setattr(lablib.engines, "load_engine", lambda name, model, **kw: Engine(log, name))
+    df = serving.in_process_vs_server(None, Server(), prompt_tokens=4, max_new_tokens=2, reps=2)
+    assert list(df["where"]) == ["in-process"] * 2 + ["http"] * 2 and list(df["rep"]) == [0, 1, 0, 1]
+    # each way: the warm-up on the last prompt (no measured request uses it), then prompts 0 and 1
+    assert [e for e in log if e[0] != "load" and e[0] != "close"] == [
+        ("llama.cpp", 2), ("llama.cpp", 0), ("llama.cpp", 1), ("http", 2), ("http", 0), ("http", 1),
+    ]  # fmt: skip
+
+
+def _stand_in_plan(monkeypatch, log):
+    monkeypatch.setattr(sweep, "load_engine", lambda name, model, **load: _StandIn(log, name, **load))
+
+    def rows(tag, n):
+        def run(engine, emit):
+            for i in range(n):
+                emit({"engine": engine.name, "step": tag, "i": i})
+
+        return run
+
+    return [
+        sweep.Step("a", {"n_ctx": 64}, rows("a1", 2)),
+        sweep.Step("a", {"n_ctx": 64}, rows("a2", 1)),  # same engine and load keywords: loaded once
+        sweep.Step("b", {"n_ctx": 64}, rows("b1", 2)),
+    ]
+
+
+def test_run_plan_loads_each_engine_once_writes_rows_in_order_and_closes(monkeypatch, tmp_path):
+    log, seen = [], []
+    plan = _stand_in_plan(monkeypatch, log)
+    out = tmp_path / "plan.jsonl"
+    df = sweep.run_plan(None, plan, out=out, on_row=seen.append, progress=False, total=5)
+    assert [(r["step"], r["i"]) for r in seen] == [("a1", 0), ("a1", 1), ("a2", 0), ("b1", 0), ("b1", 1)]
+    assert list(df["step"]) == list(load_results(out)["step"]) == ["a1", "a1", "a2", "b1", "b1"]
+    assert log == [("load", "a"), ("close", "a"), ("load", "b"), ("close", "b")]
+
+
+def test_run_plan_stops_on_cancel_and_closes_on_a_crash(monkeypatch, tmp_path):
+    log = []
+    plan = _stand_in_plan(monkeypatch, log)
+    cancel = threading.Event()
+
+    def on_row(row):
+        if row["step"] == "a2":
+            cancel.set()
+
+    df = sweep.run_plan(None, plan, on_row=on_row, cancel=cancel, progress=False)
+    assert list(df["step"]) == ["a1", "a1", "a2"] and log == [("load", "a"), ("close", "a")]
+    log.clear()
+    assert sweep.run_plan(None, plan, cancel=cancel, progress=False).empty and log == []  # set before: nothing loads
+
+    def crash(row):
+        if row["step"] == "b1":
+            raise RuntimeError("kernel died")
+
+    log.clear()
+    out = tmp_path / "crash.jsonl"
+    with pytest.raises(RuntimeError):
+        sweep.run_plan(None, plan, out=out, on_row=crash, progress=False)
+    assert list(load_results(out)["step"]) == ["a1", "a1", "a2", "b1"] and log[-1] == ("close", "b")

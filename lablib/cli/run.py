@@ -7,9 +7,10 @@ import sys
 
 from lablib.engines import IN_PROCESS, engine_class, load_engine
 from lablib.engines.base import GenerationConfig
-from lablib.measure import sweep
+from lablib.measure.sweep import measured_traces
 from lablib.measure.workload import DEFAULT_MESSAGES, chat_ids, prompt_of_length, text_ids
 from lablib.model.resolve import prepare
+from lablib.results.store import engine_manifest
 
 DEFAULT_CHAT = DEFAULT_MESSAGES[-1]["content"]
 HELP = "run one request and print its metrics"
@@ -60,16 +61,12 @@ def run(ns) -> int:
 
 
 def _run_and_print(engine, ids, cfg, ns) -> None:
-    for _ in range(ns.warmup):
-        engine.generate(ids, cfg)
-    trace = engine.generate(ids, cfg)
+    (trace,) = measured_traces(engine, [ids], cfg, warmup=[ids] * ns.warmup)
     out = trace.metrics()
     out.update(engine=engine.name, text=engine.detokenize(trace.token_ids))
     if ns.json:
         out["token_ids"] = trace.token_ids
-        out["manifest"] = sweep.engine_manifest(
-            engine, {"prompt_tokens": len(ids), "max_new_tokens": cfg.max_new_tokens}
-        )
+        out["manifest"] = engine_manifest(engine, {"prompt_tokens": len(ids), "max_new_tokens": cfg.max_new_tokens})
         print(json.dumps(out, default=str))
     else:
         print(

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from lablib._version import __version__
 from lablib.errors import LabError, first_line
-from lablib.machine.identity import hardware_info, load_average
 from lablib.machine.ceilings import measured_summary
+from lablib.machine.identity import hardware_info, load_average
 from lablib.results.schema import CLOCKS, DEFAULTS, METRICS, flatten_manifest
 from lablib.results.trace import RequestTrace
 
@@ -36,6 +36,13 @@ def run_manifest(engine_info: dict, model: dict, workload: dict | None = None) -
         "lablib_version": __version__,
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def engine_manifest(engine, workload: dict | None = None) -> dict:
+    """The run manifest (:func:`run_manifest`) of a run on a loaded ``engine``: anything with
+    ``info()`` (an ``EngineInfo``, ``.to_dict()``) and ``model`` (a ``ResolvedModel``, ``.manifest()``),
+    as every :class:`lablib.engines.base.Engine` has (this module does not import the engines)."""
+    return run_manifest(engine.info().to_dict(), engine.model.manifest(), workload)
 
 
 def trace_row(trace: RequestTrace, manifest: dict, **labels) -> dict:

@@ -21,6 +21,7 @@ import statistics
 import subprocess
 
 from lablib.engines.base import GenerationConfig
+from lablib.measure.sweep import measured_traces
 from lablib.measure.workload import distinct_prompts, prompt_of_length
 
 SINGLE = {"tg128@d0": (0, 128), "tg128@d512": (512, 128), "pp512": (512, 0)}  # test: (context, new tokens)
@@ -56,15 +57,15 @@ def llama_bench(gguf: str, test: str, threads: int, n_batch: int, flash: str, re
     return json.loads(out.strip().splitlines()[-1])["avg_ts"]
 
 
-def lab_single(engine, test: str, reps: int = 3) -> float:
-    """The lab's tok/s for one test of :data:`SINGLE` on a loaded llama.cpp engine (median)."""
+def lab_single(engine, test: str, reps: int = 3, warmup: int = 0) -> float:
+    """The lab's tok/s for one test of :data:`SINGLE` on a loaded llama.cpp engine (median over
+    ``reps``, after ``warmup`` unrecorded requests of the same test)."""
     depth, new = SINGLE[test]
     ids = prompt_of_length(engine.model, max(depth, 1))
-    if new == 0:
-        tps = [engine.generate(ids, GenerationConfig(max_new_tokens=1)).prefill_tps for _ in range(reps)]
-    else:
-        tps = [engine.generate(ids, GenerationConfig(max_new_tokens=new)).decode_tps for _ in range(reps)]
-    return statistics.median(tps)
+    cfg = GenerationConfig(max_new_tokens=max(new, 1))  # pp512: one new token, its prefill timed
+    # no warm-up by default, on purpose: benchmarks/anchors.py warms up once per test, by a first call
+    traces = measured_traces(engine, [ids] * reps, cfg, warmup=[ids] * warmup)
+    return statistics.median(t.prefill_tps if new == 0 else t.decode_tps for t in traces)
 
 
 def batched_bench(

@@ -68,10 +68,14 @@ def measure_speed(engine, ids, max_new_tokens: int, reps: int = 1) -> dict:
     """``prefill_tps`` and ``decode_tps`` (medians over ``reps``, after a short warm-up request) of
     one greedy request of prompt ``ids``, EOS ignored."""
     from lablib.engines.base import GenerationConfig
+    from lablib.measure.sweep import measured_traces
 
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=True)
-    engine.generate(list(ids[:8]), GenerationConfig(max_new_tokens=2, ignore_eos=True))
-    ms = [engine.generate(ids, cfg).metrics() for _ in range(max(1, reps))]
+    # the warm-up differs on purpose: one short request (8 prompt tokens, 2 new) pays the first-call
+    # costs without a full request's time on every rung of the ladder
+    short = GenerationConfig(max_new_tokens=2, ignore_eos=True)
+    traces = measured_traces(engine, [ids] * max(1, reps), cfg, warmup=[list(ids[:8])], warmup_cfg=short)
+    ms = [t.metrics() for t in traces]
     return {
         "prefill_tps": statistics.median(m["prefill_tps"] for m in ms),
         "decode_tps": statistics.median(m["decode_tps"] for m in ms),
@@ -87,10 +91,9 @@ class Ladder:
     def __init__(
         self, model=None, n_ctx: int | None = None, n_chunks: int | None = None, home=None, log=print, **sizes
     ):
-        from lablib.studies import quality
-        from lablib.studies import quant
         from lablib.engines import load_engine
         from lablib.model.resolve import ResolvedModel, prepare
+        from lablib.studies import quality, quant
 
         self.log = log
         self.cfg = settings(n_ctx=n_ctx, n_chunks=n_chunks, **sizes)
@@ -199,8 +202,8 @@ def run_ladder(
     ladder files (default: the lab cache, :func:`lablib.studies.quant.quant_home`); ``sizes``: see
     :func:`settings`. Returns the rows.
     """
-    from lablib.studies import quant
     from lablib.results.store import ResultsWriter
+    from lablib.studies import quant
 
     types = quant.parse_types(types if types is not None else budget("ladder", "types"))
     writer = ResultsWriter(out) if out else None
@@ -343,10 +346,10 @@ def measure_one(
     - transformers: ``variant`` a torch dtype (float32, bfloat16, float16) on ``model``'s HF folder.
     - mlx: ``variant`` float32, 8bit or 4bit (mlx-lm's quantizer) on ``model``'s MLX/HF folder.
     """
-    from lablib.studies import quant
     from lablib.engines import canonical, engine_class
     from lablib.model.formats import detect_format
     from lablib.results.store import ResultsWriter
+    from lablib.studies import quant
 
     key = canonical(engine)
     reads = engine_class(key).format
@@ -396,9 +399,9 @@ def format_table(model=None, engines=("llama.cpp", "transformers", "mlx"), log=p
     to load it (seconds, the lab's engine constructor), plus the F32 reference GGUF. A DataFrame."""
     import pandas as pd
 
-    from lablib.studies import quant
     from lablib.engines import load_engine
     from lablib.model.resolve import ResolvedModel, prepare
+    from lablib.studies import quant
 
     rm = model if isinstance(model, ResolvedModel) else prepare(model, log=log)
     ref = quant.reference(rm, "F32", log=log)

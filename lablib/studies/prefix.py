@@ -20,14 +20,16 @@ Defaults come from ``lablib.config.BUDGETS["prefix"]`` and ``["prefix_chat"]`` (
 from __future__ import annotations
 
 from lablib.config import budget
-from lablib.engines import NAMES, engine_class, load_engine
+from lablib.engines import NAMES, engine_class
 from lablib.engines.base import GenerationConfig
 from lablib.engines.memory import kv_cache_bytes
 from lablib.errors import LabError
-from lablib.measure.sweep import budgeted_int, check_plan, engine_manifest, engine_names, positive_ints
+from lablib.measure.plan import budgeted_int, check_plan, check_warmup, engine_names, positive_ints
+from lablib.measure.sweep import Step, run_plan
 from lablib.measure.workload import chat_ids, lab_tokenizer, prompt_of_length
 from lablib.model.resolve import resolve
-from lablib.results.store import ResultsWriter, trace_row
+from lablib.results.store import engine_manifest, trace_row
+from lablib.results.tables import need
 
 # the unique part of each request: a question in the chat template (lab 08's default questions)
 QUESTIONS = (
@@ -94,9 +96,6 @@ def shared_prefix(
     engine's counter) and ``kept_cache_bytes`` (reuse rows). Rows are appended to ``out`` (.jsonl or
     .parquet) as they finish. Raises LabError or ContextOverflowError for a bad plan before any work.
     """
-    import pandas as pd
-    from tqdm.auto import tqdm
-
     sizes = positive_ints(
         budget("prefix", "shared_tokens") if shared_tokens is None else shared_tokens, "shared_tokens"
     )
@@ -105,57 +104,49 @@ def shared_prefix(
         raise LabError(f"questions={nq}: the lab has {len(QUESTIONS)} questions")
     n_out = budgeted_int(max_new_tokens, "prefix", "max_new_tokens")
     reps = budgeted_int(reps, "prefix", "reps")
-    if warmup < 0:
-        raise LabError(f"warmup={warmup}: expected 0 or more")
+    check_warmup(warmup)
     names = engine_names(engines)
     rm = resolve(model)
     plans = {s: shared_prompts(rm, s, nq) for s in sizes}
     longest = max(len(p) for _, prompts in plans.values() for p in prompts)
     check_plan(rm, names, [longest], n_out)
     cfg = GenerationConfig(max_new_tokens=n_out)
-    writer = ResultsWriter(out) if out else None
-    rows = []
-    bar = tqdm(total=len(names) * len(sizes) * reps * nq * 2, desc="shared prefix", unit="req", disable=not progress)
-    try:
-        for name in names:
-            engine = load_engine(name, rm, n_ctx=longest + n_out + 16)
-            try:
-                warm_shared, warm_prompts = shared_prompts(rm, 8, 1)  # both paths once, unmeasured
-                for _ in range(warmup):
-                    engine.generate(warm_prompts[0], cfg)
-                    engine.generate(warm_prompts[0], cfg, prefix_cache=engine.cache_prefix(warm_shared))
-                for s in sizes:
-                    shared, prompts = plans[s]
-                    kept = engine.cache_prefix(shared)
-                    manifest = engine_manifest(
-                        engine,
-                        {
-                            "sweep": "prefix_shared",
-                            "shared_tokens": len(shared),
-                            "questions": nq,
-                            "max_new_tokens": n_out,
-                            "reps": reps,
-                        },
-                    )
-                    for rep in range(reps):
-                        for qi, ids in enumerate(prompts):
-                            for reuse in (False, True) if (rep + qi) % 2 == 0 else (True, False):
-                                tr = engine.generate(ids, cfg, prefix_cache=kept if reuse else None)
-                                row = _row(
-                                    engine, tr, manifest, sweep="prefix_shared", reuse=reuse,
-                                    shared_tokens=len(shared), question=qi, repetition=rep,
-                                )  # fmt: skip
-                                if reuse:
-                                    row["kept_cache_bytes"] = kept.nbytes
-                                rows.append(row)
-                                if writer:
-                                    writer.append(row)
-                                bar.update(1)
-            finally:
-                engine.close()
-    finally:
-        bar.close()
-    return pd.DataFrame(rows)
+
+    def run(engine, emit):
+        # the warm-up is its own (not iter_measure's): both paths once, on a short prefix of their own
+        warm_shared, warm_prompts = shared_prompts(rm, 8, 1)
+        for _ in range(warmup):
+            engine.generate(warm_prompts[0], cfg)
+            engine.generate(warm_prompts[0], cfg, prefix_cache=engine.cache_prefix(warm_shared))
+        for s in sizes:
+            shared, prompts = plans[s]
+            kept = engine.cache_prefix(shared)
+            manifest = engine_manifest(
+                engine,
+                {
+                    "sweep": "prefix_shared",
+                    "shared_tokens": len(shared),
+                    "questions": nq,
+                    "max_new_tokens": n_out,
+                    "reps": reps,
+                },
+            )
+            for rep in range(reps):
+                for qi, ids in enumerate(prompts):
+                    for reuse in (False, True) if (rep + qi) % 2 == 0 else (True, False):
+                        tr = engine.generate(ids, cfg, prefix_cache=kept if reuse else None)
+                        row = _row(
+                            engine, tr, manifest, sweep="prefix_shared", reuse=reuse,
+                            shared_tokens=len(shared), question=qi, repetition=rep,
+                        )  # fmt: skip
+                        if reuse:
+                            row["kept_cache_bytes"] = kept.nbytes
+                        emit(row)
+
+    # one step per engine: its warm-up, then every S (the kept cache of S is made on the loaded engine)
+    plan = [Step(name, {"n_ctx": longest + n_out + 16}, run) for name in names]
+    total = len(names) * len(sizes) * reps * nq * 2
+    return run_plan(rm, plan, out=out, progress=progress, total=total, desc="shared prefix")
 
 
 def chat(
@@ -183,9 +174,6 @@ def chat(
     (1, 2, ...), the metrics, ``cached_tokens``, ``evaluated_tokens``, ``kept_cache_bytes``
     (reuse rows: what the cache held when the turn started) and ``text`` (the answer).
     """
-    import pandas as pd
-    from tqdm.auto import tqdm
-
     n_turns = budgeted_int(turns, "prefix_chat", "turns")
     if n_turns > len(CHAT_MESSAGES):
         raise LabError(f"turns={n_turns}: the lab's chat has {len(CHAT_MESSAGES)} user messages")
@@ -198,46 +186,34 @@ def chat(
     longest += n_turns * n_out
     check_plan(rm, names, [longest], n_out)
     cfg = GenerationConfig(max_new_tokens=n_out, ignore_eos=False)  # answers end where the model ends them
-    writer = ResultsWriter(out) if out else None
-    rows = []
-    bar = tqdm(total=len(names) * n_turns * 2, desc="chat", unit="turn", disable=not progress)
 
-    def emit(row):
-        rows.append(row)
-        if writer:
-            writer.append(row)
-        bar.update(1)
+    def run(engine, emit):
+        # the warm-up is its own (not iter_measure's): both paths once, on a short chat of its own
+        warm = chat_ids(rm, [{"role": "user", "content": "Hello!"}])
+        engine.generate(warm, cfg)
+        engine.generate(warm, cfg, prefix_cache=engine.cache_prefix(warm[:-4]))
+        manifest = engine_manifest(engine, {"sweep": "prefix_chat", "turns": n_turns, "max_new_tokens": n_out})
+        messages, prompts = [], []
+        for k in range(n_turns):  # without reuse: the conversation as the model answers it
+            messages.append({"role": "user", "content": CHAT_MESSAGES[k]})
+            ids = chat_ids(rm, messages)
+            tr = engine.generate(ids, cfg)
+            answer = [t for t in tr.token_ids if t not in engine.eos_ids]
+            text = tok.decode(answer, skip_special_tokens=True).strip()
+            messages.append({"role": "assistant", "content": text})
+            prompts.append(ids)
+            emit({**_row(engine, tr, manifest, sweep="prefix_chat", reuse=False, turn=k + 1), "text": text})
+        kept = engine.cache_prefix([])
+        for k, ids in enumerate(prompts):  # with reuse: the same prompts, the cache kept
+            held = kept.nbytes
+            tr = engine.generate(ids, cfg, prefix_cache=kept, keep=True)
+            text = tok.decode([t for t in tr.token_ids if t not in engine.eos_ids], skip_special_tokens=True)
+            row = _row(engine, tr, manifest, sweep="prefix_chat", reuse=True, turn=k + 1)
+            emit({**row, "kept_cache_bytes": held, "text": text.strip()})
 
-    try:
-        for name in names:
-            engine = load_engine(name, rm, n_ctx=longest + n_out + 16)
-            try:
-                warm = chat_ids(rm, [{"role": "user", "content": "Hello!"}])
-                engine.generate(warm, cfg)
-                engine.generate(warm, cfg, prefix_cache=engine.cache_prefix(warm[:-4]))
-                manifest = engine_manifest(engine, {"sweep": "prefix_chat", "turns": n_turns, "max_new_tokens": n_out})
-                messages, prompts = [], []
-                for k in range(n_turns):  # without reuse: the conversation as the model answers it
-                    messages.append({"role": "user", "content": CHAT_MESSAGES[k]})
-                    ids = chat_ids(rm, messages)
-                    tr = engine.generate(ids, cfg)
-                    answer = [t for t in tr.token_ids if t not in engine.eos_ids]
-                    text = tok.decode(answer, skip_special_tokens=True).strip()
-                    messages.append({"role": "assistant", "content": text})
-                    prompts.append(ids)
-                    emit({**_row(engine, tr, manifest, sweep="prefix_chat", reuse=False, turn=k + 1), "text": text})
-                kept = engine.cache_prefix([])
-                for k, ids in enumerate(prompts):  # with reuse: the same prompts, the cache kept
-                    held = kept.nbytes
-                    tr = engine.generate(ids, cfg, prefix_cache=kept, keep=True)
-                    text = tok.decode([t for t in tr.token_ids if t not in engine.eos_ids], skip_special_tokens=True)
-                    row = _row(engine, tr, manifest, sweep="prefix_chat", reuse=True, turn=k + 1)
-                    emit({**row, "kept_cache_bytes": held, "text": text.strip()})
-            finally:
-                engine.close()
-    finally:
-        bar.close()
-    return pd.DataFrame(rows)
+    # one step per engine: the reuse arm replays the prompts the answers of the first arm made
+    plan = [Step(name, {"n_ctx": longest + n_out + 16}, run) for name in names]
+    return run_plan(rm, plan, out=out, progress=progress, total=len(names) * n_turns * 2, desc="chat", unit="turn")
 
 
 def memory_table(df, model=None):
@@ -249,8 +225,10 @@ def memory_table(df, model=None):
     no row carries ``kept_cache_bytes``."""
     import pandas as pd
 
-    if "kept_cache_bytes" not in df.columns or df["kept_cache_bytes"].isna().all():
-        raise LabError("memory_table needs rows with kept_cache_bytes: run lablib.studies.prefix.shared_prefix(...) first")
+    source = "lablib.studies.prefix.shared_prefix(...)"
+    need(df, ["engine", "sweep", "shared_tokens", "kept_cache_bytes"], "memory_table", source)
+    if df["kept_cache_bytes"].isna().all():
+        raise LabError(f"memory_table needs rows with kept_cache_bytes: run {source} first")
     rm = resolve(model)
     d = df[df["kept_cache_bytes"].notna() & (df["sweep"] == "prefix_shared")]
     g = d.groupby(["engine", "shared_tokens"], sort=False)["kept_cache_bytes"].first().reset_index()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from lablib.engines.base import GenerationConfig
 from lablib.engines.servers import SERVERS
-from lablib.errors import LabError
 
 
 def quick_defaults(quick: bool | None = None) -> dict:
@@ -28,6 +27,7 @@ def in_process_vs_server(model, server, prompt_tokens: int = 32, max_new_tokens:
     import pandas as pd
 
     from lablib.engines import load_engine
+    from lablib.measure.sweep import measured_traces
     from lablib.measure.workload import distinct_prompts
 
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
@@ -40,18 +40,17 @@ def in_process_vs_server(model, server, prompt_tokens: int = 32, max_new_tokens:
         n_ctx=max(2048, prompt_tokens + max_new_tokens),
         threads=server.threads or None,
     )
+    # each way: one warm-up on the prompt no measured request uses, then one distinct prompt per
+    # repetition (on purpose: no request may reuse another's prefix, in process or on the server)
+    warm, measured = [prompts[-1]], prompts[:reps]
     try:
-        twin.generate(prompts[-1], cfg)
-        for i in range(reps):
-            t = twin.generate(prompts[i], cfg)
+        for i, t in enumerate(measured_traces(twin, measured, cfg, warmup=warm)):
             rows.append(dict(where="in-process", engine=twin.name, rep=i, **_times(t)))
     finally:
         twin.close()
     e = server.engine(model)
     try:
-        e.generate(prompts[-1], cfg)
-        for i in range(reps):
-            t = e.generate(prompts[i], cfg)
+        for i, t in enumerate(measured_traces(e, measured, cfg, warmup=warm)):
             rows.append(
                 dict(where="http", engine=f"{server.name} server", rep=i, **_times(t), count_method=t.count_method)
             )
@@ -102,9 +101,9 @@ def rate_sweep_table(
                     "server": srv.name,
                     "rate": r,
                     "output_tps": s["output_tps"],
-                    "ttft_p50_s": s["ttft_s_p50"],
-                    "ttft_p95_s": s["ttft_s_p95"],
-                    "tpot_p50_s": s["tpot_s_p50"],
+                    "ttft_p50_s": s["ttft_p50_s"],
+                    "ttft_p95_s": s["ttft_p95_s"],
+                    "tpot_p50_s": s["tpot_p50_s"],
                     "goodput_rps": s["goodput_rps"],
                     "goodput_fraction": s["goodput_fraction"],
                     "errors": s["errors"],
