@@ -78,9 +78,9 @@ def test_the_logit_part_of_the_estimate_does_not_grow_with_tokens(model):
 
 
 def test_compare_checks_memory_before_loading_any_engine(model, monkeypatch):
-    import lablib.machine
+    from lablib.machine import limits
 
-    monkeypatch.setattr(lablib.machine, "available_ram_bytes", lambda: 300 * 2**20)
+    monkeypatch.setattr(limits, "available_ram_bytes", lambda: 300 * 2**20)
     with pytest.raises(
         LabError,
         match=r"memory: comparing transformers, llama.cpp on 2056 tokens needs about "

@@ -6,9 +6,9 @@ has two shared cores.
 
 import pytest
 
-from lablib.measure.closed_loop import MODES, run_closed_loop
 from lablib.engines.base import GenerationConfig
 from lablib.errors import ContextOverflowError, LabError
+from lablib.measure.closed_loop import SCHEDULING_MODES, run_closed_loop
 from lablib.measure.workload import prompt_of_length
 
 
@@ -33,7 +33,7 @@ def _prompts(model, n, length=16):
 
 
 def test_modes():
-    assert MODES == ("serial", "batched")
+    assert SCHEDULING_MODES == ("serial", "batched")
 
 
 def test_serial_requests_wait_their_turn(engine, model):

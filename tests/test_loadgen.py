@@ -6,12 +6,15 @@ import math
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from lablib.engines import load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
-from lablib.measure.load import arrival_schedule, goodput, run_load, summarize
+from lablib.measure.load import arrival_schedule, run_load, summarize
+from lablib.results.schema import SUMMARY
+from lablib.results.tables import goodput, run_summary
 from sse_server import cmpl, sse
 
 DONE = sse("[DONE]")
@@ -102,14 +105,18 @@ def test_goodput_counts_requests_meeting_every_target():
 
 def test_summarize_percentiles_throughput_and_errors():
     s = summarize(rows_for_goodput(), ttft_s=0.2)
-    assert s["requests"] == 4 and s["errors"] == 1 and s["duration_s"] == 2.0
-    assert s["output_tps"] == pytest.approx(30 / 2.0) and s["request_rps"] == pytest.approx(1.5)
-    assert s["ttft_s_p50"] == pytest.approx(0.1) and s["ttft_s_p99"] == pytest.approx(
+    assert s["requests"] == 4 and s["errors"] == 1 and s["makespan_s"] == 2.0 and s["output_tokens"] == 30
+    assert s["output_tps"] == pytest.approx(30 / 2.0) and s["requests_per_s"] == pytest.approx(1.5)
+    assert s["ttft_p50_s"] == pytest.approx(0.1) and s["ttft_p99_s"] == pytest.approx(
         np.percentile([0.1, 0.3, 0.1], 99)
     )
-    assert s["itl_s_p90"] == pytest.approx(np.percentile([0.02] * 18 + [0.05] * 9, 90))
+    assert s["itl_p90_s"] == pytest.approx(np.percentile([0.02] * 18 + [0.05] * 9, 90))
     assert s["goodput_rps"] == pytest.approx(1.0) and s["goodput_fraction"] == 0.5
-    assert s["chunk_gaps_s_p50"] is None  # these rows have no chunks
+    assert s["chunk_gaps_p50_s"] is None  # these rows have no chunks
+    assert s["schedule_lag_max_s"] is None  # nor a schedule (a closed loop)
+    # the one run summary: its names are the schema's, in its order, and a DataFrame gives the same numbers
+    assert list(s) == list(SUMMARY) and s == run_summary(rows_for_goodput(), ttft_s=0.2)
+    assert run_summary(pd.DataFrame(rows_for_goodput()), ttft_s=0.2) == s
 
 
 # --- real loops over HTTP (scripted server) --------------------------------------------------------
@@ -152,7 +159,7 @@ def test_closed_loop_keeps_failed_requests_as_rows(engine, server, tmp_path):
     assert len(errors) == 1 and "HTTP 500" in errors[0]["error"] and errors[0]["engine"] == "http"
     ok = [r for r in rows if not r["error"]]
     assert all(r["output_tokens"] == 2 and r["output_count_ok"] and r["mode"] == "closed" for r in ok)
-    assert summarize(rows)["chunk_gaps_s_p50"] >= 0.02  # the script sleeps 0.02 s between its two chunks
+    assert summarize(rows)["chunk_gaps_p50_s"] >= 0.02  # the script sleeps 0.02 s between its two chunks
     assert sorted(r["request_index"] for r in rows) == [0, 1, 2, 3, 4]
     assert {r["client"] for r in rows} == {0, 1}
     df = load_results(out)

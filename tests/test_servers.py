@@ -7,9 +7,9 @@ import pytest
 
 from lablib.engines import load_engine
 from lablib.engines.base import GenerationConfig
+from lablib.engines.servers import free_port, start_server
 from lablib.errors import LabError
 from lablib.measure.load import run_load, summarize
-from lablib.engines.servers import free_port, start_server
 from lablib.measure.workload import prompt_of_length
 
 pytestmark = pytest.mark.engine
@@ -85,7 +85,7 @@ def test_closed_loop_on_llama_cpp_python_server(llama_cpp_python, model):
     assert len(rows) == 3 and not any(r["error"] for r in rows)
     assert all(r["output_tokens"] == 3 and r["server"] == "llama-cpp-python" for r in rows)
     s = summarize(rows)
-    assert s["output_tps"] > 0 and s["ttft_s_p50"] is not None and s["errors"] == 0
+    assert s["output_tps"] > 0 and s["ttft_p50_s"] is not None and s["errors"] == 0
 
 
 def test_mlx_server_chat_and_completions(model):

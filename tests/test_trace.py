@@ -2,8 +2,9 @@
 
 import pytest
 
-from lablib.results.tables import percentile
-from lablib.results.trace import RequestTrace, output_tps
+from lablib.results.store import trace_row
+from lablib.results.tables import percentile, run_summary
+from lablib.results.trace import RequestTrace
 
 
 def make(ts, t_submit=10.0, t_start=10.5, prompt=100, cached=0):
@@ -63,7 +64,8 @@ def test_metrics_need_tokens_and_start():
 def test_output_tps_over_makespan():
     a = make([11.0, 12.0], t_submit=10.0)  # 2 tokens
     b = make([13.0, 13.5, 14.0], t_submit=11.0)  # 3 tokens, last token at 14.0
-    assert output_tps([a, b]) == 5 / 4.0
+    s = run_summary([trace_row(t, {}) for t in (a, b)])  # the one makespan: first submit to last token
+    assert s["makespan_s"] == 4.0 and s["output_tps"] == 5 / 4.0
 
 
 def test_percentile_interpolates_linearly():

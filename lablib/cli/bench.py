@@ -8,14 +8,13 @@
 One tidy row per request (the sweeps' columns plus the HTTP ones) is written as each finishes, with
 the server's name and version in every row's engine columns, and one summary line is printed per
 rate (:func:`lablib.ui.text.summary_line`). Prompts are exact-length cuts of the lab's prose at
-different offsets, so no request shares a prefix with another.
+different offsets, so no request shares a prefix with another. The run is
+:func:`lablib.measure.load.bench`; this module parses the flags and prints.
 """
 
 from __future__ import annotations
 
 import sys
-
-from lablib.errors import LabError
 
 HELP = "measure an OpenAI-compatible server: closed or open loop, rows to --out"
 
@@ -47,60 +46,38 @@ def add_arguments(p) -> None:
 
 
 def run(ns) -> int:
-    from lablib.engines import load_engine
-    from lablib.engines.base import GenerationConfig
-    from lablib.measure.load import parse_rates, run_load, summarize
-    from lablib.measure.workload import distinct_prompts
-    from lablib.model.resolve import prepare
-    from lablib.results.store import ResultsWriter, _suffix
+    from lablib.measure.load import bench
     from lablib.ui.text import summary_line
 
-    _suffix(ns.out)
-    if ns.rate is not None:
-        parse_rates(ns.rate)  # refuse a bad rate before any work
-    for what in ("requests", "prompt_tokens", "max_new_tokens"):
-        if getattr(ns, what) < 1:
-            raise LabError(f"--{what.replace('_', '-')} {getattr(ns, what)}: expected at least 1")
-    if ns.warmup < 0:
-        raise LabError(f"--warmup {ns.warmup}: expected 0 or more")
-    rm = prepare(ns.lab_model, log=lambda m: print(m, file=sys.stderr))
-    cfg = GenerationConfig(max_new_tokens=ns.max_new_tokens, ignore_eos=not ns.until_eos)
-    # distinct prompts: no request reuses another's prefix (a server's prefix cache stays cold)
-    prompts = distinct_prompts(rm, ns.prompt_tokens, ns.warmup + ns.requests)
-    writer = ResultsWriter(ns.out)  # a bad --out is refused before any request
-    engine = load_engine(
-        "http",
-        rm,
+    def show(s):
+        print(summary_line(s["server"], s["mode"], s["rate"], s["concurrency"], s), flush=True)
+
+    summaries = bench(
         base_url=ns.base_url,
+        out=ns.out,
+        requests=ns.requests,
+        prompt_tokens=ns.prompt_tokens,
+        max_new_tokens=ns.max_new_tokens,
+        rates=ns.rate,
+        concurrency=ns.concurrency if ns.rate is None else ns.max_concurrency,
+        model=ns.lab_model,
+        server_model=ns.model,
         api=ns.api,
         server=ns.server,
-        server_model=ns.model,
+        arrival=ns.arrival,
+        burstiness=ns.burstiness,
+        seed=ns.seed,
+        until_eos=ns.until_eos,
+        max_duration_s=ns.max_duration_s,
         read_timeout_s=ns.read_timeout_s,
+        ttft_s=ns.ttft_target_s,
+        tpot_s=ns.tpot_target_s,
+        e2e_s=ns.e2e_target_s,
+        warmup=ns.warmup,
+        log=lambda m: print(m, file=sys.stderr),
+        on_summary=show,
     )
-    try:
-        for ids in prompts[: ns.warmup]:
-            engine.generate(ids, cfg)
-        mode = "open" if ns.rate is not None else "closed"
-        rates = parse_rates(ns.rate) if mode == "open" else [None]
-        failed = 0
-        for rate in rates:
-            rows = run_load(
-                engine,
-                prompts[ns.warmup :],
-                mode,
-                concurrency=ns.concurrency if mode == "closed" else ns.max_concurrency,
-                rate=rate,
-                arrival=ns.arrival,
-                burstiness=ns.burstiness,
-                seed=ns.seed,
-                max_duration_s=ns.max_duration_s,
-                cfg=cfg,
-                on_row=writer.append,
-            )
-            s = summarize(rows, ns.ttft_target_s, ns.tpot_target_s, ns.e2e_target_s)
-            failed += s["errors"]
-            print(summary_line(engine.kind, mode, rate, ns.concurrency or ns.max_concurrency, s), flush=True)
-    finally:
-        engine.close()
-    print(f"{writer.written} rows appended to {ns.out} ({failed} failed)")
+    written = sum(s["requests"] for s in summaries)
+    failed = sum(s["errors"] for s in summaries)
+    print(f"{written} rows appended to {ns.out} ({failed} failed)")
     return 0 if failed == 0 else 1

@@ -7,7 +7,7 @@ from lablib.config import budget
 from lablib.engines import NAMES
 from lablib.errors import LabError
 from lablib.measure import sweep
-from lablib.measure.closed_loop import MODES
+from lablib.measure.closed_loop import SCHEDULING_MODES
 from lablib.results.schema import METRICS
 from lablib.results.store import _suffix
 from lablib.results.tables import run_table
@@ -45,7 +45,9 @@ def add_arguments(p) -> None:
         default=None,
         help=f"concurrency: client counts, default {quick_full('concurrency', 'concurrency')}",
     )
-    p.add_argument("--mode", default=",".join(MODES), help="concurrency: serial, batched, or serial,batched (default)")
+    p.add_argument(
+        "--mode", default=",".join(SCHEDULING_MODES), help="concurrency: serial, batched, or serial,batched (default)"
+    )
     p.add_argument(
         "--requests",
         type=int,

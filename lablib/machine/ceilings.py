@@ -13,6 +13,7 @@ from pathlib import Path
 from lablib.config import budget, lab_home, quick_mode
 from lablib.machine.identity import hardware_info, machine_key
 from lablib.machine.limits import cpus_usable
+from lablib.results.schema import MEASURED_BANDWIDTH, MEASURED_PEAKS
 
 # --- measured: memory bandwidth and matrix-multiply rate (the roofline's two ceilings) --------------
 # STREAM (McCalpin, "Memory Bandwidth and Machine Balance in Current High Performance Computers",
@@ -258,16 +259,17 @@ def measure_machine(refresh: bool = False, quick: bool | None = None) -> dict:
 
 
 def measured_summary() -> dict:
-    """Manifest fields from this machine's cached measurement: {measured_bandwidth_gbps,
+    """Manifest fields from this machine's cached measurement, named by
+    :data:`lablib.results.schema.MEASURED_BANDWIDTH` and ``MEASURED_PEAKS``: {measured_bandwidth_gbps,
     measured_float32_gflops, measured_bfloat16_gflops, measured_int8_gops} (GB/s = 1e9 bytes/s,
     GFLOP/s = 1e9 FLOP/s), or {} when the machine was never measured (nothing is measured here)."""
     m = cached_measurement()
     if not m:
         return {}
-    out = {"measured_bandwidth_gbps": m["bytes_per_s"] / 1e9}
-    for dtype, unit in (("float32", "gflops"), ("bfloat16", "gflops"), ("int8", "gops")):
+    out = {MEASURED_BANDWIDTH: m["bytes_per_s"] / 1e9}
+    for dtype, col in MEASURED_PEAKS.items():
         if dtype in m.get("flop_per_s", {}):
-            out[f"measured_{dtype}_{unit}"] = m["flop_per_s"][dtype] / 1e9
+            out[col] = m["flop_per_s"][dtype] / 1e9
     return out
 
 

@@ -31,7 +31,8 @@ from lablib.engines.base import BatchStats, GenerationConfig
 from lablib.errors import LabError
 from lablib.results.trace import RequestTrace, now
 
-MODES = ("serial", "batched")
+# how the engine serves C clients in process (over HTTP, the load shapes: lablib.measure.load.LOAD_SHAPES)
+SCHEDULING_MODES = ("serial", "batched")
 
 
 @dataclass
@@ -66,8 +67,8 @@ def run_closed_loop(
     before any work when a request (or, for llama.cpp batched, C requests
     together) cannot fit the context.
     """
-    if mode not in MODES:
-        raise LabError(f"unknown scheduling mode {mode!r}: expected one of {', '.join(MODES)}")
+    if mode not in SCHEDULING_MODES:
+        raise LabError(f"unknown scheduling mode {mode!r}: expected one of {', '.join(SCHEDULING_MODES)}")
     concurrency = whole(concurrency, "concurrency", "a whole number of clients, at least 1")
     if not prompts:
         raise LabError("no prompts: a closed loop needs at least one request")

@@ -15,9 +15,11 @@ error rows. A failed request (HTTP 429/500, error event, cut stream, timeout) is
 row with what arrived; the run goes on. Rows are written by the calling thread (off the
 event loop that times the streams) as each request finishes.
 
-:func:`summarize` gives a run's throughput, p50/p90/p95/p99 of TTFT, TPOT, ITL and e2e,
-and goodput: requests per second that met every target (TTFT, TPOT, e2e; DistServe's
-definition, as ``vllm bench serve --goodput``).
+A run's numbers (throughput, p50/p90/p95/p99 of TTFT, TPOT, ITL and e2e, goodput: requests per
+second that met every target, DistServe's definition as ``vllm bench serve --goodput``) are
+:func:`lablib.results.tables.run_summary`, the lab's one run summary (:func:`summarize` here calls it).
+:func:`bench` is ``lablib bench``: prompts, a results file, the engine, warm-up, one run per rate and
+its summary.
 """
 
 from __future__ import annotations
@@ -27,14 +29,17 @@ import math
 import queue
 from collections.abc import Callable
 
+from lablib.checks import whole
 from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
 from lablib.results.store import trace_row
+from lablib.results.tables import run_summary
 from lablib.results.trace import RequestTrace, now
 
+# the load shapes (run_load's mode): C clients in a closed loop, or an open loop whose requests arrive on a
+# schedule of ARRIVALS; in process, the closed loop's scheduling modes are lablib.measure.closed_loop's
+LOAD_SHAPES = ("closed", "open")
 ARRIVALS = ("constant", "poisson", "gamma")
-MODES = ("closed", "open")
-PERCENTILES = (50, 90, 95, 99)
 MAX_REQUESTS = 100_000
 
 
@@ -95,14 +100,14 @@ def run_load(
     request finishes (write it to disk there). Raises LabError for bad arguments.
     """
     from lablib.engines.http import HTTPEngine
-    from lablib.results.store import run_manifest
+    from lablib.results.store import engine_manifest
 
     if not isinstance(engine, HTTPEngine):
         raise LabError(
             f"run_load drives an http engine (load_engine('http', ...)); got {type(engine).__name__}: "
             "for in-process engines use lablib.measure.closed_loop.run_closed_loop"
         )
-    if mode not in MODES:
+    if mode not in LOAD_SHAPES:
         raise LabError(f"mode={mode!r}: expected 'closed' or 'open'")
     if not prompts or len(prompts) > MAX_REQUESTS:
         raise LabError(f"{len(prompts or [])} prompts: expected 1 to {MAX_REQUESTS} requests")
@@ -129,9 +134,8 @@ def run_load(
         if rate is None:
             raise LabError("an open loop needs rate=R (requests per second; math.inf for all at once)")
         schedule = arrival_schedule(len(prompts), rate, arrival, burstiness, seed)
-    manifest = manifest or run_manifest(
-        engine.info().to_dict(),
-        engine.model.manifest(),
+    manifest = manifest or engine_manifest(
+        engine,
         {
             "mode": mode,
             "requests": len(prompts),
@@ -159,8 +163,7 @@ def run_load(
         if mode == "closed"
         else _open(engine, prompts, schedule, concurrency, cfg, max_duration_s, manifest, base, rows_q.put)
     )
-    engine.run(asyncio.sleep(0))  # start the engine's loop
-    fut = asyncio.run_coroutine_threadsafe(run, engine._loop)
+    fut = engine.submit(run)  # on the engine's event loop, which times the streams
     rows: list[dict] = []
     try:
         while True:  # rows go to on_row here, in the calling thread, while the loop keeps timing streams
@@ -328,80 +331,105 @@ async def _open(engine, prompts, schedule, cap, cfg, max_duration_s, manifest, b
 
 
 # --- summaries ----------------------------------------------------------------------------------
-def goodput(
-    rows,
+def summarize(rows, ttft_s: float | None = None, tpot_s: float | None = None, e2e_s: float | None = None) -> dict:
+    """One run in numbers: :func:`lablib.results.tables.run_summary` of ``rows`` against the goodput
+    targets ``ttft_s``, ``tpot_s``, ``e2e_s`` (seconds; None: no target)."""
+    return run_summary(rows, ttft_s=ttft_s, tpot_s=tpot_s, e2e_s=e2e_s)
+
+
+# --- lablib bench -------------------------------------------------------------------------------
+def bench(
+    *,
+    base_url: str,
+    out,
+    requests: int,
+    prompt_tokens: int,
+    max_new_tokens: int,
+    rates=None,
+    concurrency: int | None = None,
+    model=None,
+    server_model: str | None = None,
+    api: str = "completions",
+    server: str = "auto",
+    arrival: str = "poisson",
+    burstiness: float = 1.0,
+    seed: int = 0,
+    until_eos: bool = False,
+    max_duration_s: float = 300.0,
+    read_timeout_s: float = 60.0,
     ttft_s: float | None = None,
     tpot_s: float | None = None,
     e2e_s: float | None = None,
-    duration_s: float | None = None,
-) -> dict:
-    """Requests that met every given target (seconds; None: no target), of ``rows`` (dicts or a
-    DataFrame). A failed request never counts; a one-token request has no TPOT and meets a TPOT
-    target. Returns ``good`` (count), ``fraction`` (of all rows) and ``rps`` (good / duration_s,
-    default the run's makespan: first t_submit to last token)."""
-    rows = _records(rows)
-    good = 0
-    for r in rows:
-        if r.get("error") or r.get("ttft_s") is None:
-            continue
-        ok = (
-            (ttft_s is None or r["ttft_s"] <= ttft_s)
-            and (e2e_s is None or r["e2e_s"] <= e2e_s)
-            and (tpot_s is None or r.get("tpot_s") is None or _nan(r.get("tpot_s")) or r["tpot_s"] <= tpot_s)
-        )
-        good += bool(ok)
-    dur = makespan_s(rows) if duration_s is None else duration_s
-    return {"good": good, "fraction": good / len(rows) if rows else 0.0, "rps": good / dur if dur else 0.0}
+    warmup: int = 1,
+    log=print,
+    on_summary: Callable[[dict], None] | None = None,
+) -> list[dict]:
+    """Load on the OpenAI-compatible server at ``base_url`` (``lablib bench``): one summary per run.
 
+    ``requests`` prompts of exactly ``prompt_tokens`` tokens of the lab's prose, cut by ``model``'s tokenizer
+    (a lab model's name or a ResolvedModel; None: the default) at distinct offsets, so no request shares
+    a prefix with another; ``max_new_tokens`` each (exactly, unless ``until_eos``). ``warmup`` unrecorded
+    requests first, on prompts of their own. Then an open loop per rate of ``rates`` (requests/s: a list, or
+    "0.5,1,2"; "inf" all at once) with at most ``concurrency`` in flight when given, or, with ``rates``
+    None, a closed loop of ``concurrency`` clients (:func:`run_load`: ``arrival``, ``burstiness``, ``seed``,
+    ``max_duration_s`` per run). Every row is appended to ``out`` (.jsonl/.parquet) as it finishes.
 
-def makespan_s(rows) -> float:
-    """First ``t_submit`` to last token over the successful rows, seconds (0 when none)."""
-    ok = [r for r in _records(rows) if not r.get("error") and r.get("t_last_token") is not None]
-    if not ok:
-        return 0.0
-    return max(r["t_last_token"] for r in ok) - min(r["t_submit"] for r in ok)
+    Each summary is :func:`lablib.results.tables.run_summary` of the run (goodput against ``ttft_s``,
+    ``tpot_s``, ``e2e_s``) with ``server`` (the server's kind), ``mode``, ``rate`` and ``concurrency``;
+    ``on_summary(summary)`` is called as each run ends. Raises LabError for bad arguments (before any
+    work) and when no server answers.
+    """
+    from lablib.engines import load_engine
+    from lablib.measure.workload import distinct_prompts
+    from lablib.model.resolve import ResolvedModel, prepare
+    from lablib.results.store import ResultsWriter, _suffix
 
-
-def summarize(rows, ttft_s: float | None = None, tpot_s: float | None = None, e2e_s: float | None = None) -> dict:
-    """One run in numbers: ``requests``, ``errors``, ``duration_s`` (makespan), ``output_tps``
-    (output tokens of successful requests / makespan), ``request_rps``, ``goodput_rps`` and
-    ``goodput_fraction`` against the targets, and ``<metric>_p50/p90/p95/p99`` for ttft_s,
-    tpot_s, e2e_s, queue_s, itl_s (every inter-token gap of every request) and chunk_gaps_s (every gap
-    between content chunks; None without HTTP rows), plus
-    ``schedule_lag_s_max`` for open loops."""
-    from lablib.results.tables import percentile
-
-    rows = _records(rows)
-    ok = [r for r in rows if not r.get("error") and r.get("ttft_s") is not None]
-    dur = makespan_s(rows)
-    out = {
-        "requests": len(rows),
-        "errors": len(rows) - len(ok),
-        "duration_s": dur,
-        "output_tps": sum(r["output_tokens"] for r in ok) / dur if dur else 0.0,
-        "request_rps": len(ok) / dur if dur else 0.0,
-    }
-    g = goodput(rows, ttft_s, tpot_s, e2e_s, dur)
-    out.update(goodput_rps=g["rps"], goodput_fraction=g["fraction"])
-    series = {
-        m: [r[m] for r in ok if r.get(m) is not None and not _nan(r[m])]
-        for m in ("ttft_s", "tpot_s", "e2e_s", "queue_s")
-    }
-    series["itl_s"] = [x for r in ok for x in (r.get("itl_s") or [])]
-    series["chunk_gaps_s"] = [x for r in ok for x in (r.get("chunk_gaps_s") or [])]  # ICL: gaps between chunks
-    for m, vals in series.items():
-        for q in PERCENTILES:
-            out[f"{m}_p{q}"] = percentile(vals, q) if len(vals) else None
-    lags = [r["schedule_lag_s"] for r in rows if r.get("schedule_lag_s") is not None]
-    out["schedule_lag_s_max"] = max(lags) if lags else None
-    return out
-
-
-def _records(rows) -> list[dict]:
-    if hasattr(rows, "to_dict"):
-        return rows.to_dict("records")
-    return list(rows)
-
-
-def _nan(x) -> bool:
-    return isinstance(x, float) and math.isnan(x)
+    _suffix(out)  # a bad file name is refused before any work
+    if rates is None:
+        mode, rates = "closed", [None]
+        if concurrency is None:
+            raise LabError("a closed loop needs concurrency=C (clients); an open loop rates=[R, ...]")
+    else:
+        mode = "open"
+        rates = parse_rates(rates if isinstance(rates, str) else ",".join(map(str, rates)))
+    for what, n in (("requests", requests), ("prompt_tokens", prompt_tokens), ("max_new_tokens", max_new_tokens)):
+        whole(n, what, "at least 1")
+    warmup = whole(warmup, "warmup", "0 or more", lo=0)
+    rm = model if isinstance(model, ResolvedModel) else prepare(model, log=log)
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=not until_eos)
+    prompts = distinct_prompts(rm, prompt_tokens, warmup + requests)  # a server's prefix cache stays cold
+    writer = ResultsWriter(out)  # a bad out is refused before any request
+    engine = load_engine(
+        "http", rm, base_url=base_url, api=api, server=server, server_model=server_model, read_timeout_s=read_timeout_s
+    )
+    summaries = []
+    try:
+        for ids in prompts[:warmup]:
+            engine.generate(ids, cfg)
+        for rate in rates:
+            rows = run_load(
+                engine,
+                prompts[warmup:],
+                mode,
+                concurrency=concurrency,
+                rate=rate,
+                arrival=arrival,
+                burstiness=burstiness,
+                seed=seed,
+                max_duration_s=max_duration_s,
+                cfg=cfg,
+                on_row=writer.append,
+            )
+            s = {
+                "server": engine.kind,
+                "mode": mode,
+                "rate": rate,
+                "concurrency": concurrency,
+                **run_summary(rows, ttft_s=ttft_s, tpot_s=tpot_s, e2e_s=e2e_s),
+            }
+            summaries.append(s)
+            if on_summary is not None:
+                on_summary(s)
+    finally:
+        engine.close()
+    return summaries

@@ -15,14 +15,35 @@ from __future__ import annotations
 
 from lablib.plots.anchors import anchor_bars
 from lablib.plots.compare import kl_per_position, topk_at_divergence
-from lablib.plots.style import ENGINE_COLORS, MODE_DASH, PHASE_OPACITY, PHASE_PATTERN, color, mode_dash
+from lablib.plots.style import (
+    ENGINE_COLORS,
+    ENGINE_SYMBOL,
+    LEGEND_COLOR,
+    MODE_DASH,
+    MODE_ORDER,
+    PHASE_LEGEND_COLOR,
+    PHASE_OPACITY,
+    PHASE_PATTERN,
+    QUEUE_COLOR,
+    color,
+    engine_order,
+    mode_dash,
+    mode_order,
+)
 from lablib.plots.sweeps import concurrency_lines, context_bars, context_lines, prefill_decode_bars, timeline
 
 __all__ = [
     "ENGINE_COLORS",
+    "ENGINE_SYMBOL",
+    "LEGEND_COLOR",
     "MODE_DASH",
+    "MODE_ORDER",
+    "PHASE_LEGEND_COLOR",
     "PHASE_OPACITY",
     "PHASE_PATTERN",
+    "QUEUE_COLOR",
+    "engine_order",
+    "mode_order",
     "anchor_bars",
     "color",
     "concurrency_lines",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lablib.errors import LabError
 from lablib.plots.style import color
+from lablib.results.tables import need
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -20,9 +20,7 @@ def anchor_bars(rows, title: str | None = None) -> go.Figure:
     import plotly.graph_objects as go
 
     df = pd.DataFrame(rows)
-    missing = [c for c in ("source", "concurrency", "output_tps") if c not in df.columns]
-    if missing:  # not result rows (lablib.results.schema): rows of lablib.studies.anchors.batched_rows
-        raise LabError(f"anchor_bars needs the columns {missing}; expected rows of lablib.studies.anchors.batched_rows")
+    need(df, ["source", "concurrency", "output_tps"], "anchor_bars", "lablib.studies.anchors.batched_rows")
     fig = go.Figure()
     for source in df["source"].unique():
         part = df[df["source"] == source]

@@ -9,9 +9,8 @@ a dashed one.
 
 from __future__ import annotations
 
-from lablib.errors import LabError
 from lablib.plots.style import color, engine_order
-from lablib.results.tables import PREFIX_AXES, prefix_medians
+from lablib.results.tables import PREFIX_AXES, need, nonempty, prefix_medians
 
 REUSE_DASH = {True: "solid", False: "dash"}
 REUSE_NAME = {True: "reuse", False: "no reuse"}
@@ -76,10 +75,9 @@ def kept_memory(table, title: str | None = None):
     and the count from the model's shape (lines), per engine. Needs :func:`lablib.studies.prefix.memory_table`."""
     import plotly.graph_objects as go
 
+    source = "lablib.studies.prefix.memory_table"
     cols = ["engine", "tokens", "kept_bytes", "formula_bytes"]
-    missing = [c for c in cols if c not in table.columns]
-    if missing or not len(table):
-        raise LabError(f"kept_memory needs a table from lablib.studies.prefix.memory_table (missing {missing or 'rows'})")
+    need(nonempty(table, "kept_memory", f"expected a table from {source}"), cols, "kept_memory", source)
     fig = go.Figure()
     for engine in engine_order(table):
         g = table[table["engine"] == engine].sort_values("tokens")

@@ -7,18 +7,16 @@ Each function takes a pandas DataFrame of ladder rows (``lablib.results.store.lo
 
 from __future__ import annotations
 
-from lablib.errors import LabError
 from lablib.plots.style import ENGINE_SYMBOL
+from lablib.results.tables import need, nonempty
 
+LADDER_ROWS = "lablib.studies.ladder.run_ladder or `lablib quantize --out FILE`"
 
 
 def _need(df, cols, what):
-    missing = [c for c in cols if c not in df.columns]
-    if missing or not len(df):
-        raise LabError(
-            f"{what}: the rows lack {missing or 'rows'}; expected ladder rows from "
-            "lablib.studies.ladder.run_ladder or `lablib quantize --out FILE`"
-        )
+    """The ladder rows' check: rows (:func:`lablib.results.tables.nonempty`), and the columns ``cols``
+    (:func:`lablib.results.tables.need`)."""
+    need(nonempty(df, what, f"expected ladder rows from {LADDER_ROWS}"), cols, what, LADDER_ROWS)
 
 
 def _title(df, text):

@@ -9,17 +9,8 @@ compute type, meeting at the ridge (intensity = peak / bandwidth). :func:`batch_
 
 from __future__ import annotations
 
-from lablib.errors import LabError
 from lablib.plots.style import color, engine_order
 from lablib.results.tables import need as _need, nonempty as _nonempty, ok_rows as _ok
-
-
-def _columns(df, columns, what: str, source: str) -> None:
-    """LabError naming the columns a table (not result rows: those are checked by tables.need) lacks."""
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise LabError(f"{what} needs the columns {missing}; expected a table from {source}")
-
 
 PHASE_SYMBOL = {"prefill": "circle", "decode": "diamond-open"}
 DTYPE_DASH = {"float32": "solid", "bfloat16": "dash", "int8": "dot"}
@@ -55,7 +46,9 @@ def roofline(df, title: str | None = None):
         "prefill_pct_of_bound",
         "decode_pct_of_bound",
     ]
-    d = _nonempty(_ok(df), "roofline", "add the bound columns first: lablib.studies.roofline.add_bound_columns(df, model)")
+    d = _nonempty(
+        _ok(df), "roofline", "add the bound columns first: lablib.studies.roofline.add_bound_columns(df, model)"
+    )
     _need(d, cols, "roofline")
     bw, roofs = _ceilings(d)
     keys = ["engine", "prompt_tokens"] + (["decode_batch"] if "decode_batch" in d.columns else [])
@@ -120,11 +113,11 @@ def roofline(df, title: str | None = None):
 def batch_figure(sweep_df, measured=None, title: str | None = None):
     """Predicted decode tokens/s (all sequences) against batch size, log-log, from a
     :func:`lablib.studies.roofline.batch_sweep` table; a vertical line at its crossover batch (``attrs``).
-    ``measured`` (optional): rows of :func:`lablib.measure.sweep.run_table` (engine, mode, concurrency,
+    ``measured`` (optional): rows of :func:`lablib.results.tables.run_table` (engine, mode, concurrency,
     output_tps) drawn as points, batched runs only."""
     import plotly.graph_objects as go
 
-    _columns(sweep_df, ["batch", "decode_tps_total", "bound"], "batch_figure", "roofline.batch_sweep")
+    _need(sweep_df, ["batch", "decode_tps_total", "bound"], "batch_figure", "lablib.studies.roofline.batch_sweep")
     engine = sweep_df.attrs.get("engine") or "predicted"
     fig = go.Figure()
     fig.add_scatter(
@@ -146,7 +139,7 @@ def batch_figure(sweep_df, measured=None, title: str | None = None):
             annotation_position="top left",
         )
     if measured is not None and len(measured):
-        _columns(
+        _need(
             measured,
             ["engine", "mode", "concurrency", "output_tps"],
             "batch_figure measured points",

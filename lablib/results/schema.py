@@ -1,9 +1,14 @@
-"""The columns of a result row, declared once (one row per measured request).
+"""The columns of a result row, declared once (one row per measured request), and of the tables made of rows.
 
-The writer (:func:`lablib.results.store.trace_row`), the readers and the foreign-file check
-(:mod:`lablib.results.store`), the tables (:mod:`lablib.results.tables`), the figures
-(:mod:`lablib.plots`) and the CLI name columns through these tuples, as llama-bench
-declares its fields once and prints them in several formats.
+Every column a row can carry is in :data:`COLUMNS`: the sweeps' (labels, metrics, counts, clocks, the
+manifest), the roofline's bound, prefix caching's, a request over HTTP's, a load shape's and the
+quantization ladder's. :data:`TABLE_COLUMNS` are the columns of tables that no row carries (a run
+summary, a batch sweep, an anchor comparison, the kept prefix caches' memory). The writer
+(:func:`lablib.results.store.trace_row`), the readers and the foreign-file check
+(:mod:`lablib.results.store`), the tables and their one column check (:func:`lablib.results.tables.need`,
+which refuses a name declared in neither), the figures (:mod:`lablib.plots`) and the CLI name columns
+through these tuples, as llama-bench declares its fields once and prints them in several formats.
+tests/test_schema.py fails naming a column a row carries that is not declared here.
 """
 
 from __future__ import annotations
@@ -19,6 +24,15 @@ COUNTS = ("prompt_tokens", "cached_tokens", "output_tokens", "decode_s", "finish
 CLOCKS = ("t_submit", "t_start", "t_first_token", "t_last_token")
 # lists per row: inter-token latencies, seconds
 SERIES = ("itl_s",)
+# this machine's measured ceilings, the one spelling of their columns (the manifest's hardware keys,
+# lablib.machine.ceilings.measured_summary, lablib.studies.roofline.add_bound_columns): the memory bandwidth
+# (GB/s = 1e9 bytes/s) and the peak of each compute type (GFLOP/s; int8: GOP/s)
+MEASURED_BANDWIDTH = "measured_bandwidth_gbps"
+MEASURED_PEAKS = {
+    "float32": "measured_float32_gflops",
+    "bfloat16": "measured_bfloat16_gflops",
+    "int8": "measured_int8_gops",
+}
 # row column -> (manifest section, key); section None: a top-level manifest key
 MANIFEST_FIELDS = {
     "engine": ("engine", "name"),
@@ -45,10 +59,8 @@ MANIFEST_FIELDS = {
     "memory_limit_bytes": ("hardware", "memory_limit_bytes"),
     "load_avg_1m": ("hardware", "load_avg_1m"),  # the machine's load when the run started
     # this machine's measured ceilings, when measured (lablib.machine.measure_machine)
-    "measured_bandwidth_gbps": ("hardware", "measured_bandwidth_gbps"),
-    "measured_float32_gflops": ("hardware", "measured_float32_gflops"),
-    "measured_bfloat16_gflops": ("hardware", "measured_bfloat16_gflops"),
-    "measured_int8_gops": ("hardware", "measured_int8_gops"),
+    MEASURED_BANDWIDTH: ("hardware", MEASURED_BANDWIDTH),
+    **{col: ("hardware", col) for col in MEASURED_PEAKS.values()},
     "lablib_version": (None, "lablib_version"),
     "time": (None, "time"),
 }
@@ -97,6 +109,67 @@ BOUND_COLUMNS = (
 # prefix's length (tokens), which question / chat turn it was, the prompt tokens the engine's own
 # counter says it evaluated, and the bytes the kept prefix cache held
 PREFIX = ("reuse", "shared_tokens", "question", "turn", "evaluated_tokens", "kept_cache_bytes")
+# what a request over HTTP adds (lablib.engines.http.HTTPTrace.metrics): the server kind and API, the output
+# budget asked, how output tokens were counted, the stream's content chunks (count, tokens in each, the gaps
+# between them: ICL, seconds), network reads, SSE events (most in one read) and pings, the server's own usage
+# counts and the checks against the lab's counts, the fixed-length method and whether the count came out as
+# asked, the server's own timings (prompt seconds, decode tokens/s, the raw JSON) and what HTTP and the
+# server's queue add to the first token (seconds)
+HTTP = (
+    "server",
+    "api",
+    "max_new_tokens",
+    "count_method",
+    "chunks",
+    "chunk_tokens",
+    "chunk_gaps_s",
+    "reads",
+    "events",
+    "max_events_per_read",
+    "pings",
+    "usage_prompt_tokens",
+    "usage_completion_tokens",
+    "usage_cached_tokens",
+    "usage_mismatch",
+    "prompt_mismatch",
+    "fixed_length",
+    "output_count_ok",
+    "server_prompt_s",
+    "server_decode_tps",
+    "server_timings",
+    "http_overhead_s",
+)
+# a load shape over HTTP (lablib.measure.load.run_load; mode, concurrency, request_index and client are
+# LABELS): the open loop's rate (requests/s), arrival process and gamma shape, and each request's scheduled
+# send time (seconds after the run's start) and how late it went out (seconds)
+LOAD = ("rate", "arrival", "burstiness", "t_scheduled", "schedule_lag_s")
+# a model's quality against its reference, lablib.studies.quality.STATS: perplexity (its own, the reference's),
+# KL divergence per token (mean, p99, max; nats), top-1 agreement, shifts of the reference's top token's
+# probability and of the target's (mean |shift|, mean, RMS), and the tokens scored
+QUALITY = ("ppl", "ppl_ref", "kl_mean", "kl_p99", "kl_max", "top1", "dp_top_abs_mean", "dp_mean", "dp_rms", "n_tokens")
+# a rung of the quantization ladder (lablib.studies.ladder; with QUALITY, prefill_tps, decode_tps and the
+# manifest's engine, model and machine columns): the reference it is measured against (label, file), the
+# chunks scored, the weights' format, type and path, their sizes (bytes of the file or folder, of the tensors,
+# read per decoded token; parameters; bits per weight), the mix of tensor types (summary, JSON), the seconds to
+# load and to quantize, and whether the file came from the cache
+LADDER = (
+    "reference",
+    "reference_path",
+    "n_chunks",
+    "format",
+    "type",
+    "path",
+    "bytes",
+    "tensor_bytes",
+    "bytes_per_token",
+    "parameters",
+    "bpw",
+    "type_mix",
+    "tensor_types",
+    "load_s",
+    "quantize_s",
+    "cached",
+)
 # what a row written before a column existed means by its absence (lablib.results.store.load_results)
 DEFAULTS = {"cached_tokens": 0}
 # present in some rows only: output ids, decoded text, an error message, the file a row came from
@@ -104,7 +177,64 @@ OPTIONAL = ("token_ids", "text", "error", "source_file")
 # machines to facet figures by
 FACETS = ("hostname", "cpu_model")
 
-COLUMNS = LABELS + METRICS + COUNTS + SERIES + CLOCKS + tuple(MANIFEST_FIELDS) + OPTIONAL + BOUND_COLUMNS + PREFIX
+COLUMNS = (
+    LABELS
+    + METRICS
+    + COUNTS
+    + SERIES
+    + CLOCKS
+    + tuple(MANIFEST_FIELDS)
+    + OPTIONAL
+    + BOUND_COLUMNS
+    + PREFIX
+    + HTTP
+    + LOAD
+    + QUALITY
+    + LADDER
+)
+
+# --- the columns of tables (lablib.results.tables, lablib.studies): what rows become ------------------------
+# every summary's percentiles (lablib.results.tables.run_summary: run_table, the HTTP bench, summary_line)
+PERCENTILES = (50, 90, 95, 99)
+# the distributions a run summary gives percentiles of, seconds: per request (queue_s ... e2e_s), every
+# inter-token gap of every request (itl_s) and every gap between content chunks (chunk_gaps_s, HTTP rows)
+DISTRIBUTIONS = ("queue_s", "ttft_s", "tpot_s", "e2e_s", "itl_s", "chunk_gaps_s")
+
+
+def percentile_column(metric: str, q) -> str:
+    """The one naming of a percentile column, ``<metric>_p<q>_s``: ``ttft_s``, 99 -> ``ttft_p99_s``."""
+    return f"{metric.removesuffix('_s')}_p{q}_s"
+
+
+# one run in numbers (lablib.results.tables.run_summary): requests sent and failed, output tokens of the
+# successful ones, the makespan (first t_submit to last token, seconds), output tokens/s and successful
+# requests/s over it, goodput (requests/s meeting every target; their fraction of all), the percentiles of
+# DISTRIBUTIONS, and the open loop's largest schedule lag (seconds)
+SUMMARY = (
+    "requests",
+    "errors",
+    "output_tokens",
+    "makespan_s",
+    "output_tps",
+    "requests_per_s",
+    "goodput_rps",
+    "goodput_fraction",
+    *(percentile_column(m, q) for m in DISTRIBUTIONS for q in PERCENTILES),
+    "schedule_lag_max_s",
+)
+# a batch sweep of the roofline (lablib.studies.roofline.batch_sweep; with decode_tps): the batch size, one
+# decode step's seconds, tokens/s of all sequences, intensity (FLOP/byte), FLOP/s and what bounds it
+BATCH_SWEEP = ("batch", "step_s", "decode_tps_total", "intensity", "flop_per_s", "bound")
+# the lab beside an anchor's own benchmark (lablib.studies.anchors.batched_rows; with concurrency and
+# output_tps): who measured it ("lab" or the anchor tool's name)
+ANCHOR = ("source",)
+# what the kept prefix caches cost (lablib.studies.prefix.memory_table; with engine): their length (tokens),
+# the bytes measured (the engine's own count) and counted from the model's shape, and both per token
+PREFIX_MEMORY = ("tokens", "kept_bytes", "formula_bytes", "kept_bytes_per_token", "formula_bytes_per_token")
+# the columns of tables that no row carries (a summary's output_tokens is the run's sum of the rows' own)
+TABLE_COLUMNS = tuple(c for c in SUMMARY + BATCH_SWEEP + ANCHOR + PREFIX_MEMORY if c not in COLUMNS)
+# what lablib.results.tables.need accepts: a column of a result row or of a table
+KNOWN = frozenset(COLUMNS + TABLE_COLUMNS)
 
 
 def flatten_manifest(manifest: dict) -> dict:

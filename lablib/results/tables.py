@@ -2,7 +2,9 @@
 
 Every function is a pure function of tidy rows (one row per measured request, the
 columns of :mod:`lablib.results.schema`); the figures in :mod:`lablib.plots` draw these
-tables. Rows with an ``error`` are left out. Seconds unless a name says otherwise.
+tables. Rows with an ``error`` are left out (a run summary counts them: ``errors``). Seconds unless a
+name says otherwise. One run in numbers is :func:`run_summary` (:data:`PERCENTILES`, the one naming
+``<metric>_p<q>_s``); :func:`need` is the one column check of every table and figure.
 """
 
 from __future__ import annotations
@@ -10,22 +12,35 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lablib.errors import LabError
-from lablib.results.schema import CLOCKS, COLUMNS, MANIFEST_SUMMARY
+from lablib.results.schema import (
+    CLOCKS,
+    DISTRIBUTIONS,
+    KNOWN,
+    MANIFEST_SUMMARY,
+    PERCENTILES,
+    SUMMARY,
+    percentile_column,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
 
 
 # --- selecting rows -----------------------------------------------------------------------------
-def need(df, columns, what: str) -> None:
-    """Raise LabError naming the columns of ``columns`` that ``df`` lacks (each one a column of
-    :data:`lablib.results.schema.COLUMNS`)."""
-    unknown = [c for c in columns if c not in COLUMNS]
+def need(df, columns, what: str, source: str | None = None) -> None:
+    """Raise LabError naming the columns of ``columns`` that ``df`` lacks (a DataFrame, or anything with
+    ``columns``), and ``source`` (what makes such rows) when given; or naming those of ``columns`` that are
+    declared nowhere (:data:`lablib.results.schema.COLUMNS` of rows, ``TABLE_COLUMNS`` of tables)."""
+    unknown = [c for c in columns if c not in KNOWN]
     if unknown:  # a figure or table asking for a column the lab never writes
-        raise LabError(f"{what} asks for {unknown}, which are not columns of a result row (lablib.results.schema)")
+        raise LabError(
+            f"{what} asks for {unknown}, which are not columns of a result row or table (lablib.results.schema)"
+        )
     missing = [c for c in columns if c not in df.columns]
     if missing:
-        raise LabError(f"{what} needs the columns {', '.join(missing)}; the data has {', '.join(map(str, df.columns))}")
+        has = ", ".join(map(str, df.columns)) or "no columns"
+        hint = f"; expected rows of {source}" if source else ""
+        raise LabError(f"{what} needs the columns {', '.join(missing)}; the data has {has}{hint}")
 
 
 def ok_rows(df):
@@ -60,6 +75,117 @@ def percentile(values, q: float) -> float:
 
     vals = [float(v) for v in values if v is not None and v == v]  # NaN != NaN
     return float(np.percentile(vals, q)) if vals else float("nan")
+
+
+# --- one run in numbers: throughput, percentiles, goodput ------------------------------------------------
+# PERCENTILES (50, 90, 95, 99) and the columns' one naming, <metric>_p<q>_s, are declared with the columns
+# (lablib.results.schema): every summary (run_table, the HTTP bench, lablib.ui.text.summary_line) uses them
+
+
+def _records(rows) -> list[dict]:
+    """Rows as a list of dicts (a DataFrame's records, or the dicts as given)."""
+    if hasattr(rows, "to_dict"):
+        return rows.to_dict("records")
+    return list(rows)
+
+
+def _value(x):
+    """``x``, or None for a missing value (None, NaN: a DataFrame's empty cell)."""
+    return None if x is None or (isinstance(x, float) and x != x) else x
+
+
+def _succeeded(row: dict) -> bool:
+    """The request gave its tokens: no ``error`` (None, NaN or empty) and a TTFT."""
+    return not _value(row.get("error")) and _value(row.get("ttft_s")) is not None
+
+
+def makespan_s(rows) -> float:
+    """A run's makespan: first ``t_submit`` to last token (``t_last_token``) over the successful rows
+    (dicts or a DataFrame), seconds; 0 when none succeeded. The lab's one makespan: every throughput
+    of a run (:func:`run_summary`) is over it."""
+    ok = [r for r in _records(rows) if _succeeded(r) and _value(r.get("t_last_token")) is not None]
+    if not ok:
+        return 0.0
+    return max(r["t_last_token"] for r in ok) - min(r["t_submit"] for r in ok)
+
+
+def goodput(
+    rows,
+    ttft_s: float | None = None,
+    tpot_s: float | None = None,
+    e2e_s: float | None = None,
+    duration_s: float | None = None,
+) -> dict:
+    """Requests that met every given target (seconds; None: no target), of ``rows`` (dicts or a
+    DataFrame): DistServe's goodput, as ``vllm bench serve --goodput``. A failed request never counts;
+    a one-token request has no TPOT and meets a TPOT target. Returns ``good`` (count), ``fraction`` (of
+    all rows) and ``rps`` (good / ``duration_s``, default the run's :func:`makespan_s`)."""
+    rows = _records(rows)
+    good = 0
+    for r in rows:
+        if not _succeeded(r):
+            continue
+        tpot = _value(r.get("tpot_s"))
+        good += bool(
+            (ttft_s is None or r["ttft_s"] <= ttft_s)
+            and (e2e_s is None or r["e2e_s"] <= e2e_s)
+            and (tpot_s is None or tpot is None or tpot <= tpot_s)
+        )
+    dur = makespan_s(rows) if duration_s is None else duration_s
+    return {"good": good, "fraction": good / len(rows) if rows else 0.0, "rps": good / dur if dur else 0.0}
+
+
+def _series(row: dict, metric: str) -> list[float]:
+    """The values ``row`` holds of ``metric``: one (a per-request metric) or a list (itl_s, chunk_gaps_s)."""
+    v = row.get(metric)
+    if v is None or isinstance(v, str):
+        return []
+    if not hasattr(v, "__len__"):  # one number (a numpy one too), or NaN: a DataFrame's empty cell
+        return [] if v != v else [float(v)]
+    return [float(x) for x in v if x is not None and x == x]  # a list, or an array read back from parquet
+
+
+def run_summary(
+    rows,
+    percentiles=PERCENTILES,
+    ttft_s: float | None = None,
+    tpot_s: float | None = None,
+    e2e_s: float | None = None,
+) -> dict:
+    """One run in numbers, from its rows (dicts or a DataFrame, one per request, failed ones included):
+    :data:`lablib.results.schema.SUMMARY`.
+
+    ``requests`` (rows) and ``errors`` (failed: an ``error``, or no token); of the successful requests:
+    ``output_tokens``, ``makespan_s`` (:func:`makespan_s`), ``output_tps`` (output tokens / makespan),
+    ``requests_per_s``, ``goodput_rps`` and ``goodput_fraction`` against the targets ``ttft_s``,
+    ``tpot_s``, ``e2e_s`` (seconds; None: no target; :func:`goodput`); ``<metric>_p<q>_s`` for each ``q``
+    of ``percentiles`` and each metric of :data:`lablib.results.schema.DISTRIBUTIONS` (``ttft_p50_s``,
+    ``itl_p99_s``: every inter-token gap of every request; ``chunk_gaps_p50_s``: every gap between
+    content chunks; None without values, as chunk gaps without HTTP rows); and ``schedule_lag_max_s``
+    (an open loop's latest dispatch; None otherwise)."""
+    rows = _records(rows)
+    ok = [r for r in rows if _succeeded(r)]
+    dur = makespan_s(ok)
+    tokens = sum(int(r["output_tokens"]) for r in ok)
+    good = goodput(rows, ttft_s, tpot_s, e2e_s, dur)
+    out = {
+        "requests": len(rows),
+        "errors": len(rows) - len(ok),
+        "output_tokens": tokens,
+        "makespan_s": dur,
+        "output_tps": tokens / dur if dur > 0 else 0.0,
+        "requests_per_s": len(ok) / dur if dur > 0 else 0.0,
+        "goodput_rps": good["rps"],
+        "goodput_fraction": good["fraction"],
+    }
+    for metric in DISTRIBUTIONS:
+        vals = [x for r in ok for x in _series(r, metric)]
+        for q in percentiles:
+            out[percentile_column(metric, q)] = percentile(vals, q) if vals else None
+    lags = [_value(r.get("schedule_lag_s")) for r in rows]
+    lags = [x for x in lags if x is not None]
+    out["schedule_lag_max_s"] = max(lags) if lags else None
+    return out
 
 
 # --- one engine run and the context sweep ----------------------------------------------------------
@@ -121,39 +247,37 @@ def engine_medians(df) -> pd.DataFrame:
 
 
 # --- the concurrency sweep -------------------------------------------------------------------------
-def run_table(df) -> pd.DataFrame:
-    """One row per concurrency run (``run_id``): engine, mode, concurrency, requests,
-    output_tokens, makespan_s, output_tps (all output tokens / makespan), requests_per_s,
-    and p50/p95/p99 of queue_s, ttft_s, tpot_s and e2e_s (seconds); hostname and
-    cpu_model kept when present (to facet by machine). Rows with an ``error`` are skipped.
-    """
+def run_table(df, ttft_s: float | None = None, tpot_s: float | None = None, e2e_s: float | None = None) -> pd.DataFrame:
+    """One row per concurrency run (``run_id``): engine, mode, concurrency, then the run's
+    :func:`run_summary` (requests, errors, output_tokens, makespan_s, output_tps: all output tokens /
+    makespan, requests_per_s, goodput against the targets ``ttft_s``, ``tpot_s``, ``e2e_s``, and
+    ``<metric>_p<q>_s`` at :data:`PERCENTILES` of queue_s, ttft_s, tpot_s, e2e_s and itl_s, seconds);
+    hostname and cpu_model kept when present (to facet by machine). Failed requests count in
+    ``requests`` and ``errors`` only. The HTTP-only columns (chunk gaps, schedule lag) are kept when a
+    run has them."""
     import pandas as pd
 
     d = df[df["sweep"] == "concurrency"] if "sweep" in df else df
-    d = ok_rows(d)
     out = []
     for run_id, g in d.groupby("run_id", sort=False):
-        makespan = float(g["t_last_token"].max() - g["t_submit"].min())
-        tokens = int(g["output_tokens"].sum())
         rec = {
             "run_id": run_id,
             "engine": g["engine"].iloc[0],
             "mode": g["mode"].iloc[0],
             "concurrency": int(g["concurrency"].iloc[0]),
-            "requests": len(g),
-            "output_tokens": tokens,
-            "makespan_s": makespan,
-            "output_tps": tokens / makespan if makespan > 0 else float("nan"),
-            "requests_per_s": len(g) / makespan if makespan > 0 else float("nan"),
+            **run_summary(g, ttft_s=ttft_s, tpot_s=tpot_s, e2e_s=e2e_s),
         }
-        for metric in ("queue_s", "ttft_s", "tpot_s", "e2e_s"):
-            for q in (50, 95, 99):
-                rec[f"{metric[:-2]}_p{q}_s"] = percentile(g[metric], q)
         for col in ("hostname", "cpu_model"):
             if col in g:
                 rec[col] = g[col].iloc[0]
         out.append(rec)
-    return pd.DataFrame(out)
+    table = pd.DataFrame(out)
+    if not len(table):
+        return table
+    numbers = [c for c in table.columns if c.endswith("_s") and c in SUMMARY]  # None (no values) as NaN
+    table[numbers] = table[numbers].apply(pd.to_numeric)
+    http_only = [c for c in table.columns if c.startswith("chunk_gaps_p") or c == "schedule_lag_max_s"]
+    return table.drop(columns=[c for c in http_only if table[c].isna().all()])
 
 
 def concurrency_summary(df, facet_by: str | None = None) -> pd.DataFrame:
@@ -168,14 +292,14 @@ def concurrency_summary(df, facet_by: str | None = None) -> pd.DataFrame:
     for key, r in d.groupby(keys, sort=False):
         key = key if isinstance(key, tuple) else (key,)
         sel = runs[runs["run_id"].isin(r["run_id"].unique())]
+        s = run_summary(r, percentiles=(50, 95))  # over all requests of those runs
         rows.append(
             dict(
                 zip(keys, key),
                 runs=len(sel),
                 requests=len(r),
                 output_tps=float(sel["output_tps"].median()),
-                ttft_p50_s=percentile(r["ttft_s"], 50),
-                ttft_p95_s=percentile(r["ttft_s"], 95),
+                **{c: float("nan") if s[c] is None else s[c] for c in ("ttft_p50_s", "ttft_p95_s")},
             )
         )
     return pd.DataFrame(rows)

@@ -134,11 +134,3 @@ class RequestTrace:
             finish_reason=self.finish_reason,
         )
         return out
-
-
-def output_tps(traces: list[RequestTrace]) -> float:
-    """Run throughput: all output tokens / makespan (first submit to last token), tokens/s."""
-    if not traces:
-        raise TraceError("output_tps: no traces given; expected the traces of one run")
-    makespan = max(t.t_tokens[-1] for t in traces) - min(t.t_submit for t in traces)
-    return sum(t.output_tokens for t in traces) / makespan

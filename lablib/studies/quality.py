@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lablib.errors import LabError
+from lablib.results.schema import QUALITY
 from lablib.studies.logits import log_softmax
 
-STATS = ("ppl", "ppl_ref", "kl_mean", "kl_p99", "kl_max", "top1", "dp_top_abs_mean", "dp_mean", "dp_rms", "n_tokens")
+STATS = QUALITY  # the statistics of a comparison, declared with the row's columns (lablib.results.schema)
 
 
 def perplexity_chunks(ids, n_ctx: int, n_chunks: int | None = None, bos: int | None = None) -> list[list[int]]:

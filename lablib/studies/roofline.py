@@ -39,7 +39,11 @@ from pathlib import Path
 from lablib.errors import LabError
 from lablib.machine.ceilings import machine, peak_flops
 from lablib.model.shape import flops_per_token, kv_bytes_per_token, matmul_weights, model_dims, prefill_flops
-from lablib.results.schema import BOUND_COLUMNS  # noqa: F401  (the columns add_bound_columns adds)
+from lablib.results.schema import (  # noqa: F401  (BOUND_COLUMNS: the columns add_bound_columns adds)
+    BOUND_COLUMNS,
+    MEASURED_BANDWIDTH,
+    MEASURED_PEAKS,
+)
 
 # what-if (predict with fmt=): the math each stored format runs at: 16-bit weights on 16-bit tensor math
 # (the bfloat16 figure; float32's where a machine has none), quantized ones on int8 dot products
@@ -311,16 +315,14 @@ def add_bound_columns(df, model, machine_name=None):
     """
     import math
 
-    need = [
-        c
-        for c in ("engine", "prompt_tokens", "output_tokens", "prefill_s", "prefill_tps", "decode_tps")
-        if c not in df.columns
-    ]
-    if need:
-        raise LabError(
-            f"add_bound_columns needs the columns {', '.join(need)}; expected rows of a context or "
-            "concurrency sweep (lablib.measure.sweep)"
-        )
+    from lablib.results.tables import need
+
+    need(
+        df,
+        ["engine", "prompt_tokens", "output_tokens", "prefill_s", "prefill_tps", "decode_tps"],
+        "add_bound_columns",
+        "a context or concurrency sweep (lablib.measure.sweep)",
+    )
     mach = None  # resolved at the first row without its own measured columns (it may measure this machine)
     profiles = {}
     out = []
@@ -330,8 +332,8 @@ def add_bound_columns(df, model, machine_name=None):
             profiles[key] = engine_profile(model, *key)
         prof = profiles[key]
         dtype = prof["compute_dtype"]
-        bw = row.get("measured_bandwidth_gbps") if machine_name is None else None
-        f = row.get(f"measured_{dtype}_{'gops' if dtype == 'int8' else 'gflops'}")
+        bw = row.get(MEASURED_BANDWIDTH) if machine_name is None else None
+        f = row.get(MEASURED_PEAKS[dtype]) if dtype in MEASURED_PEAKS else None
         if bw is not None and bw == bw and f is not None and f == f:
             m = {"bytes_per_s": bw * 1e9, "flop_per_s": {dtype: f * 1e9}}
         else:

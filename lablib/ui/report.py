@@ -1,7 +1,8 @@
 """One self-contained HTML report: every figure the data supports and the run manifest.
 
-Built from :mod:`lablib.plots` (the figures) and :mod:`lablib.results.tables` (the manifest table);
-plotly.js is embedded once.
+Built from :mod:`lablib.plots` (the figures) and :mod:`lablib.results.tables` (the manifest table),
+with each row against the machine's roofline bound where it can be computed (:func:`bounds_for_report`;
+where it cannot, the report says why); plotly.js is embedded once.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def bounds_for_report(df):
     cannot read) leaves the bound out; any other error is a fault and is raised."""
     from lablib.machine.ceilings import cached_measurement
     from lablib.model.resolve import prepare
+    from lablib.results.schema import MEASURED_BANDWIDTH
 
     if "model_sha256" not in df.columns:
         return df, None, "the rows do not name their model (no model_sha256 column)"
@@ -32,7 +34,7 @@ def bounds_for_report(df):
         rm = prepare(log=lambda *_: None)
         if set(df["model_sha256"].dropna()) != {rm.sha256}:
             return df, None, f"not every row is of the default model ({rm.name}), the one whose weights it counts"
-        own = "measured_bandwidth_gbps" in df.columns and df["measured_bandwidth_gbps"].notna().all()
+        own = MEASURED_BANDWIDTH in df.columns and df[MEASURED_BANDWIDTH].notna().all()
         if not own and cached_measurement() is None:
             return (
                 df,

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 
 def summary_line(server: str, mode: str, rate, c, s: dict) -> str:
-    """One line: ``server=NAME mode=MODE rate=R c=C output_tps=X ttft_p50_s=Y goodput=Z`` and more."""
+    """One line: ``server=NAME mode=MODE rate=R c=C output_tps=X ttft_p50_s=Y goodput=Z`` and more, of a
+    run summary ``s`` (:func:`lablib.results.tables.run_summary`: the same names)."""
 
     def f(x, nd=3):
         return "-" if x is None else f"{x:.{nd}f}"
 
     return (
         f"server={server} mode={mode} rate={'-' if rate is None else f'{rate:g}'} c={'-' if c is None else c} "
-        f"output_tps={f(s['output_tps'], 2)} ttft_p50_s={f(s['ttft_s_p50'])} goodput={f(s['goodput_rps'], 3)} "
-        f"ttft_p99_s={f(s['ttft_s_p99'])} tpot_p50_s={f(s['tpot_s_p50'], 4)} e2e_p99_s={f(s['e2e_s_p99'])} "
+        f"output_tps={f(s['output_tps'], 2)} ttft_p50_s={f(s['ttft_p50_s'])} goodput={f(s['goodput_rps'], 3)} "
+        f"ttft_p99_s={f(s['ttft_p99_s'])} tpot_p50_s={f(s['tpot_p50_s'], 4)} e2e_p99_s={f(s['e2e_p99_s'])} "
         f"errors={s['errors']}/{s['requests']}"
     )

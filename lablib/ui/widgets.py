@@ -23,7 +23,7 @@ from lablib.config import budget, quick_mode
 from lablib.engines import IN_PROCESS, NAMES as ENGINE_NAMES
 from lablib.errors import LabError
 from lablib.measure import sweep
-from lablib.measure.closed_loop import MODES
+from lablib.measure.closed_loop import SCHEDULING_MODES
 
 KINDS = ("context", "concurrency")
 
@@ -51,7 +51,7 @@ def defaults(kind: str = "context", quick: bool | None = None) -> dict:
         engines=list(ENGINE_NAMES),
         prompt_tokens=str(budget("concurrency", "prompt_tokens", quick)),
         concurrency=_csv(budget("concurrency", "concurrency", quick)),
-        modes=list(MODES),
+        modes=list(SCHEDULING_MODES),
         requests=0,
         max_new_tokens=budget("concurrency", "max_new_tokens", quick),
     )
@@ -118,7 +118,8 @@ class SweepPanel:
         self.prompt_tokens = w.Text(description="prompt tokens", style=wide, layout=row_layout(), placeholder="64,256")
         self.concurrency = w.Text(description="concurrency", style=wide, layout=row_layout(), placeholder="1,2,4")
         self.mode_boxes = {
-            m: w.Checkbox(value=True, description=m, indent=False, layout=w.Layout(width="130px")) for m in MODES
+            m: w.Checkbox(value=True, description=m, indent=False, layout=w.Layout(width="130px"))
+            for m in SCHEDULING_MODES
         }
         self.requests = w.BoundedIntText(
             min=0, max=10_000, description="requests per run", style=wide, layout=w.Layout(width="220px")
@@ -451,6 +452,7 @@ class ServingPanel:
 
     def run_sync(self) -> str:
         from lablib.engines import load_engine
+        from lablib.engines.base import GenerationConfig
         from lablib.measure.load import run_load, summarize
         from lablib.measure.workload import distinct_prompts
         from lablib.ui.text import summary_line

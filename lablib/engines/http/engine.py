@@ -343,16 +343,22 @@ class HTTPEngine(Engine):
         self.n_ctx = int(n_ctx or self.server_info.get("n_ctx") or getattr(model, "max_position_embeddings", 0) or 2048)
 
     # --- the engine's event loop (one thread, one aiohttp session) -----------------------------
-    def run(self, coro):
-        """Run ``coro`` on the engine's event loop (started on first use) and return its result.
-
-        Works from scripts and from notebooks (whose own loop is already running)."""
+    def submit(self, coro):
+        """Schedule ``coro`` on the engine's event loop (started on first use) and return at once: a
+        ``concurrent.futures.Future`` of its result (``cancel()`` stops it). A load run goes this way
+        (:func:`lablib.measure.load.run_load`), its rows taken off in the calling thread meanwhile."""
         with self._lock:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
                 self._thread = threading.Thread(target=self._loop.run_forever, name="lablib-http", daemon=True)
                 self._thread.start()
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def run(self, coro):
+        """Run ``coro`` on the engine's event loop (started on first use) and return its result.
+
+        Works from scripts and from notebooks (whose own loop is already running)."""
+        return self.submit(coro).result()
 
     def _get_session(self):
         import aiohttp
