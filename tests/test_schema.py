@@ -79,7 +79,7 @@ def test_the_measured_machine_columns_have_one_spelling(monkeypatch):
 
 # --- rows of an HTTP request ------------------------------------------------------------------------
 def http_trace():
-    from lablib.engines.http.engine import HTTPTrace
+    from lablib.engines.http.trace import HTTPTrace
 
     t = HTTPTrace(prompt_tokens=4, t_submit=0.0, server="llama-server", api="completions", max_new_tokens=3)
     t.start(0.01)
@@ -110,7 +110,7 @@ def test_an_http_trace_writes_declared_columns_only():
 
 
 def test_an_http_request_row_without_tokens_writes_declared_columns_only():
-    from lablib.engines.http.engine import HTTPTrace
+    from lablib.engines.http.trace import HTTPTrace
     from lablib.measure.load import request_row
 
     t = HTTPTrace(prompt_tokens=4, t_submit=0.0, server="vllm", api="chat")

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from lablib import children
 from lablib.checks import whole
-from lablib.engines.http.engine import PROFILES, ServerProfile
+from lablib.engines.http.protocol import PROFILES, ServerProfile
 from lablib.errors import LabError
 
 

@@ -1,0 +1,110 @@
+"""HTTPTrace: one request over HTTP, timed with the lab's clock, with the stream's own facts (chunks,
+reads, usage, the server's timings) next to the sweep's metrics.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+
+from lablib.results.trace import RequestTrace
+
+
+@dataclass
+class HTTPTrace(RequestTrace):
+    """A request's trace plus what the stream told: per-chunk arrivals and counts, the server's
+    usage and timings, and the checks (usage, prompt count, fixed length)."""
+
+    server: str = ""
+    api: str = ""
+    max_new_tokens: int = 0
+    count_method: str = ""
+    chunk_arrivals: list[float] = field(default_factory=list)  # perf_counter s, one per content chunk
+    chunk_tokens: list[int] = field(default_factory=list)  # tokens counted in each content chunk
+    reads: int = 0  # network reads of the body
+    events: int = 0  # SSE events parsed
+    max_events_per_read: int = 0
+    pings: int = 0  # SSE comment lines
+    text: str = ""
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+    usage_cached_tokens: int | None = None
+    server_timings: dict | None = None
+    fixed_length: str = ""
+    error: str | None = None
+
+    # --- checks -----------------------------------------------------------
+    @property
+    def usage_mismatch(self) -> bool | None:
+        """True when the server's completion token count differs from the client's (None: no usage)."""
+        u = self.usage_completion_tokens
+        return None if u is None else u != self.output_tokens
+
+    @property
+    def prompt_mismatch(self) -> bool | None:
+        """True when the server counted other prompt tokens than the lab (None: no usage)."""
+        u = self.usage_prompt_tokens
+        return None if u is None else u != self.prompt_tokens
+
+    @property
+    def output_count_ok(self) -> bool:
+        """False when a fixed-length request gave another count than asked (client or server count)."""
+        if self.finish_reason == "stop" and self.fixed_length == "off":
+            return True
+        n = self.usage_completion_tokens if self.usage_completion_tokens is not None else self.output_tokens
+        return n == self.max_new_tokens and self.output_tokens == self.max_new_tokens
+
+    @property
+    def chunk_gaps_s(self) -> list[float]:
+        """Gaps between content chunks (ICL), seconds: their own distribution, next to ITL."""
+        a = self.chunk_arrivals
+        return [y - x for x, y in itertools.pairwise(a)]
+
+    @property
+    def server_prompt_s(self) -> float | None:
+        t = self.server_timings or {}
+        return t["prompt_ms"] / 1e3 if isinstance(t.get("prompt_ms"), (int, float)) else None
+
+    @property
+    def http_overhead_s(self) -> float | None:
+        """What HTTP and the server's queue add to the first token: client TTFT minus the server's
+        own prompt time (seconds; None without server timings or tokens)."""
+        sp = self.server_prompt_s
+        return None if sp is None or not self.t_tokens else self.ttft_s - sp
+
+    @property
+    def server_decode_tps(self) -> float | None:
+        t = self.server_timings or {}
+        return t.get("predicted_per_second") if isinstance(t.get("predicted_per_second"), (int, float)) else None
+
+    def metrics(self) -> dict:
+        out = super().metrics()
+        sp = self.server_prompt_s
+        out.update(
+            server=self.server,
+            api=self.api,
+            max_new_tokens=self.max_new_tokens,
+            count_method=self.count_method,
+            chunks=len(self.chunk_arrivals),
+            chunk_tokens=list(self.chunk_tokens),
+            chunk_gaps_s=self.chunk_gaps_s,
+            reads=self.reads,
+            events=self.events,
+            max_events_per_read=self.max_events_per_read,
+            pings=self.pings,
+            usage_prompt_tokens=self.usage_prompt_tokens,
+            usage_completion_tokens=self.usage_completion_tokens,
+            usage_cached_tokens=self.usage_cached_tokens,
+            usage_mismatch=self.usage_mismatch,
+            prompt_mismatch=self.prompt_mismatch,
+            fixed_length=self.fixed_length,
+            output_count_ok=self.output_count_ok,
+            server_prompt_s=sp,
+            server_decode_tps=self.server_decode_tps,
+            server_timings=json.dumps(self.server_timings) if self.server_timings else None,
+            http_overhead_s=self.http_overhead_s,
+            text=self.text,
+            error=self.error,
+        )
+        return out
