@@ -144,7 +144,7 @@ def test_bench_without_a_server_is_one_clear_error(tmp_path, capsys):
 
 def test_serving_panel_runs_its_values_and_refuses_an_empty_url(model):
     from lablib.errors import LabError
-    from lablib.ui.widgets import ServingPanel
+    from lablib.ui.serving import ServingPanel
 
     srv = ScriptedServer().start()
     srv.script = [sse(cmpl("a", [1])), sse(cmpl("b", [2], finish="length")), sse("[DONE]")]

@@ -1,6 +1,6 @@
 """What the console shows: one ``key=value`` line per result, the same fields wherever it is printed.
 
-Used by the CLI (:mod:`lablib.cli.bench`), lab 05's panel (:class:`lablib.ui.widgets.ServingPanel`)
+Used by the CLI (:mod:`lablib.cli.bench`), lab 05's panel (:class:`lablib.ui.serving.ServingPanel`)
 and benchmarks/serving.py.
 """
 

@@ -1,0 +1,94 @@
+"""Lab 05's panel: a load run on any OpenAI-compatible server from widgets (base URL, rate or
+concurrency, goodput targets, requests), its summary line printed (:func:`lablib.ui.text.summary_line`)."""
+
+from __future__ import annotations
+
+from lablib.errors import LabError
+
+
+class ServingPanel:
+    """Widgets for a load run on any server: base URL, rate (empty: closed loop), concurrency, TTFT and
+    TPOT targets, requests. ``run_sync()`` runs the current values here (headless notebooks) and returns
+    the one-line summary; the Run button does the same and prints it."""
+
+    def __init__(
+        self,
+        model,
+        base_url: str = "",
+        rate: float = 1.0,
+        concurrency: int = 1,
+        requests: int = 4,
+        prompt_tokens: int = 32,
+        max_new_tokens: int = 8,
+        ttft_s: float = 2.0,
+        tpot_s: float = 0.1,
+    ):
+        import ipywidgets as w
+
+        self.model = model
+        self.base_url = w.Text(value=base_url, description="base URL", layout=w.Layout(width="420px"))
+        self.rate = w.FloatText(value=rate, description="rate (req/s)")
+        self.open_loop = w.Checkbox(value=True, description="open loop (off: closed loop of C clients)")
+        self.concurrency = w.BoundedIntText(value=concurrency, min=1, max=64, description="concurrency")
+        self.requests = w.BoundedIntText(value=requests, min=1, max=1000, description="requests")
+        self.ttft = w.FloatText(value=ttft_s, description="TTFT target s")
+        self.tpot = w.FloatText(value=tpot_s, description="TPOT target s")
+        self.prompt_tokens, self.max_new_tokens = prompt_tokens, max_new_tokens
+        self.button = w.Button(description="Run", button_style="primary")
+        self.output = w.Output()
+        self.button.on_click(lambda _: self._click())
+        self.widget = w.VBox(
+            [
+                self.base_url,
+                w.HBox([self.open_loop, self.rate]),
+                w.HBox([self.concurrency, self.requests]),
+                w.HBox([self.ttft, self.tpot]),
+                self.button,
+                self.output,
+            ]
+        )
+        self.rows: list[dict] = []
+        self.summary: dict | None = None
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+    def _click(self):
+        with self.output:
+            try:
+                print(self.run_sync())
+            except LabError as e:
+                print(f"lablib: {e}")
+
+    def run_sync(self) -> str:
+        from lablib.engines import load_engine
+        from lablib.engines.base import GenerationConfig
+        from lablib.measure.load import run_load, summarize
+        from lablib.measure.workload import distinct_prompts
+        from lablib.ui.text import summary_line
+
+        if not self.base_url.value.strip():
+            raise LabError("base URL is empty: expected a server's OpenAI URL such as http://127.0.0.1:8080/v1")
+        n = self.requests.value
+        prompts = distinct_prompts(self.model, self.prompt_tokens, n)
+        cfg = GenerationConfig(max_new_tokens=self.max_new_tokens)
+        e = load_engine("http", self.model, base_url=self.base_url.value.strip())
+        try:
+            mode = "open" if self.open_loop.value else "closed"
+            self.rows = run_load(
+                e,
+                prompts,
+                mode,
+                concurrency=self.concurrency.value,
+                rate=self.rate.value if mode == "open" else None,
+                cfg=cfg,
+                max_duration_s=120,
+            )
+        finally:
+            e.close()
+        self.summary = summarize(self.rows, ttft_s=self.ttft.value, tpot_s=self.tpot.value)
+        return summary_line(
+            e.kind, mode, self.rate.value if mode == "open" else None, self.concurrency.value, self.summary
+        )
