@@ -18,10 +18,10 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from lablib.studies.anchors import SINGLE, batched_bench, lab_batched, lab_single, llama_bench
 from lablib.engines import load_engine
 from lablib.machine.threads import default_threads
 from lablib.model.resolve import prepare
+from lablib.studies.anchors import SINGLE, batched_bench, lab_batched, lab_single, llama_bench
 
 BATCHES = (1, 2, 4, 8)
 PP, TG = 64, 32  # the batched test's prompt and output, tokens

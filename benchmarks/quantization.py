@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lablib.studies import ladder
-from lablib.studies import quality
-from lablib.studies import quant
+from lablib.studies import ladder, quality, quant
 
 
 def main() -> int:

@@ -34,7 +34,7 @@ def whole(value, what: str, expected: str, lo: int | None = 1, hi: int | None = 
 
 
 def csv_list(values) -> list:
-    """"a,b, c" as ["a", "b", "c"] (empty items dropped); a list or tuple as a list; None as []."""
+    """ "a,b, c" as ["a", "b", "c"] (empty items dropped); a list or tuple as a list; None as []."""
     if values is None:
         return []
     if isinstance(values, str):

@@ -5,8 +5,8 @@ import subprocess
 
 import pytest
 
-from lablib.studies import anchors
 from lablib.build.llama import build_report, llama_tool
+from lablib.studies import anchors
 
 pytestmark = pytest.mark.engine
 

@@ -65,8 +65,8 @@ def test_prepare_twice_is_a_cache_hit():
 
 
 def test_doctor_finds_every_engine_usable_and_lists_the_devices():
-    from lablib.machine.identity import describe, found
     from lablib.engines import IN_PROCESS
+    from lablib.machine.identity import describe, found
 
     p = lablib("doctor")
     assert p.returncode == 0, p.stdout + p.stderr

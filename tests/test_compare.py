@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from lablib.studies import compare as cmp
-from lablib.studies.cases import load_case
 from lablib.errors import LabError
 from lablib.model.formats import folder_with_config, gguf_config
+from lablib.studies import compare as cmp
+from lablib.studies.cases import load_case
 
 CASES = Path(__file__).parent / "data" / "cases"
 

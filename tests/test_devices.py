@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from lablib.machine import devices
 from lablib.errors import LabError
+from lablib.machine import devices
 
 
 def _program(folder, name: str, script: str):

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from lablib import machine as hardware
-from lablib.machine.threads import default_threads
 from lablib.errors import LabError
+from lablib.machine.threads import default_threads
 
 GIB = 2**30
 

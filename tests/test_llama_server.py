@@ -8,8 +8,8 @@ use: minutes); a build failure fails these tests.
 import pytest
 
 from lablib.engines.base import GenerationConfig
-from lablib.measure.load import run_load
 from lablib.engines.servers import start_server
+from lablib.measure.load import run_load
 from lablib.measure.workload import prompt_of_length
 
 pytestmark = pytest.mark.engine

@@ -7,10 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lablib.model import derive
-from lablib.model import formats
-from lablib.model import resolve as models
 from lablib.errors import FormatError, LabError
+from lablib.model import derive, formats, resolve as models
 
 CASES = Path(__file__).parent / "data" / "cases"
 

@@ -32,8 +32,7 @@ def test_aliases_and_facts():
 
 def test_missing_package_names_the_install_command(monkeypatch):
     """load_engine and the doctor both check ``requires`` first: a class naming a missing module."""
-    from lablib.engines import doctor
-    from lablib.engines import OpenVINOEngine
+    from lablib.engines import OpenVINOEngine, doctor
 
     class Missing(OpenVINOEngine):
         name = "openvino"

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from lablib import plots
-from lablib.ui import report
-from lablib.results import tables
 from lablib.errors import LabError
+from lablib.results import tables
+from lablib.ui import report
 
 MANIFEST = dict(
     model="SmolLM2-135M-Instruct",

@@ -123,10 +123,10 @@ def test_old_result_files_without_cached_tokens_load_as_no_reuse(tmp_path):
 
 @pytest.mark.engine
 def test_shared_prefix_and_chat_rows(model, tmp_path):
-    from lablib.studies import prefix
     from lablib.plots import prefix as prefix_plots
     from lablib.results import tables
     from lablib.results.store import load_results
+    from lablib.studies import prefix
 
     out = tmp_path / "prefix.jsonl"
     df = prefix.shared_prefix(

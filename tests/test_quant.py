@@ -6,9 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from lablib.studies import quality
-from lablib.studies import quant
 from lablib.errors import LabError
+from lablib.studies import quality, quant
 
 
 @pytest.fixture(scope="module")

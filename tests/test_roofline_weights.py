@@ -20,14 +20,14 @@ import json
 
 import pytest
 
-from lablib.model import formats
-from lablib.studies import roofline
 from lablib.engines import ENGINES, load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.engines.openvino import OV_TYPES
 from lablib.errors import LabError
 from lablib.measure.sweep import context_sweep, measure, weights_load_kwargs
 from lablib.measure.workload import prompt_of_length
+from lablib.model import formats
+from lablib.studies import roofline
 
 PARAMETERS = 134_515_008
 MATRIX_WEIGHTS = 134_479_872

@@ -54,8 +54,8 @@ def test_requests_use_the_cpus_a_busy_neighbour_leaves(model, monkeypatch):
             p.kill()
             p.wait()
         assert trace.threads == max(1, engine.max_threads - 1)
-        from lablib.results.store import trace_row
         from lablib.measure.sweep import engine_manifest
+        from lablib.results.store import trace_row
 
         assert trace_row(trace, engine_manifest(engine))["threads"] == trace.threads
     finally:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lablib.studies.cases import unescape_probe
 from lablib.measure.workload import lab_tokenizer
+from lablib.studies.cases import unescape_probe
 
 CASES = Path(__file__).parent / "data" / "cases"
 

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from lablib import plots
+from lablib.errors import LabError
 from lablib.measure import sweep
 from lablib.ui import widgets
-from lablib.errors import LabError
 from test_plots import concurrency_df, context_df
 
 

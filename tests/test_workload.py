@@ -1,6 +1,5 @@
 """lablib.measure.workload.distinct_prompts: the one helper for prompts that share no prefix."""
 
-
 import lablib
 from lablib.measure.workload import DISTINCT_GAP, distinct_prompts, prompt_of_length
 

@@ -13,31 +13,6 @@ imports each from its own module.
 
 from __future__ import annotations
 
-from lablib.machine.limits import (  # noqa: F401
-    CGROUP_ROOT,
-    available_ram_bytes,
-    cpu_quota,
-    cpus_usable,
-    memory_headroom_bytes,
-    memory_limit_bytes,
-)
-from lablib.machine.identity import (  # noqa: F401
-    accelerator,
-    cpu_model,
-    describe,
-    found,
-    hardware_info,
-    load_average,
-    machine_key,
-)
-from lablib.machine.threads import (  # noqa: F401
-    BusyMeter,
-    MAX_THREADS_PER_CPU,
-    check_threads,
-    cpus_busy,
-    default_threads,
-    threads_beside_others,
-)
 from lablib.machine.ceilings import (  # noqa: F401
     MATMUL_DTYPES,
     MEASUREMENT_VERSION,
@@ -50,4 +25,29 @@ from lablib.machine.ceilings import (  # noqa: F401
     measured_summary,
     measurement_path,
     stream_bandwidth,
+)
+from lablib.machine.identity import (  # noqa: F401
+    accelerator,
+    cpu_model,
+    describe,
+    found,
+    hardware_info,
+    load_average,
+    machine_key,
+)
+from lablib.machine.limits import (  # noqa: F401
+    CGROUP_ROOT,
+    available_ram_bytes,
+    cpu_quota,
+    cpus_usable,
+    memory_headroom_bytes,
+    memory_limit_bytes,
+)
+from lablib.machine.threads import (  # noqa: F401
+    MAX_THREADS_PER_CPU,
+    BusyMeter,
+    check_threads,
+    cpus_busy,
+    default_threads,
+    threads_beside_others,
 )

@@ -64,7 +64,6 @@ def apple_gpu() -> list[Device]:
     return []
 
 
-
 def torch_device(torch, requested: str = "auto") -> str:
     """The torch device for ``requested``: "auto" picks CUDA, then MPS, then the CPU.
 

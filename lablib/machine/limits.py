@@ -133,7 +133,6 @@ def cpus_usable() -> int:
     return max(1, min(counts))
 
 
-
 def available_ram_bytes() -> int:
     """Memory available to new allocations now, bytes: psutil's 'available', or less when a
     cgroup caps this process (its limit minus its working set)."""
@@ -142,5 +141,3 @@ def available_ram_bytes() -> int:
     available = psutil.virtual_memory().available
     room = memory_headroom_bytes()
     return available if room is None else min(available, room)
-
-

@@ -14,6 +14,7 @@ import time
 from lablib.checks import whole
 from lablib.machine.limits import cpus_usable
 
+
 def cpus_busy(interval: float = 0.5) -> float:
     """CPUs kept busy by *other* processes over ``interval`` seconds (this process idles meanwhile):
     system-wide CPU time (psutil.cpu_percent) as a number of CPUs, 0.0 to the logical CPU count."""

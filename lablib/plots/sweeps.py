@@ -11,14 +11,11 @@ are left out. One HTML report of several figures: :mod:`lablib.ui.report`.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from lablib.errors import LabError
 from lablib.plots.style import (
     LEGEND_COLOR,
-    MODE_DASH,
-    MODE_ORDER,
     PHASE_LEGEND_COLOR,
     PHASE_OPACITY,
     PHASE_PATTERN,
@@ -42,6 +39,7 @@ from lablib.results.tables import (
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
+
 
 def context_bars(df, title: str | None = None) -> go.Figure:
     """Stacked prefill (solid) and decode (hatched) bars: median seconds per engine, side by side,

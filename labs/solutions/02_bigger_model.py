@@ -30,8 +30,8 @@
 from pathlib import Path
 
 import lablib
-from lablib.measure import sweep
 from lablib.machine.identity import hardware_info
+from lablib.measure import sweep
 from lablib.measure.workload import prompt_of_length
 
 model = lablib.prepare()

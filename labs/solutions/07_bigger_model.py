@@ -15,8 +15,8 @@
 # 135M model, expect about 60 % of the 8B bound too (a bigger model's step is
 # longer, so fixed per-step costs weigh less: the fraction usually rises).
 from lablib import machine as hardware
-from lablib.studies import roofline
 from lablib.machine.accelerators import ACCELERATORS
+from lablib.studies import roofline
 
 memory = {
     "this": hardware.hardware_info()["ram_bytes"],

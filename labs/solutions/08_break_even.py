@@ -15,9 +15,9 @@
 # The prediction "TTFT with reuse ~ TTFT of the question's turn alone" holds to
 # within that noise.
 import lablib
-from lablib.studies import prefix
-from lablib.results import tables
 from lablib.engines.base import GenerationConfig
+from lablib.results import tables
+from lablib.studies import prefix
 
 model = lablib.prepare()
 df = prefix.shared_prefix(model, engines=["llama.cpp"], shared_tokens=[4, 8, 16, 32], reps=3, progress=False)
