@@ -42,6 +42,11 @@ def csv_list(values) -> list:
     return list(values)
 
 
+def csv_text(values) -> str:
+    """Values as one comma-separated string ("64,256"): what :func:`csv_list` reads back."""
+    return ",".join(str(v) for v in values)
+
+
 def positive_ints(values, what: str) -> list[int]:
     """``values`` (a list, or "64,256" from a command line or widget) as a non-empty list of
     ints of at least 1; LabError otherwise."""

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
+from lablib.checks import csv_text as csv
 from lablib.config import budget
-
-
-def csv(values) -> str:
-    """Values as one comma-separated string ("64,256")."""
-    return ",".join(str(v) for v in values)
 
 
 def quick_full(kind: str, setting: str) -> str:

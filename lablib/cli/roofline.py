@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from lablib.engines import NAMES
+
 HELP = "this machine's bandwidth and FLOP/s, each engine's decode against its bound"
 
 
@@ -14,7 +16,7 @@ def add_arguments(p) -> None:
         default=None,
         help="results files (default: results/ and labs/results/ here; none: a quick measurement)",
     )
-    p.add_argument("--engines", default="transformers,llama.cpp,mlx")
+    p.add_argument("--engines", default=",".join(NAMES))
     p.add_argument("--model", default=None)
     p.add_argument("--refresh", action="store_true", help="measure the machine again (else the cached measurement)")
     p.add_argument("--json", action="store_true", help="one JSON object")

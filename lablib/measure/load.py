@@ -55,8 +55,7 @@ def arrival_schedule(
     """
     import numpy as np
 
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_REQUESTS:
-        raise LabError(f"requests={n!r}: expected a whole number from 1 to {MAX_REQUESTS}")
+    n = whole(n, "requests", f"a whole number from 1 to {MAX_REQUESTS}", hi=MAX_REQUESTS)
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
         raise LabError(f"rate={rate!r}: expected requests per second above 0 (math.inf: all at once)")
     if arrival not in ARRIVALS:
@@ -111,10 +110,8 @@ def run_load(
         raise LabError(f"mode={mode!r}: expected 'closed' or 'open'")
     if not prompts or len(prompts) > MAX_REQUESTS:
         raise LabError(f"{len(prompts or [])} prompts: expected 1 to {MAX_REQUESTS} requests")
-    if concurrency is not None and (
-        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
-    ):
-        raise LabError(f"concurrency={concurrency!r}: expected a whole number of requests in flight, at least 1")
+    if concurrency is not None:
+        concurrency = whole(concurrency, "concurrency", "a whole number of requests in flight, at least 1")
     if mode == "closed" and concurrency is None:
         raise LabError("a closed loop needs concurrency=C (clients)")
     if not isinstance(max_duration_s, (int, float)) or not 0 < max_duration_s < math.inf:

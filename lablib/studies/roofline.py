@@ -453,7 +453,7 @@ def _last_rows(files, model, engines):
     return d[d["time"] == last] if last is not None else d
 
 
-def report(results=None, engines="transformers,llama.cpp,mlx", model=None, refresh: bool = False) -> dict:
+def report(results=None, engines=None, model=None, refresh: bool = False) -> dict:
     """{machine: {cpu_model, threads, bandwidth_gbps (read kernel's median: the roofline's),
     bandwidth_spread_gbps [min, max], copy_gbps, triad_gbps (STREAM's kernels, medians),
     gflops {dtype: median GFLOP/s (int8: GOP/s)}, measured}, engines: {engine: {decode_tps,
@@ -463,12 +463,13 @@ def report(results=None, engines="transformers,llama.cpp,mlx", model=None, refre
     without rows from this machine and model is measured now (one warm-up, then the requests of
     :data:`lablib.config.BUDGETS` ``"roofline"``: 3 of 64 prompt and 32 output tokens)."""
     from lablib.config import budget
+    from lablib.engines import NAMES
     from lablib.machine.ceilings import measure_machine
     from lablib.measure.sweep import engine_names, side_by_side
     from lablib.measure.workload import prompt_of_length
     from lablib.model.resolve import prepare
 
-    names = engine_names(engines)
+    names = engine_names(NAMES if engines is None else engines)
     m = measure_machine(refresh=refresh)
     rm = prepare(model, log=lambda *_: None)
     files = results_files() if results is None else [Path(f) for f in results]

@@ -19,6 +19,7 @@ import time
 import traceback
 
 from lablib import plots
+from lablib.checks import csv_text
 from lablib.config import budget, quick_mode
 from lablib.engines import IN_PROCESS, NAMES as ENGINE_NAMES
 from lablib.errors import LabError
@@ -26,10 +27,6 @@ from lablib.measure import sweep
 from lablib.measure.closed_loop import SCHEDULING_MODES
 
 KINDS = ("context", "concurrency")
-
-
-def _csv(values) -> str:
-    return ",".join(str(v) for v in values)
 
 
 def defaults(kind: str = "context", quick: bool | None = None) -> dict:
@@ -42,7 +39,7 @@ def defaults(kind: str = "context", quick: bool | None = None) -> dict:
     if kind == "context":
         return dict(
             engines=list(ENGINE_NAMES),
-            prompt_tokens=_csv(budget("context_panel", "prompt_tokens", quick)),
+            prompt_tokens=csv_text(budget("context_panel", "prompt_tokens", quick)),
             max_new_tokens=budget("context", "max_new_tokens", quick),
             reps=budget("context", "reps", quick),
         )
@@ -50,7 +47,7 @@ def defaults(kind: str = "context", quick: bool | None = None) -> dict:
     return dict(
         engines=list(ENGINE_NAMES),
         prompt_tokens=str(budget("concurrency", "prompt_tokens", quick)),
-        concurrency=_csv(budget("concurrency", "concurrency", quick)),
+        concurrency=csv_text(budget("concurrency", "concurrency", quick)),
         modes=list(SCHEDULING_MODES),
         requests=0,
         max_new_tokens=budget("concurrency", "max_new_tokens", quick),
