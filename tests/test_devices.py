@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from lablib.errors import LabError
-from lablib.machine import devices
+from lablib.machine import devices, identity
 
 
 def _program(folder, name: str, script: str):
@@ -29,11 +29,11 @@ def test_nvidia_gpus_are_read_from_nvidia_smi(tmp_path, monkeypatch):
         ("cuda", "NVIDIA H200", 143771 * 2**20),
         ("cuda", "NVIDIA L4", 23034 * 2**20),
     ]
-    assert devices.describe(gpus) == "cuda (NVIDIA H200, 140 GiB); cuda (NVIDIA L4, 22 GiB)"
+    assert identity.describe(gpus) == "cuda (NVIDIA H200, 140 GiB); cuda (NVIDIA L4, 22 GiB)"
 
 
 def test_this_machine_lists_its_cpu_first():
-    found = devices.found()
+    found = identity.found()
     assert found[0].kind == "cpu" and found[0].name
     assert all(d.kind in ("cuda", "metal") for d in found[1:])
 
