@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from lablib import machine as hardware
+from lablib.machine import limits
 from lablib.errors import LabError
 from lablib.machine.threads import default_threads
 
@@ -44,7 +45,7 @@ def test_cgroup_v2_caps_read_from_the_process_cgroup(tmp_path):
     )
     assert hardware.cpu_quota(str(fs), str(proc)) == 1.5
     assert hardware.memory_limit_bytes(str(fs), str(proc)) == 8 * GIB  # the parent's cap binds
-    assert hardware._working_set(fs / "user.slice" / "session") == GIB - GIB // 4
+    assert limits._working_set(fs / "user.slice" / "session") == GIB - GIB // 4
     # the parent's own working set counts against the parent's cap (its other children use memory too)
     write(fs, {"user.slice/memory.current": f"{7 * GIB}\n", "user.slice/memory.stat": "file 0\n"})
     assert hardware.memory_headroom_bytes(str(fs), str(proc)) == GIB
@@ -67,7 +68,7 @@ def test_cgroup_v1_caps_and_a_container_without_cgroup_namespace(tmp_path):
     )
     assert hardware.cpu_quota(str(fs), str(proc)) == 2.0
     assert hardware.memory_limit_bytes(str(fs), str(proc)) == 2 * GIB
-    assert hardware._working_set(fs / "memory") == GIB // 2 - GIB // 8
+    assert limits._working_set(fs / "memory") == GIB // 2 - GIB // 8
     assert hardware.memory_headroom_bytes(str(fs), str(proc)) == 2 * GIB - (GIB // 2 - GIB // 8)
 
 
