@@ -192,7 +192,7 @@ def test_a_real_binder_sized_cgroup_is_seen():
             "import os, sys\n"
             f"open('{cpu}/cgroup.procs', 'w').write(str(os.getpid()))\n"
             f"open('{mem}/cgroup.procs', 'w').write(str(os.getpid()))\n"
-            "from lablib import hardware as h\n"
+            "from lablib import machine as h\n"
             "from lablib.machine.threads import default_threads\n"
             "print(h.cpu_quota(), h.memory_limit_bytes(), default_threads(), h.available_ram_bytes())\n"
         )
