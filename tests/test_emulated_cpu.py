@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from lablib.build import llama as llama_build
-from lablib.build import wheelhouse
+import emulation
+from lablib.build import llama as llama_build, wheelhouse
 
 pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="emulates an x86-64 CPU")
 
@@ -23,13 +23,14 @@ CPU = "EPYC-Rome"  # AMD Zen 2: AVX2, FMA, F16C, BMI2; no AVX-512, AVX-VNNI or A
 BEYOND = ("AVX512", "AVX_VNNI", "AMX")  # what such a CPU cannot run
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def emulated():
-    return llama_build.emulator(CPU)
+    """qemu-user as an EPYC-Rome (lablib.build.llama.emulator), made and checked once per session."""
+    return emulation.emulator(CPU)
 
 
 def test_the_probe_on_a_cpu_without_avx512_keeps_avx2_and_refuses_the_rest(emulated):
-    features = llama_build.probe_cpu_features(runner=emulated)
+    features = emulation.probe(CPU)  # probe_cpu_features(runner=emulated), once per session
     on = {k[5:] for k, ok in features.items() if ok}
     assert on == {"SSE42", "AVX", "AVX2", "FMA", "F16C", "BMI2"}
     args = llama_build.cmake_args(features)
@@ -57,9 +58,8 @@ def test_the_smoke_test_judges_this_environments_build_on_a_cpu_without_avx512(e
     report = llama_build.build_report()
     assert report is not None, "this environment's llama-cpp-python was not installed by llama_build --install"
     beyond = [e for e in report["enabled"] if e.startswith(BEYOND)]
-    verdict = llama_build.smoke_test(
-        Path(report["wheel"]), llama_build.default_model_path(), threads=2, timeout=600, runner=emulated
-    )
+    # smoke_test(wheel, model, threads=2, timeout=600, runner=emulated): once per session and wheel
+    verdict = emulation.smoke(Path(report["wheel"]), llama_build.default_model_path(), CPU, threads=2, timeout=600)
     if beyond:
         assert verdict == {"ok": False, "signal": "SIGILL", "detail": "the smoke test died with SIGILL"}, beyond
     else:

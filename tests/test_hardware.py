@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from lablib import machine as hardware
-from lablib.machine import limits
 from lablib.errors import LabError
+from lablib.machine import limits
 from lablib.machine.threads import default_threads
 
 GIB = 2**30

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import emulation
 from lablib.build import llama as llama_build
 
 x86 = platform.machine().lower() in ("x86_64", "amd64")
@@ -47,7 +48,7 @@ def test_probe_reports_an_illegal_instruction_as_unavailable():
 
 @pytest.mark.skipif(not x86, reason="x86 instruction probes")
 def test_probe_matches_what_the_kernel_reports():
-    feats = llama_build.probe_cpu_features()
+    feats = emulation.probe()  # llama_build.probe_cpu_features(), once per session
     flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split()
     # AVX2 executes where the CPU and kernel advertise it
     assert feats["GGML_AVX2"] == ("avx2" in flags)
@@ -193,7 +194,7 @@ def test_amx_probe_says_what_ggml_style_code_does_on_this_cpu(tmp_path):
         check=True,
     )
     case_runs = subprocess.run([str(exe)], capture_output=True, text=True).returncode == 0
-    assert llama_build.probe_cpu_features()["GGML_AMX_TILE"] is case_runs
+    assert emulation.probe()["GGML_AMX_TILE"] is case_runs  # llama_build.probe_cpu_features(), once per session
 
 
 def test_doctor_line_names_what_the_library_uses_and_what_the_build_dropped():

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from packaging.utils import parse_wheel_filename
 
-from lablib.build import llama as llama_build
-from lablib.build import wheelhouse
+import emulation
+from lablib.build import llama as llama_build, wheelhouse
 from lablib.config import lab_home
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,7 +173,7 @@ def test_wheelhouse_holds_exactly_one_torch_the_pinned_cpu_build(built):
 
 
 def test_llama_wheel_is_the_one_cached_for_the_probed_flags(built):
-    args = llama_build.cmake_args(llama_build.probe_cpu_features())
+    args = llama_build.cmake_args(emulation.probe())  # llama_build.probe_cpu_features(), once per session
     cache = llama_build.wheel_cache_dir(lab_home() / "wheels", args)
     (cached,) = cache.glob("llama_cpp_python-*.whl")
     (shipped,) = built.glob("llama_cpp_python-*.whl")
