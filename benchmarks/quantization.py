@@ -21,6 +21,7 @@ import argparse
 import sys
 
 from lablib.studies import ladder, quality, quant
+from lablib.ui.text import ladder_line
 
 
 def main() -> int:
@@ -40,7 +41,7 @@ def main() -> int:
     )
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     rows = ladder.run_ladder(
-        ns.types, out=ns.out, log=lambda m: None, on_row=lambda r: print(ladder.format_row(r), flush=True), **sizes
+        ns.types, out=ns.out, log=lambda m: None, on_row=lambda r: print(ladder_line(r), flush=True), **sizes
     )
     if ns.others:
         lad = ladder.Ladder(log=log, **sizes)
@@ -52,7 +53,7 @@ def main() -> int:
                     print(f"type={v} engine={eng} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
                     continue
                 rows.append(row)
-                print(ladder.format_row(row), flush=True)
+                print(ladder_line(row), flush=True)
     if ns.cross_check:
         from lablib.measure.workload import data_dir
 

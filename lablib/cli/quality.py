@@ -28,7 +28,8 @@ def run(ns) -> int:
     import sys
 
     from lablib.results.store import _suffix
-    from lablib.studies.ladder import format_row, measure_one
+    from lablib.studies.ladder import measure_one
+    from lablib.ui.text import ladder_line
 
     _suffix(ns.out)
     row = measure_one(
@@ -43,7 +44,7 @@ def run(ns) -> int:
         log=lambda m: print(m, file=sys.stderr),
     )
     print(
-        format_row(row) + f" kl_p99={row['kl_p99']:.5f} kl_max={row['kl_max']:.5f} "
+        ladder_line(row) + f" kl_p99={row['kl_p99']:.5f} kl_max={row['kl_max']:.5f} "
         f"dp_top_abs_mean={row['dp_top_abs_mean']:.4f} n_tokens={row['n_tokens']}"
     )
     print(f"1 row appended to {ns.out}")

@@ -28,7 +28,8 @@ def add_arguments(p) -> None:
 def run(ns) -> int:
     from lablib.results.store import _suffix
     from lablib.studies import quant
-    from lablib.studies.ladder import format_row, run_ladder
+    from lablib.studies.ladder import run_ladder
+    from lablib.ui.text import ladder_line
 
     types = quant.parse_types(ns.types) if ns.types else None  # refuse unknown types before any work
     if ns.out:
@@ -44,7 +45,7 @@ def run(ns) -> int:
         types, model=ns.model, out=ns.out, speed=not ns.no_speed, n_ctx=ns.n_ctx, n_chunks=ns.chunks, log=lambda m: None
     )
     for row in rows:
-        print(format_row(row) + (f" mix=[{row['type_mix']}]" if row.get("type_mix") else ""))
+        print(ladder_line(row) + (f" mix=[{row['type_mix']}]" if row.get("type_mix") else ""))
     if ns.out:
         print(f"{len(rows)} rows appended to {ns.out}")
     return 0

@@ -237,7 +237,13 @@ class LlamaCppEngine(Engine):
         text = fmt(messages=messages).prompt
         # llama.cpp's own rule: BOS added when the vocabulary asks for it
         # (tokenizer.ggml.add_bos_token), even if the template wrote one already
-        return self.tokenize(text, add_special=bool(self._lib.llama_vocab_get_add_bos(self.vocab)))
+        return self.tokenize(text, add_special=self.adds_bos)
+
+    @property
+    def adds_bos(self) -> bool:
+        """Whether the model's vocabulary asks for a BOS token before a text (llama.cpp's
+        ``llama_vocab_get_add_bos``; llama-perplexity tokenizes its text so)."""
+        return bool(self._lib.llama_vocab_get_add_bos(self.vocab))
 
     @property
     def bos_id(self) -> int:

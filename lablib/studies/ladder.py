@@ -214,7 +214,7 @@ def run_ladder(
         rows.append(row)
         if writer:
             writer.append(row)
-        log(format_row(row))
+        log(f"{row.get('type')} ({row.get('engine')}): measured")
         if on_row:
             on_row(row)
 
@@ -224,20 +224,6 @@ def run_ladder(
         rec = quant.rung(lad.reference_path, t, lad.home, lad.model.sha256, log=log)
         emit({**lad.llama_row(t, rec["path"], rec, speed), "quantize_s": rec["quantize_s"], "cached": rec["cached"]})
     return rows
-
-
-def format_row(row: dict) -> str:
-    """The benchmark's line: ``type=T bytes=B bpw=X ppl=P kl_mean=K top1=A prefill_tps=S decode_tps=D``."""
-
-    def f(k, fmt):
-        v = row.get(k)
-        return "-" if v is None or v != v else format(v, fmt)
-
-    return (
-        f"type={row.get('type')} bytes={row.get('bytes')} bpw={f('bpw', '.2f')} "
-        f"ppl={f('ppl', '.3f')} kl_mean={f('kl_mean', '.3g')} top1={f('top1', '.3f')} "
-        f"prefill_tps={f('prefill_tps', '.1f')} decode_tps={f('decode_tps', '.1f')} engine={row.get('engine')}"
-    )
 
 
 # --- other engines against the same reference ----------------------------------------------------

@@ -172,8 +172,7 @@ def text_chunks(engine, n_ctx: int, n_chunks: int | None, text: str | None = Non
     llama-perplexity tokenizes it (BOS added where the vocabulary asks), cut into chunks."""
     from lablib.measure.workload import corpus_text
 
-    lib = engine._lib
-    add_bos = bool(lib.llama_vocab_get_add_bos(engine.vocab))
+    add_bos = engine.adds_bos
     ids = engine.tokenize(text if text is not None else corpus_text("prose"), add_special=add_bos)
     return perplexity_chunks(ids, n_ctx, n_chunks, bos=engine.bos_id if add_bos else None)
 

@@ -1,6 +1,6 @@
 """What the console shows: one ``key=value`` line per result, the same fields wherever it is printed.
 
-Used by the CLI (:mod:`lablib.cli.bench`), lab 05's panel (:class:`lablib.ui.serving.ServingPanel`)
+Used by the CLI (:mod:`lablib.cli.bench`, ``quantize``, ``quality``), lab 05's panel (:class:`lablib.ui.serving.ServingPanel`)
 and benchmarks/serving.py.
 """
 
@@ -19,4 +19,18 @@ def summary_line(server: str, mode: str, rate, c, s: dict) -> str:
         f"output_tps={f(s['output_tps'], 2)} ttft_p50_s={f(s['ttft_p50_s'])} goodput={f(s['goodput_rps'], 3)} "
         f"ttft_p99_s={f(s['ttft_p99_s'])} tpot_p50_s={f(s['tpot_p50_s'], 4)} e2e_p99_s={f(s['e2e_p99_s'])} "
         f"errors={s['errors']}/{s['requests']}"
+    )
+
+
+def ladder_line(row: dict) -> str:
+    """One rung of the quantization ladder (:mod:`lablib.studies.ladder`): ``type=T bytes=B bpw=X ppl=P kl_mean=K top1=A prefill_tps=S decode_tps=D``."""
+
+    def f(k, fmt):
+        v = row.get(k)
+        return "-" if v is None or v != v else format(v, fmt)
+
+    return (
+        f"type={row.get('type')} bytes={row.get('bytes')} bpw={f('bpw', '.2f')} "
+        f"ppl={f('ppl', '.3f')} kl_mean={f('kl_mean', '.3g')} top1={f('top1', '.3f')} "
+        f"prefill_tps={f('prefill_tps', '.1f')} decode_tps={f('decode_tps', '.1f')} engine={row.get('engine')}"
     )
