@@ -427,10 +427,7 @@ ENGINE_NAMES = tuple(name for name in ENGINES if name not in FORMATS)
 # (docs/DESIGN.md, "A new engine": a colour in lablib.plots.style.ENGINE_COLORS)
 ENGINE_TABLES = ("lablib/plots/style.py",)
 # known offenders, to be fixed (architecture review §3.3): "file::top-level name" -> what should replace it
-KNOWN_ENGINE_BRANCHES = {
-    # the default set is engines.NAMES, and what each engine reads is the Engine class's fact
-    "lablib/studies/ladder.py::format_table": "engines=engines.NAMES; cases from each class's format facts",
-}
+KNOWN_ENGINE_BRANCHES: dict[str, str] = {}
 
 
 def _engine_names_in(node: ast.AST) -> list[str]:

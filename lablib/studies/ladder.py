@@ -380,26 +380,30 @@ FORMAT_NOTES = {
 }
 
 
-def format_table(model=None, engines=("llama.cpp", "transformers", "mlx"), log=print):
+def format_table(model=None, engines=None, log=print):
     """The format lesson: what each engine reads for ``model``, its size on disk (bytes) and the time
-    to load it (seconds, the lab's engine constructor), plus the F32 reference GGUF. A DataFrame."""
+    to load it (seconds, the lab's engine constructor), plus the F32 reference GGUF for the engine that
+    quantizes GGUF files (``Engine.quantizes_gguf``). ``engines``: names (default: :data:`lablib.engines.NAMES`);
+    what each reads is its class's ``format``. A DataFrame."""
     import pandas as pd
 
-    from lablib.engines import load_engine
+    from lablib.engines import NAMES, engine_class, load_engine
     from lablib.model.resolve import ResolvedModel, prepare
     from lablib.studies import quant
 
     rm = model if isinstance(model, ResolvedModel) else prepare(model, log=log)
     ref = quant.reference(rm, "F32", log=log)
-    cases = [
-        ("llama.cpp", "gguf", rm.quantization, rm, rm.gguf_path),
-        ("llama.cpp", "gguf", "F32 (reference)", quant.rung_model(ref, rm, "F32"), str(ref)),
-        ("transformers", "safetensors", "float32", rm, rm.hf_path),
-        ("mlx", "mlx", "float32", rm, rm.mlx_path),
-    ]
+    cases = []  # (engine, how the file is stored, its type, model, path)
+    for name in NAMES if engines is None else engines:
+        cls = engine_class(name)
+        stored = "safetensors" if cls.format == "hf" else cls.format
+        dtype = rm.quantization if cls.format == "gguf" else "float32"  # the derived folders are float32
+        cases.append((cls.name, stored, dtype, rm, getattr(rm, f"{cls.format}_path", None)))
+        if cls.quantizes_gguf:
+            cases.append((cls.name, "gguf", "F32 (reference)", quant.rung_model(ref, rm, "F32"), str(ref)))
     rows = []
     for engine, fmt, dtype, m, path in cases:
-        if engine not in engines or not path:
+        if not path:
             continue
         p = Path(path)
         size = p.stat().st_size if p.is_file() else _folder_bytes(p)
