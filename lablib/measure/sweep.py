@@ -21,6 +21,7 @@ from lablib.config import budget
 from lablib.engines import NAMES, engine_class, load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
+from lablib.measure import plan
 from lablib.measure.closed_loop import SCHEDULING_MODES, run_closed_loop
 from lablib.measure.plan import (
     budgeted_int,
@@ -49,16 +50,7 @@ __all__ = [
     "run_plan",
     "side_by_side",
     # the guards, reached as sweep.X by the widgets, the CLI, studies and tests (their home: lablib.measure.plan)
-    "budgeted_int",
-    "check_plan",
-    "check_requests",
-    "check_warmup",
-    "default_prompt_lengths",
-    "engine_names",
-    "modes_per_engine",
-    "positive_ints",
-    "scheduling_modes",
-    "weights_load_kwargs",
+    *plan.__all__,
 ]
 
 
