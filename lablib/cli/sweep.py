@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from lablib.cli.common import csv, quick_full
+from lablib.checks import csv_text
+from lablib.cli.common import quick_full
 from lablib.config import budget
 from lablib.engines import NAMES
 from lablib.errors import LabError
@@ -23,7 +24,7 @@ def add_arguments(p) -> None:
         "--prompt-tokens",
         default=None,
         help="context: lengths such as 64,256,1024, default log-spaced to the trained context "
-        f"({csv(budget('context', 'prompt_tokens', True))} in quick mode); concurrency: one length, "
+        f"({csv_text(budget('context', 'prompt_tokens', True))} in quick mode); concurrency: one length, "
         f"default {quick_full('concurrency', 'prompt_tokens')}",
     )
     p.add_argument(
