@@ -53,6 +53,35 @@ def test_reading_the_gguf_once_derives_the_same_bytes(model, tmp_path):
     assert gguf.GGUFReader.__name__ == "GGUFReader"  # the memo is undone after the block
 
 
+def test_the_gguf_header_is_read_once_per_version_of_the_file(model, tmp_path, monkeypatch):
+    """gguf_facts, gguf_config and gguf_tensors read the file's header once per version of the
+    file (gguf's reader parses the whole vocabulary): a second process reads the JSON kept under
+    the lab home, and the same values come back; a changed file is read again."""
+    import gguf
+
+    monkeypatch.setenv("LABLIB_HOME", str(tmp_path / "home"))
+    copy = tmp_path / "m.gguf"
+    shutil.copy(model.gguf_path, copy)
+    reads = []
+    real = gguf.GGUFReader
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **k: reads.append(a) or real(*a, **k))
+    first = (formats.gguf_facts(copy), formats.gguf_config(copy), formats.gguf_tensors(copy))
+    assert len(reads) == 1
+    assert first[0]["parameters"] == 134_515_008 and first[0]["quantization"] == "Q4_1"
+    assert first[1]["vocab_size"] == 49152 and first[1]["n_kv_heads"] == 3 and first[1]["bos_id"] == 1
+    assert len(first[2]) == 272 and first[2][0] == formats.gguf_tensors(model.gguf_path)[0]
+    kept = list((tmp_path / "home" / "cache" / "gguf").glob("*.json"))
+    assert len(kept) == 1
+    assert json.loads(kept[0].read_text())["fields"]["tokenizer.ggml.tokens"] == {"length": 49152}
+    formats._gguf_header.cache_clear()  # as a new process starts: only the file on disk is left
+    again = (formats.gguf_facts(copy), formats.gguf_config(copy), formats.gguf_tensors(copy))
+    assert len(reads) == 1 and again == first
+    with open(copy, "ab") as f:
+        f.write(b"\0" * 32)  # another version of the file (size and mtime)
+    formats.gguf_facts(copy)
+    assert len(reads) == 2
+
+
 def test_second_prepare_is_a_cache_hit(model, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("derived again")

@@ -5,7 +5,8 @@
   :mod:`lablib.model.shape`)
 - :func:`normalize_config`: a config every engine reads the same way
 - :func:`gguf_facts`, :func:`gguf_config` and :func:`gguf_tensors`: what a GGUF file states (one
-  GGUF reader, :func:`open_gguf`, for all three; :func:`file_type_name` names its file type)
+  GGUF reader, :func:`open_gguf`, read once per version of a file into :func:`gguf_header`;
+  :func:`file_type_name` names its file type)
 - :func:`restore_pre_tokenizer`: the GGUF's split rule for a tokenizer built from it
 - :func:`weight_tensors`: every weight tensor a file or folder stores, with its type and bytes (GGUF
   tensors, safetensors headers, ONNX initializers)
@@ -267,21 +268,78 @@ def _cannot_open(path, e: OSError) -> FormatError:
     return FormatError(f"{path}: cannot open it ({e.strerror or first_line(e)}); expected a GGUF file")
 
 
+# A GGUF's header as the facts below read it: every metadata field small enough to keep (arrays of
+# more than this many items, the vocabulary and merges, are kept as their length) and every tensor's
+# (name, type, elements, bytes). gguf's reader parses every vocabulary string (seconds for a
+# 49,152-token vocabulary), so the header is read once per version of a file: in this process
+# (lru_cache) and across processes (a JSON file under lab_home()/cache/gguf, keyed by the file's
+# real path, size and mtime; the engines' child processes each ask).
+HEADER_ARRAY_ITEMS = 256
+HEADER_CACHE_VERSION = 1
+
+
+def gguf_header(path) -> dict:
+    """{"fields": {key: value, or {"length": n} for a long array}, "tensors": [(name, ggml type
+    name, elements, bytes), ...]} of a GGUF file, read once per version of the file (see above).
+    Raises FormatError as :func:`open_gguf` does."""
+    return _gguf_header(*_version(path))
+
+
+def _header_cache_file(path: str, size: int, mtime_ns: int) -> Path:
+    import hashlib
+
+    from lablib.config import lab_home
+
+    key = hashlib.sha256(f"{HEADER_CACHE_VERSION}|{path}|{size}|{mtime_ns}".encode()).hexdigest()[:24]
+    return lab_home() / "cache" / "gguf" / f"{key}.json"
+
+
+@functools.lru_cache(maxsize=16)
+def _gguf_header(path: str, size: int, mtime_ns: int) -> dict:
+    cache = _header_cache_file(path, size, mtime_ns)
+    try:
+        kept = json.loads(cache.read_text())
+        if kept.get("path") == path and kept.get("size") == size and kept.get("mtime_ns") == mtime_ns:
+            return {"fields": kept["fields"], "tensors": [tuple(t) for t in kept["tensors"]]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # none yet, or unreadable: read the file
+    import gguf
+
+    r, _ = open_gguf(path)
+    fields = {}
+    for name, f in r.fields.items():
+        if f.types and f.types[0] == gguf.GGUFValueType.ARRAY and len(f.data) > HEADER_ARRAY_ITEMS:
+            fields[name] = {"length": len(f.data)}
+        else:
+            value = f.contents()
+            fields[name] = value.tolist() if hasattr(value, "tolist") else value
+    tensors = [(t.name, t.tensor_type.name, int(t.n_elements), int(t.n_bytes)) for t in r.tensors]
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"path": path, "size": size, "mtime_ns": mtime_ns, "fields": fields, "tensors": tensors}))
+        os.replace(tmp, cache)
+    except (OSError, TypeError, ValueError):
+        pass  # a read-only lab home, or a value JSON cannot hold: read again next time
+    return {"fields": fields, "tensors": tensors}
+
+
+def _header_val(path):
+    """(header, val) for a GGUF file: ``val(key, default)`` gives a metadata field's value from its
+    :func:`gguf_header`."""
+    header = gguf_header(path)
+    fields = header["fields"]
+    return header, lambda key, default=None: fields.get(key, default)
+
+
 def gguf_facts(path: Path) -> dict:
     """Architecture, parameter count, quantization and context length of a GGUF file."""
-    return dict(_gguf_facts(*_version(path)))
-
-
-@functools.lru_cache(maxsize=8)
-def _gguf_facts(path: str, size: int, mtime_ns: int) -> dict:
-    """:func:`gguf_facts` of one version of a file (parsing its vocabulary takes seconds)."""
-    path = Path(path)
-    r, val = open_gguf(path)
+    header, val = _header_val(path)
     arch = val("general.architecture", "")
     return {
         "architecture": arch,
-        "name": val("general.name", path.stem),
-        "parameters": int(sum(int(t.n_elements) for t in r.tensors)),
+        "name": val("general.name", Path(path).stem),
+        "parameters": int(sum(t[2] for t in header["tensors"])),
         "quantization": file_type_name(val("general.file_type")),
         "max_position_embeddings": int(val(f"{arch}.context_length", 0) or 0),
         "pre_tokenizer": val("tokenizer.ggml.pre", ""),
@@ -291,12 +349,13 @@ def _gguf_facts(path: str, size: int, mtime_ns: int) -> dict:
 def gguf_config(path) -> dict:
     """The settings a GGUF file states (what llama.cpp reads), keyed as
     :data:`lablib.engines.base.CONFIG_KEYS`."""
-    r, val = open_gguf(path)
+    header, val = _header_val(path)
     arch = val("general.architecture", "")
     heads = val(f"{arch}.attention.head_count")
     embd = val(f"{arch}.embedding_length")
     scaling = val(f"{arch}.rope.scaling.type")
-    names = {t.name for t in r.tensors}
+    names = {t[0] for t in header["tensors"]}
+    tokens = val("tokenizer.ggml.tokens", [])
     return {
         "rope_theta": float(val(f"{arch}.rope.freq_base", 10000.0)),
         "rope_scaling": None
@@ -307,7 +366,7 @@ def gguf_config(path) -> dict:
         "n_kv_heads": val(f"{arch}.attention.head_count_kv", heads),
         "head_dim": val(f"{arch}.rope.dimension_count") or (embd // heads if embd and heads else None),
         "n_layers": val(f"{arch}.block_count"),
-        "vocab_size": val(f"{arch}.vocab_size") or len(val("tokenizer.ggml.tokens", [])),
+        "vocab_size": val(f"{arch}.vocab_size") or (tokens["length"] if isinstance(tokens, dict) else len(tokens)),
         "context_length": val(f"{arch}.context_length"),
         "tie_word_embeddings": "output.weight" not in names,
         "bos_id": val("tokenizer.ggml.bos_token_id"),
@@ -335,15 +394,9 @@ def weight_tensors(path) -> tuple:
 
 
 def gguf_tensors(path) -> tuple:
-    """(name, ggml type name, elements, bytes) of every tensor of a GGUF file (its header, memory-mapped;
-    read once per version of the file)."""
-    return _gguf_tensors(*_version(path))
-
-
-@functools.lru_cache(maxsize=16)
-def _gguf_tensors(path: str, size: int, mtime_ns: int) -> tuple:
-    r, _ = open_gguf(path)
-    return tuple((t.name, t.tensor_type.name, int(t.n_elements), int(t.n_bytes)) for t in r.tensors)
+    """(name, ggml type name, elements, bytes) of every tensor of a GGUF file (from its
+    :func:`gguf_header`, read once per version of the file)."""
+    return tuple(gguf_header(path)["tensors"])
 
 
 @functools.lru_cache(maxsize=16)
