@@ -259,6 +259,7 @@ def _llama_server(model, host: str, port: str, parallel: int, threads: int, n_ct
         "--parallel",
         str(parallel),
         "--cont-batching",
+        "--metrics",  # Prometheus /metrics (the server's own counters, lablib.engines.http.metrics)
         "--no-webui",
         "--alias",
         "lab-model",
