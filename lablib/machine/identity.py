@@ -36,6 +36,19 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux's /proc/cpuinfo lists them ('avx2', 'avx512_bf16',
+    'amx_bf16', ...); empty where there is no /proc/cpuinfo (macOS, Windows)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
 def accelerator() -> str | None:
     """The accelerators the engines could use (:mod:`lablib.machine.devices`: NVIDIA GPUs as nvidia-smi
     lists them, the Apple GPU), joined by "; ", or None on a CPU-only machine."""

@@ -85,6 +85,7 @@ def run_load(
     cfg: GenerationConfig | None = None,
     manifest: dict | None = None,
     on_row: Callable[[dict], None] | None = None,
+    server_metrics=None,
     **labels,
 ) -> list[dict]:
     """Send ``prompts`` (token ids, one request each) to an HTTP engine in a load shape; one row per request.
@@ -96,7 +97,9 @@ def run_load(
     usage checks, server timings), ``mode``, ``arrival``, ``rate``, ``concurrency``,
     ``request_index``, ``client`` (closed), ``t_scheduled``, ``schedule_lag_s`` (open), and
     ``error`` (None when it succeeded). ``on_row(row)`` is called in the calling thread as each
-    request finishes (write it to disk there). Raises LabError for bad arguments.
+    request finishes (write it to disk there). ``server_metrics``: a
+    :class:`lablib.engines.http.metrics.MetricsSampler`, started just before the first request and
+    stopped after the last (its rows and deltas cover this run). Raises LabError for bad arguments.
     """
     from lablib.engines.http import HTTPEngine
     from lablib.results.store import engine_manifest
@@ -154,6 +157,17 @@ def run_load(
         arrival=arrival if mode == "open" else None,
         burstiness=burstiness if mode == "open" else None,
     )
+    if server_metrics is not None:
+        server_metrics.start()  # its first scrape, before any request
+    try:
+        return _drive(engine, prompts, mode, concurrency, schedule, cfg, max_duration_s, manifest, base, on_row)
+    finally:
+        if server_metrics is not None:
+            server_metrics.stop()  # its last scrape, after the last row
+
+
+def _drive(engine, prompts, mode, concurrency, schedule, cfg, max_duration_s, manifest, base, on_row):
+    """The run on the engine's event loop; rows to ``on_row`` in the calling thread."""
     rows_q: queue.Queue = queue.Queue()
     run = (
         _closed(engine, prompts, concurrency, cfg, max_duration_s, manifest, base, rows_q.put)
@@ -358,6 +372,7 @@ def bench(
     tpot_s: float | None = None,
     e2e_s: float | None = None,
     warmup: int = 1,
+    metrics_interval_s: float = 0.25,
     log=print,
     on_summary: Callable[[dict], None] | None = None,
 ) -> list[dict]:
@@ -375,8 +390,19 @@ def bench(
     ``tpot_s``, ``e2e_s``) with ``server`` (the server's kind), ``mode``, ``rate`` and ``concurrency``;
     ``on_summary(summary)`` is called as each run ends. Raises LabError for bad arguments (before any
     work) and when no server answers.
+
+    When the server answers ``/metrics`` (vLLM; llama-server with --metrics), each run is sampled every
+    ``metrics_interval_s`` seconds (:class:`lablib.engines.http.metrics.MetricsSampler`, after the warm-up):
+    its tidy rows, with the run's ``mode``, ``rate`` and ``concurrency``, are appended as plain JSON lines
+    to ``<out without suffix>.server.jsonl``, and each summary gets ``server_counters`` (the run's counter
+    deltas and gauge maxima by common name, with ``scrapes``, ``scrape_failures``, ``scrape_s_max``) and
+    ``server_info`` (what the server says of itself: the sampler's ``info``); both None without ``/metrics``.
     """
+    import json
+    from pathlib import Path
+
     from lablib.engines import load_engine
+    from lablib.engines.http.metrics import MetricsSampler, scrape
     from lablib.measure.workload import distinct_prompts
     from lablib.model.resolve import ResolvedModel, prepare
     from lablib.results.store import ResultsWriter, _suffix
@@ -401,9 +427,17 @@ def bench(
     )
     summaries = []
     try:
+        try:
+            scrape(engine.root_url)
+            server_file = Path(out).with_name(Path(out).stem + ".server.jsonl")
+        except LabError as e:
+            log(f"no server counters: {e}")
+            server_file = None
         for ids in prompts[:warmup]:
             engine.generate(ids, cfg)
         for rate in rates:
+            labels = {"server": engine.kind, "mode": mode, "rate": rate, "concurrency": concurrency}
+            sampler = None if server_file is None else MetricsSampler(engine.root_url, metrics_interval_s, **labels)
             rows = run_load(
                 engine,
                 prompts[warmup:],
@@ -416,13 +450,27 @@ def bench(
                 max_duration_s=max_duration_s,
                 cfg=cfg,
                 on_row=writer.append,
+                server_metrics=sampler,
             )
+            counters = info = None
+            if sampler is not None:
+                with open(server_file, "a") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in sampler.rows())
+                counters = dict(
+                    sampler.deltas(),
+                    scrapes=sampler.scrapes,
+                    scrape_failures=sampler.failures,
+                    scrape_s_max=max(sampler.scrape_s, default=None),
+                )
+                info = sampler.info
             s = {
                 "server": engine.kind,
                 "mode": mode,
                 "rate": rate,
                 "concurrency": concurrency,
                 **run_summary(rows, ttft_s=ttft_s, tpot_s=tpot_s, e2e_s=e2e_s),
+                "server_counters": counters,
+                "server_info": info,
             }
             summaries.append(s)
             if on_summary is not None:

@@ -317,7 +317,9 @@ def _gguf_header(path: str, size: int, mtime_ns: int) -> dict:
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"path": path, "size": size, "mtime_ns": mtime_ns, "fields": fields, "tensors": tensors}))
+        tmp.write_text(
+            json.dumps({"path": path, "size": size, "mtime_ns": mtime_ns, "fields": fields, "tensors": tensors})
+        )
         os.replace(tmp, cache)
     except (OSError, TypeError, ValueError):
         pass  # a read-only lab home, or a value JSON cannot hold: read again next time

@@ -4,6 +4,7 @@
 - :mod:`lablib.plots.sweeps`: labs 01-03 (context and concurrency sweeps, timeline, prefill/decode split);
 - :mod:`lablib.plots.anchors`: lab 03 (the lab beside llama.cpp's own benchmarks);
 - :mod:`lablib.plots.compare`: lab 04 (KL per position, top-k at the divergence);
+- :mod:`lablib.plots.serving`: lab 05, ``lablib bench`` (a load run seen by the client and by the server);
 - :mod:`lablib.plots.quant`, ``.roofline``, ``.prefix``: labs 06, 07, 08.
 
 A figure only draws: its numbers come from :mod:`lablib.results.tables`, its columns are declared
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from lablib.plots.anchors import anchor_bars
 from lablib.plots.compare import kl_per_position, topk_at_divergence
+from lablib.plots.serving import server_timeline
 from lablib.plots.style import (
     ENGINE_COLORS,
     ENGINE_SYMBOL,
@@ -52,6 +54,7 @@ __all__ = [
     "kl_per_position",
     "mode_dash",
     "prefill_decode_bars",
+    "server_timeline",
     "timeline",
     "topk_at_divergence",
 ]

@@ -21,6 +21,14 @@ LEGEND_COLOR = "#555555"
 # marker symbols where engines share one axis as points (the quantization ladder)
 ENGINE_SYMBOL = {"llama.cpp": "circle", "transformers": "square", "mlx": "diamond"}
 MODE_DASH = {"serial": "dash", "batched": "solid"}
+# the server's own gauges beside the client's view (lablib.plots.serving.server_timeline)
+SERVER_COLORS = {
+    "in_flight": "#3D7DCA",
+    "ttft_s": "#F2A900",
+    "running": "#2CA58D",
+    "waiting": QUEUE_COLOR,
+    "kv_usage": "#8E5BB5",
+}
 MODE_ORDER = ("single", "serial", "batched")
 
 

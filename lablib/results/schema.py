@@ -63,6 +63,9 @@ MANIFEST_FIELDS = {
     **{col: ("hardware", col) for col in MEASURED_PEAKS.values()},
     "lablib_version": (None, "lablib_version"),
     "time": (None, "time"),
+    # what a server the lab started was started with (lablib.engines.servers.Launch.settings: dtype, KV
+    # cache space, prefix caching, threads ...), as JSON text; None for in-process engines
+    "server_settings": ("engine", "flags", "server_settings"),
 }
 # the manifest basics a report shows, one row per machine and engine
 MANIFEST_SUMMARY = (
@@ -231,15 +234,28 @@ ANCHOR = ("source",)
 # what the kept prefix caches cost (lablib.studies.prefix.memory_table; with engine): their length (tokens),
 # the bytes measured (the engine's own count) and counted from the model's shape, and both per token
 PREFIX_MEMORY = ("tokens", "kept_bytes", "formula_bytes", "kept_bytes_per_token", "formula_bytes_per_token")
+# a server's own view of a load run (lablib.engines.http.metrics.MetricsSampler; lablib bench writes its rows to
+# <out>.server.jsonl, with the run's mode, rate and concurrency): a sample's time (the lab's clock, perf_counter s,
+# as the request rows' CLOCKS), the common metric name, its value and the server's own names of it; a bench
+# summary's per-run server counters (counter deltas, gauge maxima) and what the server says of itself (its
+# *_info metrics; not the manifest's server_settings, what the lab started it with); requests in flight over a
+# run (lablib.results.tables.client_server_timeline: sent, last token not yet arrived)
+SERVER = ("t_s", "metric", "value", "raw", "server_counters", "server_info", "in_flight")
 # the columns of tables that no row carries (a summary's output_tokens is the run's sum of the rows' own)
-TABLE_COLUMNS = tuple(c for c in SUMMARY + BATCH_SWEEP + ANCHOR + PREFIX_MEMORY if c not in COLUMNS)
+TABLE_COLUMNS = tuple(c for c in SUMMARY + BATCH_SWEEP + ANCHOR + PREFIX_MEMORY + SERVER if c not in COLUMNS)
 # what lablib.results.tables.need accepts: a column of a result row or of a table
 KNOWN = frozenset(COLUMNS + TABLE_COLUMNS)
 
 
 def flatten_manifest(manifest: dict) -> dict:
-    """The manifest's fields as row columns (:data:`MANIFEST_FIELDS`); a key the manifest lacks is None."""
-    return {
-        col: (manifest if section is None else manifest.get(section, {})).get(key)
-        for col, (section, key) in MANIFEST_FIELDS.items()
-    }
+    """The manifest's fields as row columns (:data:`MANIFEST_FIELDS`: a path of keys, None for the
+    top level); a key the manifest lacks is None, a dict becomes JSON text (sorted keys)."""
+    import json
+
+    out = {}
+    for col, (section, *keys) in MANIFEST_FIELDS.items():
+        value = manifest if section is None else manifest.get(section, {})
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        out[col] = json.dumps(value, sort_keys=True, default=str) if isinstance(value, dict) else value
+    return out

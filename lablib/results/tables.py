@@ -324,6 +324,45 @@ def timeline_segments(run) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def client_server_timeline(run, server, metrics=("running", "waiting", "kv_usage")):
+    """One run seen by the client and by the server, on one time axis: seconds since the run's first
+    t_submit. Returns (in_flight, ttft, samples): requests in flight, a step per change (t_s, in_flight:
+    sent at t_start, until t_last_token); each request's first token (t_s, ttft_s, request_index); the
+    server's samples of ``metrics`` (t_s, metric, value; lablib.engines.http.metrics.MetricsSampler rows).
+
+    Both are on the lab's clock (the sampler stamps ``t_s`` with lablib.results.trace.now, the clock of
+    the traces); LabError when the samples do not overlap the run (another run, or another clock).
+    Needs: t_submit, t_start, t_first_token, t_last_token of ``run`` (failed rows left out); t_s, metric,
+    value of ``server``."""
+    import pandas as pd
+
+    need(run, CLOCKS, "client_server_timeline", "a load run (lablib.measure.load.run_load)")
+    need(server, ("t_s", "metric", "value"), "client_server_timeline", "lablib.engines.http.metrics.MetricsSampler")
+    r = nonempty(ok_rows(run), "client_server_timeline", "expected successful requests of one run")
+    t0, t1 = float(r["t_submit"].min()), float(r["t_last_token"].max())
+    s = server[server["metric"].isin(list(metrics))]
+    if s.empty or s["t_s"].max() < t0 or s["t_s"].min() > t1:
+        span = "no samples" if s.empty else f"samples at {s['t_s'].min():.3f} to {s['t_s'].max():.3f} s"
+        raise LabError(
+            f"the server's {span} of {', '.join(metrics)} do not overlap the run ({t0:.3f} to {t1:.3f} s on the "
+            "lab's clock): expected the samples of this run (lablib bench's <out>.server.jsonl rows with its "
+            "rate and concurrency), taken in the process that sent the requests"
+        )
+    steps = pd.concat(
+        [pd.DataFrame({"t": r["t_start"], "d": 1}), pd.DataFrame({"t": r["t_last_token"], "d": -1})]
+    ).sort_values(["t", "d"], kind="stable")  # a finish before a start at the same instant
+    flight = pd.DataFrame({"t_s": [0.0, *(steps["t"] - t0)], "in_flight": [0, *steps["d"].cumsum()]})
+    ttft = pd.DataFrame(
+        {
+            "t_s": r["t_first_token"] - t0,
+            "ttft_s": r["ttft_s"] if "ttft_s" in r.columns else r["t_first_token"] - r["t_submit"],
+            "request_index": r["request_index"] if "request_index" in r.columns else range(len(r)),
+        }
+    ).sort_values("t_s")
+    samples = s.assign(t_s=s["t_s"] - t0).sort_values("t_s", kind="stable")[["t_s", "metric", "value"]]
+    return flight.reset_index(drop=True), ttft.reset_index(drop=True), samples.reset_index(drop=True)
+
+
 # --- prefix caching (lab 08) -------------------------------------------------------------------------
 PREFIX_AXES = {"prefix_shared": "shared_tokens", "prefix_chat": "turn"}
 

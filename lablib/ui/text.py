@@ -22,6 +22,26 @@ def summary_line(server: str, mode: str, rate, c, s: dict) -> str:
     )
 
 
+def server_line(c: dict) -> str:
+    """The server's own counters of one run (a bench summary's ``server_counters``:
+    :meth:`lablib.engines.http.metrics.MetricsSampler.deltas`): ``server_prompt_tokens=N
+    server_generation_tokens=N prefix_cache_hits=H/Q preemptions=P running_max=R waiting_max=W
+    kv_usage_max=X scrapes=S failures=F``; ``-`` where the server has no such metric."""
+
+    def f(k, fmt="g"):
+        v = c.get(k)
+        return "-" if v is None else format(v, fmt)
+
+    by_reason = c.get("waiting_by_reason") or {}
+    reasons = "".join(f" waiting_{r}_max={v:g}" for r, v in sorted(by_reason.items()))
+    return (
+        f"  server_prompt_tokens={f('prompt_tokens')} server_generation_tokens={f('generation_tokens')} "
+        f"prefix_cache_hits={f('prefix_cache_hits')}/{f('prefix_cache_queries')} preemptions={f('preemptions')} "
+        f"running_max={f('running')} waiting_max={f('waiting')}{reasons} kv_usage_max={f('kv_usage', '.3f')} "
+        f"scrapes={f('scrapes')} failures={f('scrape_failures')}"
+    )
+
+
 def ladder_line(row: dict) -> str:
     """One rung of the quantization ladder (:mod:`lablib.studies.ladder`): ``type=T bytes=B bpw=X ppl=P kl_mean=K top1=A prefill_tps=S decode_tps=D``."""
 

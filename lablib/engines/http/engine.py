@@ -43,6 +43,7 @@ import os
 import threading
 
 from lablib.engines.base import Engine, EngineInfo, GenerationConfig
+from lablib.engines.http.cards import card_for
 from lablib.engines.http.protocol import APIS, KINDS, PROFILES, HTTPEngineError, _num, _status_message, _StreamState
 from lablib.engines.http.trace import HTTPTrace
 from lablib.errors import LabError
@@ -81,6 +82,7 @@ class HTTPEngine(Engine):
         connect_timeout_s: float = 10.0,
         max_connections: int = 256,
         tokenizer=True,
+        server_settings: dict | None = None,
     ):
         super().__init__(model)
         self._import_library("aiohttp")
@@ -114,6 +116,9 @@ class HTTPEngine(Engine):
             self._tok = lab_tokenizer(model)
             self.n_vocab = len(self._tok)
         self.server_info: dict = {}
+        if server_settings is None:  # a server the lab started, perhaps in another process: its card
+            server_settings = (card_for(base_url) or {}).get("settings")
+        self.server_settings = dict(server_settings or {})  # what the server was started with, when known
         kind = server if server != "auto" else None
         if kind is not None and kind not in KINDS:
             raise LabError(f"server={server!r}: expected one of {', '.join(KINDS)} or 'auto'")
@@ -224,6 +229,8 @@ class HTTPEngine(Engine):
             info["kind"] = "vllm"
             v = await self._get_json(f"{self.root_url}/version")
             info["version"] = (v or {}).get("version")
+            if _num(first.get("max_model_len")):
+                info["n_ctx"] = int(first["max_model_len"])
             return
         spec = await self._get_json(f"{self.root_url}/openapi.json")
         title = str(((spec or {}).get("info") or {}).get("title", ""))
@@ -301,6 +308,7 @@ class HTTPEngine(Engine):
                 if self.kind == "llama-server"
                 else "none",
                 "api_key_env": self.api_key_env if os.environ.get(self.api_key_env or "") else None,
+                "server_settings": self.server_settings or None,
             },
         )
 

@@ -59,8 +59,9 @@ PROFILES = {
     # transformers/cli/serving: stream_options and logprobs unused; a `generation_config` JSON string replaces
     # the generation config (min_new_tokens holds EOS back); the role chunk comes before prefill
     "transformers": ServerProfile(ids=False, fixed="generation_config"),
-    # vLLM: token ids, ignore_eos and min_tokens, cumulative usage per chunk; prefix caching on by default
-    "vllm": ServerProfile(ids=True, fixed="ignore_eos", chunk_usage=True),
+    # vLLM: token ids in (prompt) and out (return_token_ids: each chunk's ids), ignore_eos and min_tokens,
+    # cumulative usage per chunk; prefix caching on by default (the lab starts it off: engines.servers)
+    "vllm": ServerProfile(ids=True, fixed="ignore_eos", extra={"return_token_ids": True}, chunk_usage=True),
     # any other OpenAI-compatible server
     "openai": ServerProfile(ids=False, fixed="logit_bias"),
 }
@@ -113,6 +114,9 @@ def parse_chunk(obj: dict, api: str) -> dict:
             out["text"] += json.dumps(d["tool_calls"])
     else:
         out["text"] = c.get("text") or ""
+    tids = c.get("token_ids")  # vLLM with return_token_ids: this chunk's generated ids
+    if isinstance(tids, list) and tids and all(_num(t) is not None for t in tids):
+        out["ids"] = [int(t) for t in tids]
     lp = c.get("logprobs")
     if isinstance(lp, dict):
         entries = lp.get("content")

@@ -1,0 +1,71 @@
+"""What a server the lab started was started with, kept on disk while it runs: one JSON card per
+loopback port under ``$LABLIB_HOME/servers/running/``, so that a run in another process (``lablib
+serve`` in one terminal, ``lablib bench`` in another, a notebook) records the server's settings in
+its manifest. A card whose process is gone, or whose port another process now holds, is ignored.
+
+Card: {"name", "pid", "port", "version", "argv", "log", "settings"} (settings: the server's
+:class:`lablib.engines.servers.Launch` settings).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from urllib.parse import urlparse
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def cards_dir() -> Path:
+    from lablib.config import lab_home
+
+    return lab_home() / "servers" / "running"
+
+
+def write_card(name: str, pid: int, port: int, version: str, argv, log, settings: dict) -> Path:
+    """Write the card of a started server (atomically: a temporary file, then rename); its path."""
+    folder = cards_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{int(port)}.json"
+    card = {"name": name, "pid": int(pid), "port": int(port), "version": version, "argv": list(argv)}
+    card.update(log=str(log), settings=settings)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(card, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def remove_card(port: int, pid: int) -> None:
+    """Remove the card of ``port`` if it is this server's (``pid``)."""
+    path = cards_dir() / f"{int(port)}.json"
+    try:
+        if json.loads(path.read_text()).get("pid") == pid:
+            path.unlink()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def card_for(base_url: str) -> dict | None:
+    """The card of the lab-started server at ``base_url`` (a loopback URL whose port has a card and
+    whose process still runs), or None."""
+    u = urlparse(base_url)
+    if u.hostname not in LOOPBACK or u.port is None:
+        return None
+    try:
+        card = json.loads((cards_dir() / f"{u.port}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(card, dict) or not isinstance(card.get("pid"), int) or not _alive(card["pid"]):
+        return None
+    return card
