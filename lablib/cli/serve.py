@@ -1,6 +1,10 @@
 """`lablib serve --server NAME ...`: a real OpenAI-compatible server on the lab's model (Ctrl-C stops it).
 
-lablib serve --server NAME [--port P] [--parallel N] [--threads T] [--n-ctx N] [--duration-s S]
+lablib serve --server NAME [--port P] [--parallel N] [--threads T] [--n-ctx N] [--prefix-caching]
+             [--duration-s S]
+
+``--server vllm`` installs vLLM's CPU build on first use (minutes; ``make vllm`` does it ahead) and
+its first start with a new configuration compiles for a few minutes (cached under ~/.cache/vllm).
 """
 
 from __future__ import annotations
@@ -21,9 +25,14 @@ def add_arguments(p) -> None:
     p.add_argument("--server", required=True, help=", ".join(SERVERS))
     p.add_argument("--model", default=None, help="the lab's model (default: SmolLM2-135M)")
     p.add_argument("--port", type=int, default=None, help="loopback port (default: a free one)")
-    p.add_argument("--parallel", type=int, default=1, help="slots decoded together (llama-server, mlx)")
+    p.add_argument("--parallel", type=int, default=1, help="slots decoded together (llama-server, mlx, vllm)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the server")
     p.add_argument("--n-ctx", type=int, default=4096, help="context per slot, tokens")
+    p.add_argument(
+        "--prefix-caching",
+        action="store_true",
+        help="vllm: keep its prefix cache on (off by default: measured runs reuse no KV cache)",
+    )
     p.add_argument("--duration-s", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")
 
 
@@ -32,11 +41,22 @@ def run(ns) -> int:
 
     if ns.duration_s is not None and not ns.duration_s > 0:
         raise LabError(f"--duration-s {ns.duration_s}: expected a positive number of seconds")
-    srv = start_server(ns.server, ns.model, port=ns.port, parallel=ns.parallel, threads=ns.threads, n_ctx=ns.n_ctx)
+    srv = start_server(
+        ns.server,
+        ns.model,
+        port=ns.port,
+        parallel=ns.parallel,
+        threads=ns.threads,
+        n_ctx=ns.n_ctx,
+        prefix_caching=True if ns.prefix_caching else None,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    )
     print(
         f"{srv.name} {srv.version} ready at {srv.base_url} (pid {srv.pid}, {srv.startup_s:.1f} s; log {srv.log_path})",
         flush=True,
     )
+    shown = {k: v for k, v in srv.settings.items() if k not in ("env", "startup_s")}
+    print("started with: " + ", ".join(f"{k}={v}" for k, v in shown.items()), flush=True)
     print(
         f"measure it: lablib bench --base-url {srv.base_url} --concurrency 1 --requests 4 --prompt-tokens 64 "
         "--max-new-tokens 32 --out serving.jsonl",

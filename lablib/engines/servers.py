@@ -36,6 +36,7 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.util
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -556,6 +557,19 @@ def start_server(
     return srv
 
 
+# a log line's prefix that says nothing to a learner: vLLM's "(Worker pid=1) INFO 12-01 14:16:16 [file.py:87] "
+_LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\) )?(INFO|WARNING|DEBUG)?\s*(\d\d-\d\d [\d:.]+ )?(\[[^\]]+\] )?")
+
+
+def _last_step(tail: str) -> str:
+    """The last line of a starting server's log that says what it is doing (its prefix cut, 120 chars)."""
+    for line in reversed(tail.splitlines()):
+        line = _LOG_PREFIX.sub("", line.strip())
+        if line and "shared memory broadcast" not in line and not line.startswith(("warnings.warn", "/")):
+            return line[:120]
+    return "(nothing in its log yet)"
+
+
 def _wait_ready(srv: RunningServer, urls: list[str], timeout_s: float, log=None, every_s: float = 15.0) -> None:
     import urllib.error
     import urllib.request
@@ -576,8 +590,7 @@ def _wait_ready(srv: RunningServer, urls: list[str], timeout_s: float, log=None,
             except (urllib.error.URLError, OSError, ValueError):
                 pass
         if log is not None and time.monotonic() >= next_line:
-            last = srv.log_tail(1).strip()
-            log(f"{srv.name}: starting, {time.monotonic() - t0:.0f} s ... {last[-160:]}")
+            log(f"{srv.name}: starting, {time.monotonic() - t0:.0f} s: {_last_step(srv.log_tail(40))}")
             next_line += every_s
         time.sleep(0.25)
     raise LabError(
