@@ -83,6 +83,16 @@ def test_a_broken_environment_is_detected_and_removed_before_installing_again(of
     assert not env.exists() and vllm.check()["state"] == "missing"
 
 
+def test_doctor_says_what_state_the_vllm_environment_is_in(offline):
+    from lablib.cli.doctor import vllm_line
+
+    assert vllm_line().startswith("vllm not installed (optional): `make vllm`")
+    env = vllm.env_dir()
+    env.mkdir(parents=True)
+    (env / vllm.STAMP).write_text(json.dumps({"vllm": vllm.VLLM_VERSION, "torch": "2.13.0+cpu"}))
+    assert vllm_line().startswith("vllm environment broken (") and "`make vllm` installs it again" in vllm_line()
+
+
 def test_a_folder_without_the_stamp_is_not_installed(offline):
     # what an interrupted install could leave if it were built in place: never taken for installed
     (vllm.env_dir() / "bin").mkdir(parents=True)

@@ -57,4 +57,18 @@ def run(ns) -> int:
         ok &= r["usable"] or optional_absent
         state = "usable" if r["usable"] else "not installed (optional)" if optional_absent else "NOT USABLE"
         print(f"  {r['engine']:<{width}} {state}: {r['detail']}")
+    print(f"servers: {vllm_line()}")
     return 0 if ok else 1
+
+
+def vllm_line() -> str:
+    """vLLM's environment (lablib.build.vllm.status) in one line: optional, so never a fault."""
+    from lablib.build.vllm import VLLM_DIST, VLLM_VERSION, status
+
+    st = status()
+    if st.get("installed"):
+        size = f", {st['bytes'] / 1e9:.1f} GB" if st.get("bytes") else ""
+        return f"vllm ({VLLM_DIST} {VLLM_VERSION}) installed in {st['path']}{size}"
+    if st.get("state") == "broken":
+        return f"vllm environment broken ({st.get('reason')}): `make vllm` installs it again"
+    return "vllm not installed (optional): `make vllm` or the first `lablib serve --server vllm` installs it"
