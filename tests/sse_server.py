@@ -2,8 +2,10 @@
 
 It is a protocol fixture, not an engine: each POST replays the current script, a list of steps:
 ``bytes`` (written as one write), a ``float`` (sleep that many seconds), ``"close"`` (cut the
-connection mid-stream), ``"hang"`` (never answer), or ``("status", code, body)`` as the only step
-(an HTTP error), or ``("json", code, body)`` (a JSON answer instead of a stream). Scripts in
+connection mid-stream), ``"hang"`` (never answer), or ``("status", code, body[, headers])`` as the only
+step (an HTTP error, with headers such as Retry-After), or ``("json", code, body)`` (a JSON answer instead
+of a stream). :func:`bytewise` makes a stream one write per byte; :class:`SilentServer` accepts
+connections and never answers. Scripts in
 ``queue`` are used one per request first. Every request's path, headers and JSON body are kept
 in ``requests``.
 """
@@ -36,12 +38,24 @@ def cmpl(text=None, logprob_ids=None, finish=None, usage=None, timings=None) -> 
     return obj
 
 
-def chat(content=None, role=None, finish=None) -> dict:
+def bytewise(raw: bytes, gap: float = 0.0) -> list:
+    """Script steps writing ``raw`` one byte per write (each followed by ``gap`` seconds when given)."""
+    steps = []
+    for i in range(len(raw)):
+        steps.append(raw[i : i + 1])
+        if gap:
+            steps.append(gap)
+    return steps
+
+
+def chat(content=None, role=None, finish=None, reasoning=None) -> dict:
     delta = {}
     if role:
         delta["role"] = role
     if content is not None:
         delta["content"] = content
+    if reasoning is not None:
+        delta["reasoning_content"] = reasoning
     return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
 
@@ -101,7 +115,8 @@ class ScriptedServer:
         self.requests.append((request.path, dict(request.headers), body))
         script = list(self.queue.pop(0) if self.queue else self.script)
         if script and isinstance(script[0], tuple) and script[0][0] == "status":
-            return web.Response(status=script[0][1], text=script[0][2])
+            headers = script[0][3] if len(script[0]) > 3 else None
+            return web.Response(status=script[0][1], text=script[0][2], headers=headers)
         if script and isinstance(script[0], tuple) and script[0][0] == "json":
             return web.Response(status=script[0][1], text=script[0][2], content_type="application/json")
         if script and script[0] == "hang":
@@ -133,3 +148,42 @@ class ScriptedServer:
         asyncio.run_coroutine_threadsafe(self._cancel_rest(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+
+
+class SilentServer:
+    """A TCP socket on 127.0.0.1 that accepts every connection and never sends a byte (a stuck server)."""
+
+    def __init__(self):
+        import socket
+
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(16)
+        self.port = self._sock.getsockname()[1]
+        self._conns: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def _accept(self):
+        self._sock.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                continue
+            self._conns.append(conn)  # held open, never read or answered
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(timeout=5)
+        for c in self._conns:
+            c.close()
+        self._sock.close()

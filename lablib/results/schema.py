@@ -117,12 +117,18 @@ PREFIX = ("reuse", "shared_tokens", "question", "turn", "evaluated_tokens", "kep
 # between them: ICL, seconds), network reads, SSE events (most in one read) and pings, the server's own usage
 # counts and the checks against the lab's counts, the fixed-length method and whether the count came out as
 # asked, the server's own timings (prompt seconds, decode tokens/s, the raw JSON) and what HTTP and the
-# server's queue add to the first token (seconds)
+# server's queue add to the first token (seconds); the lab's tokenizer's own count of the streamed text where
+# the count came from the server's final usage (count_method "final_usage") or from re-tokenizing, the time to
+# the first answer token after a chat model's reasoning (seconds; ttft_s is the first token of either), and SSE
+# events of other types than an OpenAI chunk's (ignored)
 HTTP = (
     "server",
     "api",
     "max_new_tokens",
     "count_method",
+    "retokenized_tokens",
+    "ttft_answer_s",
+    "ignored_events",
     "chunks",
     "chunk_tokens",
     "chunk_gaps_s",

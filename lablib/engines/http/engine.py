@@ -19,9 +19,11 @@ The clock (DESIGN.md), over HTTP:
 Tokens per chunk, best first (the row's ``count_method`` names the one used):
 ``token_ids`` (llama-server's native ``/completion`` stream), ``logprobs`` (entries per
 chunk; llama-server gives each entry's id), ``usage`` (cumulative usage on every chunk,
-vLLM's ``continuous_usage_stats``), ``retokenized`` (the streamed text so far through the
-lab's tokenizer), ``one_per_chunk``. The server's usage is requested and checked against
-the client's count (``usage_mismatch``); llama-server's ``timings`` are kept
+vLLM's ``continuous_usage_stats``), ``final_usage`` (the server's final usage is the count,
+spread over the chunks by the lab's estimate: a server running another model counts its own
+tokens; the lab's count stays in ``retokenized_tokens``), ``retokenized`` (the streamed text so
+far through the lab's tokenizer), ``one_per_chunk``. The server's usage is requested and checked
+against the client's own count (``usage_mismatch``); llama-server's ``timings`` are kept
 (``server_prompt_s``, ``server_decode_tps``, ``http_overhead_s = ttft_s - server_prompt_s``).
 
 Each server kind has a profile (:data:`PROFILES`): whether the completions API takes token
@@ -44,7 +46,16 @@ import threading
 
 from lablib.engines.base import Engine, EngineInfo, GenerationConfig
 from lablib.engines.http.cards import card_for
-from lablib.engines.http.protocol import APIS, KINDS, PROFILES, HTTPEngineError, _num, _status_message, _StreamState
+from lablib.engines.http.protocol import (
+    APIS,
+    KINDS,
+    PROFILES,
+    HTTPEngineError,
+    _num,
+    _status_message,
+    _StreamState,
+    retry_after_s,
+)
 from lablib.engines.http.trace import HTTPTrace
 from lablib.errors import LabError
 from lablib.results.trace import now
@@ -59,7 +70,9 @@ class HTTPEngine(Engine):
     (llama-server's ``/completion``: token ids in every chunk). ``server``: a kind of
     :data:`KINDS`, or "auto" (asked from the server). ``server_model``: the model id sent
     (default: the first of ``/v1/models``). ``read_timeout_s``: longest silence within a
-    response; ``connect_timeout_s``: to open the connection. ``api_key_env``: the name of
+    response, and longest time without a complete line (a server trickling bytes);
+    ``connect_timeout_s``: to open the connection. An HTTP error is never retried (its
+    HTTPEngineError has ``retry_after_s`` when the server sent Retry-After). ``api_key_env``: the name of
     an environment variable holding a key (default LABLIB_API_KEY, if set).
     """
 
@@ -440,7 +453,9 @@ class HTTPEngine(Engine):
                 trace.start(box["t_start"] or t_post)
                 if resp.status != 200:
                     text = (await resp.text(errors="replace"))[:300]
-                    raise HTTPEngineError(_status_message(resp.status, url, text), trace, resp.status)
+                    wait = retry_after_s(resp.headers.get("Retry-After"))
+                    msg = _status_message(resp.status, url, text, self.kind, self.server_model, wait)
+                    raise HTTPEngineError(msg, trace, resp.status, retry_after_s=wait)
                 if resp.content_type == "application/json":  # an answer, not a stream: usually an error
                     text = (await resp.text(errors="replace"))[:300]
                     raise HTTPEngineError(
@@ -449,10 +464,20 @@ class HTTPEngine(Engine):
                         trace,
                         resp.status,
                     )
+                t_line, lines = now(), 0  # the last time a line completed: a trickle of bytes is no progress
                 async for data in resp.content.iter_any():
                     t = now()  # bytes arrived: stamp before parsing
                     trace.reads += 1
                     events = parser.feed(data)
+                    if parser.lines > lines:
+                        t_line, lines = t, parser.lines
+                    elif t - t_line > self.read_timeout_s:
+                        raise HTTPEngineError(
+                            f"{url} sent bytes but no complete line for {t - t_line:.1f} s (read_timeout_s "
+                            f"{self.read_timeout_s:g}) after {trace.output_tokens} tokens: a trickle, not a stream; "
+                            "the server or the network is stuck: raise read_timeout_s, or restart the server",
+                            trace,
+                        )
                     trace.max_events_per_read = max(trace.max_events_per_read, len(events))
                     for ev in events:
                         trace.events += 1
@@ -471,6 +496,12 @@ class HTTPEngine(Engine):
             trace.error = str(e)
             trace.pings = parser.comments
             raise
+        except aiohttp.ConnectionTimeoutError:
+            trace.error = (
+                f"cannot connect to {url} within {self.connect_timeout_s:g} s (connect_timeout_s); the server "
+                "or the network is down or overloaded: check the URL, raise connect_timeout_s, or restart the server"
+            )
+            raise HTTPEngineError(trace.error, trace) from None
         except asyncio.TimeoutError:
             trace.error = (
                 f"no byte from {url} for {self.read_timeout_s:g} s (read_timeout_s) after "

@@ -1,6 +1,7 @@
 """The wire protocol of OpenAI-compatible servers: the APIs, each server kind's stream profile, one
 streamed chunk read into token ids or text, HTTP errors as one message, and the count of tokens
-across a stream (token ids > logprobs > usage > re-tokenized text > one per chunk).
+across a stream (token ids > logprobs > usage per chunk > the final usage spread over the chunks by the
+re-tokenized text > re-tokenized text > one per chunk).
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ APIS = ("completions", "chat", "native")
 
 class HTTPEngineError(LabError):
     """A request over HTTP failed. ``trace``: what arrived before the failure (an HTTPTrace,
-    possibly without tokens); ``status``: the HTTP status when there was one."""
+    possibly without tokens); ``status``: the HTTP status when there was one; ``retry_after_s``:
+    the server's Retry-After in seconds when it sent one (the lab never retries by itself)."""
 
-    def __init__(self, message: str, trace=None, status: int | None = None):
+    def __init__(self, message: str, trace=None, status: int | None = None, retry_after_s: float | None = None):
         super().__init__(message)
-        self.trace, self.status = trace, status
+        self.trace, self.status, self.retry_after_s = trace, status, retry_after_s
 
 
 @dataclass(frozen=True)
@@ -76,9 +78,12 @@ def _num(x) -> int | None:
 def parse_chunk(obj: dict, api: str) -> dict:
     """What one streamed JSON object carries: ``text``, ``ids`` (token ids or None),
     ``logprob_ids`` (one entry per token: its id or None; None when no logprobs),
-    ``finish_reason``, ``usage`` (dict or None), ``timings`` (dict or None), ``error``."""
+    ``finish_reason``, ``usage`` (dict or None), ``timings`` (dict or None), ``error``, and
+    ``reasoning``: the part of ``text`` that is a chat model's reasoning (``reasoning_content`` or
+    ``reasoning``), not its answer."""
     out = {
         "text": "",
+        "reasoning": "",
         "ids": None,
         "logprob_ids": None,
         "finish_reason": None,
@@ -107,13 +112,16 @@ def parse_chunk(obj: dict, api: str) -> dict:
     c = choices[0]
     out["finish_reason"] = c.get("finish_reason")
     if api == "chat":
-        d = c.get("delta") or {}
-        parts = [d.get("content"), d.get("reasoning_content"), d.get("reasoning")]
-        out["text"] = "".join(p for p in parts if isinstance(p, str))
+        d = c.get("delta")
+        d = d if isinstance(d, dict) else {}
+        thought = [d.get("reasoning_content"), d.get("reasoning")]
+        out["reasoning"] = "".join(p for p in thought if isinstance(p, str))
+        answer = d.get("content") if isinstance(d.get("content"), str) else ""
+        out["text"] = out["reasoning"] + answer
         if d.get("tool_calls"):
             out["text"] += json.dumps(d["tool_calls"])
     else:
-        out["text"] = c.get("text") or ""
+        out["text"] = c.get("text") if isinstance(c.get("text"), str) else ""
     tids = c.get("token_ids")  # vLLM with return_token_ids: this chunk's generated ids
     if isinstance(tids, list) and tids and all(_num(t) is not None for t in tids):
         out["ids"] = [int(t) for t in tids]
@@ -127,13 +135,51 @@ def parse_chunk(obj: dict, api: str) -> dict:
     return out
 
 
-def _status_message(status: int, url: str, body: str) -> str:
+def retry_after_s(value) -> float | None:
+    """A Retry-After header in seconds: delay-seconds, or an HTTP date (seconds from now, at least 0);
+    None when absent or unreadable."""
+    if not value:
+        return None
+    value = str(value).strip()
+    if value.isascii() and value.isdigit():
+        return float(value)
+    from email.utils import parsedate_to_datetime
+
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    import datetime
+
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
+
+
+def _status_message(
+    status: int, url: str, body: str, kind: str = "", model: str | None = None, retry_after: float | None = None
+) -> str:
+    """One message for an HTTP error status: the server (its kind and the URL), the status, the
+    server's own words and what to do; the Retry-After value when the server gave one."""
+    wait = (
+        f"the server asks to retry after {retry_after:g} s (Retry-After); the lab does not retry by itself"
+        if retry_after is not None
+        else "the server gave no Retry-After; the lab does not retry by itself"
+    )
     what = {
-        429: "the server refuses more load (429 Too Many Requests): lower the rate or concurrency, or "
-        "give the server more slots",
+        400: "the server refused the request as malformed: read its message (often the prompt plus "
+        "max_tokens exceeds its context, or a field this kind of server does not take: check server=)",
         401: "the server wants an API key: put it in the environment variable named by api_key_env "
         "(LABLIB_API_KEY by default)",
-        404: "no such endpoint: check the base URL (it ends in /v1) and the api ('completions' or 'chat')",
+        403: "the server refuses this API key: check the key in the environment variable named by api_key_env",
+        404: f"no such model or endpoint: the request named model {model!r}; pass server_model= one of the ids "
+        "GET /v1/models lists, and check the base URL (it ends in /v1) and the api ('completions' or 'chat')",
+        429: f"the server refuses more load (429 Too Many Requests): lower the rate or concurrency, or give the "
+        f"server more slots; {wait}",
+        503: f"the server is unavailable (503: overloaded, or still loading its model): wait for it or lower the "
+        f"load; {wait}",
     }
     advice = what.get(
         status,
@@ -141,7 +187,8 @@ def _status_message(status: int, url: str, body: str) -> str:
         if status >= 500
         else "the server refused the request: read its message",
     )
-    return f"HTTP {status} from {url}: {body.strip()!r}; {advice}"
+    who = f"the {kind} server at {url}" if kind else url
+    return f"HTTP {status} from {who}: {body.strip()!r}; {advice}"
 
 
 class _StreamState:
@@ -153,6 +200,8 @@ class _StreamState:
         self.finished = False  # a finish_reason or native stop seen
         self.methods: set[str] = set()
         self.counted_usage = 0  # cumulative usage seen on content chunks
+        self.retokenized: int | None = None  # the lab's tokenizer's count of the text so far
+        self.ignored_types: set[str] = set()
 
     def event(self, ev, t: float) -> bool:
         """Handle one event that arrived at ``t``; True at the stream's end marker."""
@@ -160,6 +209,10 @@ class _StreamState:
         if ev.data.strip() == "[DONE]":
             self.done = True
             return True
+        if ev.event not in ("message", "error"):  # not an OpenAI chunk (a server's own event): kept out, counted
+            tr.ignored_events += 1
+            self.ignored_types.add(ev.event[:40])
+            return False
         try:
             obj = json.loads(ev.data)
         except ValueError:
@@ -200,6 +253,8 @@ class _StreamState:
         if not text and not ids and not lp:
             return  # role-only, usage-only, timings-only or empty: not a token
         tr.text += text
+        if tr.t_first_answer is None and (self.engine.api != "chat" or len(text) > len(c["reasoning"]) or ids):
+            tr.t_first_answer = t  # the first answer token (a chat model's reasoning comes before it)
         if ids:
             k, method, new_ids = len(ids), "token_ids", ids
         elif lp:
@@ -213,6 +268,7 @@ class _StreamState:
             method, new_ids = "usage", [-1] * k
         elif self.engine._tok is not None:
             all_ids = self.engine.tokenize(tr.text)
+            self.retokenized = len(all_ids)
             k = max(1, len(all_ids) - tr.output_tokens)  # a chunk that carries text carries a token
             method, new_ids = "retokenized", (all_ids[tr.output_tokens :] + [-1] * k)[:k]
         else:
@@ -228,8 +284,39 @@ class _StreamState:
     def finish(self) -> None:
         tr = self.trace
         tr.count_method = "+".join(sorted(self.methods)) if self.methods else "none"
+        if self.retokenized is not None:
+            tr.retokenized_tokens = self.retokenized
+        u = tr.usage_completion_tokens
+        if u and tr.t_tokens and self.methods and self.methods <= {"retokenized", "one_per_chunk"}:
+            self._spread(u)  # the server counted what it generated: its count, the lab's shape
         if tr.finish_reason is None:
             tr.finish_reason = "length" if tr.output_tokens >= tr.max_new_tokens else "stop"
         if not tr.t_tokens:
             tr.error = f"the stream ended without a generated token (finish_reason {tr.finish_reason!r})"
+            if tr.ignored_events:
+                tr.error += (
+                    f"; {tr.ignored_events} events of other types ({', '.join(sorted(self.ignored_types))}) were "
+                    "ignored: an OpenAI-compatible stream sends its chunks as plain `data:` events"
+                )
             raise HTTPEngineError(tr.error, tr)
+
+    def _spread(self, total: int) -> None:
+        """Make the stream's count the server's ``total`` (its final usage), spread over the content chunks
+        in proportion to the lab's own per-chunk estimate (re-tokenized text, or one per chunk): the first
+        chunk keeps at least one token (TTFT), every token keeps its chunk's arrival time."""
+        tr = self.trace
+        est, arrivals = list(tr.chunk_tokens), list(tr.chunk_arrivals)
+        n_est = sum(est)
+        counts, done, cum = [], 0, 0
+        for i, k in enumerate(est):
+            cum += k
+            upto = total if i == len(est) - 1 else min(total, max(1, round(cum * total / n_est)))
+            upto = max(upto, done)
+            counts.append(upto - done)
+            done = upto
+        same = counts == est
+        ids = list(tr.token_ids) if same else [-1] * total  # the lab's ids only where its count is the server's
+        tr.t_tokens = [t for t, k in zip(arrivals, counts) for _ in range(k)]
+        tr.token_ids = ids
+        tr.chunk_tokens = counts
+        tr.count_method = "final_usage"

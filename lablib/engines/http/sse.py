@@ -11,7 +11,12 @@ What it handles, as the standard says (html.spec.whatwg.org, "Server-sent events
 - several ``data:`` lines in one event are joined with ``\\n``;
 - an event ends at a blank line; an event with no data is not dispatched;
 - an event split across reads, and several events in one read;
-- a UTF-8 byte-order mark at the start, and UTF-8 characters split across reads.
+- a UTF-8 byte-order mark at the start, and UTF-8 characters split across reads;
+- ``retry`` only when its value is all ASCII digits, an ``id`` holding U+0000 ignored; a field the
+  parser cannot use is ignored and counted (:attr:`SSEParser.malformed`), never raised: nothing a
+  server sends leaves the parser in a state that fails the next read.
+
+Checked against web-platform-tests' ``eventsource/format-*`` streams (tests/data/wpt_eventsource.json).
 
 A stream's ``data: [DONE]`` (OpenAI's end marker) and ``event: error`` are ordinary
 events here: the HTTP engine gives them their meaning. An event left unfinished when the
@@ -47,12 +52,19 @@ class SSEParser:
         self._event = ""
         self._retry: int | None = None
         self._has_fields = False
-        self.last_id: str | None = None
+        self._id: str | None = None  # the last event ID buffer: the last valid id field, kept across events
+        self.last_id: str | None = None  # the last event ID string: the buffer as of the last dispatch
+        self.malformed = 0  # lines with a field that could not be used (ignored)
         self.comments = 0  # comment lines seen (keep-alive pings)
+        self.lines = 0  # lines completed (blank, comment and field lines)
         self.events = 0  # events dispatched
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        """Parse the bytes of one read; returns the events that read completed, in order."""
+        """Parse the bytes of one read; returns the events that read completed, in order.
+
+        Never raises on what a server sends: a field it cannot use is ignored (as the standard
+        says), and the read's complete lines leave the buffer before any is interpreted, so one
+        bad line cannot stay behind to fail every later read."""
         text = self._decoder.decode(chunk)
         if self._first and text:
             self._first = False
@@ -60,15 +72,15 @@ class SSEParser:
         if self._skip_lf and text:
             self._skip_lf = False
             text = text.removeprefix("\n")
-        self._buf += text
-        out: list[SSEEvent] = []
-        buf, pos, n = self._buf, 0, len(self._buf)
+        buf = self._buf + text
+        lines: list[str] = []
+        pos, n = 0, len(buf)
         while pos < n:
             cr, lf = buf.find("\r", pos), buf.find("\n", pos)
             if cr < 0 and lf < 0:
                 break
             end = lf if cr < 0 else cr if lf < 0 else min(cr, lf)
-            line = buf[pos:end]
+            lines.append(buf[pos:end])
             if buf[end] == "\r":
                 if end + 1 < n:
                     pos = end + 2 if buf[end + 1] == "\n" else end + 1
@@ -76,16 +88,23 @@ class SSEParser:
                     pos, self._skip_lf = end + 1, True
             else:
                 pos = end + 1
-            ev = self._line(line)
+        self._buf = buf[pos:]  # committed before the lines are read
+        self.lines += len(lines)
+        out: list[SSEEvent] = []
+        for line in lines:
+            try:
+                ev = self._line(line)
+            except (ValueError, TypeError, OverflowError):  # a field it cannot use: ignored, counted
+                self.malformed += 1
+                continue
             if ev is not None:
                 out.append(ev)
-        self._buf = buf[pos:]
         return out
 
     def close(self) -> bool:
         """End of stream: True when an unfinished event (or line) was left and discarded."""
         left = bool(self._buf) or self._has_fields
-        self._buf, self._data, self._event, self._has_fields = "", [], "", False
+        self._buf, self._data, self._event, self._retry, self._has_fields = "", [], "", None, False
         return left
 
     def _line(self, line: str) -> SSEEvent | None:
@@ -102,16 +121,20 @@ class SSEParser:
             self._data.append(value)
         elif name == "event":
             self._event = value
-        elif name == "id" and "\0" not in value:
-            self.last_id = value
-        elif name == "retry" and value.isdigit():
-            self._retry = int(value)
+        elif name == "id" and "\0" not in value:  # an id with U+0000 is ignored
+            self._id = value
+        elif name == "retry":  # only ASCII digits set it: "²" and "١٢" are digits to str.isdigit, not here
+            if value.isascii() and value.isdigit():
+                self._retry = int(value)
+            elif value:
+                self.malformed += 1
         return None  # other fields are ignored, as the standard says
 
     def _dispatch(self) -> SSEEvent | None:
         data, event, retry = self._data, self._event, self._retry
         self._data, self._event, self._retry, self._has_fields = [], "", None, False
+        self.last_id = self._id  # set at every dispatch, an event without data included
         if not data:
             return None
         self.events += 1
-        return SSEEvent(event=event or "message", data="\n".join(data), id=self.last_id, retry=retry)
+        return SSEEvent(event=event or "message", data="\n".join(data), id=self._id, retry=retry)

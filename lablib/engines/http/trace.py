@@ -33,13 +33,27 @@ class HTTPTrace(RequestTrace):
     server_timings: dict | None = None
     fixed_length: str = ""
     error: str | None = None
+    t_first_answer: float | None = None  # perf_counter s: the first answer token (after a chat model's reasoning)
+    retokenized_tokens: int | None = None  # the lab's tokenizer's count of the streamed text (when it counted)
+    ignored_events: int = 0  # SSE events of a type other than message/error (not OpenAI chunks)
 
     # --- checks -----------------------------------------------------------
     @property
     def usage_mismatch(self) -> bool | None:
-        """True when the server's completion token count differs from the client's (None: no usage)."""
+        """True when the server's completion token count differs from the client's own (None: no usage).
+        With ``count_method`` "final_usage" the row's count is the server's, and the client's own is the
+        lab's tokenizer's (``retokenized_tokens``): a server running another model differs."""
         u = self.usage_completion_tokens
-        return None if u is None else u != self.output_tokens
+        if u is None:
+            return None
+        own = self.retokenized_tokens if self.count_method == "final_usage" else self.output_tokens
+        return u != own
+
+    @property
+    def ttft_answer_s(self) -> float | None:
+        """Time to the first answer token: after a chat model's reasoning (``ttft_s`` counts the first
+        token of either; they are equal without reasoning). None without an answer token."""
+        return None if self.t_first_answer is None else self.t_first_answer - self.t_submit
 
     @property
     def prompt_mismatch(self) -> bool | None:
@@ -86,6 +100,9 @@ class HTTPTrace(RequestTrace):
             api=self.api,
             max_new_tokens=self.max_new_tokens,
             count_method=self.count_method,
+            retokenized_tokens=self.retokenized_tokens,
+            ttft_answer_s=self.ttft_answer_s,
+            ignored_events=self.ignored_events,
             chunks=len(self.chunk_arrivals),
             chunk_tokens=list(self.chunk_tokens),
             chunk_gaps_s=self.chunk_gaps_s,

@@ -1,0 +1,234 @@
+"""Serving under faults, the protocol side (issue 23): the real HTTP engine against real sockets (the
+scripted SSE server of tests/sse_server.py, a silent TCP server): malformed streams, whose token count is
+right, HTTP error statuses and timeouts. Each fault gives a row/trace that says what happened, or one
+HTTPEngineError that names the server, says what to do and keeps what arrived."""
+
+import time
+
+import pytest
+
+from lablib.engines import load_engine
+from lablib.engines.base import GenerationConfig
+from lablib.engines.http import HTTPEngineError
+from lablib.engines.http.protocol import retry_after_s
+from sse_server import SilentServer, bytewise, chat, cmpl, sse
+
+DONE = sse("[DONE]")
+
+
+@pytest.fixture
+def engine(server, model):
+    server.script, server.queue = [], []
+    server.requests.clear()
+    e = load_engine("http", model, base_url=server.base_url, server="openai", read_timeout_s=5)
+    yield e
+    e.close()
+
+
+def gen(e, n=4, **kw):
+    return e.generate([5, 6], GenerationConfig(max_new_tokens=n, **kw))
+
+
+# --- malformed streams -----------------------------------------------------------------------------
+def test_invalid_json_in_an_event_is_one_error_that_keeps_the_tokens(engine, server):
+    server.script = [sse(cmpl("a", [1])), b"data: {not json\n\n", DONE]
+    with pytest.raises(HTTPEngineError, match="not JSON.*expected OpenAI-style JSON chunks") as e:
+        gen(engine)
+    assert e.value.trace.token_ids == [1] and "not JSON" in e.value.trace.error
+
+
+def test_an_event_split_at_every_byte_boundary(engine, server):
+    raw = sse(cmpl("A", [11])) + b"\r\n: ping\r\n\r\n" + sse(cmpl("B", [12], finish="length"), "\r\n") + DONE
+    server.script = bytewise(raw, gap=0.002)  # one byte per write, a \r\n split between writes included
+    t = gen(engine, 2)
+    assert t.token_ids == [11, 12] and t.text == "AB" and t.finish_reason == "length"
+    assert t.events == 3 and t.pings == 1 and t.reads > 20  # many reads, each event parsed once
+    assert t.t_tokens[0] < t.t_tokens[1]
+
+
+def test_an_unknown_event_type_is_kept_out_of_the_tokens_and_counted(engine, server):
+    server.script = [
+        b'event: metrics\ndata: {"choices": [{"text": "zzz"}]}\n\n',
+        sse(cmpl("a", [1])),
+        b"event: progress\ndata: 50%\n\n",  # not even JSON: ignored all the same
+        sse(cmpl("b", [2], finish="length")),
+        DONE,
+    ]
+    t = gen(engine, 2)
+    assert t.token_ids == [1, 2] and t.text == "ab" and t.ignored_events == 2
+    assert t.metrics()["ignored_events"] == 2
+    server.script = [b'event: delta\ndata: {"choices": [{"text": "x"}]}\n\n', DONE]  # nothing but unknown types
+    with pytest.raises(HTTPEngineError, match=r"without a generated token.*1 events of other types \(delta\)"):
+        gen(engine, 2)
+
+
+def test_a_stream_without_done(engine, server):
+    server.script = [sse(cmpl("a", [1])), sse(cmpl("b", [2], finish="length"))]  # finish_reason, then EOF
+    t = gen(engine, 2)
+    assert t.token_ids == [1, 2] and t.finish_reason == "length" and t.error is None
+    server.script = [sse(cmpl("a", [1])), sse(cmpl("b", [2]))]  # neither [DONE] nor a finish_reason
+    with pytest.raises(HTTPEngineError, match=r"ended before its end.*after 2 tokens") as e:
+        gen(engine, 4)
+    assert e.value.trace.token_ids == [1, 2] and e.value.trace.error
+
+
+def test_reasoning_before_the_answer_gives_both_first_token_times(server, model):
+    e = load_engine("http", model, base_url=server.base_url, server="openai", api="chat", read_timeout_s=5)
+    server.script = [
+        sse(chat(role="assistant")),
+        0.1,
+        sse(chat(reasoning="Two plus")),
+        sse(chat(reasoning=" two is four.")),
+        0.3,
+        sse(chat("4")),
+        sse(chat(".", finish="stop")),
+        DONE,
+    ]
+    try:
+        t = e.generate(
+            [], GenerationConfig(max_new_tokens=32, ignore_eos=False), messages=[{"role": "user", "content": "2+2?"}]
+        )
+    finally:
+        e.close()
+    assert t.ttft_s >= 0.1  # the first token of either kind: the reasoning's
+    assert t.ttft_answer_s - t.ttft_s >= 0.3  # the answer's first token came 0.3 s later
+    m = t.metrics()
+    assert m["ttft_s"] == t.ttft_s and m["ttft_answer_s"] == t.ttft_answer_s
+    assert t.text == "Two plus two is four.4." and t.chunk_tokens[0] >= 1
+
+
+def test_without_reasoning_the_answer_is_the_first_token(engine, server):
+    server.script = [sse(cmpl("a", [1])), sse(cmpl("b", [2], finish="length")), DONE]
+    t = gen(engine, 2)
+    assert t.ttft_answer_s == t.ttft_s
+
+
+# --- whose count is right ---------------------------------------------------------------------------
+TEXT = ["The", " capital", " of France", " is Paris"]
+
+
+def text_stream(usage):
+    chunks = [step for x in TEXT[:-1] for step in (sse(cmpl(x)), 0.02)] + [sse(cmpl(TEXT[-1], finish="length"))]
+    return chunks + [sse(cmpl(usage={"prompt_tokens": 2, "completion_tokens": usage})), DONE]
+
+
+def test_the_servers_usage_is_the_count_and_the_lab_tokenizer_spreads_it(engine, server):
+    lab = len(engine.tokenize("".join(TEXT)))
+    server.script = text_stream(lab + 1)  # a server "running another model": its tokens are not the lab's
+    t = gen(engine, lab + 1)
+    assert t.count_method == "final_usage" and t.output_tokens == lab + 1 == sum(t.chunk_tokens)
+    assert t.usage_completion_tokens == lab + 1 and t.retokenized_tokens == lab
+    assert t.usage_mismatch is True  # the lab's tokenizer disagrees with the server's: flagged
+    assert t.output_count_ok  # asked lab + 1, the server generated lab + 1
+    assert t.tpot_s == pytest.approx((t.t_tokens[-1] - t.t_tokens[0]) / lab)  # over the server's count
+    assert len(t.chunk_tokens) == 4 and all(k >= 1 for k in t.chunk_tokens)
+    assert t.t_tokens == [a for a, k in zip(t.chunk_arrivals, t.chunk_tokens) for _ in range(k)]  # at its chunk
+    m = t.metrics()
+    assert m["output_tokens"] == lab + 1 and m["retokenized_tokens"] == lab and m["count_method"] == "final_usage"
+
+
+def test_a_server_count_below_the_chunks_keeps_the_first_token(engine, server):
+    server.script = text_stream(2)
+    t = gen(engine, 2)
+    assert t.output_tokens == 2 and t.chunk_tokens[0] >= 1 and sum(t.chunk_tokens) == 2
+    assert t.ttft_s == t.chunk_arrivals[0] - t.t_submit and t.token_ids == [-1, -1]
+
+
+def test_when_the_counts_agree_the_lab_ids_are_kept(engine, server):
+    lab = engine.tokenize("".join(TEXT))
+    server.script = text_stream(len(lab))
+    t = gen(engine, len(lab))
+    assert t.count_method == "final_usage" and t.usage_mismatch is False and t.token_ids == lab
+
+
+# --- HTTP errors ------------------------------------------------------------------------------------
+ERRORS = [
+    (400, '{"error": {"message": "max_tokens is too large"}}', None, ["malformed", "max_tokens is too large"], None),
+    (401, '{"error": "missing key"}', None, ["API key", "LABLIB_API_KEY"], None),
+    (
+        404,
+        '{"error": "model \'scripted\' not found"}',
+        None,
+        ["no such model", "model 'scripted'", "server_model="],
+        None,
+    ),
+    (429, "slow down", {"Retry-After": "7"}, ["lower the rate", "retry after 7 s"], 7.0),
+    (429, "slow down", None, ["lower the rate", "no Retry-After"], None),
+    (503, "loading model", {"Retry-After": "30"}, ["unavailable", "retry after 30 s"], 30.0),
+    (503, "loading model", None, ["unavailable", "no Retry-After"], None),
+    (500, "boom", None, ["read its log"], None),
+]
+
+
+@pytest.mark.parametrize(
+    "status,body,headers,says,wait", ERRORS, ids=[f"{s}{'-retry-after' if h else ''}" for s, _, h, _, _ in ERRORS]
+)
+def test_an_http_error_is_one_message_naming_the_server(engine, server, status, body, headers, wait, says):
+    server.script = [("status", status, body, headers)]
+    with pytest.raises(HTTPEngineError) as e:
+        gen(engine)
+    msg = str(e.value)
+    assert msg.startswith(f"HTTP {status} from the openai server at {server.base_url}/completions")
+    for s in says:
+        assert s in msg, (s, msg)
+    assert e.value.status == status and e.value.retry_after_s == wait and e.value.trace.error == msg
+    assert len(server.requests) == 1  # no retry unless asked
+
+
+def test_retry_after_reads_seconds_and_http_dates():
+    import email.utils
+
+    assert retry_after_s("120") == 120.0 and retry_after_s(None) is None and retry_after_s("soon") is None
+    assert retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
+    later = email.utils.formatdate(time.time() + 60, usegmt=True)
+    assert 50 < retry_after_s(later) <= 60
+
+
+# --- timeouts -----------------------------------------------------------------------------------------
+def test_a_server_that_accepts_and_never_answers_fails_the_load_within_the_timeout(model):
+    silent = SilentServer().start()
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(Exception, match="no OpenAI-compatible server answers") as e:
+            load_engine("http", model, base_url=silent.base_url, read_timeout_s=0.5, connect_timeout_s=0.5)
+    finally:
+        silent.stop()
+    assert type(e.value).__name__ == "LabError" and time.perf_counter() - t0 < 10
+
+
+@pytest.fixture
+def short(server, model):
+    server.script, server.queue = [], []
+    server.requests.clear()
+    e = load_engine("http", model, base_url=server.base_url, server="openai", read_timeout_s=0.5)
+    yield e
+    e.close()
+
+
+def test_a_request_never_answered_times_out(short, server):
+    server.script = ["hang"]
+    t0 = time.perf_counter()
+    with pytest.raises(HTTPEngineError, match=r"no byte .* for 0.5 s \(read_timeout_s\) after 0 tokens") as e:
+        gen(short)
+    assert time.perf_counter() - t0 < 5 and e.value.trace.output_tokens == 0
+
+
+def test_a_stream_that_stops_mid_way_times_out_and_keeps_the_tokens(short, server):
+    server.script = [sse(cmpl("a", [1])), sse(cmpl("b", [2])), "hang"]
+    t0 = time.perf_counter()
+    with pytest.raises(HTTPEngineError, match=r"read_timeout_s\) after 2 tokens") as e:
+        gen(short)
+    assert time.perf_counter() - t0 < 5
+    assert e.value.trace.token_ids == [1, 2] and e.value.trace.text == "ab" and "read_timeout_s" in e.value.trace.error
+
+
+def test_one_byte_a_second_is_bounded_by_the_read_timeout(server, model):
+    e = load_engine("http", model, base_url=server.base_url, server="openai", read_timeout_s=2.5)
+    server.script = [sse(cmpl("a", [1]))] + bytewise(sse(cmpl("b", [2])), gap=1.0)
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(HTTPEngineError, match=r"no complete line .*read_timeout_s 2.5\) after 1 tokens: a trickle"):
+            gen(e)
+    finally:
+        e.close()
+    assert time.perf_counter() - t0 < 8
