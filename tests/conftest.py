@@ -73,3 +73,5 @@ def vllm_server(model):
     srv = start_server("vllm", model, parallel=2, n_ctx=512, log=print)
     yield srv
     srv.stop()
+    # its EngineCore, worker and resource tracker went with it (stop() kills its process group)
+    assert srv.group_alive() == [], f"vLLM left processes behind: {srv.group_alive()}"

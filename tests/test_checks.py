@@ -167,6 +167,29 @@ def test_start_server_takes_a_numpy_port_and_refuses_bool_and_float(model, stand
     assert not s.alive()
 
 
+def _server_with_a_child(model, host, port, parallel, threads, n_ctx):
+    """A stand-in server that starts a process of its own first (as vLLM starts its EngineCore)."""
+    code = (
+        "import runpy, subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        f"sys.argv = ['http.server', {port!r}, '--bind', {host!r}]\n"
+        "runpy.run_module('http.server', run_name='__main__')\n"
+    )
+    return [sys.executable, "-c", code], "test", ["/"], None
+
+
+def test_stopping_a_server_stops_what_it_started(model, stand_in, monkeypatch):
+    row = srv.SERVERS[stand_in]
+    monkeypatch.setitem(srv.SERVERS, stand_in, srv.Server(_server_with_a_child, row.twin, row.profile))
+    s = srv.start_server(stand_in, model, threads=1, timeout_s=30)
+    try:
+        members = s.group_alive()
+        assert s.pid in members and len(members) == 2  # the server and the process it started
+    finally:
+        s.stop()
+    assert s.group_alive() == []
+
+
 # --- the one table of servers -------------------------------------------------------------------
 def test_the_table_of_servers_is_the_one_source():
     from lablib.engines import http

@@ -163,3 +163,52 @@ def test_the_real_install_into_the_lab_home():
     assert facts["torch"] == "2.13.0+cpu" and facts["vllm"] == "0.32.0" and facts["vllm_mod"] == "0.32.0"
     assert facts["absent"] == ["torchvision", "torchaudio", "torchcodec", "triton"]
     assert vllm.python_path() == python
+
+
+TREE = """
+import multiprocessing as mp, sys, time
+def sleeper():
+    time.sleep(120)
+if __name__ == "__main__":
+    p = mp.get_context("spawn").Process(target=sleeper)  # as vLLM starts its EngineCore
+    p.start()
+    print(p.pid, flush=True)
+    time.sleep(120)
+"""
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (Z: dead, not yet reaped), or "gone"."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return "gone"
+    return stat[stat.rindex(")") + 2]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+@pytest.mark.parametrize("tied", ["1", "0"])
+def test_a_process_vllm_starts_dies_with_its_parent_when_tied(tmp_path, tied):
+    """vLLM's server starts its EngineCore (and that its worker) with multiprocessing's spawn; with
+    LABLIB_TIED_TREE=1 (set by the lab for the servers it starts) every python of the environment asks to
+    be killed when its parent dies (the .pth lablib.build.vllm.tie_tree writes), so a server killed with its
+    lab process leaves no orphan. The control: without the variable the grandchild runs on."""
+    python = vllm.ensure(log=lambda *_: None)
+    assert (python.parent.parent / "lib" / "python3.11" / "site-packages" / vllm.TIE_PTH).read_text() == vllm.TIE_LINE
+    script = tmp_path / "tree.py"
+    script.write_text(TREE)
+    parent = subprocess.Popen(
+        [str(python), str(script)], stdout=subprocess.PIPE, text=True, env=dict(os.environ, LABLIB_TIED_TREE=tied)
+    )
+    child = int(parent.stdout.readline())
+    try:
+        assert _state(child) in "RS"
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _state(child) not in ("Z", "gone") and tied == "1":
+            time.sleep(0.1)
+        assert (_state(child) in ("Z", "gone")) is (tied == "1"), _state(child)
+    finally:
+        if _state(child) not in ("Z", "gone"):
+            os.kill(child, 9)

@@ -661,6 +661,35 @@ def _discard(env: Path, reason: str, log) -> None:
     shutil.rmtree(env)
 
 
+# vLLM's server starts a tree of processes (its EngineCore, the EngineCore's worker, multiprocessing's
+# resource tracker) that do not die with it: a server killed with its lab process (kill -9, a restarted
+# kernel: lablib.children ties the server itself) left them running, busy (measured: two orphaned workers
+# took 15-24 % of a CPU each, idle). With LABLIB_TIED_TREE=1 in its environment, every python of this
+# environment asks at start (a .pth line: site runs it) to be killed when its parent dies (Linux:
+# prctl(PR_SET_PDEATHSIG, SIGKILL)), so the whole tree goes with the server.
+TIE_PTH = "lablib_tied_tree.pth"
+TIE_LINE = (
+    "import os, sys; exec('import ctypes, signal\\nctypes.CDLL(None).prctl(1, int(signal.SIGKILL))\\n"
+    "if os.getppid() == 1: os._exit(1)') "
+    "if os.environ.get('LABLIB_TIED_TREE') == '1' and sys.platform.startswith('linux') else None\n"
+)
+
+
+def tie_tree(env: Path | None = None) -> Path | None:
+    """Write :data:`TIE_PTH` into the environment's site-packages (once; idempotent); its path, or
+    None where the environment has no site-packages."""
+    site = _site_packages(env or env_dir())
+    if site is None:
+        return None
+    path = site / TIE_PTH
+    try:
+        if not path.is_file() or path.read_text() != TIE_LINE:
+            path.write_text(TIE_LINE)
+    except OSError:
+        return None
+    return path
+
+
 def ensure(log=print, force: bool = False, deep: bool = False) -> Path:
     """The python of vLLM's CPU environment (:func:`env_dir`), installed first when missing: about
     3 minutes and 1 GB of downloads the first time (progress lines through ``log``), a few
@@ -671,17 +700,21 @@ def ensure(log=print, force: bool = False, deep: bool = False) -> Path:
     if not force:
         found = check(deep=deep)
         if found["state"] == "installed":
+            tie_tree(env)
             return Path(found["python"])
     with _locked(env.parent, log):
         found = check(deep=deep)  # another process may have installed it while this one waited
         if found["state"] == "installed" and not force:
+            tie_tree(env)
             return Path(found["python"])
         if found["state"] == "broken":
             _discard(env, found["reason"], log)
         elif force and env.exists():
             _say(log, f"--force: removing {env} and installing again")
             shutil.rmtree(env)
-        return _install(env, log)
+        python = _install(env, log)
+        tie_tree(env)
+        return python
 
 
 def main(argv: list[str] | None = None) -> int:

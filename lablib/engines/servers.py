@@ -131,7 +131,9 @@ class RunningServer:
         return self.proc.poll() is None
 
     def stop(self, grace_s: float = 10.0) -> int | None:
-        """Stop this server by its pid: SIGTERM, then SIGKILL after ``grace_s``. Returns its exit code."""
+        """Stop this server by its pid: SIGTERM, then SIGKILL after ``grace_s``; then whatever it
+        started is killed too (its process group: it leads its own session, so the group is its pid;
+        vLLM's EngineCore and worker would run on otherwise). Returns its exit code."""
         cards.remove_card(self.port, self.pid)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -140,7 +142,12 @@ class RunningServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+        _kill_group(self.pid, grace_s=min(grace_s, 5.0))
         return self.proc.returncode
+
+    def group_alive(self) -> list[int]:
+        """The pids still in this server's process group (empty once it and all it started are gone)."""
+        return _group_members(self.pid)
 
     def log_tail(self, lines: int = 15) -> str:
         try:
@@ -153,6 +160,43 @@ class RunningServer:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid`` (Linux: /proc; elsewhere [] or [pgid])."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+            return [pgid]
+        except (ProcessLookupError, PermissionError):
+            return []
+    out = []
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(d.name))
+    return out
+
+
+def _kill_group(pgid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM what is left of process group ``pgid``, then SIGKILL after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not _group_members(pgid):
+            return
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and _group_members(pgid):
+            time.sleep(0.1)
 
 
 def canonical_server(name: str) -> str:
@@ -368,6 +412,8 @@ def _vllm(model, host: str, port: str, parallel: int, threads: int, n_ctx: int, 
         # 'finalize_loading'": CPU builds compile without inductor), so every start compiled again (~2 min
         # here); with AOT off its compile cache is read back (warm-up 45 s instead of 103-154 s, measured)
         "VLLM_USE_AOT_COMPILE": "0",
+        # its EngineCore, worker and resource tracker die with their parent (lablib.build.vllm.TIE_PTH)
+        "LABLIB_TIED_TREE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "VLLM_LOGGING_LEVEL": "INFO",
