@@ -1,16 +1,20 @@
-"""The lab as a person sees it: JupyterLab in a real (headless) Chromium runs notebooks 01 and 02.
+"""The lab as a person sees it: JupyterLab in a real (headless) Chromium runs notebooks 01, 05 and 02.
 
 A JupyterLab server from this environment (quick mode, fresh Jupyter config/data/runtime dirs, a
 known token, loopback only) serves labs/; Playwright drives the system Chromium
 (/usr/bin/chromium, Debian's package ``chromium``; no browser is downloaded). For each notebook:
 Run All Cells, wait until every code cell has an execution count and the kernel is idle, then check
 what is on screen: no traceback, no "Error displaying widget" / "model not found", every plotly
-figure drawn. In notebook 02 the sweep panel is used as a person would: untick mlx, type prompt
-lengths, press Run, watch the figure grow. Screenshots go to results/browser/.
+figure drawn. In notebook 05 (real servers: llama-cpp-python's, llama-server, two vLLMs) the
+figures must show what its text says: vLLM among the servers of the goodput figure, and one vLLM
+run's client/server timeline with the server's running, waiting and KV-cache traces drawn. In
+notebook 02 the sweep panel is used as a person would: untick mlx, type prompt lengths, press Run,
+watch the figure grow. Screenshots go to results/browser/.
 
 Autosave is off in the server's fresh settings, so running the notebooks never writes them back;
 the server's log must show no save (checkpoints go to a tmp folder too). Everything has a time
-limit: the module stays under 10 minutes (a watchdog stops the server past that).
+limit: the module stays under 16 minutes (a watchdog stops the server past that), 6 of them for
+lab 05, which starts two vLLM servers (1-2 minutes together on a quiet machine) and measures them.
 """
 
 from __future__ import annotations
@@ -51,7 +55,9 @@ CHROMIUM_ARGS = [
 ]
 VIEWPORT = {"width": 1400, "height": 1000}
 
-MODULE_BUDGET_S = 570  # every wait below is cut to what is left of this; the watchdog fires at 600 s
+NB05_EXTRA_S = 360  # lab 05's vLLM servers: their start and their runs (on a busy 2-core machine)
+# every wait below is cut to what is left of this; the watchdog fires 30 s after it
+MODULE_BUDGET_S = 570 + NB05_EXTRA_S
 _CLOCK = {"t0": None}  # set when this module's first browser fixture starts (not at collection)
 CONSOLE: dict[str, list[str]] = {}  # the browser console's errors, per notebook
 
@@ -510,13 +516,58 @@ def test_notebook_01_runs_in_the_browser(browser, lab_server):
         lab_server.shutdown_kernels()  # its engines' memory back before notebook 02
 
 
+# lab 05's figures as plotly drew them: each figure's title, its traces (name; n, the points plotly computed
+# for it: gd.calcdata, as gd.data keeps the figure's arrays base64-encoded), and the lines and markers in its SVG
+FIGURES_JS = """(path) => {
+  const root = document.querySelector(`[data-lablib-path="${path}"]`);
+  if (!root) return null;
+  return [...root.querySelectorAll('.js-plotly-plot')].map(el => ({
+    title: (el.querySelector('.gtitle') || {}).textContent || '',
+    traces: (el.data || []).map((t, i) => ({name: t.name || '', visible: t.visible !== false,
+                                            n: el.calcdata && el.calcdata[i] ? el.calcdata[i].length : null})),
+    lines: el.querySelectorAll('path.js-line').length,
+    points: el.querySelectorAll('.point').length,
+    legend: [...el.querySelectorAll('g.legend text.legendtext')].map(t => t.textContent.trim()),
+  }));
+}"""
+NB05_TIMELINE = (
+    "requests in flight (client)",
+    "TTFT of each request (s, at its first token)",
+    "running (server)",
+    "waiting (server)",
+    "KV cache used (server, %)",
+)
+
+
 def test_notebook_05_runs_in_the_browser(browser, lab_server):
-    """Lab 05 starts real servers (llama-cpp-python's, llama-server) from a kernel the browser drives."""
+    """Lab 05 starts real servers (llama-cpp-python's, llama-server, two vLLMs) from a kernel the browser
+    drives; its goodput figure has vLLM among the servers swept, and its timeline of one vLLM run shows
+    the client's view (requests in flight, TTFT) and vLLM's own (running, waiting, KV cache) drawn."""
+    from lablib.config import budgets
+
     page = open_notebook(browser, lab_server, NB05)
     try:
-        run = run_all(page, NB05, 600)
+        run = run_all(page, NB05, 600 + NB05_EXTRA_S)
         full_screenshot(page, NB05, "05_serving.png")
         assert_screen_ok(page, NB05, run)
+        figures = page.evaluate(FIGURES_JS, NB05)
+        print(f"[browser test] {NB05}: figures {figures}")
+        by_title = {f["title"]: f for f in figures}
+        goodput = next((f for t, f in by_title.items() if t.startswith("Goodput and TTFT p95")), None)
+        assert goodput is not None, f"no goodput figure on screen: {list(by_title)}"
+        servers = {t["name"] for t in goodput["traces"]}
+        assert {"llama-cpp-python", "vllm"} <= servers, f"the goodput figure's servers: {servers}"
+        rates = len(budgets("serving", quick=True)["rates"])  # goodput and TTFT p95: one point per rate each
+        assert all(t["n"] == rates for t in goodput["traces"]), goodput["traces"]
+        assert goodput["lines"] >= len(goodput["traces"]) and goodput["points"] > 0, goodput
+        timeline = next((f for t, f in by_title.items() if t.startswith("vLLM,")), None)
+        assert timeline is not None, f"no vLLM timeline on screen: {list(by_title)}"
+        drawn = {t["name"]: t["n"] for t in timeline["traces"]}
+        assert set(NB05_TIMELINE) <= set(drawn), f"the timeline's traces: {drawn}"
+        assert all((drawn[name] or 0) >= 2 for name in NB05_TIMELINE[2:]), f"vLLM's samples per trace: {drawn}"
+        assert drawn["TTFT of each request (s, at its first token)"] == int(timeline["title"].split()[1]), drawn
+        assert timeline["lines"] >= 4 and timeline["points"] > 0, timeline  # in flight, running, waiting, KV
+        assert set(NB05_TIMELINE) <= set(timeline["legend"]), timeline["legend"]
     finally:
         page.close()
         lab_server.shutdown_kernels()  # the servers it started are stopped by the notebook; engines' memory back

@@ -420,6 +420,7 @@ def _vllm(model, host: str, port: str, parallel: int, threads: int, n_ctx: int, 
         "VLLM_USE_AOT_COMPILE": "0",
         # its EngineCore, worker and resource tracker die with their parent (lablib.build.vllm.TIE_PTH)
         "LABLIB_TIED_TREE": "1",
+        "VLLM_LOGGING_COLOR": "0",  # a notebook kernel sets FORCE_COLOR: no ANSI codes in its log or progress lines
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "VLLM_LOGGING_LEVEL": "INFO",

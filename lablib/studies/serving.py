@@ -1,13 +1,23 @@
-"""Lab 05's operations: in-process against a server, rate sweeps with goodput, prefix caching, a panel.
+"""Lab 05's operations: the servers it starts, in-process against a server, rate sweeps with goodput and
+the server's own view, prefix caching read on the server's counters.
 
-Thin wrappers over :mod:`lablib.engines.servers`, :mod:`lablib.engines.http` and :mod:`lablib.measure.load`,
-so the notebook stays a few calls. Every function returns a pandas DataFrame.
+Thin wrappers over :mod:`lablib.engines.servers`, :mod:`lablib.engines.http` (its ``metrics``) and
+:mod:`lablib.measure.load`, so the notebook stays a few calls. Every function that measures returns a
+pandas DataFrame.
 """
 
 from __future__ import annotations
 
 from lablib.engines.base import GenerationConfig
-from lablib.engines.servers import SERVERS
+from lablib.engines.servers import SERVERS, VLLM_BLOCK_TOKENS
+
+# vLLM in lab 05: the test suite's configuration (tests/conftest.py's vllm_server), so the notebook starts
+# from the compile cache the tests left (~/.cache/vllm: a new configuration compiles for minutes)
+VLLM_PARALLEL = 2  # sequences scheduled together (--max-num-seqs)
+VLLM_N_CTX = 512  # tokens per sequence (--max-model-len)
+# a Jupyter kernel sets FORCE_COLOR=1 for its children (ipykernel), so vLLM would colour its log lines and
+# the progress lines start_server prints from that log would carry ANSI escapes; not a compile-cache factor
+_PLAIN_LOG = {"VLLM_LOGGING_COLOR": "0"}
 
 
 def quick_defaults(quick: bool | None = None) -> dict:
@@ -17,28 +27,156 @@ def quick_defaults(quick: bool | None = None) -> dict:
     return budgets("serving", quick)
 
 
+def start_vllm_pair(model, parallel: int = VLLM_PARALLEL, n_ctx: int = VLLM_N_CTX, threads=None, log=print):
+    """Two vLLM servers of one configuration: ``(measured, cached)``, the lab's measured server (prefix
+    caching off, the lab's rule) and one with prefix caching on (for the prefix-cache experiment only).
+
+    vLLM's environment is installed first when missing (:func:`lablib.build.vllm.ensure`: minutes, progress
+    lines through ``log``). Then both start together: a start is mostly single-threaded Python (three
+    processes importing torch, then the model's compile-cache warm-up), so on two cores two starts take
+    little longer than one (measured: 139 s for both, 118 s for one). Only when the lab has never started
+    vLLM with this configuration here (no log of a start that finished, :func:`_vllm_started_before`) does
+    the measured one start alone first: the first start compiles and writes vLLM's compile cache
+    (~/.cache/vllm), which the second then reads (two starts compiling at once would both write it).
+    ``log``: progress lines, each marked with the server's prefix caching; None: quiet."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lablib.build.vllm import ensure
+    from lablib.engines.servers import start_server, vllm_dtype
+    from lablib.model.resolve import ResolvedModel, prepare
+
+    model = model if isinstance(model, ResolvedModel) else prepare(model, log=lambda *_: None)
+    ensure(log=log or (lambda *_: None))
+
+    def start(prefix_caching: bool):
+        mark = f"[prefix caching {'on' if prefix_caching else 'off'}] "
+        say = None if log is None else _changed_steps(lambda m: log(mark + m))
+        return start_server(
+            "vllm",
+            model,
+            parallel=parallel,
+            n_ctx=n_ctx,
+            threads=threads,
+            prefix_caching=prefix_caching,
+            log=say,
+            env=_PLAIN_LOG,
+        )
+
+    if not _vllm_started_before(model, parallel, n_ctx, vllm_dtype()):
+        if log is not None:
+            log("vllm: first start of this configuration here: it compiles the model (minutes), then the second starts")
+        measured = start(False)
+        try:
+            return measured, start(True)
+        except BaseException:
+            measured.stop()
+            raise
+    with ThreadPoolExecutor(2, thread_name_prefix="lablib-vllm-start") as pool:
+        futures = [pool.submit(start, pc) for pc in (False, True)]
+        try:
+            measured, cached = (f.result() for f in futures)
+        except BaseException:  # one failed (or Ctrl-C): the other is stopped once its start ends
+            for f in futures:
+                try:
+                    f.result().stop()
+                except BaseException:  # noqa: BLE001 - the one that failed has nothing to stop
+                    pass
+            raise
+    return measured, cached
+
+
+def _changed_steps(log, every_s: float = 60.0):
+    """``log`` for start_server's progress lines ("vllm: starting, 45 s: <its log's last line>"), passing a
+    line on only when the step it names changed, or ``every_s`` after the last one passed (vLLM's log ends
+    on the same line for minutes while it warms up)."""
+    import time
+
+    last = {"step": None, "t": 0.0}
+
+    def say(message: str) -> None:
+        step = message.split(": ", 2)[-1]
+        if step != last["step"] or time.monotonic() - last["t"] >= every_s:
+            last.update(step=step, t=time.monotonic())
+            log(message)
+
+    return say
+
+
+def _vllm_started_before(model, parallel: int, n_ctx: int, dtype: str) -> bool:
+    """Has the lab started vLLM here on ``model``'s HF folder with this configuration, to the end (its log
+    under ``$LABLIB_HOME/servers/`` starts with the same flags and says the application started)? Then
+    vLLM's compile cache holds it (prefix caching is not part of its key)."""
+    from lablib.config import lab_home
+
+    folder = model.path_for("hf", "vLLM")
+    flags = (f"--model {folder} ", f"--dtype {dtype} ", f"--max-model-len {n_ctx} ", f"--max-num-seqs {parallel} ")
+    for log in (lab_home() / "servers").glob("vllm-*.log"):
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            continue
+        first = text.split("\n", 1)[0] + " "
+        if all(f in first for f in flags) and "Application startup complete" in text:
+            return True
+    return False
+
+
+def servers_table(servers):
+    """What each server (RunningServer objects) was started with, one row each: server, version, parallel
+    (slots or sequences scheduled together), threads, n_ctx (tokens per slot), and where the server's row
+    sets them (:attr:`RunningServer.settings`): dtype, kv_cache_gib (KV cache space), cpus_bound,
+    prefix_caching (None: the server has no switch); startup_s, base_url."""
+    import pandas as pd
+
+    rows = []
+    for srv in servers:
+        s = srv.settings or {}
+        rows.append(
+            {
+                "server": srv.name,
+                "version": srv.version,
+                "parallel": s.get("parallel"),
+                "threads": srv.threads,
+                "n_ctx": srv.n_ctx,
+                "dtype": s.get("dtype"),
+                "kv_cache_gib": s.get("kv_cache_space_gib"),
+                "cpus_bound": s.get("cpus_bound"),
+                "prefix_caching": s.get("prefix_caching"),
+                "startup_s": round(srv.startup_s, 1),
+                "base_url": srv.base_url,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def in_process_vs_server(model, server, prompt_tokens: int = 32, max_new_tokens: int = 8, reps: int = 2):
     """The same requests on the in-process twin of ``server`` (a RunningServer), with the server's
-    threads, and over HTTP.
+    threads (and its dtype where the twin's weights are chosen by dtype), and over HTTP.
 
     One row per request: ``where`` ("in-process" or "http"), ttft_s, tpot_s, e2e_s, plus the http
     rows' count_method. Each request has its own prompt (no prefix reuse), after one warm-up each way.
     """
     import pandas as pd
 
-    from lablib.engines import load_engine
+    from lablib.engines import engine_class, load_engine
     from lablib.measure.sweep import measured_traces
     from lablib.measure.workload import distinct_prompts
 
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
     prompts = distinct_prompts(model, prompt_tokens, reps + 1)
     rows = []
+    twin_name = SERVERS[server.name].twin
+    load = {}
+    dtype = (getattr(server, "settings", None) or {}).get("dtype")
+    if dtype and getattr(engine_class(twin_name), "weights_option", None) == "dtype":
+        load["dtype"] = dtype  # the server's compute dtype (vLLM: bfloat16 where the CPU has it)
     # the twin gets the server's threads: on a shared 2-core machine two threads can be far slower than one
     twin = load_engine(
-        SERVERS[server.name].twin,
+        twin_name,
         model,
         n_ctx=max(2048, prompt_tokens + max_new_tokens),
         threads=server.threads or None,
+        **load,
     )
     # each way: one warm-up on the prompt no measured request uses, then one distinct prompt per
     # repetition (on purpose: no request may reuse another's prefix, in process or on the server)
@@ -63,6 +201,51 @@ def _times(t) -> dict:
     return {"ttft_s": t.ttft_s, "tpot_s": t.tpot_s, "e2e_s": t.e2e_s, "output_tokens": t.output_tokens}
 
 
+def http_cost(model, servers, prompt_tokens: int = 32, max_new_tokens: int = 8, reps: int = 2):
+    """:func:`in_process_vs_server` for each server of ``servers``, one row per server: its in-process twin
+    (``in_process``), threads, the median TTFT and TPOT each way (``ttft_in_process_s``, ``ttft_http_s``,
+    ``tpot_in_process_s``, ``tpot_http_s``), what the server adds (``ttft_added_s``, ``tpot_added_s``: HTTP
+    minus in-process; negative where the server's engine is faster than the twin's loop), and how the HTTP
+    tokens were counted (``count_method``). The request rows are in the result's ``attrs["rows"]``."""
+    import pandas as pd
+
+    raw, table = [], []
+    for srv in servers:
+        df = in_process_vs_server(model, srv, prompt_tokens, max_new_tokens, reps).assign(server=srv.name)
+        raw.append(df)
+        local = df["where"] == "in-process"  # the other rows went over HTTP
+        ip, http = df.loc[local, ["ttft_s", "tpot_s"]].median(), df.loc[~local, ["ttft_s", "tpot_s"]].median()
+        table.append(
+            {
+                "server": srv.name,
+                "in_process": df.loc[local, "engine"].iloc[0],
+                "threads": srv.threads,
+                "ttft_in_process_s": ip["ttft_s"],
+                "ttft_http_s": http["ttft_s"],
+                "ttft_added_s": http["ttft_s"] - ip["ttft_s"],
+                "tpot_in_process_s": ip["tpot_s"],
+                "tpot_http_s": http["tpot_s"],
+                "tpot_added_s": http["tpot_s"] - ip["tpot_s"],
+                "count_method": df.loc[~local, "count_method"].iloc[0],
+            }
+        )
+    out = pd.DataFrame(table)
+    out.attrs["rows"] = pd.concat(raw, ignore_index=True) if raw else pd.DataFrame()
+    return out
+
+
+def _metrics_root(engine) -> str | None:
+    """The engine's server root when it answers ``/metrics`` (vLLM; llama-server with --metrics), else None."""
+    from lablib.engines.http.metrics import scrape
+    from lablib.errors import LabError
+
+    try:
+        scrape(engine.root_url, only_view=True)
+    except LabError:
+        return None
+    return engine.root_url
+
+
 def rate_sweep_table(
     servers,
     model,
@@ -74,74 +257,176 @@ def rate_sweep_table(
     tpot_s: float = 0.1,
     max_duration_s: float = 120.0,
     seed: int = 0,
+    metrics_interval_s: float = 0.1,
 ):
     """A Poisson rate sweep on each server of ``servers`` (RunningServer objects); one row per
     (server, rate): output_tps, ttft p50/p95, tpot p50, goodput (requests/s meeting ``ttft_s``
-    and ``tpot_s``) and its fraction. The raw request rows are in the result's ``attrs["rows"]``."""
+    and ``tpot_s``) and its fraction, errors; and, from the server's own ``/metrics`` sampled every
+    ``metrics_interval_s`` during the run (:class:`lablib.engines.http.metrics.MetricsSampler`; None for a
+    server without it): running_max, waiting_max, kv_usage_max (0..1), preemptions.
+
+    The raw request rows are in the result's ``attrs["rows"]``, the server's samples (t_s on the lab's
+    clock, metric, value, with the run's ``server`` and ``rate``) in ``attrs["server_rows"]``:
+    :func:`one_run` picks one run of both for :func:`lablib.plots.server_timeline`."""
     import pandas as pd
 
-    from lablib.measure.load import rate_sweep, summarize
+    from lablib.engines.http.metrics import MetricsSampler
+    from lablib.measure.load import run_load, summarize
     from lablib.measure.workload import distinct_prompts
 
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
     prompts = distinct_prompts(model, prompt_tokens, requests + 1)
-    table, raw = [], []
+    table, raw, server_rows = [], [], []
     for srv in servers:
         e = srv.engine(model)
         try:
             e.generate(prompts[-1], cfg)  # warm-up on a prompt no measured request uses
-            rows = rate_sweep(e, prompts[:-1], rates, seed=seed, cfg=cfg, max_duration_s=max_duration_s)
+            root = _metrics_root(e)
+            for r in rates:
+                sampler = None if root is None else MetricsSampler(root, metrics_interval_s, server=srv.name, rate=r)
+                rows = run_load(
+                    e,
+                    prompts[:-1],
+                    "open",
+                    rate=r,
+                    seed=seed,
+                    cfg=cfg,
+                    max_duration_s=max_duration_s,
+                    server_metrics=sampler,
+                )
+                raw += rows
+                seen = sampler.deltas() if sampler is not None else {}
+                if sampler is not None:
+                    server_rows += sampler.rows()
+                s = summarize(rows, ttft_s=ttft_s, tpot_s=tpot_s)
+                table.append(
+                    {
+                        "server": srv.name,
+                        "rate": r,
+                        "output_tps": s["output_tps"],
+                        "ttft_p50_s": s["ttft_p50_s"],
+                        "ttft_p95_s": s["ttft_p95_s"],
+                        "tpot_p50_s": s["tpot_p50_s"],
+                        "goodput_rps": s["goodput_rps"],
+                        "goodput_fraction": s["goodput_fraction"],
+                        "errors": s["errors"],
+                        "running_max": seen.get("running"),
+                        "waiting_max": seen.get("waiting"),
+                        "kv_usage_max": seen.get("kv_usage"),
+                        "preemptions": seen.get("preemptions"),
+                    }
+                )
         finally:
             e.close()
-        raw += rows
-        for r in rates:
-            s = summarize([x for x in rows if x["rate"] == r], ttft_s=ttft_s, tpot_s=tpot_s)
-            table.append(
-                {
-                    "server": srv.name,
-                    "rate": r,
-                    "output_tps": s["output_tps"],
-                    "ttft_p50_s": s["ttft_p50_s"],
-                    "ttft_p95_s": s["ttft_p95_s"],
-                    "tpot_p50_s": s["tpot_p50_s"],
-                    "goodput_rps": s["goodput_rps"],
-                    "goodput_fraction": s["goodput_fraction"],
-                    "errors": s["errors"],
-                }
-            )
     df = pd.DataFrame(table)
     df.attrs["rows"] = raw
+    df.attrs["server_rows"] = server_rows
     return df
 
 
-def prefix_cache_demo(model, server, shared_tokens: int = 256, own_tokens: int = 16, max_new_tokens: int = 4):
+def one_run(table, server: str, rate: float | None = None):
+    """One run of a :func:`rate_sweep_table`: ``(requests, samples)`` DataFrames, the request rows and the
+    server's samples of ``server`` at ``rate`` (None: the highest rate swept), as
+    :func:`lablib.plots.server_timeline` takes them. LabError when the table has no such run, or no
+    samples of it (a server without ``/metrics``)."""
+    import pandas as pd
+
+    from lablib.errors import LabError
+
+    rows = pd.DataFrame(table.attrs.get("rows", []))
+    samples = pd.DataFrame(table.attrs.get("server_rows", []))
+    have = sorted(set(table["server"])) if len(table) else []
+    if server not in have:
+        raise LabError(f"server={server!r}: this sweep has {', '.join(have) or 'no servers'}")
+    if rate is None:
+        rate = float(table.loc[table["server"] == server, "rate"].max())
+    run = rows[(rows["server"] == server) & (rows["rate"] == rate)] if len(rows) else rows
+    if run.empty:
+        raise LabError(f"rate={rate!r}: {server} was swept at {sorted(table.loc[table['server'] == server, 'rate'])}")
+    got = samples[(samples["server"] == server) & (samples["rate"] == rate)] if len(samples) else samples
+    if got.empty:
+        raise LabError(f"{server} at rate {rate}: no samples of its /metrics (the server has no /metrics endpoint)")
+    return run.reset_index(drop=True), got.reset_index(drop=True)
+
+
+def _counters(engine) -> dict | None:
+    """The server's prefix-cache and prompt counters now (its /metrics), None without /metrics."""
+    from lablib.engines.http.metrics import scrape, server_view
+    from lablib.errors import LabError
+
+    try:
+        return server_view(scrape(engine.root_url, only_view=True))
+    except LabError:
+        return None
+
+
+def _counters_after(engine, before: dict, prompt_tokens: int, timeout_s: float = 5.0) -> dict:
+    """The counters once the server has counted this request's prompt (``prompt_tokens`` more; a server
+    may record a step's counters just after it streamed the step's token), or at ``timeout_s``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        after = _counters(engine) or {}
+        grown = (after.get("prompt_tokens") or 0) - (before.get("prompt_tokens") or 0)
+        if before.get("prompt_tokens") is None or grown >= prompt_tokens or time.monotonic() > deadline:
+            return after
+        time.sleep(0.05)
+
+
+def _delta(after: dict, before: dict, key: str):
+    a, b = after.get(key), before.get(key)
+    return None if a is None or b is None else a - b
+
+
+def prefix_cache_demo(
+    model,
+    servers,
+    shared_tokens: int = 2 * VLLM_BLOCK_TOKENS,
+    own_tokens: int = 16,
+    max_new_tokens: int = 4,
+):
     """A shared system prompt of ``shared_tokens`` and a short question of its own per request, sent
-    three times to ``server``: the first request computes the whole prompt, the next ones may reuse
-    the shared prefix if the server caches it. One row per request: ``request``, ttft_s, cached_tokens
-    (as the server reports it; None where it does not), and the labelled ``prefix`` ("cold" / "shared")."""
+    three times to each server of ``servers`` (one RunningServer or several): the first request computes
+    the whole prompt, the next ones may reuse the shared prefix if the server caches it.
+
+    One row per request: ``server``, ``prefix_caching`` (the server's switch as started; None where it
+    has none), ``request``, the labelled ``prefix`` ("cold" / "shared"), prompt_tokens, ttft_s,
+    cached_tokens (as the server's usage reports it; None where it does not), and, where the server
+    answers ``/metrics``, its own counters read before and after each request: ``prefix_cache_queries``
+    (prompt tokens it looked up) and ``prefix_cache_hits`` (tokens it found cached; vLLM finds whole KV
+    blocks, :data:`lablib.engines.servers.VLLM_BLOCK_TOKENS` tokens each), None without /metrics."""
     import pandas as pd
 
     from lablib.measure.workload import prompt_of_length
 
+    if not isinstance(servers, (list, tuple)):
+        servers = [servers]
     shared = prompt_of_length(model, shared_tokens, offset=3000)
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
-    e = server.engine(model)
     rows = []
-    try:
-        e.generate(prompt_of_length(model, own_tokens, offset=9000), cfg)  # warm-up, nothing shared
-        for i in range(3):
-            ids = shared + prompt_of_length(model, own_tokens, offset=5000 + 100 * i)
-            t = e.generate(ids, cfg)
-            rows.append(
-                {
-                    "server": server.name,
-                    "request": i,
-                    "prefix": "cold" if i == 0 else "shared",
-                    "prompt_tokens": t.prompt_tokens,
-                    "ttft_s": t.ttft_s,
-                    "cached_tokens": t.usage_cached_tokens,
-                }
-            )
-    finally:
-        e.close()
+    for server in servers:
+        e = server.engine(model)
+        try:
+            e.generate(prompt_of_length(model, own_tokens, offset=9000), cfg)  # warm-up, nothing shared
+            for i in range(3):
+                ids = shared + prompt_of_length(model, own_tokens, offset=5000 + 100 * i)
+                before = _counters(e)
+                t = e.generate(ids, cfg)
+                after = _counters_after(e, before, len(ids)) if before is not None else {}
+                rows.append(
+                    {
+                        "server": server.name,
+                        "prefix_caching": (server.settings or {}).get("prefix_caching"),
+                        "request": i,
+                        "prefix": "cold" if i == 0 else "shared",
+                        "prompt_tokens": t.prompt_tokens,
+                        "ttft_s": t.ttft_s,
+                        "cached_tokens": t.usage_cached_tokens,
+                        "prefix_cache_queries": _delta(after, before or {}, "prefix_cache_queries"),
+                        "prefix_cache_hits": _delta(after, before or {}, "prefix_cache_hits"),
+                    }
+                )
+        finally:
+            e.close()
     return pd.DataFrame(rows)

@@ -1,0 +1,106 @@
+"""Lab 05's study functions (lablib.studies.serving) on the real vLLM: the session's measured server
+(``vllm_server`` in conftest.py: prefix caching off) and, in this module, one started with prefix
+caching on, in the same configuration (2 sequences of 512 tokens: vLLM's compile cache is reused).
+Every number below is the servers' own: TTFTs on the lab's clock, counters from their /metrics.
+"""
+
+import pytest
+
+from lablib.engines.servers import VLLM_BLOCK_TOKENS, start_server, vllm_dtype
+from lablib.errors import LabError
+from lablib.studies import serving
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def vllm_cached(vllm_server, model):
+    """vLLM with prefix caching on, in the measured server's configuration (started after it: its compile
+    cache is written)."""
+    srv = start_server(
+        "vllm", model, parallel=serving.VLLM_PARALLEL, n_ctx=serving.VLLM_N_CTX, prefix_caching=True, log=print
+    )
+    yield srv
+    srv.stop()
+
+
+def test_the_lab_starts_vllm_in_the_test_suites_configuration(vllm_server, model):
+    s = vllm_server.settings
+    assert (s["max_num_seqs"], s["max_model_len"]) == (serving.VLLM_PARALLEL, serving.VLLM_N_CTX)
+    # the session's server started to the end, so the notebook may start its two vLLMs together
+    assert serving._vllm_started_before(model, serving.VLLM_PARALLEL, serving.VLLM_N_CTX, vllm_dtype())
+    assert not serving._vllm_started_before(model, serving.VLLM_PARALLEL, 12345, vllm_dtype())
+    table = serving.servers_table([vllm_server])
+    row = table.iloc[0]
+    assert row["server"] == "vllm" and row["prefix_caching"] is not None and not row["prefix_caching"]
+    assert row["dtype"] == s["dtype"] and row["kv_cache_gib"] == s["kv_cache_space_gib"] >= 1
+    assert row["cpus_bound"] == s["cpus_bound"] and row["parallel"] == 2 and row["startup_s"] > 0
+
+
+def test_prefix_cache_counters_measured_server_none_cached_server_whole_blocks(vllm_server, vllm_cached, model):
+    shared, own = 2 * VLLM_BLOCK_TOKENS, 16
+    df = serving.prefix_cache_demo(model, [vllm_server, vllm_cached], shared_tokens=shared, own_tokens=own)
+    print(df.to_string())
+    assert list(df["request"]) == [0, 1, 2] * 2 and list(df["prefix_caching"]) == [False] * 3 + [True] * 3
+    assert (df["prompt_tokens"] == shared + own).all() and df["ttft_s"].gt(0).all()
+    off, on = df[~df["prefix_caching"].astype(bool)], df[df["prefix_caching"].astype(bool)]
+    # the measured server: its own counter says no token came from a cache, for any request
+    assert (off["prefix_cache_hits"] == 0).all(), off
+    # prefix caching on: the first request finds nothing; the next ones find the shared prefix, in whole
+    # 128-token blocks (the question's own 16 tokens fill no block)
+    assert on["prefix_cache_hits"].iloc[0] == 0, on
+    assert (on["prefix_cache_hits"].iloc[1:] == shared).all(), on
+    assert (on["prefix_cache_hits"] % VLLM_BLOCK_TOKENS == 0).all()
+    assert (on["prefix_cache_queries"] == shared + own).all(), on  # every prompt token looked up
+
+
+def test_rate_sweep_samples_vllm_and_one_run_is_the_timeline(vllm_server, model):
+    from lablib import plots
+
+    table = serving.rate_sweep_table([vllm_server], model, [8.0], requests=4, prompt_tokens=32, max_new_tokens=8)
+    row = table.iloc[0]
+    assert row["errors"] == 0 and row["goodput_rps"] >= 0
+    # vLLM's own view of the run: at 8 requests/s some were running, and its KV cache held them
+    assert 1 <= row["running_max"] <= serving.VLLM_PARALLEL and row["waiting_max"] >= 0
+    assert 0 < row["kv_usage_max"] < 1 and row["preemptions"] == 0
+    run, samples = serving.one_run(table, "vllm")
+    assert len(run) == 4 and set(run["rate"]) == {8.0}
+    assert {"running", "waiting", "kv_usage"} <= set(samples["metric"])
+    # the samples cover the run, on the lab's clock
+    assert samples["t_s"].min() <= run["t_submit"].min() and samples["t_s"].max() >= run["t_last_token"].max()
+    fig = plots.server_timeline(run, samples)
+    names = {t.name for t in fig.data}
+    assert {"running (server)", "waiting (server)", "KV cache used (server, %)"} <= names
+    with pytest.raises(LabError, match=r"server='llama-server': this sweep has vllm"):
+        serving.one_run(table, "llama-server")
+    with pytest.raises(LabError, match=r"rate=1.0: vllm was swept at \[8.0\]"):
+        serving.one_run(table, "vllm", rate=1.0)
+
+
+def test_http_cost_vllm_against_transformers_in_process(vllm_server, model):
+    cost = serving.http_cost(model, [vllm_server], prompt_tokens=16, max_new_tokens=4, reps=1)
+    row = cost.iloc[0]
+    assert row["server"] == "vllm" and row["in_process"] == "transformers" and row["threads"] == vllm_server.threads
+    assert row["count_method"] == "token_ids"
+    for k in ("ttft_in_process_s", "ttft_http_s", "tpot_in_process_s", "tpot_http_s"):
+        assert row[k] > 0, (k, row[k])
+    assert row["ttft_added_s"] == pytest.approx(row["ttft_http_s"] - row["ttft_in_process_s"])
+    rows = cost.attrs["rows"]
+    assert list(rows["where"]) == ["in-process", "http"] and (rows["output_tokens"] == 4).all()
+
+
+def test_start_progress_lines_pass_only_when_the_step_changes():
+    seen = []
+    say = serving._changed_steps(seen.append, every_s=3600)
+    for t, step in ((15, "Loading weights"), (30, "Warming up"), (45, "Warming up"), (60, "Warming up"), (75, "Done")):
+        say(f"vllm: starting, {t} s: {step}")
+    assert seen == [
+        "vllm: starting, 15 s: Loading weights",
+        "vllm: starting, 30 s: Warming up",
+        "vllm: starting, 75 s: Done",
+    ]
+    every = []
+    say = serving._changed_steps(every.append, every_s=0)  # a minute later the same step passes again
+    say("vllm: starting, 15 s: Warming up")
+    say("vllm: starting, 75 s: Warming up")
+    assert len(every) == 2
