@@ -2,7 +2,8 @@
 
     lablib bench --base-url URL [--model ID] [--api completions|chat] [--rate R | --concurrency C]
                  [--max-concurrency C] [--arrival poisson|constant|gamma] [--burstiness B] [--seed S]
-                 --requests N --prompt-tokens P --max-new-tokens M --out FILE [--max-duration-s S]
+                 --requests N --prompt-tokens P --max-new-tokens M [--prompts prose|random]
+                 --out FILE [--max-duration-s S]
                  [--ttft-target-s X] [--tpot-target-s X] [--e2e-target-s X]
 
 One tidy row per request (the sweeps' columns plus the HTTP ones) is written as each finishes, with
@@ -10,7 +11,8 @@ the server's name and version in every row's engine columns, and one summary lin
 rate (:func:`lablib.ui.text.summary_line`), with the server's own counters of the run under it when it
 answers ``/metrics`` (:func:`lablib.ui.text.server_line`; its samples go to ``<out>.server.jsonl``).
 Prompts are exact-length cuts of the lab's prose at different offsets, so no request shares a prefix
-with another. The run is
+with another; ``--prompts random``: the ids of the prompts ``vllm bench serve --dataset-name random
+--seed S`` sends (:func:`lablib.measure.workload.random_prompts`). The run is
 :func:`lablib.measure.load.bench`; this module parses the flags and prints.
 """
 
@@ -33,10 +35,16 @@ def add_arguments(p) -> None:
     p.add_argument("--max-concurrency", type=int, default=None, help="open loop: cap on requests in flight")
     p.add_argument("--arrival", default="poisson", help="open loop: constant, poisson or gamma")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1 = Poisson, <1 burstier)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the open loop's arrivals; --prompts random's prompts")
     p.add_argument("--requests", type=int, required=True)
     p.add_argument("--prompt-tokens", type=int, required=True)
     p.add_argument("--max-new-tokens", type=int, required=True)
+    p.add_argument(
+        "--prompts",
+        default="prose",
+        choices=["prose", "random"],
+        help="prose: cuts of the lab's text; random: vllm bench's random dataset of --seed",
+    )
     p.add_argument("--until-eos", action="store_true", help="stop at EOS (default: exactly N tokens)")
     p.add_argument("--max-duration-s", type=float, default=300.0, help="time limit of the run")
     p.add_argument("--read-timeout-s", type=float, default=60.0)
@@ -78,6 +86,7 @@ def run(ns) -> int:
         tpot_s=ns.tpot_target_s,
         e2e_s=ns.e2e_target_s,
         warmup=ns.warmup,
+        prompts=ns.prompts,
         log=lambda m: print(m, file=sys.stderr),
         on_summary=show,
     )

