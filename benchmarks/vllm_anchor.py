@@ -56,38 +56,55 @@ by default); vllm bench reads ``/metrics`` once before and once after. Here the 
 docs/DESIGN.md and :mod:`lablib.engines.http.engine`):
 
 - *Clock start.* vllm bench: ``st``, taken after its concurrency semaphore is acquired and just before
-  ``session.post`` (connection from a keep-alive pool; llama-server answers ``Connection: close``, so
-  there a new one). The lab: ``t_submit``, in a closed loop the moment the client's previous request
-  ended (its row built, then the next request's body and a new TCP connection: ``force_close``), its
-  ``t_start`` when the headers were written. So vllm's TTFT lies between the lab's
-  ``t_first - t_start`` (``prefill_s``) and ``t_first - t_submit`` (``ttft_s``); ``ttft_p50@t_start``
-  compares the former.
+  ``session.post``, so its TTFT includes the connection (from a keep-alive pool on vLLM; a new one per
+  request on llama-server, see :data:`HEADERS`) and aiohttp's sending. The lab: ``t_submit``, in a closed
+  loop the moment the client's previous request ended; ``queue_s = t_start - t_submit`` (its row built,
+  the next body, a new TCP connection: its ``force_close``; 1-5 ms here) is in its ``ttft_s``; ``t_start``
+  is when the headers were written, so ``prefill_s = t_first - t_start`` leaves out the connection.
+  ``ttft_p50@t_start`` sets ``prefill_s`` against vllm's TTFT: on the scripted servers it is 2-3 %
+  below it, ``ttft_s`` within 1 %. (vllm bench's ready check is off by default, its warm-up
+  ``--num-warmups``, 1 here, as the lab's ``warmup=1``.)
 - *First token.* vllm bench: the first SSE message with a non-empty ``choices``, stamped after
   parsing it. The lab: the first event that carries a token, stamped when its bytes were read. On both
   servers the first ``choices`` message carries the first token, so they mark the same message.
 - *ITL.* vllm bench: the gaps between consecutive SSE messages with non-empty ``choices``, every
   request's pooled, median over them: per chunk, not per token. The lab's ``itl_s`` is per token (a
   chunk of k tokens gives k-1 zero gaps) and its ``chunk_gaps_s`` per content chunk; both servers stream
-  one token per chunk (the rows' ``chunk_tokens``), so the two lab lists are equal and the lab's
-  ``itl_p50_s`` is the figure to set against vllm's. Except: llama-server ends a stream with a chunk
-  that has ``choices`` but no text (``finish_reason: length`` with the usage): vllm bench counts its gap
-  as one more ITL (M gaps per request instead of M-1, the last ~0). ``itl_p50@token_chunks`` drops
-  the gaps after the first M-1 of each of vllm's requests.
-- *TPOT.* Both per request, ``(last - first) / (n - 1)``, median over requests. vllm bench's ``last`` is
-  its ``latency`` end, the last ``choices`` message (llama-server: that finish chunk), and its ``n`` the
-  usage's ``completion_tokens`` read only from a message without ``choices``: llama-server puts usage
-  on the finish chunk, so vllm bench falls back to re-encoding the generated text with the tokenizer
-  (greedy text of random prompts does not re-encode to M tokens). ``tpot_p50@last_token`` uses
-  vllm's stamps of the M-th token and n = M (``--ignore-eos``: the servers' usage says M; the lab checks
-  it per request, ``output_count_ok``).
+  one token per chunk (the rows' ``chunk_tokens``; printed ``chunk_tokens_max=1``), so the two lab lists
+  are equal and the lab's ``itl_p50_s`` is the figure to set against vllm's. Except: llama-server ends a
+  stream with a chunk that has ``choices`` but no text (``finish_reason: length``, with the usage and
+  timings): vllm bench counts its gap as one more ITL (M gaps per request instead of M-1, printed
+  ``itl_per_request``; that last gap about 1 ms, up to 45 ms here). ``itl_p50@token_chunks`` drops the
+  gaps after the first M-1 of each of vllm's requests.
+- *TPOT.* Both per request, ``(last - first) / (n - 1)``, median over requests (not a mean of ITLs).
+  vllm bench's ``last`` is its ``latency`` end, the last ``choices`` message (llama-server: that finish
+  chunk), and its ``n`` the usage's ``completion_tokens``, which it reads only from a message *without*
+  ``choices``: llama-server puts usage on the finish chunk, so vllm bench falls back to re-encoding the
+  generated text with the tokenizer, and greedy text of random prompts does not re-encode to M tokens
+  (printed ``output_tokens_per_request=[14, 16]``: 2 of 16 requests counted 14, 252 of 256 tokens).
+  ``tpot_p50@last_token`` uses vllm's stamp of the M-th token and n = M (``--ignore-eos``: the servers'
+  usage says M, which the lab checks per request: ``output_count_ok``).
 - *Output tokens/s.* vllm bench: total output tokens (as counted above) over ``duration``, from just
   before its first request was created to after the last stream was read to its end (``[DONE]``) and
-  all tasks gathered. The lab: output tokens over ``makespan_s``, first ``t_submit`` to last token.
-  ``output_tps@makespan`` recomputes vllm's as M x completed requests over its first ``st`` to its last
-  token's stamp.
+  all tasks gathered (0.5-7 ms after its last token's message here). The lab: output tokens over
+  ``makespan_s``, first ``t_submit`` to last token. ``output_tps@makespan`` recomputes vllm's as M x
+  completed requests over its first ``st`` to its M-th token's stamp.
+- *Schedule.* With 2 slots, llama-server prefills the two prompts of a pair sent at once in one batch
+  only when both are queued before its loop starts the batch; a pair that arrives a little apart is
+  split, and then every later prefill runs beside the other stream's decode (longer steps: TPOT up, the
+  ITL median hardly). Printed per run: ``first_tokens_together`` (:func:`together`). In the measured run
+  the lab's pairs were batched far more often than vllm bench's (17/27 against 6/13 pairs sent at
+  once), though both send a pair within 0.1-0.3 ms (their send stamps): a difference of what the server
+  did, not of how it was timed; at ``--concurrency 1`` it cannot occur.
 
-The printed explanation of each ratio is in the report of issue 22, item 5; the machine is shared:
-read ratios of one run, with their ranges.
+**Measured** (2-core AMD EPYC VM shared with other engineers' vLLM servers, notebooks and test runs;
+``python benchmarks/vllm_anchor.py --rounds 5``, load average 1.9 at its start, 812 s; then
+``--servers llama-server,vllm --concurrency 1 --rounds 5``, load 0.3 at its start, 382 s). On the
+scripted servers all four ratios are 0.991-1.005 (ranges 0.956-1.038): the two clients time the same
+stream alike. On the real servers the medians are 0.79-1.27 at C=2 and 0.965-1.096 at C=1, but each
+tool's own run-to-run range there is wider than the ratio's distance from 1 (llama-server's TPOT at
+C=2: 0.023-0.63 s by the lab, 0.032-0.43 s by vllm bench; at C=1 0.0108-0.0122 s and 0.0106-0.0127 s):
+this machine does not resolve 3 % on a model's timing. Run it on a quiet machine to read those lines.
 """
 
 from __future__ import annotations
