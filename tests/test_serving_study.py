@@ -6,7 +6,7 @@ Every number below is the servers' own: TTFTs on the lab's clock, counters from 
 
 import pytest
 
-from lablib.engines.servers import VLLM_BLOCK_TOKENS, start_server, vllm_dtype
+from lablib.engines.servers import VLLM_BLOCK_TOKENS, changed_steps, start_server, vllm_dtype
 from lablib.errors import LabError
 from lablib.studies import serving
 
@@ -91,7 +91,7 @@ def test_http_cost_vllm_against_transformers_in_process(vllm_server, model):
 
 def test_start_progress_lines_pass_only_when_the_step_changes():
     seen = []
-    say = serving._changed_steps(seen.append, every_s=3600)
+    say = changed_steps(seen.append, every_s=3600)
     for t, step in ((15, "Loading weights"), (30, "Warming up"), (45, "Warming up"), (60, "Warming up"), (75, "Done")):
         say(f"vllm: starting, {t} s: {step}")
     assert seen == [
@@ -100,7 +100,7 @@ def test_start_progress_lines_pass_only_when_the_step_changes():
         "vllm: starting, 75 s: Done",
     ]
     every = []
-    say = serving._changed_steps(every.append, every_s=0)  # a minute later the same step passes again
+    say = changed_steps(every.append, every_s=0)  # a minute later the same step passes again
     say("vllm: starting, 15 s: Warming up")
     say("vllm: starting, 75 s: Warming up")
     assert len(every) == 2

@@ -623,12 +623,28 @@ def _last_step(tail: str) -> str:
     return "(nothing in its log yet)"
 
 
+def changed_steps(log, every_s: float = 60.0):
+    """``log`` for start_server's progress lines ("vllm: starting, 45 s: <its log's last line>"), passing a
+    line on only when the step it names changed, or ``every_s`` after the last one passed (vLLM's log ends
+    on the same line for minutes while it warms up)."""
+    last = {"step": None, "t": 0.0}
+
+    def say(message: str) -> None:
+        step = message.split(": ", 2)[-1]
+        if step != last["step"] or time.monotonic() - last["t"] >= every_s:
+            last.update(step=step, t=time.monotonic())
+            log(message)
+
+    return say
+
+
 def _wait_ready(srv: RunningServer, urls: list[str], timeout_s: float, log=None, every_s: float = 15.0) -> None:
     import urllib.error
     import urllib.request
 
     t0 = time.monotonic()
     deadline, next_line = t0 + timeout_s, t0 + every_s
+    log = None if log is None else changed_steps(log)
     while time.monotonic() < deadline:
         if not srv.alive():
             raise LabError(

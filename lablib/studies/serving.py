@@ -15,11 +15,10 @@ from lablib.engines.servers import SERVERS, VLLM_BLOCK_TOKENS
 # from the compile cache the tests left (~/.cache/vllm: a new configuration compiles for minutes)
 VLLM_PARALLEL = 2  # sequences scheduled together (--max-num-seqs)
 VLLM_N_CTX = 512  # tokens per sequence (--max-model-len)
+
+
 # a Jupyter kernel sets FORCE_COLOR=1 for its children (ipykernel), so vLLM would colour its log lines and
 # the progress lines start_server prints from that log would carry ANSI escapes; not a compile-cache factor
-_PLAIN_LOG = {"VLLM_LOGGING_COLOR": "0"}
-
-
 def quick_defaults(quick: bool | None = None) -> dict:
     """Sizes for the lab (:data:`lablib.config.BUDGETS` ``"serving"``): small in quick mode (LABLIB_QUICK=1)."""
     from lablib.config import budgets
@@ -50,7 +49,7 @@ def start_vllm_pair(model, parallel: int = VLLM_PARALLEL, n_ctx: int = VLLM_N_CT
 
     def start(prefix_caching: bool):
         mark = f"[prefix caching {'on' if prefix_caching else 'off'}] "
-        say = None if log is None else _changed_steps(lambda m: log(mark + m))
+        say = None if log is None else (lambda m: log(mark + m))
         return start_server(
             "vllm",
             model,
@@ -59,7 +58,6 @@ def start_vllm_pair(model, parallel: int = VLLM_PARALLEL, n_ctx: int = VLLM_N_CT
             threads=threads,
             prefix_caching=prefix_caching,
             log=say,
-            env=_PLAIN_LOG,
         )
 
     if not _vllm_started_before(model, parallel, n_ctx, vllm_dtype()):
@@ -83,23 +81,6 @@ def start_vllm_pair(model, parallel: int = VLLM_PARALLEL, n_ctx: int = VLLM_N_CT
                     pass
             raise
     return measured, cached
-
-
-def _changed_steps(log, every_s: float = 60.0):
-    """``log`` for start_server's progress lines ("vllm: starting, 45 s: <its log's last line>"), passing a
-    line on only when the step it names changed, or ``every_s`` after the last one passed (vLLM's log ends
-    on the same line for minutes while it warms up)."""
-    import time
-
-    last = {"step": None, "t": 0.0}
-
-    def say(message: str) -> None:
-        step = message.split(": ", 2)[-1]
-        if step != last["step"] or time.monotonic() - last["t"] >= every_s:
-            last.update(step=step, t=time.monotonic())
-            log(message)
-
-    return say
 
 
 def _vllm_started_before(model, parallel: int, n_ctx: int, dtype: str) -> bool:
