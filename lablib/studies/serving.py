@@ -134,8 +134,8 @@ def in_process_vs_server(model, server, prompt_tokens: int = 32, max_new_tokens:
     """The same requests on the in-process twin of ``server`` (a RunningServer), with the server's
     threads (and its dtype where the twin's weights are chosen by dtype), and over HTTP.
 
-    One row per request: ``where`` ("in-process" or "http"), ttft_s, tpot_s, e2e_s, plus the http
-    rows' count_method. Each request has its own prompt (no prefix reuse), after one warm-up each way.
+    One row per request: ``where`` ("in-process" or "http"), ttft_s, tpot_s, e2e_s, output_tokens, plus
+    the http rows' count_method and ``chunks`` (content events the tokens came in). Each request has its own prompt (no prefix reuse), after one warm-up each way.
     """
     import pandas as pd
 
@@ -171,7 +171,14 @@ def in_process_vs_server(model, server, prompt_tokens: int = 32, max_new_tokens:
     try:
         for i, t in enumerate(measured_traces(e, measured, cfg, warmup=warm)):
             rows.append(
-                dict(where="http", engine=f"{server.name} server", rep=i, **_times(t), count_method=t.count_method)
+                dict(
+                    where="http",
+                    engine=f"{server.name} server",
+                    rep=i,
+                    **_times(t),
+                    count_method=t.count_method,
+                    chunks=len(t.chunk_arrivals),
+                )
             )
     finally:
         e.close()
@@ -186,8 +193,12 @@ def http_cost(model, servers, prompt_tokens: int = 32, max_new_tokens: int = 8, 
     """:func:`in_process_vs_server` for each server of ``servers``, one row per server: its in-process twin
     (``in_process``), threads, the median TTFT and TPOT each way (``ttft_in_process_s``, ``ttft_http_s``,
     ``tpot_in_process_s``, ``tpot_http_s``), what the server adds (``ttft_added_s``, ``tpot_added_s``: HTTP
-    minus in-process; negative where the server's engine is faster than the twin's loop), and how the HTTP
-    tokens were counted (``count_method``). The request rows are in the result's ``attrs["rows"]``."""
+    minus in-process; negative where the server's engine is faster than the twin's loop), how the HTTP
+    tokens were counted (``count_method``) and ``tokens_per_chunk_http`` (median output tokens per content
+    event: above 1 the server merged tokens into one event, as vLLM's API process does when its engine
+    made several while the API process was busy; those tokens reach the client together, so the HTTP
+    TPOT is then below the engine's step, 0 when a whole answer came in one event). The request rows are
+    in the result's ``attrs["rows"]``."""
     import pandas as pd
 
     raw, table = [], []
@@ -208,6 +219,7 @@ def http_cost(model, servers, prompt_tokens: int = 32, max_new_tokens: int = 8, 
                 "tpot_http_s": http["tpot_s"],
                 "tpot_added_s": http["tpot_s"] - ip["tpot_s"],
                 "count_method": df.loc[~local, "count_method"].iloc[0],
+                "tokens_per_chunk_http": (df.loc[~local, "output_tokens"] / df.loc[~local, "chunks"]).median(),
             }
         )
     out = pd.DataFrame(table)
