@@ -96,7 +96,9 @@ def test_bench_on_vllm_writes_rows_with_the_server_settings(vllm_server, model, 
     df = load_results(out)
     assert len(df) == 4 and summaries[0]["errors"] == 0
     assert (df["output_tokens"] == 8).all() and (df["prompt_tokens"] == 32).all()
-    assert df["ttft_s"].gt(0).all() and df["tpot_s"].gt(0).all()
+    assert df["ttft_s"].gt(0).all()
+    # TPOT is 0 only where vLLM merged a whole answer into one event (its API process busy: see http_cost)
+    assert (df["tpot_s"].gt(0) | df["chunks"].eq(1)).all() and (df["chunk_tokens"].map(sum) == 8).all()
     assert set(df["server"]) == {"vllm"}
     settings = json.loads(df["server_settings"].iloc[0])
     assert settings["prefix_caching"] is False and settings["dtype"] == vllm_dtype()

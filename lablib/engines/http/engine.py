@@ -61,6 +61,26 @@ from lablib.errors import LabError
 from lablib.results.trace import now
 
 
+def _refuse_credentials(base_url: str, api_key_env: str | None) -> None:
+    """Raise LabError for a base URL that carries a secret: a user or password (``http://u:p@host``) or a
+    query string (``?api_key=...``). The lab writes ``base_url`` into every row, manifest and message, so
+    a key belongs in the environment variable ``api_key_env`` instead; the message names the URL without
+    what it refuses."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(base_url)
+    if not (u.username or u.password or u.query):
+        return
+    host = u.hostname or "?"
+    bare = f"{u.scheme}://{host}{f':{u.port}' if u.port else ''}{u.path}"
+    what = "a user name or password" if (u.username or u.password) else "a query string"
+    raise LabError(
+        f"base_url {bare} was given with {what} in it (not repeated here): the lab writes the base URL into "
+        f"every row, manifest and message, so it takes none; give {bare} and put the API key in the "
+        f"environment variable {api_key_env or 'LABLIB_API_KEY'} (sent as a bearer token, never written)"
+    )
+
+
 # --- the engine --------------------------------------------------------------------------------
 class HTTPEngine(Engine):
     """An OpenAI-compatible server at ``base_url`` (".../v1"), streamed with aiohttp.
@@ -109,6 +129,7 @@ class HTTPEngine(Engine):
             raise LabError(f"api={api!r}: expected one of {', '.join(APIS)}")
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise LabError(f"base_url={base_url!r}: expected an http(s) URL such as http://127.0.0.1:8080/v1")
+        _refuse_credentials(base_url, api_key_env)
         for what, v in (("read_timeout_s", read_timeout_s), ("connect_timeout_s", connect_timeout_s)):
             if not isinstance(v, (int, float)) or v <= 0:
                 raise LabError(f"{what}={v!r}: expected a positive number of seconds")
@@ -204,28 +225,45 @@ class HTTPEngine(Engine):
 
         return aiohttp.ClientTimeout(total=None, connect=self.connect_timeout_s, sock_read=self.read_timeout_s)
 
-    async def _get_json(self, url):
+    async def _get_json(self, url, why: list | None = None):
+        """The JSON at ``url``, or None; ``why`` (a list) gets the reason of a None (a status, a timeout ...)."""
         import aiohttp
 
+        reason = None
         try:
             async with self._get_session().get(url, headers=self._headers(), timeout=self._timeout()) as r:
-                if r.status != 200:
-                    return None
-                return await r.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-            return None
+                if r.status == 200:
+                    return await r.json(content_type=None)
+                reason = f"HTTP {r.status}"
+        except aiohttp.ConnectionTimeoutError:
+            reason = f"no connection within {self.connect_timeout_s:g} s (connect_timeout_s)"
+        except asyncio.TimeoutError:
+            reason = f"no answer within {self.read_timeout_s:g} s (read_timeout_s)"
+        except aiohttp.ClientConnectorError as e:
+            refused = isinstance(e.os_error, ConnectionRefusedError)
+            reason = "connection refused: nothing listens there" if refused else f"cannot connect: {e.os_error or e}"
+        except aiohttp.ClientError as e:
+            reason = f"{type(e).__name__}: {e}"
+        except ValueError:
+            reason = "an answer that is not JSON"
+        if why is not None:
+            why.append(reason)
+        return None
 
     async def _probe(self) -> None:
         info = self.server_info
-        models = await self._get_json(f"{self.base_url}/models")
+        why: list = []
+        models = await self._get_json(f"{self.base_url}/models", why)
         health_only = False
         if models is None and await self._get_json(f"{self.root_url}/health") is not None:
             models, health_only = {}, True  # a healthy server whose model list fails (mlx_lm.server, no hub cache)
         if models is None:
+            slow = "_timeout_s)" in why[0]
             raise LabError(
-                f"no OpenAI-compatible server answers at {self.base_url} (GET /models failed); "
+                f"no OpenAI-compatible server answers at {self.base_url} (GET /models failed: {why[0]}); "
                 "expected a running server: start one with `lablib serve --server NAME`, or check "
                 "the URL (it ends in /v1)"
+                + ("; for a slow server raise connect_timeout_s / read_timeout_s" if slow else "")
             )
         data = models.get("data") if isinstance(models, dict) else None
         first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
@@ -510,15 +548,19 @@ class HTTPEngine(Engine):
             )
             raise HTTPEngineError(trace.error, trace) from None
         except aiohttp.ClientConnectorError as e:
+            refused = isinstance(e.os_error, ConnectionRefusedError)  # nothing listens: a server that exited
             trace.error = (
-                f"cannot connect to {url} ({e.os_error or e}); expected a running server: start one "
-                "with `lablib serve --server NAME`, or check the URL"
+                f"cannot connect to {url} ({'connection refused: nothing listens there, ' if refused else ''}"
+                f"{e.os_error or e}); expected a running server: start one with `lablib serve --server NAME` "
+                "(or restart the one that exited: read its log), or check the URL"
             )
             raise HTTPEngineError(trace.error, trace) from None
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+            # a server that died (killed, crashed) resets the connection or closes it without an end
             trace.error = (
-                f"the connection to {url} broke mid-stream after {trace.output_tokens} tokens "
-                f"({type(e).__name__}: {e}); the tokens before it are kept in the trace"
+                f"the server closed the connection to {url} mid-stream after {trace.output_tokens} tokens "
+                f"({type(e).__name__}: {e}), before the stream's end; the tokens before it are kept: check that "
+                "the server still runs (its log: a crash, out of memory), then run again"
             )
             raise HTTPEngineError(trace.error, trace) from None
         state.finish()
