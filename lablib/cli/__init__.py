@@ -15,6 +15,8 @@
     lablib serve --server NAME [--port P] [--parallel N]      a real server on the lab's model
     lablib bench --base-url URL [--model ID] [--rate R | --concurrency C] --requests N
                --prompt-tokens P --max-new-tokens M --out FILE   load on any OpenAI-compatible server
+    lablib replay (--base-url URL | --server NAME) [--trace FILE] [--start I] [--count N]
+               [--time-scale X] [--length-scale X] --out FILE        a request trace (Mooncake's), scaled
     lablib roofline [--results FILE...] [--engines a,b,c] [--refresh] [--json]
     lablib quantize [--types Q8_0,Q4_K_M,...] [--model M] [--out FILE]   the quantization ladder, measured
     lablib quality --engine E [--model M] [--variant V] --out FILE       one engine vs the F32 reference
@@ -45,6 +47,7 @@ COMMANDS = (
     "compare",
     "serve",
     "bench",
+    "replay",
     "roofline",
     "quantize",
     "quality",

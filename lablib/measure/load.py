@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import math
 import queue
+import threading
 from collections.abc import Callable
 
 from lablib.checks import whole
@@ -86,6 +87,8 @@ def run_load(
     manifest: dict | None = None,
     on_row: Callable[[dict], None] | None = None,
     server_metrics=None,
+    schedule: list[float] | None = None,
+    max_new_tokens: list[int] | None = None,
     **labels,
 ) -> list[dict]:
     """Send ``prompts`` (token ids, one request each) to an HTTP engine in a load shape; one row per request.
@@ -100,6 +103,11 @@ def run_load(
     request finishes (write it to disk there). ``server_metrics``: a
     :class:`lablib.engines.http.metrics.MetricsSampler`, started just before the first request and
     stopped after the last (its rows and deltas cover this run). Raises LabError for bad arguments.
+
+    ``schedule``: an open loop's own send times, seconds after the run's start, one per prompt,
+    non-decreasing (a trace replay, :mod:`lablib.measure.replay`), instead of ``rate`` (rows: ``rate``
+    None, ``arrival`` "schedule"). ``max_new_tokens``: one output budget per prompt (tokens; each
+    request's ``cfg`` with its own), instead of ``cfg.max_new_tokens`` for all.
     """
     from lablib.engines.http import HTTPEngine
     from lablib.results.store import engine_manifest
@@ -123,14 +131,19 @@ def run_load(
             "(every load run is bounded in time)"
         )
     cfg = cfg or GenerationConfig()
+    cfgs = _request_configs(cfg, max_new_tokens, len(prompts))
     prompts = [[int(t) for t in p] for p in prompts]
     for i, p in enumerate(prompts):
         if not p:
             raise LabError(f"prompt {i} is empty: expected at least one token id")
         engine.check_ids(p)
-        engine.check_context(len(p), cfg.max_new_tokens)
-    schedule = None
-    if mode == "open":
+        engine.check_context(len(p), cfgs[i].max_new_tokens)
+    if schedule is not None:
+        if mode != "open" or rate is not None:
+            raise LabError("schedule=[...] is an open loop's send times: expected mode='open' and no rate")
+        schedule = _check_schedule(schedule, len(prompts))
+        arrival = "schedule"
+    elif mode == "open":
         if rate is None:
             raise LabError("an open loop needs rate=R (requests per second; math.inf for all at once)")
         schedule = arrival_schedule(len(prompts), rate, arrival, burstiness, seed)
@@ -144,7 +157,7 @@ def run_load(
             "arrival": arrival if mode == "open" else None,
             "burstiness": burstiness if mode == "open" else None,
             "seed": seed,
-            "max_new_tokens": cfg.max_new_tokens,
+            "max_new_tokens": sorted({c.max_new_tokens for c in cfgs}) if max_new_tokens else cfg.max_new_tokens,
             "max_duration_s": max_duration_s,
             "prompt_tokens": sorted({len(p) for p in prompts}),
         },
@@ -155,26 +168,61 @@ def run_load(
         concurrency=concurrency,
         rate=rate if mode == "open" else None,
         arrival=arrival if mode == "open" else None,
-        burstiness=burstiness if mode == "open" else None,
+        burstiness=burstiness if mode == "open" and rate is not None else None,
     )
     if server_metrics is not None:
         server_metrics.start()  # its first scrape, before any request
     try:
-        return _drive(engine, prompts, mode, concurrency, schedule, cfg, max_duration_s, manifest, base, on_row)
+        return _drive(engine, prompts, mode, concurrency, schedule, cfgs, max_duration_s, manifest, base, on_row)
     finally:
         if server_metrics is not None:
             server_metrics.stop()  # its last scrape, after the last row
 
 
-def _drive(engine, prompts, mode, concurrency, schedule, cfg, max_duration_s, manifest, base, on_row):
-    """The run on the engine's event loop; rows to ``on_row`` in the calling thread."""
-    rows_q: queue.Queue = queue.Queue()
+def _request_configs(cfg, max_new_tokens, n):
+    """One GenerationConfig per request: ``cfg``, or ``cfg`` with each of ``max_new_tokens`` (n of them)."""
+    import dataclasses
+
+    if max_new_tokens is None:
+        return [cfg] * n
+    budgets = list(max_new_tokens)
+    if len(budgets) != n:
+        raise LabError(f"{len(budgets)} max_new_tokens for {n} prompts: expected one output budget per prompt")
+    return [dataclasses.replace(cfg, max_new_tokens=m) for m in budgets]  # each checked: at least 1 token
+
+
+def _check_schedule(schedule, n) -> list[float]:
+    """Send times (seconds after the run's start): n of them, finite, from 0 up, non-decreasing."""
+    times = list(schedule)
+    if len(times) != n:
+        raise LabError(f"{len(times)} send times for {n} prompts: expected one per prompt")
+    last = 0.0
+    for i, t in enumerate(times):
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < last:
+            raise LabError(
+                f"send time {i} = {t!r}: expected finite seconds from 0 up, in order (after {last}): sort the schedule"
+            )
+        last = float(t)
+    return [float(t) for t in times]
+
+
+def _drive(engine, prompts, mode, concurrency, schedule, cfgs, max_duration_s, manifest, base, on_row):
+    """The run on the engine's event loop; rows to ``on_row`` in the calling thread (``cfgs``: one per prompt)."""
+    rows_q = _Rows()
     run = (
-        _closed(engine, prompts, concurrency, cfg, max_duration_s, manifest, base, rows_q.put)
+        _closed(engine, prompts, concurrency, cfgs, max_duration_s, manifest, base, rows_q)
         if mode == "closed"
-        else _open(engine, prompts, schedule, concurrency, cfg, max_duration_s, manifest, base, rows_q.put)
+        else _open(engine, prompts, schedule, concurrency, cfgs, max_duration_s, manifest, base, rows_q)
     )
-    fut = engine.submit(run)  # on the engine's event loop, which times the streams
+    ended = threading.Event()
+
+    async def guarded():
+        try:
+            return await run
+        finally:
+            ended.set()  # the run's tasks are all done: cancelled ones have emitted their rows
+
+    fut = engine.submit(guarded())  # on the engine's event loop, which times the streams
     rows: list[dict] = []
     try:
         while True:  # rows go to on_row here, in the calling thread, while the loop keeps timing streams
@@ -187,11 +235,33 @@ def _drive(engine, prompts, mode, concurrency, schedule, cfg, max_duration_s, ma
             rows.append(row)
             if on_row is not None:
                 on_row(row)
-    except BaseException:  # on_row failed (a full disk) or Ctrl-C: stop the run, its requests with it
+    except KeyboardInterrupt as e:  # Ctrl-C (or a SIGTERM a command turned into one): rows of those in flight too
+        rows_q.stopped = f"interrupted by {e.args[0] if e.args and isinstance(e.args[0], str) else 'SIGINT'}"
+        fut.cancel()
+        ended.wait(timeout=5)
+        try:
+            while not rows_q.empty():
+                rows.append(rows_q.get_nowait())
+                if on_row is not None:
+                    on_row(rows[-1])
+        except Exception:  # noqa: BLE001 - the interrupt is what the caller sees
+            pass
+        raise
+    except BaseException:  # on_row failed (a full disk): stop the run, its requests with it
         fut.cancel()
         raise
     fut.result()  # re-raise a bug in the driver itself
     return rows
+
+
+class _Rows(queue.Queue):
+    """The rows of a run on their way to the calling thread; called as ``emit(row)``. ``stopped``: why the
+    run was stopped from outside (an interrupt), for the rows of the requests it cancels."""
+
+    stopped: str | None = None
+
+    def __call__(self, row: dict) -> None:
+        self.put(row)
 
 
 def rate_sweep(engine, prompts: list[list[int]], rates, **kw) -> list[dict]:
@@ -259,7 +329,9 @@ async def _one(engine, ids, cfg, t_submit, manifest, labels, emit):
         trace = await engine.agenerate(ids, cfg, t_submit=t_submit, _checked=True, box=box)
         emit(request_row(trace, manifest, None, **labels))
     except asyncio.CancelledError:
-        emit(request_row(box.get("trace"), manifest, "cancelled at the run's time limit (max_duration_s)", **labels))
+        why = getattr(emit, "stopped", None)
+        why = f"{why}: stopped in flight" if why else "cancelled at the run's time limit (max_duration_s)"
+        emit(request_row(box.get("trace"), manifest, why, **labels))
         raise
     except LabError as e:  # HTTPEngineError: what arrived is in its trace
         emit(request_row(getattr(e, "trace", None) or box.get("trace"), manifest, str(e), **labels))
@@ -279,7 +351,7 @@ async def _bounded(tasks, deadline):
         await asyncio.gather(*pending, return_exceptions=True)
 
 
-async def _closed(engine, prompts, clients, cfg, max_duration_s, manifest, base, emit):
+async def _closed(engine, prompts, clients, cfgs, max_duration_s, manifest, base, emit):
     t0 = now()
     deadline = t0 + max_duration_s
     nxt = iter(range(len(prompts)))
@@ -289,13 +361,13 @@ async def _closed(engine, prompts, clients, cfg, max_duration_s, manifest, base,
         for i in nxt:
             if now() >= deadline:
                 return
-            await _one(engine, prompts[i], cfg, t_submit, manifest, dict(base, request_index=i, client=c), emit)
+            await _one(engine, prompts[i], cfgs[i], t_submit, manifest, dict(base, request_index=i, client=c), emit)
             t_submit = now()  # the client sends its next request the moment this one finished
 
     await _bounded([asyncio.ensure_future(client(c)) for c in range(min(clients, len(prompts)))], deadline)
 
 
-async def _open(engine, prompts, schedule, cap, cfg, max_duration_s, manifest, base, emit):
+async def _open(engine, prompts, schedule, cap, cfgs, max_duration_s, manifest, base, emit):
     t0 = now()
     deadline = t0 + max_duration_s
     sem = asyncio.Semaphore(cap) if cap else None
@@ -304,23 +376,24 @@ async def _open(engine, prompts, schedule, cap, cfg, max_duration_s, manifest, b
     async def send(i, t_sched, t_disp):
         labels = dict(base, request_index=i, t_scheduled=t_sched - t0, schedule_lag_s=t_disp - t_sched)
         if sem is None:
-            await _one(engine, prompts[i], cfg, t_sched, manifest, labels, emit)
+            await _one(engine, prompts[i], cfgs[i], t_sched, manifest, labels, emit)
             return
         try:
             await sem.acquire()  # waiting here is the request's queue_s (t_start - t_submit)
         except asyncio.CancelledError:
+            why = getattr(emit, "stopped", None) or "the run's time limit (max_duration_s) came"
             emit(
                 request_row(
                     None,
                     manifest,
-                    "not sent: the run's time limit (max_duration_s) came while it waited for the concurrency cap",
+                    f"not sent: {why} while it waited for the concurrency cap",
                     **labels,
                     prompt_tokens=len(prompts[i]),
                 )
             )
             raise
         try:
-            await _one(engine, prompts[i], cfg, t_sched, manifest, labels, emit)
+            await _one(engine, prompts[i], cfgs[i], t_sched, manifest, labels, emit)
         finally:
             sem.release()
 
@@ -368,6 +441,7 @@ def bench(
     until_eos: bool = False,
     max_duration_s: float = 300.0,
     read_timeout_s: float = 60.0,
+    connect_timeout_s: float = 10.0,
     ttft_s: float | None = None,
     tpot_s: float | None = None,
     e2e_s: float | None = None,
@@ -389,6 +463,8 @@ def bench(
     "0.5,1,2"; "inf" all at once) with at most ``concurrency`` in flight when given, or, with ``rates``
     None, a closed loop of ``concurrency`` clients (:func:`run_load`: ``arrival``, ``burstiness``, ``seed``,
     ``max_duration_s`` per run). Every row is appended to ``out`` (.jsonl/.parquet) as it finishes.
+    ``read_timeout_s`` (the longest silence within a response) and ``connect_timeout_s`` (to open a
+    connection) bound a request the server does not answer: it becomes an error row saying which.
 
     Each summary is :func:`lablib.results.tables.run_summary` of the run (goodput against ``ttft_s``,
     ``tpot_s``, ``e2e_s``) with ``server`` (the server's kind), ``mode``, ``rate`` and ``concurrency``;
@@ -433,7 +509,14 @@ def bench(
         prompts = distinct_prompts(rm, prompt_tokens, warmup + requests)  # a server's prefix cache stays cold
     writer = ResultsWriter(out)  # a bad out is refused before any request
     engine = load_engine(
-        "http", rm, base_url=base_url, api=api, server=server, server_model=server_model, read_timeout_s=read_timeout_s
+        "http",
+        rm,
+        base_url=base_url,
+        api=api,
+        server=server,
+        server_model=server_model,
+        read_timeout_s=read_timeout_s,
+        connect_timeout_s=connect_timeout_s,
     )
     summaries = []
     try:

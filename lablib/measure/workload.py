@@ -43,6 +43,13 @@ def _corpus_ids(path: str, name: str) -> tuple[int, ...]:
     return tuple(tok(corpus_text(name), add_special_tokens=False)["input_ids"])
 
 
+def corpus_ids(model, corpus: str = "prose") -> tuple[int, ...]:
+    """The whole corpus ``corpus`` as the lab tokenizer's token ids (no special tokens; cached per model):
+    what :func:`prompt_of_length` cuts from (about 9,700 ids for the prose of the default model)."""
+    lab_tokenizer(model)  # raises when the model has no tokenizer folder
+    return _corpus_ids(model.hf_path or model.mlx_path, corpus)
+
+
 def prompt_of_length(model, n: int, corpus: str = "prose", offset: int = 0) -> list[int]:
     """Exactly ``n`` token ids of real text, starting ``offset`` tokens into the corpus.
 

@@ -152,6 +152,25 @@ HTTP = (
 # LABELS): the open loop's rate (requests/s), arrival process and gamma shape, and each request's scheduled
 # send time (seconds after the run's start) and how late it went out (seconds)
 LOAD = ("rate", "arrival", "burstiness", "t_scheduled", "schedule_lag_s")
+# a request trace replayed (lablib.measure.replay; with LOAD's t_scheduled and schedule_lag_s, PREFIX's turn and
+# HTTP's max_new_tokens): which trace and scale (every row: the file, time/length/output factors, the scaled
+# block in tokens), and per request its index in the trace, its unscaled lengths, its session, the block ids its
+# prompt is made of and their count, and the tokens a perfect prefix cache could reuse (leading full blocks an
+# earlier request held)
+REPLAY = (
+    "trace_file",
+    "time_scale",
+    "length_scale",
+    "output_scale",
+    "block_tokens",
+    "trace_index",
+    "trace_prompt_tokens",
+    "trace_output_tokens",
+    "session",
+    "hash_ids",
+    "prefix_blocks",
+    "reusable_tokens",
+)
 # a model's quality against its reference, lablib.studies.quality.STATS: perplexity (its own, the reference's),
 # KL divergence per token (mean, p99, max; nats), top-1 agreement, shifts of the reference's top token's
 # probability and of the target's (mean |shift|, mean, RMS), and the tokens scored
@@ -198,6 +217,7 @@ COLUMNS = (
     + PREFIX
     + HTTP
     + LOAD
+    + REPLAY
     + QUALITY
     + LADDER
 )
@@ -247,8 +267,26 @@ PREFIX_MEMORY = ("tokens", "kept_bytes", "formula_bytes", "kept_bytes_per_token"
 # *_info metrics; not the manifest's server_settings, what the lab started it with); requests in flight over a
 # run (lablib.results.tables.client_server_timeline: sent, last token not yet arrived)
 SERVER = ("t_s", "metric", "value", "raw", "server_counters", "server_info", "in_flight")
+# what a replay's summary adds to a run summary (lablib.measure.replay.replay_summary): requests scheduled and
+# those never sent (past the time limit), the send lag's p50/p99 (s) against its limit and whether the client
+# kept up, the schedule's span and the drain after its last send (s), whether every output count came out as
+# asked, and the share of prompt tokens a perfect prefix cache could have reused
+REPLAY_SUMMARY = (
+    "scheduled",
+    "not_sent",
+    "schedule_lag_p50_s",
+    "schedule_lag_p99_s",
+    "max_lag_s",
+    "kept_up",
+    "schedule_span_s",
+    "drain_s",
+    "output_count_ok",
+    "perfect_reuse_fraction",
+)
 # the columns of tables that no row carries (a summary's output_tokens is the run's sum of the rows' own)
-TABLE_COLUMNS = tuple(c for c in SUMMARY + BATCH_SWEEP + ANCHOR + PREFIX_MEMORY + SERVER if c not in COLUMNS)
+TABLE_COLUMNS = tuple(
+    c for c in SUMMARY + BATCH_SWEEP + ANCHOR + PREFIX_MEMORY + SERVER + REPLAY_SUMMARY if c not in COLUMNS
+)
 # what lablib.results.tables.need accepts: a column of a result row or of a table
 KNOWN = frozenset(COLUMNS + TABLE_COLUMNS)
 

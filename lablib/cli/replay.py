@@ -1,0 +1,113 @@
+"""`lablib replay`: a request trace replayed on an OpenAI-compatible server, on its own times and lengths.
+
+    lablib replay (--base-url URL | --server NAME [--parallel N] [--threads T] [--n-ctx N])
+                  [--trace FILE] [--format auto|mooncake|plain] [--start I] [--count N]
+                  [--time-scale X] [--length-scale X] [--output-scale X] [--block-tokens B]
+                  [--max-concurrency C] [--max-duration-s S] [--max-lag-s S] --out FILE
+
+The trace (default: the first 1,000 requests of Mooncake's conversation trace, ``data/traces/``) is
+scaled to the model and machine: times x ``--time-scale`` (0.1: ten times faster), prompt and output
+lengths x ``--length-scale`` (outputs x ``--output-scale`` when given), prompts cut to the server's
+context less the output, KV blocks of 512 x length-scale tokens unless ``--block-tokens``. Prompts are
+the lab's prose, built so that requests sharing k leading block ids share exactly k blocks of tokens.
+One tidy row per request (the bench's columns, the scheduled send time and its lag, the trace index and
+block ids, the scale factors) is appended to ``--out`` as it finishes; one summary line is printed (as
+``lablib bench``'s), then one replay line: lag p50/p99, kept up or not, requests not sent, the drain
+after the last send, what a perfect prefix cache could reuse. A lag p99 above ``--max-lag-s`` (50 ms)
+prints a warning: the lab did not send on the trace's times. The run is
+:func:`lablib.measure.replay.run_replay`; this module parses the flags and prints.
+"""
+
+from __future__ import annotations
+
+import sys
+
+HELP = "replay a request trace (default: Mooncake's, scaled) on an OpenAI-compatible server, rows to --out"
+
+
+def add_arguments(p) -> None:
+    from lablib.measure.replay import MAX_LAG_S
+
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--base-url", help="a running server's OpenAI base URL, e.g. http://127.0.0.1:8080/v1")
+    g.add_argument("--server", help="start this server on the lab's model for the run (e.g. llama-server)")
+    p.add_argument("--parallel", type=int, default=1, help="--server: slots decoded together")
+    p.add_argument("--threads", type=int, default=None, help="--server: CPU threads")
+    p.add_argument("--n-ctx", type=int, default=1024, help="--server: context per slot, tokens")
+    p.add_argument("--model", default=None, help="--base-url: the model id the server knows (default: its first)")
+    p.add_argument("--lab-model", default=None, help="the lab's model whose tokenizer makes prompts (default: SmolLM2)")
+    p.add_argument("--api", default="completions", choices=["completions", "chat", "native"])
+    p.add_argument("--trace", default=None, help="trace file (default: the shipped Mooncake slice)")
+    p.add_argument("--format", default="auto", choices=["auto", "mooncake", "plain"], help="the trace's format")
+    p.add_argument("--start", type=int, default=0, help="the first request of the slice (file order, 0-based)")
+    p.add_argument("--count", type=int, default=100, help="requests in the slice (default 100)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="replay seconds per trace second (0.1: 10x faster)")
+    p.add_argument("--length-scale", type=float, default=1 / 32, help="prompt tokens per trace token (default 1/32)")
+    p.add_argument("--output-scale", type=float, default=None, help="output tokens per trace token (default: length)")
+    p.add_argument("--block-tokens", type=int, default=None, help="tokens per block id (default: 512 x length scale)")
+    p.add_argument("--max-concurrency", type=int, default=None, help="cap on requests in flight (the lab queues)")
+    p.add_argument("--max-duration-s", type=float, default=300.0, help="time limit of the run")
+    p.add_argument("--max-lag-s", type=float, default=MAX_LAG_S, help="schedule lag p99 above this: not kept up")
+    p.add_argument("--read-timeout-s", type=float, default=60.0)
+    p.add_argument("--warmup", type=int, default=1, help="unrecorded requests first")
+    p.add_argument("--ttft-target-s", type=float, default=None)
+    p.add_argument("--tpot-target-s", type=float, default=None)
+    p.add_argument("--e2e-target-s", type=float, default=None)
+    p.add_argument("--out", required=True, help="results file, .jsonl or .parquet (appended)")
+
+
+def replay_line(s: dict) -> str:
+    """The replay's own numbers of a summary (:func:`lablib.measure.replay.replay_summary`), key=value."""
+
+    def ms(x):
+        return "-" if x is None else f"{x * 1e3:.1f}"
+
+    def sec(x):
+        return "-" if x is None else f"{x:.2f}"
+
+    return (
+        f"replay requests={s['requests']}/{s['scheduled']} not_sent={s['not_sent']} "
+        f"lag_p50_ms={ms(s['schedule_lag_p50_s'])} lag_p99_ms={ms(s['schedule_lag_p99_s'])} "
+        f"kept_up={'yes' if s['kept_up'] else 'no'} span_s={sec(s['schedule_span_s'])} drain_s={sec(s['drain_s'])} "
+        f"output_count_ok={s['output_count_ok']} capped={s['capped']} block_tokens={s['block_tokens']} "
+        f"perfect_reuse={s['perfect_reuse_fraction']:.3f} time_scale={s['time_scale']:g} "
+        f"length_scale={s['length_scale']:g} output_scale={s['output_scale']:g}"
+    )
+
+
+def run(ns) -> int:
+    from lablib.measure.replay import run_replay
+    from lablib.ui.text import summary_line
+
+    s = run_replay(
+        out=ns.out,
+        trace=ns.trace,
+        fmt=ns.format,
+        start=ns.start,
+        count=ns.count,
+        time_scale=ns.time_scale,
+        length_scale=ns.length_scale,
+        output_scale=ns.output_scale,
+        block_tokens=ns.block_tokens,
+        base_url=ns.base_url,
+        server=ns.server,
+        parallel=ns.parallel,
+        threads=ns.threads,
+        n_ctx=ns.n_ctx,
+        model=ns.lab_model,
+        server_model=ns.model,
+        api=ns.api,
+        concurrency=ns.max_concurrency,
+        max_duration_s=ns.max_duration_s,
+        read_timeout_s=ns.read_timeout_s,
+        warmup=ns.warmup,
+        max_lag_s=ns.max_lag_s,
+        ttft_s=ns.ttft_target_s,
+        tpot_s=ns.tpot_target_s,
+        e2e_s=ns.e2e_target_s,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    )
+    print(summary_line(s["server"], "open", None, ns.max_concurrency, s), flush=True)
+    print(replay_line(s), flush=True)
+    print(f"{s['requests']} rows appended to {ns.out} ({s['errors']} failed)")
+    return 0 if s["errors"] == 0 else 1

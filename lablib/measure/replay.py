@@ -1,0 +1,934 @@
+"""Workloads beyond one length: a request trace replayed over HTTP, scaled to the lab's model and machine.
+
+A trace is a list of requests, each with an arrival time, a prompt length, an output length and,
+where known, the prompt's KV blocks as ids (two requests whose lists start with the same ``k`` ids
+share ``k`` blocks of prefix). Two file formats are read (:func:`read_trace`):
+
+- **mooncake**: the JSONL of Mooncake's traces (kvcache-ai/Mooncake, ``FAST25-release/traces``):
+  ``timestamp`` (ms from the trace's start), ``input_length``, ``output_length`` (tokens),
+  ``hash_ids`` (one id per 512-token block, :data:`MOONCAKE_BLOCK_TOKENS`). The lab ships the first
+  1,000 requests of its conversation trace (``data/traces/``, :data:`DEFAULT_TRACE`);
+- **plain**: CSV (a header row) or JSONL of ``arrival_s`` (seconds), ``prompt_tokens``,
+  ``output_tokens`` and optionally ``prefix_blocks`` (block ids: a JSON list, or in CSV ids separated by
+  spaces) and ``session``, ``turn``; blocks of ``block_tokens`` tokens (default 512, as Mooncake's).
+
+Generators make traces of the same kind: :func:`synthetic` (no shared prefixes; lengths fixed, uniform or
+log-normal, :class:`LengthDist`, e.g. :func:`fit_lognormal` of a real trace's lengths) and :func:`sessions`
+(multi-turn chats: each turn's prompt is the previous turn's prompt, a placeholder of the previous answer's
+length and a new question, sent a think time after the previous turn).
+
+:func:`scale` fits a trace to the model and machine (a :class:`Replay`): times times ``time_scale``,
+lengths times ``length_scale`` (outputs times ``output_scale``, by default the same), prompts cut to the
+context less the output, blocks of ``block_tokens`` = 512 x ``length_scale`` (rounded) unless given. The
+factors are in every row (:data:`ROW_COLUMNS`) and in the run manifest's workload (``replay``).
+
+:func:`build_prompts` makes the token ids from the lab's real text (:func:`lablib.measure.workload.corpus_ids`):
+each block id is one cut of ``block_tokens`` tokens, the same wherever the id appears, and the blocks that
+follow one block (or start a prompt) each begin with a different token; so two prompts whose block lists
+share exactly ``k`` leading ids share exactly ``k x block_tokens`` tokens of prefix (fewer only where one
+prompt ends sooner) and differ at the next token. A prompt longer than its blocks ends in a cut of its own.
+:func:`perfect_reuse` says what a prefix cache with room for everything could reuse of that structure.
+
+:func:`replay` sends it with :func:`lablib.measure.load.run_load` in an open loop on the trace's own send
+times (``schedule``) and output lengths (``max_new_tokens``; EOS ignored, so each output is exactly its
+length); each row has its ``t_scheduled`` and ``schedule_lag_s`` (how late the lab sent it) and the
+request's trace columns. :func:`replay_summary`: the run's summary with the lag's p50/p99 and ``kept_up``,
+False when the lag's p99 exceeds ``max_lag_s`` (default :data:`MAX_LAG_S`, 50 ms): then the lab itself did
+not send on the trace's times and the arrival pattern measured is not the trace's (a warning is logged).
+A server that falls behind is another thing, seen in ``queue``/TTFT and in ``drain_s`` (the last token
+after the last send). :func:`run_replay` is ``lablib replay``: a trace, a server (a URL, or one the lab
+starts), a results file, a summary.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from lablib.checks import whole
+from lablib.errors import LabError
+from lablib.results.schema import REPLAY, REPLAY_SUMMARY
+
+MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash id in Mooncake's traces
+DEFAULT_TRACE = "traces/mooncake_conversation_first1000.jsonl"  # under lablib.config.data_dir()
+TRACE_FORMATS = ("mooncake", "plain")
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+PLAIN_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens")  # + optional prefix_blocks, session, turn
+LENGTH_KINDS = ("fixed", "uniform", "lognormal")
+MAX_LAG_S = 0.05  # schedule lag p99 above this (seconds): the replay did not keep up with its trace
+BLOCK_GAP = 17  # tokens of the corpus skipped between two blocks' cuts (as workload.DISTINCT_GAP)
+# the columns a replay adds to run_load's rows, and what replay_summary adds to run_summary: declared in the schema
+ROW_COLUMNS = REPLAY
+SUMMARY_COLUMNS = REPLAY_SUMMARY
+
+
+# --- traces -------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class TraceRequest:
+    """One request of a trace, in the trace's own units.
+
+    ``index``: its position in the trace file (0-based, of all its requests); ``arrival_s``: seconds
+    from the trace's start; ``prompt_tokens``, ``output_tokens``: lengths (tokens, at least 1);
+    ``hash_ids``: the prompt's blocks of the trace's ``block_tokens`` tokens, in order (empty: none
+    known, no prefix shared); ``session``, ``turn``: a chat's id and turn (0-based), where known."""
+
+    index: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    hash_ids: tuple[int, ...] = ()
+    session: int | None = None
+    turn: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Trace:
+    """Requests in arrival order (ties in file order), with the tokens per block id (None: no block ids),
+    where they came from (``source``: a file path or a generator's description), its ``format``
+    (mooncake, plain, synthetic, sessions) and, for a file, its SHA-256 and the slice read
+    (``start``: the first request's index, ``count``)."""
+
+    requests: tuple[TraceRequest, ...]
+    block_tokens: int | None
+    source: str
+    format: str
+    sha256: str | None = None
+    start: int = 0
+    params: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return len(self.requests)
+
+    def describe(self) -> dict:
+        """What the trace is, for a manifest: source, format, sha256, start, count, block_tokens, params."""
+        return {
+            "source": self.source,
+            "format": self.format,
+            "sha256": self.sha256,
+            "start": self.start,
+            "count": self.count,
+            "block_tokens": self.block_tokens,
+            **({"params": self.params} if self.params else {}),
+        }
+
+
+def default_trace_path() -> Path:
+    """The shipped slice of Mooncake's conversation trace (``data/traces/``, :data:`DEFAULT_TRACE`)."""
+    from lablib.config import data_dir
+
+    return data_dir() / DEFAULT_TRACE
+
+
+def _detect(path: Path, first: str) -> str:
+    if path.suffix.lower() == ".csv":
+        return "plain"
+    try:
+        rec = json.loads(first)
+    except json.JSONDecodeError:
+        raise LabError(
+            f"{path}: the first line is not JSON; expected JSONL (mooncake or plain) or a .csv file"
+        ) from None
+    if isinstance(rec, dict) and "timestamp" in rec:
+        return "mooncake"
+    if isinstance(rec, dict) and "arrival_s" in rec:
+        return "plain"
+    keys = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
+    raise LabError(
+        f"{path}: cannot tell the trace format from its first record ({keys}); expected Mooncake's "
+        f"({', '.join(MOONCAKE_FIELDS)}) or the plain one ({', '.join(PLAIN_FIELDS)}[, prefix_blocks]): "
+        "give fmt='mooncake' or 'plain'"
+    )
+
+
+def _int(value, where: str, name: str, lo: int) -> int:
+    if isinstance(value, str) and value.strip().lstrip("-").isdecimal():
+        value = int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise LabError(f"{where}: {name}={value!r}: expected a whole number, at least {lo}")
+    return value
+
+
+def _seconds(value, where: str, name: str, per_s: float = 1.0) -> float:
+    try:
+        x = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        x = math.nan
+    if not math.isfinite(x) or x < 0:
+        raise LabError(f"{where}: {name}={value!r}: expected a time of 0 or more")
+    return x / per_s  # per_s: the file's units per second (Mooncake: 1000, ms)
+
+
+def _blocks(value, where: str, name: str) -> tuple[int, ...]:
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        value = value.replace(",", " ").replace(";", " ").split()
+    if not isinstance(value, (list, tuple)):
+        raise LabError(f"{where}: {name}={value!r}: expected a list of block ids (whole numbers, 0 or more)")
+    return tuple(_int(v, where, f"{name} item", 0) for v in value)
+
+
+def _record(rec, fmt: str, index: int, where: str) -> TraceRequest:
+    if not isinstance(rec, dict):
+        raise LabError(f"{where}: expected one JSON object a line, got {type(rec).__name__}")
+    need = MOONCAKE_FIELDS if fmt == "mooncake" else PLAIN_FIELDS
+    missing = [k for k in need if k not in rec or rec[k] in (None, "")]
+    if missing:
+        raise LabError(
+            f"{where}: no {', '.join(missing)}; expected a {fmt} trace's fields {', '.join(need)}"
+            + ("" if fmt == "mooncake" else " (prefix_blocks, session, turn optional)")
+        )
+    if fmt == "mooncake":
+        return TraceRequest(
+            index,
+            _seconds(rec["timestamp"], where, "timestamp", 1000),
+            _int(rec["input_length"], where, "input_length", 1),
+            _int(rec["output_length"], where, "output_length", 1),
+            _blocks(rec["hash_ids"], where, "hash_ids"),
+        )
+    opt = {k: _int(rec[k], where, k, 0) for k in ("session", "turn") if rec.get(k) not in (None, "")}
+    return TraceRequest(
+        index,
+        _seconds(rec["arrival_s"], where, "arrival_s"),
+        _int(rec["prompt_tokens"], where, "prompt_tokens", 1),
+        _int(rec["output_tokens"], where, "output_tokens", 1),
+        _blocks(rec.get("prefix_blocks"), where, "prefix_blocks"),
+        **opt,
+    )
+
+
+def read_trace(
+    path=None, fmt: str = "auto", start: int = 0, count: int | None = None, block_tokens: int | None = None
+) -> Trace:
+    """The requests ``start`` .. ``start + count - 1`` (file order, 0-based; ``count`` None: to the end) of
+    the trace file ``path`` (None: :func:`default_trace_path`), in arrival order.
+
+    ``fmt``: ``mooncake``, ``plain`` or ``auto`` (a .csv file is plain; a JSONL file by its first record's
+    fields). ``block_tokens``: tokens per block id (Mooncake: 512, fixed; plain: default 512). Raises
+    LabError naming the file, line and field for a missing or bad field, and for a slice outside the file."""
+    p = Path(path) if path is not None else default_trace_path()
+    if not p.is_file():
+        hint = " (the shipped slice lives in the project's data/traces/; set LABLIB_DATA)" if path is None else ""
+        raise LabError(f"trace file {p} not found{hint}; expected a Mooncake JSONL or a plain CSV/JSONL trace")
+    if fmt not in ("auto", *TRACE_FORMATS):
+        raise LabError(f"fmt={fmt!r}: expected auto, {', '.join(TRACE_FORMATS)}")
+    start = whole(start, "start", "the first request's index, 0 or more", lo=0)
+    if count is not None:
+        count = whole(count, "count", "a number of requests, at least 1")
+    data = p.read_bytes()
+    text = data.decode("utf-8")
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not lines:
+        raise LabError(f"trace file {p} is empty; expected one request a line")
+    if fmt == "auto":
+        fmt = _detect(p, lines[0][1])
+    if fmt == "mooncake":
+        if block_tokens not in (None, MOONCAKE_BLOCK_TOKENS):
+            raise LabError(f"block_tokens={block_tokens}: a Mooncake trace's blocks are {MOONCAKE_BLOCK_TOKENS} tokens")
+        block_tokens = MOONCAKE_BLOCK_TOKENS
+    else:
+        block_tokens = whole(
+            MOONCAKE_BLOCK_TOKENS if block_tokens is None else block_tokens,
+            "block_tokens",
+            "tokens per block, at least 1",
+        )
+    is_csv = fmt == "plain" and p.suffix.lower() == ".csv"
+    if is_csv:
+        reader = csv.DictReader(io.StringIO(text))
+        if reader.fieldnames is None or not set(PLAIN_FIELDS) <= {f.strip() for f in reader.fieldnames}:
+            raise LabError(
+                f"{p}: header {reader.fieldnames}; expected a header row with {', '.join(PLAIN_FIELDS)}"
+                "[, prefix_blocks, session, turn]"
+            )
+        records = [(reader.line_num, {k.strip(): v for k, v in row.items() if k is not None}) for row in reader]
+        records = [(n, r) for n, r in records if any(v not in (None, "") for v in r.values())]
+    else:
+        records = lines
+    total = len(records)
+    if start >= total:
+        raise LabError(f"start={start}: the trace {p} has {total} requests (0 .. {total - 1})")
+    stop = total if count is None else min(total, start + count)
+    out = []
+    for i in range(start, stop):
+        n, rec = records[i]
+        where = f"{p}:{n}"
+        if not is_csv:
+            try:
+                rec = json.loads(rec)
+            except json.JSONDecodeError as e:
+                raise LabError(f"{where}: not JSON ({e.msg}); expected one JSON object a line") from None
+        out.append(_record(rec, fmt, i, where))
+    out.sort(key=lambda r: r.arrival_s)  # stable: ties keep the file's order
+    return Trace(tuple(out), block_tokens, str(p), fmt, hashlib.sha256(data).hexdigest(), start)
+
+
+# --- length distributions and generators -----------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class LengthDist:
+    """A distribution of lengths (tokens), whole numbers clipped to ``lo`` .. ``hi`` (None: no upper bound).
+
+    ``fixed`` (``a``: the length), ``uniform`` (``a`` .. ``b``, both included), ``lognormal`` (``a``: mean,
+    ``b``: standard deviation of the natural log of the length; the median is ``exp(a)``). Make one with
+    :func:`fixed`, :func:`uniform`, :func:`lognormal` or :func:`fit_lognormal`."""
+
+    kind: str
+    a: float
+    b: float = 0.0
+    lo: int = 1
+    hi: int | None = None
+
+    def __post_init__(self):
+        if self.kind not in LENGTH_KINDS:
+            raise LabError(f"length distribution {self.kind!r}: expected one of {', '.join(LENGTH_KINDS)}")
+        whole(self.lo, "lo", "the shortest length, at least 1")
+        if self.hi is not None and whole(self.hi, "hi", "the longest length, at least 1") < self.lo:
+            raise LabError(f"hi={self.hi} below lo={self.lo}: expected lo <= hi")
+        for name, v in (("a", self.a), ("b", self.b)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise LabError(f"{self.kind} {name}={v!r}: expected a finite number")
+        if self.kind in ("fixed", "uniform") and self.a < 1:
+            raise LabError(f"{self.kind} length {self.a}: expected at least 1 token")
+        if self.kind == "uniform" and self.b < self.a:
+            raise LabError(f"uniform {self.a} .. {self.b}: expected the lower bound first")
+        if self.kind == "lognormal" and self.b < 0:
+            raise LabError(f"lognormal sigma={self.b}: expected 0 or more")
+
+    def sample(self, n: int, seed: int = 0) -> list[int]:
+        """``n`` lengths (tokens), seeded: the same seed, the same lengths."""
+        import numpy as np
+
+        n = whole(n, "n", "a number of lengths, at least 1")
+        rng = np.random.default_rng(whole(seed, "seed", "a whole number, 0 or more", lo=0))
+        if self.kind == "fixed":
+            x = np.full(n, round(self.a))
+        elif self.kind == "uniform":
+            x = rng.integers(math.ceil(self.a), math.floor(self.b) + 1, size=n)
+        else:
+            x = np.rint(rng.lognormal(self.a, self.b, size=n))
+        x = np.clip(x, self.lo, self.hi if self.hi is not None else None)
+        return [int(v) for v in x]
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "a": self.a, "b": self.b, "lo": self.lo, "hi": self.hi}
+
+
+def fixed(n: int) -> LengthDist:
+    """Every length ``n`` tokens."""
+    return LengthDist("fixed", whole(n, "length", "at least 1 token"), lo=1)
+
+
+def uniform(lo: int, hi: int) -> LengthDist:
+    """Lengths drawn uniformly from ``lo`` .. ``hi`` tokens (both included)."""
+    lo, hi = whole(lo, "lo", "at least 1 token"), whole(hi, "hi", "at least 1 token")
+    return LengthDist("uniform", lo, hi, lo=lo, hi=hi)
+
+
+def lognormal(mu: float, sigma: float, lo: int = 1, hi: int | None = None) -> LengthDist:
+    """Lengths whose natural log is normal (mean ``mu``, standard deviation ``sigma``), clipped to ``lo`` .. ``hi``."""
+    return LengthDist("lognormal", float(mu), float(sigma), lo=lo, hi=hi)
+
+
+def fit_lognormal(values) -> LengthDist:
+    """The log-normal of ``values`` (lengths, tokens): ``mu`` and ``sigma`` the mean and (population) standard
+    deviation of their natural logs, clipped to their smallest and largest. E.g. of a trace's prompt lengths:
+    ``fit_lognormal([r.prompt_tokens for r in trace.requests])``."""
+    vals = [whole(v, "length", "a length of at least 1 token") for v in values]
+    if not vals:
+        raise LabError("no lengths to fit: expected one or more")
+    logs = [math.log(v) for v in vals]
+    mu = sum(logs) / len(logs)
+    sigma = math.sqrt(sum((x - mu) ** 2 for x in logs) / len(logs))
+    return lognormal(mu, sigma, lo=min(vals), hi=max(vals))
+
+
+def _dist(x, what: str) -> LengthDist:
+    if isinstance(x, LengthDist):
+        return x
+    return fixed(whole(x, what, "a length in tokens (at least 1) or a LengthDist"))
+
+
+def synthetic(
+    n: int,
+    prompt_tokens,
+    output_tokens,
+    rate: float,
+    arrival: str = "poisson",
+    burstiness: float = 1.0,
+    seed: int = 0,
+) -> Trace:
+    """``n`` requests arriving at ``rate`` requests/s (:func:`lablib.measure.load.arrival_schedule`: constant,
+    poisson or gamma with ``burstiness``), lengths from ``prompt_tokens`` and ``output_tokens`` (tokens, or
+    :class:`LengthDist`; output lengths drawn with ``seed + 1``), no block ids: no two prompts share a prefix.
+    The same seed gives the same trace."""
+    from lablib.measure.load import arrival_schedule
+
+    pd_, od = _dist(prompt_tokens, "prompt_tokens"), _dist(output_tokens, "output_tokens")
+    times = arrival_schedule(n, rate, arrival, burstiness, seed)
+    p, o = pd_.sample(n, seed), od.sample(n, seed + 1)
+    reqs = tuple(TraceRequest(i, times[i], p[i], o[i]) for i in range(n))
+    params = {"rate": rate, "arrival": arrival, "burstiness": burstiness, "seed": seed}
+    params.update(prompt_tokens=pd_.describe(), output_tokens=od.describe())
+    return Trace(reqs, None, "synthetic", "synthetic", params=params)
+
+
+def sessions(
+    n_sessions: int,
+    turns: int,
+    question_tokens=32,
+    answer_tokens=16,
+    think_time_s: float = 5.0,
+    rate: float = 0.5,
+    arrival: str = "poisson",
+    system_tokens: int = 0,
+    block_tokens: int = 16,
+    seed: int = 0,
+) -> Trace:
+    """Multi-turn chats: ``n_sessions`` sessions starting at ``rate`` sessions/s (``arrival``, seeded), each of
+    ``turns`` turns sent ``think_time_s`` seconds apart (counted from the previous turn's send: an open loop
+    does not wait for the answer).
+
+    Turn ``t``'s prompt is turn ``t - 1``'s prompt, a placeholder of turn ``t - 1``'s answer length (text, not
+    the model's answer) and a new question: ``system_tokens + sum(q[u] + a[u] for u < t) + q[t]`` tokens;
+    its output is ``a[t]`` tokens (``question_tokens``, ``answer_tokens``: tokens or :class:`LengthDist`,
+    drawn per session). Blocks of ``block_tokens``: the first ``system_tokens // block_tokens`` (a system
+    prompt's whole blocks) are shared by every session, the rest are the session's own, so each turn shares
+    its previous turns' blocks. Requests in arrival order, with ``session`` and ``turn``."""
+    from lablib.measure.load import arrival_schedule
+
+    n_sessions = whole(n_sessions, "n_sessions", "a number of sessions, at least 1")
+    turns = whole(turns, "turns", "turns per session, at least 1")
+    system_tokens = whole(system_tokens, "system_tokens", "tokens of a shared system prompt, 0 or more", lo=0)
+    block_tokens = whole(block_tokens, "block_tokens", "tokens per block, at least 1")
+    if isinstance(think_time_s, bool) or not isinstance(think_time_s, (int, float)) or not 0 <= think_time_s < math.inf:
+        raise LabError(f"think_time_s={think_time_s!r}: expected seconds, 0 or more")
+    qd, ad = _dist(question_tokens, "question_tokens"), _dist(answer_tokens, "answer_tokens")
+    starts = arrival_schedule(n_sessions, rate, arrival, seed=seed)
+    shared = system_tokens // block_tokens
+    next_id = shared
+    reqs = []
+    for s in range(n_sessions):
+        q, a = qd.sample(turns, seed + 2 * s + 1), ad.sample(turns, seed + 2 * s + 2)
+        total = system_tokens + sum(q) + sum(a)  # the whole chat, the last answer included
+        ids = list(range(shared)) + list(range(next_id, next_id + math.ceil(total / block_tokens) - shared))
+        next_id += len(ids) - shared
+        length = system_tokens
+        for t in range(turns):
+            length += q[t]
+            blocks = tuple(ids[: math.ceil(length / block_tokens)])
+            reqs.append(TraceRequest(0, starts[s] + t * think_time_s, length, a[t], blocks, s, t))
+            length += a[t]
+    reqs.sort(key=lambda r: r.arrival_s)
+    reqs = tuple(dataclasses.replace(r, index=i) for i, r in enumerate(reqs))
+    params = dict(
+        n_sessions=n_sessions,
+        turns=turns,
+        question_tokens=qd.describe(),
+        answer_tokens=ad.describe(),
+        think_time_s=think_time_s,
+        rate=rate,
+        arrival=arrival,
+        system_tokens=system_tokens,
+        seed=seed,
+    )
+    return Trace(reqs, block_tokens, "sessions", "sessions", params=params)
+
+
+# --- scaling --------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ReplayRequest:
+    """One request as the replay sends it.
+
+    ``t_s``: its send time, seconds after the replay's start; ``prompt_tokens``, ``max_new_tokens``: the
+    scaled lengths (tokens); ``hash_ids``: the block ids its prompt reaches (``ceil(prompt_tokens /
+    block_tokens)`` of the trace's, fewer where the trace has fewer); ``capped``: the prompt was cut to the
+    context; the trace's own ``trace_index``, ``trace_prompt_tokens``, ``trace_output_tokens``, ``session``,
+    ``turn``."""
+
+    trace_index: int
+    t_s: float
+    prompt_tokens: int
+    max_new_tokens: int
+    hash_ids: tuple[int, ...]
+    trace_prompt_tokens: int
+    trace_output_tokens: int
+    capped: bool = False
+    session: int | None = None
+    turn: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+    """A trace scaled to a model and machine (:func:`scale`): its requests in send order, the tokens per
+    block id (None: no block ids), the factors (``time_scale``, ``length_scale``, ``output_scale``,
+    ``block_tokens``, ``block_tokens_exact`` = the trace's block x length_scale, ``trace_block_tokens``,
+    ``n_ctx``, ``capped``: prompts cut to the context) and the trace."""
+
+    requests: tuple[ReplayRequest, ...]
+    block_tokens: int | None
+    factors: dict
+    trace: Trace
+
+    def schedule(self) -> list[float]:
+        """Send times, seconds after the start, one per request (run_load's ``schedule``)."""
+        return [r.t_s for r in self.requests]
+
+    def max_new_tokens(self) -> list[int]:
+        """Output lengths, tokens, one per request (run_load's ``max_new_tokens``)."""
+        return [r.max_new_tokens for r in self.requests]
+
+    def labels(self) -> dict:
+        """The columns every row of this replay carries: the trace's file name and the scale factors."""
+        f = self.factors
+        return {
+            "trace_file": Path(self.trace.source).name,
+            "time_scale": f["time_scale"],
+            "length_scale": f["length_scale"],
+            "output_scale": f["output_scale"],
+            "block_tokens": self.block_tokens,
+        }
+
+    def workload(self) -> dict:
+        """The run manifest's workload: the load shape, the lengths and ``replay`` (trace and factors)."""
+        p = [r.prompt_tokens for r in self.requests]
+        return {
+            "mode": "open",
+            "arrival": "schedule",
+            "requests": len(self.requests),
+            "prompt_tokens": sorted(set(p)),
+            "max_new_tokens": sorted(set(self.max_new_tokens())),
+            "replay": {"trace": self.trace.describe(), **self.factors},
+        }
+
+
+def _factor(x, what: str, zero_ok: bool = False) -> float:
+    ok = not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) and (x >= 0 if zero_ok else x > 0)
+    if not ok:
+        raise LabError(f"{what}={x!r}: expected a finite number above 0{' (or 0)' if zero_ok else ''}")
+    return float(x)
+
+
+def scale(
+    trace: Trace,
+    time_scale: float = 1.0,
+    length_scale: float = 1.0,
+    output_scale: float | None = None,
+    block_tokens: int | None = None,
+    n_ctx: int | None = None,
+) -> Replay:
+    """``trace`` fitted to a model and machine.
+
+    Send time ``(arrival_s - first arrival_s) x time_scale`` seconds (0.1: ten times faster; 0: all at once);
+    prompt ``ceil(prompt_tokens x length_scale)`` tokens, cut to ``n_ctx - output`` when ``n_ctx`` (the
+    server's context per request, tokens) is given; output ``round(output_tokens x output_scale)``, at least 1
+    (``output_scale`` None: ``length_scale``); blocks of ``block_tokens`` (None: the trace's block x
+    ``length_scale``, rounded: 512 x 1/32 = 16). Raises LabError for factors that are not positive, a block
+    under one token, and an output that leaves no room for a prompt."""
+    time_scale = _factor(time_scale, "time_scale", zero_ok=True)
+    length_scale = _factor(length_scale, "length_scale")
+    output_scale = length_scale if output_scale is None else _factor(output_scale, "output_scale")
+    if n_ctx is not None:
+        n_ctx = whole(n_ctx, "n_ctx", "the context per request, tokens, at least 2", lo=2)
+    exact = None if trace.block_tokens is None else trace.block_tokens * length_scale
+    if block_tokens is None and exact is not None:
+        block_tokens = round(exact)
+        if block_tokens < 1:
+            raise LabError(
+                f"length_scale={length_scale:g} makes a {trace.block_tokens}-token block {exact:.3g} tokens: "
+                "expected at least 1 token per block; give block_tokens= (tokens) or a larger length_scale"
+            )
+    elif block_tokens is not None:
+        block_tokens = whole(block_tokens, "block_tokens", "tokens per block, at least 1")
+    if not trace.requests:
+        raise LabError("the trace has no requests: expected one or more")
+    t0 = trace.requests[0].arrival_s
+    out, capped = [], 0
+    for r in trace.requests:
+        m = max(1, math.floor(r.output_tokens * output_scale + 0.5))
+        n = max(1, math.ceil(r.prompt_tokens * length_scale - 1e-9))
+        cut = False
+        if n_ctx is not None:
+            room = n_ctx - m
+            if room < 1:
+                raise LabError(
+                    f"trace request {r.index}: its output of {m} tokens (x {output_scale:g}) fills the context of "
+                    f"{n_ctx} tokens, leaving no room for a prompt: expected a smaller output_scale or a larger n_ctx"
+                )
+            if n > room:
+                n, cut = room, True
+                capped += 1
+        blocks = r.hash_ids[: math.ceil(n / block_tokens)] if block_tokens else ()
+        out.append(
+            ReplayRequest(
+                r.index,
+                (r.arrival_s - t0) * time_scale,
+                n,
+                m,
+                blocks,
+                r.prompt_tokens,
+                r.output_tokens,
+                cut,
+                r.session,
+                r.turn,
+            )
+        )
+    factors = {
+        "time_scale": time_scale,
+        "length_scale": length_scale,
+        "output_scale": output_scale,
+        "block_tokens": block_tokens,
+        "block_tokens_exact": exact,
+        "trace_block_tokens": trace.block_tokens,
+        "n_ctx": n_ctx,
+        "capped": capped,
+    }
+    return Replay(tuple(out), block_tokens if trace.block_tokens is not None else None, factors, trace)
+
+
+# --- prompts --------------------------------------------------------------------------------------
+def build_prompts(model, replay: Replay, corpus: str = "prose") -> list[list[int]]:
+    """The token ids of each request of ``replay`` (``prompt_tokens`` each), cut from the real text of
+    ``corpus`` (:func:`lablib.measure.workload.corpus_ids`, the model's tokenizer).
+
+    Each block id is one cut of ``block_tokens`` consecutive corpus tokens (wrapping round the corpus), the
+    same in every prompt it appears in; a prompt is its blocks in order, cut at its length, and where it is
+    longer than its blocks, a cut of its own for the rest. The cuts that may follow one block (the blocks
+    and own cuts after it in any prompt; at a prompt's start, every first block and own cut) each start
+    with a different token: a cut's start moves on through the corpus until its first token is new there.
+    So prompts whose block lists share exactly ``k`` leading ids share exactly ``min(k x block_tokens,
+    their lengths)`` tokens, and differ at the next one. Raises LabError when the corpus has too few
+    distinct tokens for the cuts that follow one block (try corpus="code"), and when an id follows two
+    different ids and its first token is already taken after one of them (a trace whose ids are not
+    chained hashes)."""
+    from lablib.measure.workload import corpus_ids
+
+    ids = corpus_ids(model, corpus)
+    size = len(ids)
+    bt = replay.block_tokens or 0
+    start: dict = {}  # node (a block id, or ("own", request position)) -> the corpus offset of its cut
+    taken: dict = {}  # node after which (None: a prompt's start) -> {first token: the node it starts}
+    cursor = 0
+
+    def place(node, after, length):
+        nonlocal cursor
+        firsts = taken.setdefault(after, {})
+        if node in start:  # placed before (after another node, or after this one)
+            tok = ids[start[node]]
+            if firsts.get(tok, node) != node:
+                raise LabError(
+                    f"block id {node} follows block {after} and another block, and its first token is taken "
+                    f"after {after} by block {firsts[tok]}: expected chained block ids (each id has one "
+                    "predecessor, as Mooncake's hash_ids)"
+                )
+            firsts[tok] = node
+            return
+        for step in range(size):
+            off = (cursor + step) % size
+            if ids[off] not in firsts:
+                break
+        else:
+            raise LabError(
+                f"{len(firsts)} different cuts follow {'a prompt start' if after is None else f'block {after}'}, "
+                f"but the {corpus} corpus has only {len(set(ids))} distinct tokens to start them: expected "
+                "fewer requests, or corpus='code'"
+            )
+        firsts[ids[off]] = node
+        start[node] = off
+        cursor = (off + length + BLOCK_GAP) % size
+
+    def cut(node, length):
+        off = start[node]
+        return [ids[(off + t) % size] for t in range(length)]
+
+    prompts = []
+    for pos, r in enumerate(replay.requests):
+        ids_out: list[int] = []
+        after = None
+        for h in r.hash_ids:
+            place(h, after, bt)
+            ids_out += cut(h, bt)
+            after = h
+        del ids_out[r.prompt_tokens :]
+        rest = r.prompt_tokens - len(ids_out)
+        if rest > 0:
+            own = ("own", pos)
+            place(own, after, rest)
+            ids_out += cut(own, rest)
+        prompts.append(ids_out)
+    return prompts
+
+
+def perfect_reuse(replay: Replay) -> dict:
+    """What a prefix cache with room for everything could reuse of ``replay``'s block structure.
+
+    In send order, a request's reusable tokens are ``block_tokens`` x its leading *full* blocks (ids whose
+    whole block is in its prompt) that an earlier request's prompt also held whole, under the same leading
+    ids: a block-granular cache (vLLM's, with blocks of ``block_tokens``) that keeps every block and sees
+    each request after all earlier ones finished. An upper bound: a server still evaluates at least a
+    prompt's last token, evicts, and may not have an earlier request's blocks while it is in flight.
+    Returns ``block_tokens``, ``prompt_tokens`` (all requests), ``reusable_tokens`` (their sum),
+    ``hit_fraction`` (reusable / prompt tokens) and ``per_request`` (reusable tokens, in send order)."""
+    bt = replay.block_tokens
+    trie: dict = {}
+    per = []
+    for r in replay.requests:
+        full = r.hash_ids[: r.prompt_tokens // bt] if bt else ()
+        node, k, hit = trie, 0, True
+        for h in full:
+            if hit and h in node:
+                k += 1
+            else:
+                hit = False
+                node.setdefault(h, {})
+            node = node[h]
+        per.append(k * (bt or 0))
+    total = sum(r.prompt_tokens for r in replay.requests)
+    return {
+        "block_tokens": bt,
+        "prompt_tokens": total,
+        "reusable_tokens": sum(per),
+        "hit_fraction": sum(per) / total if total else 0.0,
+        "per_request": per,
+    }
+
+
+def request_columns(replay: Replay, reuse: dict | None = None) -> list[dict]:
+    """Per request (send order), the columns a replay row adds (:data:`ROW_COLUMNS` less the labels, and ``turn``)."""
+    reuse = reuse or perfect_reuse(replay)
+    return [
+        {
+            "trace_index": r.trace_index,
+            "trace_prompt_tokens": r.trace_prompt_tokens,
+            "trace_output_tokens": r.trace_output_tokens,
+            "session": r.session,
+            "turn": r.turn,
+            "hash_ids": list(r.hash_ids),
+            "prefix_blocks": len(r.hash_ids),
+            "reusable_tokens": reuse["per_request"][i],
+        }
+        for i, r in enumerate(replay.requests)
+    ]
+
+
+# --- the run ------------------------------------------------------------------------------------
+def replay(
+    engine,
+    plan: Replay,
+    prompts: list[list[int]] | None = None,
+    *,
+    concurrency: int | None = None,
+    cfg=None,
+    max_duration_s: float = 300.0,
+    on_row: Callable[[dict], None] | None = None,
+    server_metrics=None,
+    corpus: str = "prose",
+) -> list[dict]:
+    """Send ``plan`` to the HTTP ``engine`` on its own times: :func:`lablib.measure.load.run_load`, open loop,
+    ``schedule`` = :meth:`Replay.schedule`, ``max_new_tokens`` = each request's output length (``cfg``'s
+    other settings; default: greedy, EOS ignored), at most ``concurrency`` in flight when given (later ones
+    wait in the lab's queue: their ``queue_s``), within ``max_duration_s`` (requests scheduled later are not
+    sent). ``prompts``: the token ids (None: :func:`build_prompts` with the engine's model and ``corpus``).
+
+    Rows (run_load's, finish order) also carry :data:`ROW_COLUMNS`: the trace and scale factors, and per
+    request its ``trace_index``, unscaled lengths, ``session``/``turn``, ``hash_ids``, ``prefix_blocks``,
+    ``reusable_tokens`` (:func:`perfect_reuse`); added before ``on_row(row)`` sees the row."""
+    from lablib.engines.base import GenerationConfig
+    from lablib.measure.load import run_load
+    from lablib.results.store import engine_manifest
+
+    if prompts is None:
+        prompts = build_prompts(engine.model, plan, corpus)
+    if len(prompts) != len(plan.requests):
+        raise LabError(f"{len(prompts)} prompts for {len(plan.requests)} requests: expected one per request")
+    for i, (p, r) in enumerate(zip(prompts, plan.requests)):
+        if len(p) != r.prompt_tokens:
+            raise LabError(f"prompt {i}: {len(p)} tokens, expected the replay's {r.prompt_tokens}")
+    cfg = cfg or GenerationConfig(ignore_eos=True)
+    reuse = perfect_reuse(plan)
+    per = request_columns(plan, reuse)
+    workload = dict(plan.workload(), concurrency=concurrency, max_duration_s=max_duration_s)
+    workload["replay"] = dict(workload["replay"], perfect_reuse_fraction=reuse["hit_fraction"])
+    manifest = engine_manifest(engine, workload)
+
+    def add(row):
+        i = row.get("request_index")
+        if i is not None:
+            row.update(per[i])
+        if on_row is not None:
+            on_row(row)
+
+    return run_load(
+        engine,
+        prompts,
+        "open",
+        concurrency=concurrency,
+        schedule=plan.schedule(),
+        max_new_tokens=plan.max_new_tokens(),
+        cfg=cfg,
+        max_duration_s=max_duration_s,
+        manifest=manifest,
+        on_row=add,
+        server_metrics=server_metrics,
+        **plan.labels(),
+    )
+
+
+def replay_summary(
+    rows,
+    plan: Replay,
+    max_lag_s: float = MAX_LAG_S,
+    ttft_s: float | None = None,
+    tpot_s: float | None = None,
+    e2e_s: float | None = None,
+) -> dict:
+    """:func:`lablib.results.tables.run_summary` of a replay's ``rows`` and :data:`SUMMARY_COLUMNS`:
+    ``scheduled`` (requests in the plan), ``not_sent`` (scheduled after the time limit: no row),
+    ``schedule_lag_p50_s``/``_p99_s`` (how late the lab sent them, seconds), ``max_lag_s`` and ``kept_up``
+    (lag p99 <= max_lag_s: the lab sent on the trace's times), ``schedule_span_s`` (the last row's scheduled
+    send, seconds after the start), ``drain_s`` (from the last scheduled send to the last token, seconds:
+    how far the server was behind at the end), ``output_count_ok`` (every successful row has exactly its
+    ``max_new_tokens``), ``perfect_reuse_fraction`` (:func:`perfect_reuse`), and the factors."""
+    from lablib.results.tables import percentile, run_summary
+
+    max_lag_s = _factor(max_lag_s, "max_lag_s")
+    out = run_summary(rows, ttft_s=ttft_s, tpot_s=tpot_s, e2e_s=e2e_s)
+    lags = [r["schedule_lag_s"] for r in rows if r.get("schedule_lag_s") is not None]
+    p99 = percentile(lags, 99) if lags else None
+    ok = [r for r in rows if not r.get("error") and r.get("t_last_token") is not None]
+    sends = [r["t_submit"] for r in rows if r.get("t_submit") is not None]
+    out.update(
+        scheduled=len(plan.requests),
+        not_sent=len(plan.requests) - len(rows),
+        schedule_lag_p50_s=percentile(lags, 50) if lags else None,
+        schedule_lag_p99_s=p99,
+        max_lag_s=max_lag_s,
+        kept_up=p99 is not None and p99 <= max_lag_s,
+        schedule_span_s=max((r["t_scheduled"] for r in rows if r.get("t_scheduled") is not None), default=None),
+        drain_s=max(r["t_last_token"] for r in ok) - max(sends) if ok and sends else None,
+        output_count_ok=bool(ok) and all(r.get("output_tokens") == r.get("max_new_tokens") for r in ok),
+        perfect_reuse_fraction=perfect_reuse(plan)["hit_fraction"],
+        **{k: v for k, v in plan.factors.items()},
+    )
+    return out
+
+
+def lag_warning(summary: dict) -> str | None:
+    """A sentence when a replay did not keep up (its lag p99 above ``max_lag_s``) or left requests unsent;
+    None otherwise."""
+    parts = []
+    if not summary.get("kept_up"):
+        p99 = summary.get("schedule_lag_p99_s")
+        parts.append(
+            f"the replay fell behind its trace: schedule lag p99 {'-' if p99 is None else f'{p99 * 1e3:.1f} ms'} "
+            f"above {summary['max_lag_s'] * 1e3:.0f} ms, so the arrivals measured are not the trace's "
+            "(a busy machine, or too many requests at once for the lab's client: slow the trace with a "
+            "larger time_scale)"
+        )
+    if summary.get("not_sent"):
+        parts.append(
+            f"{summary['not_sent']} of {summary['scheduled']} requests were scheduled after the time limit "
+            "and not sent (a larger max_duration_s or a smaller time_scale sends them)"
+        )
+    return "; ".join(parts) or None
+
+
+def run_replay(
+    *,
+    out,
+    trace=None,
+    fmt: str = "auto",
+    start: int = 0,
+    count: int | None = None,
+    time_scale: float = 1.0,
+    length_scale: float = 1 / 32,
+    output_scale: float | None = None,
+    block_tokens: int | None = None,
+    base_url: str | None = None,
+    server: str | None = None,
+    parallel: int = 1,
+    threads: int | None = None,
+    n_ctx: int = 1024,
+    model=None,
+    server_model: str | None = None,
+    api: str = "completions",
+    concurrency: int | None = None,
+    max_duration_s: float = 300.0,
+    read_timeout_s: float = 60.0,
+    warmup: int = 1,
+    max_lag_s: float = MAX_LAG_S,
+    corpus: str = "prose",
+    ttft_s: float | None = None,
+    tpot_s: float | None = None,
+    e2e_s: float | None = None,
+    log=print,
+) -> dict:
+    """``lablib replay``: a trace (``trace`` file, None: the shipped Mooncake slice; ``fmt``; requests
+    ``start`` .. ``start + count - 1``) scaled (:func:`scale`: ``time_scale``, ``length_scale``,
+    ``output_scale``, ``block_tokens``; prompts cut to the server's context) and replayed
+    (:func:`replay`) on the OpenAI-compatible server at ``base_url``, or on a server the lab starts
+    (``server``: a name of :data:`lablib.engines.servers.SERVERS`, with ``parallel`` slots of ``n_ctx``
+    tokens and ``threads``; stopped at the end). ``warmup`` unrecorded requests first (8-token prompts of
+    the prose, 4 tokens out). Every row is appended to ``out`` (.jsonl/.parquet) as it finishes.
+
+    Returns :func:`replay_summary` (against ``max_lag_s`` and the goodput targets) with ``server`` (its
+    kind) and ``warning`` (:func:`lag_warning`, also logged). Raises LabError for bad arguments (before any
+    request) and when no server answers."""
+    from lablib.engines import load_engine
+    from lablib.engines.base import GenerationConfig
+    from lablib.measure.workload import prompt_of_length
+    from lablib.model.resolve import ResolvedModel, prepare
+    from lablib.results.store import ResultsWriter, _suffix
+
+    _suffix(out)  # a bad file name is refused before any work
+    if (base_url is None) == (server is None):
+        raise LabError("expected either base_url (a running server) or server (a name, for the lab to start one)")
+    warmup = whole(warmup, "warmup", "0 or more", lo=0)
+    tr = read_trace(trace, fmt, start, count)
+    scale(tr, time_scale, length_scale, output_scale, block_tokens)  # bad factors refused before a server starts
+    rm = model if isinstance(model, ResolvedModel) else prepare(model, log=log)
+    srv = None
+    if server is not None:
+        from lablib.engines.servers import start_server
+
+        srv = start_server(server, rm, parallel=parallel, threads=threads, n_ctx=n_ctx, log=log)
+    try:
+        engine = (
+            srv.engine(rm, api=api, read_timeout_s=read_timeout_s)
+            if srv is not None
+            else load_engine(
+                "http", rm, base_url=base_url, api=api, server_model=server_model, read_timeout_s=read_timeout_s
+            )
+        )
+        try:
+            plan = scale(tr, time_scale, length_scale, output_scale, block_tokens, n_ctx=engine.n_ctx)
+            prompts = build_prompts(rm, plan, corpus)
+            writer = ResultsWriter(out)
+            for i in range(warmup):
+                engine.generate(prompt_of_length(rm, 8, offset=3 * i), GenerationConfig(max_new_tokens=4))
+            rows = replay(
+                engine,
+                plan,
+                prompts,
+                concurrency=concurrency,
+                max_duration_s=max_duration_s,
+                on_row=writer.append,
+                corpus=corpus,
+            )
+            s = {"server": engine.kind, **replay_summary(rows, plan, max_lag_s, ttft_s, tpot_s, e2e_s)}
+        finally:
+            engine.close()
+    finally:
+        if srv is not None:
+            srv.stop()
+    s["warning"] = lag_warning(s)
+    if s["warning"]:
+        log(f"warning: {s['warning']}")
+    return s
