@@ -119,6 +119,14 @@ def test_bench_samples_the_server_on_the_lab_clock(llama_server, model, tmp_path
     assert c["prefix_cache_queries"] == c["prompt_tokens"]
     assert c["generation_tokens"] == sum(r["output_tokens"] for r in rows) == 4 * 8
     assert s["server_info"] == {"slots": {"slots": 2, "n_ctx": 512}}
+    # the client's own headroom: the stamping loop probed from the first request to the last, and the run's
+    # summary on disk beside its rows (the same numbers as returned)
+    h = s["client_headroom"]
+    assert h["samples"] > 0 and h["method"] in ("timerfd", "sleep") and isinstance(h["near_limit"], bool)
+    assert h["threshold_s"] == pytest.approx(max(0.001, 0.1 * s["itl_p50_s"]))
+    assert h["near_limit"] == (h["loop_lag_p99_s"] > h["threshold_s"] or h["loop_cpu_fraction"] >= 0.9)
+    (run,) = [json.loads(x) for x in (tmp_path / "r.runs.jsonl").read_text().splitlines()]
+    assert run["client_headroom"] == h and run["requests"] == 4 and run["out"] == str(out)
 
     server = [json.loads(x) for x in (tmp_path / "r.server.jsonl").read_text().splitlines()]
     assert {r["metric"] for r in server} == {

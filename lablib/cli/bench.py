@@ -3,7 +3,7 @@
     lablib bench --base-url URL [--model ID] [--api completions|chat] [--rate R | --concurrency C]
                  [--max-concurrency C] [--arrival poisson|constant|gamma] [--burstiness B] [--seed S]
                  --requests N --prompt-tokens P --max-new-tokens M [--prompts prose|random]
-                 --out FILE [--max-duration-s S]
+                 --out FILE [--max-duration-s S] [--read-timeout-s S] [--connect-timeout-s S]
                  [--ttft-target-s X] [--tpot-target-s X] [--e2e-target-s X]
 
 One tidy row per request (the sweeps' columns plus the HTTP ones) is written as each finishes, with
@@ -13,12 +13,14 @@ answers ``/metrics`` (:func:`lablib.ui.text.server_line`; its samples go to ``<o
 Prompts are exact-length cuts of the lab's prose at different offsets, so no request shares a prefix
 with another; ``--prompts random``: the ids of the prompts ``vllm bench serve --dataset-name random
 --seed S`` sends (:func:`lablib.measure.workload.random_prompts`). The run is
-:func:`lablib.measure.load.bench`; this module parses the flags and prints.
+:func:`lablib.measure.load.bench`; this module parses the flags and prints. Ctrl-C (SIGINT) or SIGTERM
+stops it: the requests in flight are written as error rows, one line says so, exit code 130 / 143.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 
 HELP = "measure an OpenAI-compatible server: closed or open loop, rows to --out"
 
@@ -47,7 +49,8 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--until-eos", action="store_true", help="stop at EOS (default: exactly N tokens)")
     p.add_argument("--max-duration-s", type=float, default=300.0, help="time limit of the run")
-    p.add_argument("--read-timeout-s", type=float, default=60.0)
+    p.add_argument("--read-timeout-s", type=float, default=60.0, help="longest silence within a response")
+    p.add_argument("--connect-timeout-s", type=float, default=10.0, help="longest wait to open a connection")
     p.add_argument("--ttft-target-s", type=float, default=None)
     p.add_argument("--tpot-target-s", type=float, default=None)
     p.add_argument("--e2e-target-s", type=float, default=None)
@@ -55,7 +58,34 @@ def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="results file, .jsonl or .parquet (appended)")
 
 
+def _terminated(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")  # the same way out as Ctrl-C: the rows in flight written, then a message
+
+
 def run(ns) -> int:
+    """The run; on SIGINT (Ctrl-C) or SIGTERM the rows of the requests in flight are written (as errors)
+    and one message says so: exit code 128 + the signal's number (130, 143)."""
+    import signal
+
+    main = threading.current_thread() is threading.main_thread()  # a handler can only be set there
+    old = signal.signal(signal.SIGTERM, _terminated) if main else None
+    try:
+        return _run(ns)
+    except KeyboardInterrupt as e:
+        name = e.args[0] if e.args and isinstance(e.args[0], str) else "SIGINT"
+        print(
+            f"lablib bench: interrupted by {name}; the rows of the requests that finished, and of those in flight "
+            f"(as errors), are in {ns.out}: run it again to measure",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 + int(getattr(signal, name, signal.SIGINT))
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, old if old is not None else signal.SIG_DFL)
+
+
+def _run(ns) -> int:
     from lablib.measure.load import bench
     from lablib.ui.text import server_line, summary_line
 
@@ -82,6 +112,7 @@ def run(ns) -> int:
         until_eos=ns.until_eos,
         max_duration_s=ns.max_duration_s,
         read_timeout_s=ns.read_timeout_s,
+        connect_timeout_s=ns.connect_timeout_s,
         ttft_s=ns.ttft_target_s,
         tpot_s=ns.tpot_target_s,
         e2e_s=ns.e2e_target_s,

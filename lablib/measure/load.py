@@ -89,6 +89,7 @@ def run_load(
     server_metrics=None,
     schedule: list[float] | None = None,
     max_new_tokens: list[int] | None = None,
+    client_probe=None,
     **labels,
 ) -> list[dict]:
     """Send ``prompts`` (token ids, one request each) to an HTTP engine in a load shape; one row per request.
@@ -102,7 +103,9 @@ def run_load(
     ``error`` (None when it succeeded). ``on_row(row)`` is called in the calling thread as each
     request finishes (write it to disk there). ``server_metrics``: a
     :class:`lablib.engines.http.metrics.MetricsSampler`, started just before the first request and
-    stopped after the last (its rows and deltas cover this run). Raises LabError for bad arguments.
+    stopped after the last (its rows and deltas cover this run). ``client_probe``: a
+    :class:`lablib.measure.headroom.LoopLagProbe`, run on the engine's event loop from the first request to the
+    last (its ``headroom()`` then says how late the loop that stamps tokens was: the client's own delay). Raises LabError for bad arguments.
 
     ``schedule``: an open loop's own send times, seconds after the run's start, one per prompt,
     non-decreasing (a trace replay, :mod:`lablib.measure.replay`), instead of ``rate`` (rows: ``rate``
@@ -172,9 +175,13 @@ def run_load(
     )
     if server_metrics is not None:
         server_metrics.start()  # its first scrape, before any request
+    if client_probe is not None:  # after the manifest and prompts: work before the run is no token's delay
+        client_probe.start(engine)
     try:
         return _drive(engine, prompts, mode, concurrency, schedule, cfgs, max_duration_s, manifest, base, on_row)
     finally:
+        if client_probe is not None:
+            client_probe.stop()
         if server_metrics is not None:
             server_metrics.stop()  # its last scrape, after the last row
 
@@ -262,6 +269,24 @@ class _Rows(queue.Queue):
 
     def __call__(self, row: dict) -> None:
         self.put(row)
+
+
+def _jsonable(x):
+    """numpy scalars and other odd values of a summary, for json.dumps."""
+    try:
+        return x.item()
+    except AttributeError:
+        return str(x)
+
+
+def client_headroom_of(probe, itl_p50_s: float | None) -> dict:
+    """The client's headroom in one run (:meth:`lablib.measure.headroom.LoopLagProbe.headroom`): near its
+    limit when the stamping loop's p99 lag is above a tenth of the run's median ITL (``itl_p50_s``, seconds;
+    at least :data:`lablib.measure.headroom.NEAR_LIMIT_S`): then the rows' ITL and TTFT p99 hold more than
+    10 % of the client's own delay."""
+    from lablib.measure.headroom import NEAR_LIMIT_S
+
+    return probe.headroom(max(NEAR_LIMIT_S, 0.1 * itl_p50_s) if itl_p50_s else NEAR_LIMIT_S)
 
 
 def rate_sweep(engine, prompts: list[list[int]], rates, **kw) -> list[dict]:
@@ -477,12 +502,16 @@ def bench(
     to ``<out without suffix>.server.jsonl``, and each summary gets ``server_counters`` (the run's counter
     deltas and gauge maxima by common name, with ``scrapes``, ``scrape_failures``, ``scrape_s_max``) and
     ``server_info`` (what the server says of itself: the sampler's ``info``); both None without ``/metrics``.
+    Every summary also gets ``client_headroom`` (:func:`client_headroom_of`: how late the loop that stamped the
+    tokens was, and whether that makes the client the limit) and is appended, with ``out``, to
+    ``<out without suffix>.runs.jsonl`` as its run ends.
     """
     import json
     from pathlib import Path
 
     from lablib.engines import load_engine
     from lablib.engines.http.metrics import MetricsSampler, scrape
+    from lablib.measure.headroom import LoopLagProbe
     from lablib.measure.workload import PROMPT_KINDS, distinct_prompts, random_prompts
     from lablib.model.resolve import ResolvedModel, prepare
     from lablib.results.store import ResultsWriter, _suffix
@@ -519,6 +548,7 @@ def bench(
         connect_timeout_s=connect_timeout_s,
     )
     summaries = []
+    runs_file = Path(out).with_name(Path(out).stem + ".runs.jsonl")
     try:
         try:
             scrape(engine.root_url)
@@ -531,6 +561,7 @@ def bench(
         for rate in rates:
             labels = {"server": engine.kind, "mode": mode, "rate": rate, "concurrency": concurrency}
             sampler = None if server_file is None else MetricsSampler(engine.root_url, metrics_interval_s, **labels)
+            probe = LoopLagProbe()
             rows = run_load(
                 engine,
                 prompts[warmup:],
@@ -544,6 +575,7 @@ def bench(
                 cfg=cfg,
                 on_row=writer.append,
                 server_metrics=sampler,
+                client_probe=probe,
             )
             counters = info = None
             if sampler is not None:
@@ -565,6 +597,9 @@ def bench(
                 "server_counters": counters,
                 "server_info": info,
             }
+            s["client_headroom"] = client_headroom_of(probe, s.get("itl_p50_s"))
+            with open(runs_file, "a") as f:  # the run's summary on disk beside its rows, headroom included
+                f.write(json.dumps({**s, "out": str(out)}, default=_jsonable) + "\n")
             summaries.append(s)
             if on_summary is not None:
                 on_summary(s)

@@ -171,6 +171,10 @@ REPLAY = (
     "prefix_blocks",
     "reusable_tokens",
 )
+# the scheduler under traffic (lablib.studies.scheduler, lab 09): a request's part in the head-of-line experiment
+# ("short": a stream decoding; "long": the prompt that arrives while they decode) and the server's token budget
+# per step it ran under (llama-server's -b, vLLM's --max-num-batched-tokens; None: the server's default)
+SCHEDULER = ("role", "batch_tokens")
 # a model's quality against its reference, lablib.studies.quality.STATS: perplexity (its own, the reference's),
 # KL divergence per token (mean, p99, max; nats), top-1 agreement, shifts of the reference's top token's
 # probability and of the target's (mean |shift|, mean, RMS), and the tokens scored
@@ -218,6 +222,7 @@ COLUMNS = (
     + HTTP
     + LOAD
     + REPLAY
+    + SCHEDULER
     + QUALITY
     + LADDER
 )
@@ -265,8 +270,9 @@ PREFIX_MEMORY = ("tokens", "kept_bytes", "formula_bytes", "kept_bytes_per_token"
 # as the request rows' CLOCKS), the common metric name, its value and the server's own names of it; a bench
 # summary's per-run server counters (counter deltas, gauge maxima) and what the server says of itself (its
 # *_info metrics; not the manifest's server_settings, what the lab started it with); requests in flight over a
-# run (lablib.results.tables.client_server_timeline: sent, last token not yet arrived)
-SERVER = ("t_s", "metric", "value", "raw", "server_counters", "server_info", "in_flight")
+# run (lablib.results.tables.client_server_timeline: sent, last token not yet arrived); and the client's own
+# headroom in the run (lablib.measure.load.client_headroom_of: the lag of the loop that stamped its tokens)
+SERVER = ("t_s", "metric", "value", "raw", "server_counters", "server_info", "in_flight", "client_headroom")
 # what a replay's summary adds to a run summary (lablib.measure.replay.replay_summary): requests scheduled and
 # those never sent (past the time limit), the send lag's p50/p99 (s) against its limit and whether the client
 # kept up, the schedule's span and the drain after its last send (s), whether every output count came out as
@@ -283,9 +289,71 @@ REPLAY_SUMMARY = (
     "output_count_ok",
     "perfect_reuse_fraction",
 )
+# the scheduler's tables (lablib.studies.scheduler, lab 09): every token of a head-of-line run (token_table: its
+# index in its request, with t_s seconds since the run's first t_submit and itl_s the gap to the request's
+# previous token); a head-of-line run's summary (hol_summary: the long request's prompt tokens, arrival, first
+# token and TTFT, s; the short streams' median ITL before it arrived and longest ITL overlapping its prefill, s,
+# and their ratio; the fewest and most tokens a short stream got during that prefill, the prefill steps
+# predicted, whether the short streams outlasted it, and the server's own step count over the run; the long
+# request's send time and the short streams' budget, s and tokens; the warm-up's long prompt alone: its TTFT
+# and TPOT, s, and its steps counted by the server and predicted); the
+# server's /metrics over a run (gauge maxima, preemptions counted); the KV cache predicted (kv_prediction:
+# blocks in all and holding tokens, bytes per token and in all, a sequence's tokens and blocks, sequences that
+# fit, the running maximum, waiting, preemption and KV use, 0..1, predicted, and what vLLM would state) beside
+# what vLLM stated at start (stated_capacity: its KV tokens and maximum concurrency for requests of so many
+# tokens; the blocks its KV space gave and the override); the saturation knee's steps (find_knee: a step's
+# throughput slope over the light-load slope, latency over the light-load latency, the knee's row)
+SCHEDULER_TABLES = (
+    "token_index",
+    "long_prompt_tokens",
+    "long_arrival_s",
+    "long_first_token_s",
+    "long_ttft_s",
+    "short_itl_before_p50_s",
+    "short_itl_during_max_s",
+    "itl_ratio",
+    "short_tokens_during_min",
+    "short_tokens_during_max",
+    "prefill_steps_predicted",
+    "shorts_outlast_prefill",
+    "server_steps",
+    "long_delay_s",
+    "short_new_tokens",
+    "solo_ttft_s",
+    "solo_tpot_s",
+    "solo_server_steps",
+    "solo_steps_predicted",
+    "running_max",
+    "waiting_max",
+    "kv_usage_max",
+    "preemptions",
+    "kv_blocks",
+    "usable_blocks",
+    "kv_bytes_per_token",
+    "kv_cache_bytes",
+    "sequence_tokens",
+    "blocks_per_sequence",
+    "fit_sequences",
+    "predicted_running_max",
+    "predicted_preemption",
+    "predicted_waiting",
+    "predicted_kv_usage_max",
+    "predicted_kv_tokens",
+    "predicted_max_concurrency",
+    "stated_kv_tokens",
+    "stated_for_tokens",
+    "stated_max_concurrency",
+    "space_blocks",
+    "override_blocks",
+    "throughput_gain",
+    "latency_growth",
+    "is_knee",
+)
 # the columns of tables that no row carries (a summary's output_tokens is the run's sum of the rows' own)
 TABLE_COLUMNS = tuple(
-    c for c in SUMMARY + BATCH_SWEEP + ANCHOR + PREFIX_MEMORY + SERVER + REPLAY_SUMMARY if c not in COLUMNS
+    c
+    for c in SUMMARY + BATCH_SWEEP + ANCHOR + PREFIX_MEMORY + SERVER + REPLAY_SUMMARY + SCHEDULER_TABLES
+    if c not in COLUMNS
 )
 # what lablib.results.tables.need accepts: a column of a result row or of a table
 KNOWN = frozenset(COLUMNS + TABLE_COLUMNS)

@@ -18,8 +18,16 @@ def summary_line(server: str, mode: str, rate, c, s: dict) -> str:
         f"server={server} mode={mode} rate={'-' if rate is None else f'{rate:g}'} c={'-' if c is None else c} "
         f"output_tps={f(s['output_tps'], 2)} ttft_p50_s={f(s['ttft_p50_s'])} goodput={f(s['goodput_rps'], 3)} "
         f"ttft_p99_s={f(s['ttft_p99_s'])} tpot_p50_s={f(s['tpot_p50_s'], 4)} e2e_p99_s={f(s['e2e_p99_s'])} "
-        f"errors={s['errors']}/{s['requests']}"
+        f"errors={s['errors']}/{s['requests']}{_client_note(s.get('client_headroom'))}"
     )
+
+
+def _client_note(h: dict | None) -> str:
+    """`` client_near_limit=loop_lag_p99_ms:X`` when the client's own stamping loop lagged (a bench summary's
+    ``client_headroom``, :func:`lablib.measure.load.client_headroom_of`), else nothing."""
+    if not h or not h.get("near_limit") or h.get("loop_lag_p99_s") is None:
+        return ""
+    return f" client_near_limit=loop_lag_p99_ms:{h['loop_lag_p99_s'] * 1e3:.1f}"
 
 
 def server_line(c: dict) -> str:

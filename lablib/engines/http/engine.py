@@ -548,11 +548,13 @@ class HTTPEngine(Engine):
             )
             raise HTTPEngineError(trace.error, trace) from None
         except aiohttp.ClientConnectorError as e:
-            refused = isinstance(e.os_error, ConnectionRefusedError)  # nothing listens: a server that exited
+            said = {  # a server that exited: nothing listens; one exiting: the connection reset as it opened
+                ConnectionRefusedError: "connection refused: nothing listens there, ",
+                ConnectionResetError: "connection reset by the server as it opened: it may be exiting, ",
+            }.get(type(e.os_error), "")
             trace.error = (
-                f"cannot connect to {url} ({'connection refused: nothing listens there, ' if refused else ''}"
-                f"{e.os_error or e}); expected a running server: start one with `lablib serve --server NAME` "
-                "(or restart the one that exited: read its log), or check the URL"
+                f"cannot connect to {url} ({said}{e.os_error or e}); expected a running server: start one with "
+                "`lablib serve --server NAME` (or restart the one that exited: read its log), or check the URL"
             )
             raise HTTPEngineError(trace.error, trace) from None
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:

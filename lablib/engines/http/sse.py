@@ -29,7 +29,7 @@ import codecs
 from dataclasses import dataclass
 
 
-@dataclass
+@dataclass(slots=True)
 class SSEEvent:
     """One dispatched event: ``event`` type (default "message"), ``data`` (lines joined by
     ``\\n``), the last ``id`` seen (None if none) and ``retry`` (ms) when the event set one."""
@@ -72,7 +72,11 @@ class SSEParser:
         if self._skip_lf and text:
             self._skip_lf = False
             text = text.removeprefix("\n")
-        buf = self._buf + text
+        buf = self._buf + text if self._buf else text
+        if "\r" not in buf:  # the common case: \n line ends only, one split (no scan per line)
+            lines = buf.split("\n")
+            self._buf = lines.pop()  # what follows the last line end (committed before the lines are read)
+            return self._lines(lines)
         lines: list[str] = []
         pos, n = 0, len(buf)
         while pos < n:
@@ -89,16 +93,33 @@ class SSEParser:
             else:
                 pos = end + 1
         self._buf = buf[pos:]  # committed before the lines are read
+        return self._lines(lines)
+
+    def _lines(self, lines: list[str]) -> list[SSEEvent]:
+        """The events that these complete lines finish, in order."""
         self.lines += len(lines)
         out: list[SSEEvent] = []
+        data = self._data
         for line in lines:
+            if line[:6] == "data: ":  # the hot path of a token stream: a data line, then a blank line
+                data.append(line[6:])
+                self._has_fields = True
+                continue
+            if not line:
+                if data and not self._event and self._retry is None:  # _dispatch of the usual event, inline
+                    self._data, self._has_fields, self.last_id = [], False, self._id
+                    self.events += 1
+                    out.append(SSEEvent("message", data[0] if len(data) == 1 else "\n".join(data), self._id, None))
+                else:
+                    ev = self._dispatch()
+                    if ev is not None:
+                        out.append(ev)
+                data = self._data
+                continue
             try:
-                ev = self._line(line)
+                self._line(line)
             except (ValueError, TypeError, OverflowError):  # a field it cannot use: ignored, counted
                 self.malformed += 1
-                continue
-            if ev is not None:
-                out.append(ev)
         return out
 
     def close(self) -> bool:
@@ -137,4 +158,4 @@ class SSEParser:
         if not data:
             return None
         self.events += 1
-        return SSEEvent(event=event or "message", data="\n".join(data), id=self._id, retry=retry)
+        return SSEEvent(event or "message", data[0] if len(data) == 1 else "\n".join(data), self._id, retry)

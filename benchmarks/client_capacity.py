@@ -1,0 +1,684 @@
+"""How many concurrent streams and tokens/s the lab's HTTP client sustains before its own timestamping lags,
+beside vLLM's benchmark client (``vllm bench serve``) on the same server.
+
+    python benchmarks/client_capacity.py [--levels 1,2,4,...,512] [--itl-s 0.01] [--level-s 2]
+        [--max-level-s 20] [--clients lab,vllm,lab@REV] [--parse-rev REV] [--parse-only | --no-parse]
+        [--profile FILE --profile-level C] [--keep DIR]
+
+``lab@REV`` (a client) and ``--parse-rev REV``: the lab's parse path (``lablib/engines/http/sse.py`` and
+``protocol.py``) as of git revision REV, beside the current one: before and after a change, in one run.
+
+``LABLIB_QUICK=1``: levels 1,8,64, 1 s per level, the parse section with fewer rounds.
+
+**The server** is ``benchmarks/fast_server.py`` in a process of its own (its own GIL): vLLM's
+``/v1/completions`` stream with a model that costs nothing, one decode step every ``--itl-s`` seconds for
+all streams in flight (a batch), exactly ``max_tokens`` tokens per stream, and the true send time of every
+token (``time.perf_counter`` just before the write; on Linux ``CLOCK_MONOTONIC``, the same clock in every
+process, so the lab's stamps and vllm bench's are on the server's time line: checked at the start by
+``GET /clock``, printed ``# clock:``). The first token's text is the request's tag, which both clients keep
+(the lab's rows' ``text``, vllm bench's ``generated_texts``), so every client-side stamp is matched to the
+send time of the same token.
+
+**Per level** (concurrency C): a closed loop of C clients, 2 C requests of N tokens (N = ``--level-s`` /
+2 / ``--itl-s``: each level lasts about ``--level-s`` when the client keeps up, at most ``--max-level-s``),
+prompts of 8 tokens; first the lab's client (:func:`lablib.measure.load.run_load` on the ``http`` engine,
+with :class:`lablib.measure.headroom.LoopLagProbe` on its loop), then vllm bench (one process kept for all
+levels, as ``benchmarks/vllm_anchor.py`` runs it; the same request body: the lab's extra fields as
+``--extra-body``, so the server writes the same bytes to both), in alternating order level by level.
+
+**Columns.** ``tok_s``: the client's own output tokens/s (the lab: output tokens over the makespan; vllm:
+its ``output_throughput``). ``server_tok_s``: what the server sent during the level (its tokens over its
+first to last send). ``delay_p99_ms``: a token's client stamp minus its send time, p99 over every token.
+``added_itl_p50_ms`` / ``added_itl_p99_ms``: per token i >= 1 of a stream, the client's ITL minus the
+server's (``delay[i] - delay[i-1]``): what the client added to the ITL it reports; the limit is its p99
+above 0.1 ms (:data:`ADDED_ITL_LIMIT_S`). ``itl_p50_ms`` / ``itl_p99_ms``: the ITL the client reports
+(the lab: ``itl_s`` of every token; vllm: ``median_itl_ms``, ``p99_itl_ms``). ``lag_p99_ms`` and
+``near``: the lab's loop-lag probe (:func:`lablib.measure.headroom.client_headroom`). ``clock_ok``: every
+token's stamp came after its send time.
+
+**The parse section** (first, ``# parse``) feeds the same bytes (one stream of 2000 tokens, 1, 16 or 256
+events per network read) through each client's own read loop, in this process, interleaved, best of
+several rounds: the lab's (the body of ``HTTPEngine.agenerate``'s ``async for`` loop, read from
+``lablib/engines/http/engine.py`` with :mod:`ast`, and its ``_StreamState.finish``) and vLLM's (the
+``async for`` body of ``async_request_openai_completions`` and its ``StreamedResponseHandler``, read from
+vLLM's installed ``vllm/benchmarks/lib/endpoint_request_func.py``). Microseconds of this thread's CPU time
+(``time.thread_time``) per token, best of ``--parse-rounds``; no network.
+
+``cpu_us_tok``: the client process's CPU time (every thread, ``/proc/<pid>/stat`` sampled every 20 ms) over
+its own window (first request sent to last token) per token: what the client costs, whatever else ran
+on the cores meanwhile (this machine's other work moves every other column by tens of percent).
+
+**Measured** (2-core AMD EPYC VM shared with other workers' vLLM and llama servers and test runs, load
+average 4.1 at the start, 3.1 at the end; ``python benchmarks/client_capacity.py --clients
+lab,lab@499ef75,vllm --parse-rev 499ef75``, 129 s; ``lab@HEAD`` below is the lab's parse path as of 499ef75,
+before this benchmark's changes to ``sse.py`` and ``protocol.py``). The parse section, microseconds of CPU per token at 1 / 16 / 256
+events per read: lab 12.8 / 9.5 / 5.7, lab@HEAD 22.6 / 16.6 / 16.3, vLLM 15.6 / 8.5 / 6.0. The sweep
+(itl 10 ms, 100 tokens per request; tok_s, cpu_us_tok, added_itl_p99_ms, delay_p50_ms)::
+
+    C     lab                        lab@HEAD                   vllm
+    1     100   -     1.2   0.25     100   600  5.0   0.27     100   500  4.0   0.39
+    16    1579  -     3.5   0.77     1577  -    3.4   0.79     1571  72   0.6   0.82
+    64    6059  56    3.3   2.3      5981  87   6.3   2.9      5983  67   2.5   2.7
+    128   10906 60    22    5.3      10371 72   18    7.9      11033 66   7.0   5.2
+    256   19802 34    89    31       18443 37   213   101      18725 34   83    35
+    512   14971 30    630   540      14008 33   853   802      17588 25   273   134
+
+Every level of every client was exact (``token_ids``, N tokens per request), with every stamp after its send
+time. The added ITL's p99 is above 0.1 ms from one stream on, for both clients: this machine's scheduling
+(other processes on two cores) delays a wake-up by milliseconds at the p99, which no client can get under.
+Both clients keep up (tokens/s at least 95 % of the server's) to 64-128 streams, the server itself falling
+behind its 10 ms steps from 64 streams on (it shares the two cores); past that every stamp is late by tens
+to hundreds of ms (``delay_p50_ms``) and many tokens arrive in one read (``itl_p50_ms`` 0). Per token both
+clients cost about the same CPU (lab@HEAD 10-50 % more); a fit of CPU per request at C=128 over 16 and 200
+tokens per request gave the lab ~31 us per token and ~0.9 ms per request, vLLM ~35 us and ~1.35 ms. Run
+to run at C >= 256, tokens/s moved by 20-40 % for every client: read the columns' shape and the CPU per token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import itertools
+import json
+import os
+import re
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from fast_server import FastServer, stream_payloads  # noqa: E402
+
+QUICK = os.environ.get("LABLIB_QUICK") == "1"
+LEVELS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+LEVELS_QUICK = (1, 8, 64)
+ADDED_ITL_LIMIT_S = 1e-4  # the client's added ITL at p99 above this: past its limit
+KEEP_UP = 0.95  # a client whose tokens/s is this much of the server's sent tokens/s kept up
+PROMPT_TOKENS = 8
+TAG = re.compile(r"<r(\d+)>")
+
+
+# --- matching a client's stamps to the server's send times ---------------------------------------
+def _pct(vals, q):
+    from lablib.results.tables import percentile
+
+    return percentile(vals, q) if vals else None
+
+
+def lab_arrivals(row: dict) -> list[float]:
+    """A lab row's token stamps: ``t_first_token`` and its ``itl_s``, added up."""
+    return list(itertools.accumulate(row["itl_s"], initial=row["t_first_token"]))
+
+
+def vllm_arrivals(result: dict, i: int) -> list[float]:
+    """vllm bench's stamps of request ``i`` (``--save-detailed``): its start, TTFT and ITLs added up."""
+    return list(itertools.accumulate(result["itls"][i], initial=result["start_times"][i] + result["ttfts"][i]))
+
+
+def compare(pairs) -> dict:
+    """``pairs``: (client stamps, server send times) of each request. Delay = stamp - send per token;
+    added ITL = the client's ITL minus the server's, per token after the first."""
+    delays, added, mismatched = [], [], 0
+    for arr, sent in pairs:
+        if len(arr) != len(sent):
+            mismatched += 1
+            continue
+        d = [a - s for a, s in zip(arr, sent)]
+        delays += d
+        added += [y - x for x, y in itertools.pairwise(d)]
+    return {
+        "tokens_matched": len(delays),
+        "mismatched": mismatched,
+        "clock_ok": bool(delays) and min(delays) > 0,
+        "delay_min_s": min(delays) if delays else None,
+        "delay_p50_s": _pct(delays, 50),
+        "delay_p99_s": _pct(delays, 99),
+        "added_itl_p50_s": _pct(added, 50),
+        "added_itl_p99_s": _pct(added, 99),
+    }
+
+
+def server_rate(log: list[dict]) -> float | None:
+    """Tokens/s the server sent for these requests: their tokens over their first to last send."""
+    sends = [t for r in log for t in r["t_send"]]
+    return len(sends) / (max(sends) - min(sends)) if len(sends) > 1 and max(sends) > min(sends) else None
+
+
+class CpuSampler:
+    """The CPU time (user + system, every thread) of process ``pid``, read from ``/proc/<pid>/stat`` every
+    ``interval_s`` seconds by a thread of this process, each read stamped with ``time.perf_counter``: a
+    client's CPU per token over its own measured window, whatever else the machine's cores were doing
+    (Linux; 10 ms ticks, so a window of a few seconds reads to about 1 %)."""
+
+    def __init__(self, pid: int, interval_s: float = 0.02):
+        import threading
+
+        self.path, self.interval_s = f"/proc/{pid}/stat", interval_s
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _read(self) -> float | None:
+        try:
+            with open(self.path) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / self.tick  # utime, stime (fields 14, 15 of stat)
+
+    def _run(self):
+        while not self._stop.is_set():
+            cpu = self._read()
+            if cpu is not None:
+                self.samples.append((time.perf_counter(), cpu))
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self):
+        cpu = self._read()  # a first read now, before the window it will measure opens
+        if cpu is not None:
+            self.samples.append((time.perf_counter(), cpu))
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(5)
+
+    def between(self, t0: float, t1: float) -> float | None:
+        """CPU seconds from the last read at or before ``t0`` to the first at or after ``t1`` (None: no such reads)."""
+        before = [c for t, c in self.samples if t <= t0]
+        after = [c for t, c in self.samples if t >= t1]
+        return after[0] - before[-1] if before and after else None
+
+
+def cpu_us_per_token(sampler: CpuSampler, t0: float, t1: float, tokens: int) -> float | None:
+    cpu = sampler.between(t0, t1)
+    return cpu / tokens * 1e6 if cpu is not None and tokens else None
+
+
+# --- the two clients ------------------------------------------------------------------------------
+def lab_level(engine, srv, c: int, n: int, max_s: float, manifest: dict | None = None) -> dict:
+    from lablib.engines.base import GenerationConfig
+    from lablib.measure.headroom import LoopLagProbe
+    from lablib.measure.load import run_load
+    from lablib.results.tables import run_summary
+
+    srv.sendlog(clear=True)
+    prompts = [[1000 + (i % 1000), 1 + i // 1000] + [7] * (PROMPT_TOKENS - 2) for i in range(2 * c)]
+    cfg = GenerationConfig(max_new_tokens=n, ignore_eos=True)
+    t0 = time.perf_counter()
+    with CpuSampler(os.getpid()) as cpu, LoopLagProbe().on(engine) as probe:
+        rows = run_load(engine, prompts, "closed", concurrency=c, cfg=cfg, max_duration_s=max_s, manifest=manifest)
+        time.sleep(3 * cpu.interval_s)  # a read after the last token
+    wall = time.perf_counter() - t0
+    head = probe.headroom()
+    log = {r["rid"]: r for r in srv.sendlog(clear=True)}
+    ok = [r for r in rows if not r.get("error")]
+    pairs, matched = [], []
+    for r in ok:
+        m = TAG.match(r.get("text") or "")
+        if m and int(m.group(1)) in log:
+            pairs.append((lab_arrivals(r), log[int(m.group(1))]["t_send"]))
+            matched.append(log[int(m.group(1))])
+    s = run_summary(rows)
+    out = compare(pairs)
+    out.update(
+        client="lab",
+        c=c,
+        n=n,
+        requests=len(rows),
+        errors=s["errors"],
+        exact=all(r.get("count_method") == "token_ids" and r.get("output_tokens") == n for r in ok),
+        cpu_us_tok=cpu_us_per_token(
+            cpu, min(r["t_submit"] for r in ok), max(r["t_last_token"] for r in ok), s["output_tokens"]
+        )
+        if ok
+        else None,
+        tok_s=s["output_tps"],
+        server_tok_s=server_rate(matched),
+        itl_p50_s=s["itl_p50_s"],
+        itl_p99_s=s["itl_p99_s"],
+        lag_p99_s=head["loop_lag_p99_s"],
+        loop_cpu=head["loop_cpu_fraction"],
+        near=head["near_limit"],
+        wall_s=wall,
+    )
+    return out
+
+
+def lab_rev_level(engine, srv, c: int, n: int, max_s: float, manifest: dict | None, rev: str) -> dict:
+    """:func:`lab_level` with the engine's parse path (``SSEParser``, ``_StreamState``) as of git revision ``rev``."""
+    import lablib.engines.http.engine as eng
+    import lablib.engines.http.sse as sse
+
+    parser, state = lab_modules(rev)
+    saved = sse.SSEParser, eng._StreamState
+    sse.SSEParser, eng._StreamState = parser, state  # agenerate imports SSEParser from sse at each call
+    try:
+        out = lab_level(engine, srv, c, n, max_s, manifest)
+    finally:
+        sse.SSEParser, eng._StreamState = saved
+    out["client"] = f"lab@{rev}"
+    return out
+
+
+def vllm_level(anchor, python, srv, c: int, n: int, max_s: float, tokenizer: str, extra: dict, work: Path) -> dict:
+    from vllm_anchor import anchor_argv
+
+    srv.sendlog(clear=True)
+    ns = SimpleNamespace(prompt_tokens=PROMPT_TOKENS, max_new_tokens=n, requests=2 * c, concurrency=c, seed=0)
+    result = work / f"vllm-c{c}.json"
+    argv = anchor_argv(
+        python,
+        root_url=srv.root_url,
+        model_id="fast",
+        tokenizer=tokenizer,
+        ns=ns,
+        result=result,
+        extra=extra,
+        backend="vllm",
+    )
+    t0 = time.perf_counter()
+    with CpuSampler(anchor.proc.pid) as cpu:
+        res = anchor.run(argv, max_s + 120)
+    wall = time.perf_counter() - t0
+    log = {r["rid"]: r for r in srv.sendlog(clear=True)}
+    pairs, matched = [], []
+    for i, text in enumerate(res.get("generated_texts") or []):
+        m = TAG.match(text or "")
+        if m and int(m.group(1)) in log and not res["errors"][i]:
+            pairs.append((vllm_arrivals(res, i), log[int(m.group(1))]["t_send"]))
+            matched.append(log[int(m.group(1))])  # its warm-up request left out
+    out = compare(pairs)
+    ok = [i for i, e in enumerate(res["errors"]) if not e]
+    ends = [res["start_times"][i] + res["ttfts"][i] + sum(res["itls"][i]) for i in ok]
+    ms = 1e-3
+    out.update(
+        client="vllm",
+        c=c,
+        n=n,
+        requests=int(res["completed"]) + int(res.get("failed") or 0),
+        errors=int(res.get("failed") or 0),
+        exact=all(k == n for k in res.get("output_lens") or []),
+        cpu_us_tok=cpu_us_per_token(
+            cpu, min(res["start_times"][i] for i in ok), max(ends), sum(res["output_lens"][i] for i in ok)
+        )
+        if ok
+        else None,
+        tok_s=float(res["output_throughput"]),
+        server_tok_s=server_rate(matched),
+        itl_p50_s=res["median_itl_ms"] * ms,
+        itl_p99_s=res["p99_itl_ms"] * ms,
+        lag_p99_s=None,
+        loop_cpu=None,
+        near=None,
+        wall_s=wall,
+    )
+    return out
+
+
+# --- the parse section: each client's own read loop on the same bytes ------------------------------
+def _loop_body(path: Path, func: str, iter_src: str) -> list[ast.stmt]:
+    """The statements of the ``async for`` over ``iter_src`` in function ``func`` of ``path``."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == func:
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.AsyncFor) and ast.unparse(sub.iter) == iter_src:
+                    return sub.body
+    raise SystemExit(f"no `async for ... in {iter_src}` in {func} of {path}: the parse section needs updating")
+
+
+def _class_src(path: Path, name: str) -> str:
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return ast.unparse(node)
+    raise SystemExit(f"no class {name} in {path}")
+
+
+def _make(var: str, body: list[ast.stmt], head: str, tail: str, ns: dict):
+    """A function ``run(reads)``: ``head``, then ``for <var> in reads:`` the loop's own statements, then ``tail``."""
+    loop = ast.For(
+        target=ast.Name(id=var, ctx=ast.Store()),
+        iter=ast.Name(id="reads", ctx=ast.Load()),
+        body=body,
+        orelse=[],
+        lineno=1,
+    )
+    src = "def run(reads):\n" + textwrap.indent(head, "    ") + "\n" + textwrap.indent(ast.unparse(loop), "    ")
+    src += "\n" + textwrap.indent(tail, "    ") + "\n"
+    exec(compile(src, "<parse section>", "exec"), ns)
+    return ns["run"]
+
+
+_REV_CACHE: dict = {}
+
+
+def lab_modules(rev: str | None):
+    """(SSEParser, _StreamState) of the lab's parse path: the installed one, or ``sse.py`` and ``protocol.py``
+    as of git revision ``rev`` (loaded beside it under other names)."""
+    if rev in _REV_CACHE:
+        return _REV_CACHE[rev]
+    if rev is None:
+        from lablib.engines.http.protocol import _StreamState
+        from lablib.engines.http.sse import SSEParser
+
+        return SSEParser, _StreamState
+    import importlib.util
+    import subprocess
+
+    mods = {}
+    for name in ("sse", "protocol"):
+        src = subprocess.run(
+            ["git", "-C", str(HERE.parent), "show", f"{rev}:lablib/engines/http/{name}.py"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        path = Path(tempfile.mkdtemp(prefix="parse-rev-")) / f"{name}_at_rev.py"
+        path.write_text(src)
+        spec = importlib.util.spec_from_file_location(f"_lab_{name}_at_rev", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # dataclasses look their module up there
+        spec.loader.exec_module(mod)
+        mods[name] = mod
+    _REV_CACHE[rev] = mods["sse"].SSEParser, mods["protocol"]._StreamState
+    return _REV_CACHE[rev]
+
+
+def lab_parser(n: int, rev: str | None = None):
+    """The lab's read loop (HTTPEngine.agenerate's body of ``async for data in resp.content.iter_any()``), with
+    the parse path of :func:`lab_modules`."""
+    import lablib.engines.http.engine as eng
+    from lablib.engines.http.trace import HTTPTrace
+
+    SSEParser, _StreamState = lab_modules(rev)
+
+    body = _loop_body(Path(eng.__file__), "agenerate", "resp.content.iter_any()")
+    ns = dict(vars(eng))
+    engine = SimpleNamespace(api="completions", _tok=None, read_timeout_s=60.0)
+    ns.update(_StreamState=_StreamState, SSEParser=SSEParser, HTTPTrace=HTTPTrace, _engine=engine, _n=n)
+    head = (
+        "self, url = _engine, 'http://parse'\n"
+        "trace = HTTPTrace(prompt_tokens=2, t_submit=0.0, max_new_tokens=_n)\n"
+        "state = _StreamState(self, trace)\nparser = SSEParser()\nt_line, lines = now(), 0"
+    )
+    tail = "state.finish()\nreturn trace.output_tokens, trace.count_method"
+    return _make("data", body, head, tail, ns)
+
+
+def vllm_parser(n: int, python: str | None):
+    """vLLM's read loop (async_request_openai_completions's body of ``async for chunk_bytes in
+    response.content.iter_any()``, with its StreamedResponseHandler), read from vLLM's environment."""
+    import subprocess
+
+    if python is None:
+        return None
+    where = subprocess.run(
+        [python, "-c", "import importlib.util as u; print(u.find_spec('vllm').submodule_search_locations[0])"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if where.returncode != 0:
+        return None
+    path = Path(where.stdout.strip()) / "benchmarks" / "lib" / "endpoint_request_func.py"
+    body = _loop_body(path, "async_request_openai_completions", "response.content.iter_any()")
+    import codecs
+
+    ns = {"json": json, "time": time, "codecs": codecs}
+    exec(_class_src(path, "StreamedResponseHandler"), ns)
+
+    class Output:  # vLLM's RequestFuncOutput, the fields the loop sets
+        def __init__(self):
+            self.itl, self.ttft, self.output_tokens, self.prompt_len = [], 0.0, 0, 0
+
+    ns["Output"] = Output
+    head = (
+        "output = Output()\nhandler = StreamedResponseHandler()\ngenerated_text = ''\n"
+        "st = time.perf_counter()\nmost_recent_timestamp = st\nfirst_chunk_received = False"
+    )
+    tail = "return len(output.itl) + 1, output.output_tokens"
+    return _make("chunk_bytes", body, head, tail, ns)
+
+
+def parse_section(python: str | None, rounds: int, n: int = 2000, rev: str | None = None) -> list[str]:
+    """Per-token CPU of each client's read loop on one stream's bytes, at 1, 16 and 256 events per read:
+    the lab's, vLLM's (when its environment is there) and, with ``rev``, the lab's as of that git revision."""
+    import gc
+
+    fns = {"lab": lab_parser(n), "vllm": vllm_parser(n, python)}
+    if rev:
+        fns[f"lab@{rev}"] = lab_parser(n, rev)
+    fns = {k: f for k, f in fns.items() if f is not None}
+    payloads = stream_payloads(n, rid=1)
+    lines = []
+    for per in (1, 16, 256):
+        reads = [b"".join(payloads[i : i + per]) for i in range(0, n, per)]
+        for name, fn in fns.items():
+            got = fn(reads)
+            want = (n, n) if name == "vllm" else (n, "token_ids")
+            assert got == want, f"{name}'s read loop counted {got}, expected {want}"
+        best = dict.fromkeys(fns, float("inf"))
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                gc.collect()
+                t0 = time.thread_time()  # this thread's CPU time: other processes' use of the cores left out
+                fn(reads)
+                best[name] = min(best[name], time.thread_time() - t0)
+        us = {k: v / n * 1e6 for k, v in best.items()}
+        text = " ".join(f"{k}_us_per_token={v:.2f}" for k, v in us.items())
+        for k in us:
+            if k != "vllm" and "vllm" in us:
+                text += f" ratio_{k}_over_vllm={us[k] / us['vllm']:.2f}"
+        lines.append(f"parse events_per_read={per} {text}")
+    return lines
+
+
+# --- printing ---------------------------------------------------------------------------------------
+COLS = (
+    ("client", "client", "{}"),
+    ("c", "C", "{}"),
+    ("offered", "offered_tok_s", "{:.0f}"),
+    ("server_tok_s", "server_tok_s", "{:.0f}"),
+    ("tok_s", "tok_s", "{:.0f}"),
+    ("cpu_us_tok", "cpu_us_tok", "{:.1f}"),
+    ("added_itl_p50_s", "added_itl_p50_ms", "{:.3f}"),
+    ("added_itl_p99_s", "added_itl_p99_ms", "{:.3f}"),
+    ("delay_p50_s", "delay_p50_ms", "{:.2f}"),
+    ("delay_p99_s", "delay_p99_ms", "{:.2f}"),
+    ("itl_p50_s", "itl_p50_ms", "{:.3f}"),
+    ("itl_p99_s", "itl_p99_ms", "{:.3f}"),
+    ("lag_p99_s", "lag_p99_ms", "{:.2f}"),
+    ("near", "near", "{}"),
+    ("errors", "errors", "{}"),
+    ("exact", "exact", "{}"),
+    ("clock_ok", "clock_ok", "{}"),
+    ("wall_s", "wall_s", "{:.1f}"),
+)
+MS = {"added_itl_p50_s", "added_itl_p99_s", "delay_p50_s", "delay_p99_s", "itl_p50_s", "itl_p99_s", "lag_p99_s"}
+
+
+def cells(r: dict) -> list[str]:
+    out = []
+    for key, _, f in COLS:
+        v = r.get(key)
+        if v is None:
+            out.append("-")
+            continue
+        out.append(f.format(v * 1e3 if key in MS else v))
+    return out
+
+
+def print_table(rows: list[dict]) -> None:
+    table = [[h for _, h, _ in COLS]] + [cells(r) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(COLS))]
+    for row in table:
+        print("  ".join(x.rjust(w) for x, w in zip(row, widths)), flush=True)
+
+
+def limits(rows: list[dict]) -> list[str]:
+    """Per client: the levels within and past the added-ITL limit (p99 above :data:`ADDED_ITL_LIMIT_S`), the
+    highest level at which it kept up with the server (its tokens/s at least :data:`KEEP_UP` of what the
+    server sent) and its best tokens/s."""
+    out = []
+    for client in dict.fromkeys(r["client"] for r in rows):
+        mine = [r for r in rows if r["client"] == client and r.get("added_itl_p99_s") is not None]
+        if not mine:
+            out.append(f"limit client={client} no levels")
+            continue
+        under = [r["c"] for r in mine if r["added_itl_p99_s"] <= ADDED_ITL_LIMIT_S]
+        over = [r["c"] for r in mine if r["added_itl_p99_s"] > ADDED_ITL_LIMIT_S]
+        kept = [r["c"] for r in mine if r.get("server_tok_s") and r["tok_s"] >= KEEP_UP * r["server_tok_s"]]
+        best = max(mine, key=lambda r: r["tok_s"])
+        out.append(
+            f"limit client={client} added_itl_p99_limit_ms={ADDED_ITL_LIMIT_S * 1e3:g} "
+            f"last_level_within={max(under) if under else None} first_level_over={min(over) if over else None} "
+            f"kept_up_to_C={max(kept) if kept else None} max_tok_s={best['tok_s']:.0f}@C={best['c']}"
+        )
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--levels", default=",".join(map(str, LEVELS_QUICK if QUICK else LEVELS)))
+    ap.add_argument("--itl-s", type=float, default=0.01, help="the server's decode step")
+    ap.add_argument("--level-s", type=float, default=1.0 if QUICK else 2.0, help="seconds per level (about)")
+    ap.add_argument("--max-level-s", type=float, default=None, help="bound per level (default 10 x --level-s)")
+    ap.add_argument(
+        "--clients",
+        default="lab,vllm",
+        help="lab, vllm (vLLM's environment: lablib.build.vllm), lab@REV (the lab's parse path as of git REV)",
+    )
+    ap.add_argument("--parse-rounds", type=int, default=3 if QUICK else 9)
+    ap.add_argument("--parse-only", action="store_true", help="only the parse section")
+    ap.add_argument("--no-parse", action="store_true", help="skip the parse section")
+    ap.add_argument("--parse-rev", default=None, help="also time the lab's parse path as of this git revision")
+    ap.add_argument("--profile", default=None, help="cProfile the lab's loop thread at --profile-level into FILE")
+    ap.add_argument("--profile-level", type=int, default=256)
+    ap.add_argument("--keep", default=None, help="folder for vllm bench's files and log (default: temporary)")
+    ns = ap.parse_args(argv)
+    levels = [int(x) for x in ns.levels.split(",") if x]
+    clients = [c for c in ns.clients.split(",") if c]
+    if not levels or min(levels) < 1 or max(levels) > 4096 or ns.itl_s <= 0 or ns.level_s <= 0:
+        ap.error("expected --levels of 1..4096, a positive --itl-s and --level-s")
+    max_s = ns.max_level_s or 10 * ns.level_s
+    work = Path(ns.keep) if ns.keep else Path(tempfile.mkdtemp(prefix="client-capacity-"))
+    work.mkdir(parents=True, exist_ok=True)
+    t_all = time.perf_counter()
+    print(f"# load average at start (1, 5, 15 min): {os.getloadavg()}; cpus: {os.cpu_count()}", flush=True)
+
+    python = None
+    if "vllm" in clients or not ns.no_parse:
+        try:
+            from lablib.build.vllm import python_path
+
+            python = str(python_path())
+        except Exception as e:  # noqa: BLE001 - vLLM's environment is optional here: its columns are left out
+            print(f"# vLLM's environment is not usable ({e}); its client is left out", flush=True)
+            clients = [c for c in clients if c != "vllm"]
+
+    if not ns.no_parse:
+        for ln in parse_section(python, ns.parse_rounds, rev=ns.parse_rev):
+            print(ln, flush=True)
+    if ns.parse_only:
+        return 0
+
+    from lablib.engines import load_engine
+
+    anchor = tokenizer = None
+    if "vllm" in clients:
+        from vllm_anchor import Anchor
+
+        from lablib.model.resolve import prepare
+
+        tokenizer = prepare(log=lambda *_: None).path_for("hf", "vllm bench")
+        t0 = time.perf_counter()
+        anchor = Anchor(python, work / "vllm-bench.log")  # vLLM imported once, before any measurement
+        print(f"# vllm bench ready in {time.perf_counter() - t0:.0f} s (log {work / 'vllm-bench.log'})", flush=True)
+    rows: list[dict] = []
+    try:
+        with FastServer(itl_s=ns.itl_s) as srv:
+            clock = srv.clock_check()
+            print(
+                f"# clock: client {clock['client_clock']}, server {clock['server_clock']}; client before {clock['before']:.6f} "
+                f"<= server {clock['server']:.6f} <= client after {clock['after']:.6f}: {clock['ok']}",
+                flush=True,
+            )
+            engine = load_engine(
+                "http", None, base_url=srv.base_url, server="vllm", max_connections=max(levels) * 2 + 16
+            )
+            from lablib.engines.base import GenerationConfig
+
+            _, body, _ = engine._request([1000] * PROMPT_TOKENS, GenerationConfig(max_new_tokens=16, ignore_eos=True))
+            extra = {k: v for k, v in body.items() if k not in ("model", "prompt", "max_tokens", "stream")}
+            from lablib.results.store import engine_manifest
+
+            manifest = engine_manifest(
+                engine, {"benchmark": "client_capacity", "itl_s": ns.itl_s}
+            )  # once, not per level
+            print(f"# both clients' bodies: the lab's; vllm bench gets --extra-body {json.dumps(extra)}", flush=True)
+            try:
+                for k, c in enumerate(levels):
+                    n = max(16, round(ns.level_s / 2 / ns.itl_s))
+                    order = clients if k % 2 == 0 else clients[::-1]
+                    for client in order:
+                        if client == "lab":
+                            r = lab_level(engine, srv, c, n, max_s, manifest)
+                        elif client.startswith("lab@"):
+                            r = lab_rev_level(engine, srv, c, n, max_s, manifest, client.removeprefix("lab@"))
+                        else:
+                            r = vllm_level(anchor, python, srv, c, n, max_s, tokenizer, extra, work)
+                        r["offered"] = c / ns.itl_s
+                        rows.append(r)
+                        print("# " + " ".join(f"{h}={v}" for (_, h, _), v in zip(COLS, cells(r))), flush=True)
+                if ns.profile:
+                    profile(engine, srv, ns.profile_level, max(16, round(ns.level_s / 2 / ns.itl_s)), max_s, ns.profile)
+            finally:
+                engine.close()
+    finally:
+        if anchor is not None:
+            anchor.close()
+    print_table(rows)
+    for ln in limits(rows):
+        print(ln, flush=True)
+    print(f"# whole benchmark {time.perf_counter() - t_all:.0f} s, load average now {os.getloadavg()}", flush=True)
+    return 0
+
+
+def profile(engine, srv, c: int, n: int, max_s: float, out: str) -> None:
+    """cProfile of the lab's loop thread (where the streams are read and parsed) during one level."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+
+    async def on():
+        prof.enable()
+
+    async def off():
+        prof.disable()
+
+    engine.run(on())
+    try:
+        lab_level(engine, srv, c, n, max_s)
+    finally:
+        engine.run(off())
+    prof.dump_stats(out)
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+    print(f"# profile of the lab's loop thread at C={c} ({out}):", flush=True)
+    for ln in s.getvalue().splitlines():
+        print("# " + ln, flush=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

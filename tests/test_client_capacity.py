@@ -1,0 +1,259 @@
+"""The client-capacity benchmark's parts, with values that can be checked by hand and no timing thresholds:
+
+- benchmarks/fast_server.py streams exactly N tokens per request, and the lab's client counts exactly N
+  (``count_method`` token_ids) with the ids the server sent;
+- the server's send times and the lab's stamps are on one clock: every token is stamped after it was sent,
+  and every request arrives after the lab wrote its headers;
+- lablib.measure.headroom reports a lag injected into the loop (a blocking sleep of known length);
+- the benchmark's matching of stamps to send times, and its extraction of the lab's own read loop;
+- the parse path's fast paths (sse.py without carriage returns, protocol.loads) read what the slow ones read.
+"""
+
+import asyncio
+import importlib.util
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from lablib.engines import load_engine
+from lablib.engines.base import GenerationConfig
+from lablib.engines.http.protocol import loads
+from lablib.engines.http.sse import SSEParser
+from lablib.measure import headroom
+from lablib.measure.headroom import LoopLagProbe, client_headroom
+from lablib.measure.load import run_load
+
+BENCH = Path(__file__).parents[1] / "benchmarks"
+
+
+def _load(name):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+fast_server = _load("fast_server")
+capacity = _load("client_capacity")
+
+
+@pytest.fixture(scope="module")
+def paced():
+    with fast_server.FastServer(itl_s=0.002) as srv:
+        yield srv
+
+
+def _engine(model, srv):
+    return load_engine("http", model, base_url=srv.base_url, server="vllm")
+
+
+def _tag(row) -> int:
+    return int(capacity.TAG.match(row["text"]).group(1))
+
+
+def test_the_server_sends_exactly_n_tokens_and_the_lab_counts_them_exactly(model, paced):
+    n, c, requests = 25, 4, 8
+    e = _engine(model, paced)
+    try:
+        paced.sendlog(clear=True)
+        prompts = [[1000 + i, 7, 7] for i in range(requests)]
+        rows = run_load(e, prompts, "closed", concurrency=c, cfg=GenerationConfig(max_new_tokens=n, ignore_eos=True))
+    finally:
+        e.close()
+    log = {r["rid"]: r for r in paced.sendlog(clear=True)}
+    assert len(rows) == requests and not any(r["error"] for r in rows)
+    assert len(log) == requests
+    for r in rows:
+        assert r["output_tokens"] == n and r["count_method"] == "token_ids"
+        assert r["token_ids"] == list(range(fast_server.TOKEN_ID0, fast_server.TOKEN_ID0 + n))  # the ids sent
+        assert r["usage_completion_tokens"] == n and r["usage_mismatch"] is False and r["output_count_ok"]
+        assert r["chunk_tokens"] == [1] * n
+        sent = log[_tag(r)]
+        assert sent["n"] == n and len(sent["t_send"]) == n
+        assert r["text"] == sent["tag"] + " a" * (n - 1)
+
+
+def test_every_token_is_stamped_after_the_server_sent_it(model, paced):
+    """perf_counter is CLOCK_MONOTONIC in both processes (Linux): one time line, no offset. So the server
+    receives each request after the lab wrote its headers, and sends each token before the lab stamps it."""
+    clock = paced.clock_check()
+    assert clock["ok"] and clock["server_clock"] == clock["client_clock"]
+    e = _engine(model, paced)
+    try:
+        paced.sendlog(clear=True)
+        rows = run_load(e, [[5, 6], [7, 8], [9, 10]], "closed", concurrency=3, cfg=GenerationConfig(max_new_tokens=12))
+    finally:
+        e.close()
+    log = {r["rid"]: r for r in paced.sendlog(clear=True)}
+    pairs = []
+    for r in rows:
+        sent = log[_tag(r)]
+        arrivals = capacity.lab_arrivals(r)
+        assert r["t_start"] < sent["t_recv"] < sent["t_send"][0]
+        assert all(s < a for s, a in zip(sent["t_send"], arrivals, strict=True))
+        assert arrivals[0] == r["t_first_token"] and arrivals[-1] == pytest.approx(r["t_last_token"], abs=1e-9)
+        pairs.append((arrivals, sent["t_send"]))
+    m = capacity.compare(pairs)
+    assert m["clock_ok"] and m["tokens_matched"] == 36 and m["mismatched"] == 0
+
+
+def test_unpaced_streams_are_exact_too(model):
+    """--itl-s 0: every stream written as fast as the socket takes it (drained past 64 KiB)."""
+    with fast_server.FastServer(itl_s=0.0) as srv:
+        e = _engine(model, srv)
+        try:
+            rows = run_load(
+                e, [[1, 2]] * 4, "closed", concurrency=2, cfg=GenerationConfig(max_new_tokens=3000, ignore_eos=True)
+            )
+        finally:
+            e.close()
+        stats = srv.stats()
+    assert [r["output_tokens"] for r in rows] == [3000] * 4
+    assert {r["count_method"] for r in rows} == {"token_ids"} and not any(r["error"] for r in rows)
+    assert stats["requests"] == 4 and stats["tokens"] == 12000
+
+
+def test_compare_matches_stamps_to_send_times():
+    sends = [10.0, 10.010, 10.020, 10.030]
+    arrivals = [10.001, 10.011, 10.023, 10.031]  # delays 1, 1, 3, 1 ms: added ITL 0, +2, -2 ms
+    m = capacity.compare([(arrivals, sends), ([1.0], [0.5, 0.6])])
+    assert m["mismatched"] == 1 and m["tokens_matched"] == 4 and m["clock_ok"]
+    assert m["delay_min_s"] == pytest.approx(0.001)
+    assert m["delay_p50_s"] == pytest.approx(0.001)
+    assert m["added_itl_p50_s"] == pytest.approx(0.0, abs=1e-12)
+    assert m["added_itl_p99_s"] == pytest.approx(0.002 - 0.02 * 0.002, abs=1e-9)  # numpy's linear p99 of -2, 0, 2
+    assert capacity.compare([([0.9], [1.0])])["clock_ok"] is False  # stamped before it was sent: clocks differ
+    row = {"t_first_token": 2.0, "itl_s": [0.5, 0.25]}
+    assert capacity.lab_arrivals(row) == [2.0, 2.5, 2.75]
+
+
+@pytest.mark.parametrize("per_read", [1, 7, 600])
+def test_the_lab_read_loop_taken_from_the_engine_counts_every_token(per_read):
+    """The parse section runs HTTPEngine.agenerate's own loop body (read with ast) on the server's bytes."""
+    n = 600
+    run = capacity.lab_parser(n)
+    p = fast_server.stream_payloads(n)
+    assert run([b"".join(p[i : i + per_read]) for i in range(0, n, per_read)]) == (n, "token_ids")
+
+
+# --- the headroom probe ----------------------------------------------------------------------------
+class _Loop:
+    """An event loop on a thread of its own, with submit(coro) as the http engine has."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def submit(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def close(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+def _wait_for(cond, bound_s=30.0):
+    t0 = time.monotonic()
+    while not cond() and time.monotonic() - t0 < bound_s:  # a liveness bound, not a timing assertion
+        time.sleep(0.01)
+    assert cond()
+
+
+@pytest.mark.parametrize("method", ["timerfd", "sleep"])
+def test_a_blocked_loop_reports_the_lag_injected(monkeypatch, method):
+    """The loop is blocked for L = 0.1 s (a blocking sleep in a callback): every tick due in that time is
+    read after it, so the largest lag is at least L - interval (the first tick due after the block began
+    was due at most one interval after it), and the ticks due in its first half each lag by L/2 or more."""
+    if method == "sleep":
+        monkeypatch.setattr(headroom, "_timerfd", lambda: None)
+    elif headroom._timerfd() is None:
+        pytest.fail("no timerfd through libc on this Linux machine")
+    block, interval = 0.1, 0.005
+    lp = _Loop()
+    try:
+        probe = LoopLagProbe(interval).start(lp)
+        _wait_for(lambda: len(probe.lags_s) >= 3)
+        done = threading.Event()
+        lp.loop.call_soon_threadsafe(lambda: (time.sleep(block), done.set()))
+        assert done.wait(30)
+        n0 = len(probe.lags_s)
+        _wait_for(lambda: len(probe.lags_s) > n0 + 2)
+        h = probe.stop()
+    finally:
+        lp.close()
+    assert h["method"] == method and h["interval_s"] == interval
+    assert h["loop_lag_max_s"] >= block - interval
+    assert sum(x >= block / 2 for x in probe.lags_s) >= int(block / 2 / interval) - 1
+    assert h["near_limit"] is True and h["samples"] == len(probe.lags_s)
+    assert 0.0 <= h["loop_cpu_fraction"] <= 1.0  # the sleep held the loop's thread off the CPU
+
+
+def test_client_headroom_verdict_from_known_lags():
+    quiet = client_headroom([0.0001] * 100, 0.005, 0.2)
+    assert quiet["loop_lag_p99_s"] == pytest.approx(0.0001) and quiet["near_limit"] is False
+    late = client_headroom([0.0001] * 90 + [0.004] * 10, 0.005, 0.2)
+    assert late["loop_lag_p99_s"] == pytest.approx(0.004) and late["near_limit"] is True
+    assert late["loop_lag_max_s"] == 0.004 and late["samples"] == 100
+    busy = client_headroom([0.0001] * 100, 0.005, 0.95)  # lags small, but the loop never waited
+    assert busy["near_limit"] is True
+    assert client_headroom([0.002] * 10, threshold_s=0.003)["near_limit"] is False
+    none = client_headroom([])
+    assert none["near_limit"] is None and none["loop_lag_p99_s"] is None and none["samples"] == 0
+    json.dumps(late)  # a manifest's field: plain JSON
+
+
+# --- the parse path's fast paths read what the general ones read -------------------------------------
+def _events(raw: bytes, split: int | None = None):
+    p = SSEParser()
+    parts = [raw] if split is None else [raw[i : i + split] for i in range(0, len(raw), split)]
+    return [(e.event, e.data, e.id, e.retry) for part in parts for e in p.feed(part)], p.lines, p.comments
+
+
+def test_sse_without_carriage_returns_reads_as_with_them():
+    raw = b"".join(fast_server.stream_payloads(5)) + b": ping\nevent: x\nid: 7\nretry: 10\ndata: a\ndata: b\n\n"
+    lf = _events(raw)
+    assert lf == _events(raw.replace(b"\n", b"\r\n")) == _events(raw.replace(b"\n", b"\r"))
+    assert lf == _events(raw, split=1) == _events(raw, split=13)
+    assert lf[0][-1] == ("x", "a\nb", "7", 10) and lf[2] == 1
+    chunks = [json.loads(d) for _, d, *_ in lf[0][:6]]
+    assert [len(c["choices"]) for c in chunks] == [1, 1, 1, 1, 1, 0]  # five tokens, then the usage-only chunk
+    assert [c["choices"][0]["token_ids"] for c in chunks[:5]] == [[1000], [1001], [1002], [1003], [1004]]
+    assert lf[0][6][1] == "[DONE]" and len(lf[0]) == 8
+
+
+@pytest.mark.parametrize(
+    "text", ['{"a": [1, 2.5, null, "x"]}', ' {"a": 1}', '{"a": 1} ', '{"a": NaN}', "[1]", '"s"', "7"]
+)
+def test_loads_is_json_loads(text):
+    assert loads(text) == json.loads(text) or text == '{"a": NaN}'  # NaN != NaN: compared below
+    assert json.dumps(loads(text)) == json.dumps(json.loads(text))
+
+
+@pytest.mark.parametrize("text", ["", "{", '{"a": 1} x', '{"a": tru}', "[DONE]", "{'a': 1}"])
+def test_loads_fails_as_json_loads_fails(text):
+    with pytest.raises(ValueError) as mine:
+        loads(text)
+    with pytest.raises(ValueError) as theirs:
+        json.loads(text)
+    assert str(mine.value) == str(theirs.value)
+
+
+def test_a_probe_stopped_at_once_returns_at_once():
+    lp = _Loop()
+    try:
+        t0 = time.monotonic()
+        h = LoopLagProbe().start(lp).stop()
+        assert time.monotonic() - t0 < 5  # a bound on a hang (stop waits at most 5 s), not a timing claim
+        lp.submit(asyncio.sleep(0)).result(5)  # the loop has run what was queued before it stops
+    finally:
+        lp.close()
+    assert h["samples"] == 0 or h["loop_lag_p99_s"] is not None
