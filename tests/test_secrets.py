@@ -138,3 +138,16 @@ def test_vllm_listens_on_loopback_only(vllm_server):
     # its API server, EngineCore and worker: every listening TCP socket of the process group
     addrs = listening(vllm_server.pid)
     assert addrs and addrs <= LOOPBACK, addrs
+
+
+def test_the_card_of_a_server_whose_process_is_gone_is_removed_when_the_next_starts(tmp_path, monkeypatch):
+    from lablib.engines.http.cards import card_for, cards_dir, write_card
+
+    monkeypatch.setenv("LABLIB_HOME", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid is free now: the card of a lab process killed before it stopped its server
+    write_card("llama-server", dead.pid, 1, "v", ["x"], tmp_path / "log", {})
+    assert card_for("http://127.0.0.1:1/v1") is None and (cards_dir() / "1.json").exists()
+    write_card("llama-server", os.getpid(), 2, "v", ["x"], tmp_path / "log", {"slots": 2})
+    assert sorted(p.name for p in cards_dir().iterdir()) == ["2.json"]
+    assert card_for("http://127.0.0.1:2/v1")["settings"] == {"slots": 2}

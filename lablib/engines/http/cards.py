@@ -1,7 +1,8 @@
 """What a server the lab started was started with, kept on disk while it runs: one JSON card per
 loopback port under ``$LABLIB_HOME/servers/running/``, so that a run in another process (``lablib
 serve`` in one terminal, ``lablib bench`` in another, a notebook) records the server's settings in
-its manifest. A card whose process is gone, or whose port another process now holds, is ignored.
+its manifest. A card whose process is gone, or whose port another process now holds, is ignored, and
+removed when the next server starts (:func:`prune_cards`).
 
 Card: {"name", "pid", "port", "version", "argv", "log", "settings"} (settings: the server's
 :class:`lablib.engines.servers.Launch` settings).
@@ -27,6 +28,7 @@ def write_card(name: str, pid: int, port: int, version: str, argv, log, settings
     """Write the card of a started server (atomically: a temporary file, then rename); its path."""
     folder = cards_dir()
     folder.mkdir(parents=True, exist_ok=True)
+    prune_cards()
     path = folder / f"{int(port)}.json"
     card = {"name": name, "pid": int(pid), "port": int(port), "version": version, "argv": list(argv)}
     card.update(log=str(log), settings=settings)
@@ -54,6 +56,24 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def prune_cards() -> list[Path]:
+    """Remove the cards of servers whose process is gone (a lab process killed before it could stop its
+    server leaves one); the paths removed. A card being written (``*.tmp``) or unreadable is left alone."""
+    gone = []
+    for path in cards_dir().glob("*.json"):
+        try:
+            pid = json.loads(path.read_text()).get("pid")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(pid, int) and not _alive(pid):
+            try:
+                path.unlink()
+                gone.append(path)
+            except OSError:
+                pass
+    return gone
 
 
 def card_for(base_url: str) -> dict | None:
