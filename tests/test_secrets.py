@@ -1,7 +1,7 @@
 """Secrets and addresses (issue 23): an API key given by environment variable reaches the server and
 nothing else: no row, manifest, server-samples file, report, log line or exception has it; a base URL
 with credentials in it is refused (and the refusal does not repeat the password); the servers the lab
-starts listen on the loopback address only."""
+starts listen on the loopback address only, and the card of one whose process is gone is pruned."""
 
 import dataclasses
 import os

