@@ -323,7 +323,8 @@ def _llama_server(
     running slots' next tokens first, then waiting prompts' tokens up to the budget (``update_slots``), so
     a prompt longer than the budget is prefilled in chunks between decode steps (llama.cpp's chunked
     prefill). ``ubatch`` (``-ub``; None: llama.cpp's 512, at most ``batch``): how many of them one
-    compute pass takes (a step's tokens come out together, after all its passes)."""
+    compute pass takes (a step's tokens come out together, after all its passes). Its settings record what
+    it runs with (``batch`` at most the whole context, ``n_ctx`` x ``parallel``)."""
     from lablib.build.llama import BuildError, llama_tool
 
     if batch is not None:
@@ -360,8 +361,9 @@ def _llama_server(
     ]
     argv += ["-b", str(batch)] if batch is not None else []
     argv += ["-ub", str(ubatch)] if ubatch is not None else []
-    b = batch or LLAMA_SERVER_BATCH
-    settings = {"batch": b, "ubatch": min(b, ubatch or LLAMA_SERVER_UBATCH)}  # llama.cpp takes -ub at most -b
+    # what it runs with: llama.cpp takes -b at most the whole context (-c), and -ub at most -b (llama-context.cpp)
+    b = min(batch or LLAMA_SERVER_BATCH, n_ctx * parallel)
+    settings = {"batch": b, "ubatch": min(b, ubatch or LLAMA_SERVER_UBATCH)}
     return Launch(argv, "llama.cpp (built by lablib)", ["/health"], "lab-model", settings=settings)
 
 
