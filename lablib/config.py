@@ -71,6 +71,22 @@ BUDGETS = {
         "ttft_s": (1.0, 2.0),
         "tpot_s": (0.1, 0.1),
     },
+    # lab 09 (lablib.studies.scheduler): the long prompt of the head-of-line experiment and the small batch it
+    # is prefilled in chunks of (llama-server -b), the knee's rates (requests/s) and requests per rate, the
+    # KV-capacity run (prompt, output, blocks of vLLM's cache), the slice of the Mooncake trace replayed
+    "scheduler": {
+        "hol_prompt_tokens": (256, 1024),
+        "hol_batch": (64, 128),
+        "knee_rates": ([0.5, 1.0, 2.0, 4.0, 8.0], [0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0]),
+        "knee_requests": (6, 16),
+        "kv_prompt_tokens": (200, 200),
+        "kv_new_tokens": (80, 100),
+        "kv_blocks": (5, 5),
+        "kv_concurrency": ((1, 2), (1, 2, 3)),
+        "replay_start": (26, 0),
+        "replay_count": (10, 40),
+        "replay_length_scale": (1 / 64, 1 / 32),
+    },
     # lab 06 (lablib.studies.ladder): the quantization types, the perplexity text (n_ctx tokens x
     # n_chunks) and the speed request of each rung
     "ladder": {

@@ -767,3 +767,58 @@ def rate_sweep(
     df.attrs["rows"] = raw
     df.attrs["server_rows"] = server_rows
     return df
+
+
+# --- real traffic -------------------------------------------------------------------------------
+def quick_defaults(quick: bool | None = None) -> dict:
+    """Sizes for lab 09 (:data:`lablib.config.BUDGETS` ``"scheduler"``): small in quick mode (LABLIB_QUICK=1)."""
+    from lablib.config import budgets
+
+    return budgets("scheduler", quick)
+
+
+def trace_replay(
+    server,
+    model,
+    start: int = 0,
+    count: int = 12,
+    time_scale: float = 1.0,
+    length_scale: float = 1 / 64,
+    trace=None,
+    metrics_interval_s: float = 0.1,
+    max_duration_s: float = 300.0,
+):
+    """A slice of a request trace (``trace``; None: the shipped Mooncake slice, requests ``start`` ..
+    ``start + count - 1``) replayed on ``server`` (a RunningServer) on its own send times, scaled by
+    ``time_scale`` and ``length_scale`` (:func:`lablib.measure.replay.scale`, prompts cut to the server's
+    context), with the server's ``/metrics`` sampled every ``metrics_interval_s`` when it has them.
+
+    Returns ``(rows, samples, summary)``: the request rows (a DataFrame: run_load's columns with the trace's,
+    ``t_scheduled`` and ``schedule_lag_s`` among them), the server's samples (a DataFrame of t_s, metric,
+    value; empty without /metrics) for :func:`lablib.plots.server_timeline`, and
+    :func:`lablib.measure.replay.replay_summary` (lag p50/p99, kept_up, drain_s, perfect_reuse_fraction ...)."""
+    import pandas as pd
+
+    from lablib.engines.http.metrics import MetricsSampler
+    from lablib.measure.replay import read_trace, replay, replay_summary, scale
+
+    plan = scale(read_trace(trace, start=start, count=count), time_scale, length_scale, n_ctx=server.n_ctx)
+    e = server.engine(model)
+    try:
+        e.generate(e.tokenize("Hello there, how are you?"), GenerationConfig(max_new_tokens=4))  # warm-up
+        sampler = MetricsSampler(e.root_url, metrics_interval_s) if _has_metrics(e) else None
+        rows = replay(e, plan, server_metrics=sampler, max_duration_s=max_duration_s)
+    finally:
+        e.close()
+    samples = pd.DataFrame(sampler.rows() if sampler is not None else [], columns=["t_s", "metric", "value"])
+    return pd.DataFrame(rows), samples, replay_summary(rows, plan)
+
+
+def _has_metrics(engine) -> bool:
+    from lablib.engines.http.metrics import scrape
+
+    try:
+        scrape(engine.root_url, only_view=True)
+    except LabError:
+        return False
+    return True
