@@ -707,66 +707,27 @@ def rate_sweep(
     Each row: ``rate``, ``output_tps``, ``ttft_p50_s``, ``ttft_p99_s``, ``e2e_p50_s``, ``errors`` and the
     server's ``running_max``, ``waiting_max``, ``kv_usage_max``, ``preemptions`` (None without /metrics).
     The request rows are in ``attrs["rows"]``, the samples (with ``rate``) in ``attrs["server_rows"]``."""
-    import pandas as pd
-
-    from lablib.engines.http.metrics import MetricsSampler
-    from lablib.measure.load import run_load, summarize
-    from lablib.measure.workload import distinct_prompts
+    from lablib.studies.serving import rate_sweep_table
 
     rates = sorted(float(r) for r in rates)
     if not rates:
         raise LabError("rates=[]: expected requests-per-second values, e.g. [0.5, 1, 2, 4, 8]")
-    cfg = GenerationConfig(max_new_tokens=max_new_tokens)
-    prompts = distinct_prompts(model, prompt_tokens, requests + 1)
-    table, raw, server_rows = [], [], []
-    e = server.engine(model)
-    try:
-        e.generate(prompts[-1], cfg)  # warm-up on a prompt no measured request uses
-        from lablib.engines.http.metrics import scrape
-
-        try:
-            scrape(e.root_url, only_view=True)
-            has_metrics = True
-        except LabError:
-            has_metrics = False
-        for r in rates:
-            sampler = MetricsSampler(e.root_url, metrics_interval_s, rate=r) if has_metrics else None
-            rows = run_load(
-                e,
-                prompts[:-1],
-                "open",
-                rate=r,
-                arrival=arrival,
-                seed=seed,
-                cfg=cfg,
-                max_duration_s=max_duration_s,
-                server_metrics=sampler,
-                sweep="rate",
-            )
-            raw += rows
-            seen = sampler.deltas() if sampler is not None else {}
-            server_rows += sampler.rows() if sampler is not None else []
-            s = summarize(rows)
-            table.append(
-                {
-                    "rate": r,
-                    "output_tps": s["output_tps"],
-                    "ttft_p50_s": s["ttft_p50_s"],
-                    "ttft_p99_s": s["ttft_p99_s"],
-                    "e2e_p50_s": s["e2e_p50_s"],
-                    "errors": s["errors"],
-                    "running_max": seen.get("running"),
-                    "waiting_max": seen.get("waiting"),
-                    "kv_usage_max": seen.get("kv_usage"),
-                    "preemptions": seen.get("preemptions"),
-                }
-            )
-    finally:
-        e.close()
-    df = pd.DataFrame(table)
-    df.attrs["rows"] = raw
-    df.attrs["server_rows"] = server_rows
-    return df
+    df = rate_sweep_table(
+        [server],
+        model,
+        rates,
+        requests=requests,
+        prompt_tokens=prompt_tokens,
+        max_new_tokens=max_new_tokens,
+        max_duration_s=max_duration_s,
+        seed=seed,
+        metrics_interval_s=metrics_interval_s,
+        arrival=arrival,
+    )
+    cols = ["rate", "output_tps", "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "errors"]
+    out = df[cols + ["running_max", "waiting_max", "kv_usage_max", "preemptions"]].copy()
+    out.attrs = df.attrs
+    return out
 
 
 # --- real traffic -------------------------------------------------------------------------------
@@ -801,24 +762,15 @@ def trace_replay(
 
     from lablib.engines.http.metrics import MetricsSampler
     from lablib.measure.replay import read_trace, replay, replay_summary, scale
+    from lablib.studies.serving import _metrics_root
 
     plan = scale(read_trace(trace, start=start, count=count), time_scale, length_scale, n_ctx=server.n_ctx)
     e = server.engine(model)
     try:
         e.generate(e.tokenize("Hello there, how are you?"), GenerationConfig(max_new_tokens=4))  # warm-up
-        sampler = MetricsSampler(e.root_url, metrics_interval_s) if _has_metrics(e) else None
+        sampler = MetricsSampler(e.root_url, metrics_interval_s) if _metrics_root(e) else None
         rows = replay(e, plan, server_metrics=sampler, max_duration_s=max_duration_s)
     finally:
         e.close()
     samples = pd.DataFrame(sampler.rows() if sampler is not None else [], columns=["t_s", "metric", "value"])
     return pd.DataFrame(rows), samples, replay_summary(rows, plan)
-
-
-def _has_metrics(engine) -> bool:
-    from lablib.engines.http.metrics import scrape
-
-    try:
-        scrape(engine.root_url, only_view=True)
-    except LabError:
-        return False
-    return True

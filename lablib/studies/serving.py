@@ -251,9 +251,11 @@ def rate_sweep_table(
     max_duration_s: float = 120.0,
     seed: int = 0,
     metrics_interval_s: float = 0.1,
+    arrival: str = "poisson",
 ):
-    """A Poisson rate sweep on each server of ``servers`` (RunningServer objects); one row per
-    (server, rate): output_tps, ttft p50/p95, tpot p50, goodput (requests/s meeting ``ttft_s``
+    """A Poisson rate sweep on each server of ``servers`` (RunningServer objects; ``arrival``: another
+    process of :data:`lablib.measure.load.ARRIVALS`); one row per (server, rate): output_tps, ttft
+    p50/p95/p99, tpot p50, e2e p50, goodput (requests/s meeting ``ttft_s``
     and ``tpot_s``) and its fraction, errors; and, from the server's own ``/metrics`` sampled every
     ``metrics_interval_s`` during the run (:class:`lablib.engines.http.metrics.MetricsSampler`; None for a
     server without it): running_max, waiting_max, kv_usage_max (0..1), preemptions.
@@ -282,6 +284,7 @@ def rate_sweep_table(
                     prompts[:-1],
                     "open",
                     rate=r,
+                    arrival=arrival,
                     seed=seed,
                     cfg=cfg,
                     max_duration_s=max_duration_s,
@@ -299,7 +302,9 @@ def rate_sweep_table(
                         "output_tps": s["output_tps"],
                         "ttft_p50_s": s["ttft_p50_s"],
                         "ttft_p95_s": s["ttft_p95_s"],
+                        "ttft_p99_s": s["ttft_p99_s"],
                         "tpot_p50_s": s["tpot_p50_s"],
+                        "e2e_p50_s": s["e2e_p50_s"],
                         "goodput_rps": s["goodput_rps"],
                         "goodput_fraction": s["goodput_fraction"],
                         "errors": s["errors"],
