@@ -1,8 +1,8 @@
 """What each request option the lab adds costs the server: a plain request against the lab's own.
 
 To count tokens per chunk exactly the lab asks servers for more than a plain OpenAI request: llama-server
-for per-token ``logprobs`` (before: every request) or per-chunk ``timings_per_token`` (a cumulative
-``predicted_n``), vLLM for ``return_token_ids`` and ``stream_options.continuous_usage_stats``. Each may
+for ``verbose`` (each chunk's native form with its token id; the lab's choice) rather than per-token ``logprobs``
+(the lab's choice before) or per-chunk ``timings_per_token`` (a cumulative ``predicted_n``), vLLM for ``return_token_ids`` and ``stream_options.continuous_usage_stats``. Each may
 cost the server time per token (llama-server's logprobs build a probability list per token). This
 benchmark starts the servers the lab starts (llama-server with one slot, vLLM with the test suite's
 configuration), and sends the same distinct prompts serially (concurrency 1, fixed output length) with
@@ -41,6 +41,7 @@ def variants(server: str) -> dict:
             "plain": plain,
             "+logprobs": replace(plain, logprobs=True),
             "+timings_per_token": replace(plain, extra={**plain.extra, "timings_per_token": True}),
+            "+verbose": replace(plain, extra={**plain.extra, "verbose": True}),
         }
     if server == "vllm":
         plain = replace(lab, extra={}, chunk_usage=False)

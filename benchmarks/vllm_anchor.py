@@ -42,7 +42,7 @@ prompt of its own (``seed + 1``; both servers run with prefix caching off, llama
 **The same request body.** vllm bench sends ``model, prompt, max_tokens, stream, stream_options
 {include_usage}, repetition_penalty 1.0, logprobs null, ignore_eos``; the lab sends what its server
 profile asks for (greedy ``temperature 0, top_p 1, seed 0``; to llama-server ``cache_prompt false`` and
-``logprobs 1``, its count of tokens per chunk; to vLLM ``min_tokens``, ``return_token_ids`` and
+``verbose``, each chunk's token id; to vLLM ``min_tokens``, ``return_token_ids`` and
 ``continuous_usage_stats``). With ``--anchor-body lab`` (the default) the anchor gets the lab's extra
 fields as ``--extra-body``, so both make the server do the same work and only the clients differ;
 ``--anchor-body own`` sends vllm bench's own body with ``--temperature 0`` only.
@@ -159,8 +159,8 @@ VLLM_PROMPTS = (
 # streams max_tokens one-token chunks, the first TTFT_S after the request arrived, then one every ITL_S
 # (asyncio sleeps to absolute times, so a late wake-up does not add up), in the stream format of the server
 # it stands for: "vllm" (token_ids and cumulative usage on every chunk, the last token with finish_reason,
-# then a usage-only chunk with empty choices) or "llama-server" (one logprobs entry per chunk, then a
-# finish chunk with empty text, usage and timings). Both clients meet a server whose timing is known and
+# then a usage-only chunk with empty choices) or "llama-server" (one chunk per token, with its native form
+# `__verbose` when the request asks for `verbose`, then a finish chunk with empty text, usage and timings). Both clients meet a server whose timing is known and
 # costs no CPU: what is left between them is theirs.
 SCRIPTED_TTFT_S, SCRIPTED_ITL_S = 0.100, 0.020
 SCRIPTED = """
@@ -193,9 +193,11 @@ async def completions(request):
                  "token_ids": [264]}
             await resp.write(ev({"object": "text_completion", "model": "lab-model", "choices": [c], "usage": usage}))
         else:
-            lp = {"content": [{"id": 264, "token": " a", "logprob": -0.1, "top_logprobs": []}]}
-            c = {"text": " a", "index": 0, "logprobs": lp, "finish_reason": None}
-            await resp.write(ev({"choices": [c], "object": "text_completion", "model": "lab-model"}))
+            c = {"text": " a", "index": 0, "logprobs": None, "finish_reason": None}
+            obj = {"choices": [c], "object": "text_completion", "model": "lab-model"}
+            if body.get("verbose"):  # what llama-server adds when asked: the chunk's native form
+                obj["__verbose"] = {"content": " a", "tokens": [264], "stop": False, "tokens_predicted": i + 1}
+            await resp.write(ev(obj))
     if kind == "vllm":
         await resp.write(ev({"object": "text_completion", "model": "lab-model", "choices": [], "usage": usage}))
     else:

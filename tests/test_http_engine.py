@@ -294,7 +294,7 @@ def test_request_fields_per_server_kind(server, model, monkeypatch):
     path, headers, body = server.requests[-1]
     assert path == "/v1/completions"
     assert body["prompt"] == [5, 6] and body["ignore_eos"] is True and body["cache_prompt"] is False
-    assert body["logprobs"] == 1 and body["stream_options"] == {"include_usage": True}
+    assert body["verbose"] is True and "logprobs" not in body and body["stream_options"] == {"include_usage": True}
     assert headers["Authorization"] == "Bearer sk-secret-123"
     assert t.server_prompt_s == 0.02 and t.http_overhead_s == pytest.approx(t.ttft_s - 0.02)
     assert t.server_decode_tps == 50.0 and t.cached_tokens == 0
@@ -364,3 +364,30 @@ def test_bad_arguments_are_one_clear_error(server, model):
         load_engine("http", model, base_url="127.0.0.1:8080")
     with pytest.raises(LabError, match="llama-server's /completion"):
         load_engine("http", model, base_url=server.base_url, api="native", server="mlx")
+
+
+def test_llama_servers_verbose_chunks_give_each_chunks_ids(server, model):
+    """llama-server asked for `verbose` adds each partial chunk's native form (`__verbose`: its `tokens`,
+    `stop` false); the final chunk's native form (`stop` true) holds no new token."""
+    server.props = {"build_info": "b9999-test", "default_generation_settings": {"n_ctx": 4096}}
+
+    def chunk(text, ids, stop=False, finish=None):
+        obj = cmpl(text, finish=finish)
+        obj["__verbose"] = {"content": text, "tokens": ids, "stop": stop}
+        return sse(obj)
+
+    server.script = [
+        chunk("The", [504]),
+        chunk(" sky", [6178]),
+        chunk("", [504, 6178], stop=True, finish="length"),  # a final form listing all: not counted again
+        sse(cmpl(usage={"prompt_tokens": 2, "completion_tokens": 2})),
+        DONE,
+    ]
+    try:
+        e = load_engine("http", model, base_url=server.base_url)
+        t = e.generate([5, 6], GenerationConfig(max_new_tokens=2))
+        e.close()
+    finally:
+        server.props = None
+    assert t.count_method == "token_ids" and t.token_ids == [504, 6178] and t.chunk_tokens == [1, 1]
+    assert t.usage_completion_tokens == 2 and t.output_count_ok

@@ -175,7 +175,7 @@ def test_scripted_server_streams_as_the_server_it_stands_for(model, tmp_path, ki
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert s["errors"] == 0 and len(rows) == 4
     assert all(r["output_count_ok"] and r["chunk_tokens"] == [1, 1, 1, 1] for r in rows)
-    assert {r["count_method"] for r in rows} == {"token_ids" if kind == "vllm" else "logprobs"}
+    assert {r["count_method"] for r in rows} == {"token_ids"}
     assert all(r["prefill_s"] >= va.SCRIPTED_TTFT_S for r in rows)
     # the script's times are lower bounds: the last token never comes before TTFT + (M-1) ITL
     assert all(r["t_last_token"] - r["t_start"] >= va.SCRIPTED_TTFT_S + 3 * va.SCRIPTED_ITL_S for r in rows)

@@ -17,8 +17,9 @@ The clock (DESIGN.md), over HTTP:
   chunks are kept apart (``chunk_gaps_s``), with ``chunk_tokens`` per chunk.
 
 Tokens per chunk, best first (the row's ``count_method`` names the one used):
-``token_ids`` (llama-server's native ``/completion`` stream), ``logprobs`` (entries per
-chunk; llama-server gives each entry's id), ``usage`` (cumulative usage on every chunk,
+``token_ids`` (vLLM's ``return_token_ids``; llama-server's native ``/completion`` stream, and its
+OpenAI chunks' ``__verbose`` form when asked for ``verbose``), ``logprobs`` (entries per chunk with
+their ids), ``usage`` (cumulative usage on every chunk,
 vLLM's ``continuous_usage_stats``), ``final_usage`` (the server's final usage is the count,
 spread over the chunks by the lab's estimate: a server running another model counts its own
 tokens; the lab's count stays in ``retokenized_tokens``), ``retokenized`` (the streamed text so

@@ -50,8 +50,12 @@ class ServerProfile:
 
 # kind of server -> its profile; lablib.engines.servers.SERVERS gives each server the lab starts its row here
 PROFILES = {
-    # llama.cpp tools/server: `logprobs` is an alias of n_probs (ids in each entry), cache_prompt defaults true
-    "llama-server": ServerProfile(ids=True, fixed="ignore_eos", extra={"cache_prompt": False}, logprobs=True),
+    # llama.cpp tools/server: cache_prompt defaults true; `verbose` adds each partial chunk's native form
+    # (`__verbose`, server-task.cpp), whose `tokens` is that chunk's id: the count and the ids per chunk at no
+    # cost to the server, where `logprobs` (an alias of n_probs: a softmax over the vocabulary per token) made its
+    # TPOT 1.04x a plain request's (1.00-1.11x over 3 runs; `verbose` 0.91-0.98x: benchmarks/request_options.py,
+    # 8-10 interleaved rounds, 1 slot, 2-core EPYC)
+    "llama-server": ServerProfile(ids=True, fixed="ignore_eos", extra={"cache_prompt": False, "verbose": True}),
     # llama_cpp/server/types.py: prompt is str | list[str]; min_tokens masks EOS; no usage in streams;
     # logprobs would sort the whole vocabulary per token in Python (distorts what it measures)
     "llama-cpp-python": ServerProfile(ids=False, fixed="min_tokens", stream_usage=False),
@@ -145,6 +149,10 @@ def _read_chunk(obj: dict, api: str) -> tuple:
             text = ""
     ids = None
     tids = c.get("token_ids")  # vLLM with return_token_ids: this chunk's generated ids
+    if tids is None:  # llama-server with `verbose`: a partial chunk's own ids in its native form
+        v = obj.get("__verbose")
+        if isinstance(v, dict) and v.get("stop") is False:
+            tids = v.get("tokens")
     if isinstance(tids, list) and tids:
         if len(tids) == 1 and type(tids[0]) is int:  # the usual chunk: one token, already an int
             ids = tids
