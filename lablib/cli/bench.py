@@ -86,11 +86,25 @@ def run(ns) -> int:
 
 
 def _run(ns) -> int:
+    from lablib.errors import LabError
     from lablib.measure.load import bench
     from lablib.ui.text import server_line, summary_line
 
+    if ns.rate is None and ns.max_concurrency is not None:
+        raise LabError(
+            f"--max-concurrency {ns.max_concurrency} with --concurrency {ns.concurrency}: --max-concurrency caps an "
+            "open loop (--rate R); a closed loop's --concurrency is its number of clients: give one of the two"
+        )
+
     def show(s):
         print(summary_line(s["server"], s["mode"], s["rate"], s["concurrency"], s), flush=True)
+        if s["requests"] < ns.requests:  # the run's time limit came before the rest were sent: no rows of theirs
+            print(
+                f"lablib bench: {ns.requests - s['requests']} of {ns.requests} requests were not sent: the run reached "
+                f"--max-duration-s {ns.max_duration_s:g} first (raise it, or a higher --rate / --concurrency sends them)",
+                file=sys.stderr,
+                flush=True,
+            )
         if s.get("server_counters"):
             print(server_line(s["server_counters"]), flush=True)
 

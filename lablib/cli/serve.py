@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import signal
 import sys
+import threading
 import time
 
 from lablib.errors import LabError
@@ -36,21 +37,36 @@ def add_arguments(p) -> None:
     p.add_argument("--duration-s", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")
 
 
+def _terminated(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")  # while the server starts: the same way out as Ctrl-C
+
+
 def run(ns) -> int:
     from lablib.engines.servers import start_server
 
     if ns.duration_s is not None and not ns.duration_s > 0:
         raise LabError(f"--duration-s {ns.duration_s}: expected a positive number of seconds")
-    srv = start_server(
-        ns.server,
-        ns.model,
-        port=ns.port,
-        parallel=ns.parallel,
-        threads=ns.threads,
-        n_ctx=ns.n_ctx,
-        prefix_caching=True if ns.prefix_caching else None,
-        log=lambda m: print(m, file=sys.stderr, flush=True),
-    )
+    # Ctrl-C or SIGTERM while it starts (vLLM: minutes): start_server stops it; one line, no traceback
+    main = threading.current_thread() is threading.main_thread()  # a handler can only be set there
+    prior = signal.signal(signal.SIGTERM, _terminated) if main else None
+    try:
+        srv = start_server(
+            ns.server,
+            ns.model,
+            port=ns.port,
+            parallel=ns.parallel,
+            threads=ns.threads,
+            n_ctx=ns.n_ctx,
+            prefix_caching=True if ns.prefix_caching else None,
+            log=lambda m: print(m, file=sys.stderr, flush=True),
+        )
+    except KeyboardInterrupt as e:
+        name = e.args[0] if e.args and isinstance(e.args[0], str) else "SIGINT"
+        print(f"lablib serve: interrupted by {name} while {ns.server} started; it was stopped", file=sys.stderr)
+        return 128 + int(getattr(signal, name, signal.SIGINT))
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, prior if prior is not None else signal.SIG_DFL)
     print(
         f"{srv.name} {srv.version} ready at {srv.base_url} (pid {srv.pid}, {srv.startup_s:.1f} s; log {srv.log_path})",
         flush=True,

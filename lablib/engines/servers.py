@@ -93,6 +93,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _check_port_free(port: int) -> None:
+    """LabError when ``port`` on 127.0.0.1 cannot be bound now (another process listens there, or it needs root)."""
+    import errno
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: a closed port's TIME_WAIT is free
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            why = "is in use" if e.errno == errno.EADDRINUSE else f"cannot be bound ({e.strerror or e})"
+            raise LabError(
+                f"port {port} on 127.0.0.1 {why}: expected a free port; leave the port out (--port) for a free one, "
+                "or stop what listens there"
+            ) from None
+
+
 @dataclass
 class RunningServer:
     """A server started by :func:`start_server`. ``base_url`` ends in /v1; ``kind`` is what the
@@ -116,6 +132,11 @@ class RunningServer:
         """An http engine on this server (``lablib.engines.http.HTTPEngine``), ``model`` the lab's model."""
         from lablib.engines import load_engine
 
+        if not self.alive():  # else: "no server answers ... start one", as if it had never been started
+            raise LabError(
+                f"{self.name} (pid {self.pid}) is not running: it was stopped, or exited with code "
+                f"{self.proc.returncode} (its log: {self.log_path}); start it again with start_server({self.name!r}, ...)"
+            )
         kw.setdefault("server_version", self.version)
         kw.setdefault("n_ctx", self.n_ctx or None)
         kw.setdefault("server_settings", dict(self.settings))
@@ -650,6 +671,7 @@ def start_server(
     else:
         port = whole(port, "port", "a TCP port from 1 to 65535 (or leave it out for a free one)", hi=65535)
     name = canonical_server(name)
+    _check_port_free(port)  # else a server already there that answers the readiness path looks like this one
     launch = _command(name, rm, port, parallel, threads, n_ctx, prefix_caching, options)
     argv, version, ready, server_model = launch.argv, launch.version, launch.ready, launch.model_id
     if timeout_s is None:

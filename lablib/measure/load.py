@@ -34,7 +34,7 @@ from lablib.checks import whole
 from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
 from lablib.results.store import trace_row
-from lablib.results.tables import run_summary
+from lablib.results.tables import check_targets, run_summary
 from lablib.results.trace import RequestTrace, now
 
 # the load shapes (run_load's mode): C clients in a closed loop, or an open loop whose requests arrive on a
@@ -128,11 +128,7 @@ def run_load(
         concurrency = whole(concurrency, "concurrency", "a whole number of requests in flight, at least 1")
     if mode == "closed" and concurrency is None:
         raise LabError("a closed loop needs concurrency=C (clients)")
-    if not isinstance(max_duration_s, (int, float)) or not 0 < max_duration_s < math.inf:
-        raise LabError(
-            f"max_duration_s={max_duration_s!r}: expected a positive, finite number of seconds "
-            "(every load run is bounded in time)"
-        )
+    _check_max_duration(max_duration_s)
     cfg = cfg or GenerationConfig()
     cfgs = _request_configs(cfg, max_new_tokens, len(prompts))
     prompts = [[int(t) for t in p] for p in prompts]
@@ -184,6 +180,14 @@ def run_load(
             client_probe.stop()
         if server_metrics is not None:
             server_metrics.stop()  # its last scrape, after the last row
+
+
+def _check_max_duration(max_duration_s) -> None:
+    if not isinstance(max_duration_s, (int, float)) or not 0 < max_duration_s < math.inf:
+        raise LabError(
+            f"max_duration_s={max_duration_s!r}: expected a positive, finite number of seconds "
+            "(every load run is bounded in time)"
+        )
 
 
 def _request_configs(cfg, max_new_tokens, n):
@@ -526,9 +530,17 @@ def bench(
     else:
         mode = "open"
         rates = parse_rates(rates if isinstance(rates, str) else ",".join(map(str, rates)))
-    for what, n in (("requests", requests), ("prompt_tokens", prompt_tokens), ("max_new_tokens", max_new_tokens)):
+    whole(requests, "requests", f"a whole number from 1 to {MAX_REQUESTS}", hi=MAX_REQUESTS)
+    for what, n in (("prompt_tokens", prompt_tokens), ("max_new_tokens", max_new_tokens)):
         whole(n, what, "at least 1")
     warmup = whole(warmup, "warmup", "0 or more", lo=0)
+    # the run's own parameters too, before the server is asked anything (run_load checks them again)
+    if concurrency is not None:
+        concurrency = whole(concurrency, "concurrency", "a whole number of requests in flight, at least 1")
+    if mode == "open":
+        arrival_schedule(1, rates[0], arrival, burstiness, seed)  # arrival and burstiness
+    _check_max_duration(max_duration_s)
+    check_targets(ttft_s, tpot_s, e2e_s)
     rm = model if isinstance(model, ResolvedModel) else prepare(model, log=log)
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=not until_eos)
     if prompts == "random":  # vllm bench's measured prompts, in its order; the warm-up's of another seed

@@ -216,6 +216,8 @@ def read_trace(
     fields). ``block_tokens``: tokens per block id (Mooncake: 512, fixed; plain: default 512). Raises
     LabError naming the file, line and field for a missing or bad field, and for a slice outside the file."""
     p = Path(path) if path is not None else default_trace_path()
+    if p.is_dir():
+        raise LabError(f"trace file {p} is a folder; expected a file: a Mooncake JSONL or a plain CSV/JSONL trace")
     if not p.is_file():
         hint = " (the shipped slice lives in the project's data/traces/; set LABLIB_DATA)" if path is None else ""
         raise LabError(f"trace file {p} not found{hint}; expected a Mooncake JSONL or a plain CSV/JSONL trace")
@@ -225,7 +227,13 @@ def read_trace(
     if count is not None:
         count = whole(count, "count", "a number of requests, at least 1")
     data = p.read_bytes()
-    text = data.decode("utf-8")
+    try:
+        text = data.decode("utf-8-sig")  # a byte order mark (a CSV saved by Excel) is not part of the first field
+    except UnicodeDecodeError as e:
+        raise LabError(
+            f"trace file {p} is not UTF-8 text ({e.reason} at byte {e.start}); expected a Mooncake JSONL or a "
+            "plain CSV/JSONL trace, as text"
+        ) from None
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
         raise LabError(f"trace file {p} is empty; expected one request a line")
@@ -891,6 +899,15 @@ def run_replay(
     if (base_url is None) == (server is None):
         raise LabError("expected either base_url (a running server) or server (a name, for the lab to start one)")
     warmup = whole(warmup, "warmup", "0 or more", lo=0)
+    # the run's and the summary's parameters too, before a server starts or a request is sent
+    from lablib.measure.load import _check_max_duration
+    from lablib.results.tables import check_targets
+
+    if concurrency is not None:
+        whole(concurrency, "concurrency", "a whole number of requests in flight, at least 1")
+    _check_max_duration(max_duration_s)
+    _factor(max_lag_s, "max_lag_s")
+    check_targets(ttft_s, tpot_s, e2e_s)
     tr = read_trace(trace, fmt, start, count)
     scale(tr, time_scale, length_scale, output_scale, block_tokens)  # bad factors refused before a server starts
     rm = model if isinstance(model, ResolvedModel) else prepare(model, log=log)

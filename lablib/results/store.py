@@ -112,6 +112,8 @@ class ResultsWriter:
                 f"results file {self.path}: cannot write there ({e.strerror or e}); expected a "
                 "writable folder: choose another --out"
             ) from None
+        if self.suffix == ".jsonl" and self.path.is_file() and self.path.stat().st_size:
+            _check_jsonl_head(self.path)  # rows appended to a foreign file could not be read back
         # parquet is rewritten whole per row: read what is there now (a corrupt or foreign file is
         # refused here, before a measurement whose row could not be written)
         self._rows = None
@@ -150,6 +152,25 @@ class ResultsWriter:
             pd.DataFrame(self._rows).to_parquet(tmp, index=False)
             os.replace(tmp, self.path)
         self.written += 1
+
+
+def _check_jsonl_head(path: Path) -> None:
+    """LabError when the existing file ``path`` does not start as the lab's JSON lines do (one JSON object a
+    line, UTF-8): a parquet file or a CSV named .jsonl, say."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 20)
+    line, newline, _ = head.lstrip().partition(b"\n")
+    ok = line.startswith(b"{")  # a row torn by a crash still starts so (load_results names such a line)
+    if ok and newline:
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            ok = False
+    if not ok:
+        raise LabError(
+            f"results file {path} is not a JSON lines file the lab wrote (its first line is no JSON object); "
+            "expected lab rows to add to, one JSON object a line: write to a new file (another --out)"
+        )
 
 
 def _jsonable(x):
@@ -195,7 +216,14 @@ def _read_file(p):
 
     if _suffix(p) == ".jsonl":
         rows = []
-        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise LabError(
+                f"{p}: not UTF-8 text ({e.reason} at byte {e.start}); expected a JSON lines file the lab wrote, "
+                "one JSON object a line: restore it, or give another file"
+            ) from None
+        for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 try:
                     row = json.loads(line)

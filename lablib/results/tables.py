@@ -109,6 +109,21 @@ def makespan_s(rows) -> float:
     return max(r["t_last_token"] for r in ok) - min(r["t_submit"] for r in ok)
 
 
+def check_targets(ttft_s=None, tpot_s=None, e2e_s=None) -> None:
+    """Goodput targets (seconds; None: no target): each a positive, finite number; LabError naming one that is not
+    (a target of 0 or below made every run's goodput 0 without a word)."""
+    import math
+    import numbers
+
+    for what, v in (("ttft_s", ttft_s), ("tpot_s", tpot_s), ("e2e_s", e2e_s)):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
+            raise LabError(
+                f"{what}={v!r}: expected a positive number of seconds (a goodput target; None or left out: no target)"
+            )
+
+
 def goodput(
     rows,
     ttft_s: float | None = None,
@@ -119,7 +134,9 @@ def goodput(
     """Requests that met every given target (seconds; None: no target), of ``rows`` (dicts or a
     DataFrame): DistServe's goodput, as ``vllm bench serve --goodput``. A failed request never counts;
     a one-token request has no TPOT and meets a TPOT target. Returns ``good`` (count), ``fraction`` (of
-    all rows) and ``rps`` (good / ``duration_s``, default the run's :func:`makespan_s`)."""
+    all rows) and ``rps`` (good / ``duration_s``, default the run's :func:`makespan_s`). LabError for a
+    target that is not a positive number (:func:`check_targets`)."""
+    check_targets(ttft_s, tpot_s, e2e_s)
     rows = _records(rows)
     good = 0
     for r in rows:

@@ -455,6 +455,25 @@ def _bytes_per_element(settings: dict) -> int:
     return 4 if settings.get("dtype") == "float32" else 2
 
 
+# the columns of a kv_capacity table that put each prediction beside its observation (lab 09 shows these)
+KV_VIEW = (
+    "concurrency",
+    "usable_blocks",
+    "blocks_per_sequence",
+    "fit_sequences",
+    "stated_kv_tokens",
+    "predicted_kv_tokens",
+    "predicted_running_max",
+    "running_max",
+    "predicted_waiting",
+    "waiting_max",
+    "predicted_preemption",
+    "preemptions",
+    "predicted_kv_usage_max",
+    "kv_usage_max",
+)
+
+
 def kv_capacity(
     server,
     model,

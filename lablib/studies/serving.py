@@ -17,6 +17,16 @@ VLLM_PARALLEL = 2  # sequences scheduled together (--max-num-seqs)
 VLLM_N_CTX = 512  # tokens per sequence (--max-model-len)
 
 
+def _servers(servers) -> list:
+    """``servers`` as a list: one RunningServer, or a list/tuple of them; LabError when there is none."""
+    from lablib.errors import LabError
+
+    servers = list(servers) if isinstance(servers, (list, tuple)) else [servers]
+    if not servers:
+        raise LabError("no servers: expected one or more RunningServer objects (lablib.engines.servers.start_server)")
+    return servers
+
+
 # a Jupyter kernel sets FORCE_COLOR=1 for its children (ipykernel), so vLLM would colour its log lines and
 # the progress lines start_server prints from that log would carry ANSI escapes; not a compile-cache factor
 def quick_defaults(quick: bool | None = None) -> dict:
@@ -139,10 +149,12 @@ def in_process_vs_server(model, server, prompt_tokens: int = 32, max_new_tokens:
     """
     import pandas as pd
 
+    from lablib.checks import whole
     from lablib.engines import engine_class, load_engine
     from lablib.measure.sweep import measured_traces
     from lablib.measure.workload import distinct_prompts
 
+    reps = whole(reps, "reps", "a whole number of measured requests each way, at least 1")
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
     prompts = distinct_prompts(model, prompt_tokens, reps + 1)
     rows = []
@@ -202,7 +214,7 @@ def http_cost(model, servers, prompt_tokens: int = 32, max_new_tokens: int = 8, 
     import pandas as pd
 
     raw, table = [], []
-    for srv in servers:
+    for srv in _servers(servers):
         df = in_process_vs_server(model, srv, prompt_tokens, max_new_tokens, reps).assign(server=srv.name)
         raw.append(df)
         local = df["where"] == "in-process"  # the other rows went over HTTP
@@ -253,8 +265,9 @@ def rate_sweep_table(
     metrics_interval_s: float = 0.1,
     arrival: str = "poisson",
 ):
-    """A Poisson rate sweep on each server of ``servers`` (RunningServer objects; ``arrival``: another
-    process of :data:`lablib.measure.load.ARRIVALS`); one row per (server, rate): output_tps, ttft
+    """A Poisson rate sweep on each server of ``servers`` (RunningServer objects, or one; ``arrival``: another
+    process of :data:`lablib.measure.load.ARRIVALS`) at each of ``rates`` (requests/s: a list, or "0.5,1,2";
+    every argument is checked before a request is sent); one row per (server, rate): output_tps, ttft
     p50/p95/p99, tpot p50, e2e p50, goodput (requests/s meeting ``ttft_s``
     and ``tpot_s``) and its fraction, errors; and, from the server's own ``/metrics`` sampled every
     ``metrics_interval_s`` during the run (:class:`lablib.engines.http.metrics.MetricsSampler`; None for a
@@ -265,10 +278,30 @@ def rate_sweep_table(
     :func:`one_run` picks one run of both for :func:`lablib.plots.server_timeline`."""
     import pandas as pd
 
+    from lablib.checks import whole
     from lablib.engines.http.metrics import MetricsSampler
-    from lablib.measure.load import run_load, summarize
+    from lablib.errors import LabError
+    from lablib.measure.load import (
+        MAX_REQUESTS,
+        _check_max_duration,
+        arrival_schedule,
+        parse_rates,
+        run_load,
+        summarize,
+    )
     from lablib.measure.workload import distinct_prompts
+    from lablib.results.tables import check_targets
 
+    # every argument checked before a request is sent (a bad rate was refused after the warm-up)
+    servers = _servers(servers)
+    rates = parse_rates(rates) if isinstance(rates, str) else list(rates)
+    if not rates:
+        raise LabError("rates is empty: expected one or more requests-per-second values, such as [0.5, 1, 2]")
+    for r in rates:
+        arrival_schedule(1, r, arrival, seed=seed)
+    whole(requests, "requests", f"a whole number from 1 to {MAX_REQUESTS}", hi=MAX_REQUESTS)
+    _check_max_duration(max_duration_s)
+    check_targets(ttft_s, tpot_s)
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
     prompts = distinct_prompts(model, prompt_tokens, requests + 1)
     table, raw, server_rows = [], [], []
@@ -398,8 +431,7 @@ def prefix_cache_demo(
 
     from lablib.measure.workload import prompt_of_length
 
-    if not isinstance(servers, (list, tuple)):
-        servers = [servers]
+    servers = _servers(servers)
     shared = prompt_of_length(model, shared_tokens, offset=3000)
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
     rows = []

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import threading
 
@@ -80,6 +81,31 @@ def _refuse_credentials(base_url: str, api_key_env: str | None) -> None:
         f"every row, manifest and message, so it takes none; give {bare} and put the API key in the "
         f"environment variable {api_key_env or 'LABLIB_API_KEY'} (sent as a bearer token, never written)"
     )
+
+
+# the kinds the probe tells for sure, and how: a server= naming another of the lab's kinds is refused
+_SURE_KINDS = {
+    "llama-server": "GET /props gives its build_info",
+    "vllm": "GET /v1/models says owned_by: vllm",
+    "llama-cpp-python": "its OpenAPI title names llama.cpp Python",
+}
+
+
+def _check_host_port(base_url: str) -> None:
+    """Raise LabError for a base URL without a host, or whose port is no TCP port (1 to 65535)."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(base_url)
+    try:
+        port = u.port
+    except ValueError:
+        port = 0
+    what = "no host" if not u.hostname else "a port that is not a TCP port from 1 to 65535" if port == 0 else None
+    if what:
+        raise LabError(
+            f"base_url={base_url!r}: {what} in it; expected an http(s) URL such as http://127.0.0.1:8080/v1 "
+            "(the host and port the server listens on, then /v1)"
+        )
 
 
 # --- the engine --------------------------------------------------------------------------------
@@ -130,10 +156,12 @@ class HTTPEngine(Engine):
             raise LabError(f"api={api!r}: expected one of {', '.join(APIS)}")
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise LabError(f"base_url={base_url!r}: expected an http(s) URL such as http://127.0.0.1:8080/v1")
+        _check_host_port(base_url)
         _refuse_credentials(base_url, api_key_env)
         for what, v in (("read_timeout_s", read_timeout_s), ("connect_timeout_s", connect_timeout_s)):
-            if not isinstance(v, (int, float)) or v <= 0:
-                raise LabError(f"{what}={v!r}: expected a positive number of seconds")
+            # inf (or nan) would leave a request to a server that never answers waiting forever
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise LabError(f"{what}={v!r}: expected a positive, finite number of seconds")
         self.base_url = base_url.rstrip("/")
         self.root_url = self.base_url.removesuffix("/v1")
         self.api = api
@@ -162,11 +190,20 @@ class HTTPEngine(Engine):
         except BaseException:
             self.close()
             raise
-        self.kind = kind or self.server_info.get("kind", "openai")
+        probed = self.server_info.get("kind")
+        if kind not in (None, "openai", probed) and probed in _SURE_KINDS:
+            self.close()  # the probe's event loop and HTTP session
+            raise LabError(
+                f"server={server!r}, but {self.base_url} answers as a {probed} server ({_SURE_KINDS[probed]}): its "
+                f"requests would carry the wrong fields (a {probed} server's prompt cache, say, left on) and its rows "
+                f"the wrong name; expected server='auto' (or {probed!r}), or 'openai' for plain OpenAI requests"
+            )
+        self.kind = kind or probed or "openai"
         self.profile = PROFILES[self.kind]
         self.server_model = server_model or self.profile.model_id or self.server_info.get("model_id")
         self.server_version = server_version or self.server_info.get("version") or "unknown"
         if api == "native" and self.kind != "llama-server":
+            self.close()  # the probe's event loop and HTTP session
             raise LabError(
                 f"api='native' is llama-server's /completion, but {self.base_url} is a {self.kind} "
                 "server; use api='completions' or 'chat'"

@@ -1,0 +1,397 @@
+"""A break-it pass on the serving entry points (`lablib serve`, `lablib bench`, `lablib replay`, the http
+engine, lab 05's helpers and panel): bad input is one LabError naming what was given, what was expected and
+what to do, refused before any work; nothing hangs; nothing is left running. Real sockets, real processes:
+the scripted SSE server of tests/sse_server.py, a real llama-server where a case needs a server the lab starts.
+"""
+
+import http.server
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from lablib.cli import main
+from lablib.engines import load_engine
+from lablib.errors import LabError
+from sse_server import ScriptedServer, SilentServer, cmpl, sse
+
+OK = [sse(cmpl("a", [1])), sse(cmpl("b", [2], finish="length")), sse("[DONE]")]
+
+
+@pytest.fixture
+def scripted(server):
+    """The module's scripted server, answering every request with two tokens; its request log cleared."""
+    server.script, server.queue = list(OK), []
+    server.requests.clear()
+    return server
+
+
+def bench_args(url, out, *extra, requests=2):
+    return [
+        "bench",
+        "--base-url",
+        url,
+        "--requests",
+        str(requests),
+        "--prompt-tokens",
+        "8",
+        "--max-new-tokens",
+        "2",
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def lab_threads() -> set:
+    return {t for t in threading.enumerate() if t.name == "lablib-http" and t.is_alive()}
+
+
+# --- the http engine: URLs and timeouts ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    "url,says",
+    [
+        ("http://127.0.0.1:99999/v1", "port"),
+        ("http://127.0.0.1:abc/v1", "port"),
+        ("http:///v1", "host"),
+    ],
+)
+def test_a_base_url_with_a_bad_port_or_no_host_is_one_lab_error(model, url, says):
+    with pytest.raises(LabError, match=f"base_url={url!r}: .*{says}.*expected an http"):
+        load_engine("http", model, base_url=url)
+
+
+def test_bench_with_a_bad_port_exits_2_with_one_line(tmp_path, capsys):
+    assert main(bench_args("http://127.0.0.1:99999/v1", tmp_path / "x.jsonl", "--concurrency", "1")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lablib: base_url='http://127.0.0.1:99999/v1'") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("knob", ["read_timeout_s", "connect_timeout_s"])
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_an_unbounded_timeout_is_refused(model, knob, value):
+    """read_timeout_s=inf on a server that never answers waited forever (the load run's max_duration_s
+    does not bound the engine's first GET); nan printed 'no answer within nan s'."""
+    silent = SilentServer().start()
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(LabError, match=f"{knob}={value!r}: expected a positive, finite number of seconds"):
+            load_engine("http", model, base_url=silent.base_url, **{knob: value})
+    finally:
+        silent.stop()
+    assert time.perf_counter() - t0 < 5
+
+
+def test_an_engine_refused_after_its_probe_leaves_no_loop_running(model, scripted):
+    """api='native' on a server that is no llama-server: refused after the probe, whose event loop and
+    HTTP session were left open ("Unclosed client session")."""
+    before = lab_threads()
+    with pytest.raises(LabError, match="api='native' is llama-server's"):
+        load_engine("http", model, base_url=scripted.base_url, api="native")
+    assert lab_threads() - before == set()
+
+
+# --- lablib bench: flags -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "flags,says",
+    [
+        (["--concurrency", "0"], "concurrency=0: expected"),
+        (["--rate", "inf", "--max-concurrency", "0"], "concurrency=0: expected"),
+        (["--rate", "1", "--arrival", "bursty"], "arrival='bursty': expected one of constant, poisson, gamma"),
+        (["--rate", "1", "--arrival", "gamma", "--burstiness", "0"], "burstiness=0.0: expected"),
+        (["--concurrency", "1", "--max-duration-s", "inf"], "max_duration_s=inf: expected a positive, finite"),
+        (["--concurrency", "1", "--ttft-target-s", "-1"], "ttft_s=-1.0: expected a positive number of seconds"),
+        (["--concurrency", "1", "--tpot-target-s", "nan"], "tpot_s=nan: expected a positive number of seconds"),
+        (["--concurrency", "1", "--e2e-target-s", "0"], "e2e_s=0.0: expected a positive number of seconds"),
+    ],
+)
+def test_bench_refuses_bad_run_flags_before_any_request(scripted, tmp_path, capsys, flags, says):
+    """These were refused only after the server was probed and the warm-up request sent (a goodput target
+    never: goodput was silently 0), though bench's docstring says 'before any work'."""
+    rc = main(bench_args(scripted.base_url, tmp_path / "x.jsonl", *flags))
+    err = capsys.readouterr().err
+    assert rc == 2 and says in err, err
+    assert scripted.requests == [] and not (tmp_path / "x.jsonl").exists()
+
+
+def test_bench_refuses_too_many_requests_before_making_their_prompts(scripted, tmp_path, capsys):
+    t0 = time.perf_counter()
+    assert main(bench_args(scripted.base_url, tmp_path / "x.jsonl", "--concurrency", "1", requests=10**6)) == 2
+    assert "requests=1000000: expected a whole number from 1 to 100000" in capsys.readouterr().err
+    assert time.perf_counter() - t0 < 2 and scripted.requests == []
+
+
+def test_bench_refuses_max_concurrency_with_a_closed_loop(scripted, tmp_path, capsys):
+    """--max-concurrency is the open loop's cap: with --concurrency it was silently dropped."""
+    rc = main(bench_args(scripted.base_url, tmp_path / "x.jsonl", "--concurrency", "1", "--max-concurrency", "3"))
+    err = capsys.readouterr().err
+    assert rc == 2 and "--max-concurrency 3" in err and "--rate" in err, err
+    assert scripted.requests == []
+
+
+# --- results files -------------------------------------------------------------------------------------
+def test_bench_refuses_an_out_jsonl_that_holds_another_format(scripted, tmp_path, capsys):
+    """A parquet file named .jsonl got JSON lines appended to its bytes; reading it back then failed with
+    a UnicodeDecodeError traceback."""
+    import pandas as pd
+
+    from lablib.results.store import load_results
+
+    out = tmp_path / "old.jsonl"
+    pd.DataFrame({"engine": ["http"], "ttft_s": [0.1]}).to_parquet(out)
+    before = out.read_bytes()
+    rc = main(bench_args(scripted.base_url, out, "--concurrency", "1"))
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{out}" in err and "not a JSON lines file" in err, err
+    assert out.read_bytes() == before and scripted.requests == []
+    with pytest.raises(LabError, match="not UTF-8 text"):
+        load_results(out)
+
+
+# --- lablib serve --------------------------------------------------------------------------------------
+class _Answers200(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *a):
+        pass
+
+
+def test_start_server_on_a_port_in_use_is_one_error_not_the_other_servers_ready(model):
+    """A port held by a server that answers /health: start_server said 'ready' at once, on the other
+    server, while its own llama-server failed to bind and exited."""
+    other = http.server.HTTPServer(("127.0.0.1", 0), _Answers200)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    port = other.server_address[1]
+    from lablib.engines.servers import start_server
+
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(LabError, match=f"port {port} on 127.0.0.1 is in use.*leave the port out"):
+            start_server("llama-server", model, port=port, threads=1, n_ctx=128)
+    finally:
+        other.shutdown()
+        other.server_close()
+    assert time.perf_counter() - t0 < 5
+
+
+def test_serve_on_a_port_in_use_exits_2(capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["serve", "--server", "llama-server", "--port", str(port), "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"port {port} on 127.0.0.1 is in use" in err and "Traceback" not in err
+
+
+_SERVE = """\
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from lablib.cli import main
+sys.exit(main(["serve", "--server", "llama-server", "--threads", "1", "--n-ctx", "128"]))
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_serve_interrupted_while_its_server_starts_is_one_line_and_no_process(sig):
+    """Ctrl-C before the server was ready printed a KeyboardInterrupt traceback (SIGTERM: no word at all)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVE],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    child = None
+    try:
+        deadline = time.monotonic() + 60
+        while child is None and time.monotonic() < deadline and proc.poll() is None:
+            for c in psutil.Process(proc.pid).children(recursive=True):
+                try:
+                    if "llama-server" in " ".join(c.cmdline()):
+                        child = c
+                except psutil.Error:
+                    pass
+            time.sleep(0.005)
+        assert child is not None, f"no llama-server started: {proc.communicate(timeout=30)}"
+        proc.send_signal(getattr(signal, sig))
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in err, err
+    if "ready at" in out:  # the signal came after it was ready: the ordinary stop
+        assert proc.returncode == 0 and "stopped" in out
+    else:
+        assert proc.returncode == 128 + getattr(signal, sig), (proc.returncode, out, err)
+        assert f"interrupted by {sig} while llama-server started; it was stopped" in err, err
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+
+
+# --- lablib replay: trace files ------------------------------------------------------------------------
+def test_replay_a_trace_that_is_not_text_is_one_error(tmp_path, capsys):
+    bad = tmp_path / "trace.jsonl"
+    bad.write_bytes(b"\xff\xfe\x00\x01 not text\n")
+    assert main(["replay", "--base-url", "http://127.0.0.1:9/v1", "--trace", str(bad), "--out", "x.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert f"trace file {bad} is not UTF-8 text" in err and "Traceback" not in err, err
+
+
+def test_replay_reads_a_csv_with_a_byte_order_mark(tmp_path):
+    from lablib.measure.replay import read_trace
+
+    p = tmp_path / "t.csv"
+    p.write_text("arrival_s,prompt_tokens,output_tokens\n0,16,2\n0.5,8,3\n", encoding="utf-8-sig")  # Excel's
+    tr = read_trace(p)
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in tr.requests] == [(0.0, 16, 2), (0.5, 8, 3)]
+
+
+def test_replay_a_trace_that_is_a_folder_says_so(tmp_path):
+    from lablib.measure.replay import read_trace
+
+    with pytest.raises(LabError, match=f"trace file {tmp_path} is a folder; expected a file"):
+        read_trace(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "flags,says",
+    [
+        (["--ttft-target-s", "-1"], "ttft_s=-1.0: expected a positive number of seconds"),
+        (["--max-lag-s", "-1"], "max_lag_s=-1.0: expected a finite number above 0"),
+        (["--max-concurrency", "0"], "concurrency=0: expected"),
+        (["--max-duration-s", "0"], "max_duration_s=0.0: expected a positive, finite"),
+    ],
+)
+def test_replay_refuses_bad_run_flags_before_any_request(scripted, tmp_path, capsys, flags, says):
+    """These were refused after the warm-up and the whole replay had run (a goodput target never)."""
+    p = tmp_path / "t.csv"
+    p.write_text("arrival_s,prompt_tokens,output_tokens\n0,8,2\n")
+    args = ["replay", "--base-url", scripted.base_url, "--trace", str(p), "--length-scale", "1"]
+    assert main(args + flags + ["--out", str(tmp_path / "r.jsonl")]) == 2
+    assert says in capsys.readouterr().err
+    assert scripted.requests == [] and not (tmp_path / "r.jsonl").exists()
+
+
+# --- lab 05: lablib.studies.serving and its panel ------------------------------------------------------
+@pytest.fixture(scope="module")
+def llama_server(model):
+    from lablib.engines.servers import start_server
+
+    srv = start_server("llama-server", model, threads=1, n_ctx=128)
+    yield srv
+    srv.stop()
+
+
+def test_rate_sweep_takes_one_server_and_rates_as_text(llama_server, model):
+    from lablib.studies import serving
+
+    table = serving.rate_sweep_table(llama_server, model, "inf", requests=2, prompt_tokens=8, max_new_tokens=2)
+    assert list(table["rate"]) == [math.inf] and list(table["server"]) == ["llama-server"]
+    assert (table["errors"] == 0).all()
+
+
+@pytest.mark.parametrize(
+    "kw,says",
+    [
+        (dict(rates=[]), "rates is empty"),
+        (dict(rates="1,x"), "rate 'x'"),
+        (dict(rates=[0.5], ttft_s=-1), "ttft_s=-1"),
+        (dict(rates=[0.5], requests=0), "requests=0"),
+    ],
+)
+def test_rate_sweep_refuses_bad_arguments_before_any_request(llama_server, model, kw, says):
+    from lablib.studies import serving
+
+    rates = kw.pop("rates")
+    t0 = time.perf_counter()
+    with pytest.raises(LabError, match=says):
+        serving.rate_sweep_table([llama_server], model, rates, prompt_tokens=8, max_new_tokens=2, **kw)
+    assert time.perf_counter() - t0 < 5
+
+
+def test_a_sweep_of_no_servers_is_one_error(model):
+    from lablib.studies import serving
+
+    with pytest.raises(LabError, match="no servers: expected one or more RunningServer"):
+        serving.rate_sweep_table([], model, [1.0])
+
+
+def test_http_cost_with_no_repetitions_is_one_error(llama_server, model):
+    from lablib.studies import serving
+
+    with pytest.raises(LabError, match="reps=0: expected"):
+        serving.http_cost(model, [llama_server], 8, 2, reps=0)
+
+
+def test_a_stopped_server_is_named_as_stopped(model):
+    from lablib.engines.servers import start_server
+    from lablib.studies import serving
+
+    srv = start_server("llama-server", model, threads=1, n_ctx=128)
+    srv.stop()
+    for call in (
+        lambda: srv.engine(model),
+        lambda: serving.rate_sweep_table([srv], model, [1.0], requests=1, prompt_tokens=8, max_new_tokens=2),
+        lambda: serving.prefix_cache_demo(model, srv, shared_tokens=8, own_tokens=4, max_new_tokens=2),
+    ):
+        with pytest.raises(LabError, match=rf"llama-server \(pid {srv.pid}\) is not running: .*start it again"):
+            call()
+
+
+def test_the_panel_refuses_a_bad_port_with_one_line(model, capsys):
+    from lablib.ui.serving import ServingPanel
+
+    panel = ServingPanel(model, base_url="http://127.0.0.1:99999/v1", requests=1, max_new_tokens=2)
+    panel._click()  # the Run button: a LabError is one printed line
+    out = capsys.readouterr().out
+    assert out.startswith("lablib: base_url='http://127.0.0.1:99999/v1'") and "Traceback" not in out
+
+
+def test_bench_rows_are_plain_json_lines(scripted, tmp_path):
+    """The happy path of the same fixtures, so a failure above is the case's, not the fixture's."""
+    out = tmp_path / "ok.jsonl"
+    assert main(bench_args(scripted.base_url, out, "--concurrency", "1", "--warmup", "0")) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2 and all(r["error"] is None for r in rows)
+
+
+# --- a server named as another kind; requests a run did not send ---------------------------------------
+def test_a_server_kind_the_probe_contradicts_is_refused(model):
+    """server='vllm' on a llama-server (its /props answers) was taken at its word: the rows said vllm, and
+    without llama-server's cache_prompt: false its prompt cache served the 'distinct' prompts (14/16 hits)."""
+    srv = ScriptedServer(props={"build_info": "b1-test", "default_generation_settings": {"n_ctx": 512}}).start()
+    srv.script = list(OK)
+    try:
+        with pytest.raises(LabError, match=r"server='vllm', but .* answers as a llama-server.*server='auto'"):
+            load_engine("http", model, base_url=srv.base_url, server="vllm")
+        for kind in ("llama-server", "openai", "auto"):  # its own kind, a strict client, or asked
+            e = load_engine("http", model, base_url=srv.base_url, server=kind)
+            e.close()
+            assert e.kind == ("openai" if kind == "openai" else "llama-server")
+    finally:
+        srv.stop()
+
+
+def test_bench_says_which_requests_it_did_not_send(scripted, tmp_path, capsys):
+    """An open loop whose later arrivals fall after --max-duration-s sent fewer requests than asked, and
+    printed nothing about the ones it left out."""
+    rc = main(
+        bench_args(scripted.base_url, tmp_path / "x.jsonl", "--rate", "0.001", "--max-duration-s", "2", "--warmup", "0")
+    )
+    cap = capsys.readouterr()
+    assert rc == 0 and "1 rows appended" in cap.out
+    assert "1 of 2 requests were not sent" in cap.err and "--max-duration-s 2" in cap.err, cap.err
