@@ -501,6 +501,7 @@ def test_in_process_vs_server_warms_up_each_way_then_one_distinct_prompt_per_rep
     class Trace(_Trace):
         ttft_s = tpot_s = e2e_s = 0.1
         output_tokens, count_method = 2, "token_ids"
+        chunk_arrivals = [0.1, 0.2]  # an HTTP trace's content events (the http rows' chunks)
 
     class Engine(_StandIn):
         def generate(self, ids, cfg, **_):
