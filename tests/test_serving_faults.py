@@ -208,7 +208,10 @@ def test_vllm_killed_mid_stream_keeps_every_request_and_takes_its_engine_core(mo
         assert len(broken) >= 2 and any(r["output_tokens"] > 0 for r in broken)
         for r in broken:
             assert f"mid-stream after {r['output_tokens']} tokens" in r["error"], r["error"]
-        assert refused and s["errors"] == len(broken) + len(refused) and s["requests"] == requests
+        # every request is one of the three kinds; on a loaded machine all 10 unfinished ones may have been sent
+        # (and broken) before the kill, so none need be refused (a CI run here had none)
+        assert len(ok) + len(broken) + len(refused) == requests
+        assert s["errors"] == len(broken) + len(refused) and s["requests"] == requests
         assert t_return - killer.t_kill < 10
         # nothing of vLLM is left: its EngineCore and worker die with the API server, before any stop()
         deadline = time.monotonic() + BOUND_S
