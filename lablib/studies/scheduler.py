@@ -505,7 +505,7 @@ def kv_capacity(
     import pandas as pd
 
     from lablib.checks import whole
-    from lablib.engines.http.metrics import MetricsSampler
+    from lablib.engines.http.metrics import MetricsSampler, run_maxima
     from lablib.measure.load import run_load, summarize
     from lablib.measure.workload import distinct_prompts
 
@@ -563,10 +563,7 @@ def kv_capacity(
                     "max_new_tokens": max_new_tokens,
                     **predicted,
                     **stated,
-                    "running_max": seen.get("running"),
-                    "waiting_max": seen.get("waiting"),
-                    "kv_usage_max": seen.get("kv_usage"),
-                    "preemptions": seen.get("preemptions"),
+                    **run_maxima(seen),
                     "errors": summary["errors"],
                     "ttft_p50_s": summary["ttft_p50_s"],
                     "e2e_p50_s": summary["e2e_p50_s"],

@@ -279,7 +279,7 @@ def rate_sweep_table(
     import pandas as pd
 
     from lablib.checks import whole
-    from lablib.engines.http.metrics import MetricsSampler
+    from lablib.engines.http.metrics import MetricsSampler, run_maxima
     from lablib.errors import LabError
     from lablib.measure.load import (
         MAX_REQUESTS,
@@ -341,10 +341,7 @@ def rate_sweep_table(
                         "goodput_rps": s["goodput_rps"],
                         "goodput_fraction": s["goodput_fraction"],
                         "errors": s["errors"],
-                        "running_max": seen.get("running"),
-                        "waiting_max": seen.get("waiting"),
-                        "kv_usage_max": seen.get("kv_usage"),
-                        "preemptions": seen.get("preemptions"),
+                        **run_maxima(seen),
                     }
                 )
         finally:

@@ -218,6 +218,18 @@ def slots_view(data: list[dict]) -> dict:
     }
 
 
+def run_maxima(deltas: dict) -> dict:
+    """A run's server view as table columns, from :meth:`MetricsSampler.deltas` (``{}``: a server without
+    /metrics, every column None): ``running_max``, ``waiting_max`` (requests), ``kv_usage_max`` (0..1),
+    ``preemptions`` (the run's count)."""
+    return {
+        "running_max": deltas.get("running"),
+        "waiting_max": deltas.get("waiting"),
+        "kv_usage_max": deltas.get("kv_usage"),
+        "preemptions": deltas.get("preemptions"),
+    }
+
+
 class MetricsSampler:
     """Samples ``<root_url>/metrics`` every ``interval_s`` seconds in a daemon thread, on the lab's clock
     (:func:`lablib.results.trace.now`, the clock of the request traces).
