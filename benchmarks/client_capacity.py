@@ -555,7 +555,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--clients",
         default="lab,vllm",
-        help="lab, vllm (vLLM's environment: lablib.build.vllm), lab@REV (the lab's parse path as of git REV)",
+        help="lab (pooled connections, as the lab's client talks to vLLM), lab-close (one connection per request, "
+        "as to llama-server), vllm (vLLM's environment: lablib.build.vllm), lab@REV (the lab's parse path as of git REV)",
     )
     ap.add_argument("--parse-rounds", type=int, default=3 if QUICK else 9)
     ap.add_argument("--parse-only", action="store_true", help="only the parse section")
@@ -612,8 +613,11 @@ def main(argv=None) -> int:
                 f"<= server {clock['server']:.6f} <= client after {clock['after']:.6f}: {clock['ok']}",
                 flush=True,
             )
-            engine = load_engine(
-                "http", None, base_url=srv.base_url, server="vllm", max_connections=max(levels) * 2 + 16
+            engine = load_engine("http", None, base_url=srv.base_url, server="vllm")  # pooled connections
+            closing = (  # the lab's client opening one connection per request (as for llama-server)
+                load_engine("http", None, base_url=srv.base_url, server="vllm", keep_alive=False)
+                if "lab-close" in clients
+                else None
             )
             from lablib.engines.base import GenerationConfig
 
@@ -632,6 +636,11 @@ def main(argv=None) -> int:
                     for client in order:
                         if client == "lab":
                             r = lab_level(engine, srv, c, n, max_s, manifest)
+                        elif client == "lab-close":
+                            r = lab_level(closing, srv, c, n, max_s, manifest)
+                            r["client"] = "lab-close"
+                        elif client == "lab@":
+                            ap.error("lab@ needs a git revision: lab@REV")
                         elif client.startswith("lab@"):
                             r = lab_rev_level(engine, srv, c, n, max_s, manifest, client.removeprefix("lab@"))
                         else:
@@ -643,6 +652,8 @@ def main(argv=None) -> int:
                     profile(engine, srv, ns.profile_level, max(16, round(ns.level_s / 2 / ns.itl_s)), max_s, ns.profile)
             finally:
                 engine.close()
+                if closing is not None:
+                    closing.close()
     finally:
         if anchor is not None:
             anchor.close()

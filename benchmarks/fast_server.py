@@ -32,7 +32,8 @@ also ``perf_counter``) and ``vllm bench``'s (``time.perf_counter``) are on one t
 estimate. ``GET /clock`` answers the server's clock (``{"t": ..., "clock": ...}``): a client that reads its
 own clock before and after (:meth:`FastServer.clock_check`) sees the server's value between them.
 ``GET /sendlog`` answers ``{"requests": [{"rid", "tag", "n", "t_recv", "t_send": [...]}, ...]}`` for the
-requests finished since the last ``/sendlog?clear=1``; ``GET /stats`` their count and tokens.
+requests finished since the last ``/sendlog?clear=1``; ``GET /stats`` their count and tokens, and the TCP
+connections accepted since the start (``connections``).
 
 Other endpoints: ``GET /v1/models`` (``owned_by: vllm``, ``max_model_len``), ``GET /version``; anything
 else is 404 (``/metrics``, ``/props``: the lab's probe then takes it for vLLM).
@@ -138,6 +139,7 @@ class Server:
         self.joining: list[tuple[float, Stream]] = []  # paced mode: (first step at or after, stream)
         self._wake = None
         self.steps = self.late_steps = 0
+        self.connections = 0  # TCP connections accepted since the start
 
     # --- the paced decode loop -----------------------------------------------------------------
     async def stepper(self):
@@ -218,6 +220,7 @@ class Conn(asyncio.Protocol):
 
     def connection_made(self, transport):
         self.transport = transport
+        self.server.connections += 1
         self.task = asyncio.ensure_future(self.serve())
 
     def data_received(self, data):
@@ -313,6 +316,7 @@ class Conn(asyncio.Protocol):
                     "active": len(srv.active) + len(srv.joining),
                     "steps": srv.steps,
                     "late_steps": srv.late_steps,
+                    "connections": srv.connections,
                 },
                 close,
             )

@@ -41,6 +41,9 @@ SHOTS = ROOT / "results" / "browser"
 NB01 = "01_one_model_three_engines.ipynb"
 NB02 = "02_prefill_vs_decode.ipynb"
 NB05 = "05_serving.ipynb"
+NB09 = "09_scheduler.ipynb"
+# the notebooks these tests run: conftest.py leaves them out of nbval in a session that runs these tests
+BROWSER_NOTEBOOKS = (NB01, NB02, NB05, NB09)
 CHROMIUM = os.environ.get("LABLIB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
@@ -56,8 +59,9 @@ CHROMIUM_ARGS = [
 VIEWPORT = {"width": 1400, "height": 1000}
 
 NB05_EXTRA_S = 360  # lab 05's vLLM servers: their start and their runs (on a busy 2-core machine)
+NB09_S = 420  # lab 09: three llama-servers and a vLLM, about 170 s under nbval on a quiet 2-core machine
 # every wait below is cut to what is left of this; the watchdog fires 30 s after it
-MODULE_BUDGET_S = 570 + NB05_EXTRA_S
+MODULE_BUDGET_S = 570 + NB05_EXTRA_S + NB09_S
 _CLOCK = {"t0": None}  # set when this module's first browser fixture starts (not at collection)
 CONSOLE: dict[str, list[str]] = {}  # the browser console's errors, per notebook
 
@@ -673,3 +677,33 @@ def test_sweep_panel_run_button_grows_the_figure(nb02):
     assert not any(t.startswith("mlx") for t in after["legend"]), after["legend"]
     screen = page.evaluate(SCREEN_JS, NB02)
     assert not screen["widgetErrors"] and not screen["tracebacks"], screen
+
+
+# lab 09's figures, by the start of their titles (lablib.plots.scheduler and plots.server_timeline)
+NB09_FIGURES = (
+    "The running streams' ITL",
+    ("Saturation knee at", "No knee in the sweep"),
+    "Mooncake slice on llama-server",
+)
+
+
+def test_notebook_09_runs_in_the_browser(browser, lab_server):
+    """Lab 09 starts llama-servers and a vLLM from a kernel the browser drives; its head-of-line timeline
+    has a panel per batch setting with every short stream's tokens drawn, its knee figure marks the knee,
+    and the replayed Mooncake slice's timeline is drawn."""
+    page = open_notebook(browser, lab_server, NB09)
+    try:
+        run = run_all(page, NB09, NB09_S)
+        full_screenshot(page, NB09, "09_scheduler.png")
+        assert_screen_ok(page, NB09, run)
+        figures = page.evaluate(FIGURES_JS, NB09)
+        print(f"[browser test] {NB09}: figures {figures}")
+        titles = [f["title"] for f in figures]
+        for start in NB09_FIGURES:  # a tuple: one of them
+            assert any(t.startswith(start) for t in titles), f"no figure titled {start!r}...: {titles}"
+        for f in figures:
+            drawn = [t for t in f["traces"] if t["visible"] and t["n"]]
+            assert drawn and f["points"] + f["lines"] > 0, f"{f['title']!r} drew nothing: {f}"
+    finally:
+        page.close()
+        lab_server.shutdown_kernels()  # the notebook stops the servers it started; engines' memory back

