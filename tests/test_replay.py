@@ -5,6 +5,7 @@ llama-server (rows, scheduled and actual send times, lag, output lengths as scal
 
 import json
 import math
+import re
 
 import pytest
 
@@ -367,8 +368,21 @@ def test_lablib_replay_writes_rows_and_prints_the_lag(llama_server, tmp_path, ca
     text = capsys.readouterr().out
     line = next(x for x in text.splitlines() if x.startswith("replay "))
     assert "requests=3/3" in line and "lag_p99_ms=" in line and "kept_up=" in line and "block_tokens=8" in line
+    lag = re.search(r"client_lag_p99_ms=(\S+)", line).group(1)  # the client's headroom, measured in the run
+    assert float(lag) >= 0, line
     df = load_results(out)
     assert len(df) == 3 and sorted(df["trace_index"]) == [26, 27, 28]
     assert (df["output_tokens"] == df["max_new_tokens"]).all() and df["schedule_lag_s"].notna().all()
     assert main(["replay", "--base-url", llama_server.base_url, "--length-scale", "0", "--out", str(out)]) == 2
     assert "length_scale=0.0: expected a finite number above 0" in capsys.readouterr().err
+
+
+def test_a_replay_whose_client_was_near_its_limit_says_so():
+    from lablib.measure.replay import lag_warning
+
+    calm = {"kept_up": True, "not_sent": 0, "client_headroom": {"near_limit": False, "loop_lag_p99_s": 0.0004}}
+    assert lag_warning(calm) is None
+    busy = dict(calm, client_headroom={"near_limit": True, "loop_lag_p99_s": 0.0125})
+    assert lag_warning(busy).startswith("the lab's client was near its own limit") and "12.5 ms at p99" in lag_warning(
+        busy
+    )

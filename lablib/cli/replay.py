@@ -71,7 +71,8 @@ def replay_line(s: dict) -> str:
         f"kept_up={'yes' if s['kept_up'] else 'no'} span_s={sec(s['schedule_span_s'])} drain_s={sec(s['drain_s'])} "
         f"output_count_ok={s['output_count_ok']} capped={s['capped']} block_tokens={s['block_tokens']} "
         f"perfect_reuse={s['perfect_reuse_fraction']:.3f} time_scale={s['time_scale']:g} "
-        f"length_scale={s['length_scale']:g} output_scale={s['output_scale']:g}"
+        f"length_scale={s['length_scale']:g} output_scale={s['output_scale']:g} "
+        f"client_lag_p99_ms={ms((s.get('client_headroom') or {}).get('loop_lag_p99_s'))}"
     )
 
 

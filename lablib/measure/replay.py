@@ -738,6 +738,7 @@ def replay(
     on_row: Callable[[dict], None] | None = None,
     server_metrics=None,
     corpus: str = "prose",
+    client_probe=None,
 ) -> list[dict]:
     """Send ``plan`` to the HTTP ``engine`` on its own times: :func:`lablib.measure.load.run_load`, open loop,
     ``schedule`` = :meth:`Replay.schedule`, ``max_new_tokens`` = each request's output length (``cfg``'s
@@ -747,7 +748,8 @@ def replay(
 
     Rows (run_load's, finish order) also carry :data:`ROW_COLUMNS`: the trace and scale factors, and per
     request its ``trace_index``, unscaled lengths, ``session``/``turn``, ``hash_ids``, ``prefix_blocks``,
-    ``reusable_tokens`` (:func:`perfect_reuse`); added before ``on_row(row)`` sees the row."""
+    ``reusable_tokens`` (:func:`perfect_reuse`); added before ``on_row(row)`` sees the row. ``client_probe``: a
+    :class:`lablib.measure.headroom.LoopLagProbe` on the loop that stamps the tokens (run_load's)."""
     from lablib.engines.base import GenerationConfig
     from lablib.measure.load import run_load
     from lablib.results.store import engine_manifest
@@ -785,6 +787,7 @@ def replay(
         manifest=manifest,
         on_row=add,
         server_metrics=server_metrics,
+        client_probe=client_probe,
         **plan.labels(),
     )
 
@@ -829,8 +832,8 @@ def replay_summary(
 
 
 def lag_warning(summary: dict) -> str | None:
-    """A sentence when a replay did not keep up (its lag p99 above ``max_lag_s``) or left requests unsent;
-    None otherwise."""
+    """A sentence when a replay did not keep up (its lag p99 above ``max_lag_s``), left requests unsent, or
+    ran with the lab's client near its own limit (``client_headroom``'s ``near_limit``); None otherwise."""
     parts = []
     if not summary.get("kept_up"):
         p99 = summary.get("schedule_lag_p99_s")
@@ -844,6 +847,14 @@ def lag_warning(summary: dict) -> str | None:
         parts.append(
             f"{summary['not_sent']} of {summary['scheduled']} requests were scheduled after the time limit "
             "and not sent (a larger max_duration_s or a smaller time_scale sends them)"
+        )
+    head = summary.get("client_headroom") or {}
+    if head.get("near_limit"):
+        p99 = head.get("loop_lag_p99_s")
+        parts.append(
+            f"the lab's client was near its own limit (the loop that stamps tokens lagged "
+            f"{'-' if p99 is None else f'{p99 * 1e3:.1f} ms'} at p99): its TTFT and ITL include the client's delay "
+            "(fewer requests at once, or a quieter machine)"
         )
     return "; ".join(parts) or None
 
@@ -887,7 +898,8 @@ def run_replay(
     the prose, 4 tokens out). Every row is appended to ``out`` (.jsonl/.parquet) as it finishes.
 
     Returns :func:`replay_summary` (against ``max_lag_s`` and the goodput targets) with ``server`` (its
-    kind) and ``warning`` (:func:`lag_warning`, also logged). Raises LabError for bad arguments (before any
+    kind), ``client_headroom`` (:func:`lablib.measure.load.client_headroom_of`: the lag of the loop that
+    stamped the tokens) and ``warning`` (:func:`lag_warning`, also logged). Raises LabError for bad arguments (before any
     request) and when no server answers."""
     from lablib.engines import load_engine
     from lablib.engines.base import GenerationConfig
@@ -930,6 +942,10 @@ def run_replay(
             writer = ResultsWriter(out)
             for i in range(warmup):
                 engine.generate(prompt_of_length(rm, 8, offset=3 * i), GenerationConfig(max_new_tokens=4))
+            from lablib.measure.headroom import LoopLagProbe
+            from lablib.measure.load import client_headroom_of
+
+            probe = LoopLagProbe()
             rows = replay(
                 engine,
                 plan,
@@ -938,8 +954,10 @@ def run_replay(
                 max_duration_s=max_duration_s,
                 on_row=writer.append,
                 corpus=corpus,
+                client_probe=probe,
             )
             s = {"server": engine.kind, **replay_summary(rows, plan, max_lag_s, ttft_s, tpot_s, e2e_s)}
+            s["client_headroom"] = client_headroom_of(probe, s.get("itl_p50_s"))
         finally:
             engine.close()
     finally:
