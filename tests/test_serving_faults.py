@@ -134,18 +134,23 @@ def _assert_killed_run(s, rows, killer, t_return, requests, mode, max_new_tokens
         assert "check that the server still runs" in r["error"], r["error"]
         assert r["output_tokens"] < max_new_tokens
     assert any(0 < r["output_tokens"] for r in broken), [r["output_tokens"] for r in broken]
-    assert refused, "no request was left to send after the server died"
     assert all(r["output_tokens"] == 0 and "cannot connect" in r["error"] for r in refused)
+    # sent after the kill: failed with no token (refused, or broken by the dying server: on a loaded machine
+    # its socket still took a few connections in the instant before it closed)
+    sent_after = [r for r in rows if r["t_submit"] > killer.t_kill]
+    assert sent_after, "no request was left to send after the server died"
+    assert all(r in refused or (r in broken and r["output_tokens"] == 0) for r in sent_after), sent_after[:2]
     # the summary counts every failed request
     assert s["requests"] == requests and s["errors"] == len(broken) + len(refused)
     # nothing hung: after the kill (open loop: after the last send time) the run ended at once
     t0 = rows[0]["t_submit"] - (rows[0].get("t_scheduled") or 0.0) if mode == "open" else None
     last_send = t0 + max(r["t_scheduled"] for r in rows) if mode == "open" else killer.t_kill
     assert t_return - max(killer.t_kill, last_send) < 10, (t_return - killer.t_kill, last_send - killer.t_kill)
-    if mode == "closed":  # every round of 8: the first finished, the second in flight, the third refused
-        assert (len(ok), len(broken), len(refused)) == (8, 8, 8), [r["output_tokens"] for r in broken]
-    else:  # sent after the kill: refused
-        assert all(r in refused for r in rows if r["t_submit"] > killer.t_kill + 0.05)
+    if mode == "closed":  # rounds of 8: the first finished, the second in flight (broken), the third sent after
+        assert len(ok) == 8 and len([r for r in broken if r["t_submit"] <= killer.t_kill]) == 8, (len(ok), len(broken))
+        assert len(sent_after) == 8, [r["output_tokens"] for r in broken]
+    else:  # sent well after the kill: refused (the socket is gone)
+        assert refused and all(r in refused for r in rows if r["t_submit"] > killer.t_kill + 0.05)
     return ok, broken, refused
 
 
