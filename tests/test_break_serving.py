@@ -8,6 +8,7 @@ import http.server
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -395,3 +396,272 @@ def test_bench_says_which_requests_it_did_not_send(scripted, tmp_path, capsys):
     cap = capsys.readouterr()
     assert rc == 0 and "1 rows appended" in cap.out
     assert "1 of 2 requests were not sent" in cap.err and "--max-duration-s 2" in cap.err, cap.err
+
+
+# --- issue 23, serving under faults: what the break-it pass left ---------------------------------------
+class PingServer:
+    """An OpenAI-compatible server on 127.0.0.1 (a free port) whose every POST is an event stream of SSE
+    comments (``: ping``, as mlx_lm.server sends during a long prefill) every 50 ms, forever: the stream
+    is never silent and every line completes, so neither read_timeout_s nor the trickle check trips."""
+
+    def __init__(self):
+        import asyncio
+
+        self.pings = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    def start(self):
+        import asyncio
+
+        self._thread.start()
+        self.port = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        return self
+
+    async def _start(self):
+        from aiohttp import web
+
+        async def models(request):
+            return web.json_response({"object": "list", "data": [{"id": "ping", "object": "model"}]})
+
+        async def post(request):
+            import asyncio
+
+            await request.read()
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            try:
+                while True:
+                    await resp.write(b": ping\n\n")
+                    self.pings += 1
+                    await asyncio.sleep(0.05)
+            except ConnectionError:  # the client gave up (aiohttp's ClientConnectionResetError is one)
+                return resp
+
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/completions", post)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.2)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        return self._runner.addresses[0][1]
+
+    async def _stop(self):
+        import asyncio
+
+        await self._runner.cleanup()
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in rest:
+            t.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
+
+    def stop(self):
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+
+def test_a_stream_of_keep_alive_comments_forever_ends_at_the_request_time_limit(model):
+    """A server that sends `: ping` every 50 ms forever never trips read_timeout_s (no silence) nor the trickle
+    check (every line completes): a request had no overall time limit and hung for ever, in a load run until
+    its max_duration_s, in engine.generate() for good."""
+    from lablib.engines.base import GenerationConfig
+    from lablib.engines.http import HTTPEngineError
+    from lablib.measure.load import run_load
+
+    ping = PingServer().start()
+    try:
+        e = load_engine("http", model, base_url=ping.base_url, server="openai", request_timeout_s=0.5)
+        try:
+            assert e.request_timeout_s == 0.5
+            cfg = GenerationConfig(max_new_tokens=4)
+            # a load run: the request is one error row (not cancelled at the run's own limit, 20 s here)
+            rows = run_load(e, [[5, 6]], "closed", concurrency=1, cfg=cfg, max_duration_s=20)
+            # the sync path: one HTTPEngineError (bounded here by 20 s, so the old code fails, not hangs)
+            with pytest.raises(HTTPEngineError) as err:
+                e.submit(e.agenerate([5, 6], cfg)).result(timeout=20)
+        finally:
+            e.close()
+    finally:
+        ping.stop()
+    (row,) = rows
+    url = f"{ping.base_url}/completions"
+    says = rf"the openai server at {url} did not finish the request within 0.5 s \(request_timeout_s\)"
+    assert row["error"] and re.search(says, row["error"]), row["error"]
+    assert "raise request_timeout_s" in row["error"] and row["output_tokens"] == 0
+    assert int(re.search(r"0 tokens and (\d+) keep-alive comments came", row["error"])[1]) >= 2
+    assert re.search(says, str(err.value)) and err.value.trace.error == str(err.value) and err.value.trace.pings >= 2
+
+
+def test_the_request_time_limit_is_finite_by_default_and_checked(model, scripted):
+    """The default: finite but generous (600 s: twice bench's --max-duration-s), so a stuck stream ends;
+    math.inf is no limit, asked for in so many words (None is the default, as load_engine leaves out a None);
+    nan, 0, a negative number and text are refused, naming what was given."""
+    for given, limit in ((None, 600.0), (30, 30.0), (math.inf, math.inf)):
+        e = load_engine("http", model, base_url=scripted.base_url, request_timeout_s=given)
+        e.close()
+        assert e.request_timeout_s == limit
+    for bad in (math.nan, 0, -1, "10", True):
+        with pytest.raises(LabError, match=re.escape(f"request_timeout_s={bad!r}: expected a positive number of")):
+            load_engine("http", model, base_url=scripted.base_url, request_timeout_s=bad)
+
+
+def test_context_overflow_names_the_knob_of_the_engine_kind(llama_server, model, llama):
+    """The overflow message said `load the engine with a larger context (n_ctx=...)` for a server too, where
+    the http engine's n_ctx= would only send the server a request it refuses: a server the lab started takes
+    `--n-ctx` / start_server(n_ctx=), a server of its own takes its own setting."""
+    from lablib.engines.base import GenerationConfig
+    from lablib.errors import ContextOverflowError
+
+    cfg = GenerationConfig(max_new_tokens=16)
+    long = list(range(10, 310))  # 300 tokens: longer than the 128 the server holds per slot
+    e = llama_server.engine(model)
+    try:
+        with pytest.raises(ContextOverflowError) as err:
+            e.generate(long, cfg)
+    finally:
+        e.close()
+    msg = str(err.value)
+    assert "prompt 300 + output 16 = 316 tokens, but the context holds 128" in msg, msg
+    assert (
+        f"restart the llama-server at {llama_server.base_url}" in msg
+        and "the lab started it with n_ctx=128 tokens per slot" in msg
+    ), msg
+    assert (
+        "lablib serve --server llama-server --n-ctx N" in msg and "start_server('llama-server', model, n_ctx=N)" in msg
+    )
+    assert "load the engine" not in msg
+    # a server the lab did not start (a llama-server by its /props): its own setting, and its stated context
+    srv = ScriptedServer(props={"build_info": "b1-test", "default_generation_settings": {"n_ctx": 256}}).start()
+    try:
+        e = load_engine("http", model, base_url=srv.base_url)
+        try:
+            with pytest.raises(ContextOverflowError) as err:
+                e.generate(long, cfg)
+        finally:
+            e.close()
+    finally:
+        srv.stop()
+    msg = str(err.value)
+    assert f"the llama-server server at {srv.base_url} states a context of 256 tokens" in msg, msg
+    assert "its own setting (--ctx-size" in msg and "--n-ctx" not in msg and "n_ctx=" not in msg, msg
+    assert srv.requests == []  # refused before any request
+    # in process: the engine's own n_ctx=, as before
+    with pytest.raises(ContextOverflowError, match=r"load the engine with a larger context \(n_ctx=\.\.\."):
+        llama.check_context(2040, 16)
+
+
+def test_replay_with_base_url_refuses_the_flags_of_a_server_it_would_start(scripted, tmp_path, capsys):
+    """--parallel, --threads and --n-ctx set up the server `lablib replay --server NAME` starts: with
+    --base-url they were dropped without a word (the run measured the server as it was)."""
+    from lablib.measure.replay import run_replay
+
+    p = tmp_path / "t.csv"
+    p.write_text("arrival_s,prompt_tokens,output_tokens\n0,8,2\n")
+    args = ["replay", "--base-url", scripted.base_url, "--trace", str(p), "--out", str(tmp_path / "r.jsonl")]
+    assert main([*args, "--parallel", "4", "--n-ctx", "512"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--parallel 4, --n-ctx 512 with --base-url" in err and "--server NAME" in err, err
+    assert main([*args, "--threads", "2"]) == 2
+    assert "--threads 2 with --base-url" in capsys.readouterr().err
+    with pytest.raises(LabError, match=r"parallel=2 with base_url=.*server="):
+        run_replay(out=tmp_path / "r.jsonl", trace=p, base_url=scripted.base_url, parallel=2, log=lambda m: None)
+    assert scripted.requests == [] and not (tmp_path / "r.jsonl").exists()
+
+
+_BENCH = """\
+import sys
+from lablib.cli import main
+sys.exit(main(["bench", "--base-url", sys.argv[1], "--concurrency", "1", "--requests", "2", "--prompt-tokens", "8",
+               "--max-new-tokens", "2", "--out", sys.argv[2]]))
+"""
+
+
+def test_bench_interrupted_at_its_first_contact_says_no_rows_were_written(tmp_path):
+    """SIGTERM while `lablib bench` waited for the server's first answer (its probe) said 'the rows of the
+    requests that finished, and of those in flight (as errors), are in FILE', where none were written and the
+    file did not exist."""
+    silent = SilentServer().start()  # accepts the probe's connection and never answers
+    out = tmp_path / "never.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _BENCH, silent.base_url, str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not silent._conns and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.01)
+        assert silent._conns, f"bench never connected: {proc.communicate(timeout=30)}"
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        silent.stop()
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, stderr)
+    # the probe interrupted is cancelled, not left to reopen a session on a loop about to close
+    for said in ("Traceback", "Unclosed client session", "Task was destroyed but it is pending"):
+        assert said not in stderr, stderr
+    msg = [ln for ln in stderr.splitlines() if ln.startswith("lablib bench: ")]
+    assert len(msg) == 1, stderr
+    assert "interrupted by SIGTERM" in msg[0] and "no rows were written" in msg[0] and str(out) in msg[0], msg
+    assert "are in" not in msg[0] and not out.exists()
+
+
+def test_one_run_of_something_that_is_no_sweep_table_is_one_error(llama_server, model):
+    """one_run([]) raised AttributeError ('list' object has no attribute 'attrs'); a table whose request rows
+    were lost (attrs do not survive a file) said the server 'was swept at' the very rate asked; a RunningServer
+    where its name goes said only that the sweep has another."""
+    import pandas as pd
+
+    from lablib.studies import serving
+
+    for bad in ([], None, {"server": ["llama-server"]}):
+        with pytest.raises(
+            LabError, match=re.escape(f"table={bad!r}: expected the DataFrame rate_sweep_table returned")
+        ):
+            serving.one_run(bad, "llama-server")
+    with pytest.raises(LabError, match=r"table=a DataFrame of columns \['x'\]: expected the DataFrame"):
+        serving.one_run(pd.DataFrame({"x": [1]}), "llama-server")
+    bare = pd.DataFrame({"server": ["llama-server"], "rate": [1.0]})  # the table without its attrs
+    with pytest.raises(LabError, match=r"this table carries no request rows \(attrs\['rows'\]\)"):
+        serving.one_run(bare, "llama-server")
+    with pytest.raises(LabError, match=r"server=<llama-server at .*>: expected a server's name .*\.name"):
+        serving.one_run(bare, llama_server)
+
+
+def test_http_cost_checks_its_servers_and_arguments_before_measuring_in_process(llama_server, model, monkeypatch):
+    """http_cost on a stopped server loaded and measured the in-process twin first, then failed on the
+    server; a prompt longer than the server's context failed the same way, after the twin's measurement."""
+    import lablib.engines
+    from lablib.engines.servers import start_server
+    from lablib.errors import ContextOverflowError
+    from lablib.studies import serving
+
+    real = lablib.engines.load_engine
+
+    def no_twin(name, *a, **kw):
+        assert name == "http", f"the in-process twin ({name}) was loaded before the servers were checked"
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(lablib.engines, "load_engine", no_twin)
+    stopped = start_server("llama-server", model, threads=1, n_ctx=128)
+    stopped.stop()
+    with pytest.raises(LabError, match=rf"llama-server \(pid {stopped.pid}\) is not running: .*start it again"):
+        serving.http_cost(model, [llama_server, stopped], 8, 2, reps=1)
+    with pytest.raises(ContextOverflowError, match=r"prompt 200 \+ output 2 = 202 tokens.*restart the llama-server"):
+        serving.http_cost(model, [llama_server], 200, 2, reps=1)
+    with pytest.raises(LabError, match=r"prompt_tokens=1.5: expected a whole number"):
+        serving.http_cost(model, [llama_server], 1.5, 2, reps=1)
+    with pytest.raises(LabError, match=r"servers\[0\]='http://127.0.0.1:9/v1': expected a RunningServer"):
+        serving.http_cost(model, ["http://127.0.0.1:9/v1"], 8, 2, reps=1)
+    with pytest.raises(LabError, match=r"llama-server \(pid .*\) is not running"):  # the same on its own
+        serving.in_process_vs_server(model, stopped, 8, 2, reps=1)

@@ -4,6 +4,7 @@
                  [--max-concurrency C] [--arrival poisson|constant|gamma] [--burstiness B] [--seed S]
                  --requests N --prompt-tokens P --max-new-tokens M [--prompts prose|random]
                  --out FILE [--max-duration-s S] [--read-timeout-s S] [--connect-timeout-s S]
+                 [--request-timeout-s S]
                  [--ttft-target-s X] [--tpot-target-s X] [--e2e-target-s X]
 
 One tidy row per request (the sweeps' columns plus the HTTP ones) is written as each finishes, with
@@ -14,7 +15,8 @@ Prompts are exact-length cuts of the lab's prose at different offsets, so no req
 with another; ``--prompts random``: the ids of the prompts ``vllm bench serve --dataset-name random
 --seed S`` sends (:func:`lablib.measure.workload.random_prompts`). The run is
 :func:`lablib.measure.load.bench`; this module parses the flags and prints. Ctrl-C (SIGINT) or SIGTERM
-stops it: the requests in flight are written as error rows, one line says so, exit code 130 / 143.
+stops it: the requests in flight are written as error rows, one line says how many rows of the run are in
+``--out`` (none when it came before the first was written), exit code 130 / 143.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ def add_arguments(p) -> None:
     p.add_argument("--max-duration-s", type=float, default=300.0, help="time limit of the run")
     p.add_argument("--read-timeout-s", type=float, default=60.0, help="longest silence within a response")
     p.add_argument("--connect-timeout-s", type=float, default=10.0, help="longest wait to open a connection")
+    p.add_argument(
+        "--request-timeout-s", type=float, default=600.0, help="longest one request may take ('inf': no limit)"
+    )
     p.add_argument("--ttft-target-s", type=float, default=None)
     p.add_argument("--tpot-target-s", type=float, default=None)
     p.add_argument("--e2e-target-s", type=float, default=None)
@@ -64,8 +69,9 @@ def _terminated(signum, frame):
 
 def run(ns) -> int:
     """The run; on SIGINT (Ctrl-C) or SIGTERM the rows of the requests in flight are written (as errors)
-    and one message says so: exit code 128 + the signal's number (130, 143)."""
+    and one message counts the rows of the run on disk: exit code 128 + the signal's number (130, 143)."""
     import signal
+    from pathlib import Path
 
     main = threading.current_thread() is threading.main_thread()  # a handler can only be set there
     old = signal.signal(signal.SIGTERM, _terminated) if main else None
@@ -73,12 +79,17 @@ def run(ns) -> int:
         return _run(ns)
     except KeyboardInterrupt as e:
         name = e.args[0] if e.args and isinstance(e.args[0], str) else "SIGINT"
-        print(
-            f"lablib bench: interrupted by {name}; the rows of the requests that finished, and of those in flight "
-            f"(as errors), are in {ns.out}: run it again to measure",
-            file=sys.stderr,
-            flush=True,
-        )
+        n = getattr(e, "rows_written", 0)  # lablib.measure.load.bench counts them; none before it wrote one
+        if n:
+            said = (
+                f"{n} rows of this run are in {ns.out}: those of the requests that finished, and of those in "
+                "flight (as errors)"
+            )
+        elif Path(ns.out).exists():
+            said = f"no rows were written to {ns.out} (its earlier rows are as they were)"
+        else:
+            said = f"no rows were written (the results file would be {ns.out}: it was not created)"
+        print(f"lablib bench: interrupted by {name}; {said}: run it again to measure", file=sys.stderr, flush=True)
         return 128 + int(getattr(signal, name, signal.SIGINT))
     finally:
         if main:
@@ -127,6 +138,7 @@ def _run(ns) -> int:
         max_duration_s=ns.max_duration_s,
         read_timeout_s=ns.read_timeout_s,
         connect_timeout_s=ns.connect_timeout_s,
+        request_timeout_s=ns.request_timeout_s,
         ttft_s=ns.ttft_target_s,
         tpot_s=ns.tpot_target_s,
         e2e_s=ns.e2e_target_s,

@@ -31,9 +31,10 @@ def add_arguments(p) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--base-url", help="a running server's OpenAI base URL, e.g. http://127.0.0.1:8080/v1")
     g.add_argument("--server", help="start this server on the lab's model for the run (e.g. llama-server)")
-    p.add_argument("--parallel", type=int, default=1, help="--server: slots decoded together")
+    # None: not given (refused with --base-url: a running server keeps its own); run_replay's defaults apply
+    p.add_argument("--parallel", type=int, default=None, help="--server: slots decoded together (default 1)")
     p.add_argument("--threads", type=int, default=None, help="--server: CPU threads")
-    p.add_argument("--n-ctx", type=int, default=1024, help="--server: context per slot, tokens")
+    p.add_argument("--n-ctx", type=int, default=None, help="--server: context per slot, tokens (default 1024)")
     p.add_argument("--model", default=None, help="--base-url: the model id the server knows (default: its first)")
     p.add_argument("--lab-model", default=None, help="the lab's model whose tokenizer makes prompts (default: SmolLM2)")
     p.add_argument("--api", default="completions", choices=["completions", "chat", "native"])
@@ -77,8 +78,19 @@ def replay_line(s: dict) -> str:
 
 
 def run(ns) -> int:
+    from lablib.errors import LabError
     from lablib.measure.replay import run_replay
     from lablib.ui.text import summary_line
+
+    given = [
+        f"--{k.replace('_', '-')} {v}" for k in ("parallel", "threads", "n_ctx") if (v := getattr(ns, k)) is not None
+    ]
+    if ns.base_url is not None and given:  # dropped without a word otherwise (as bench refuses --max-concurrency)
+        raise LabError(
+            f"{', '.join(given)} with --base-url: these set up the server `lablib replay --server NAME` starts; "
+            "a running server keeps its own slots, threads and context: leave them out, or let the lab start "
+            "the server (--server NAME instead of --base-url)"
+        )
 
     s = run_replay(
         out=ns.out,

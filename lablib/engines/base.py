@@ -507,10 +507,16 @@ class Engine:
             raise ContextOverflowError(
                 f"context overflow on {self.name}: prompt {prompt_tokens} + output "
                 f"{max_new_tokens} = {need} tokens, but the context holds {self.n_ctx}. "
-                f"Shorten the prompt, lower max_new_tokens, or load the engine with a "
-                f"larger context (n_ctx=...; the model was trained to "
-                f"{self.model.max_position_embeddings})."
+                f"Shorten the prompt, lower max_new_tokens, or {self._larger_context()}."
             )
+
+    def _larger_context(self) -> str:
+        """How to give this engine a larger context, for :meth:`check_context`'s message: an in-process
+        engine is loaded with ``n_ctx=``; an engine whose context is a server's says the server's knob."""
+        return (
+            f"load the engine with a larger context (n_ctx=...; the model was trained to "
+            f"{self.model.max_position_embeddings})"
+        )
 
     def generate(
         self,

@@ -471,6 +471,7 @@ def bench(
     max_duration_s: float = 300.0,
     read_timeout_s: float = 60.0,
     connect_timeout_s: float = 10.0,
+    request_timeout_s: float = 600.0,
     ttft_s: float | None = None,
     tpot_s: float | None = None,
     e2e_s: float | None = None,
@@ -492,8 +493,10 @@ def bench(
     "0.5,1,2"; "inf" all at once) with at most ``concurrency`` in flight when given, or, with ``rates``
     None, a closed loop of ``concurrency`` clients (:func:`run_load`: ``arrival``, ``burstiness``, ``seed``,
     ``max_duration_s`` per run). Every row is appended to ``out`` (.jsonl/.parquet) as it finishes.
-    ``read_timeout_s`` (the longest silence within a response) and ``connect_timeout_s`` (to open a
-    connection) bound a request the server does not answer: it becomes an error row saying which.
+    ``read_timeout_s`` (the longest silence within a response), ``connect_timeout_s`` (to open a
+    connection) and ``request_timeout_s`` (one request from its POST to its end, however busy its stream:
+    a server sending keep-alive comments forever) bound a request the server does not answer or finish:
+    it becomes an error row saying which.
 
     Each summary is :func:`lablib.results.tables.run_summary` of the run (goodput against ``ttft_s``,
     ``tpot_s``, ``e2e_s``) with ``server`` (the server's kind), ``mode``, ``rate`` and ``concurrency``;
@@ -506,6 +509,8 @@ def bench(
     to ``<out without suffix>.server.jsonl``, and each summary gets ``server_counters`` (the run's counter
     deltas and gauge maxima by common name, with ``scrapes``, ``scrape_failures``, ``scrape_s_max``) and
     ``server_info`` (what the server says of itself: the sampler's ``info``); both None without ``/metrics``.
+    An interrupt (KeyboardInterrupt: Ctrl-C, or SIGTERM as ``lablib bench`` turns it into one) leaves with
+    ``rows_written`` set on it: the rows of this call on disk in ``out`` (0 when it came before the first).
     Every summary also gets ``client_headroom`` (:func:`client_headroom_of`: how late the loop that stamped the
     tokens was, and whether that makes the client the limit) and is appended, with ``out``, to
     ``<out without suffix>.runs.jsonl`` as its run ends.
@@ -549,19 +554,20 @@ def bench(
     else:
         prompts = distinct_prompts(rm, prompt_tokens, warmup + requests)  # a server's prefix cache stays cold
     writer = ResultsWriter(out)  # a bad out is refused before any request
-    engine = load_engine(
-        "http",
-        rm,
-        base_url=base_url,
-        api=api,
-        server=server,
-        server_model=server_model,
-        read_timeout_s=read_timeout_s,
-        connect_timeout_s=connect_timeout_s,
-    )
-    summaries = []
+    summaries, engine = [], None
     runs_file = Path(out).with_name(Path(out).stem + ".runs.jsonl")
     try:
+        engine = load_engine(
+            "http",
+            rm,
+            base_url=base_url,
+            api=api,
+            server=server,
+            server_model=server_model,
+            read_timeout_s=read_timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            request_timeout_s=request_timeout_s,
+        )
         try:
             scrape(engine.root_url)
             server_file = Path(out).with_name(Path(out).stem + ".server.jsonl")
@@ -615,6 +621,10 @@ def bench(
             summaries.append(s)
             if on_summary is not None:
                 on_summary(s)
+    except KeyboardInterrupt as e:  # what is on disk, for the message (none while the server was first asked)
+        e.rows_written = writer.written
+        raise
     finally:
-        engine.close()
+        if engine is not None:
+            engine.close()
     return summaries

@@ -872,9 +872,9 @@ def run_replay(
     block_tokens: int | None = None,
     base_url: str | None = None,
     server: str | None = None,
-    parallel: int = 1,
+    parallel: int | None = None,
     threads: int | None = None,
-    n_ctx: int = 1024,
+    n_ctx: int | None = None,
     model=None,
     server_model: str | None = None,
     api: str = "completions",
@@ -893,8 +893,9 @@ def run_replay(
     ``start`` .. ``start + count - 1``) scaled (:func:`scale`: ``time_scale``, ``length_scale``,
     ``output_scale``, ``block_tokens``; prompts cut to the server's context) and replayed
     (:func:`replay`) on the OpenAI-compatible server at ``base_url``, or on a server the lab starts
-    (``server``: a name of :data:`lablib.engines.servers.SERVERS`, with ``parallel`` slots of ``n_ctx``
-    tokens and ``threads``; stopped at the end). ``warmup`` unrecorded requests first (8-token prompts of
+    (``server``: a name of :data:`lablib.engines.servers.SERVERS`, with ``parallel`` slots (default 1) of
+    ``n_ctx`` tokens (default 1024) and ``threads``; stopped at the end; with ``base_url`` these three are
+    refused: a running server keeps its own). ``warmup`` unrecorded requests first (8-token prompts of
     the prose, 4 tokens out). Every row is appended to ``out`` (.jsonl/.parquet) as it finishes.
 
     Returns :func:`replay_summary` (against ``max_lag_s`` and the goodput targets) with ``server`` (its
@@ -910,6 +911,14 @@ def run_replay(
     _suffix(out)  # a bad file name is refused before any work
     if (base_url is None) == (server is None):
         raise LabError("expected either base_url (a running server) or server (a name, for the lab to start one)")
+    given = {k: v for k, v in (("parallel", parallel), ("threads", threads), ("n_ctx", n_ctx)) if v is not None}
+    if base_url is not None and given:  # they would be dropped without a word: the server runs as it was started
+        raise LabError(
+            f"{', '.join(f'{k}={v!r}' for k, v in given.items())} with base_url={base_url!r}: these set up the server "
+            "run_replay starts (server=NAME); a running server keeps its own slots, threads and context: leave "
+            "them out, or give server=NAME instead of base_url"
+        )
+    parallel, n_ctx = 1 if parallel is None else parallel, 1024 if n_ctx is None else n_ctx
     warmup = whole(warmup, "warmup", "0 or more", lo=0)
     # the run's and the summary's parameters too, before a server starts or a request is sent
     from lablib.measure.load import _check_max_duration

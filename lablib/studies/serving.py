@@ -18,12 +18,20 @@ VLLM_N_CTX = 512  # tokens per sequence (--max-model-len)
 
 
 def _servers(servers) -> list:
-    """``servers`` as a list: one RunningServer, or a list/tuple of them; LabError when there is none."""
+    """``servers`` as a list: one RunningServer, or a list/tuple of them; LabError when there is none, or
+    for one that is no RunningServer (a URL, say: it names its place in the list)."""
+    from lablib.engines.servers import RunningServer
     from lablib.errors import LabError
 
     servers = list(servers) if isinstance(servers, (list, tuple)) else [servers]
     if not servers:
         raise LabError("no servers: expected one or more RunningServer objects (lablib.engines.servers.start_server)")
+    for i, srv in enumerate(servers):
+        if not isinstance(srv, RunningServer):
+            raise LabError(
+                f"servers[{i}]={srv!r}: expected a RunningServer (lablib.engines.servers.start_server): lab 05 "
+                "measures servers the lab started; for another server use load_engine('http', model, base_url=...)"
+            )
     return servers
 
 
@@ -146,6 +154,8 @@ def in_process_vs_server(model, server, prompt_tokens: int = 32, max_new_tokens:
 
     One row per request: ``where`` ("in-process" or "http"), ttft_s, tpot_s, e2e_s, output_tokens, plus
     the http rows' count_method and ``chunks`` (content events the tokens came in). Each request has its own prompt (no prefix reuse), after one warm-up each way.
+    The server's http engine is opened first: a stopped server is named (RunningServer's message) before
+    the twin is loaded and measured.
     """
     import pandas as pd
 
@@ -155,32 +165,35 @@ def in_process_vs_server(model, server, prompt_tokens: int = 32, max_new_tokens:
     from lablib.measure.workload import distinct_prompts
 
     reps = whole(reps, "reps", "a whole number of measured requests each way, at least 1")
+    prompt_tokens = whole(prompt_tokens, "prompt_tokens", "a whole number of tokens, at least 1")
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
     prompts = distinct_prompts(model, prompt_tokens, reps + 1)
     rows = []
-    twin_name = SERVERS[server.name].twin
-    load = {}
-    dtype = (getattr(server, "settings", None) or {}).get("dtype")
-    if dtype and getattr(engine_class(twin_name), "weights_option", None) == "dtype":
-        load["dtype"] = dtype  # the server's compute dtype (vLLM: bfloat16 where the CPU has it)
-    # the twin gets the server's threads: on a shared 2-core machine two threads can be far slower than one
-    twin = load_engine(
-        twin_name,
-        model,
-        n_ctx=max(2048, prompt_tokens + max_new_tokens),
-        threads=server.threads or None,
-        **load,
-    )
-    # each way: one warm-up on the prompt no measured request uses, then one distinct prompt per
-    # repetition (on purpose: no request may reuse another's prefix, in process or on the server)
-    warm, measured = [prompts[-1]], prompts[:reps]
-    try:
-        for i, t in enumerate(measured_traces(twin, measured, cfg, warmup=warm)):
-            rows.append(dict(where="in-process", engine=twin.name, rep=i, **_times(t)))
-    finally:
-        twin.close()
+    # the server first: a stopped one is named before the twin is loaded and measured (seconds); its http
+    # engine, idle meanwhile (no connection open), measures after the twin
     e = server.engine(model)
     try:
+        twin_name = SERVERS[server.name].twin
+        load = {}
+        dtype = (getattr(server, "settings", None) or {}).get("dtype")
+        if dtype and getattr(engine_class(twin_name), "weights_option", None) == "dtype":
+            load["dtype"] = dtype  # the server's compute dtype (vLLM: bfloat16 where the CPU has it)
+        # the twin gets the server's threads: on a shared 2-core machine two threads can be far slower than one
+        twin = load_engine(
+            twin_name,
+            model,
+            n_ctx=max(2048, prompt_tokens + max_new_tokens),
+            threads=server.threads or None,
+            **load,
+        )
+        # each way: one warm-up on the prompt no measured request uses, then one distinct prompt per
+        # repetition (on purpose: no request may reuse another's prefix, in process or on the server)
+        warm, measured = [prompts[-1]], prompts[:reps]
+        try:
+            for i, t in enumerate(measured_traces(twin, measured, cfg, warmup=warm)):
+                rows.append(dict(where="in-process", engine=twin.name, rep=i, **_times(t)))
+        finally:
+            twin.close()
         for i, t in enumerate(measured_traces(e, measured, cfg, warmup=warm)):
             rows.append(
                 dict(
@@ -210,11 +223,26 @@ def http_cost(model, servers, prompt_tokens: int = 32, max_new_tokens: int = 8, 
     event: above 1 the server merged tokens into one event, as vLLM's API process does when its engine
     made several while the API process was busy; those tokens reach the client together, so the HTTP
     TPOT is then below the engine's step, 0 when a whole answer came in one event). The request rows are
-    in the result's ``attrs["rows"]``."""
+    in the result's ``attrs["rows"]``. Every server (a RunningServer still running), every argument and the
+    request's fit in each server's context are checked before the first twin is loaded."""
     import pandas as pd
 
+    from lablib.checks import whole
+
+    # every server and argument checked before the first twin is loaded and measured (seconds each): a
+    # stopped server by its own message (RunningServer.engine's), a request longer than a server's context
+    servers = _servers(servers)
+    whole(reps, "reps", "a whole number of measured requests each way, at least 1")
+    prompt_tokens = whole(prompt_tokens, "prompt_tokens", "a whole number of tokens, at least 1")
+    GenerationConfig(max_new_tokens=max_new_tokens)
+    for srv in servers:
+        e = srv.engine(model)
+        try:
+            e.check_context(prompt_tokens, max_new_tokens)
+        finally:
+            e.close()
     raw, table = [], []
-    for srv in _servers(servers):
+    for srv in servers:
         df = in_process_vs_server(model, srv, prompt_tokens, max_new_tokens, reps).assign(server=srv.name)
         raw.append(df)
         local = df["where"] == "in-process"  # the other rows went over HTTP
@@ -356,11 +384,32 @@ def one_run(table, server: str, rate: float | None = None):
     """One run of a :func:`rate_sweep_table`: ``(requests, samples)`` DataFrames, the request rows and the
     server's samples of ``server`` at ``rate`` (None: the highest rate swept), as
     :func:`lablib.plots.server_timeline` takes them. LabError when the table has no such run, or no
-    samples of it (a server without ``/metrics``)."""
+    samples of it (a server without ``/metrics``), and for a ``table`` that is no such DataFrame (a list, a
+    table without its ``attrs``, which a file does not keep) or a ``server`` that is no name (a RunningServer)."""
     import pandas as pd
 
     from lablib.errors import LabError
 
+    if not isinstance(table, pd.DataFrame) or not {"server", "rate"} <= set(table.columns):
+        given = f"a DataFrame of columns {list(table.columns)}" if isinstance(table, pd.DataFrame) else repr(table)
+        raise LabError(
+            f"table={given[:200]}: expected the DataFrame rate_sweep_table returned (its columns server and rate, "
+            "the request rows in its attrs): pass that table as it came"
+        )
+    if not isinstance(server, str):
+        name = getattr(server, "name", None)
+        shown = (
+            f"<{name} at {server.base_url}>" if isinstance(name, str) and hasattr(server, "base_url") else repr(server)
+        )
+        raise LabError(
+            f"server={shown}: expected a server's name as the table's server column gives it "
+            f"({', '.join(sorted(map(str, set(table['server'])))) or 'none'}), such as srv.name"
+        )
+    if "rows" not in table.attrs:
+        raise LabError(
+            "this table carries no request rows (attrs['rows']): expected the DataFrame rate_sweep_table returned, "
+            "as it came (a copy saved to a file and read back loses its attrs); run the sweep again"
+        )
     rows = pd.DataFrame(table.attrs.get("rows", []))
     samples = pd.DataFrame(table.attrs.get("server_rows", []))
     have = sorted(set(table["server"])) if len(table) else []

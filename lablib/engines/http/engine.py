@@ -62,6 +62,9 @@ from lablib.engines.http.trace import HTTPTrace
 from lablib.errors import LabError
 from lablib.results.trace import now
 
+# cache_salt=SALT_PER_REQUEST: a salt of its own for every request (no request reuses another's blocks)
+SALT_PER_REQUEST = "per-request"
+
 
 def _refuse_credentials(base_url: str, api_key_env: str | None) -> None:
     """Raise LabError for a base URL that carries a secret: a user or password (``http://u:p@host``) or a
@@ -118,12 +121,27 @@ class HTTPEngine(Engine):
     :data:`KINDS`, or "auto" (asked from the server). ``server_model``: the model id sent
     (default: the first of ``/v1/models``). ``read_timeout_s``: longest silence within a
     response, and longest time without a complete line (a server trickling bytes);
-    ``connect_timeout_s``: to open the connection. An HTTP error is never retried (its
-    HTTPEngineError has ``retry_after_s`` when the server sent Retry-After). ``api_key_env``: the name of
-    an environment variable holding a key (default LABLIB_API_KEY, if set). ``keep_alive``: pool
-    connections (True), open one per request (False), or as the server's kind allows (None: pooled for
-    vLLM, one per request elsewhere; llama-server drops a pooled connection). ``max_connections``: at
-    most that many open at once, later requests waiting for one (in their ``queue_s``); None: no limit.
+    ``connect_timeout_s``: to open the connection; ``request_timeout_s``: the most one request may take
+    from its POST to its stream's end (a wait for a free connection included), however busy the stream:
+    a server that keeps sending SSE comments (``: ping``, as mlx_lm.server does during a long prefill)
+    never trips ``read_timeout_s``. Default 600 s, finite but generous: twice a load run's default
+    ``max_duration_s``, far beyond any request the labs send; ``math.inf``: no limit (the stream is still
+    bounded by ``read_timeout_s`` of silence). An HTTP error is never retried (its HTTPEngineError has
+    ``retry_after_s`` when the server sent Retry-After). ``api_key_env``: the name of an environment
+    variable holding a key (default LABLIB_API_KEY, if set). ``keep_alive``: pool connections (True),
+    open one per request (False), or as the server's kind allows (None: pooled for vLLM, one per request
+    elsewhere; llama-server drops a pooled connection). ``max_connections``: at most that many open at
+    once, later requests waiting for one (in their ``queue_s``); None: no limit.
+
+    Prompt caches, switched explicitly and recorded (the manifest's ``cache_control``): ``prompt_cache``
+    True sends llama-server ``cache_prompt: true`` (a request may reuse the KV of an earlier prompt its slot,
+    or the server's prompt cache in host memory, still holds); False (the default) sends ``cache_prompt:
+    false``, the lab's rule that no measured request reuses another's KV cache. Other servers have no such
+    per-request switch (vLLM's prefix caching is a server start switch: ``start_server(...,
+    prefix_caching=True)``): True is refused there. ``cache_salt``: vLLM's per-request ``cache_salt`` (a
+    request reuses only blocks computed under the same salt): a string sent with every request (this
+    engine's requests may share blocks with each other, no one else's), or :data:`SALT_PER_REQUEST` (a fresh
+    salt for every request: none reuses another's blocks, on a server whose prefix caching is on).
     """
 
     name = "http"
@@ -143,10 +161,13 @@ class HTTPEngine(Engine):
         n_ctx: int | None = None,
         read_timeout_s: float = 60.0,
         connect_timeout_s: float = 10.0,
+        request_timeout_s: float = 600.0,
         max_connections: int | None = None,
         keep_alive: bool | None = None,
         tokenizer=True,
         server_settings: dict | None = None,
+        prompt_cache: bool = False,
+        cache_salt: str | None = None,
     ):
         super().__init__(model)
         self._import_library("aiohttp")
@@ -166,6 +187,10 @@ class HTTPEngine(Engine):
             # inf (or nan) would leave a request to a server that never answers waiting forever
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise LabError(f"{what}={v!r}: expected a positive, finite number of seconds")
+        v = 600.0 if request_timeout_s is None else request_timeout_s  # None: the default, as load_engine's
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:  # nan is not > 0
+            raise LabError(f"request_timeout_s={v!r}: expected a positive number of seconds (math.inf: no limit)")
+        self.request_timeout_s = float(v)
         self.base_url = base_url.rstrip("/")
         self.root_url = self.base_url.removesuffix("/v1")
         self.api = api
@@ -222,10 +247,56 @@ class HTTPEngine(Engine):
                 "server; use api='completions' or 'chat'"
             )
         self.n_ctx = int(n_ctx or self.server_info.get("n_ctx") or getattr(model, "max_position_embeddings", 0) or 2048)
+        try:
+            self.prompt_cache, self.cache_salt = self._cache_switches(prompt_cache, cache_salt)
+        except LabError:
+            self.close()  # the probe's event loop and HTTP session
+            raise
+        import uuid
+
+        self._salt_id, self._salts = uuid.uuid4().hex[:12], 0  # SALT_PER_REQUEST: lab-<id>-<n>, one per request
         self.keep_alive = self.profile.keep_alive if keep_alive is None else bool(keep_alive)
         if self.keep_alive:  # the probe's session closed its connections; requests get a pooled one
             self.run(self._close_session())
             self._keep_alive = True
+
+    def _cache_switches(self, prompt_cache, cache_salt) -> tuple[bool, str | None]:
+        """``prompt_cache`` and ``cache_salt`` checked against what this kind of server honours."""
+        if not isinstance(prompt_cache, bool):
+            raise LabError(f"prompt_cache={prompt_cache!r}: expected True (reuse allowed) or False (the lab's default)")
+        if prompt_cache and "cache_prompt" not in self.profile.extra:
+            raise LabError(
+                f"prompt_cache=True: a {self.kind} server has no per-request prompt-cache switch (llama-server's "
+                "cache_prompt); where its prefix cache is a server start switch (vLLM), start it with "
+                "start_server(..., prefix_caching=True)"
+            )
+        if cache_salt is None:
+            return bool(prompt_cache), None
+        if self.kind != "vllm":
+            raise LabError(f"cache_salt={cache_salt!r}: vLLM's cache_salt, but {self.base_url} is a {self.kind} server")
+        bad = not isinstance(cache_salt, str) or not 0 < len(cache_salt) <= 100 or set(cache_salt) & set("@/\\\x00")
+        if bad:
+            raise LabError(
+                f"cache_salt={cache_salt!r}: expected a string of 1 to 100 characters without @, / or \\ "
+                f"(vLLM's rule), or {SALT_PER_REQUEST!r} for a salt of its own per request"
+            )
+        return bool(prompt_cache), cache_salt
+
+    def _cache_control(self) -> str:
+        """What the requests say about prompt caches, in words: ``cache_prompt: true`` / ``false`` (llama-server),
+        ``cache_salt: per-request`` or ``cache_salt: <salt>`` (vLLM), ``none`` (no switch sent)."""
+        if "cache_prompt" in self.profile.extra:
+            return f"cache_prompt: {'true' if self.prompt_cache else 'false'}"
+        if self.cache_salt is not None:
+            return f"cache_salt: {self.cache_salt}"
+        return "none"
+
+    def _next_salt(self) -> str | None:
+        """The salt of the next request: the engine's ``cache_salt``, or (SALT_PER_REQUEST) one of its own."""
+        if self.cache_salt != SALT_PER_REQUEST:
+            return self.cache_salt
+        self._salts += 1
+        return f"lab-{self._salt_id}-{self._salts}"
 
     # --- the engine's event loop (one thread, one aiohttp session) -----------------------------
     def submit(self, coro):
@@ -242,8 +313,14 @@ class HTTPEngine(Engine):
     def run(self, coro):
         """Run ``coro`` on the engine's event loop (started on first use) and return its result.
 
-        Works from scripts and from notebooks (whose own loop is already running)."""
-        return self.submit(coro).result()
+        Works from scripts and from notebooks (whose own loop is already running). An interrupt of the
+        wait (Ctrl-C; SIGTERM in ``lablib bench``) cancels ``coro`` too: it is not left running on the loop."""
+        fut = self.submit(coro)
+        try:
+            return fut.result()
+        except BaseException:
+            fut.cancel()  # done already (its own error): no-op
+            raise
 
     def _get_session(self):
         import aiohttp
@@ -281,10 +358,10 @@ class HTTPEngine(Engine):
             h["Authorization"] = f"Bearer {key}"
         return h
 
-    def _timeout(self):
+    def _timeout(self, total: float | None = None):
         import aiohttp
 
-        return aiohttp.ClientTimeout(total=None, connect=self.connect_timeout_s, sock_read=self.read_timeout_s)
+        return aiohttp.ClientTimeout(total=total, connect=self.connect_timeout_s, sock_read=self.read_timeout_s)
 
     async def _get_json(self, url, why: list | None = None):
         """The JSON at ``url``, or None; ``why`` (a list) gets the reason of a None (a status, a timeout ...)."""
@@ -360,10 +437,20 @@ class HTTPEngine(Engine):
             session, self._session = self._session, None
             await session.close()
 
+    async def _end_tasks(self, grace_s: float = 5.0) -> None:
+        """Cancel what still runs on the loop (a probe or request whose caller was interrupted), and wait for
+        it: left running, a probe went on to open a new session, destroyed pending when the loop closed."""
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in rest:
+            t.cancel()
+        if rest:
+            await asyncio.wait(rest, timeout=grace_s)
+
     def close(self) -> None:
         """Close the HTTP session and stop the engine's event loop (the server keeps running)."""
         if self._loop is None:
             return
+        self.run(self._end_tasks())
         self.run(self._close_session())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
@@ -403,6 +490,22 @@ class HTTPEngine(Engine):
     def bos_id(self):
         return None if self._tok is None else self._tok.bos_token_id
 
+    def _larger_context(self) -> str:
+        """The server's knob, not this engine's n_ctx= (which only makes the lab send what the server refuses):
+        ``--n-ctx`` for a server the lab started (its card, or the settings it was started with), else its own
+        setting, with the context it states (:func:`lablib.engines.http.protocol.larger_context`)."""
+        from lablib.engines.http.protocol import larger_context
+
+        started = self.server_settings.get("n_ctx") and {"name": self.kind, "settings": self.server_settings}
+        return larger_context(
+            self.kind,
+            self.base_url,
+            self.n_ctx,
+            self.server_info.get("n_ctx"),
+            card_for(self.base_url) or started or None,
+            getattr(self.model, "max_position_embeddings", None),
+        )
+
     def info(self) -> EngineInfo:
         return EngineInfo(
             name=self.name,
@@ -419,9 +522,7 @@ class HTTPEngine(Engine):
                 "base_url": self.base_url,
                 "fixed_length": self.profile.fixed,
                 "prompt_as": self._prompt_as(),
-                "cache_control": self.profile.extra.get("cache_prompt", "none")
-                if self.kind == "llama-server"
-                else "none",
+                "cache_control": self._cache_control(),
                 "api_key_env": self.api_key_env if os.environ.get(self.api_key_env or "") else None,
                 "server_settings": self.server_settings or None,
                 # how requests reached the server: a connection each, or pooled (keep-alive); and the cap
@@ -445,7 +546,7 @@ class HTTPEngine(Engine):
                 "n_predict": cfg.max_new_tokens,
                 "stream": True,
                 "return_tokens": True,
-                "cache_prompt": False,
+                "cache_prompt": self.prompt_cache,
                 "temperature": cfg.temperature,
                 "top_p": cfg.top_p,
                 "seed": cfg.seed,
@@ -466,6 +567,10 @@ class HTTPEngine(Engine):
         if self.server_model:
             body["model"] = self.server_model
         body.update({k: v for k, v in p.extra.items() if v is not None})
+        if "cache_prompt" in p.extra:  # the explicit switch (False unless prompt_cache=True)
+            body["cache_prompt"] = self.prompt_cache
+        if self.cache_salt is not None:
+            body["cache_salt"] = self._next_salt()
         if p.logprobs:
             body["logprobs"] = 1 if self.api == "completions" else True
         if cfg.ignore_eos:
@@ -520,9 +625,9 @@ class HTTPEngine(Engine):
         """One streamed request on the engine's loop; returns its HTTPTrace when the stream ends.
 
         Raises HTTPEngineError (with ``.trace``: what arrived) for a refused connection, an HTTP
-        error status (429, 500 ...), an error event, a stream cut before its end, or
-        ``read_timeout_s`` without a byte. ``box``: a dict that gets the trace under "trace" as soon
-        as it exists (a cancelled caller keeps what arrived).
+        error status (429, 500 ...), an error event, a stream cut before its end, ``read_timeout_s``
+        without a byte, or ``request_timeout_s`` without the stream's end. ``box``: a dict that gets the
+        trace under "trace" as soon as it exists (a cancelled caller keeps what arrived).
         """
         import aiohttp
 
@@ -553,7 +658,11 @@ class HTTPEngine(Engine):
         try:
             t_post = now()
             async with self._get_session().post(
-                url, json=body, headers=self._headers(), timeout=self._timeout(), trace_request_ctx=box
+                url,
+                json=body,
+                headers=self._headers(),
+                timeout=self._timeout(self.request_timeout_s if self.request_timeout_s < math.inf else None),
+                trace_request_ctx=box,
             ) as resp:
                 trace.start(box["t_start"] or t_post)
                 if resp.status != 200:
@@ -607,7 +716,16 @@ class HTTPEngine(Engine):
                 "or the network is down or overloaded: check the URL, raise connect_timeout_s, or restart the server"
             )
             raise HTTPEngineError(trace.error, trace) from None
-        except asyncio.TimeoutError:
+        except asyncio.TimeoutError as e:
+            if not isinstance(e, aiohttp.ServerTimeoutError):  # aiohttp's total (request_timeout_s), not sock_read
+                trace.pings = parser.comments
+                trace.error = (
+                    f"the {self.kind} server at {url} did not finish the request within {self.request_timeout_s:g} s "
+                    f"(request_timeout_s): {trace.output_tokens} tokens and {parser.comments} keep-alive comments "
+                    "came, but no end; the server may be stuck in a long prefill or a queue: raise request_timeout_s "
+                    "(math.inf: no limit) for longer requests, lower the load, or restart the server"
+                )
+                raise HTTPEngineError(trace.error, trace) from None
             trace.error = (
                 f"no byte from {url} for {self.read_timeout_s:g} s (read_timeout_s) after "
                 f"{trace.output_tokens} tokens; the server is stuck or overloaded: raise read_timeout_s, "

@@ -80,6 +80,48 @@ PROFILES = {
 KINDS = tuple(PROFILES)
 
 
+# the setting that sizes each kind of server's context (its own flag), for a server the lab did not start
+CONTEXT_SETTINGS = {
+    "llama-server": "--ctx-size (-c), shared by its --parallel slots",
+    "vllm": "--max-model-len",
+    "llama-cpp-python": "--n_ctx",
+}
+
+
+def larger_context(kind: str, base_url: str, n_ctx: int, stated: int | None, card: dict | None, trained) -> str:
+    """How to give the server at ``base_url`` a larger context, for the http engine's context overflow (the
+    engine holds to ``n_ctx``). A server the lab started (``card``: its name and settings, as
+    :func:`lablib.engines.http.cards.card_for` gives them) is restarted with ``--n-ctx`` / ``start_server(n_ctx=)``;
+    another takes its own setting (:data:`CONTEXT_SETTINGS`), and the advice says the context the server
+    states (``stated``; None: it states none); the http engine's own ``n_ctx=`` only where the server states
+    more than the engine was loaded with. ``trained``: the model's trained context, or None."""
+    of_model = f"; the model was trained to {trained}" if trained else ""
+    if card:
+        name = card.get("name") or kind
+        per_slot = (card.get("settings") or {}).get("n_ctx")
+        was = f" (the lab started it with n_ctx={per_slot} tokens per slot)" if per_slot else ""
+        return (
+            f"restart the {name} at {base_url} with a larger context{was}: `lablib serve --server {name} --n-ctx N` "
+            f"or start_server({name!r}, model, n_ctx=N){of_model}"
+        )
+    if stated and stated > n_ctx:
+        return (
+            f"load the http engine with n_ctx={stated}: the {kind} server at {base_url} states a context of {stated} "
+            f"tokens, more than the n_ctx={n_ctx} the engine was loaded with"
+        )
+    setting = CONTEXT_SETTINGS.get(kind, "its context length, or maximum model length")
+    if stated:
+        return (
+            f"restart the server with a larger context, with its own setting ({setting}): the {kind} server at "
+            f"{base_url} states a context of {stated} tokens{of_model}"
+        )
+    return (
+        f"restart the server with a larger context, with its own setting ({setting}): the {kind} server at "
+        f"{base_url} states none, so the lab holds to {n_ctx} tokens; if the server holds more, load the http "
+        f"engine with n_ctx= its context{of_model}"
+    )
+
+
 # --- reading one chunk ---------------------------------------------------------------------
 def _num(x) -> int | None:
     if type(x) is int:  # the usual case, first
