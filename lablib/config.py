@@ -86,6 +86,16 @@ BUDGETS = {
         "replay_start": (26, 0),
         "replay_count": (10, 40),
         "replay_length_scale": (1 / 64, 1 / 32),
+        # the requests of that slice replayed twice, prefix caching on and off (lablib.studies.scheduler.prefix_reuse:
+        # quick leaves out its two longest, the last); the multi-turn chats (multi_turn): sessions, turns each, a
+        # shared system prompt, a question and an answer per turn (tokens), the think time between turns (s)
+        "reuse_count": (8, 40),
+        "chat_sessions": (2, 4),
+        "chat_turns": (3, 5),
+        "chat_system_tokens": (128, 256),
+        "chat_question_tokens": (32, 48),
+        "chat_answer_tokens": (12, 24),
+        "chat_think_s": (3.0, 4.0),
     },
     # lab 06 (lablib.studies.ladder): the quantization types, the perplexity text (n_ctx tokens x
     # n_chunks) and the speed request of each rung

@@ -1,9 +1,10 @@
-"""Figures of lab 09 (the scheduler under traffic): head-of-line blocking and the saturation knee.
+"""Figures of lab 09 (the scheduler under traffic): head-of-line blocking, the saturation knee, prefix reuse.
 
 Pure functions of the tables :mod:`lablib.studies.scheduler` makes: a head-of-line run's per-token table
 (``token_table``: request_index, role, token_index, t_s, itl_s, batch_tokens) with its summaries
-(``hol_summary`` / ``hol_table``), and a knee found in a rate sweep (``find_knee``'s result). They draw;
-they never run a server.
+(``hol_summary`` / ``hol_table``), a knee found in a rate sweep (``find_knee``'s result), a prefix-reuse
+replay's table by arm (``prefix_reuse``) and multi-turn chats by turn (``turn_table``). They draw; they never
+run a server.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lablib.errors import LabError
-from lablib.plots.style import QUEUE_COLOR, SERVER_COLORS
+from lablib.plots.style import LEGEND_COLOR, QUEUE_COLOR, SERVER_COLORS
 from lablib.results.tables import need, nonempty
 
 if TYPE_CHECKING:
@@ -23,6 +24,13 @@ SHORT_COLORS = ("#2CA58D", "#3D7DCA", "#1B6E5C", "#6FA8DC", "#145A32", "#0B3D91"
 LONG_COLOR = "#C0392B"
 PREFILL_SHADE = QUEUE_COLOR
 TOKEN_COLUMNS = ("request_index", "role", "token_index", "t_s", "itl_s")
+# a reuse run's arms (lablib.studies.scheduler.ARMS): prefix caching on in the running requests' colour, off in
+# the long prompt's; on a solid line, off a dashed one (as lab 08's reuse / no reuse)
+ARM_COLORS = {"on": SHORT_COLORS[0], "off": LONG_COLOR}
+ARM_DASH = {"on": "solid", "off": "dash"}
+ARM_NAMES = {"on": "prefix caching on", "off": "prefix caching off"}
+REUSE_COLUMNS = ("prefix_cache", "prompt_tokens", "reusable_tokens", "seen_prefix_tokens", "cached_tokens")
+TURN_COLUMNS = ("prefix_cache", "turn", "prompt_tokens", "cached_tokens", "seen_prefix_tokens", "ttft_p50_s")
 
 
 def _frame(x):
@@ -207,4 +215,141 @@ def knee_plot(knee: dict, title: str | None = None) -> go.Figure:
         align="left",
         font_size=11,
     )
+    return fig
+
+
+def _arm(a) -> tuple[str, str, str]:
+    return ARM_NAMES.get(a, str(a)), ARM_COLORS.get(a, QUEUE_COLOR), ARM_DASH.get(a, "dot")
+
+
+def reuse_bars(table, title: str | None = None) -> go.Figure:
+    """A replay with prefix caching on and off, from its table (:func:`lablib.studies.scheduler.prefix_reuse`,
+    one row per arm). Left: the share of all prompt tokens each arm took from the cache, by the server's own
+    counter (a bar per arm), beside the two bounds (the same in both arms): a perfect block cache over the
+    trace's blocks (``reusable_tokens``) and a cache that kept every earlier prompt and output, at the server's
+    block (``seen_prefix_tokens``). Right: TTFT p50 and p99 per arm (ms). Needs: prefix_cache, prompt_tokens,
+    reusable_tokens, seen_prefix_tokens, cached_tokens, ttft_p50_s, ttft_p99_s."""
+    from plotly.subplots import make_subplots
+
+    df = _frame(table)
+    need(df, (*REUSE_COLUMNS, "ttft_p50_s", "ttft_p99_s"), "reuse_bars", "lablib.studies.scheduler.prefix_reuse")
+    nonempty(df, "reuse_bars", "run lablib.studies.scheduler.prefix_reuse first")
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        horizontal_spacing=0.14,
+        subplot_titles=("prompt tokens from the cache (% of all)", "TTFT (ms)"),
+    )
+    arms = df["prefix_cache"].tolist()
+    names = [_arm(a)[0] for a in arms]
+    share = [
+        100 * c / p if c == c and c is not None and p else 0.0 for c, p in zip(df["cached_tokens"], df["prompt_tokens"])
+    ]
+    fig.add_bar(
+        x=names,
+        y=share,
+        marker_color=[_arm(a)[1] for a in arms],
+        name="the server's counter",
+        text=[f"{v:.1f}%" for v in share],
+        textposition="outside",
+        hovertemplate="%{x}: %{y:.1f}% of the prompt tokens reused<extra></extra>",
+        row=1,
+        col=1,
+    )
+    first = df.iloc[0]
+    for col, label, dash in (
+        ("reusable_tokens", "perfect block cache (the trace's blocks)", "dash"),
+        ("seen_prefix_tokens", "every earlier prompt and output kept", "dot"),
+    ):
+        v = 100 * first[col] / first["prompt_tokens"] if first["prompt_tokens"] else 0.0
+        fig.add_scatter(
+            x=names,
+            y=[v] * len(names),
+            mode="lines",
+            line=dict(color=LEGEND_COLOR, dash=dash),
+            name=f"bound: {label} ({v:.1f}%)",
+            hoverinfo="skip",
+            row=1,
+            col=1,
+        )
+    for metric, pattern in (("ttft_p50_s", ""), ("ttft_p99_s", "/")):
+        fig.add_bar(
+            x=names,
+            y=1000 * df[metric].astype(float),
+            marker=dict(color=[_arm(a)[1] for a in arms], pattern_shape=pattern),
+            name=metric.replace("_s", "").replace("ttft_", "TTFT "),
+            hovertemplate=f"%{{x}}: {metric} %{{y:.0f}} ms<extra></extra>",
+            row=1,
+            col=2,
+        )
+    fig.update_yaxes(title_text="% of prompt tokens", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="ms", rangemode="tozero", row=1, col=2)
+    fig.update_layout(
+        title=title or "Prefix caching on and off: reuse against its bounds, and TTFT", barmode="group", height=420
+    )
+    return fig
+
+
+def turn_lines(table, title: str | None = None) -> go.Figure:
+    """Multi-turn chats with prefix caching on and off, by turn (:func:`lablib.studies.scheduler.turn_table`):
+    left, each arm's median TTFT against the turn (ms); right, its median cached tokens (the server's own
+    count per request) beside the prompt's length (grey, thin) and the bound of what earlier turns held
+    (``seen_prefix_tokens``, dotted). Prefix caching on is a solid line, off a dashed one. Needs: prefix_cache,
+    turn, prompt_tokens, cached_tokens, seen_prefix_tokens, ttft_p50_s."""
+    from plotly.subplots import make_subplots
+
+    df = _frame(table)
+    need(df, TURN_COLUMNS, "turn_lines", "lablib.studies.scheduler.turn_table")
+    nonempty(df, "turn_lines", "run lablib.studies.scheduler.multi_turn first")
+    fig = make_subplots(
+        rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=("TTFT by turn (median, ms)", "tokens by turn (median)")
+    )
+    arms = list(dict.fromkeys(df["prefix_cache"].tolist()))
+    for a in arms:
+        name, colour, dash = _arm(a)
+        g = df[df["prefix_cache"] == a].sort_values("turn")
+        fig.add_scatter(
+            x=g["turn"],
+            y=1000 * g["ttft_p50_s"],
+            mode="lines+markers",
+            line=dict(color=colour, dash=dash),
+            name=f"TTFT, {name}",
+            hovertemplate=f"{name}, turn %{{x}}: TTFT %{{y:.0f}} ms<extra></extra>",
+            row=1,
+            col=1,
+        )
+        fig.add_scatter(
+            x=g["turn"],
+            y=g["cached_tokens"],
+            mode="lines+markers",
+            line=dict(color=colour, dash=dash),
+            name=f"cached tokens, {name}",
+            hovertemplate=f"{name}, turn %{{x}}: %{{y:.0f}} tokens from the cache<extra></extra>",
+            row=1,
+            col=2,
+        )
+    g = df[df["prefix_cache"] == arms[0]].sort_values("turn")
+    fig.add_scatter(
+        x=g["turn"],
+        y=g["prompt_tokens"],
+        mode="lines",
+        line=dict(color=QUEUE_COLOR, width=1),
+        name="prompt tokens",
+        row=1,
+        col=2,
+    )
+    fig.add_scatter(
+        x=g["turn"],
+        y=g["seen_prefix_tokens"],
+        mode="lines",
+        line=dict(color=LEGEND_COLOR, dash="dot"),
+        name="bound: held by earlier requests",
+        row=1,
+        col=2,
+    )
+    for c in (1, 2):
+        fig.update_xaxes(title_text="turn (0 is the first)", dtick=1, row=1, col=c)
+    fig.update_yaxes(title_text="ms", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="tokens", rangemode="tozero", row=1, col=2)
+    fig.update_layout(title=title or "Multi-turn chats: TTFT and cached tokens by turn", height=420)
     return fig

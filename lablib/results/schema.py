@@ -68,6 +68,9 @@ MANIFEST_FIELDS = {
     "server_settings": ("engine", "flags", "server_settings"),
     # the http engine's connections to its server: "pooled" (keep-alive) or "one per request"
     "connections": ("engine", "flags", "connections"),
+    # what the http engine's requests say about the server's prompt cache: "cache_prompt: false" / "true"
+    # (llama-server), "cache_salt: per-request" / "cache_salt: <salt>" (vLLM), "none" (no switch sent)
+    "cache_control": ("engine", "flags", "cache_control"),
 }
 # the manifest basics a report shows, one row per machine and engine
 MANIFEST_SUMMARY = (
@@ -175,8 +178,11 @@ REPLAY = (
 )
 # the scheduler under traffic (lablib.studies.scheduler, lab 09): a request's part in the head-of-line experiment
 # ("short": a stream decoding; "long": the prompt that arrives while they decode) and the server's token budget
-# per step it ran under (llama-server's -b, vLLM's --max-num-batched-tokens; None: the server's default)
-SCHEDULER = ("role", "batch_tokens")
+# per step it ran under (llama-server's -b, vLLM's --max-num-batched-tokens; None: the server's default); in a
+# prefix-reuse or multi-turn run, the arm ("on": a request may reuse the arm's earlier requests' KV cache;
+# "off": none reuses another's) and the prefix tokens a cache that kept every earlier request of the arm (prompt
+# and output) could have reused, at the server's block (lablib.studies.scheduler.seen_prefix: an upper bound)
+SCHEDULER = ("role", "batch_tokens", "prefix_cache", "seen_prefix_tokens")
 # a model's quality against its reference, lablib.studies.quality.STATS: perplexity (its own, the reference's),
 # KL divergence per token (mean, p99, max; nats), top-1 agreement, shifts of the reference's top token's
 # probability and of the target's (mean |shift|, mean, RMS), and the tokens scored
@@ -304,7 +310,11 @@ REPLAY_SUMMARY = (
 # fit, the running maximum, waiting, preemption and KV use, 0..1, predicted, and what vLLM would state) beside
 # what vLLM stated at start (stated_capacity: its KV tokens and maximum concurrency for requests of so many
 # tokens; the blocks its KV space gave and the override); the saturation knee's steps (find_knee: a step's
-# throughput slope over the light-load slope, latency over the light-load latency, the knee's row)
+# throughput slope over the light-load slope, latency over the light-load latency, the knee's row); prefix
+# reuse by arm (prefix_reuse: the server's prefix-caching start switch, the perfect block cache's share of the
+# prompt tokens, the tokens the server's cache reuses at a time, the server's own hit rate (its hits over the
+# prompt tokens) and lookups, cached tokens no earlier request of the arm explains, requests whose output ids
+# are the same in both arms) and multi-turn chats by turn (turn_table: the slowest TTFT, s)
 SCHEDULER_TABLES = (
     "token_index",
     "long_prompt_tokens",
@@ -350,6 +360,14 @@ SCHEDULER_TABLES = (
     "throughput_gain",
     "latency_growth",
     "is_knee",
+    "prefix_caching",
+    "perfect_hit_rate",
+    "cache_block_tokens",
+    "hit_rate",
+    "prefix_cache_queries",
+    "cached_above_bound",
+    "same_output",
+    "ttft_max_s",
 )
 # the columns of tables that no row carries (a summary's output_tokens is the run's sum of the rows' own)
 TABLE_COLUMNS = tuple(
