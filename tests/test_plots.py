@@ -148,22 +148,28 @@ def traces(fig, name_start=""):
 def test_context_bars_heights_are_the_medians_and_decode_stacks_on_prefill():
     df = context_df()
     fig = plots.context_bars(df)
-    assert len(fig.data) == 2 * len(ENGINES)
+    assert len(fig.data) == 4 * len(ENGINES)  # per engine: prefill and decode, as shares (top) and seconds (below)
     for engine in ENGINES:
         d = df[df.engine == engine]
         pre, dec = (next(t for t in fig.data if t.name == f"{engine} · {p}") for p in ("prefill", "decode"))
-        assert list(pre.x) == ["64", "256"] == list(dec.x)
+        pre_s, dec_s = (next(t for t in fig.data if t.name == f"{engine} · {p} (s)") for p in ("prefill", "decode"))
+        assert list(pre.x) == ["64", "256"] == list(dec.x) == list(pre_s.x)
         for i, n in enumerate((64, 256)):
             sel = d[d.prompt_tokens == n]
-            assert pre.y[i] == sel.prefill_s.median()
-            assert dec.y[i] == sel.decode_s.median()
+            assert pre_s.y[i] == sel.prefill_s.median()
+            assert dec_s.y[i] == sel.decode_s.median()
+            total = sel.prefill_s.median() + sel.decode_s.median()
+            assert pre.y[i] == pytest.approx(sel.prefill_s.median() / total)
+            assert pre.y[i] + dec.y[i] == pytest.approx(1.0)
             assert dec.base[i] == pre.y[i]  # stacked: decode starts where prefill ends
-        assert pre.offsetgroup == dec.offsetgroup == engine  # one column per engine, side by side
-        assert pre.marker.color == dec.marker.color == plots.ENGINE_COLORS[engine]
-    assert fig.layout.barmode == "group"
-    assert "(s)" in fig.layout.yaxis.title.text and "(tokens)" in fig.layout.xaxis.title.text
+        assert pre.offset == dec.offset and pre.width == dec.width  # one column per engine, side by side
+        assert pre.marker.color == dec.marker.color == pre_s.marker.color == plots.ENGINE_COLORS[engine]
+        assert (pre.yaxis, pre_s.yaxis) == ("y2", "y")  # shares on top, seconds below (the labelled x axis)
+    assert fig.layout.barmode == "overlay"
+    assert "(s, log)" in fig.layout.yaxis.title.text and "(tokens)" in fig.layout.xaxis.title.text
+    assert fig.layout.yaxis.type == "log" and list(fig.layout.yaxis2.range) == [0, 1]
     assert list(fig.layout.xaxis.categoryarray) == ["64", "256"]
-    assert all("%{y:.3f} s" in t.hovertemplate for t in fig.data)
+    assert all("%{y:.3f} s" in t.hovertemplate for t in fig.data if t.name.endswith("(s)"))
 
 
 def test_context_bars_orders_lengths_numerically_and_accepts_side_by_side_rows():
@@ -252,7 +258,8 @@ def test_concurrency_lines_values_colors_and_dashes():
     batched = [t for t in fig.data if t.name == "llama.cpp · batched"][1]
     assert list(batched.y) == [500.0, 500.0, 500.0]
     assert fig.layout.xaxis.type == "log"
-    assert "tokens/s" in fig.layout.yaxis.title.text and "(ms)" in fig.layout.yaxis2.title.text
+    assert "tokens/s" in fig.layout.yaxis.title.text and "(ms, log)" in fig.layout.yaxis2.title.text
+    assert fig.layout.yaxis.type == fig.layout.yaxis2.type == fig.layout.yaxis3.type == "log"
     assert "concurrency" in fig.layout.xaxis.title.text
     assert fig.layout.yaxis3.matches == "y2"  # p50 and p95 on one scale
 
@@ -363,7 +370,7 @@ def test_error_rows_are_left_out():
     bad = df.iloc[[0]].copy()
     bad["error"], bad["prefill_s"] = "boom", 1e9
     fig = plots.context_bars(pd.concat([df, bad], ignore_index=True))
-    assert max(fig.data[0].y) < 1
+    assert max(next(t for t in fig.data if t.name.endswith("(s)")).y) < 1
 
 
 def test_prefill_decode_bars_still_draws_one_prompt():
@@ -382,7 +389,8 @@ def test_prefill_decode_legend_names_phases_in_no_engine_colour():
     assert plots.PHASE_LEGEND_COLOR not in plots.ENGINE_COLORS.values()
     assert [t.marker.pattern.shape for t in legend] == ["", "/"]
     bars = [t for t in fig.data if t.showlegend is False]
-    assert [t.legendgroup for t in bars] == [t.legendgroup for t in legend]  # clicking a phase hides its bars
+    # clicking a phase hides its bars, in both panels (shares and seconds)
+    assert sorted(t.legendgroup for t in bars) == ["decode", "decode", "prefill", "prefill"]
 
 
 def test_shared_results_of_two_machines_facet_after_a_round_trip_on_disk(tmp_path):

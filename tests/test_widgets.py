@@ -251,9 +251,12 @@ def test_real_tiny_llama_cpp_sweep_through_run_sync(quick, tmp_path):
     assert p.error is None, p.message.value
     assert len(df) == 1 and df.engine.iloc[0] == "llama.cpp" and df.prompt_tokens.iloc[0] == 32
     assert df.output_tokens.iloc[0] == 2
-    pre, dec = p.figure.data
-    assert pre.name == "llama.cpp · prefill" and list(pre.x) == ["32"]
+    # the context bars: each phase as a share of the engine's time (top) and in seconds (below)
+    share, pre, _, dec = p.figure.data
+    assert share.name == "llama.cpp · prefill" and list(share.x) == ["32"]
+    assert (pre.name, dec.name) == ("llama.cpp · prefill (s)", "llama.cpp · decode (s)")
     assert pre.y[0] == pytest.approx(df.prefill_s.iloc[0]) and dec.y[0] == pytest.approx(df.decode_s.iloc[0])
+    assert share.y[0] == pytest.approx(df.prefill_s.iloc[0] / (df.prefill_s.iloc[0] + df.decode_s.iloc[0]))
     assert p.progress.value == 1 and "done: 1 requests" in p.message.value
     from lablib.results.store import load_results
 

@@ -4,9 +4,11 @@
 - :mod:`lablib.plots.sweeps`: labs 01-03 (context and concurrency sweeps, timeline, prefill/decode split);
 - :mod:`lablib.plots.anchors`: lab 03 (the lab beside llama.cpp's own benchmarks);
 - :mod:`lablib.plots.compare`: lab 04 (KL per position, top-k at the divergence);
-- :mod:`lablib.plots.serving`: lab 05, ``lablib bench`` (a load run seen by the client and by the server);
+- :mod:`lablib.plots.serving`: lab 05, ``lablib bench`` (servers under a rate sweep; a load run seen by the
+  client and by the server);
 - :mod:`lablib.plots.quant`, ``.roofline``, ``.prefix``: labs 06, 07, 08;
-- :mod:`lablib.plots.scheduler`: lab 09 (head-of-line blocking, the saturation knee).
+- :mod:`lablib.plots.scheduler`: lab 09 (head-of-line blocking, the saturation knee, prefix reuse on real
+  traffic and by chat turn).
 
 A figure only draws: its numbers come from :mod:`lablib.results.tables`, its columns are declared
 in :mod:`lablib.results.schema`, and plotly is imported inside each function (``import lablib.plots``
@@ -17,8 +19,8 @@ from __future__ import annotations
 
 from lablib.plots.anchors import anchor_bars
 from lablib.plots.compare import kl_per_position, topk_at_divergence
-from lablib.plots.scheduler import hol_timeline, knee_plot
-from lablib.plots.serving import server_timeline
+from lablib.plots.scheduler import hol_timeline, knee_plot, reuse_bars, turn_lines
+from lablib.plots.serving import rate_sweep, server_timeline
 from lablib.plots.style import (
     ENGINE_COLORS,
     ENGINE_SYMBOL,
@@ -58,7 +60,10 @@ __all__ = [
     "knee_plot",
     "mode_dash",
     "prefill_decode_bars",
+    "rate_sweep",
+    "reuse_bars",
     "server_timeline",
     "timeline",
     "topk_at_divergence",
+    "turn_lines",
 ]

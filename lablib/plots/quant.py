@@ -7,10 +7,25 @@ Each function takes a pandas DataFrame of ladder rows (``lablib.results.store.lo
 
 from __future__ import annotations
 
-from lablib.plots.style import ENGINE_SYMBOL
+from lablib.plots.style import ENGINE_SYMBOL, color
 from lablib.results.tables import need, nonempty
 
 LADDER_ROWS = "lablib.studies.ladder.run_ladder or `lablib quantize --out FILE`"
+# a ladder column in words, with its unit, for axis titles and titles
+METRIC_WORDS = {
+    "kl_mean": "mean KL divergence (nats)",
+    "kl_p99": "KL divergence, p99 (nats)",
+    "kl_max": "largest KL divergence (nats)",
+    "top1": "top-1 agreement (share of tokens)",
+    "ppl": "perplexity",
+    "dp_top_abs_mean": "mean |Δp| of the top token",
+    "decode_tps": "decode (tokens/s)",
+    "prefill_tps": "prefill (tokens/s)",
+}
+
+
+def _words(metric: str) -> str:
+    return METRIC_WORDS.get(metric, metric)
 
 
 def _need(df, cols, what):
@@ -37,7 +52,8 @@ def _scatter(df, x, y, what, xlog=True, ylog=False):
                 name=eng,
                 text=d["type"],
                 textposition="top center",
-                marker={"size": 10, "symbol": ENGINE_SYMBOL.get(eng, "circle")},
+                marker={"size": 10, "symbol": ENGINE_SYMBOL.get(eng, "circle"), "color": color(eng)},
+                textfont={"color": color(eng)},
             )
         )
     fig.update_xaxes(type="log" if xlog else "linear")
@@ -57,7 +73,10 @@ def pareto_front(df, x: str, y: str, higher_is_better: bool):
 
 
 def quality_vs_size(df, metric: str = "kl_mean"):
-    """KL divergence (or another quality column) against file bytes, log-log, front drawn."""
+    """KL divergence (or another quality column) against file bytes, front drawn; log-log for KL.
+
+    Log axes: rungs and engines differ in KL by orders of magnitude (Q8_0 against Q2_K, float32 against
+    4-bit), and on a linear axis every file but the worst would lie on the floor."""
     import plotly.graph_objects as go
 
     _need(df, ["bytes", metric, "type", "engine"], "quality vs size")
@@ -69,21 +88,27 @@ def quality_vs_size(df, metric: str = "kl_mean"):
             x=front["bytes"], y=front[metric], mode="lines", name="Pareto front", line={"dash": "dot", "color": "gray"}
         )
     )
+    better = "upper-left" if metric == "top1" else "lower-left"
     fig.update_layout(
-        title=_title(df, f"{metric} against size (lower-left is better)"),
-        xaxis_title="bytes (weights file)",
-        yaxis_title=f"{metric} (nats)" if metric.startswith("kl") else metric,
+        template="plotly_white",
+        title=_title(df, f"Quality against file size: {_words(metric)} ({better} is better)"),
+        xaxis_title="file size (bytes, log)",
+        yaxis_title=_words(metric).replace("(nats)", "(nats, log)"),
     )
     return fig
 
 
 def speed_vs_size(df, metric: str = "decode_tps"):
-    """Decode (or prefill) tokens/s against bytes, with the Pareto front of small and fast."""
+    """Decode (or prefill) tokens/s against bytes, with the Pareto front of small and fast; both axes log.
+
+    Why log y: the rungs of one engine differ by a few times, but engines differ by up to 100x (MLX on
+    Linux against llama.cpp), and on a linear axis the slow engine's points lie on the floor; on a log
+    axis every engine's points keep their spread, and the same ratio is the same height for each."""
     import plotly.graph_objects as go
 
     _need(df, ["bytes", metric, "type", "engine"], "speed vs size")
     d = df.dropna(subset=[metric])
-    fig = _scatter(d, "bytes", metric, "speed")
+    fig = _scatter(d, "bytes", metric, "speed", ylog=True)
     front = pareto_front(d, "bytes", metric, higher_is_better=True)
     fig.add_trace(
         go.Scatter(
@@ -91,9 +116,10 @@ def speed_vs_size(df, metric: str = "decode_tps"):
         )
     )
     fig.update_layout(
-        title=_title(df, f"{metric} against size (upper-left is better; shared CPU: noisy)"),
-        xaxis_title="bytes (weights file)",
-        yaxis_title=f"{metric} (tokens/s)",
+        template="plotly_white",
+        title=_title(df, f"Speed against file size: {_words(metric)} (upper-left is better; shared CPU: noisy)"),
+        xaxis_title="file size (bytes, log)",
+        yaxis_title=_words(metric).replace("(tokens/s)", "(tokens/s, log)"),
     )
     return fig
 
@@ -130,8 +156,13 @@ def decode_vs_bytes_per_token(df):
     d = df.dropna(subset=["decode_tps"])
     fig = _scatter(d, "bytes_per_token", "decode_tps", "decode", xlog=True, ylog=True)
     fig.update_layout(
-        title="decode tokens/s against bytes read per token (shared CPU: noisy)",
-        xaxis_title="weight bytes read per decoded token",
-        yaxis_title="decode tokens/s",
+        template="plotly_white",
+        title=(
+            "Does decode speed follow the bytes read per token?"
+            "<br><sup>memory-bound: tokens/s ≈ bandwidth / bytes, a line of slope -1 on these log axes;"
+            " shared CPU: noisy</sup>"
+        ),
+        xaxis_title="weight bytes read per decoded token (log)",
+        yaxis_title="decode (tokens/s, log)",
     )
     return fig

@@ -30,6 +30,10 @@ SERVER_COLORS = {
     "kv_usage": "#8E5BB5",
 }
 MODE_ORDER = ("single", "serial", "batched")
+# one line per server where servers share an axis (lablib.plots.serving.rate_sweep), in the order they
+# come: servers are not engines (two of lab 05's three run llama.cpp), so they take colours of their own
+SERVER_LINE_COLORS = ("#3D7DCA", "#F2A900", "#2CA58D", "#8E5BB5", "#C0392B", "#555555")
+SERVER_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "star")
 
 
 def color(engine: str) -> str:
@@ -52,3 +56,36 @@ def mode_order(df) -> list[str]:
 
 
 # --- context sweep ------------------------------------------------------------------------------
+
+
+# --- log axes -------------------------------------------------------------------------------------
+LOG_MANTISSAS = ((1, 2, 3, 4, 5, 6, 7, 8, 9), (1, 2, 3, 5, 7), (1, 2, 5), (1,))
+
+
+def _tick_text(v: float) -> str:
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if v >= scale:
+            return f"{v / scale:g}{unit}"
+    return f"{v:g}"
+
+
+def log_ticks(values, max_ticks: int = 8) -> dict:
+    """A log axis's ticks for ``values`` (the numbers it shows), written out in full: ``{"type": "log",
+    "tickvals": [...], "ticktext": [...]}`` for ``fig.update_yaxes(**...)``. The finest of 1-2-...-9,
+    1-2-3-5-7, 1-2-5 and powers of ten that puts at most ``max_ticks`` ticks between the smallest and the
+    largest value: plotly's own ticks on a log axis write 50 as a small "5" beside the decade, which a
+    reader takes for 5. Just ``{"type": "log"}`` without a positive value."""
+    import math
+
+    v = [float(x) for x in values if x is not None and x == x and math.isfinite(float(x)) and float(x) > 0]
+    if not v:
+        return {"type": "log"}
+    lo, hi = min(v), max(v)
+    decades = range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 2)
+    for mantissas in LOG_MANTISSAS:
+        ticks = [m * 10.0**e for e in decades for m in mantissas]
+        if sum(lo <= t <= hi for t in ticks) <= max_ticks or mantissas == LOG_MANTISSAS[-1]:
+            break
+    # round away float noise (3 * 0.1 is 0.30000000000000004) before the labels are written
+    ticks = [float(f"{t:.6g}") for t in ticks]
+    return {"type": "log", "tickvals": ticks, "ticktext": [_tick_text(t) for t in ticks]}

@@ -26,13 +26,28 @@ class ServingPanel:
         import ipywidgets as w
 
         self.model = model
-        self.base_url = w.Text(value=base_url, description="base URL", layout=w.Layout(width="420px"))
-        self.rate = w.FloatText(value=rate, description="rate (req/s)")
-        self.open_loop = w.Checkbox(value=True, description="open loop (off: closed loop of C clients)")
-        self.concurrency = w.BoundedIntText(value=concurrency, min=1, max=64, description="concurrency")
-        self.requests = w.BoundedIntText(value=requests, min=1, max=1000, description="requests")
-        self.ttft = w.FloatText(value=ttft_s, description="TTFT target s")
-        self.tpot = w.FloatText(value=tpot_s, description="TPOT target s")
+        # the descriptions in one column of 150 px (ipywidgets' default cut them at about 90 px: "TTFT targ..."),
+        # the checkbox's as wide as its words, the long part of it in a label beside it
+        label = {"description_width": "150px"}
+        whole = {"description_width": "initial"}
+
+        def box(width: str = "280px"):
+            return w.Layout(width=width)
+
+        self.base_url = w.Text(value=base_url, description="base URL", style=label, layout=box("480px"))
+        self.open_loop = w.Checkbox(
+            value=True, description="open loop: requests arrive at the rate", indent=False, style=whole
+        )
+        self._loop_hint = w.Label("(unticked: a closed loop of C clients, each sending its next when one ends)")
+        self.rate = w.FloatText(value=rate, description="rate (requests/s)", style=label, layout=box())
+        self.concurrency = w.BoundedIntText(
+            value=concurrency, min=1, max=64, description="concurrency (C)", style=label, layout=box()
+        )
+        self.requests = w.BoundedIntText(
+            value=requests, min=1, max=1000, description="requests", style=label, layout=box()
+        )
+        self.ttft = w.FloatText(value=ttft_s, description="TTFT target (s)", style=label, layout=box())
+        self.tpot = w.FloatText(value=tpot_s, description="TPOT target (s)", style=label, layout=box())
         self.prompt_tokens, self.max_new_tokens = prompt_tokens, max_new_tokens
         self.button = w.Button(description="Run", button_style="primary")
         self.output = w.Output()
@@ -40,8 +55,9 @@ class ServingPanel:
         self.widget = w.VBox(
             [
                 self.base_url,
-                w.HBox([self.open_loop, self.rate]),
-                w.HBox([self.concurrency, self.requests]),
+                w.HBox([self.open_loop, self._loop_hint]),
+                w.HBox([self.rate, self.concurrency]),
+                w.HBox([self.requests]),
                 w.HBox([self.ttft, self.tpot]),
                 self.button,
                 self.output,

@@ -108,14 +108,27 @@ class SweepPanel:
             description="sweep",
             style=wide,
         )
+        # each box as wide as its name (onnxruntime-genai was cut at a fixed 130 px)
         self.engine_boxes = {
-            name: w.Checkbox(value=name in ENGINE_NAMES, description=name, indent=False, layout=w.Layout(width="130px"))
+            name: w.Checkbox(
+                value=name in ENGINE_NAMES,
+                description=name,
+                indent=False,
+                style={"description_width": "initial"},
+                layout=w.Layout(width="auto", margin="0 18px 0 0"),
+            )
             for name in IN_PROCESS
         }
         self.prompt_tokens = w.Text(description="prompt tokens", style=wide, layout=row_layout(), placeholder="64,256")
         self.concurrency = w.Text(description="concurrency", style=wide, layout=row_layout(), placeholder="1,2,4")
         self.mode_boxes = {
-            m: w.Checkbox(value=True, description=m, indent=False, layout=w.Layout(width="130px"))
+            m: w.Checkbox(
+                value=True,
+                description=m,
+                indent=False,
+                style={"description_width": "initial"},
+                layout=w.Layout(width="auto", margin="0 18px 0 0"),
+            )
             for m in SCHEDULING_MODES
         }
         self.requests = w.BoundedIntText(
@@ -145,7 +158,8 @@ class SweepPanel:
         if self.figure is None:
             self.figure = w.Output()
         self._engine_row = w.HBox(
-            [w.Label("engines", layout=w.Layout(width="124px"))] + list(self.engine_boxes.values())
+            [w.Label("engines", layout=w.Layout(width="124px"))] + list(self.engine_boxes.values()),
+            layout=w.Layout(flex_flow="row wrap"),
         )
         self._requests_row = w.HBox([self.requests, self._requests_hint])
         self._mode_row = w.HBox([w.Label("modes", layout=w.Layout(width="124px"))] + list(self.mode_boxes.values()))
