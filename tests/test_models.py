@@ -262,13 +262,18 @@ def _read_only(folder: Path):
     return ["unshare", "-m", "bash", "-c", f'mount --bind -o ro "{folder}" "{folder}" && exec "$@"', "ro"]
 
 
+# what the lab home holds besides the prepared model (GBs: the llama.cpp wheels, vLLM's environment, lab 06's
+# quantization ladder, started servers' cards and logs): a copy for the test below leaves them out
+NOT_PREPARED = ("wheels", "envs", "quant", "servers")
+
+
 def test_read_only_lab_home_serves_cache_hits_and_names_itself_when_asked_to_write(model, tmp_path):
     """A facilitator's shared read-only cache: a prepared model loads; a new one gets one message."""
     import os
     import sys
 
     home = tmp_path / "home"
-    shutil.copytree(Path(model.hf_path).parents[2], home, ignore=shutil.ignore_patterns("wheels", ".lock"))
+    shutil.copytree(Path(model.hf_path).parents[2], home, ignore=shutil.ignore_patterns(*NOT_PREPARED, ".lock"))
     (home / "hashes.json").unlink(missing_ok=True)  # a cache hit must not need to write it
     other = tmp_path / "other.gguf"
     shutil.copy(model.gguf_path, other)
