@@ -72,6 +72,21 @@ to hundreds of ms (``delay_p50_ms``) and many tokens arrive in one read (``itl_p
 clients cost about the same CPU (lab@HEAD 10-50 % more); a fit of CPU per request at C=128 over 16 and 200
 tokens per request gave the lab ~31 us per token and ~0.9 ms per request, vLLM ~35 us and ~1.35 ms. Run
 to run at C >= 256, tokens/s moved by 20-40 % for every client: read the columns' shape and the CPU per token.
+
+**Pooled connections** (the lab's client with vLLM's kind since then; ``lab-close``: one connection per
+request, as before). Two runs on a quieter machine (load 0.9 -> 1.0; ``--levels 1,64,128,256,512`` then
+``--levels 128,256,512``, ``--clients lab,lab-close,vllm --no-parse``, 72 s each), same columns::
+
+    C     lab                          lab-close                    vllm
+    128   11730 77  10   6.2 | 11623   10888 81  15  5.7 | 11205   10723 82  12   6.5 | 11019
+    256   21705 46  67  23   | 19696   18111 55  48  21  | 20313   18915 53  24  13   | 18596
+    512   34347 29  165 80   | 35103   25248 39  182 94  | 27475   26448 36  113 61   | 28439
+
+(after ``|``: the second run's tok_s). At 256 and 512 streams every client's loop is saturated (tok_s x CPU per
+token is about one core): what a client sustains there is its capacity, the lab's 1.06-1.23x vLLM's client's,
+at the lowest CPU per token of the three; its stamps wait longer in that saturated loop (delay p50 1.3-2x),
+which ``near_limit`` flags in every such run. Below saturation (128 streams) the lab's added ITL p99 is about
+twice vLLM's client's (10-11 vs 5.5-12 ms): the lab's rows are taken off in another thread (the GIL).
 """
 
 from __future__ import annotations
