@@ -36,6 +36,9 @@ def test_serve_then_bench_closed_and_open(tmp_path, model, capsys):
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # SIGINT as a terminal's Ctrl-C sends it: where the tests run as a background job, children inherit
+        # SIGINT ignored and Python then installs no KeyboardInterrupt (a fresh-clone run here waited 90 s)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         line = proc.stdout.readline()
