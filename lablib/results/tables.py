@@ -206,6 +206,19 @@ def run_summary(
 
 
 # --- one engine run and the context sweep ----------------------------------------------------------
+def table_with_rows(table, rows, server_rows=None) -> pd.DataFrame:
+    """A study's table (a list of dicts, one per run) as a DataFrame that carries what it was made from:
+    the request rows in ``attrs["rows"]`` and, where the server was sampled, its samples in
+    ``attrs["server_rows"]`` (lab 05's rate sweep, lab 09's KV-capacity and knee tables)."""
+    import pandas as pd
+
+    df = pd.DataFrame(table)
+    df.attrs["rows"] = rows
+    if server_rows is not None:
+        df.attrs["server_rows"] = server_rows
+    return df
+
+
 def summary_table(df) -> pd.DataFrame:
     """Per engine and prompt length: medians of prefill, TTFT, prefill tokens/s, TPOT, decode tokens/s,
     e2e, and the e2e spread (min, max), seconds; the output tokens and repetitions behind them."""

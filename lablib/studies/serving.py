@@ -304,7 +304,6 @@ def rate_sweep_table(
     The raw request rows are in the result's ``attrs["rows"]``, the server's samples (t_s on the lab's
     clock, metric, value, with the run's ``server`` and ``rate``) in ``attrs["server_rows"]``:
     :func:`one_run` picks one run of both for :func:`lablib.plots.server_timeline`."""
-    import pandas as pd
 
     from lablib.checks import whole
     from lablib.engines.http.metrics import MetricsSampler, run_maxima
@@ -374,10 +373,9 @@ def rate_sweep_table(
                 )
         finally:
             e.close()
-    df = pd.DataFrame(table)
-    df.attrs["rows"] = raw
-    df.attrs["server_rows"] = server_rows
-    return df
+    from lablib.results.tables import table_with_rows
+
+    return table_with_rows(table, raw, server_rows)
 
 
 def one_run(table, server: str, rate: float | None = None):

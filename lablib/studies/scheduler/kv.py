@@ -181,7 +181,6 @@ def kv_capacity(
     run's ``ttft_p50_s`` and ``e2e_p50_s``. The request rows are in the result's ``attrs["rows"]``, the
     server's samples (with ``concurrency``) in ``attrs["server_rows"]``. LabError for a server without a
     paged KV cache or /metrics, or a sequence longer than its context."""
-    import pandas as pd
 
     from lablib.checks import whole
     from lablib.engines.http.metrics import MetricsSampler, run_maxima
@@ -250,7 +249,6 @@ def kv_capacity(
             )
     finally:
         e.close()
-    df = pd.DataFrame(table)
-    df.attrs["rows"] = raw
-    df.attrs["server_rows"] = server_rows
-    return df
+    from lablib.results.tables import table_with_rows
+
+    return table_with_rows(table, raw, server_rows)
