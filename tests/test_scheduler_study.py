@@ -254,8 +254,11 @@ def test_head_of_line_blocking_on_llama_server_whole_prompt_against_chunks(model
         assert tokens.groupby("request_index")["itl_s"].apply(lambda x: x.isna().sum()).eq(1).all()
     assert whole["solo_steps_predicted"] == 1 + 7 and chunked["solo_steps_predicted"] == 4 + 7
     # the default batch: the whole prompt in one step with the short streams' tokens, so a short stream gets
-    # at most the token of the step running when it arrived and that of the step that held its prompt
-    assert whole["prefill_steps_predicted"] == 1 and whole["short_tokens_during_max"] <= 2, whole
+    # the token of the step running when it arrived, that of the step that held its prompt, and at most one
+    # more: t_submit is the client's clock, and on busy cores the server's HTTP thread may still be
+    # tokenizing the prompt when the next step starts (a CI run here counted 3); never the 5 of the chunks
+    assert whole["prefill_steps_predicted"] == 1 and whole["short_tokens_during_max"] <= 3, whole
+    assert whole["short_tokens_during_max"] < chunked["short_tokens_during_min"], (whole, chunked)
     # a batch of 64: 62 prompt tokens a step beside the 2 decode tokens, 5 steps, a short token in each
     assert chunked["prefill_steps_predicted"] == 5
     assert chunked["short_tokens_during_min"] >= chunked["prefill_steps_predicted"] - 1, chunked

@@ -4,8 +4,9 @@ it, when a server never answers, and when the lab's own process is interrupted.
 - a real llama-server (several slots) killed with SIGKILL mid-stream, in a closed and an open loop at
   concurrency 8: the finished rows are on disk, the requests in flight are error rows naming the broken
   connection with the tokens that arrived, the requests not yet sent are error rows (connection refused)
-  at once, the summary counts them, and the next run on a fresh server starts clean; the same with a
-  real vLLM, whose EngineCore dies with its API server (the process group empties by itself);
+  at once, the summary counts them, and the next run on a fresh server starts clean (the same with a
+  real vLLM, whose EngineCore dies with its API server, is in tests/test_serving_study.py: it kills the
+  vLLM that module started, once its measurements are done);
 - a server that answers nothing: a full accept backlog (the connect times out) and a silent one (the
   first byte times out): one error row per request, bounded by the timeout the user sets;
 - an interrupt in the thread that writes the rows (Ctrl-C; `lablib bench` turns SIGTERM into one): the
@@ -31,101 +32,25 @@ import time
 import psutil
 import pytest
 
+from killed_runs import NEW, classify, killed_run, port_free, rows_on_disk, wait_rows
 from lablib.engines import load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.engines.servers import start_server
 from lablib.measure.load import bench, run_load
 from lablib.results.store import load_results
-from procs import BOUND_S, gone, wait_gone
+from procs import gone, wait_gone
 
 pytestmark = pytest.mark.engine
 
 if not sys.platform.startswith("linux"):
     pytest.fail(f"these tests kill real processes and read /proc (Linux); platform is {sys.platform}")
 
-NEW = 64  # output tokens per request (EOS ignored): long enough that streams are in flight at the kill
 LAB_THREADS = ("lablib-http", "lablib-metrics")
-
-
-def _rows(out) -> list[dict]:
-    """The complete lines of a results file being written (a line still being written is left out)."""
-    try:
-        text = out.read_text()
-    except FileNotFoundError:
-        return []
-    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
-
-
-def _wait_rows(out, n: int, proc=None, bound_s: float = 180.0) -> list[dict]:
-    deadline = time.monotonic() + bound_s
-    while len(rows := _rows(out)) < n:
-        assert proc is None or proc.poll() is None, f"the lab process exited ({proc.returncode}) with {len(rows)} rows"
-        assert time.monotonic() < deadline, f"{len(rows)} rows on disk after {bound_s} s; expected {n}"
-        time.sleep(0.01)
-    return rows
-
-
-class Killer(threading.Thread):
-    """SIGKILL ``pid`` once ``after_rows`` rows are on disk in ``out``, ``wait_e2e`` of their median e2e
-    later (0: at once); ``t_kill`` is the lab's clock then."""
-
-    def __init__(self, out, pid: int, after_rows: int, wait_e2e: float = 0.0):
-        super().__init__(daemon=True)
-        self.out, self.pid, self.after_rows, self.wait_e2e = out, pid, after_rows, wait_e2e
-        self.t_kill = None
-
-    def run(self):
-        rows = _wait_rows(self.out, self.after_rows)
-        if self.wait_e2e:
-            e2e = sorted(r["e2e_s"] for r in rows)
-            time.sleep(self.wait_e2e * e2e[len(e2e) // 2])
-        self.t_kill = time.perf_counter()  # the lab's clock (lablib.results.trace.now)
-        os.kill(self.pid, signal.SIGKILL)
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) != 0
-
-
-def _classify(rows):
-    """(finished, broken mid-stream, refused) rows of a run whose server was killed."""
-    ok = [r for r in rows if r["error"] is None]
-    broken = [r for r in rows if r["error"] and "closed the connection" in r["error"]]
-    # not sent before the server died: refused, or reset as it opened (the server was exiting)
-    refused = [r for r in rows if r["error"] and re.search(r"cannot connect .*connection (refused|reset)", r["error"])]
-    others = [r["error"] for r in rows if r["error"] and r not in broken and r not in refused]
-    assert not others, f"error rows that name neither a broken nor a refused connection: {others[:3]}"
-    return ok, broken, refused
-
-
-def _killed_run(srv, model, out, mode, requests, after_rows, wait_e2e=0.0, max_new_tokens=NEW):
-    """``bench`` on ``srv`` at concurrency 8 while a Killer SIGKILLs it (``after_rows``, ``wait_e2e``);
-    (summary, rows on disk, killer, t_return)."""
-    killer = Killer(out, srv.pid, after_rows, wait_e2e)
-    killer.start()
-    kw = dict(concurrency=8) if mode == "closed" else dict(rates="2", concurrency=8)
-    (s,) = bench(
-        base_url=srv.base_url,
-        out=out,
-        model=model,
-        requests=requests,
-        prompt_tokens=16,
-        max_new_tokens=max_new_tokens,
-        warmup=0,
-        max_duration_s=240,
-        log=lambda m: None,
-        **kw,
-    )
-    t_return = time.perf_counter()
-    killer.join(timeout=5)
-    assert killer.t_kill is not None, "the run ended before the server was killed"
-    return s, _rows(out), killer, t_return
 
 
 def _assert_killed_run(s, rows, killer, t_return, requests, mode, max_new_tokens=NEW):
     assert len(rows) == requests and sorted(r["request_index"] for r in rows) == list(range(requests))
-    ok, broken, refused = _classify(rows)
+    ok, broken, refused = classify(rows)
     assert len(ok) + len(broken) + len(refused) == requests
     assert len(ok) >= killer.after_rows and all(r["output_tokens"] == max_new_tokens for r in ok)
     assert broken, "no request was in flight when the server died"
@@ -163,7 +88,7 @@ def test_llama_server_killed_mid_stream_keeps_every_request_as_a_row(model, tmp_
         # closed: the 8 clients (on 8 slots) finish together: kill 0.4 of a request's e2e into the second
         # round; open: arrivals 2/s, finishes staggered: kill when the third request finished
         after, wait = (8, 0.4) if mode == "closed" else (3, 0.0)
-        s, rows, killer, t_return = _killed_run(srv, model, out, mode, requests, after, wait)
+        s, rows, killer, t_return = killed_run(srv, model, out, mode, requests, after, wait)
         ok, broken, refused = _assert_killed_run(s, rows, killer, t_return, requests, mode)
         print(
             f"{mode}: {len(ok)} finished, {len(broken)} broken mid-stream "
@@ -187,51 +112,12 @@ def test_llama_server_killed_mid_stream_keeps_every_request_as_a_row(model, tmp_
             warmup=0,
             log=lambda m: None,
         )
-    after = _rows(out)
+    after = rows_on_disk(out)
     assert after[:requests] == rows and len(after) == requests + 4
     assert s2["requests"] == 4 and s2["errors"] == 0
     assert all(r["error"] is None and r["output_tokens"] == 8 for r in after[requests:])
     assert {r["engine_version"] for r in after} == {rows[0]["engine_version"]}
     assert not [t.name for t in threading.enumerate() if t.name in LAB_THREADS]
-
-
-def test_vllm_killed_mid_stream_keeps_every_request_and_takes_its_engine_core(model, tmp_path):
-    """One vLLM start (the configuration whose compile cache the session fixture warms): its API server
-    SIGKILLed mid-stream; its EngineCore and worker die by themselves (lablib.build.vllm's tie)."""
-    out = tmp_path / "vllm-killed.jsonl"
-    requests = 12
-    srv = start_server("vllm", model, parallel=2, n_ctx=512)
-    try:
-        members = srv.group_alive()
-        assert len(members) > 1, f"vLLM's process group holds only {members}: expected its EngineCore too"
-        # 8 clients on 2 sequences: kill 0.4 of a request's e2e after the first pair finished; the rest broke
-        # (2 streaming, 6 waiting in vLLM's queue) or were refused (the 2 sent after the kill)
-        s, rows, killer, t_return = _killed_run(srv, model, out, "closed", requests, 2, 0.4, max_new_tokens=48)
-        assert len(rows) == requests
-        ok, broken, refused = _classify(rows)
-        assert len(ok) >= 2 and all(r["output_tokens"] == 48 for r in ok)
-        assert len(broken) >= 2 and any(r["output_tokens"] > 0 for r in broken)
-        for r in broken:
-            assert f"mid-stream after {r['output_tokens']} tokens" in r["error"], r["error"]
-        # every request is one of the three kinds; on a loaded machine all 10 unfinished ones may have been sent
-        # (and broken) before the kill, so none need be refused (a CI run here had none)
-        assert len(ok) + len(broken) + len(refused) == requests
-        assert s["errors"] == len(broken) + len(refused) and s["requests"] == requests
-        assert t_return - killer.t_kill < 10
-        # nothing of vLLM is left: its EngineCore and worker die with the API server, before any stop()
-        deadline = time.monotonic() + BOUND_S
-        while srv.group_alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        left = srv.group_alive()
-        assert left == [], f"vLLM processes {left} outlived the API server (pid {srv.pid}) {BOUND_S} s"
-        print(
-            f"vllm (started in {srv.startup_s:.0f} s): {len(ok)} finished, {len(broken)} broken "
-            f"(tokens {sorted(r['output_tokens'] for r in broken)}), {len(refused)} refused; "
-            f"its group of {len(members)} gone"
-        )
-    finally:
-        srv.stop()
-    assert srv.group_alive() == [] and _port_free(srv.port)
 
 
 # --- a server that answers nothing -------------------------------------------------------------------
@@ -351,7 +237,7 @@ def test_bench_on_a_server_that_answers_nothing_is_one_error_naming_the_timeout(
     msg = str(e.value)
     assert "no OpenAI-compatible server answers" in msg and f"0.5 s ({knob})" in msg, msg
     assert time.perf_counter() - t0 < 10
-    assert not (tmp_path / "none.jsonl").exists() or not _rows(tmp_path / "none.jsonl")
+    assert not (tmp_path / "none.jsonl").exists() or not rows_on_disk(tmp_path / "none.jsonl")
 
 
 # --- the lab's own process interrupted ----------------------------------------------------------------
@@ -430,7 +316,7 @@ def test_the_lab_process_interrupted_keeps_its_rows_and_takes_its_server(tmp_pat
         assert server.name() == "llama-server" and server.ppid() == lab.pid
         card = json.loads((cards_dir() / f"{port}.json").read_text())  # what the lab knows of it
         assert card["pid"] == pid and card["name"] == "llama-server"
-        before = _wait_rows(out, 6, lab)  # a round of 4 finished, the next in flight
+        before = wait_rows(out, 6, lab)  # a round of 4 finished, the next in flight
         t0 = time.monotonic()
         lab.send_signal(getattr(signal, sig))
         stdout, stderr = lab.communicate(timeout=30)
@@ -442,7 +328,7 @@ def test_the_lab_process_interrupted_keeps_its_rows_and_takes_its_server(tmp_pat
             lab.wait()
         if server is not None and not gone(server):
             server.kill()
-    assert _port_free(port), f"port {port} still taken after the lab process and its llama-server are gone"
+    assert port_free(port), f"port {port} still taken after the lab process and its llama-server are gone"
     assert exit_s < 10, f"the lab process took {exit_s:.1f} s to exit after {sig}"
     df = load_results(out)  # every line on disk parses
     ok = df[df["error"].isna()]

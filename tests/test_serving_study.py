@@ -1,14 +1,19 @@
 """Lab 05's study functions (lablib.studies.serving) on the real vLLM: the session's measured server
 (``vllm_server`` in conftest.py: prefix caching off) and, in this module, one started with prefix
 caching on, in the same configuration (2 sequences of 512 tokens: vLLM's compile cache is reused).
-Every number below is the servers' own: TTFTs on the lab's clock, counters from their /metrics.
+Every number below is the servers' own: TTFTs on the lab's clock, counters from their /metrics. The
+module's last test kills the prefix-caching server mid-stream (serving under faults, on vLLM).
 """
+
+import time
 
 import pytest
 
+from killed_runs import classify, killed_run, port_free
 from lablib.engines.servers import VLLM_BLOCK_TOKENS, changed_steps, start_server, vllm_dtype
 from lablib.errors import LabError
 from lablib.studies import serving
+from procs import BOUND_S
 
 pytestmark = pytest.mark.engine
 
@@ -109,3 +114,44 @@ def test_start_progress_lines_pass_only_when_the_step_changes():
     say("vllm: starting, 15 s: Warming up")
     say("vllm: starting, 75 s: Warming up")
     assert len(every) == 2
+
+
+def test_vllm_killed_mid_stream_keeps_every_request_and_takes_its_engine_core(vllm_cached, model, tmp_path):
+    """Serving under faults (the llama-server half is tests/test_serving_faults.py), on this module's
+    prefix-caching vLLM once the tests that measure it are done (last in the module: one vLLM start fewer
+    per run): its API server SIGKILLed mid-stream; its EngineCore and worker die by themselves
+    (lablib.build.vllm's tie)."""
+    out = tmp_path / "vllm-killed.jsonl"
+    requests = 12
+    srv = vllm_cached
+    try:
+        members = srv.group_alive()
+        assert len(members) > 1, f"vLLM's process group holds only {members}: expected its EngineCore too"
+        # 8 clients on 2 sequences: kill 0.4 of a request's e2e after the first pair finished; the rest broke
+        # (2 streaming, 6 waiting in vLLM's queue) or were refused (the 2 sent after the kill)
+        s, rows, killer, t_return = killed_run(srv, model, out, "closed", requests, 2, 0.4, max_new_tokens=48)
+        assert len(rows) == requests
+        ok, broken, refused = classify(rows)
+        assert len(ok) >= 2 and all(r["output_tokens"] == 48 for r in ok)
+        assert len(broken) >= 2 and any(r["output_tokens"] > 0 for r in broken)
+        for r in broken:
+            assert f"mid-stream after {r['output_tokens']} tokens" in r["error"], r["error"]
+        # every request is one of the three kinds; on a loaded machine all 10 unfinished ones may have been sent
+        # (and broken) before the kill, so none need be refused (a CI run here had none)
+        assert len(ok) + len(broken) + len(refused) == requests
+        assert s["errors"] == len(broken) + len(refused) and s["requests"] == requests
+        assert t_return - killer.t_kill < 10
+        # nothing of vLLM is left: its EngineCore and worker die with the API server, before any stop()
+        deadline = time.monotonic() + BOUND_S
+        while srv.group_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = srv.group_alive()
+        assert left == [], f"vLLM processes {left} outlived the API server (pid {srv.pid}) {BOUND_S} s"
+        print(
+            f"vllm (started in {srv.startup_s:.0f} s): {len(ok)} finished, {len(broken)} broken "
+            f"(tokens {sorted(r['output_tokens'] for r in broken)}), {len(refused)} refused; "
+            f"its group of {len(members)} gone"
+        )
+    finally:
+        srv.stop()
+    assert srv.group_alive() == [] and port_free(srv.port)
