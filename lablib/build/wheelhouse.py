@@ -138,7 +138,9 @@ done
 export PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1
 
 "$python" -m venv "$venv"
-pip=("$venv/bin/python" -m pip install --no-index --find-links "$here" "$@")
+# --no-compile: pip would byte-compile all ~20,000 .py files of these wheels one after another (minutes
+# on two cores); Python compiles what a lab imports on first import instead, once
+pip=("$venv/bin/python" -m pip install --no-index --no-compile --find-links "$here" "$@")
 echo "== torch"
 "${{pip[@]}}" "$here/{torch}"
 echo "== llama-cpp-python (built for: {features})"
