@@ -112,9 +112,10 @@ def hol_blocking(
     ``-ub`` tokens) and only then is each slot's next token sampled and sent. So with the default
     ``-b 2048`` the whole long prompt joins one step with the short streams' tokens: no short stream gets
     a token while it is computed (one long gap in their ITL, about the long prompt's prefill time, ending
-    with the long request's first token), at most two short tokens per stream fall between the long
-    request's arrival and its first token (the step running when it arrived, and the one holding its
-    prompt, sent together with its first token). With a small ``-b`` (64, 128) the prompt is prefilled
+    with the long request's first token), two short tokens per stream fall between the long request's
+    arrival and its first token (the step running when it arrived, and the one holding its prompt, sent
+    together with its first token), three when the server's HTTP thread was still tokenizing the prompt
+    as the next step began (busy cores: the arrival is the client's clock). With a small ``-b`` (64, 128) the prompt is prefilled
     ``-b`` minus the decoding streams' tokens at a time, one chunk per step, and every step still carries
     each short stream's next token: their ITL rises a little (each step computes a chunk too) but never
     stalls, they get about :func:`prefill_steps` tokens each during the prefill, and the long request's
