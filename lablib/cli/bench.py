@@ -24,6 +24,8 @@ from __future__ import annotations
 import sys
 import threading
 
+from lablib.cli.common import add_goodput_targets, flags, goodput_targets
+
 HELP = "measure an OpenAI-compatible server: closed or open loop, rows to --out"
 
 
@@ -56,9 +58,7 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--request-timeout-s", type=float, default=600.0, help="longest one request may take ('inf': no limit)"
     )
-    p.add_argument("--ttft-target-s", type=float, default=None)
-    p.add_argument("--tpot-target-s", type=float, default=None)
-    p.add_argument("--e2e-target-s", type=float, default=None)
+    add_goodput_targets(p)
     p.add_argument("--warmup", type=int, default=1, help="unrecorded requests first")
     p.add_argument("--out", required=True, help="results file, .jsonl or .parquet (appended)")
 
@@ -120,30 +120,14 @@ def _run(ns) -> int:
             print(server_line(s["server_counters"]), flush=True)
 
     summaries = bench(
-        base_url=ns.base_url,
-        out=ns.out,
-        requests=ns.requests,
-        prompt_tokens=ns.prompt_tokens,
-        max_new_tokens=ns.max_new_tokens,
         rates=ns.rate,
         concurrency=ns.concurrency if ns.rate is None else ns.max_concurrency,
         model=ns.lab_model,
         server_model=ns.model,
-        api=ns.api,
-        server=ns.server,
-        arrival=ns.arrival,
-        burstiness=ns.burstiness,
-        seed=ns.seed,
-        until_eos=ns.until_eos,
-        max_duration_s=ns.max_duration_s,
-        read_timeout_s=ns.read_timeout_s,
-        connect_timeout_s=ns.connect_timeout_s,
-        request_timeout_s=ns.request_timeout_s,
-        ttft_s=ns.ttft_target_s,
-        tpot_s=ns.tpot_target_s,
-        e2e_s=ns.e2e_target_s,
-        warmup=ns.warmup,
-        prompts=ns.prompts,
+        **flags(ns, "base_url", "out", "requests", "prompt_tokens", "max_new_tokens", "api", "server", "arrival"),
+        **flags(ns, "burstiness", "seed", "until_eos", "max_duration_s", "read_timeout_s", "connect_timeout_s"),
+        **flags(ns, "request_timeout_s", "warmup", "prompts"),
+        **goodput_targets(ns),
         log=lambda m: print(m, file=sys.stderr),
         on_summary=show,
     )

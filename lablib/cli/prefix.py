@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 
+from lablib.cli.common import flags
+
 HELP = "prefix caching: TTFT with and without reuse of a shared system prompt's KV cache (lab 08)"
 
 
@@ -31,14 +33,7 @@ def run(ns) -> int:
     from lablib.studies.prefix import report
 
     rep = report(
-        engines=ns.engines,
-        shared_tokens=ns.shared_tokens,
-        questions=ns.questions,
-        reps=ns.reps,
-        max_new_tokens=ns.max_new_tokens,
-        turns=ns.turns,
-        model=ns.model,
-        out=ns.out,
+        **flags(ns, "engines", "shared_tokens", "questions", "reps", "max_new_tokens", "turns", "model", "out")
     )
     if ns.json:
         print(json.dumps(rep, default=str))

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import sys
 
+from lablib.cli.common import add_goodput_targets, flags, goodput_targets
+
 HELP = "replay a request trace (default: Mooncake's, scaled) on an OpenAI-compatible server, rows to --out"
 
 
@@ -51,9 +53,7 @@ def add_arguments(p) -> None:
     p.add_argument("--max-lag-s", type=float, default=MAX_LAG_S, help="schedule lag p99 above this: not kept up")
     p.add_argument("--read-timeout-s", type=float, default=60.0)
     p.add_argument("--warmup", type=int, default=1, help="unrecorded requests first")
-    p.add_argument("--ttft-target-s", type=float, default=None)
-    p.add_argument("--tpot-target-s", type=float, default=None)
-    p.add_argument("--e2e-target-s", type=float, default=None)
+    add_goodput_targets(p)
     p.add_argument("--out", required=True, help="results file, .jsonl or .parquet (appended)")
 
 
@@ -93,31 +93,14 @@ def run(ns) -> int:
         )
 
     s = run_replay(
-        out=ns.out,
-        trace=ns.trace,
         fmt=ns.format,
-        start=ns.start,
-        count=ns.count,
-        time_scale=ns.time_scale,
-        length_scale=ns.length_scale,
-        output_scale=ns.output_scale,
-        block_tokens=ns.block_tokens,
-        base_url=ns.base_url,
-        server=ns.server,
-        parallel=ns.parallel,
-        threads=ns.threads,
-        n_ctx=ns.n_ctx,
         model=ns.lab_model,
         server_model=ns.model,
-        api=ns.api,
         concurrency=ns.max_concurrency,
-        max_duration_s=ns.max_duration_s,
-        read_timeout_s=ns.read_timeout_s,
-        warmup=ns.warmup,
-        max_lag_s=ns.max_lag_s,
-        ttft_s=ns.ttft_target_s,
-        tpot_s=ns.tpot_target_s,
-        e2e_s=ns.e2e_target_s,
+        **flags(ns, "out", "trace", "start", "count", "time_scale", "length_scale", "output_scale", "block_tokens"),
+        **flags(ns, "base_url", "server", "parallel", "threads", "n_ctx", "api", "max_duration_s", "read_timeout_s"),
+        **flags(ns, "warmup", "max_lag_s"),
+        **goodput_targets(ns),
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     print(summary_line(s["server"], "open", None, ns.max_concurrency, s), flush=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lablib.checks import csv_text
-from lablib.cli.common import quick_full
+from lablib.cli.common import flags, quick_full
 from lablib.config import budget
 from lablib.engines import NAMES
 from lablib.errors import LabError
@@ -66,15 +66,7 @@ def add_arguments(p) -> None:
 
 def run(ns) -> int:
     _suffix(ns.out)  # refuse a bad file name before any work
-    common = dict(
-        model=ns.model,
-        engines=ns.engines,
-        max_new_tokens=ns.max_new_tokens,
-        warmup=ns.warmup,
-        out=ns.out,
-        progress=not ns.quiet,
-        weights=ns.weights,
-    )
+    common = dict(progress=not ns.quiet, **flags(ns, "model", "engines", "max_new_tokens", "warmup", "out", "weights"))
     if ns.kind == "context":
         df = sweep.context_sweep(prompt_tokens=ns.prompt_tokens, reps=ns.reps, **common)
         cols = ["engine", "prompt_tokens", "repetition", *(m for m in METRICS if m != "queue_s")]

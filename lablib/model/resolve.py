@@ -280,10 +280,7 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
     changed = not prov
     if fmt == "gguf" and "hf" in formats and not (rm.hf_path and Path(rm.hf_path).is_dir()):
         log(f"deriving a Hugging Face folder from {src.name} (dequantizing; ~40 s for 135M)...")
-        out = home / "hf"
-        t0 = _now()
-        derive.run_derivation("a Hugging Face folder", src, lambda: derive.derive_hf_from_gguf(src, out))
-        rm.hf_path, rm.derived["hf"] = str(out), round(_now() - t0, 1)
+        _derive(rm, "hf", "a Hugging Face folder", src, home, derive.derive_hf_from_gguf)
         changed = True
     if fmt in ("gguf", "hf") and "mlx" in formats and not (rm.mlx_path and Path(rm.mlx_path).is_dir()):
         hf = Path(rm.hf_path or src)
@@ -296,10 +293,7 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
             )
         else:
             log(f"deriving an MLX folder (float32) from {hf}...")
-            out = home / "mlx"
-            t0 = _now()
-            derive.run_derivation("an MLX folder", hf, lambda: derive.derive_mlx_from_hf(hf, out))
-            rm.mlx_path, rm.derived["mlx"] = str(out), round(_now() - t0, 1)
+            _derive(rm, "mlx", "an MLX folder", hf, home, derive.derive_mlx_from_hf)
             changed = True
     if rm.parameters == 0 and rm.hf_path:
         rm.parameters = derive.count_params(Path(rm.hf_path))
@@ -319,6 +313,17 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
             + "\n"
         )
     return rm
+
+
+def _derive(rm: ResolvedModel, fmt: str, what: str, src: Path, home: Path, convert) -> None:
+    """Derive ``rm``'s ``fmt`` folder (``home / fmt``) from ``src`` by ``convert(src, out)``
+    (:func:`lablib.model.derive.run_derivation`: ``what`` names it in an error), recording its path
+    (``rm.<fmt>_path``) and the seconds it took (``rm.derived[fmt]``)."""
+    out = home / fmt
+    t0 = _now()
+    derive.run_derivation(what, src, lambda: convert(src, out))
+    setattr(rm, f"{fmt}_path", str(out))
+    rm.derived[fmt] = round(_now() - t0, 1)
 
 
 def _mlx_available() -> bool:

@@ -1,7 +1,9 @@
 """Figures: pure functions of tidy rows (or of what a comparison stored), one module per subject.
 
 - :mod:`lablib.plots.style`: the one style (engine colours, phase and mode looks, engine order);
-- :mod:`lablib.plots.sweeps`: labs 01-03 (context and concurrency sweeps, timeline, prefill/decode split);
+- :mod:`lablib.plots.phases`: lab 01 (where one prompt's time goes: the prefill/decode split);
+- :mod:`lablib.plots.context`, ``.concurrency``: labs 02, 03 (the context sweep; the concurrency sweep and a
+  run's request timeline);
 - :mod:`lablib.plots.anchors`: lab 03 (the lab beside llama.cpp's own benchmarks);
 - :mod:`lablib.plots.compare`: lab 04 (KL per position, top-k at the divergence);
 - :mod:`lablib.plots.serving`: lab 05, ``lablib bench`` (servers under a rate sweep; a load run seen by the
@@ -19,6 +21,9 @@ from __future__ import annotations
 
 from lablib.plots.anchors import anchor_bars
 from lablib.plots.compare import kl_per_position, topk_at_divergence
+from lablib.plots.concurrency import concurrency_lines, timeline
+from lablib.plots.context import context_bars, context_lines
+from lablib.plots.phases import prefill_decode_bars
 from lablib.plots.scheduler import hol_timeline, knee_plot, reuse_bars, turn_lines
 from lablib.plots.serving import rate_sweep, server_timeline
 from lablib.plots.style import (
@@ -36,7 +41,6 @@ from lablib.plots.style import (
     mode_dash,
     mode_order,
 )
-from lablib.plots.sweeps import concurrency_lines, context_bars, context_lines, prefill_decode_bars, timeline
 
 __all__ = [
     "ENGINE_COLORS",

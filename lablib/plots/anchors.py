@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lablib.plots.style import color
+from lablib.plots.style import color, titled
 from lablib.results.tables import need
 
 if TYPE_CHECKING:
@@ -34,15 +34,14 @@ def anchor_bars(rows, title: str | None = None) -> go.Figure:
             marker_pattern_shape="" if lab else ".",
             hovertemplate=f"<b>{source}</b><br>%{{x}}: %{{y:.1f}} tokens/s<extra></extra>",
         )
-    fig.update_layout(
+    return titled(
+        fig,
+        title or "llama.cpp batched decode: the lab against llama-batched-bench",
+        x="sequences decoded together",
+        y="generated tokens/s (all sequences)",
         barmode="group",
-        template="plotly_white",
         legend_title_text="measured by",
-        title=title or "llama.cpp batched decode: the lab against llama-batched-bench",
-        yaxis_title="generated tokens/s (all sequences)",
-        xaxis_title="sequences decoded together",
     )
-    return fig
 
 
 # --- engine or model? (lablib.studies.compare) ----------------------------------------------------------

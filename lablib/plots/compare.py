@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from lablib.errors import LabError
-from lablib.plots.style import color
+from lablib.plots.style import color, titled
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -47,14 +47,13 @@ def kl_per_position(comparison, engine: str) -> go.Figure:
             marker=dict(symbol="x", size=11, color="#C0392B"),
             hoverinfo="skip",
         )
-    fig.update_layout(
-        template="plotly_white",
-        title=f"Next-token KL divergence, reference vs {engine}",
-        xaxis_title="prompt position (predicts the next token)",
-        yaxis_title="KL (nats)",
+    return titled(
+        fig,
+        f"Next-token KL divergence, reference vs {engine}",
+        x="prompt position (predicts the next token)",
+        y="KL (nats)",
         yaxis_type="log",
     )
-    return fig
 
 
 def topk_at_divergence(comparison, engine: str, k: int | None = None) -> go.Figure:
@@ -84,12 +83,11 @@ def topk_at_divergence(comparison, engine: str, k: int | None = None) -> go.Figu
             hovertemplate=f"{name}<br>%{{y}}: p = %{{x:.3f}}<extra></extra>",
         )
     shown = len(fig.data[0].x)
-    fig.update_layout(
-        template="plotly_white",
+    return titled(
+        fig,
+        f"Top-{shown} next tokens at generated position {pos}",
+        x="probability",
+        y="token (id)",
         barmode="group",
         yaxis_autorange="reversed",
-        title=f"Top-{shown} next tokens at generated position {pos}",
-        xaxis_title="probability",
-        yaxis_title="token (id)",
     )
-    return fig

@@ -9,7 +9,7 @@ a dashed one.
 
 from __future__ import annotations
 
-from lablib.plots.style import color, engine_order
+from lablib.plots.style import color, engine_order, titled
 from lablib.results.tables import PREFIX_AXES, need, nonempty, prefix_medians
 
 REUSE_DASH = {True: "solid", False: "dash"}
@@ -42,14 +42,7 @@ def _lines(med, axis: str, x_title: str, title: str):
                     hoverinfo="text",
                 )
             )
-    fig.update_layout(
-        title=title,
-        xaxis_title=x_title,
-        yaxis_title="TTFT, median (ms, log)",
-        yaxis_type="log",
-        template="plotly_white",
-    )
-    return fig
+    return titled(fig, title, x=x_title, y="TTFT, median (ms, log)", yaxis_type="log")
 
 
 def ttft_vs_shared(df, title: str | None = None):
@@ -104,10 +97,4 @@ def kept_memory(table, title: str | None = None):
                 hoverinfo="text",
             )
         )
-    fig.update_layout(
-        title=title or "What a kept prefix cache costs",
-        xaxis_title="cached tokens",
-        yaxis_title="KV cache kept (MB)",
-        template="plotly_white",
-    )
-    return fig
+    return titled(fig, title or "What a kept prefix cache costs", x="cached tokens", y="KV cache kept (MB)")

@@ -7,7 +7,7 @@ Each function takes a pandas DataFrame of ladder rows (``lablib.results.store.lo
 
 from __future__ import annotations
 
-from lablib.plots.style import ENGINE_SYMBOL, color
+from lablib.plots.style import ENGINE_SYMBOL, color, titled
 from lablib.results.tables import need, nonempty
 
 LADDER_ROWS = "lablib.studies.ladder.run_ladder or `lablib quantize --out FILE`"
@@ -72,30 +72,38 @@ def pareto_front(df, x: str, y: str, higher_is_better: bool):
     return d.loc[keep]
 
 
-def quality_vs_size(df, metric: str = "kl_mean"):
-    """KL divergence (or another quality column) against file bytes, front drawn; log-log for KL.
-
-    Log axes: rungs and engines differ in KL by orders of magnitude (Q8_0 against Q2_K, float32 against
-    4-bit), and on a linear axis every file but the worst would lie on the floor."""
+def _against_size(d, metric: str, what: str, *, ylog: bool, higher_is_better: bool, title: str, y_title: str):
+    """``metric`` of each rung in ``d`` against its file size (log x; a point per rung, :func:`_scatter`), the
+    Pareto front of smaller and better dotted through them (:func:`pareto_front`)."""
     import plotly.graph_objects as go
 
-    _need(df, ["bytes", metric, "type", "engine"], "quality vs size")
-    d = df[df[metric] > 0] if metric.startswith("kl") else df
-    fig = _scatter(d, "bytes", metric, "quality", ylog=metric.startswith("kl"))
-    front = pareto_front(d, "bytes", metric, higher_is_better=metric == "top1")
+    fig = _scatter(d, "bytes", metric, what, ylog=ylog)
+    front = pareto_front(d, "bytes", metric, higher_is_better=higher_is_better)
     fig.add_trace(
         go.Scatter(
             x=front["bytes"], y=front[metric], mode="lines", name="Pareto front", line={"dash": "dot", "color": "gray"}
         )
     )
+    return titled(fig, title, x="file size (bytes, log)", y=y_title)
+
+
+def quality_vs_size(df, metric: str = "kl_mean"):
+    """KL divergence (or another quality column) against file bytes, front drawn; log-log for KL.
+
+    Log axes: rungs and engines differ in KL by orders of magnitude (Q8_0 against Q2_K, float32 against
+    4-bit), and on a linear axis every file but the worst would lie on the floor."""
+    _need(df, ["bytes", metric, "type", "engine"], "quality vs size")
+    d = df[df[metric] > 0] if metric.startswith("kl") else df
     better = "upper-left" if metric == "top1" else "lower-left"
-    fig.update_layout(
-        template="plotly_white",
+    return _against_size(
+        d,
+        metric,
+        "quality",
+        ylog=metric.startswith("kl"),
+        higher_is_better=metric == "top1",
         title=_title(df, f"Quality against file size: {_words(metric)} ({better} is better)"),
-        xaxis_title="file size (bytes, log)",
-        yaxis_title=_words(metric).replace("(nats)", "(nats, log)"),
+        y_title=_words(metric).replace("(nats)", "(nats, log)"),
     )
-    return fig
 
 
 def speed_vs_size(df, metric: str = "decode_tps"):
@@ -104,24 +112,16 @@ def speed_vs_size(df, metric: str = "decode_tps"):
     Why log y: the rungs of one engine differ by a few times, but engines differ by up to 100x (MLX on
     Linux against llama.cpp), and on a linear axis the slow engine's points lie on the floor; on a log
     axis every engine's points keep their spread, and the same ratio is the same height for each."""
-    import plotly.graph_objects as go
-
     _need(df, ["bytes", metric, "type", "engine"], "speed vs size")
-    d = df.dropna(subset=[metric])
-    fig = _scatter(d, "bytes", metric, "speed", ylog=True)
-    front = pareto_front(d, "bytes", metric, higher_is_better=True)
-    fig.add_trace(
-        go.Scatter(
-            x=front["bytes"], y=front[metric], mode="lines", name="Pareto front", line={"dash": "dot", "color": "gray"}
-        )
-    )
-    fig.update_layout(
-        template="plotly_white",
+    return _against_size(
+        df.dropna(subset=[metric]),
+        metric,
+        "speed",
+        ylog=True,
+        higher_is_better=True,
         title=_title(df, f"Speed against file size: {_words(metric)} (upper-left is better; shared CPU: noisy)"),
-        xaxis_title="file size (bytes, log)",
-        yaxis_title=_words(metric).replace("(tokens/s)", "(tokens/s, log)"),
+        y_title=_words(metric).replace("(tokens/s)", "(tokens/s, log)"),
     )
-    return fig
 
 
 def type_mix(df):
@@ -155,14 +155,11 @@ def decode_vs_bytes_per_token(df):
     _need(df, ["bytes_per_token", "decode_tps", "type", "engine"], "decode vs bytes per token")
     d = df.dropna(subset=["decode_tps"])
     fig = _scatter(d, "bytes_per_token", "decode_tps", "decode", xlog=True, ylog=True)
-    fig.update_layout(
-        template="plotly_white",
-        title=(
-            "Does decode speed follow the bytes read per token?"
-            "<br><sup>memory-bound: tokens/s ≈ bandwidth / bytes, a line of slope -1 on these log axes;"
-            " shared CPU: noisy</sup>"
-        ),
-        xaxis_title="weight bytes read per decoded token (log)",
-        yaxis_title="decode (tokens/s, log)",
+    return titled(
+        fig,
+        "Does decode speed follow the bytes read per token?"
+        "<br><sup>memory-bound: tokens/s ≈ bandwidth / bytes, a line of slope -1 on these log axes;"
+        " shared CPU: noisy</sup>",
+        x="weight bytes read per decoded token (log)",
+        y="decode (tokens/s, log)",
     )
-    return fig

@@ -9,7 +9,7 @@ compute type, meeting at the ridge (intensity = peak / bandwidth). :func:`batch_
 
 from __future__ import annotations
 
-from lablib.plots.style import color, engine_order
+from lablib.plots.style import color, engine_order, titled
 from lablib.results.tables import need as _need, nonempty as _nonempty, ok_rows as _ok
 
 PHASE_SYMBOL = {"prefill": "circle", "decode": "diamond-open"}
@@ -98,16 +98,15 @@ def roofline(df, title: str | None = None):
                     "bound<extra></extra>"
                 ),
             )
-    fig.update_layout(
-        template="plotly_white",
-        title=title or "Roofline: measured prefill and decode against this machine's ceilings",
-        xaxis_title="arithmetic intensity (FLOP per byte of memory traffic)",
-        yaxis_title="attained FLOP/s",
+    return titled(
+        fig,
+        title or "Roofline: measured prefill and decode against this machine's ceilings",
+        x="arithmetic intensity (FLOP per byte of memory traffic)",
+        y="attained FLOP/s",
         xaxis_type="log",
         yaxis_type="log",
         legend_title_text="",
     )
-    return fig
 
 
 def batch_figure(sweep_df, measured=None, title: str | None = None):
@@ -155,12 +154,11 @@ def batch_figure(sweep_df, measured=None, title: str | None = None):
                 marker=dict(size=11, color=color(engine), symbol="x"),
                 hovertemplate="concurrency %{x}<br>%{y:.0f} output tokens/s<extra></extra>",
             )
-    fig.update_layout(
-        template="plotly_white",
+    return titled(
+        fig,
+        title or f"Decode against batch size on {sweep_df.attrs.get('machine', 'the machine')}",
+        x="sequences decoded together (batch size)",
+        y="decode tokens/s, all sequences",
         xaxis_type="log",
         yaxis_type="log",
-        title=title or f"Decode against batch size on {sweep_df.attrs.get('machine', 'the machine')}",
-        xaxis_title="sequences decoded together (batch size)",
-        yaxis_title="decode tokens/s, all sequences",
     )
-    return fig

@@ -1,7 +1,7 @@
 """The lab's one figure style: each engine keeps one colour everywhere, phases and modes one look.
 
-Figures of every subject (:mod:`lablib.plots.sweeps`, ``.roofline``, ``.quant``, ``.prefix``, ``.compare``,
-``.anchors``) take their colours, dashes, symbols and the order of engines from here.
+Figures of every subject (:mod:`lablib.plots.phases`, ``.context``, ``.concurrency``, ``.roofline``, ``.quant``,
+``.prefix``, ``.compare``, ``.anchors``) take their colours, dashes, symbols and the order of engines from here.
 """
 
 from __future__ import annotations
@@ -44,6 +44,12 @@ def color(engine: str) -> str:
 def mode_dash(mode: str) -> str:
     """Line style of a scheduling mode: serial dashed, batched solid."""
     return MODE_DASH.get(mode, "dot")
+
+
+def titled(fig, title: str, x: str, y: str, **layout):
+    """``fig`` in the lab's template (``plotly_white``), titled ``title``, its axes ``x`` and ``y``, with any other
+    ``fig.update_layout`` keywords in ``layout``; returns ``fig``."""
+    return fig.update_layout(template="plotly_white", title=title, xaxis_title=x, yaxis_title=y, **layout)
 
 
 def engine_order(df) -> list[str]:

@@ -219,6 +219,11 @@ def table_with_rows(table, rows, server_rows=None) -> pd.DataFrame:
     return df
 
 
+def _medians(*cols: str) -> dict:
+    """Named aggregations for ``groupby(...).agg(**...)``: each of ``cols``' median, under its own name."""
+    return {c: (c, "median") for c in cols}
+
+
 def summary_table(df) -> pd.DataFrame:
     """Per engine and prompt length: medians of prefill, TTFT, prefill tokens/s, TPOT, decode tokens/s,
     e2e, and the e2e spread (min, max), seconds; the output tokens and repetitions behind them."""
@@ -226,12 +231,7 @@ def summary_table(df) -> pd.DataFrame:
     return g.agg(
         output_tokens=("output_tokens", "first"),
         reps=("e2e_s", "size"),
-        prefill_s=("prefill_s", "median"),
-        ttft_s=("ttft_s", "median"),
-        prefill_tps=("prefill_tps", "median"),
-        tpot_s=("tpot_s", "median"),
-        decode_tps=("decode_tps", "median"),
-        e2e_s=("e2e_s", "median"),
+        **_medians("prefill_s", "ttft_s", "prefill_tps", "tpot_s", "decode_tps", "e2e_s"),
         e2e_min_s=("e2e_s", "min"),
         e2e_max_s=("e2e_s", "max"),
         dtype=("dtype", "first"),
@@ -255,9 +255,7 @@ def context_medians(df) -> pd.DataFrame:
     d = d.assign(tpot_ms=d["tpot_s"].astype(float) * 1000.0)
     g = d.groupby(["engine", "prompt_tokens"], sort=False)
     med = g.agg(
-        prefill_s=("prefill_s", "median"),
-        decode_s=("decode_s", "median"),
-        prefill_tps=("prefill_tps", "median"),
+        **_medians("prefill_s", "decode_s", "prefill_tps"),
         prefill_tps_min=("prefill_tps", "min"),
         prefill_tps_max=("prefill_tps", "max"),
         tpot_ms=("tpot_ms", "median"),
@@ -411,13 +409,11 @@ def prefix_medians(df, sweep: str = "prefix_shared") -> pd.DataFrame:
         "run lablib.studies.prefix.shared_prefix(...) or lablib.studies.prefix.chat(...)",
     )
     need(d, ["engine", "reuse", axis, "ttft_s", "prefill_s", "prompt_tokens", "cached_tokens"], f"{sweep} table")
-    cols = {"ttft_s": "median", "prefill_s": "median", "prompt_tokens": "median", "cached_tokens": "median"}
+    cols = ["ttft_s", "prefill_s", "prompt_tokens", "cached_tokens"]
     if "evaluated_tokens" in d.columns:
-        cols["evaluated_tokens"] = "median"
+        cols.append("evaluated_tokens")
     d = d.assign(reuse=d["reuse"].astype(bool))
-    med = d.groupby(["engine", axis, "reuse"], sort=False).agg(
-        **{k: (k, v) for k, v in cols.items()}, n=("ttft_s", "size")
-    )
+    med = d.groupby(["engine", axis, "reuse"], sort=False).agg(**_medians(*cols), n=("ttft_s", "size"))
     med = med.reset_index()
     base = med[~med["reuse"]].set_index(["engine", axis])["ttft_s"]
     key = list(zip(med["engine"], med[axis]))
@@ -458,11 +454,5 @@ def bound_table(df) -> pd.DataFrame:
     (:func:`lablib.studies.roofline.add_bound_columns`)."""
     keys = ["engine", "weights", "prompt_tokens"] if "weights" in df.columns else ["engine", "prompt_tokens"]
     g = df.groupby(keys, sort=False, dropna=False)
-    return g.agg(
-        prefill_tps=("prefill_tps", "median"),
-        prefill_bound_tps=("prefill_bound_tps", "median"),
-        prefill_pct_of_bound=("prefill_pct_of_bound", "median"),
-        decode_tps=("decode_tps", "median"),
-        decode_bound_tps=("decode_bound_tps", "median"),
-        decode_pct_of_bound=("decode_pct_of_bound", "median"),
-    ).reset_index()
+    cols = [f"{phase}_{what}" for phase in ("prefill", "decode") for what in ("tps", "bound_tps", "pct_of_bound")]
+    return g.agg(**_medians(*cols)).reset_index()

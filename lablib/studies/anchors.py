@@ -31,29 +31,7 @@ def llama_bench(gguf: str, test: str, threads: int, n_batch: int, flash: str, re
     """llama-bench's tok/s for one test of :data:`SINGLE` (its own average over ``reps`` runs)."""
     depth, new = SINGLE[test]
     args = ["-p", "512", "-n", "0"] if new == 0 else ["-p", "0", "-n", str(new), "-d", str(depth)]
-    out = subprocess.run(
-        [
-            str(_tool("llama-bench")),
-            "-m",
-            gguf,
-            "-t",
-            str(threads),
-            "-b",
-            str(n_batch),
-            "-ub",
-            str(n_batch),
-            "-fa",
-            flash,
-            "-r",
-            str(reps),
-            "-o",
-            "jsonl",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    out = _run_tool("llama-bench", gguf, threads, n_batch, flash, "-r", str(reps), "-o", "jsonl", *args).stdout
     return json.loads(out.strip().splitlines()[-1])["avg_ts"]
 
 
@@ -73,34 +51,8 @@ def batched_bench(
 ) -> dict[int, float]:
     """llama-batched-bench's ``S_TG`` (generated tokens/s across the batch) for each B in ``batches``."""
     b_max = max(batches)
-    out = subprocess.run(
-        [
-            str(_tool("llama-batched-bench")),
-            "-m",
-            gguf,
-            "-t",
-            str(threads),
-            "-c",
-            str(b_max * (pp + tg) + 16),
-            "-b",
-            str(n_batch),
-            "-ub",
-            str(n_batch),
-            "-fa",
-            flash,
-            "-npp",
-            str(pp),
-            "-ntg",
-            str(tg),
-            "-npl",
-            ",".join(str(b) for b in batches),
-            "--output-format",
-            "jsonl",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    sizes = ["-c", str(b_max * (pp + tg) + 16), "-npp", str(pp), "-ntg", str(tg), "-npl", ",".join(map(str, batches))]
+    out = _run_tool("llama-batched-bench", gguf, threads, n_batch, flash, *sizes, "--output-format", "jsonl")
     rows = [json.loads(line) for line in (out.stdout + out.stderr).splitlines() if line.startswith("{")]
     return {int(r["pl"]): float(r["speed_tg"]) for r in rows}
 
@@ -138,6 +90,15 @@ def batched_rows(
         rows.append({"source": "llama-batched-bench", "concurrency": b, "output_tps": anchor[b]})
         rows.append({"source": "lab", "concurrency": b, "output_tps": lab_batched(model, b, pp, tg, threads)})
     return rows
+
+
+def _run_tool(name: str, gguf: str, threads: int, n_batch: int, flash: str, *args: str):
+    """llama.cpp's program ``name`` on ``gguf`` with the lab engine's settings (``-t`` threads, ``-b`` and
+    ``-ub`` the batch, ``-fa`` flash attention), then ``args``; its output captured (CalledProcessError
+    when it fails)."""
+    tool = str(_tool(name))
+    argv = [tool, "-m", gguf, "-t", str(threads), "-b", str(n_batch), "-ub", str(n_batch), "-fa", flash, *args]
+    return subprocess.run(argv, capture_output=True, text=True, check=True)
 
 
 def _tool(name: str):

@@ -248,26 +248,21 @@ def llama_perplexity_kld(
         "-fa",
         flash_attn,
     ]
-    if not base.is_file():
+
+    def perplexity(model, failed: str, *more: str):
+        """One run of the tool on ``model`` with the common flags, the base file and ``more``; LabError
+        "``failed`` (exit N): the last line of its stderr" when it fails."""
         r = subprocess.run(
-            [str(tool), "-m", str(reference), *common, "--kl-divergence-base", str(base)],
+            [str(tool), "-m", str(model), *common, "--kl-divergence-base", str(base), *more],
             capture_output=True,
             text=True,
             timeout=timeout,
         )
         if r.returncode != 0:
-            raise LabError(
-                f"llama-perplexity failed on the reference (exit {r.returncode}): {r.stderr.strip().splitlines()[-1:]}"
-            )
-    r = subprocess.run(
-        [str(tool), "-m", str(candidate), *common, "--kl-divergence-base", str(base), "--kl-divergence"],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if r.returncode != 0:
-        raise LabError(
-            f"llama-perplexity --kl-divergence failed on {candidate} (exit {r.returncode}): "
-            f"{r.stderr.strip().splitlines()[-1:]}"
-        )
+            raise LabError(f"{failed} (exit {r.returncode}): {r.stderr.strip().splitlines()[-1:]}")
+        return r
+
+    if not base.is_file():
+        perplexity(reference, "llama-perplexity failed on the reference")
+    r = perplexity(candidate, f"llama-perplexity --kl-divergence failed on {candidate}", "--kl-divergence")
     return parse_kld_output(r.stdout + r.stderr)
