@@ -42,6 +42,7 @@ from lablib.results.trace import RequestTrace, now
 LOAD_SHAPES = ("closed", "open")
 ARRIVALS = ("constant", "poisson", "gamma")
 MAX_REQUESTS = 100_000
+STOP_POLL_S = 0.05  # how often a sleeping open loop looks at run_load's stop event (s): a Cancel takes effect within it
 
 
 def arrival_schedule(
@@ -90,6 +91,7 @@ def run_load(
     schedule: list[float] | None = None,
     max_new_tokens: list[int] | None = None,
     client_probe=None,
+    stop: threading.Event | None = None,
     **labels,
 ) -> list[dict]:
     """Send ``prompts`` (token ids, one request each) to an HTTP engine in a load shape; one row per request.
@@ -110,7 +112,10 @@ def run_load(
     ``schedule``: an open loop's own send times, seconds after the run's start, one per prompt,
     non-decreasing (a trace replay, :mod:`lablib.measure.replay`), instead of ``rate`` (rows: ``rate``
     None, ``arrival`` "schedule"). ``max_new_tokens``: one output budget per prompt (tokens; each
-    request's ``cfg`` with its own), instead of ``cfg.max_new_tokens`` for all.
+    request's ``cfg`` with its own), instead of ``cfg.max_new_tokens`` for all. ``stop``: a
+    :class:`threading.Event` another thread may set (a panel's Cancel): from then on no request is sent (a
+    sleeping schedule wakes within :data:`STOP_POLL_S`), those in flight finish and give their rows; the
+    requests never sent give none.
     """
     from lablib.engines.http import HTTPEngine
     from lablib.results.store import engine_manifest
@@ -174,7 +179,7 @@ def run_load(
     if client_probe is not None:  # after the manifest and prompts: work before the run is no token's delay
         client_probe.start(engine)
     try:
-        return _drive(engine, prompts, mode, concurrency, schedule, cfgs, max_duration_s, manifest, base, on_row)
+        return _drive(engine, prompts, mode, concurrency, schedule, cfgs, max_duration_s, manifest, base, on_row, stop)
     finally:
         if client_probe is not None:
             client_probe.stop()
@@ -217,13 +222,13 @@ def _check_schedule(schedule, n) -> list[float]:
     return [float(t) for t in times]
 
 
-def _drive(engine, prompts, mode, concurrency, schedule, cfgs, max_duration_s, manifest, base, on_row):
+def _drive(engine, prompts, mode, concurrency, schedule, cfgs, max_duration_s, manifest, base, on_row, stop=None):
     """The run on the engine's event loop; rows to ``on_row`` in the calling thread (``cfgs``: one per prompt)."""
     rows_q = _Rows()
     run = (
-        _closed(engine, prompts, concurrency, cfgs, max_duration_s, manifest, base, rows_q)
+        _closed(engine, prompts, concurrency, cfgs, max_duration_s, manifest, base, rows_q, stop)
         if mode == "closed"
-        else _open(engine, prompts, schedule, concurrency, cfgs, max_duration_s, manifest, base, rows_q)
+        else _open(engine, prompts, schedule, concurrency, cfgs, max_duration_s, manifest, base, rows_q, stop)
     )
     ended = threading.Event()
 
@@ -380,7 +385,7 @@ async def _bounded(tasks, deadline):
         await asyncio.gather(*pending, return_exceptions=True)
 
 
-async def _closed(engine, prompts, clients, cfgs, max_duration_s, manifest, base, emit):
+async def _closed(engine, prompts, clients, cfgs, max_duration_s, manifest, base, emit, stop=None):
     t0 = now()
     deadline = t0 + max_duration_s
     nxt = iter(range(len(prompts)))
@@ -388,7 +393,7 @@ async def _closed(engine, prompts, clients, cfgs, max_duration_s, manifest, base
     async def client(c):
         t_submit = t0
         for i in nxt:
-            if now() >= deadline:
+            if now() >= deadline or (stop is not None and stop.is_set()):
                 return
             await _one(engine, prompts[i], cfgs[i], t_submit, manifest, dict(base, request_index=i, client=c), emit)
             t_submit = now()  # the client sends its next request the moment this one finished
@@ -396,7 +401,7 @@ async def _closed(engine, prompts, clients, cfgs, max_duration_s, manifest, base
     await _bounded([asyncio.ensure_future(client(c)) for c in range(min(clients, len(prompts)))], deadline)
 
 
-async def _open(engine, prompts, schedule, cap, cfgs, max_duration_s, manifest, base, emit):
+async def _open(engine, prompts, schedule, cap, cfgs, max_duration_s, manifest, base, emit, stop=None):
     t0 = now()
     deadline = t0 + max_duration_s
     sem = asyncio.Semaphore(cap) if cap else None
@@ -422,7 +427,8 @@ async def _open(engine, prompts, schedule, cap, cfgs, max_duration_s, manifest, 
             )
             raise
         try:
-            await _one(engine, prompts[i], cfgs[i], t_sched, manifest, labels, emit)
+            if stop is None or not stop.is_set():  # stopped while it waited for the cap: never sent
+                await _one(engine, prompts[i], cfgs[i], t_sched, manifest, labels, emit)
         finally:
             sem.release()
 
@@ -432,8 +438,11 @@ async def _open(engine, prompts, schedule, cap, cfgs, max_duration_s, manifest, 
             if t_sched >= deadline:
                 break
             delay = t_sched - now()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            while delay > 0 and not (stop is not None and stop.is_set()):
+                await asyncio.sleep(delay if stop is None else min(delay, STOP_POLL_S))
+                delay = t_sched - now()
+            if stop is not None and stop.is_set():
+                break
             tasks.append(asyncio.ensure_future(send(i, t_sched, now())))
     except asyncio.CancelledError:  # the run itself was stopped while it scheduled
         for t in tasks:

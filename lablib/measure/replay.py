@@ -353,6 +353,7 @@ def replay(
     server_metrics=None,
     corpus: str = "prose",
     client_probe=None,
+    stop=None,
 ) -> list[dict]:
     """Send ``plan`` to the HTTP ``engine`` on its own times: :func:`lablib.measure.load.run_load`, open loop,
     ``schedule`` = :meth:`Replay.schedule`, ``max_new_tokens`` = each request's output length (``cfg``'s
@@ -363,7 +364,8 @@ def replay(
     Rows (run_load's, finish order) also carry :data:`ROW_COLUMNS`: the trace and scale factors, and per
     request its ``trace_index``, unscaled lengths, ``session``/``turn``, ``hash_ids``, ``prefix_blocks``,
     ``reusable_tokens`` (:func:`perfect_reuse`); added before ``on_row(row)`` sees the row. ``client_probe``: a
-    :class:`lablib.measure.headroom.LoopLagProbe` on the loop that stamps the tokens (run_load's)."""
+    :class:`lablib.measure.headroom.LoopLagProbe` on the loop that stamps the tokens (run_load's). ``stop``:
+    run_load's (a threading.Event: once set, nothing more is sent; the requests in flight finish)."""
     from lablib.engines.base import GenerationConfig
     from lablib.measure.load import run_load
     from lablib.results.store import engine_manifest
@@ -402,6 +404,7 @@ def replay(
         on_row=add,
         server_metrics=server_metrics,
         client_probe=client_probe,
+        stop=stop,
         **plan.labels(),
     )
 

@@ -12,7 +12,6 @@ click.
 from __future__ import annotations
 
 import datetime as _dt
-import html
 import json
 import threading
 import time
@@ -25,6 +24,7 @@ from lablib.engines import IN_PROCESS, NAMES as ENGINE_NAMES
 from lablib.errors import LabError
 from lablib.measure import sweep
 from lablib.measure.closed_loop import SCHEDULING_MODES
+from lablib.ui.background import BackgroundRun
 
 KINDS = ("context", "concurrency")
 
@@ -69,7 +69,28 @@ def _figure_widget():
         return None
 
 
-class SweepPanel:
+def show_figure(fw, fig) -> None:
+    """Put plotly figure ``fig`` in the panel's figure ``fw``: a FigureWidget redrawn in one batch, or an
+    ipywidgets.Output (no anywidget) whose one output is replaced; works from a run's thread too."""
+    if hasattr(fw, "batch_update"):
+        with fw.batch_update():
+            fw.data = ()
+            fw.layout = fig.layout
+            fw.add_traces(list(fig.data))
+    else:
+        fw.outputs = (
+            {
+                "output_type": "display_data",
+                "metadata": {},
+                "data": {
+                    "application/vnd.plotly.v1+json": json.loads(fig.to_json()),
+                    "text/plain": f"<plotly figure: {fig.layout.title.text}>",
+                },
+            },
+        )
+
+
+class SweepPanel(BackgroundRun):
     """A sweep form: engines, prompt lengths, concurrency levels, modes, output tokens, repetitions,
     requests, results file, Run / Cancel, progress with ETA, and a live figure.
 
@@ -91,7 +112,6 @@ class SweepPanel:
         self.error: str | None = None
         self.last_figure = None
         self.cancel_event = threading.Event()
-        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._t0 = 0.0
         self._draw_error_shown = False
@@ -214,13 +234,7 @@ class SweepPanel:
 
     def show_message(self, text: str, error: bool = False, details: str | None = None) -> None:
         """Show ``text`` in the panel (red when ``error``; ``details`` folded below it)."""
-        body = html.escape(text)
-        if details:
-            body += f"<details><summary>details</summary><pre>{html.escape(details)}</pre></details>"
-        color = "#B00020" if error else "#333"
-        self.message.value = f"<div style='color:{color};white-space:pre-wrap'>{body}</div>"
-        if error:
-            self.error = text
+        self._say(self.message, text, error, details)
 
     # --- the plan -----------------------------------------------------------------------------
     def plan(self) -> dict:
@@ -252,27 +266,15 @@ class SweepPanel:
         return {"kind": kind, "kwargs": kwargs, "total": total}
 
     # --- running ------------------------------------------------------------------------------
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> threading.Thread | None:
         """Run the sweep in a background thread (what Run does). Returns the thread, or None when the
         input is invalid (the message is shown in the panel) or a sweep is already running."""
-        if self.running:
-            self.show_message("a sweep is already running: wait for it or press Cancel")
-            return None
-        plan = self._plan_or_message()
-        if plan is None:
-            return None
-        self._thread = threading.Thread(target=self._execute, args=(plan, False), daemon=True, name="lablib-sweep")
-        self._thread.start()
-        return self._thread
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Wait for a background sweep to end."""
-        if self._thread is not None:
-            self._thread.join(timeout)
+        return self._start_background(
+            self._plan_or_message,
+            "lablib-sweep",
+            lambda: self.show_message("a sweep is already running: wait for it or press Cancel"),
+        )
 
     def cancel(self) -> None:
         """Ask the sweep to stop after the request in flight (what Cancel does)."""
@@ -380,22 +382,7 @@ class SweepPanel:
             return
         self.last_figure = fig
         fw = self.figure
-        if hasattr(fw, "batch_update"):
-            with fw.batch_update():
-                fw.data = ()
-                fw.layout = fig.layout
-                fw.add_traces(list(fig.data))
-        else:  # ipywidgets.Output (no anywidget): replace its one output; works from a thread too
-            fw.outputs = (
-                {
-                    "output_type": "display_data",
-                    "metadata": {},
-                    "data": {
-                        "application/vnd.plotly.v1+json": json.loads(fig.to_json()),
-                        "text/plain": f"<plotly figure: {fig.layout.title.text}>",
-                    },
-                },
-            )
+        show_figure(fw, fig)
 
 
 def sweep_panel(model=None, kind: str = "context", out: str | None = None) -> SweepPanel:
