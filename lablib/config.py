@@ -54,6 +54,14 @@ BUDGETS = {
     },
     # lab 08: a chat, each turn reusing the previous ones (or not); output tokens per answer at most
     "prefix_chat": {"turns": (3, 6), "max_new_tokens": (8, 32)},
+    # lab 10, structured output (lablib.studies.decoding.structured): output budget (tokens; the shipped schemas'
+    # answers take 30-60), constrained and free requests per schema after the first, and the schemas (files in
+    # data/schemas: person, order, weather)
+    "structured": {
+        "max_new_tokens": (64, 96),
+        "reps": (1, 3),
+        "schemas": (("person",), ("person", "order", "weather")),
+    },
     # concurrency sweep; requests per run default to requests_per_client x C
     "concurrency": {
         "max_new_tokens": (8, 32),
@@ -113,6 +121,19 @@ BUDGETS = {
     # lab 07 (lablib.machine.ceilings.measure_machine): repetitions of each micro-benchmark, matmul size n
     # (about 1 s quick, 10 s full on two cores)
     "machine": {"reps": (3, 5), "matmul_n": (1024, 2048)},
+    # lab 10, speculative decoding (lablib.studies.decoding.speculative): the engines (in-process names and servers
+    # the lab starts, comma-separated), draft lengths k, text kinds, the target and the drafts (lab 06's GGUF kinds,
+    # for a GGUF server), output tokens, requests per arm after a warm-up, streams in flight (1, then batching)
+    "speculative": {
+        "engines": ("llama.cpp,llama-server", "llama.cpp,transformers,llama-server"),
+        "ks": ((4,), (2, 4, 6)),
+        "texts": (("repetitive", "prose"), ("prose", "code", "repetitive")),
+        "target": ("F16", "F16"),
+        "drafts": (("Q4_0",), ("Q8_0", "Q4_0", "Q2_K")),
+        "max_new_tokens": (12, 48),
+        "reps": (3, 3),  # the median of 3: one request slowed by a busy machine moves no number
+        "parallel": ((1,), (1, 2)),
+    },
     # `lablib roofline`: the run measured now for an engine without rows from this machine and model
     "roofline": {"prompt_tokens": (64, 64), "max_new_tokens": (32, 32), "reps": (3, 3)},
 }

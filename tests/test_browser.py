@@ -42,8 +42,9 @@ NB01 = "01_one_model_three_engines.ipynb"
 NB02 = "02_prefill_vs_decode.ipynb"
 NB05 = "05_serving.ipynb"
 NB09 = "09_scheduler.ipynb"
+NB10 = "10_decoding_tricks.ipynb"
 # the notebooks these tests run: conftest.py leaves them out of nbval in a session that runs these tests
-BROWSER_NOTEBOOKS = (NB01, NB02, NB05, NB09)
+BROWSER_NOTEBOOKS = (NB01, NB02, NB05, NB09, NB10)
 CHROMIUM = os.environ.get("LABLIB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
@@ -60,8 +61,9 @@ VIEWPORT = {"width": 1400, "height": 1000}
 
 NB05_EXTRA_S = 360  # lab 05's vLLM servers: their start and their runs (on a busy 2-core machine)
 NB09_S = 540  # lab 09: five llama-servers and a vLLM, about 4 minutes under nbval on a quiet 2-core machine
+NB10_S = 420  # lab 10: two llama-servers, llama.cpp and transformers, about 3 minutes on a quiet 2-core machine
 # every wait below is cut to what is left of this; the watchdog fires 30 s after it
-MODULE_BUDGET_S = 570 + NB05_EXTRA_S + NB09_S
+MODULE_BUDGET_S = 570 + NB05_EXTRA_S + NB09_S + NB10_S
 _CLOCK = {"t0": None}  # set when this module's first browser fixture starts (not at collection)
 CONSOLE: dict[str, list[str]] = {}  # the browser console's errors, per notebook
 
@@ -709,3 +711,34 @@ def test_notebook_09_runs_in_the_browser(browser, lab_server):
     finally:
         page.close()
         lab_server.shutdown_kernels()  # the notebook stops the servers it started; engines' memory back
+
+
+# lab 10's figures, by the start of their titles (lablib.plots.speculative and plots.structured)
+NB10_FIGURES = (
+    "Speculative decoding: measured and predicted speedup",
+    "Acceptance by position in the draft",
+    "What a grammar buys",
+    "What a grammar costs each step",
+)
+
+
+def test_notebook_10_runs_in_the_browser(browser, lab_server):
+    """Lab 10 speculates on llama.cpp and llama-server and constrains llama.cpp and transformers from a kernel the
+    browser drives: its speedup and acceptance figures and its two structured-output figures are each drawn with
+    data in them (the values are tests/test_speculative.py's and tests/test_structured.py's)."""
+    page = open_notebook(browser, lab_server, NB10)
+    try:
+        run = run_all(page, NB10, NB10_S)
+        full_screenshot(page, NB10, "10_decoding_tricks.png")
+        assert_screen_ok(page, NB10, run)
+        figures = page.evaluate(FIGURES_JS, NB10)
+        print(f"[browser test] {NB10}: figures {figures}")
+        titles = [f["title"] for f in figures]
+        for start in NB10_FIGURES:
+            assert any(t.startswith(start) for t in titles), f"no figure titled {start!r}...: {titles}"
+        for f in figures:
+            drawn = [t for t in f["traces"] if t["visible"] and t["n"]]
+            assert drawn and f["points"] + f["lines"] > 0, f"{f['title']!r} drew nothing: {f}"
+    finally:
+        page.close()
+        lab_server.shutdown_kernels()

@@ -2,7 +2,8 @@
 (``vllm_server`` in conftest.py: prefix caching off) and, in this module, one started with prefix
 caching on, in the same configuration (2 sequences of 512 tokens: vLLM's compile cache is reused).
 Every number below is the servers' own: TTFTs on the lab's clock, counters from their /metrics. The
-module's last test kills the prefix-caching server mid-stream (serving under faults, on vLLM).
+module's last tests check lab 10's n-gram speculation on that server (it speculates too), then kill it
+mid-stream (serving under faults, on vLLM).
 """
 
 import time
@@ -10,7 +11,7 @@ import time
 import pytest
 
 from killed_runs import classify, killed_run, port_free
-from lablib.engines.servers import VLLM_BLOCK_TOKENS, changed_steps, start_server, vllm_dtype
+from lablib.engines.servers import VLLM_BLOCK_TOKENS, changed_steps, speculation_options, start_server, vllm_dtype
 from lablib.errors import LabError
 from lablib.studies import serving
 from procs import BOUND_S
@@ -21,9 +22,16 @@ pytestmark = pytest.mark.engine
 @pytest.fixture(scope="module")
 def vllm_cached(vllm_server, model):
     """vLLM with prefix caching on, in the measured server's configuration (started after it: its compile
-    cache is written)."""
+    cache is written), and n-gram speculation (k=3, lab 10) so that one start serves both subjects: neither
+    changes what the other counts (prompt blocks hit; tokens drafted and accepted)."""
     srv = start_server(
-        "vllm", model, parallel=serving.VLLM_PARALLEL, n_ctx=serving.VLLM_N_CTX, prefix_caching=True, log=print
+        "vllm",
+        model,
+        parallel=serving.VLLM_PARALLEL,
+        n_ctx=serving.VLLM_N_CTX,
+        prefix_caching=True,
+        options=speculation_options("vllm", "ngram", 3),
+        log=print,
     )
     yield srv
     srv.stop()
@@ -114,6 +122,33 @@ def test_start_progress_lines_pass_only_when_the_step_changes():
     say("vllm: starting, 15 s: Warming up")
     say("vllm: starting, 75 s: Warming up")
     assert len(every) == 2
+
+
+def test_vllm_ngram_speculation_lossless_and_counted(vllm_server, vllm_cached, model):
+    """Lab 10 on vLLM: greedy output with n-gram speculation equals the same vLLM's without it, token for
+    token, on a repetitive text (prompt lookup finds its continuation); vLLM's own counters say what was drafted
+    and accepted, by position, and a verified run arrives in one chunk."""
+    from lablib.engines.base import GenerationConfig
+    from lablib.engines.http.metrics import speculation_counters
+    from lablib.measure.workload import text_ids
+    from lablib.studies.decoding import speculative as sp
+
+    ids, cfg = text_ids(model, sp.TEXTS["repetitive"]), GenerationConfig(max_new_tokens=16)
+    plain_engine, spec_engine = vllm_server.engine(model), vllm_cached.engine(model)
+    try:
+        plain = plain_engine.generate(ids, cfg)
+        before = speculation_counters(vllm_cached.base_url)
+        tr = spec_engine.generate(ids, cfg)
+        after = speculation_counters(vllm_cached.base_url)
+    finally:
+        plain_engine.close()
+        spec_engine.close()
+    assert tr.token_ids == plain.token_ids and len(tr.token_ids) == 16
+    d = sp._metric_delta(before, after)
+    assert d["draft_n"] >= d["draft_n_accepted"] > 0
+    assert sum(d["accepted_by_position"].values()) == d["draft_n_accepted"]
+    assert max(tr.chunk_tokens) > 1  # a verified run arrived in one chunk
+    print(f"vLLM ngram k=3: {d}")
 
 
 def test_vllm_killed_mid_stream_keeps_every_request_and_takes_its_engine_core(vllm_cached, model, tmp_path):

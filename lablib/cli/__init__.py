@@ -21,6 +21,8 @@
     lablib quantize [--types Q8_0,Q4_K_M,...] [--model M] [--out FILE]   the quantization ladder, measured
     lablib quality --engine E [--model M] [--variant V] --out FILE       one engine vs the F32 reference
     lablib prefix [--engines a,b,c] [--shared-tokens 64,256] [--turns N] [--json]   prefix caching (lab 08)
+    lablib structured --engine E [--schema FILE...] [--regex RE] [--max-new-tokens N] [--out FILE]   lab 10's grammars
+    lablib speculate [--engine a,b] [--draft Q4_0] [--k 2,4] [--text prose] [--out FILE]   speculative decoding (lab 10)
 
 A subcommand is one module ``lablib/cli/<name>.py`` with ``HELP`` (its one-line help),
 ``add_arguments(p)`` (its flags on an argparse parser) and ``run(ns) -> int`` (the exit code),
@@ -52,6 +54,8 @@ COMMANDS = (
     "quantize",
     "quality",
     "prefix",
+    "structured",
+    "speculate",
 )
 
 

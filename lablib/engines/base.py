@@ -50,6 +50,102 @@ CONFIG_KEYS = (
 
 
 @dataclass
+class Constraint:
+    """What a request's output must match (structured output, lab 10): a JSON schema (``kind`` "json_schema",
+    ``spec`` the schema as a dict) or a regular expression the whole output matches (``kind`` "regex", ``spec``
+    the pattern). ``name``: its label in rows (default: the schema's ``title``, or the pattern).
+    An engine enforces the kinds its ``constraints`` fact names and refuses the others (:meth:`Engine.check_constraint`)."""
+
+    kind: str
+    spec: Any
+    name: str = ""
+
+    KINDS: ClassVar[tuple[str, ...]] = ("json_schema", "regex")
+
+    def __post_init__(self):
+        if self.kind not in self.KINDS:
+            raise LabError(f"constraint kind {self.kind!r}: expected one of {', '.join(self.KINDS)}")
+        if self.kind == "json_schema" and not isinstance(self.spec, dict):
+            raise LabError(
+                f"json_schema constraint {self.spec!r:.60}: expected the schema as a dict (json.load a schema file)"
+            )
+        if self.kind == "regex" and not (isinstance(self.spec, str) and self.spec):
+            raise LabError(f"regex constraint {self.spec!r:.60}: expected a non-empty pattern string")
+        if not self.name:
+            self.name = str(self.spec.get("title") or "schema") if self.kind == "json_schema" else self.spec
+
+    @classmethod
+    def json_schema(cls, schema: dict, name: str = "") -> Constraint:
+        return cls("json_schema", schema, name)
+
+    @classmethod
+    def regex(cls, pattern: str, name: str = "") -> Constraint:
+        return cls("regex", pattern, name)
+
+    @property
+    def text(self) -> str:
+        """The spec as one string: the schema's JSON (keys sorted), or the pattern."""
+        import json
+
+        return json.dumps(self.spec, sort_keys=True) if self.kind == "json_schema" else self.spec
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What a compiled grammar is cached by: (kind, text)."""
+        return (self.kind, self.text)
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.name!r}"
+
+
+class ConstraintError(LabError):
+    """An engine could not compile a constraint: names the engine, the part of the schema that failed
+    (``part``, a path such as ``properties.password.pattern``) and the engine's own message."""
+
+    def __init__(self, engine: str, constraint: Constraint, message: str, part: str | None = None):
+        self.engine, self.constraint, self.part, self.engine_message = engine, constraint, part, message
+        where = f" at {part}" if part else ""
+        super().__init__(
+            f"{engine} cannot compile {constraint.label}{where}: {message.strip()}. Expected a schema the engine's "
+            "grammar compiler supports; rewrite or drop that part (lookarounds, backreferences and some keywords have "
+            "no grammar form) or use another engine"
+        )
+
+
+def schema_part(schema: dict, fails) -> str | None:
+    """The deepest part of ``schema`` that fails on its own: ``fails(subschema) -> bool`` (True: the engine cannot
+    compile it) tried on every nested property, item and alternative, deepest first; a path such as
+    ``properties.password.pattern`` (ending in the keyword when dropping it alone lets the part compile),
+    or None when no part fails alone."""
+
+    def walk(node, path):
+        if not isinstance(node, dict):
+            return
+        for key in ("properties", "$defs", "definitions"):
+            for name, sub in (node.get(key) or {}).items():
+                yield from walk(sub, f"{path}.{key}.{name}" if path else f"{key}.{name}")
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                yield from walk(node[key], f"{path}.{key}" if path else key)
+        for key in ("anyOf", "oneOf", "allOf"):
+            for i, sub in enumerate(node.get(key) or []):
+                yield from walk(sub, f"{path}.{key}[{i}]" if path else f"{key}[{i}]")
+        yield path, node
+
+    for path, node in walk(schema, ""):
+        if not path or not fails(node):
+            continue
+        for kw in node:  # the keyword whose removal lets the part compile (pattern, $ref, uniqueItems...)
+            if kw not in ("type", "properties", "items", "required") and not fails(
+                {k: v for k, v in node.items() if k != kw}
+            ):
+                return f"{path}.{kw}"
+        return path
+    return None
+
+
+@dataclass
 class GenerationConfig:
     """What to generate.
 
@@ -69,9 +165,22 @@ class GenerationConfig:
     top_p: float = 1.0
     seed: int = 0
     top_k: int = 0
+    # what the output must match (structured output, lab 10): a :class:`Constraint`, or None (free text)
+    constraint: Constraint | None = None
 
     def __post_init__(self):
         self.max_new_tokens = whole(self.max_new_tokens, "max_new_tokens", "at least 1 token")
+        if self.constraint is not None:
+            if not isinstance(self.constraint, Constraint):
+                raise LabError(
+                    f"constraint={self.constraint!r}: expected a Constraint (Constraint.json_schema(schema) or "
+                    "Constraint.regex(pattern)) or None"
+                )
+            if self.ignore_eos:
+                raise LabError(
+                    f"constraint {self.constraint.label} with ignore_eos=True: a constrained output ends where its "
+                    "grammar ends (the only token then allowed is EOS); set ignore_eos=False"
+                )
         if self.temperature < 0:
             raise LabError(f"temperature={self.temperature}: expected 0 (greedy) or more")
         if not 0 < self.top_p <= 1:
@@ -245,6 +354,21 @@ class Engine:
     # True: the quality ladder's GGUF engine: its library's quantizer makes the GGUF rungs (lablib.studies.quant)
     # and the ladder measures them and the F32 reference on it (lablib.studies.ladder.gguf_engine); exactly one engine
     quantizes_gguf: ClassVar[bool] = False
+    # the Constraint kinds (json_schema, regex) it enforces per request (structured output, lab 10); () = none: a
+    # constrained request is refused (check_constraint), never run unconstrained
+    constraints: ClassVar[tuple[str, ...]] = ()
+    # the speculative decoding its library runs itself (lab 10), by method ("prompt lookup", "draft model"); () = none
+    speculation_methods: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def speculation_kwargs(cls, method: str, k: int, draft=None) -> dict:
+        """Load keywords that make this engine speculate with ``method`` (one of :attr:`speculation_methods`),
+        ``k`` draft tokens a step, ``draft`` the draft model where the method takes one (its own form: a dtype, a
+        folder). Raises LabError for a method it does not run."""
+        raise LabError(
+            f"engine {cls.name} runs no {method!r} speculation of its own in the lab; expected one of "
+            f"{', '.join(cls.speculation_methods) or 'none'}"
+        )
 
     @classmethod
     def default_load_kwargs(cls, model, concurrency: int = 1) -> dict:
@@ -323,6 +447,23 @@ class Engine:
     def check_generation(cls, cfg: GenerationConfig) -> None:
         """Raise LabError when this engine cannot run ``cfg`` (e.g. sampling in a greedy-only
         engine); a class method, so callers check before loading anything."""
+
+    # what the last request's constraint cost, where the engine times its own compile: ``compile_s`` (seconds to
+    # turn it into the engine's grammar, for this request) and ``compile_cached`` (True: a grammar compiled for an
+    # earlier request was reused); {} without a constraint
+    constraint_stats: dict = {}
+
+    def check_constraint(self, cfg: GenerationConfig) -> None:
+        """Raise LabError naming this engine when ``cfg.constraint`` is a kind it cannot enforce (its
+        ``constraints``): a constrained request is never run unconstrained."""
+        c = cfg.constraint
+        if c is not None and c.kind not in self.constraints:
+            can = ", ".join(self.constraints) if self.constraints else "no constraints"
+            raise LabError(
+                f"engine {self.name} cannot enforce a {c.kind} constraint ({c.name!r}): it enforces {can}. Use an "
+                "engine that does (llama.cpp, transformers, or a llama-server or vLLM server through the http "
+                "engine) or send the request without a constraint"
+            )
 
     library_version: str | None = None  # the ``__version__`` of :attr:`requires`, once :meth:`_import_library` ran
 
@@ -539,6 +680,7 @@ class Engine:
         """
         cfg = cfg or GenerationConfig()
         self.check_generation(cfg)
+        self.check_constraint(cfg)
         ids = [int(i) for i in ids]
         if not ids:
             raise LabError("empty prompt: expected at least one token id")

@@ -27,8 +27,10 @@ receives it. Only the manager's thread touches the model during a session.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lablib.checks import whole
 from lablib.engines.base import BatchStats, Engine, EngineInfo, GenerationConfig, PrefixCache
 from lablib.engines.sampling import DEFINITION
 from lablib.errors import LabError
@@ -54,16 +56,43 @@ class _TokenIdStreamer:
     def __init__(self, trace: RequestTrace):
         self.trace = trace
         self._prompt_seen = False
+        self.puts: list[int] = []  # tokens per put after the prompt: one target forward pass each
 
     def put(self, value) -> None:
         if not self._prompt_seen:  # generate() first puts the prompt
             self._prompt_seen = True
             return
-        for tok in value.reshape(-1).tolist():
+        toks = value.reshape(-1).tolist()
+        self.puts.append(len(toks))
+        for tok in toks:
             self.trace.token(tok)
 
     def end(self) -> None:
         pass
+
+
+class _GuidanceMask:
+    """A transformers logits processor: before each step, the token sampled last goes into the llguidance matcher
+    and the logits of every token the grammar forbids become -inf. The bitmask (32 tokens a word) is filled by
+    llguidance.numpy and unpacked with numpy, not llguidance.torch's kernel: that one is ``torch.compile``d, which
+    cost the first constrained request 30 s here (inductor building C++ on a CPU)."""
+
+    def __init__(self, matcher, prompt_len: int, n_vocab: int):
+        import llguidance.numpy as lln
+        import numpy as np
+        import torch
+
+        self.matcher, self.prompt_len, self.n_vocab = matcher, prompt_len, n_vocab
+        self._lln, self._np, self._torch = lln, np, torch
+        self.mask = lln.allocate_token_bitmask(1, n_vocab)
+
+    def __call__(self, input_ids, scores):
+        if input_ids.shape[1] > self.prompt_len:
+            self.matcher.consume_token(int(input_ids[0, -1]))
+        self._lln.fill_next_token_bitmask(self.matcher, self.mask, 0)
+        allowed = self._np.unpackbits(self.mask[0].view(self._np.uint8), bitorder="little")[: scores.shape[-1]]
+        forbid = self._torch.from_numpy(allowed == 0).to(scores.device)
+        return scores.masked_fill(forbid, float("-inf"))
 
 
 class TransformersEngine(Engine):
@@ -74,6 +103,12 @@ class TransformersEngine(Engine):
     reference; bfloat16 on CUDA where supported, else float16; float16 on MPS: see
     :func:`lablib.machine.devices.torch_dtype`). ``threads``: torch intra-op threads (default: automatic, see ``Engine.adapt_threads``).
     ``n_ctx``: context the lab enforces (default: the model's trained context).
+    Speculation, transformers' own (greedy): ``draft`` (a dtype name of the same folder, e.g. "bfloat16", or an
+    HF folder of the same vocabulary) runs assisted generation (``assistant_model=``, ``speculative`` tokens a
+    step, default 4, a constant schedule and no confidence threshold, so every step drafts that many);
+    ``prompt_lookup`` (tokens) runs prompt-lookup decoding (``prompt_lookup_num_tokens=``). transformers counts
+    no accepted tokens: :meth:`engine_counters` derives them from the streamer, whose every put after the
+    prompt is one target forward pass carrying the accepted drafts plus one token of the target's own.
     """
 
     name = "transformers"
@@ -87,6 +122,21 @@ class TransformersEngine(Engine):
     # lablib.studies.compare's reference: float32 on every device (on a GPU the default dtype is half precision)
     compare_load_kwargs = {"dtype": "float32"}
     prefix_caching = True  # a DynamicCache built from a kept prefix's key/value tensors, per request
+    speculation_methods = ("prompt lookup", "draft model")  # prompt_lookup_num_tokens=, assistant_model=
+
+    @classmethod
+    def speculation_kwargs(cls, method: str, k: int, draft=None) -> dict:
+        """``prompt_lookup=k``, or ``draft=`` (default: the model's folder in bfloat16) with ``speculative=k``."""
+        if method == "prompt lookup":
+            return {"prompt_lookup": k}
+        if method == "draft model":
+            return {"draft": draft or "bfloat16", "speculative": k}
+        return super().speculation_kwargs(method, k, draft)
+
+    # llguidance (a logits processor masking what the grammar forbids each step: _GuidanceMask); chosen over
+    # outlines-core (a 2.5 s index per schema here), lm-format-enforcer (0.11.3 does not import with transformers 5)
+    # and xgrammar (pulls triton): lablib/studies/decoding/structured.py's docstring has the measurement
+    constraints = ("json_schema", "regex")
 
     @classmethod
     def weight_tensors(cls, model, weights: str | None = None) -> tuple:
@@ -112,8 +162,16 @@ class TransformersEngine(Engine):
         n_ctx: int | None = None,
         attn_implementation: str = "sdpa",
         device: str = "auto",
+        draft: str | None = None,
+        speculative: int | None = None,
+        prompt_lookup: int | None = None,
     ):
         super().__init__(model)
+        if draft is not None and draft not in TORCH_DTYPES and not Path(str(draft)).is_dir():  # before any loading
+            raise LabError(
+                f"draft={draft!r}: expected a dtype of the model's folder ({', '.join(TORCH_DTYPES)}) or a Hugging "
+                "Face folder of a model with the same vocabulary"
+            )
         torch, transformers = self._import_library("torch", "transformers")
         self._torch, self._transformers = torch, transformers
         transformers.utils.logging.disable_progress_bar()
@@ -141,6 +199,7 @@ class TransformersEngine(Engine):
         self._prefill_tokens: int | None = None  # tokens the last request's first forward pass received
         self._last_cache = None  # the last request's DynamicCache when it ran with a prefix cache
         self.hf.register_forward_pre_hook(self._count_prefill, with_kwargs=True)
+        self._spec, self._spec_counts = self._load_speculation(draft, speculative, prompt_lookup), {}
 
     def _count_prefill(self, module, args, kwargs):
         """Forward pre-hook: the first forward pass of a request (its prefill) records how many
@@ -179,6 +238,53 @@ class TransformersEngine(Engine):
             bos_token_id=self.bos_id, eos_token_id=sorted(self._eos) or None, pad_token_id=self._pad
         )
         return off + [f"top_k={defaults['top_k']} (transformers' default when sampling; one-request path only)"]
+
+    def _load_speculation(self, draft, speculative, prompt_lookup) -> dict:
+        """The keywords ``generate`` takes for the speculation asked at load ({}: none); loads the draft."""
+        if draft is None and prompt_lookup is None:
+            if speculative is not None:
+                raise LabError(f"speculative={speculative!r} without draft=: expected draft='bfloat16' (or a folder)")
+            return {}
+        if draft is not None and prompt_lookup is not None:
+            raise LabError("draft= and prompt_lookup= together: transformers runs one candidate generator; pick one")
+        if prompt_lookup is not None:
+            k = whole(prompt_lookup, "prompt_lookup", "a whole number of tokens looked up per step, at least 1")
+            return {"prompt_lookup_num_tokens": k}
+        k = whole(
+            4 if speculative is None else speculative,
+            "speculative",
+            "a whole number of draft tokens per step, at least 1",
+        )
+        torch, transformers = self._torch, self._transformers
+        if draft in TORCH_DTYPES:
+            folder, dtype = self.model.path_for("hf", self.name), draft
+        else:  # a folder (checked before loading)
+            folder, dtype = str(draft), self.dtype
+        asst = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(self.device)
+        if int(asst.config.vocab_size) != self.n_vocab:
+            raise LabError(
+                f"draft {folder}: vocabulary of {asst.config.vocab_size} tokens, the target's has {self.n_vocab}; "
+                "expected a draft of the same vocabulary (the same model family)"
+            )
+        asst.generation_config = transformers.GenerationConfig(
+            bos_token_id=self.bos_id,
+            eos_token_id=sorted(self._eos) or None,
+            pad_token_id=self._pad,
+            num_assistant_tokens=k,
+            num_assistant_tokens_schedule="constant",
+            assistant_confidence_threshold=0.0,
+        )
+        self._draft_desc = {"draft": str(draft), "draft_folder": folder, "draft_dtype": dtype}
+        return {"assistant_model": asst.eval()}
+
+    def speculation(self) -> dict:
+        """What this engine speculates with ({}: none): method, draft, tokens per step."""
+        if "prompt_lookup_num_tokens" in self._spec:
+            return {"method": "prompt lookup (transformers)", "k": self._spec["prompt_lookup_num_tokens"]}
+        if self._spec:
+            k = self._spec["assistant_model"].generation_config.num_assistant_tokens
+            return {"method": "assisted generation (transformers)", "k": k, **self._draft_desc}
+        return {}
 
     def _apply_threads(self, n: int) -> None:
         self._torch.set_num_threads(n)
@@ -225,6 +331,7 @@ class TransformersEngine(Engine):
                 "max_threads": self.max_threads,
                 "sampling": DEFINITION,
                 "settings_off": list(self.settings_off),
+                **({"speculative": self.speculation()} if self._spec else {}),
             },
         )
 
@@ -264,7 +371,7 @@ class TransformersEngine(Engine):
     def engine_counters(self) -> dict:
         """Counted at the model's forward for the last request: ``n_p_eval``, the prompt tokens its
         prefill forward pass received (the uncached part of the prompt)."""
-        return {"n_p_eval": self._prefill_tokens or 0}
+        return {"n_p_eval": self._prefill_tokens or 0, **self._spec_counts}
 
     def _cache_prefix(self, ids) -> PrefixCache:
         from transformers import DynamicCache
@@ -294,6 +401,7 @@ class TransformersEngine(Engine):
         torch = self._torch
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
         gen = self._generation_config(cfg)
+        gen.prompt_lookup_num_tokens = self._spec.get("prompt_lookup_num_tokens")
         if not cfg.greedy:
             torch.manual_seed(cfg.seed)
         kw = {}
@@ -310,15 +418,42 @@ class TransformersEngine(Engine):
                 data = [(k[..., :cached, :], v[..., :cached, :]) for k, v in prefix_cache.state] if cached else None
                 kw["cache"] = self._last_cache = DynamicCache(data, config=self.hf.config)
                 trace.cached_tokens = cached
+            if self._spec and (prefix_cache is not None or not cfg.greedy):
+                raise LabError("transformers with draft=/prompt_lookup= runs greedy requests without a prefix cache")
+            if cfg.constraint is not None:
+                if self._spec:
+                    raise LabError("transformers with draft=/prompt_lookup= runs no constraint; load it without them")
+                kw["logits_processor"] = self._transformers.LogitsProcessorList([self._guidance(cfg.constraint, ids)])
+            else:
+                self.constraint_stats = {}
+            streamer = _TokenIdStreamer(trace)
             self.hf.generate(
                 input_ids,
                 attention_mask=torch.ones_like(input_ids),
                 generation_config=gen,
-                streamer=_TokenIdStreamer(trace),
+                streamer=streamer,
                 **kw,
+                **{k: v for k, v in self._spec.items() if k == "assistant_model"},
             )
+        self._spec_counts = self._spec_counters(streamer.puts, len(ids), cfg.max_new_tokens) if self._spec else {}
         last = trace.token_ids[-1] if trace.token_ids else None
         trace.finish_reason = "stop" if (not cfg.ignore_eos and last in self._eos) else "length"
+
+    def _spec_counters(self, puts: list[int], prompt: int, max_new: int) -> dict:
+        """Counters of a speculative request from the streamer's puts (tokens per target pass):
+        ``accepted_per_pass`` (a put's tokens less the target's own one), ``draft_n_accepted``,
+        ``target_passes``; with a draft model also ``drafted_per_pass`` and ``draft_n``: the constant schedule's
+        k, cut where the output budget ends (transformers drafts ``min(k, max_length - length - 1)``).
+        Prompt lookup drafts as many tokens as its match gives: transformers does not say, so no ``draft_n``."""
+        accepted = [n - 1 for n in puts]
+        out = {"target_passes": len(puts), "accepted_per_pass": accepted, "draft_n_accepted": sum(accepted)}
+        if "assistant_model" in self._spec:
+            k, done, drafted = self.speculation()["k"], 0, []
+            for n in puts:
+                drafted.append(max(0, min(k, max_new - done - 1)))
+                done += n
+            out.update(drafted_per_pass=drafted, draft_n=sum(drafted))
+        return out
 
     def _generation_config(self, cfg: GenerationConfig):
         """transformers' GenerationConfig for ``cfg``, the same for ``generate`` and continuous
@@ -342,7 +477,51 @@ class TransformersEngine(Engine):
         ``max_seq_tokens`` (longest prompt + output, tokens) sizes the paged KV cache and is
         checked against ``n_ctx``."""
         self.check_context(max_seq_tokens, 0)
+        if cfg.constraint is not None:
+            raise LabError(
+                "transformers' continuous batching runs no constraint (no logits processor); use mode='serial'"
+            )
         return TransformersBatchSession(self, cfg, max_sequences, max_seq_tokens)
+
+    def _guidance(self, constraint, ids) -> _GuidanceMask:
+        """A logits processor enforcing ``constraint`` with llguidance: the engine's LLTokenizer (made once, from
+        this tokenizer) and a matcher per schema compiled once and deep-copied per request; the time this request
+        paid for both goes to :attr:`constraint_stats`. Raises ConstraintError for a grammar llguidance rejects or
+        compiles only with a warning (it would drop the part it warns about)."""
+        import json
+
+        import llguidance
+        import llguidance.hf
+
+        from lablib.engines.base import ConstraintError, schema_part
+
+        t0 = now()
+        cached = constraint.key in self.__dict__.setdefault("_matchers", {})
+        if getattr(self, "_lltok", None) is None:
+            self._lltok = llguidance.hf.from_tokenizer(self.tok, n_vocab=self.n_vocab, eos_token=sorted(self._eos))
+
+        def grammar(kind, spec):
+            text = json.dumps(spec) if kind == "json_schema" else spec
+            return llguidance.grammar_from(kind, text)
+
+        def problems(kind, spec) -> list[str]:
+            # (is_error, the error or warning messages); a warning means a part would be dropped: refused too
+            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar(kind, spec), self._lltok)
+            return list(messages) or (["llguidance rejected the grammar"] if is_error else [])
+
+        if not cached:
+            found = problems(constraint.kind, constraint.spec)
+            if found:
+                part = None
+                if constraint.kind == "json_schema":
+                    part = schema_part(constraint.spec, lambda sub: bool(problems("json_schema", sub)))
+                raise ConstraintError(self.name, constraint, "llguidance: " + "; ".join(found), part)
+            self._matchers[constraint.key] = llguidance.LLMatcher(
+                self._lltok, grammar(constraint.kind, constraint.spec)
+            )
+        matcher = self._matchers[constraint.key].deep_copy()
+        self.constraint_stats = {"compile_s": now() - t0, "compile_cached": cached}
+        return _GuidanceMask(matcher, len(ids), self.n_vocab)
 
     def logits(self, ids) -> np.ndarray:
         """Teacher-forced logits for ``ids``: a float32 numpy array [len(ids), vocab]."""

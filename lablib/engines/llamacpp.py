@@ -68,6 +68,9 @@ class LlamaCppEngine(Engine):
     ``n_batch``: prompt tokens per ``llama_decode`` call in prefill (default 512).
     ``n_seq_max``: parallel sequences the context holds (for batched decode); each gets
     ``n_ctx / n_seq_max`` KV cells.
+    ``speculative``: draft tokens per step for llama-cpp-python's own prompt-lookup decoding
+    (``Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=k))``, its ``Llama.generate`` loop; greedy,
+    one sequence, no prefix cache); :meth:`engine_counters` then has ``draft_n`` and ``draft_n_accepted``.
     """
 
     name = "llama.cpp"
@@ -78,6 +81,18 @@ class LlamaCppEngine(Engine):
     reserves_kv_at_load = True  # the KV cache for all of n_ctx is allocated when the context opens
     prefix_caching = True  # a sequence's state saved and restored (llama_state_seq_get_data / set_data)
     quantizes_gguf = True  # llama_model_quantize makes the ladder's GGUF rungs (lablib.studies.quant); measured here
+    speculation_methods = ("prompt lookup",)  # llama-cpp-python's LlamaPromptLookupDecoding (load with speculative=k)
+
+    @classmethod
+    def speculation_kwargs(cls, method: str, k: int, draft=None) -> dict:
+        """``speculative=k``: llama-cpp-python's prompt lookup (its one draft model that needs no second model)."""
+        if method not in cls.speculation_methods or draft is not None:
+            return super().speculation_kwargs(f"{method} (draft={draft})" if draft else method, k)
+        return {"speculative": k, "n_ctx": 512}
+
+    # a GBNF grammar sampler first in the chain (llama_sampler_init_grammar): a JSON schema or a regex made GBNF by
+    # llama-cpp-python's port of llama.cpp's json_schema_to_grammar.py (the regex with --raw-pattern)
+    constraints = ("json_schema", "regex")
 
     @classmethod
     def default_n_ctx(cls, model) -> int:
@@ -127,9 +142,11 @@ class LlamaCppEngine(Engine):
         n_seq_max: int = 1,
         verbose: bool = False,
         n_gpu_layers: int | None = None,
+        speculative: int | None = None,
     ):
         super().__init__(model)
         llama_cpp, np = self._import_library("llama_cpp", "numpy")
+        self._draft = _lookup_draft(speculative, n_seq_max) if speculative is not None else None
         self._lib, self._np = llama_cpp, np  # numpy: greedy takes the argmax of the logits in place (_sample)
         path = model.path_for("gguf", self.name)
         self._init_threads(threads)
@@ -155,6 +172,7 @@ class LlamaCppEngine(Engine):
             n_threads=self.threads,
             n_threads_batch=self.threads,
             verbose=verbose,
+            draft_model=self._draft,
         )
         if n_seq_max > 1:
             self._reopen_context(n_seq_max, verbose)
@@ -279,6 +297,7 @@ class LlamaCppEngine(Engine):
                 "sampling": DEFINITION,
                 "settings_off": list(self.SETTINGS_OFF),
                 "build": llama_build.describe(sysinfo, llama_build.build_report()),
+                **({"speculative": self._draft.describe()} if self._draft is not None else {}),
             },
         )
 
@@ -313,6 +332,9 @@ class LlamaCppEngine(Engine):
         *before* the temperature) never applies."""
         lib = self._lib
         chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        self.constraint_stats = {}
+        if cfg.constraint is not None:  # the grammar masks first: what may follow, then the lab's sampling
+            lib.llama_sampler_chain_add(chain, self._grammar_sampler(cfg.constraint))
         if cfg.greedy:
             lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_greedy())
         else:
@@ -331,7 +353,7 @@ class LlamaCppEngine(Engine):
         the same token as llama.cpp's greedy sampler (the first of equal maxima), without the
         sampler's copy of the whole vocabulary into candidate structs each step, which cost about
         2% of a decode step here. Sampled requests go through the chain (:meth:`_sampler`)."""
-        if cfg.greedy:
+        if cfg.greedy and cfg.constraint is None:
             row = self._lib.llama_get_logits_ith(self.ctx, i)
             return int(self._np.ctypeslib.as_array(row, shape=(self.n_vocab,)).argmax())
         return self._lib.llama_sampler_sample(smpl, self.ctx, i)
@@ -407,7 +429,41 @@ class LlamaCppEngine(Engine):
         prefix_cache.ids, prefix_cache.state, prefix_cache.nbytes = kept.ids, kept.state, kept.nbytes
         self.clear_kv_cache()
 
+    def gbnf(self, constraint) -> str:
+        """The GBNF grammar of ``constraint`` (cached per engine: the conversion runs once per schema): a JSON
+        schema through llama-cpp-python's ``json_schema_to_gbnf``, a regex (matched in full) through the same
+        converter's raw-pattern mode. Raises ConstraintError naming the part of the schema it cannot convert."""
+        from lablib.engines.base import ConstraintError, schema_part
+
+        cache = self.__dict__.setdefault("_gbnf", {})
+        if constraint.key not in cache:
+            try:
+                cache[constraint.key] = _to_gbnf(constraint.kind, constraint.spec)
+            except (AssertionError, ValueError, KeyError, TypeError) as e:
+                part = None
+                if constraint.kind == "json_schema":
+                    part = schema_part(constraint.spec, lambda sub: not _converts(sub))
+                raise ConstraintError(self.name, constraint, f"{type(e).__name__}: {e}", part) from e
+        return cache[constraint.key]
+
+    def _grammar_sampler(self, constraint):
+        """A grammar sampler for ``constraint``; times the conversion and llama.cpp's parse of the grammar into
+        :attr:`constraint_stats` (a cached GBNF: only the parse, which llama.cpp repeats per sampler)."""
+        from lablib.engines.base import ConstraintError
+
+        t0 = now()
+        cached = constraint.key in self.__dict__.get("_gbnf", {})
+        grammar = self.gbnf(constraint)
+        smpl = self._lib.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
+        if not smpl:
+            msg = "llama.cpp could not parse the GBNF grammar (llama_sampler_init_grammar returned NULL)"
+            raise ConstraintError(self.name, constraint, msg)
+        self.constraint_stats = {"compile_s": now() - t0, "compile_cached": cached}
+        return smpl
+
     def _generate(self, ids, cfg: GenerationConfig, trace: RequestTrace, prefix_cache=None) -> None:
+        if self._draft is not None:
+            return self._generate_lookup(ids, cfg, trace, prefix_cache)
         lib = self._lib
         smpl = self._sampler(cfg)
         eos = self.eos_ids
@@ -435,6 +491,36 @@ class LlamaCppEngine(Engine):
                 pos += 1
         finally:
             lib.llama_sampler_free(smpl)
+
+    def _generate_lookup(self, ids, cfg: GenerationConfig, trace: RequestTrace, prefix_cache=None) -> None:
+        """Greedy decode through ``Llama.generate`` with its prompt-lookup draft model: each pass evaluates the
+        last token plus the drafted ones in one ``llama_decode`` and yields the verified run, stamped token by
+        token as the generator gives them (a run arrives at once: its stamps microseconds apart)."""
+        if not cfg.greedy or prefix_cache is not None or cfg.constraint is not None:
+            raise LabError(
+                "llama.cpp with speculative= (llama-cpp-python's prompt lookup) runs greedy requests without a "
+                "prefix cache or constraint; expected temperature=0, no prefix_cache and no constraint (load it "
+                "without speculative= for those)"
+            )
+        self.clear_kv_cache()
+        self.llm.reset()
+        self._lib.llama_perf_context_reset(self.ctx)
+        self._draft.begin(len(ids))
+        trace.start()
+        gen = self.llm.generate(ids, temp=0.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True)
+        try:
+            for tok in gen:
+                trace.token(int(tok))
+                if not cfg.ignore_eos and tok in self.eos_ids:
+                    trace.finish_reason = "stop"
+                    break
+                if trace.output_tokens >= cfg.max_new_tokens:
+                    trace.finish_reason = "length"
+                    break
+        finally:
+            gen.close()
+            self.clear_kv_cache()
+        self._draft.verify(trace.token_ids)
 
     def logits(self, ids) -> np.ndarray:
         """Teacher-forced logits for ``ids``: float32 numpy array [len(ids), vocab]
@@ -474,7 +560,8 @@ class LlamaCppEngine(Engine):
         """llama.cpp's own perf counters for the last request (since the reset):
         prompt tokens evaluated and their ms, decoded tokens and their ms."""
         d = self._lib.llama_perf_context(self.ctx)
-        return {"n_p_eval": d.n_p_eval, "t_p_eval_ms": d.t_p_eval_ms, "n_eval": d.n_eval, "t_eval_ms": d.t_eval_ms}
+        out = {"n_p_eval": d.n_p_eval, "t_p_eval_ms": d.t_p_eval_ms, "n_eval": d.n_eval, "t_eval_ms": d.t_eval_ms}
+        return {**out, **(self._draft.counters if self._draft is not None else {})}
 
     def batch_session(self, cfg: GenerationConfig, max_sequences: int, max_seq_tokens: int) -> LlamaCppBatchSession:
         """A continuous-batching session: up to ``max_sequences`` requests decoded together.
@@ -483,6 +570,8 @@ class LlamaCppEngine(Engine):
         LabError when the context was loaded with ``n_seq_max < max_sequences`` and
         ContextOverflowError when ``max_seq_tokens`` exceeds a sequence's share of ``n_ctx``.
         """
+        if self._draft is not None:
+            raise LabError("llama.cpp loaded with speculative= decodes one sequence; load it without for batched mode")
         return LlamaCppBatchSession(self, cfg, max_sequences, max_seq_tokens)
 
     def close(self) -> None:
@@ -492,6 +581,80 @@ class LlamaCppEngine(Engine):
         if getattr(self, "llm", None) is not None:
             self.llm.close()
             self.llm = None
+
+
+def _to_gbnf(kind: str, spec) -> str:
+    """GBNF of a JSON schema or of a regex (llama_cpp.llama_grammar.SchemaConverter, the Python port of llama.cpp's
+    examples/json_schema_to_grammar.py; a regex is anchored with ^...$ and converted raw, without JSON quotes)."""
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    conv = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=kind == "regex")
+    if kind == "regex":
+        pattern = spec if spec.startswith("^") else "^" + spec
+        schema = {"type": "string", "pattern": pattern if pattern.endswith("$") else pattern + "$"}
+    else:
+        schema = conv.resolve_refs(spec, "input")
+    conv.visit(schema, "")
+    return conv.format_grammar()
+
+
+def _converts(schema) -> bool:
+    try:
+        _to_gbnf("json_schema", schema)
+        return True
+    except (AssertionError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _lookup_draft(k, n_seq_max: int):
+    """llama-cpp-python's prompt-lookup draft model proposing ``k`` tokens a step, which keeps what it proposed
+    (:class:`llama_cpp.llama_speculative.LlamaPromptLookupDecoding`, a subclass that records each call)."""
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    k = whole(k, "speculative", "a whole number of draft tokens per step, at least 1 (prompt lookup's num_pred_tokens)")
+    if n_seq_max != 1:
+        raise LabError(f"speculative={k} with n_seq_max={n_seq_max}: Llama.generate's draft loop decodes one sequence")
+
+    class CountedLookup(LlamaPromptLookupDecoding):
+        """Prompt lookup (max n-gram 2, llama-cpp-python's default) that records, per call, how many output
+        tokens preceded it and what it drafted; :meth:`verify` compares the drafts with the tokens kept."""
+
+        def begin(self, prompt_tokens: int) -> None:
+            self.prompt_tokens, self.proposals, self.counters = prompt_tokens, [], {}
+
+        def __call__(self, input_ids, /, **kwargs):
+            out = super().__call__(input_ids, **kwargs)
+            self.proposals.append((len(input_ids) - self.prompt_tokens, [int(t) for t in out]))
+            return out
+
+        def verify(self, out: list[int]) -> None:
+            """Per target pass after the prefill: ``drafted`` (the draft tokens whose position the request
+            reached) and ``accepted`` (its leading tokens the target produced too, the run llama-cpp-python
+            kept). llama-cpp-python counts neither; these come from its draft model's own proposals."""
+            drafted, accepted = [], []
+            for n_out, draft in self.proposals:
+                d = draft[: max(0, len(out) - n_out)]
+                a = 0
+                while a < len(d) and d[a] == out[n_out + a]:
+                    a += 1
+                drafted.append(len(d))
+                accepted.append(a)
+            self.counters = {
+                "draft_n": sum(drafted),
+                "draft_n_accepted": sum(accepted),
+                "target_passes": len(self.proposals),
+                "drafted_per_pass": drafted,
+                "accepted_per_pass": accepted,
+            }
+
+        def describe(self) -> dict:
+            return {
+                "method": "prompt lookup (llama-cpp-python)",
+                "num_pred_tokens": self.num_pred_tokens,
+                "max_ngram_size": self.max_ngram_size,
+            }
+
+    return CountedLookup(num_pred_tokens=k)
 
 
 class _Seq:

@@ -206,16 +206,21 @@ def _group_members(pgid: int) -> list[int]:
     return out
 
 
+KILLED_EXIT_S = 30.0  # how long a SIGKILLed process may take to be gone (s): freeing vLLM's worker's GBs on busy
+# cores took over 5 s here; a bound, so that stop() never hangs on a process stuck in the kernel
+
+
 def _kill_group(pgid: int, grace_s: float = 5.0) -> None:
-    """SIGTERM what is left of process group ``pgid``, then SIGKILL after ``grace_s``."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    """SIGTERM what is left of process group ``pgid``, then SIGKILL after ``grace_s``, then wait until the
+    group is gone (at most :data:`KILLED_EXIT_S`)."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, KILLED_EXIT_S)):
         if not _group_members(pgid):
             return
         try:
             os.killpg(pgid, sig)
         except (ProcessLookupError, PermissionError):
             return
-        deadline = time.monotonic() + grace_s
+        deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and _group_members(pgid):
             time.sleep(0.1)
 
@@ -336,6 +341,9 @@ def _llama_server(
     n_ctx: int,
     batch: int | None = None,
     ubatch: int | None = None,
+    draft: str | None = None,
+    draft_max: int | None = None,
+    draft_min: int | None = None,
 ):
     """llama.cpp's llama-server with ``parallel`` slots (continuous batching), built on first use from
     the in-process engine's source and flags (:func:`lablib.build.llama.llama_tool`; minutes).
@@ -345,7 +353,12 @@ def _llama_server(
     a prompt longer than the budget is prefilled in chunks between decode steps (llama.cpp's chunked
     prefill). ``ubatch`` (``-ub``; None: llama.cpp's 512, at most ``batch``): how many of them one
     compute pass takes (a step's tokens come out together, after all its passes). Its settings record what
-    it runs with (``batch`` at most the whole context, ``n_ctx`` x ``parallel``)."""
+    it runs with (``batch`` at most the whole context, ``n_ctx`` x ``parallel``).
+
+    ``draft`` (a GGUF path: ``--model-draft``): speculative decoding with that draft model, llama.cpp's own
+    (``--spec-draft-n-max`` ``draft_max`` tokens drafted per step, default 3; ``--spec-draft-n-min``
+    ``draft_min``; ``--spec-type draft-simple``); its responses' ``timings`` then carry ``draft_n`` and
+    ``draft_n_accepted``."""
     from lablib.build.llama import BuildError, llama_tool
 
     if batch is not None:
@@ -382,9 +395,28 @@ def _llama_server(
     ]
     argv += ["-b", str(batch)] if batch is not None else []
     argv += ["-ub", str(ubatch)] if ubatch is not None else []
+    spec = {}
+    if draft is not None:
+        if not Path(draft).is_file():
+            raise LabError(f"draft={draft!r}: no such GGUF file; expected the path of a draft model's GGUF")
+        # --spec-type: this build's default is none (a draft model loaded and never used)
+        argv += ["--model-draft", str(draft), "--spec-type", "draft-simple", "-td", str(threads), "-ngld", "0"]
+        spec = {"draft": str(draft)}
+    for key, flag, value in (
+        ("draft_max", "--spec-draft-n-max", draft_max),
+        ("draft_min", "--spec-draft-n-min", draft_min),
+    ):
+        if value is not None:
+            if draft is None:
+                raise LabError(
+                    f"{key}={value!r} without draft=: expected a draft model's GGUF (draft=PATH) to draft with"
+                )
+            lo = 0 if key == "draft_min" else 1  # llama.cpp's --spec-draft-n-min defaults to 0
+            spec[key] = whole(value, key, f"a whole number of draft tokens per step, at least {lo}", lo=lo)
+            argv += [flag, str(spec[key])]
     # what it runs with: llama.cpp takes -b at most the whole context (-c), and -ub at most -b (llama-context.cpp)
     b = min(batch or LLAMA_SERVER_BATCH, n_ctx * parallel)
-    settings = {"batch": b, "ubatch": min(b, ubatch or LLAMA_SERVER_UBATCH)}
+    settings = {"batch": b, "ubatch": min(b, ubatch or LLAMA_SERVER_UBATCH), **spec}
     return Launch(argv, "llama.cpp (built by lablib)", ["/health"], "lab-model", settings=settings)
 
 
@@ -433,6 +465,7 @@ def _vllm(
     prefix_caching: bool = False,
     num_gpu_blocks: int | None = None,
     max_num_batched_tokens: int | None = None,
+    speculative_config: dict | None = None,
 ):
     """vLLM's OpenAI server (its CPU build) on the HF folder: ``parallel`` sequences scheduled together
     (``--max-num-seqs``), ``threads`` CPUs bound to its worker (VLLM_CPU_OMP_THREADS_BIND: by default
@@ -448,7 +481,9 @@ def _vllm(
     scheduler's token budget per step (``--max-num-batched-tokens``; vLLM's CPU default is 1024 here):
     a prompt longer than what is left of it after the running sequences' decode tokens is prefilled in
     chunks (chunked prefill). It IS part of the compile-cache key (SchedulerConfig.compute_hash): a new
-    value compiles for minutes."""
+    value compiles for minutes. ``speculative_config``: vLLM's own speculative decoding
+    (``--speculative-config``, JSON: ``{"method": "ngram", "num_speculative_tokens": 3,
+    "prompt_lookup_max": 3}``); its /metrics then count drafts and accepted tokens (``spec_decode_*``)."""
     from lablib.build.vllm import ensure
 
     python = str(ensure(log=lambda m: print(m, file=sys.stderr, flush=True)))
@@ -490,6 +525,15 @@ def _vllm(
             max_num_batched_tokens, "max_num_batched_tokens", "a whole number of tokens per step, at least 1"
         )
         argv += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
+    if speculative_config is not None:
+        import json
+
+        if not isinstance(speculative_config, dict) or "method" not in speculative_config:
+            raise LabError(
+                f"speculative_config={speculative_config!r}: expected a dict with vLLM's 'method' "
+                "(e.g. {'method': 'ngram', 'num_speculative_tokens': 3, 'prompt_lookup_max': 3})"
+            )
+        argv += ["--speculative-config", json.dumps(speculative_config)]
     env = {
         "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
         "VLLM_CPU_OMP_THREADS_BIND": bind,
@@ -517,6 +561,7 @@ def _vllm(
         "aot_compile": False,
         "num_gpu_blocks": num_gpu_blocks,  # None: what its KV cache space gives
         "max_num_batched_tokens": max_num_batched_tokens,  # None: vLLM's default
+        "speculative_config": speculative_config,  # None: no speculation
     }
     version = _venv_version(python, "vllm-cpu")
     return Launch(argv, version, ["/v1/models"], "lab-model", env=env, settings=settings)
@@ -586,6 +631,43 @@ def server_options(name: str) -> tuple[str, ...]:
 
     params = inspect.signature(SERVERS[canonical_server(name)].command).parameters
     return tuple(p for p in params if p not in _COMMAND_ARGS)
+
+
+# the speculative decoding each server runs itself (lab 10): method -> its options for k draft tokens a step and a
+# draft (llama-server: a GGUF path), as start_server's options= takes them
+SPECULATION: dict[str, dict[str, Callable]] = {
+    "llama-server": {"draft model": lambda k, draft: {"draft": str(draft), "draft_max": k, "draft_min": 0}},
+    "vllm": {
+        "ngram": lambda k, draft: {
+            "speculative_config": {
+                "method": "ngram",
+                "num_speculative_tokens": k,
+                "prompt_lookup_max": 3,
+                "prompt_lookup_min": 2,
+            }
+        }
+    },
+}
+
+
+def speculation_methods(name: str) -> tuple[str, ...]:
+    """The speculative methods server ``name`` runs itself (:data:`SPECULATION`; () = none)."""
+    return tuple(SPECULATION.get(canonical_server(name), {}))
+
+
+def speculation_options(name: str, method: str, k: int, draft=None) -> dict:
+    """``options=`` for :func:`start_server` that make server ``name`` speculate with ``method``, ``k`` draft
+    tokens a step (``draft``: the draft model's GGUF where the method takes one). LabError for another method."""
+    name = canonical_server(name)
+    k = whole(k, "k", "a whole number of draft tokens per step, at least 1")
+    make = SPECULATION.get(name, {}).get(method)
+    if make is None:
+        raise LabError(
+            f"{name} runs no {method!r} speculation in the lab; expected one of {', '.join(speculation_methods(name)) or 'none'}"
+        )
+    if method == "draft model" and draft is None:
+        raise LabError(f"{name} speculating with a draft model needs draft= (the draft's GGUF path)")
+    return make(k, draft)
 
 
 def _command(

@@ -10,7 +10,9 @@
   client and by the server);
 - :mod:`lablib.plots.quant`, ``.roofline``, ``.prefix``: labs 06, 07, 08;
 - :mod:`lablib.plots.scheduler`: lab 09 (head-of-line blocking, the saturation knee, prefix reuse on real
-  traffic and by chat turn).
+  traffic and by chat turn);
+- :mod:`lablib.plots.speculative`, ``.structured``: lab 10 (speedup against draft length beside Leviathan et
+  al.'s prediction, acceptance by draft position; a grammar's cost and what it buys).
 
 A figure only draws: its numbers come from :mod:`lablib.results.tables`, its columns are declared
 in :mod:`lablib.results.schema`, and plotly is imported inside each function (``import lablib.plots``
@@ -26,6 +28,8 @@ from lablib.plots.context import context_bars, context_lines
 from lablib.plots.phases import prefill_decode_bars
 from lablib.plots.scheduler import hol_timeline, knee_plot, reuse_bars, turn_lines
 from lablib.plots.serving import rate_sweep, server_timeline
+from lablib.plots.speculative import acceptance_by_position, speedup_vs_k
+from lablib.plots.structured import tpot_with_without, valid_share
 from lablib.plots.style import (
     ENGINE_COLORS,
     ENGINE_SYMBOL,
@@ -54,6 +58,7 @@ __all__ = [
     "QUEUE_COLOR",
     "engine_order",
     "mode_order",
+    "acceptance_by_position",
     "anchor_bars",
     "color",
     "concurrency_lines",
@@ -67,7 +72,10 @@ __all__ = [
     "rate_sweep",
     "reuse_bars",
     "server_timeline",
+    "speedup_vs_k",
     "timeline",
     "topk_at_divergence",
+    "tpot_with_without",
     "turn_lines",
+    "valid_share",
 ]

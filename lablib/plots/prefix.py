@@ -74,27 +74,19 @@ def kept_memory(table, title: str | None = None):
     fig = go.Figure()
     for engine in engine_order(table):
         g = table[table["engine"] == engine].sort_values("tokens")
-        fig.add_trace(
-            go.Scatter(
-                x=g["tokens"],
-                y=g["formula_bytes"] / 1e6,
-                mode="lines",
-                name=f"{engine}, 2 x layers x KV heads x head size x bytes",
-                line={"color": color(engine), "dash": "dot"},
-            )
+        formula = dict(mode="lines", line={"color": color(engine), "dash": "dot"})
+        measured = dict(
+            mode="markers",
+            marker={"color": color(engine), "size": 10},
+            hovertext=[
+                f"{engine}: {n} tokens, {b / 1e6:.2f} MB kept ({b / n / 1e3:.1f} KB a token)"
+                for n, b in zip(g["tokens"], g["kept_bytes"])
+            ],
+            hoverinfo="text",
         )
-        fig.add_trace(
-            go.Scatter(
-                x=g["tokens"],
-                y=g["kept_bytes"] / 1e6,
-                mode="markers",
-                name=f"{engine}, measured",
-                marker={"color": color(engine), "size": 10},
-                hovertext=[
-                    f"{engine}: {n} tokens, {b / 1e6:.2f} MB kept ({b / n / 1e3:.1f} KB a token)"
-                    for n, b in zip(g["tokens"], g["kept_bytes"])
-                ],
-                hoverinfo="text",
-            )
-        )
+        for col, name, look in (
+            ("formula_bytes", "2 x layers x KV heads x head size x bytes", formula),
+            ("kept_bytes", "measured", measured),
+        ):
+            fig.add_trace(go.Scatter(x=g["tokens"], y=g[col] / 1e6, name=f"{engine}, {name}", **look))
     return titled(fig, title or "What a kept prefix cache costs", x="cached tokens", y="KV cache kept (MB)")

@@ -210,6 +210,51 @@ LADDER = (
     "quantize_s",
     "cached",
 )
+# speculative decoding (lablib.studies.decoding.speculative, lab 10): how the request speculated (spec_method:
+# "none", "draft model", "prompt lookup", "ngram"), the draft (a GGUF type, a dtype, "lookup") and its KL to the
+# target per token (nats, lab 06's measure) and its cost per token relative to the target's (c, from their
+# plain TPOTs; 0 for a lookup), the target's weights, draft tokens per step (k), the prompt's kind
+# (prose, code, repetitive), the engine's own counters (tokens drafted and accepted; their ratio, the acceptance
+# rate alpha; target forward passes after the prefill, output tokens per pass; per pass: drafted and accepted),
+# whether the greedy output equals the same engine's without speculation (and the first index where it does not),
+# and how the tokens arrived (distinct token stamps; the most tokens sharing one stamp: a verified run)
+SPECULATIVE = (
+    "spec_method",
+    "draft",
+    "draft_kl",
+    "draft_cost",
+    "target",
+    "k",
+    "text_kind",
+    "draft_n",
+    "draft_n_accepted",
+    "acceptance",
+    "target_passes",
+    "tokens_per_pass",
+    "drafted_per_pass",
+    "accepted_per_pass",
+    "same_as_plain",
+    "diverged_at",
+    "token_arrivals",
+    "max_tokens_per_arrival",
+)
+# structured output (lablib.studies.decoding.structured, lab 10): the constraint's kind (json_schema, regex, or
+# none) and name, whether the request carried it, its arm (first: the first constrained request of that schema;
+# cached: later ones; free: no constraint), the seconds to compile it (compile_s) and where that number comes from
+# (compile_source: "engine", the engine timed its own compile; "ttft_difference", a server's first TTFT minus its
+# cached ones), whether a compiled grammar was reused, and whether the output parses as JSON and validates against
+# the schema (jsonschema) or matches the regex in full
+STRUCTURED = (
+    "constraint_kind",
+    "schema",
+    "constrained",
+    "arm",
+    "compile_s",
+    "compile_source",
+    "compile_cached",
+    "parses",
+    "valid",
+)
 # what a row written before a column existed means by its absence (lablib.results.store.load_results)
 DEFAULTS = {"cached_tokens": 0}
 # present in some rows only: output ids, decoded text, an error message, the file a row came from
@@ -233,6 +278,8 @@ COLUMNS = (
     + SCHEDULER
     + QUALITY
     + LADDER
+    + SPECULATIVE
+    + STRUCTURED
 )
 
 # --- the columns of tables (lablib.results.tables, lablib.studies): what rows become ------------------------
@@ -369,10 +416,49 @@ SCHEDULER_TABLES = (
     "same_output",
     "ttft_max_s",
 )
+# lab 10's speedup table (lablib.studies.decoding.speculative.speedup_table; with SPECULATIVE's labels): the same
+# engine's medians without speculation (TPOT, e2e, s), measured speedups (plain / speculative), the tokens per pass and speedup Leviathan et al.
+# 2023 predict from alpha, k and c, and measured over predicted; acceptance by position in the draft
+# (position_table: position 0.., drafts that reached it, the share of them accepted there)
+SPECULATIVE_TABLES = (
+    "plain_tpot_s",
+    "plain_e2e_s",
+    "tpot_speedup",
+    "e2e_speedup",
+    "predicted_tokens_per_pass",
+    "predicted_speedup",
+    "speedup_ratio",
+    "position",
+    "drafts_at_position",
+    "accepted_share",
+)
+# lablib.studies.decoding.structured.structured_table, one row per engine x schema: compile seconds of the first
+# constrained request and of a cached one, medians of TTFT and TPOT (seconds) without and with the constraint and
+# their ratio (with / without), and the share of outputs that validate (0..1) without and with it (and requests,
+# SUMMARY's)
+STRUCTURED_TABLE = (
+    "compile_first_s",
+    "compile_cached_s",
+    "ttft_free_s",
+    "ttft_constrained_s",
+    "tpot_free_s",
+    "tpot_constrained_s",
+    "tpot_ratio",
+    "valid_free",
+    "valid_constrained",
+)
 # the columns of tables that no row carries (a summary's output_tokens is the run's sum of the rows' own)
 TABLE_COLUMNS = tuple(
     c
-    for c in SUMMARY + BATCH_SWEEP + ANCHOR + PREFIX_MEMORY + SERVER + REPLAY_SUMMARY + SCHEDULER_TABLES
+    for c in SUMMARY
+    + BATCH_SWEEP
+    + ANCHOR
+    + PREFIX_MEMORY
+    + SERVER
+    + REPLAY_SUMMARY
+    + SCHEDULER_TABLES
+    + SPECULATIVE_TABLES
+    + STRUCTURED_TABLE
     if c not in COLUMNS
 )
 # what lablib.results.tables.need accepts: a column of a result row or of a table

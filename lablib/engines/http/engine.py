@@ -112,6 +112,13 @@ def _check_host_port(base_url: str) -> None:
 
 
 # --- the engine --------------------------------------------------------------------------------
+def _refused(e) -> bool:
+    """Whether a failed request was the server refusing it before any token: HTTP 400 (llama-server's JSON schema
+    conversion), or its own error event with no token yet (vLLM's grammar compile fails in its engine core)."""
+    tr = getattr(e, "trace", None)
+    return e.status == 400 or (getattr(e, "server_error", False) and not (tr is not None and tr.output_tokens))
+
+
 class HTTPEngine(Engine):
     """An OpenAI-compatible server at ``base_url`` (".../v1"), streamed with aiohttp.
 
@@ -537,9 +544,45 @@ class HTTPEngine(Engine):
         return "messages" if self.api == "chat" else "text"
 
     # --- requests ------------------------------------------------------------------------------
+    @property
+    def constraints(self) -> tuple[str, ...]:
+        """The Constraint kinds this server's requests carry (its profile's ``constraint`` form)."""
+        return ("json_schema", "regex") if self.profile.constraint else ()
+
+    def _constraint_body(self, c) -> dict:
+        """The request fields that carry constraint ``c`` (:attr:`ServerProfile.constraint`)."""
+        if self.profile.constraint == "structured_outputs":
+            return {"structured_outputs": {"json" if c.kind == "json_schema" else "regex": c.spec}}
+        if c.kind == "json_schema":
+            return {"json_schema": c.spec}
+        from lablib.engines.llamacpp import _to_gbnf  # llama.cpp's own converter (llama-cpp-python's port)
+
+        return {"grammar": _to_gbnf("regex", c.spec)}
+
+    def _constraint_error(self, ids, cfg: GenerationConfig, err) -> LabError:
+        """A server's refusal of a constraint (HTTP 400) as a ConstraintError: the server's message and the part of
+        the schema that fails alone (each part probed with a one-token request; a refusal costs no decode)."""
+        from dataclasses import replace
+
+        from lablib.engines.base import Constraint, ConstraintError, schema_part
+
+        c = cfg.constraint
+
+        def fails(sub) -> bool:
+            probe = replace(cfg, max_new_tokens=1, constraint=Constraint.json_schema(sub, c.name))
+            try:
+                self.run(self.agenerate(ids, probe, _checked=True))
+            except HTTPEngineError as e:
+                return _refused(e)
+            return False
+
+        part = schema_part(c.spec, fails) if c.kind == "json_schema" else None
+        return ConstraintError(f"{self.kind} server (http engine)", c, str(err), part)
+
     def _request(self, ids: list[int], cfg: GenerationConfig, messages=None) -> tuple[str, dict, int]:
         """(url, JSON body, prompt tokens as the lab counts them) for one request."""
         p = self.profile
+        self.check_constraint(cfg)
         if self.api == "native":
             body = {
                 "prompt": ids,
@@ -555,6 +598,8 @@ class HTTPEngine(Engine):
                 body["top_k"] = 1
             if cfg.ignore_eos:
                 body["ignore_eos"] = True
+            if cfg.constraint is not None:
+                body.update(self._constraint_body(cfg.constraint))
             return f"{self.root_url}/completion", body, len(ids)
         body = {
             "stream": True,
@@ -588,6 +633,8 @@ class HTTPEngine(Engine):
                 )
             if p.fixed == "logit_bias" and self.eos_ids:
                 body["logit_bias"] = {str(e): -100 for e in sorted(self.eos_ids)}
+        if cfg.constraint is not None:
+            body.update(self._constraint_body(cfg.constraint))
         if self.api == "completions":
             if p.ids:
                 body["prompt"], n = list(ids), len(ids)
@@ -611,7 +658,12 @@ class HTTPEngine(Engine):
                 raise LabError("empty prompt: expected at least one token id")
             self.check_ids(ids)
             self.check_context(len(ids), cfg.max_new_tokens)
-        return self.run(self.agenerate(ids, cfg, t_submit=t_submit, messages=messages, _checked=True))
+        try:
+            return self.run(self.agenerate(ids, cfg, t_submit=t_submit, messages=messages, _checked=True))
+        except HTTPEngineError as e:
+            if cfg.constraint is None or not _refused(e) or messages is not None:
+                raise
+            raise self._constraint_error(ids, cfg, e) from e
 
     async def agenerate(
         self,

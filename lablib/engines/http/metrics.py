@@ -142,6 +142,31 @@ def scrape(root_url: str, timeout_s: float = 2.0, only_view: bool = False) -> li
     return samples
 
 
+# a server's speculative-decoding counters (vLLM's spec_decode_*; llama-server reports per response, in timings)
+SPEC_SOURCES = {
+    "drafts": "vllm:spec_decode_num_drafts_total",
+    "draft_n": "vllm:spec_decode_num_draft_tokens_total",
+    "draft_n_accepted": "vllm:spec_decode_num_accepted_tokens_total",
+}
+SPEC_BY_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"  # label position=0,1,...
+
+
+def speculation_counters(root_url: str, timeout_s: float = 2.0) -> dict:
+    """A server's speculative-decoding counters now, summed over label sets: ``drafts`` (draft runs
+    proposed), ``draft_n`` (tokens drafted), ``draft_n_accepted`` (accepted) and ``accepted_by_position``
+    ({position: accepted tokens}); {} when the server counts none (no speculation, or another server)."""
+    samples = scrape(root_url, timeout_s)
+    out: dict = {}
+    for key, name in SPEC_SOURCES.items():
+        vals = [s["value"] for s in samples if s["name"] == name]
+        if vals:
+            out[key] = sum(vals)
+    pos = {int(s["labels"].get("position", 0)): s["value"] for s in samples if s["name"] == SPEC_BY_POSITION}
+    if pos:
+        out["accepted_by_position"] = dict(sorted(pos.items()))
+    return out
+
+
 def _number(key: str, v: float):
     return int(v) if key != "kv_usage" and float(v).is_integer() else v
 

@@ -39,6 +39,9 @@ class ServerProfile:
     ``model_id``: the model id requests name when none is given (None: the first of ``/v1/models``).
     ``keep_alive``: the server keeps a connection open after a streamed answer and takes the next request
     on it (HTTP/1.1 keep-alive), so the engine pools connections instead of opening one per request.
+    ``constraint``: how a request carries a Constraint (structured output, lab 10): "gbnf" (llama-server's
+    ``json_schema`` field, a regex as a GBNF ``grammar``: it has no regex field), "structured_outputs" (vLLM's
+    ``structured_outputs: {json | regex}``); None: the lab sends none (the engine refuses a constrained request).
     """
 
     ids: bool
@@ -49,6 +52,7 @@ class ServerProfile:
     chunk_usage: bool = False
     model_id: str | None = None
     keep_alive: bool = False
+    constraint: str | None = None
 
 
 # kind of server -> its profile; lablib.engines.servers.SERVERS gives each server the lab starts its row here
@@ -58,7 +62,9 @@ PROFILES = {
     # cost to the server, where `logprobs` (an alias of n_probs: a softmax over the vocabulary per token) made its
     # TPOT 1.04x a plain request's (1.00-1.11x over 3 runs; `verbose` 0.91-0.98x: benchmarks/request_options.py,
     # 8-10 interleaved rounds, 1 slot, 2-core EPYC)
-    "llama-server": ServerProfile(ids=True, fixed="ignore_eos", extra={"cache_prompt": False, "verbose": True}),
+    "llama-server": ServerProfile(
+        ids=True, fixed="ignore_eos", extra={"cache_prompt": False, "verbose": True}, constraint="gbnf"
+    ),
     # llama_cpp/server/types.py: prompt is str | list[str]; min_tokens masks EOS; no usage in streams;
     # logprobs would sort the whole vocabulary per token in Python (distorts what it measures)
     "llama-cpp-python": ServerProfile(ids=False, fixed="min_tokens", stream_usage=False),
@@ -72,7 +78,12 @@ PROFILES = {
     # cumulative usage per chunk; prefix caching on by default (the lab starts it off: engines.servers);
     # uvicorn keeps connections alive (vllm bench pools them: TCPConnector(keepalive_timeout=60))
     "vllm": ServerProfile(
-        ids=True, fixed="ignore_eos", extra={"return_token_ids": True}, chunk_usage=True, keep_alive=True
+        ids=True,
+        fixed="ignore_eos",
+        extra={"return_token_ids": True},
+        chunk_usage=True,
+        keep_alive=True,
+        constraint="structured_outputs",
     ),
     # any other OpenAI-compatible server
     "openai": ServerProfile(ids=False, fixed="logit_bias"),
@@ -311,7 +322,9 @@ class _StreamState:
         if ev.event == "error" or obj.get("error"):
             err = obj.get("error", obj)
             msg = err.get("message", err) if isinstance(err, dict) else err
-            raise HTTPEngineError(f"the server sent an error mid-stream after {tr.output_tokens} tokens: {msg}", tr)
+            err = HTTPEngineError(f"the server sent an error mid-stream after {tr.output_tokens} tokens: {msg}", tr)
+            err.server_error = True  # the server's own error event (vLLM's grammar errors arrive so)
+            raise err
         text, reasoning, ids, lp, finish, usage, timings, _ = _read_chunk(obj, self.engine.api)
         if timings:
             tr.server_timings = timings
