@@ -691,19 +691,19 @@ NB09_FIGURES = (
 )
 
 
-def test_notebook_09_runs_in_the_browser(browser, lab_server):
-    """Lab 09 starts llama-servers and a vLLM from a kernel the browser drives: its head-of-line timeline, its
-    knee figure, the replayed Mooncake slice's timeline, prefix caching on and off and the chat turns are
-    each drawn with data in them."""
-    page = open_notebook(browser, lab_server, NB09)
+def _figures_drawn(browser, lab_server, nb: str, budget_s: float, shot: str, expected) -> None:
+    """Run notebook ``nb`` in the browser (within ``budget_s``), screenshot it to ``shot``, and check that a figure
+    titled with each of ``expected`` (a start of a title, or a tuple of alternatives) is on screen and that every
+    figure drew traces with data."""
+    page = open_notebook(browser, lab_server, nb)
     try:
-        run = run_all(page, NB09, NB09_S)
-        full_screenshot(page, NB09, "09_scheduler.png")
-        assert_screen_ok(page, NB09, run)
-        figures = page.evaluate(FIGURES_JS, NB09)
-        print(f"[browser test] {NB09}: figures {figures}")
+        run = run_all(page, nb, budget_s)
+        full_screenshot(page, nb, shot)
+        assert_screen_ok(page, nb, run)
+        figures = page.evaluate(FIGURES_JS, nb)
+        print(f"[browser test] {nb}: figures {figures}")
         titles = [f["title"] for f in figures]
-        for start in NB09_FIGURES:  # a tuple: one of them
+        for start in expected:  # a tuple: one of them
             assert any(t.startswith(start) for t in titles), f"no figure titled {start!r}...: {titles}"
         for f in figures:
             drawn = [t for t in f["traces"] if t["visible"] and t["n"]]
@@ -711,6 +711,13 @@ def test_notebook_09_runs_in_the_browser(browser, lab_server):
     finally:
         page.close()
         lab_server.shutdown_kernels()  # the notebook stops the servers it started; engines' memory back
+
+
+def test_notebook_09_runs_in_the_browser(browser, lab_server):
+    """Lab 09 starts llama-servers and a vLLM from a kernel the browser drives: its head-of-line timeline, its
+    knee figure, the replayed Mooncake slice's timeline, prefix caching on and off and the chat turns are
+    each drawn with data in them."""
+    _figures_drawn(browser, lab_server, NB09, NB09_S, "09_scheduler.png", NB09_FIGURES)
 
 
 # lab 10's figures, by the start of their titles (lablib.plots.speculative and plots.structured)
@@ -726,19 +733,4 @@ def test_notebook_10_runs_in_the_browser(browser, lab_server):
     """Lab 10 speculates on llama.cpp and llama-server and constrains llama.cpp and transformers from a kernel the
     browser drives: its speedup and acceptance figures and its two structured-output figures are each drawn with
     data in them (the values are tests/test_speculative.py's and tests/test_structured.py's)."""
-    page = open_notebook(browser, lab_server, NB10)
-    try:
-        run = run_all(page, NB10, NB10_S)
-        full_screenshot(page, NB10, "10_decoding_tricks.png")
-        assert_screen_ok(page, NB10, run)
-        figures = page.evaluate(FIGURES_JS, NB10)
-        print(f"[browser test] {NB10}: figures {figures}")
-        titles = [f["title"] for f in figures]
-        for start in NB10_FIGURES:
-            assert any(t.startswith(start) for t in titles), f"no figure titled {start!r}...: {titles}"
-        for f in figures:
-            drawn = [t for t in f["traces"] if t["visible"] and t["n"]]
-            assert drawn and f["points"] + f["lines"] > 0, f"{f['title']!r} drew nothing: {f}"
-    finally:
-        page.close()
-        lab_server.shutdown_kernels()
+    _figures_drawn(browser, lab_server, NB10, NB10_S, "10_decoding_tricks.png", NB10_FIGURES)
