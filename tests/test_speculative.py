@@ -166,3 +166,13 @@ def test_llama_server_draft_model_lossless_and_counted(model):
     assert t["draft_n"] >= t["draft_n_accepted"] > 0
     assert "draft_n" not in out["plain"].server_timings
     print(f"llama-server Q4_1 target, Q4_0 draft: drafted {t['draft_n']}, accepted {t['draft_n_accepted']}")
+
+
+def test_a_draft_loops_logits_that_will_not_fit_are_refused_before_loading(model, monkeypatch):
+    """llama-cpp-python keeps n_ctx x vocabulary float32 logits with a draft model: 8192 x 49,152 x 4 bytes = 1.50
+    GiB; with 1 GiB available it is refused, naming the n_ctx that fits (0.5 GiB / (49,152 x 4) = 2730)."""
+    import lablib.machine
+
+    monkeypatch.setattr(lablib.machine, "available_ram_bytes", lambda: 2**30)
+    with pytest.raises(LabError, match=r"n_ctx=8192: .* 1\.50 GiB for 49152 tokens .* use n_ctx=2730 or less"):
+        load_engine("llama.cpp", model, n_ctx=8192, speculative=4, threads=1)

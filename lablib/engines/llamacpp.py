@@ -88,7 +88,7 @@ class LlamaCppEngine(Engine):
         """``speculative=k``: llama-cpp-python's prompt lookup (its one draft model that needs no second model)."""
         if method not in cls.speculation_methods or draft is not None:
             return super().speculation_kwargs(f"{method} (draft={draft})" if draft else method, k)
-        return {"speculative": k, "n_ctx": 512}
+        return {"speculative": k}
 
     # a GBNF grammar sampler first in the chain (llama_sampler_init_grammar): a JSON schema or a regex made GBNF by
     # llama-cpp-python's port of llama.cpp's json_schema_to_grammar.py (the regex with --raw-pattern)
@@ -151,6 +151,8 @@ class LlamaCppEngine(Engine):
         path = model.path_for("gguf", self.name)
         self._init_threads(threads)
         self._n_ctx_req = whole(n_ctx or self.default_n_ctx(model), "n_ctx", "a positive number of tokens")
+        if self._draft is not None:
+            _check_draft_scores(model, self._n_ctx_req)
         self.n_batch = int(n_batch)
         n_seq_max = int(n_seq_max)
         if not 1 <= n_seq_max <= llama_cpp.llama_max_parallel_sequences():
@@ -604,6 +606,23 @@ def _converts(schema) -> bool:
         return True
     except (AssertionError, ValueError, KeyError, TypeError):
         return False
+
+
+def _check_draft_scores(model, n_ctx: int) -> None:
+    """With a draft model llama-cpp-python keeps the logits of every position (``logits_all``): a float32 array of
+    n_ctx x vocabulary, allocated at load (8192 x 49,152 tokens: 1.5 GiB). LabError when it would take more than
+    half the memory available (:func:`lablib.machine.available_ram_bytes`), naming the n_ctx that fits."""
+    from lablib.machine import available_ram_bytes
+    from lablib.model.shape import model_dims
+
+    vocab = model_dims(model)["vocab"]
+    need, room = n_ctx * vocab * 4, available_ram_bytes() // 2
+    if vocab and need > room:
+        raise LabError(
+            f"speculative= with n_ctx={n_ctx}: llama-cpp-python's draft loop keeps every position's logits, "
+            f"{need / 2**30:.2f} GiB for {vocab} tokens of vocabulary, more than half of the "
+            f"{2 * room / 2**30:.2f} GiB available; use n_ctx={max(1, room // (vocab * 4))} or less"
+        )
 
 
 def _lookup_draft(k, n_seq_max: int):
