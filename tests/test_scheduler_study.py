@@ -174,6 +174,18 @@ def test_prefill_steps_of_a_chunked_prompt():
         S.prefill_steps(10, 2, decoding=2)
 
 
+def test_steps_a_servers_counter_counts_for_one_request_alone():
+    """llama-server's n_decode_total counts every llama_decode call: 4 prefill chunks of 64, then 7 more tokens;
+    vLLM's iteration-tokens histogram counts only steps that returned a token (its output handler makes no
+    IterationStats for an empty step), so a solo prompt's earlier chunks are invisible: 8 at any budget (the
+    8 a run of benchmarks/hol_vllm.py counted at budget 64, where the step arithmetic says 11)."""
+    llama, vllm = "llamacpp:n_decode_total", "vllm:iteration_tokens_total_count"
+    assert set(S.STEP_COUNTERS) == {llama, vllm}
+    assert S.steps_counted(llama, 256, 64, 8) == 4 + 7 and S.steps_counted(llama, 256, 2048, 8) == 1 + 7
+    assert S.steps_counted(vllm, 256, 64, 8) == 8 and S.steps_counted(vllm, 256, None, 8) == 8
+    assert S.steps_counted(llama, 256, None, 8) is None and S.steps_counted(None, 256, 64, 8) is None
+
+
 def hand_rows():
     """Two short streams, a token every 0.1 s from t=0.1, except a gap from 0.9 to 2.0 s; the long request
     arrives at 1.0 s and its first token comes at 2.05 s (4 tokens)."""
@@ -270,6 +282,54 @@ def test_head_of_line_blocking_on_llama_server_whole_prompt_against_chunks(model
     ]
     assert {t.name for t in fig.data} == {"short stream 0", "short stream 1", "long request's tokens"}
     assert sum(s.type == "rect" for s in fig.layout.shapes) == 2  # each panel's prefill window
+
+
+@pytest.mark.engine
+def test_head_of_line_blocking_in_process_llama_cpp_counts_its_own_steps(model):
+    """llama.cpp's own continuous batching in this process (LlamaCppBatchSession), two short streams and a
+    256-token prompt arriving after 8 of their tokens: with n_batch 512 the prompt joins one step beside the
+    two decode tokens, so each short stream gets exactly 1 token until the long request's first (stamped in
+    the same step, just before it); with n_batch 64 it is ceil(256 / 62) = 5 steps, a short token in each.
+    The lab drives the steps, so these are the engine's counts, exact, without an HTTP thread in between."""
+    from lablib import plots
+    from lablib.engines import load_engine
+
+    runs = {}
+    for n_batch in (512, 64):
+        engine = load_engine("llama.cpp", model, n_ctx=3 * 512, n_seq_max=3, n_batch=n_batch, threads=1)
+        try:
+            runs[n_batch] = S.hol_in_process(engine, short_streams=2, long_prompt_tokens=256, short_tokens_before=8)
+        finally:
+            engine.close()
+    table = S.hol_table(runs.values())
+    print(table.T.to_string())
+    for n_batch, steps in ((512, 1), (64, 5)):
+        run, s = runs[n_batch], runs[n_batch].summary
+        assert [r["role"] for r in run.rows] == ["short", "short", "long"]
+        assert [r["batch_tokens"] for r in run.rows] == [n_batch] * 3 and s["long_prompt_tokens"] == 256
+        assert s["prefill_steps_predicted"] == s["steps_to_first_token"] == steps, s
+        assert s["short_tokens_during_min"] == s["short_tokens_during_max"] == steps, s
+        assert s["shorts_outlast_prefill"], s
+        assert [r["output_tokens"] for r in run.rows] == [s["new_tokens"]] * 3
+        # each short stream had its 8 tokens before the long prompt was submitted
+        before = run.tokens[(run.tokens["role"] == "short") & (run.tokens["t_s"] < s["long_arrival_s"])]
+        assert before.groupby("request_index").size().tolist() == [8, 8]
+        # the steps: the short prompts (one step), 7 more for their first 8 tokens, then every token of the
+        # longest request after its prefill
+        assert s["engine_steps"] == 1 + 7 + steps + s["new_tokens"] - 1, s
+    fig = plots.hol_timeline(pd.concat([r.tokens for r in runs.values()]), table)
+    assert [a.text for a in fig.layout.annotations][:2] == [
+        "batch of 512 tokens per step",
+        "batch of 64 tokens per step",
+    ]
+
+
+def test_hol_in_process_refuses_what_it_cannot_run(model):
+    engine = SimpleNamespace(model=model, n_batch=64)
+    with pytest.raises(LabError, match=r"new_tokens=8: expected .*more than short_tokens_before=8"):
+        S.hol_in_process(engine, short_tokens_before=8, new_tokens=8)
+    with pytest.raises(LabError, match=r"a step of 64 tokens with 64 streams decoding leaves no room"):
+        S.hol_in_process(engine, short_streams=64)
 
 
 @pytest.mark.engine

@@ -351,7 +351,9 @@ REPLAY_SUMMARY = (
 # and their ratio; the fewest and most tokens a short stream got during that prefill, the prefill steps
 # predicted, whether the short streams outlasted it, and the server's own step count over the run; the long
 # request's send time and the short streams' budget, s and tokens; the warm-up's long prompt alone: its TTFT
-# and TPOT, s, and its steps counted by the server and predicted); the
+# and TPOT, s, and its steps counted by the server and predicted, and the name of the server's step counter;
+# in process, hol_in_process: the engine's steps from the long request's submission to its first token and over
+# the run, the short streams' tokens before it was submitted, every request's budget); the
 # server's /metrics over a run (gauge maxima, preemptions counted); the KV cache predicted (kv_prediction:
 # blocks in all and holding tokens, bytes per token and in all, a sequence's tokens and blocks, sequences that
 # fit, the running maximum, waiting, preemption and KV use, 0..1, predicted, and what vLLM would state) beside
@@ -382,6 +384,11 @@ SCHEDULER_TABLES = (
     "solo_tpot_s",
     "solo_server_steps",
     "solo_steps_predicted",
+    "step_counter",
+    "steps_to_first_token",
+    "engine_steps",
+    "short_tokens_before",
+    "new_tokens",
     "running_max",
     "waiting_max",
     "kv_usage_max",

@@ -6,7 +6,9 @@ rows and returning tables (pandas DataFrames):
 - **head-of-line blocking** (:func:`hol_blocking`): a few short streams decoding, then one long prompt
   arrives; the short streams' inter-token latency over time shows whether the long prompt's prefill
   stalled them (one step that holds the whole prompt) or was cut into chunks between their decode steps
-  (:func:`token_table`, :func:`hol_summary`, :func:`hol_table`);
+  (:func:`token_table`, :func:`hol_summary`, :func:`hol_table`); the same inside this process on an
+  engine's own continuous batching (:func:`hol_in_process`: llama.cpp's batch session, its steps counted
+  exactly);
 - **the KV cache as the limit** (:func:`kv_capacity`): how many sequences of a length fit in a KV cache of
   N blocks (:func:`kv_prediction`, from the model's shape), beside what the server says at start
   (:func:`stated_capacity`, from its log) and what it does when concurrency rises (its ``/metrics``: running,
@@ -28,13 +30,18 @@ from __future__ import annotations
 
 from lablib.studies.scheduler.hol import (
     ROLES,
+    STEP_COUNTERS,
     HolRun,
     batch_tokens,
+    engine_batch_tokens,
     hol_blocking,
+    hol_in_process,
     hol_summary,
     hol_table,
     prefill_steps,
     server_steps,
+    step_counter,
+    steps_counted,
     token_table,
 )
 from lablib.studies.scheduler.knee import KNEE_RULE, find_knee, kneedle, rate_sweep
@@ -65,11 +72,14 @@ __all__ = [
     "KV_VIEW",
     "REUSE_VIEW",
     "ROLES",
+    "STEP_COUNTERS",
     "HolRun",
     "batch_tokens",
     "cache_block_tokens",
+    "engine_batch_tokens",
     "find_knee",
     "hol_blocking",
+    "hol_in_process",
     "hol_summary",
     "hol_table",
     "kneedle",
@@ -83,6 +93,8 @@ __all__ = [
     "seen_prefix",
     "server_kv_blocks",
     "server_steps",
+    "step_counter",
+    "steps_counted",
     "stated_capacity",
     "token_table",
     "trace_replay",

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
+from lablib.results.trace import now
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -58,27 +59,49 @@ def prefill_steps(prompt_tokens: int, budget: int | None, decoding: int = 0) -> 
     return max(1, math.ceil(prompt_tokens / room))
 
 
-# server-side step counters: llama-server's llama_decode() calls, vLLM's engine steps (its histogram of the
-# tokens per step counts one sample per step); the first found is read
-_STEP_COUNTERS = ("llamacpp:n_decode_total", "vllm:iteration_tokens_total_count")
+# server-side step counters, the first found is read: {metric: does it count a step that returned no token?}.
+# llama-server's n_decode_total counts every llama_decode() call, a prompt chunk's too. vLLM's histogram of the
+# tokens per step takes one sample per step that returned output (vllm/v1/engine/async_llm.py, output_handler:
+# ``IterationStats() if (log_stats and num_outputs) else None``): a chunk of a prompt that ends no prompt, in a
+# step where no other request decodes, returns nothing and is not counted
+STEP_COUNTERS = {"llamacpp:n_decode_total": True, "vllm:iteration_tokens_total_count": False}
 
 
-def server_steps(root_url: str) -> int | None:
-    """The server's own count of the steps it has run so far (``/metrics``: llama-server's
-    ``n_decode_total``, vLLM's ``iteration_tokens_total`` count); None without /metrics or such a counter."""
+def step_counter(root_url: str) -> tuple[str | None, int | None]:
+    """The server's own count of the steps it has run so far (``/metrics``), with the counter's name
+    (a key of :data:`STEP_COUNTERS`: llama-server's ``n_decode_total``, vLLM's ``iteration_tokens_total``
+    count); (None, None) without /metrics or such a counter."""
     from lablib.engines.http.metrics import scrape
 
     try:
         samples = scrape(root_url)
     except LabError:
-        return None
+        return None, None
     by = {}
     for s in samples:
         by[s["name"]] = by.get(s["name"], 0.0) + s["value"]
-    for name in _STEP_COUNTERS:
+    for name in STEP_COUNTERS:
         if name in by:
-            return int(by[name])
-    return None
+            return name, int(by[name])
+    return None, None
+
+
+def server_steps(root_url: str) -> int | None:
+    """The server's own step count so far (:func:`step_counter`); None without one."""
+    return step_counter(root_url)[1]
+
+
+def steps_counted(counter: str | None, prompt_tokens: int, budget: int | None, output_tokens: int) -> int | None:
+    """The steps ``counter`` (a key of :data:`STEP_COUNTERS`) counts for one request alone on the server: its
+    prefill steps (:func:`prefill_steps` of ``prompt_tokens`` at ``budget``), the last of which gives the first
+    token, then one per later token; for a counter of steps that returned a token (vLLM's), one per token
+    whatever the budget. None when the counter or (for llama-server's) the budget is unknown."""
+    if counter is None:
+        return None
+    if not STEP_COUNTERS[counter]:
+        return output_tokens
+    steps = prefill_steps(prompt_tokens, budget)
+    return None if steps is None else steps + output_tokens - 1
 
 
 def hol_blocking(
@@ -101,7 +124,8 @@ def hol_blocking(
     First a warm-up: a long prompt of the same length alone (8 tokens; a prompt no measured request
     uses), which also measures this machine: its TTFT (the prefill alone, ``solo_ttft_s``), its TPOT
     (``solo_tpot_s``) and the server's own step count for it (``solo_server_steps``, beside
-    ``solo_steps_predicted``: :func:`prefill_steps` of its prompt plus one step per later token). From
+    ``solo_steps_predicted``: :func:`steps_counted`, its prefill steps plus one per later token where the
+    counter counts every step, one per token where it counts only steps that returned one, as vLLM's does). From
     them, when not given: ``long_delay_s`` = twice a short prompt's TTFT (one more warm-up request) plus 20
     TPOTs (the short streams have decoded for a while when the long prompt arrives) and ``short_new_tokens`` enough to outlast its prefill (3x the tokens they would
     make before it arrives, plus one per predicted prefill step, plus 20; at most the slot's context).
@@ -125,8 +149,8 @@ def hol_blocking(
 
     Returns a :class:`HolRun`: rows (``role`` "short"/"long", ``batch_tokens``), the per-token table
     (:func:`token_table`) and the summary (:func:`hol_summary`, plus the warm-up's ``solo_*`` numbers,
-    ``long_delay_s``, ``short_new_tokens`` and ``server_steps``: the server's own step counter over the
-    run; None without one). LabError for bad arguments or too few slots."""
+    ``long_delay_s``, ``short_new_tokens``, ``server_steps``: the server's own step counter over the
+    run, None without one, and ``step_counter``: its name). LabError for bad arguments or too few slots."""
     from lablib.checks import whole
     from lablib.measure.load import run_load
     from lablib.measure.workload import DISTINCT_GAP, distinct_prompts, prompt_of_length
@@ -157,11 +181,10 @@ def hol_blocking(
     e = server.engine(model)
     try:
         e.check_context(long_prompt_tokens, max(warm_new, long_new_tokens))
-        before = server_steps(e.root_url)
+        counter, before = step_counter(e.root_url)
         solo = e.generate(warm, GenerationConfig(max_new_tokens=warm_new))  # the warm-up: the long prompt alone
         after = server_steps(e.root_url)
         solo_prompt = solo.usage_prompt_tokens or solo.prompt_tokens
-        solo_pred = prefill_steps(solo_prompt, budget)
         tpot = max(solo.tpot_s or 0.0, 1e-3)
         if long_delay_s is None:  # the short streams' prefill, then 20 of their tokens
             first = e.generate(warm_short, GenerationConfig(max_new_tokens=2)).ttft_s
@@ -198,8 +221,110 @@ def hol_blocking(
         solo_ttft_s=solo.ttft_s,
         solo_tpot_s=solo.tpot_s,
         solo_server_steps=None if before is None or after is None else after - before,
-        solo_steps_predicted=None if solo_pred is None else solo_pred + solo.output_tokens - 1,
+        solo_steps_predicted=steps_counted(counter, solo_prompt, budget, solo.output_tokens),
+        step_counter=counter,
     )
+    return HolRun(rows, token_table(rows), summary)
+
+
+def engine_batch_tokens(engine) -> int | None:
+    """The most tokens one step of an in-process ``engine``'s batch session computes: llama.cpp's
+    ``n_batch`` (its :class:`~lablib.engines.llamacpp.LlamaCppBatchSession` puts the decoding sequences'
+    tokens first, then prompt tokens up to ``n_batch``); None for an engine that does not say."""
+    n = getattr(engine, "n_batch", None)
+    return int(n) if n is not None else None
+
+
+def hol_in_process(
+    engine,
+    short_streams: int = 2,
+    long_prompt_tokens: int = 256,
+    short_tokens_before: int = 8,
+    short_prompt_tokens: int = 16,
+    new_tokens: int | None = None,
+) -> HolRun:
+    """Head-of-line blocking inside this process, on ``engine``'s own continuous batching
+    (``engine.batch_session``; llama.cpp: load it with ``n_seq_max >= short_streams + 1`` and the ``n_batch``
+    to study). ``short_streams`` requests of ``short_prompt_tokens`` are submitted at once; once each has
+    ``short_tokens_before`` tokens, one request of ``long_prompt_tokens`` is submitted, and the session steps
+    until every request is done; each request makes ``new_tokens`` (one session has one generation config;
+    greedy, end of text ignored), by default enough for the short streams to outlast the long prefill.
+    No prompt shares a prefix with another.
+
+    In process the lab drives the engine's steps, so the long prompt arrives between two steps and every
+    count is the engine's own, without an HTTP thread in between (:func:`hol_blocking` on a server has one):
+    ``steps_to_first_token`` counts the session's steps from the long request's submission to its first
+    token, beside ``prefill_steps_predicted`` (:func:`prefill_steps` of its prompt with the short streams
+    decoding); with llama.cpp both are equal, and each short stream gets exactly that many tokens while the
+    long prompt is prefilled (the last in the step that also gives the long request its first token, stamped
+    just before it).
+
+    Returns a :class:`HolRun` whose rows are :func:`lablib.results.store.trace_row` rows (``sweep``
+    "hol_in_process", ``mode`` "batched", ``role``, ``batch_tokens``) with the per-token table and the summary
+    (:func:`hol_summary` plus ``steps_to_first_token``, ``engine_steps`` over the run, ``short_tokens_before``,
+    ``new_tokens``).
+    LabError for bad arguments, for an engine without a batched mode or with too few sequences."""
+    from lablib.checks import whole
+    from lablib.measure.workload import DISTINCT_GAP, distinct_prompts, prompt_of_length
+    from lablib.results.store import engine_manifest, trace_row
+    from lablib.results.trace import RequestTrace
+
+    short_streams = whole(short_streams, "short_streams", "a whole number of short streams, at least 1")
+    long_prompt_tokens = whole(long_prompt_tokens, "long_prompt_tokens", "a whole number of tokens, at least 1")
+    before = whole(short_tokens_before, "short_tokens_before", "a whole number of tokens, at least 1")
+    short_prompt_tokens = whole(short_prompt_tokens, "short_prompt_tokens", "a whole number of tokens, at least 1")
+    budget = engine_batch_tokens(engine)
+    during = prefill_steps(long_prompt_tokens, budget, short_streams) or math.ceil(long_prompt_tokens / 32)
+    expected = f"a whole number of tokens, more than short_tokens_before={before} (the short streams must still decode)"
+    new_tokens = whole(before + during + 4 if new_tokens is None else new_tokens, "new_tokens", expected)
+    if new_tokens <= before:
+        raise LabError(f"new_tokens={new_tokens}: expected {expected}")
+    model = engine.model
+    shorts = distinct_prompts(model, short_prompt_tokens, short_streams)
+    long = prompt_of_length(model, long_prompt_tokens, offset=short_streams * (short_prompt_tokens + DISTINCT_GAP))
+    cfg = GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True)
+    session = engine.batch_session(
+        cfg,
+        max_sequences=short_streams + 1,
+        max_seq_tokens=max(long_prompt_tokens, short_prompt_tokens) + cfg.max_new_tokens,
+    )
+    threads = engine.adapt_threads()
+    traces = []
+    try:
+        for ids in shorts:
+            traces.append(RequestTrace(prompt_tokens=len(ids), t_submit=now(), threads=threads))
+            session.submit(ids, traces[-1])
+        while min(t.output_tokens for t in traces) < before:
+            session.step()
+        long_trace = RequestTrace(prompt_tokens=len(long), t_submit=now(), threads=threads)
+        traces.append(long_trace)
+        session.submit(long, long_trace)
+        steps_at_submit = session.stats["steps"]
+        to_first = None
+        while session.pending:
+            session.step()
+            if to_first is None and long_trace.output_tokens:
+                to_first = session.stats["steps"] - steps_at_submit
+        steps = session.stats["steps"]
+    finally:
+        session.close()
+    manifest = engine_manifest(engine, {"short_streams": short_streams, "long_prompt_tokens": long_prompt_tokens})
+    rows = []
+    for i, t in enumerate(traces):
+        t.request_index = i
+        rows.append(
+            trace_row(
+                t,
+                manifest,
+                sweep="hol_in_process",
+                mode="batched",
+                concurrency=short_streams + 1,
+                role=ROLES[1] if i == short_streams else ROLES[0],
+                batch_tokens=budget,
+            )
+        )
+    summary = hol_summary(rows)
+    summary.update(steps_to_first_token=to_first, engine_steps=steps, short_tokens_before=before, new_tokens=new_tokens)
     return HolRun(rows, token_table(rows), summary)
 
 
