@@ -280,3 +280,4 @@ def test_a_mooncake_slice_on_vllm_reports_its_lag_and_the_traces_prefixes(vllm_s
     t = table.iloc[0]
     assert t["prefix_caching"] is not None and not t["prefix_caching"]
     assert t["cached_tokens"] == 0 and t["cache_control"] == "none" and t["cache_block_tokens"] == 128
+    assert (rows["usage_cached_tokens"] == 0).all()  # each response's usage says so too (prompt_tokens_details)

@@ -65,6 +65,8 @@ def test_prefix_cache_counters_measured_server_none_cached_server_whole_blocks(v
     assert (on["prefix_cache_hits"].iloc[1:] == shared).all(), on
     assert (on["prefix_cache_hits"] % VLLM_BLOCK_TOKENS == 0).all()
     assert (on["prefix_cache_queries"] == shared + own).all(), on  # every prompt token looked up
+    # and each response's own usage says the same (--enable-prompt-tokens-details)
+    assert df["cached_tokens"].tolist() == df["prefix_cache_hits"].tolist(), df
 
 
 def test_rate_sweep_samples_vllm_and_one_run_is_the_timeline(vllm_server, model):

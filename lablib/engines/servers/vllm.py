@@ -113,6 +113,9 @@ def _vllm(
         "--generation-config",
         "vllm",  # vLLM's own sampling defaults, not generation_config.json's (the lab sends its own)
         "--disable-uvicorn-access-log",
+        # each response's usage says how many of its prompt tokens came from the prefix cache
+        # (usage.prompt_tokens_details.cached_tokens: the rows' usage_cached_tokens, as llama-server's cache_n)
+        "--enable-prompt-tokens-details",
     ]
     if num_gpu_blocks is not None:
         num_gpu_blocks = whole(num_gpu_blocks, "num_gpu_blocks", "a whole number of KV cache blocks, at least 2", lo=2)
@@ -154,6 +157,7 @@ def _vllm(
         "max_model_len": n_ctx,
         "prefix_caching": bool(prefix_caching),
         "generation_config": "vllm",
+        "prompt_tokens_details": True,
         "seed": 0,
         "aot_compile": False,
         "num_gpu_blocks": num_gpu_blocks,  # None: what its KV cache space gives

@@ -235,7 +235,8 @@ def prefix_reuse(
     (``reusable_tokens``: what a perfect block cache could reuse, :func:`lablib.measure.replay.perfect_reuse`;
     ``t_scheduled``, ``schedule_lag_s``), ``prefix_cache`` ("on"/"off"), ``seen_prefix_tokens``
     (:func:`seen_prefix`: the token-level bound, at the server's block) and, where the server reports it per
-    request, ``usage_cached_tokens`` (llama-server's ``timings.cache_n``; vLLM reports none). ``table``: one
+    request, ``usage_cached_tokens`` (llama-server's ``timings.cache_n``; vLLM's ``usage.prompt_tokens_details``, which
+    the lab starts it to send). ``table``: one
     row per arm: ``prefix_cache``, ``server``, ``prefix_caching`` (the server's start switch; None: none),
     ``cache_control``, ``requests``, ``errors``, ``prompt_tokens`` (all sent), ``reusable_tokens`` and
     ``perfect_hit_rate`` (of the prompt tokens), ``seen_prefix_tokens`` (the sum), ``cache_block_tokens``,
@@ -365,7 +366,7 @@ def multi_turn(
 def turn_table(rows) -> pd.DataFrame:
     """Multi-turn rows (:func:`multi_turn`) by arm and turn, one row each: ``prefix_cache``, ``turn``,
     ``requests``, ``errors``, ``prompt_tokens`` (median), ``cached_tokens`` (median of the server's own
-    per-request count, ``usage_cached_tokens``; NaN where the server reports none, as vLLM),
+    per-request count, ``usage_cached_tokens``; NaN where the server reports none),
     ``seen_prefix_tokens`` (median of the bound, :func:`seen_prefix`), ``ttft_p50_s`` and ``ttft_max_s``
     (of the successful requests). Needs: prefix_cache, turn, prompt_tokens, ttft_s, seen_prefix_tokens."""
     import pandas as pd
