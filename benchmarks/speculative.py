@@ -3,11 +3,12 @@
 Each engine runs greedy requests plain and speculating with its own implementation
 (:mod:`lablib.studies.decoding.speculative`): llama.cpp's prompt lookup in-process, transformers' assisted
 generation (a bfloat16 copy of the model as the draft) and prompt lookup, llama-server with an F16 target and
-lab 06's low-bit drafts (Q4_0, Q2_K), with 1 and 2 streams in flight; vllm (n-gram) when named. Prints the
+lab 06's low-bit drafts (Q4_0, Q2_K), with 1 and 2 streams in flight; vllm (n-gram) and mlx (mlx-lm's own
+speculative decoding, the model's decoder layers quantized to 8 bits by mlx-lm as the draft) when named. Prints the
 speedup table: alpha (accepted / drafted, the engine's own counters), tokens per target pass, the measured TPOT
 speedup, the one Leviathan et al. (2023) predict from alpha, k and the draft's cost c, and their ratio::
 
-    python benchmarks/speculative.py [--engines llama.cpp,transformers,llama-server] [--k 2,4]
+    python benchmarks/speculative.py [--engines llama.cpp,transformers,llama-server,mlx] [--k 2,4]
         [--drafts Q4_0,Q2_K] [--texts prose,code,repetitive] [--max-new-tokens 32] [--reps 2]
         [--parallel 1,2] [--out FILE]
 

@@ -1,7 +1,8 @@
 """Speculative decoding (lab 10) through each engine's own implementation, on the real model, tiny budgets.
 
 Greedy output with speculation against the same engine's without it, token for token; the engines' own counters
-(drafted >= accepted >= 0, prompt lookup accepting tokens of a repetitive prompt); Leviathan et al.'s predicted
+(drafted >= accepted >= 0, prompt lookup accepting tokens of a repetitive prompt; mlx-lm's rounds read from its
+tokens' from_draft flags, checked against its own stream_generate responses); Leviathan et al.'s predicted
 speedup against hand-computed values; bad input as one LabError. vLLM's n-gram speculation is tested on the
 prefix-caching vLLM tests/test_serving_study.py starts anyway (one vLLM start fewer).
 """
@@ -15,6 +16,7 @@ import pytest
 
 from lablib.engines import engine_class, load_engine
 from lablib.engines.base import GenerationConfig
+from lablib.engines.mlx import draft_rounds
 from lablib.errors import LabError
 from lablib.measure.workload import text_ids
 from lablib.studies.decoding import speculative as sp
@@ -56,6 +58,15 @@ def test_rows_from_counters():
     runs = sp._runs_from_positions({"drafts": 3, "draft_n": 9, "accepted_by_position": {0: 3, 1: 2, 2: 0}}, 3)
     assert runs == {"accepted_per_pass": [2, 2, 1], "drafted_per_pass": [3, 3, 3]}
     assert sp.arrivals([0.0, 0.0001, 0.0002, 0.05, 0.1, 0.1001]) == (3, 3)
+    # mlx-lm's rounds from its from_draft flags: k 3, a budget of 6; 2 accepted then the target's own, then a full
+    # run of 3 that ends the budget (no own token); then a request stopped early (EOS) inside its second round
+    r = draft_rounds([True, True, False, True, True, True], 3, 6)
+    assert (r["drafted_per_pass"], r["accepted_per_pass"], r["target_passes"]) == ([3, 3], [2, 3], 2)
+    assert (r["draft_n"], r["draft_n_accepted"]) == (6, 5)
+    assert sp.spec_fields(r, 6)["tokens_per_pass"] == 3.0  # 6 tokens, 2 passes (not 6 / (6 - 5): one own token)
+    assert draft_rounds([True, False, True], 3, 16)["drafted_per_pass"] == [3, 1]  # the positions it reached
+    with pytest.raises(LabError, match="from_draft"):
+        draft_rounds([True, True, True, True], 3, 16)  # a full run of 3 and a 4th draft token: not mlx-lm's rounds
     assert sp.first_divergence([1, 2, 3], [1, 2, 3]) is None and sp.first_divergence([1, 2, 3], [1, 5, 3]) == 1
 
 
@@ -90,6 +101,10 @@ def test_bad_input_is_one_clear_error(model, tmp_path):
         engine_class("llama.cpp").speculation_kwargs("draft model", 3)
     with pytest.raises(LabError, match="draft='nope'"):
         load_engine("transformers", model, draft="nope")
+    with pytest.raises(LabError, match="draft='nope'"):
+        load_engine("mlx", model, draft="nope")
+    with pytest.raises(LabError, match="speculative=3 without draft="):
+        load_engine("mlx", model, speculative=3)
 
 
 # --- llama.cpp in-process: llama-cpp-python's prompt lookup ---------------------------------------------------
@@ -176,3 +191,45 @@ def test_a_draft_loops_logits_that_will_not_fit_are_refused_before_loading(model
     monkeypatch.setattr(lablib.machine, "available_ram_bytes", lambda: 2**30)
     with pytest.raises(LabError, match=r"n_ctx=8192: .* 1\.50 GiB for 49152 tokens .* use n_ctx=2730 or less"):
         load_engine("llama.cpp", model, n_ctx=8192, speculative=4, threads=1)
+
+
+# --- mlx-lm: a draft model (the folder's decoder layers quantized to 8 bits by mlx-lm) ------------------------------
+def test_mlx_draft_model_lossless_and_counted_from_its_responses(model, mlx):
+    from mlx_lm.generate import stream_generate
+
+    k = 3
+    spec = load_engine("mlx", model, n_ctx=512, draft="q8", speculative=k)
+    try:
+        assert spec.info().flags["speculative"]["draft_dtype"] == "8-bit (group 64), float32 head"
+        for kind in ("repetitive", "prose"):
+            # the repetitive text's first 40 tokens (of 101): the draft's prefill runs MLX's own quantized products,
+            # seconds a prompt; the whole prose text (57 tokens), where the draft's 4th round is rejected at k 3
+            ids = _ids(model, kind)[: 40 if kind == "repetitive" else None]
+            plain, tr = mlx.generate(ids, CFG), spec.generate(ids, CFG)
+            c = spec.engine_counters()
+            print(f"mlx {kind}: drafted {c['draft_n']}, accepted {c['draft_n_accepted']}, passes {c['target_passes']}")
+            assert tr.token_ids == plain.token_ids  # lossless, token for token
+            assert c["draft_n"] >= c["draft_n_accepted"] >= 0 and c["n_p_eval"] == len(ids)
+            assert c["draft_n_accepted"] == sum(c["from_draft"]) == sum(c["accepted_per_pass"])
+            assert len(c["drafted_per_pass"]) == c["target_passes"] and max(c["drafted_per_pass"]) <= k
+            # each pass: its accepted run, then one token of the target's own (the last may end at the budget)
+            assert c["target_passes"] - 1 <= N - c["draft_n_accepted"] <= c["target_passes"]
+            assert 1 <= sp.spec_fields(c, N)["tokens_per_pass"] == N / c["target_passes"] <= k + 1
+            if c["draft_n_accepted"]:
+                assert sp.arrivals(tr.t_tokens)[1] > 1  # a verified run came out at once
+        assert c["draft_n_accepted"] < c["draft_n"]  # prose: a round with a rejected draft, and still lossless
+        # mlx-lm's own responses (the last request's prompt) mark the tokens that came from the draft: the same
+        # tokens, flagged as the engine read them (so its accepted count is theirs)
+        out = list(
+            stream_generate(
+                spec.mlx_model, spec.tok, ids, max_tokens=N, draft_model=spec._spec["draft_model"], num_draft_tokens=k
+            )
+        )
+        assert [r.token for r in out] == tr.token_ids
+        assert [r.from_draft for r in out] == c["from_draft"]
+        with pytest.raises(LabError, match="greedy"):
+            spec.generate(ids, GenerationConfig(max_new_tokens=2, temperature=0.7))
+        with pytest.raises(LabError, match="one sequence"):
+            spec.batch_session(CFG, 2, 128)
+    finally:
+        spec.close()

@@ -28,6 +28,16 @@ which only MLX then loads: torch keeps its own MKL. Measured on the 2-core EPYC:
 136 tokens 18.7 s -> 0.78 s, decode 0.18 -> 0.10 s per token, the same greedy ids.
 :func:`blas_info` says which library this process's MLX really calls (``info().flags["blas"]``).
 
+Speculative decoding (lab 10), mlx-lm's own: ``load_engine("mlx", model, draft="q8", speculative=k)`` runs
+``mlx_lm.generate.speculative_generate_step`` (what ``stream_generate(..., draft_model=, num_draft_tokens=)``
+drives) with a draft made here from the same folder, no network (:data:`DRAFTS`): mlx-lm's own quantization
+(``mlx_lm.utils.quantize_model``, affine, group 64, 8 or 4 bits) or a cast (bfloat16, float16), or another MLX
+folder of the same vocabulary. Each round drafts ``min(k, tokens left)`` tokens one by one on the draft, verifies
+them in one target pass of that many + 1 positions and yields the accepted run (``from_draft`` True, the flag
+``GenerationResponse.from_draft`` carries) and then one token of the target's own (False), unless the budget ends
+inside the run. mlx-lm counts nothing: :meth:`MLXEngine.engine_counters` reads the rounds back from the flags
+exactly (:func:`draft_rounds`). Greedy only, without a prefix cache, one sequence (no batched mode).
+
 Batched mode (:meth:`MLXEngine.batch_session`) is mlx-lm's own continuous
 batching, ``mlx_lm.generate.BatchGenerator``: each ``next()`` runs one decode
 step over every sequence in its generation batch, then prefills newly inserted
@@ -43,6 +53,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lablib.checks import whole
 from lablib.engines.base import BatchStats, Engine, EngineInfo, GenerationConfig, PrefixCache
 from lablib.engines.sampling import DEFINITION
 from lablib.errors import LabError
@@ -53,10 +64,26 @@ from lablib.results.trace import RequestTrace, now
 if TYPE_CHECKING:
     import numpy as np
 
+# the drafts mlx-lm makes here of the model's own folder (``draft=``), no network: mlx-lm's affine quantization
+# (``mlx_lm.utils.quantize_model``, group 64) of the decoder layers at 8 or 4 bits, the tied embedding and output
+# head left float32, or the float32 folder cast to a 16-bit type. On Linux's CPU backend none is cheaper than the
+# float32 target (its matrix products are OpenBLAS's sgemm; quantized and 16-bit products are MLX's own loops):
+# one decode step of SmolLM2-135M on the 2-core EPYC, interleaved, medians of 12: float32 126 ms, q8 199 ms,
+# q4 205 ms, bfloat16 213 ms; quantizing the head too (a 49,152-row quantized product) made q8 539 ms against
+# float32's 314 ms in a busier run. q8 is the default: no costlier than the others, and the one whose greedy picks
+# follow the target's (whole-model copies on the prose text: q8 16 of 16 tokens, q4 and bfloat16 2 of 16; this q8
+# draft has the target accept 12 of its 13 drafts there at k 3).
+DRAFTS = {"q8": 8, "q4": 4, "bfloat16": None, "float16": None}
+DRAFT_GROUP = 64  # mlx-lm's default group size for affine quantization
+DEFAULT_DRAFT = "q8"
+
 
 class MLXEngine(Engine):
     """mlx-lm engine. ``n_ctx``: context the lab enforces (default: trained context).
-    ``prefill_step_size``: prompt tokens per forward pass in prefill (mlx-lm default 2048)."""
+    ``prefill_step_size``: prompt tokens per forward pass in prefill (mlx-lm default 2048).
+    ``draft`` (a key of :data:`DRAFTS`, or an MLX folder of the same vocabulary) with ``speculative`` (draft tokens
+    a round, default 4): mlx-lm's speculative decoding (the module docstring). ``as_draft`` (a key of
+    :data:`DRAFTS`): load the model itself as that draft is made, to time the draft alone (its cost c)."""
 
     name = "mlx"
     format = "mlx"
@@ -65,12 +92,27 @@ class MLXEngine(Engine):
     kv_bytes_per_value = 4  # float32 models
     prefix_caching = True  # a fresh prompt cache per request, starting from a kept prefix's arrays
     compare_load_kwargs = {"fix_config": False}  # lablib.studies.compare shows what a plain mlx-lm user gets
+    speculation_methods = ("draft model",)  # mlx-lm's speculative_generate_step (load with draft=, speculative=k)
     # mlx-lm's sampling defaults the lab leaves out (mlx-lm 0.32: sample_utils, generate)
     SETTINGS_OFF = (
         "make_sampler's order (top-p, min-p, XTC, top-k on untempered log-probs, then temperature): "
         "not used, the lab composes mlx-lm's filters as temperature -> top-k -> top-p",
         "logits processors (repetition/presence/frequency penalty, logit bias): none passed",
     )
+
+    @classmethod
+    def speculation_kwargs(cls, method: str, k: int, draft=None) -> dict:
+        """``draft=`` (default :data:`DEFAULT_DRAFT`, the folder quantized by mlx-lm) with ``speculative=k``."""
+        if method == "draft model":
+            return {"draft": draft or DEFAULT_DRAFT, "speculative": k}
+        return super().speculation_kwargs(method, k, draft)
+
+    @classmethod
+    def draft_alone_kwargs(cls, speculation: dict) -> dict:
+        """Load keywords that load the draft of ``speculation`` (:meth:`speculation`) alone, as a plain engine: its
+        cost c is its plain TPOT over the target's (lablib.studies.decoding.speculative)."""
+        d = speculation.get("draft")
+        return {"as_draft": d} if d in DRAFTS else {}
 
     def __init__(
         self,
@@ -79,8 +121,21 @@ class MLXEngine(Engine):
         threads: int | None = None,
         prefill_step_size: int = 2048,
         fix_config: bool = True,
+        draft: str | None = None,
+        speculative: int | None = None,
+        as_draft: str | None = None,
     ):
         super().__init__(model)
+        for key, v, folder_ok in (("draft", draft, True), ("as_draft", as_draft, False)):  # before any loading
+            if v is not None and v not in DRAFTS and not (folder_ok and Path(str(v)).is_dir()):
+                raise LabError(
+                    f"{key}={v!r}: expected one of {', '.join(DRAFTS)} (the model's folder quantized by mlx-lm, or "
+                    "cast)" + (" or an MLX folder of a model with the same vocabulary" if folder_ok else "")
+                )
+        if speculative is not None and draft is None:
+            raise LabError(
+                f"speculative={speculative!r} without draft=: expected draft={DEFAULT_DRAFT!r} (or a folder)"
+            )
         mx, mlx_lm = self._import_library("mlx.core", "mlx_lm")
         self._mx, self._mlx_lm = mx, mlx_lm
         path = model.path_for("mlx", self.name)
@@ -107,6 +162,70 @@ class MLXEngine(Engine):
         if "quantization" in self.config:
             q = self.config["quantization"]
             self.dtype = f"{q.get('bits')}-bit (group {q.get('group_size')})"
+        if as_draft is not None:  # the model itself made as that draft is (timing a draft alone)
+            self.mlx_model, self.dtype = self._cheaper(self.mlx_model, as_draft)
+        self._spec, self._spec_counts = self._load_speculation(path, draft, speculative), {}
+
+    def _cheaper(self, m, kind: str):
+        """``m`` (loaded from the folder) made the draft ``kind`` of :data:`DRAFTS` is, in place: (model, dtype)."""
+        if DRAFTS[kind] is None:  # a cast of every floating-point weight
+            m.set_dtype(getattr(self._mx, kind))
+            self._mx.eval(m.parameters())
+            return m, kind
+        import contextlib
+        import io
+
+        from mlx_lm.utils import quantize_model
+
+        def layers_only(path, module):  # the (tied) embedding and output head stay float32, below
+            return not path.endswith("embed_tokens") and path != "lm_head"
+
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints its bits per weight
+            m, _ = quantize_model(m, self.config, DRAFT_GROUP, DRAFTS[kind], quant_predicate=layers_only)
+        self._mx.eval(m.parameters())
+        return m, f"{DRAFTS[kind]}-bit (group {DRAFT_GROUP}), float32 head"
+
+    def _load_speculation(self, path: str, draft, speculative) -> dict:
+        """The draft model and k for the speculation asked at load ({}: none)."""
+        if draft is None:
+            return {}
+        from mlx_lm.utils import compute_bits_per_weight, load_model
+
+        k = whole(
+            4 if speculative is None else speculative,
+            "speculative",
+            "a whole number of draft tokens a round, at least 1",
+        )
+        folder = path if draft in DRAFTS else str(draft)
+        fixes = (
+            self.config_fixes
+            if draft in DRAFTS
+            else normalize_config(json.loads((Path(folder) / "config.json").read_text()))
+        )
+        m, _ = load_model(Path(folder), model_config=fixes or None)
+        if int(m.args.vocab_size) != self.n_vocab:
+            raise LabError(
+                f"draft {folder}: vocabulary of {m.args.vocab_size} tokens, the target's has {self.n_vocab}; "
+                "expected a draft of the same vocabulary (the same model family)"
+            )
+        if draft in DRAFTS:
+            m, dtype = self._cheaper(m, draft)
+        else:
+            w = next(iter(_leaves(m.parameters())), None)
+            dtype = str(w.dtype).replace("mlx.core.", "") if w is not None else "?"
+        self._draft_desc = {
+            "draft": str(draft),
+            "draft_folder": folder,
+            "draft_dtype": dtype,
+            "draft_bits_per_weight": round(float(compute_bits_per_weight(m)), 3),
+        }
+        return {"draft_model": m, "k": k}
+
+    def speculation(self) -> dict:
+        """What this engine speculates with ({}: none): method, draft, tokens per round."""
+        if not self._spec:
+            return {}
+        return {"method": "draft model (mlx-lm)", "k": self._spec["k"], **self._draft_desc}
 
     # --- tokenizer -------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:
@@ -155,6 +274,7 @@ class MLXEngine(Engine):
                 "rope_theta": self.rope_theta,
                 "sampling": DEFINITION,
                 "settings_off": list(self.SETTINGS_OFF),
+                **({"speculative": self.speculation()} if self._spec else {}),
             },
         )
 
@@ -216,8 +336,9 @@ class MLXEngine(Engine):
 
     def engine_counters(self) -> dict:
         """Counted at the model's forward for the last request: ``n_p_eval``, the prompt positions
-        its forward passes received (the uncached part of the prompt)."""
-        return {"n_p_eval": self._prefill_tokens}
+        its forward passes received (the uncached part of the prompt); speculating, also the rounds read from
+        its tokens' ``from_draft`` flags (:func:`draft_rounds`)."""
+        return {"n_p_eval": self._prefill_tokens, **self._spec_counts}
 
     def _new_cache(self):
         """A fresh mlx-lm prompt cache for this model; LabError unless it is trimmable (plain KV
@@ -260,12 +381,15 @@ class MLXEngine(Engine):
             engine._prefill_tokens += max(0, min(at + inputs.shape[-1], n_prompt) - at)
             return model(inputs, cache=cache, **kw)
 
+        forward.layers = model.layers  # speculative_generate_step splits its prompt cache by len(model.layers)
         return forward
 
     def _generate(self, ids, cfg: GenerationConfig, trace: RequestTrace, prefix_cache=None) -> None:
         from mlx_lm.generate import generate_step
         from mlx_lm.models.cache import make_prompt_cache
 
+        if self._spec:
+            return self._generate_speculative(ids, cfg, trace, prefix_cache)
         mx = self._mx
         self._prefill_tokens, self._last_cache = 0, None
         cached = 0
@@ -296,9 +420,52 @@ class MLXEngine(Engine):
                 break
         steps.close()
 
+    def _generate_speculative(self, ids, cfg: GenerationConfig, trace: RequestTrace, prefix_cache=None) -> None:
+        """Greedy decode through mlx-lm's ``speculative_generate_step`` (a fresh prompt cache for the target and
+        one for the draft): each token stamped as the generator yields it, so a verified run arrives at once (its
+        stamps microseconds apart); the rounds are read back from the ``from_draft`` flags."""
+        from mlx_lm.generate import speculative_generate_step
+        from mlx_lm.models.cache import make_prompt_cache
+
+        if not cfg.greedy or prefix_cache is not None:
+            raise LabError(
+                "mlx with draft= (mlx-lm's speculative decoding) runs greedy requests without a prefix cache; "
+                "expected temperature=0 and no prefix_cache (load it without draft= for those)"
+            )
+        mx, draft, k = self._mx, self._spec["draft_model"], self._spec["k"]
+        self._prefill_tokens, self._last_cache, self._spec_counts = 0, None, {}
+        trace.start()
+        cache = make_prompt_cache(self.mlx_model)  # the target's layers first, then the draft's
+        steps = speculative_generate_step(
+            mx.array(ids),
+            self._counting_model(len(ids), cache),
+            draft,
+            num_draft_tokens=k,
+            max_tokens=cfg.max_new_tokens,
+            sampler=self._sampler(cfg),
+            prompt_cache=cache + make_prompt_cache(draft),
+            prefill_step_size=self.prefill_step_size,
+        )
+        flags: list[bool] = []
+        trace.finish_reason = "length"
+        try:
+            for tok, _logprobs, from_draft in steps:
+                trace.token(tok)
+                flags.append(bool(from_draft))
+                if not cfg.ignore_eos and tok in self._eos:
+                    trace.finish_reason = "stop"
+                    break
+        finally:
+            steps.close()
+        self._spec_counts = draft_rounds(flags, k, cfg.max_new_tokens)
+
     def batch_session(self, cfg: GenerationConfig, max_sequences: int, max_seq_tokens: int) -> MLXBatchSession:
         """A continuous-batching session: up to ``max_sequences`` requests decoded together.
         ``max_seq_tokens`` (longest prompt + output, tokens) is checked against ``n_ctx``."""
+        if self._spec:
+            raise LabError(
+                "mlx loaded with draft= decodes one sequence (mlx-lm's speculative decoding); load it without for batched mode"
+            )
         self.check_context(max_seq_tokens, 0)
         return MLXBatchSession(self, cfg, max_sequences)
 
@@ -327,6 +494,49 @@ class MLXEngine(Engine):
 
     def close(self) -> None:
         self.mlx_model = None
+        self._spec = {}
+
+
+def draft_rounds(from_draft: list[bool], k: int, max_tokens: int) -> dict:
+    """The rounds of mlx-lm's ``speculative_generate_step`` (0.32) read back from its tokens' ``from_draft`` flags.
+
+    A round drafts ``min(k, max_tokens - tokens so far)`` tokens (never 0: it stops at the budget), verifies them in
+    one target pass and yields its accepted run (True: a draft token the target's pick matched, the run stops at the
+    first mismatch) and then the target's own token (False), unless the budget ends inside a fully accepted run. So
+    each False closes a round, and a round also closes once it accepted all it drafted. Per round:
+    ``drafted_per_pass`` and ``accepted_per_pass``; ``draft_n``, ``draft_n_accepted`` (= the True flags),
+    ``target_passes`` (verification passes: rounds; the prefill yields no token), ``tokens_per_pass`` (tokens /
+    rounds: not tokens / (tokens - accepted), which counts a last round ended at the budget as no pass), ``from_draft``
+    (the flags).
+    A request stopped early (EOS) counts its last round's drafts only up to the positions it reached, as
+    llama.cpp's lookup counters do. LabError where the flags do not follow that pattern (another mlx-lm)."""
+    k, max_tokens = int(k), int(max_tokens)
+    drafted, accepted, done, i, n = [], [], 0, 0, len(from_draft)
+    while i < n:
+        d, a, start = min(k, max_tokens - done), 0, i
+        if d < 1:
+            raise LabError(f"mlx-lm yielded {n} tokens for a budget of {max_tokens}: not the rounds this lab reads")
+        while i < n and from_draft[i] and a < d:
+            a, i = a + 1, i + 1
+        own = i < n and not from_draft[i]
+        i += own
+        if not own and i < n:  # a full run must be closed by the target's own token
+            raise LabError(
+                f"mlx-lm's from_draft flags {from_draft}: a round accepted all its {d} drafts and then another "
+                "draft token came; not the rounds of speculative_generate_step this lab reads"
+            )
+        done += a + own
+        drafted.append(d if i < n or done >= max_tokens else min(d, i - start))
+        accepted.append(a)
+    return {
+        "draft_n": sum(drafted),
+        "draft_n_accepted": sum(accepted),
+        "target_passes": len(drafted),
+        "tokens_per_pass": n / len(drafted) if drafted else None,
+        "drafted_per_pass": drafted,
+        "accepted_per_pass": accepted,
+        "from_draft": list(from_draft),
+    }
 
 
 @functools.lru_cache(maxsize=1)

@@ -85,7 +85,8 @@ def first_divergence(a, b) -> int | None:
 def spec_fields(counters: dict, output_tokens: int) -> dict:
     """The speculative columns from an engine's counters: ``draft_n``, ``draft_n_accepted``, ``acceptance``
     (accepted / drafted; None when the engine does not say how many it drafted), ``target_passes`` (as counted,
-    else output - accepted), ``tokens_per_pass`` (output / (output - accepted)), per pass drafted and accepted."""
+    else output - accepted), ``tokens_per_pass`` (output / (output - accepted), or the engine's own where it counts
+    it: mlx, whose last round can end at the budget without a token of its own), per pass drafted and accepted."""
     drafted, accepted = counters.get("draft_n"), counters.get("draft_n_accepted")
     if drafted is not None and accepted is not None and not 0 <= accepted <= drafted:
         raise LabError(
@@ -97,7 +98,7 @@ def spec_fields(counters: dict, output_tokens: int) -> dict:
         "draft_n_accepted": accepted,
         "acceptance": (accepted / drafted) if drafted else None,
         "target_passes": counters.get("target_passes", passes),
-        "tokens_per_pass": (output_tokens / passes) if passes else None,
+        "tokens_per_pass": counters.get("tokens_per_pass") or ((output_tokens / passes) if passes else None),
         "drafted_per_pass": counters.get("drafted_per_pass"),
         "accepted_per_pass": counters.get("accepted_per_pass"),
     }

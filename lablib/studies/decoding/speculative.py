@@ -6,6 +6,10 @@ Every engine speculates with its OWN implementation, loaded or started so (never
   ``Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=k))``);
 - transformers: assisted generation (``draft="bfloat16"``: the model's own folder in another dtype as the
   draft, ``speculative=k``) and prompt-lookup decoding (``prompt_lookup=k``);
+- mlx-lm: its speculative decoding with a draft model (``load_engine("mlx", model, draft="q8", speculative=k)``:
+  ``speculative_generate_step``, the float32 folder's decoder layers quantized to 8 bits by mlx-lm's own
+  ``quantize_model`` as the draft);
+  its tokens' ``from_draft`` flags give the rounds (:func:`lablib.engines.mlx.draft_rounds`);
 - llama-server: a draft GGUF (``--model-draft``, ``--spec-draft-n-max k``), a low-bit rung of lab 06's ladder
   (Q4_0, Q2_K) for an F16 target; its responses' ``timings`` carry ``draft_n`` and ``draft_n_accepted``;
 - vLLM (its CPU build): n-gram speculation (``--speculative-config``), counted by its /metrics
@@ -15,8 +19,9 @@ Which engine takes which keywords is the engine's fact (``Engine.speculation_kwa
 ``lablib.engines.servers.speculation_options``). One row per request (:data:`lablib.results.schema.SPECULATIVE`):
 the engine's own counters (tokens drafted, accepted; acceptance ``alpha`` = accepted / drafted), tokens per
 target pass (output tokens / (output tokens - accepted): every pass yields exactly one token of the target's
-own), whether the greedy output equals the same engine's without speculation, and how the tokens arrived (a
-verified run comes out at once: stamps less than :data:`BURST_GAP_S` apart count as one arrival).
+own; mlx counts its rounds, whose last can end at the budget without one: output tokens / rounds), whether the
+greedy output equals the same engine's without speculation, and how the tokens arrived (a verified run comes out at
+once: stamps less than :data:`BURST_GAP_S` apart count as one arrival).
 
 The prediction beside the measurement (Leviathan et al. 2023) and the tables are
 :mod:`lablib.studies.decoding.acceptance`'s (its names are re-exported here). ``c`` is measured, the draft's plain
@@ -24,12 +29,20 @@ TPOT over the target's (:func:`draft_facts`); a lookup costs 0. The model assume
 pass; on this CPU a small model's pass grows with its tokens, and llama-cpp-python's loop keeps every position's
 logits in Python (``logits_all`` is forced with a draft model), so measured / predicted < 1 there.
 
-Greedy equality (tests/test_speculative.py): transformers (both methods), llama-server (a Q4_0 draft) and vLLM
+Greedy equality (tests/test_speculative.py): transformers (both methods), llama-server (a Q4_0 draft), mlx-lm (its
+q8 draft, k 3, prose and repetitive: its k + 1-token verification picks what its one-token decode picks) and vLLM
 (n-gram, against the same vLLM without speculation: tests/test_serving_study.py) give the plain output token
 for token. llama.cpp in-process can leave it
 at a near tie: its multi-token batch (every verification) computes logits a few hundredths of a logit apart from
 its one-token decode, so where the top two are that close (prose, position 3: 0.03 apart) the pick flips; rows
 say so (``same_as_plain``, ``diverged_at``).
+
+mlx on Linux's CPU backend has no cheaper draft: its float32 products are OpenBLAS's, its quantized and 16-bit ones
+MLX's own loops, so the q8 draft's decode step costs about 1.6 to 2.3 target steps (c > 1,
+:data:`lablib.engines.mlx.DRAFTS`), the predicted speedup (k + 1) / (k c + 1) stays below 1 even at alpha = 1, and
+the draft's prefill (the prompt through MLX's quantized products) takes seconds where the target's takes 0.7 s, so
+TTFT grows tenfold. Its alpha is high (the draft is the target, rounded). mlx is in no budget's engine list (lab 10's
+runs stay as fast): run it by name, ``run(engines="mlx")`` or ``benchmarks/speculative.py --engines mlx``.
 """
 
 from __future__ import annotations
@@ -190,12 +203,15 @@ def in_process_rows(
 
 
 def _draft_cost(engine, rm, info: dict, cfg, prompts: dict, plain_tpot: float) -> float:
-    """c for an in-process draft model: the draft loaded alone (its dtype, the engine's weights option), its
-    plain TPOT over the target's."""
+    """c for an in-process draft model: the draft loaded alone (the engine's ``draft_alone_kwargs`` where it has
+    them, mlx's ``as_draft=``; else its dtype as the engine's weights option), its plain TPOT over the target's."""
     from lablib.engines import engine_class, load_engine
 
     cls = engine_class(engine)
-    kw = {cls.weights_option: info["draft_dtype"]} if cls.weights_option and info.get("draft_dtype") else {}
+    if hasattr(cls, "draft_alone_kwargs"):
+        kw = cls.draft_alone_kwargs(info)
+    else:
+        kw = {cls.weights_option: info["draft_dtype"]} if cls.weights_option and info.get("draft_dtype") else {}
     eng = load_engine(engine, rm, n_ctx=N_CTX, **kw)
     try:
         ids = next(iter(prompts.values()))
