@@ -1,4 +1,5 @@
-"""The lab as a person sees it: JupyterLab in a real (headless) Chromium runs notebooks 01, 05 and 02.
+"""The lab as a person sees it: JupyterLab in a real (headless) Chromium runs notebooks 01, 05, 02, 09, 10, 03, 04,
+06, 07 and 08.
 
 A JupyterLab server from this environment (quick mode, fresh Jupyter config/data/runtime dirs, a
 known token, loopback only) serves labs/; Playwright drives the system Chromium
@@ -9,17 +10,24 @@ figure drawn. In notebook 05 (real servers: llama-cpp-python's, llama-server, tw
 figures must show what its text says: vLLM among the servers of the goodput figure, and one vLLM
 run's client/server timeline with the server's running, waiting and KV-cache traces drawn. In
 notebook 02 the sweep panel is used as a person would: untick mlx, type prompt lengths, press Run,
-watch the figure grow. Screenshots go to results/browser/.
+watch the figure grow. In the others each figure its text describes is on screen with what the text
+claims of it (:class:`Drawn`: a line or a bar per engine, the axes it calls logarithmic, serial dashed and
+batched solid, a marker per phase, the near-tie's tokens). Screenshots go to results/browser/, one per
+notebook (NN_name.png).
 
 Autosave is off in the server's fresh settings, so running the notebooks never writes them back;
 the server's log must show no save (checkpoints go to a tmp folder too). Everything has a time
-limit: the module stays under 16 minutes (a watchdog stops the server past that), 6 of them for
-lab 05, which starts two vLLM servers (1-2 minutes together on a quiet machine) and measures them.
+limit, per notebook and for the module (a watchdog stops the server 30 s past it): 9.5 minutes for
+labs 01 and 02 and the server's start, 6 more for lab 05, which starts two vLLM servers (1-2 minutes
+together on a quiet machine) and measures them, 9 for lab 09, 7 for lab 10, 8 for lab 03 (its first run builds
+llama-batched-bench), 5 each for labs 04 and 07 and 7 each for labs 06 and 08 (each about 2-3 times what it took on
+a busy 2-core machine): about an hour in all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -31,6 +39,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -43,8 +52,13 @@ NB02 = "02_prefill_vs_decode.ipynb"
 NB05 = "05_serving.ipynb"
 NB09 = "09_scheduler.ipynb"
 NB10 = "10_decoding_tricks.ipynb"
+NB03 = "03_concurrency.ipynb"
+NB04 = "04_engine_or_model.ipynb"
+NB06 = "06_formats_and_quantization.ipynb"
+NB07 = "07_roofline.ipynb"
+NB08 = "08_prefix_caching.ipynb"
 # the notebooks these tests run: conftest.py leaves them out of nbval in a session that runs these tests
-BROWSER_NOTEBOOKS = (NB01, NB02, NB05, NB09, NB10)
+BROWSER_NOTEBOOKS = (NB01, NB02, NB05, NB09, NB10, NB03, NB04, NB06, NB07, NB08)
 CHROMIUM = os.environ.get("LABLIB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
@@ -62,8 +76,15 @@ VIEWPORT = {"width": 1400, "height": 1000}
 NB05_EXTRA_S = 360  # lab 05's vLLM servers: their start and their runs (on a busy 2-core machine)
 NB09_S = 540  # lab 09: five llama-servers and a vLLM, about 4 minutes under nbval on a quiet 2-core machine
 NB10_S = 420  # lab 10: two llama-servers, llama.cpp and transformers, about 3 minutes on a quiet 2-core machine
+NB03_S = 480  # lab 03: every engine serial and batched, 2.5 minutes on a busy 2-core machine; and llama-batched-bench
+# built on first use (minutes: it waits for any other tool build of llama.cpp's tree, lablib.build.llama.tools)
+NB04_S = 300  # lab 04: llama.cpp and a misread MLX folder against transformers in float32, about 1 minute
+NB06_S = 420  # lab 06: five quantized rungs measured, transformers and mlx scored against the reference: 2-2.5 minutes
+NB07_S = 300  # lab 07: the machine's ceilings, a context sweep of every engine, a short concurrency run: about 1 minute
+NB08_S = 420  # lab 08: every engine with and without reuse, then a chat: 1-2.5 minutes on a busy 2-core machine
+LATER_S = NB03_S + NB04_S + NB06_S + NB07_S + NB08_S  # labs 03, 04, 06, 07 and 08
 # every wait below is cut to what is left of this; the watchdog fires 30 s after it
-MODULE_BUDGET_S = 570 + NB05_EXTRA_S + NB09_S + NB10_S
+MODULE_BUDGET_S = 570 + NB05_EXTRA_S + NB09_S + NB10_S + LATER_S
 _CLOCK = {"t0": None}  # set when this module's first browser fixture starts (not at collection)
 CONSOLE: dict[str, list[str]] = {}  # the browser console's errors, per notebook
 
@@ -522,19 +543,35 @@ def test_notebook_01_runs_in_the_browser(browser, lab_server):
         lab_server.shutdown_kernels()  # its engines' memory back before notebook 02
 
 
-# lab 05's figures as plotly drew them: each figure's title, its traces (name; n, the points plotly computed
-# for it: gd.calcdata, as gd.data keeps the figure's arrays base64-encoded), and the lines and markers in its SVG
+# the figures as plotly drew them: each figure's title, its traces (name; n, the points plotly computed for it:
+# gd.calcdata, as gd.data keeps the figure's arrays base64-encoded; the first values of x and y as plotly decoded
+# them, gd._fullData; line dash and marker symbol), the lines and markers in its SVG, its legend, the type of each
+# axis (linear, log, category), its annotations (subplot titles, a vertical line's label) and its tick labels
 FIGURES_JS = """(path) => {
   const root = document.querySelector(`[data-lablib-path="${path}"]`);
   if (!root) return null;
-  return [...root.querySelectorAll('.js-plotly-plot')].map(el => ({
-    title: (el.querySelector('.gtitle') || {}).textContent || '',
-    traces: (el.data || []).map((t, i) => ({name: t.name || '', visible: t.visible !== false,
-                                            n: el.calcdata && el.calcdata[i] ? el.calcdata[i].length : null})),
-    lines: el.querySelectorAll('path.js-line').length,
-    points: el.querySelectorAll('.point').length,
-    legend: [...el.querySelectorAll('g.legend text.legendtext')].map(t => t.textContent.trim()),
-  }));
+  const first = (a) => a && a.length !== undefined ? Array.from(a).slice(0, 40) : null;
+  return [...root.querySelectorAll('.js-plotly-plot')].map(el => {
+    const full = el._fullLayout || {};
+    const fullData = el._fullData || [];
+    return {
+      title: (el.querySelector('.gtitle') || {}).textContent || '',
+      traces: (el.data || []).map((t, i) => {
+        const f = fullData.find(d => d.index === i) || {};
+        return {name: t.name || '', visible: t.visible !== false,
+                n: el.calcdata && el.calcdata[i] ? el.calcdata[i].length : null,
+                x: first(f.x), y: first(f.y),
+                dash: f.line ? f.line.dash || null : null,
+                symbol: f.marker && typeof f.marker.symbol === 'string' ? f.marker.symbol : null};
+      }),
+      lines: el.querySelectorAll('path.js-line').length,
+      points: el.querySelectorAll('.point').length,
+      legend: [...el.querySelectorAll('g.legend text.legendtext')].map(t => t.textContent.trim()),
+      axes: Object.fromEntries(Object.keys(full).filter(k => /^[xy]axis\\d*$/.test(k)).map(k => [k, full[k].type])),
+      annotations: (full.annotations || []).map(a => a.text || ''),
+      ticks: [...el.querySelectorAll('g.xtick text, g.ytick text')].map(t => t.textContent.trim()),
+    };
+  });
 }"""
 NB05_TIMELINE = (
     "requests in flight (client)",
@@ -691,23 +728,94 @@ NB09_FIGURES = (
 )
 
 
-def _figures_drawn(browser, lab_server, nb: str, budget_s: float, shot: str, expected) -> None:
+@dataclasses.dataclass(frozen=True)
+class Drawn:
+    """A figure as its lab's text describes it, checked on what plotly drew (:data:`FIGURES_JS`): the start of its
+    title (a tuple: one of them); the traces drawn with data in it, by name (a callable: the names when the test
+    runs, one per engine of :data:`lablib.engines.NAMES`); its axes drawn logarithmic; texts on it (subplot titles,
+    annotations, tick labels, legend entries), each the start of one; and ``check(figure)``, a problem in words or
+    None."""
+
+    title: str | tuple[str, ...]
+    traces: tuple[str, ...] | Callable[[], Iterable[str]] = ()
+    log_axes: tuple[str, ...] = ()
+    texts: tuple[str, ...] | Callable[[], Iterable[str]] = ()
+    check: Callable[[dict], str | None] | None = None
+
+    def titles(self, title: str) -> bool:
+        return any(title.startswith(s) for s in ((self.title,) if isinstance(self.title, str) else self.title))
+
+    def problems(self, fig: dict) -> list[str]:
+        out = []
+        drawn = {t["name"] for t in fig["traces"] if t["visible"] and t["n"]}
+        missing = [n for n in (self.traces() if callable(self.traces) else self.traces) if n not in drawn]
+        if missing:
+            out.append(f"traces not drawn: {missing} (drawn: {sorted(drawn)})")
+        linear = {a: fig["axes"].get(a) for a in self.log_axes if fig["axes"].get(a) != "log"}
+        if linear:
+            out.append(f"axes not logarithmic: {linear}")
+        shown = [*fig["annotations"], *fig["ticks"], *fig["legend"]]
+        absent = [
+            t for t in (self.texts() if callable(self.texts) else self.texts) if not any(s.startswith(t) for s in shown)
+        ]
+        if absent:
+            out.append(f"not on the figure: {absent} (its texts: {shown})")
+        problem = self.check(fig) if self.check else None
+        return out + ([problem] if problem else [])
+
+
+def lab_engines() -> tuple[str, ...]:
+    """The engines a lab runs when it names none (its sweeps' default): one line, bar or point each."""
+    from lablib.engines import NAMES
+
+    return NAMES
+
+
+def styled(key: str, by_suffix: dict[str, str]) -> Callable[[dict], str | None]:
+    """A check that each trace whose name ends with a key of ``by_suffix`` has that ``key`` ("dash", "symbol")."""
+
+    def check(fig: dict) -> str | None:
+        wrong = [
+            (t["name"], t[key], want)
+            for t in fig["traces"]
+            for suffix, want in by_suffix.items()
+            if t["name"].endswith(suffix) and t[key] != want
+        ]
+        return f"traces whose {key} is not what the text says (name, drawn, said): {wrong}" if wrong else None
+
+    return check
+
+
+def _figures_drawn(browser, lab_server, nb: str, budget_s: float, shot: str, expected) -> list[dict]:
     """Run notebook ``nb`` in the browser (within ``budget_s``), screenshot it to ``shot``, and check that a figure
-    titled with each of ``expected`` (a start of a title, or a tuple of alternatives) is on screen and that every
-    figure drew traces with data."""
+    titled with each of ``expected`` (a start of a title, a tuple of alternatives, or a :class:`Drawn` with what the
+    lab's text claims of it) is on screen and that every figure drew traces with data. Returns the figures."""
     page = open_notebook(browser, lab_server, nb)
     try:
-        run = run_all(page, nb, budget_s)
+        try:
+            run = run_all(page, nb, budget_s)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                full_screenshot(page, nb, shot)  # what the screen showed when the run failed or ran out of time
+            raise
         full_screenshot(page, nb, shot)
         assert_screen_ok(page, nb, run)
         figures = page.evaluate(FIGURES_JS, nb)
         print(f"[browser test] {nb}: figures {figures}")
         titles = [f["title"] for f in figures]
-        for start in expected:  # a tuple: one of them
-            assert any(t.startswith(start) for t in titles), f"no figure titled {start!r}...: {titles}"
+        for item in expected:
+            spec = item if isinstance(item, Drawn) else Drawn(item)
+            titled = [f for f in figures if spec.titles(f["title"])]
+            assert titled, f"no figure titled {spec.title!r}...: {titles}"
+            problems = [spec.problems(f) for f in titled]
+            assert any(not p for p in problems), (
+                f"{nb}: no figure titled {spec.title!r} as its text says: "
+                + "; ".join(f"{f['title']!r}: {p}" for f, p in zip(titled, problems))
+            )
         for f in figures:
             drawn = [t for t in f["traces"] if t["visible"] and t["n"]]
             assert drawn and f["points"] + f["lines"] > 0, f"{f['title']!r} drew nothing: {f}"
+        return figures
     finally:
         page.close()
         lab_server.shutdown_kernels()  # the notebook stops the servers it started; engines' memory back
@@ -734,3 +842,151 @@ def test_notebook_10_runs_in_the_browser(browser, lab_server):
     browser drives: its speedup and acceptance figures and its two structured-output figures are each drawn with
     data in them (the values are tests/test_speculative.py's and tests/test_structured.py's)."""
     _figures_drawn(browser, lab_server, NB10, NB10_S, "10_decoding_tricks.png", NB10_FIGURES)
+
+
+# lab 03's figures (lablib.plots.concurrency and plots.anchors): three panels of lines, one per engine and mode, serial
+# dashed and batched solid, every axis logarithmic; a timeline panel per engine and mode, each request's queue, prefill
+# and decode drawn; llama-batched-bench's bars beside the lab's
+def _nb03_panels() -> list[str]:
+    return [f"{e} · {m}: " for m in ("serial", "batched") for e in lab_engines()]
+
+
+NB03_FIGURES = (
+    Drawn(
+        "Concurrency: does batching raise throughput",
+        traces=lambda: [f"{e} · {m}" for e in lab_engines() for m in ("serial", "batched")],
+        log_axes=("xaxis", "xaxis2", "xaxis3", "yaxis", "yaxis2", "yaxis3"),
+        check=styled("dash", {" · serial": "dash", " · batched": "solid"}),
+    ),
+    Drawn(
+        "Request timeline at concurrency",
+        traces=lambda: [f"{e} · {p}" for e in lab_engines() for p in ("queue", "prefill", "decode")],
+        texts=_nb03_panels,
+        check=lambda f: (
+            f"a timeline panel without a run: {f['annotations']}"
+            if any("no run" in a for a in f["annotations"])
+            else None
+        ),
+    ),
+    Drawn("llama.cpp batched decode: the lab against llama-batched-bench", traces=("lab", "llama-batched-bench")),
+)
+
+
+def test_notebook_03_runs_in_the_browser(browser, lab_server):
+    """Lab 03 sweeps every engine serial and batched from a kernel the browser drives: its throughput and TTFT lines,
+    its request timelines and llama.cpp's own batched benchmark beside the lab's are drawn as its text says."""
+    _figures_drawn(browser, lab_server, NB03, NB03_S, "03_concurrency.png", NB03_FIGURES)
+
+
+# lab 04's figures (lablib.plots.compare): llama.cpp's KL per prompt position on a log axis; the reference's and
+# llama.cpp's top tokens where the greedy texts part, at generated position 0: "The" and "L", the near-tie
+NB04_FIGURES = (
+    Drawn("Next-token KL divergence, reference vs llama.cpp", traces=("KL, llama.cpp",), log_axes=("yaxis",)),
+    Drawn(
+        "Top-",
+        traces=("transformers", "llama.cpp"),
+        texts=("'The'", "'L'"),
+        check=lambda f: None if "at generated position 0" in f["title"] else f"not at position 0: {f['title']!r}",
+    ),
+)
+
+
+def test_notebook_04_runs_in_the_browser(browser, lab_server):
+    """Lab 04 compares llama.cpp (and a misread MLX folder) with transformers layer by layer from a kernel the browser
+    drives: llama.cpp's KL per position and the top tokens where its text parts (the near-tie its text names) are
+    drawn."""
+    _figures_drawn(browser, lab_server, NB04, NB04_S, "04_engine_or_model.png", NB04_FIGURES)
+
+
+def _mostly_q5_0(fig: dict) -> str | None:
+    """Lab 06's claim: a "Q4_K_M" of this 576-wide model is mostly Q5_0."""
+    q5 = next((t for t in fig["traces"] if t["name"] == "Q5_0"), None)
+    share = dict(zip(q5["x"] or (), q5["y"] or ())).get("Q4_K_M") if q5 else None
+    return None if share is not None and share > 50 else f"Q4_K_M's share of Q5_0 weights: {share} (text: mostly)"
+
+
+# lab 06's figures (lablib.plots.quant): the tensor types of each quick rung; quality and speed against file size (log
+# axes), llama.cpp's ladder and then the other engines' variants; decode against bytes per token (log-log)
+NB06_FIGURES = (
+    Drawn("What each file really holds", traces=("Q5_0", "Q8_0"), check=_mostly_q5_0),
+    Drawn(
+        "Quality against file size: mean KL",
+        traces=("llama.cpp", "Pareto front"),
+        log_axes=("xaxis", "yaxis"),
+    ),
+    Drawn(
+        "Quality against file size: mean KL",
+        traces=("llama.cpp", "transformers", "mlx", "Pareto front"),
+        log_axes=("xaxis", "yaxis"),
+    ),
+    Drawn("Speed against file size: decode", traces=("llama.cpp", "Pareto front"), log_axes=("xaxis", "yaxis")),
+    Drawn("Does decode speed follow the bytes read per token?", traces=("llama.cpp",), log_axes=("xaxis", "yaxis")),
+)
+
+
+def test_notebook_06_runs_in_the_browser(browser, lab_server):
+    """Lab 06 quantizes the reference to each quick rung with llama.cpp and scores transformers and mlx against it
+    from a kernel the browser drives: the type mix, quality and speed against size and decode against bytes per
+    token are drawn as its text says."""
+    _figures_drawn(browser, lab_server, NB06, NB06_S, "06_formats_and_quantization.png", NB06_FIGURES)
+
+
+# lab 07's figures (lablib.plots.roofline): log-log roofline, each engine's prefill (filled circles) and decode (open
+# diamonds) under the roofs; llama.cpp's predicted decode against batch size, its crossover and measured runs
+NB07_FIGURES = (
+    Drawn(
+        "Roofline: measured prefill and decode",
+        traces=lambda: [f"{e} · {p}" for e in lab_engines() for p in ("prefill", "decode")],
+        log_axes=("xaxis", "yaxis"),
+        texts=("roof: ",),
+        check=styled("symbol", {" · prefill": "circle", " · decode": "diamond-open"}),
+    ),
+    Drawn(
+        "Decode against batch size on",
+        traces=("llama.cpp: roofline bound", "llama.cpp: measured (batched)"),
+        log_axes=("xaxis", "yaxis"),
+        texts=("crossover batch",),
+    ),
+)
+
+
+def test_notebook_07_runs_in_the_browser(browser, lab_server):
+    """Lab 07 measures this machine's ceilings and every engine's prefill and decode from a kernel the browser
+    drives: its roofline and its batch figure are drawn as its text says."""
+    _figures_drawn(browser, lab_server, NB07, NB07_S, "07_roofline.png", NB07_FIGURES)
+
+
+def _distinct_markers(fig: dict) -> str | None:
+    """transformers and mlx keep the same float32 bytes: each engine's measured points need a marker of their own."""
+    symbols = [t["symbol"] for t in fig["traces"] if t["name"].endswith(", measured")]
+    return None if len(set(symbols)) == len(symbols) else f"engines' measured points share a marker: {symbols}"
+
+
+# lab 08's figures (lablib.plots.prefix): TTFT with reuse (solid) and without (dashed) per engine, against the shared
+# prefix and per chat turn, on log axes; the kept cache's bytes per engine, measured and counted
+NB08_REUSE = styled("dash", {", reuse": "solid", ", no reuse": "dash"})
+NB08_FIGURES = (
+    Drawn(
+        "TTFT with and without prefix reuse",
+        traces=lambda: [f"{e}, {r}" for e in lab_engines() for r in ("no reuse", "reuse")],
+        log_axes=("yaxis",),
+        check=NB08_REUSE,
+    ),
+    Drawn(
+        "A chat: TTFT per turn",
+        traces=lambda: [f"{e}, {r}" for e in lab_engines() for r in ("no reuse", "reuse")],
+        log_axes=("yaxis",),
+        check=NB08_REUSE,
+    ),
+    Drawn(
+        "What a kept prefix cache costs",
+        traces=lambda: [f"{e}, {k}" for e in lab_engines() for k in ("counted", "measured")],
+        check=_distinct_markers,
+    ),
+)
+
+
+def test_notebook_08_runs_in_the_browser(browser, lab_server):
+    """Lab 08 keeps prefixes' KV caches in every engine from a kernel the browser drives: TTFT with and without reuse
+    against the shared prefix and per chat turn, and the memory a kept cache costs, are drawn as its text says."""
+    _figures_drawn(browser, lab_server, NB08, NB08_S, "08_prefix_caching.png", NB08_FIGURES)

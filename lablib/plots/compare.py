@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from lablib.errors import LabError
-from lablib.plots.style import color, titled
+from lablib.plots.style import color, log_ticks, titled
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -47,13 +47,14 @@ def kl_per_position(comparison, engine: str) -> go.Figure:
             marker=dict(symbol="x", size=11, color="#C0392B"),
             hoverinfo="skip",
         )
-    return titled(
+    titled(
         fig,
         f"Next-token KL divergence, reference vs {engine}",
         x="prompt position (predicts the next token)",
         y="KL (nats)",
-        yaxis_type="log",
     )
+    # ticks written out (1e-06, 0.0001): plotly's own write 10n and 1μ, SI prefixes nobody reads as nats
+    return fig.update_yaxes(**log_ticks(s["kl"]))
 
 
 def topk_at_divergence(comparison, engine: str, k: int | None = None) -> go.Figure:

@@ -9,11 +9,12 @@ a dashed one.
 
 from __future__ import annotations
 
-from lablib.plots.style import color, engine_order, titled
+from lablib.plots.style import ENGINE_SYMBOL, color, engine_order, log_ticks, titled
 from lablib.results.tables import PREFIX_AXES, need, nonempty, prefix_medians
 
 REUSE_DASH = {True: "solid", False: "dash"}
 REUSE_NAME = {True: "reuse", False: "no reuse"}
+REUSE_KEY = "dashed, open: no reuse, every prompt prefilled whole; solid: the kept cache copied in, the rest prefilled"
 
 
 def _lines(med, axis: str, x_title: str, title: str):
@@ -42,7 +43,10 @@ def _lines(med, axis: str, x_title: str, title: str):
                     hoverinfo="text",
                 )
             )
-    return titled(fig, title, x=x_title, y="TTFT, median (ms, log)", yaxis_type="log")
+    titled(fig, title, x=x_title, y="TTFT, median (ms, log)")
+    # ticks written out (200, 300, 500, 700 ms): plotly's own put a bare "2" and "5" between the decades; at most 5 in
+    # the data's range, so that a figure of notebook height spaces them apart
+    return fig.update_yaxes(**log_ticks(med["ttft_s"].to_numpy(dtype=float) * 1000, max_ticks=5))
 
 
 def ttft_vs_shared(df, title: str | None = None):
@@ -50,7 +54,10 @@ def ttft_vs_shared(df, title: str | None = None):
     with reuse (solid) and without (dashed). Needs the rows of :func:`lablib.studies.prefix.shared_prefix`."""
     med = prefix_medians(df, "prefix_shared")
     return _lines(
-        med, PREFIX_AXES["prefix_shared"], "shared prefix (tokens)", title or "TTFT with and without prefix reuse"
+        med,
+        PREFIX_AXES["prefix_shared"],
+        "shared prefix (tokens)",
+        title or f"TTFT with and without prefix reuse<br><sup>{REUSE_KEY}</sup>",
     )
 
 
@@ -58,35 +65,61 @@ def chat_turns(df, title: str | None = None):
     """TTFT (median, ms, log axis) per chat turn, one line per engine with the previous turns' cache
     kept (solid) and without (dashed). Needs the rows of :func:`lablib.studies.prefix.chat`."""
     med = prefix_medians(df, "prefix_chat")
-    fig = _lines(med, PREFIX_AXES["prefix_chat"], "turn", title or "A chat: TTFT per turn, previous turns kept or not")
+    fig = _lines(
+        med,
+        PREFIX_AXES["prefix_chat"],
+        "turn",
+        title or f"A chat: TTFT per turn, previous turns kept or not<br><sup>{REUSE_KEY}</sup>",
+    )
     fig.update_xaxes(dtick=1)
     return fig
 
 
+# kept_memory's measured points: a size per engine, largest first in the engines' order, so that engines that keep the
+# same bytes (transformers and mlx, both float32) show each its own marker, one around the other, where one would hide
+# the other
+MEMORY_MARKER_SIZES = (15, 11, 9)
+
+
 def kept_memory(table, title: str | None = None):
-    """Bytes the kept prefix caches hold (MB) against their length (tokens): measured (markers)
-    and the count from the model's shape (lines), per engine. Needs :func:`lablib.studies.prefix.memory_table`."""
+    """Bytes the kept prefix caches hold (MB) against their length (tokens): measured (markers, in the engine's symbol)
+    and the count from the model's shape (dotted lines, ``counted``), per engine. Engines that store the same dtype
+    keep the same bytes, so their lines coincide: the measured markers differ in symbol and size, one visible around
+    the other. Needs :func:`lablib.studies.prefix.memory_table`."""
     import plotly.graph_objects as go
 
     source = "lablib.studies.prefix.memory_table"
     cols = ["engine", "tokens", "kept_bytes", "formula_bytes"]
     need(nonempty(table, "kept_memory", f"expected a table from {source}"), cols, "kept_memory", source)
     fig = go.Figure()
-    for engine in engine_order(table):
+    for i, engine in enumerate(engine_order(table)):
         g = table[table["engine"] == engine].sort_values("tokens")
-        formula = dict(mode="lines", line={"color": color(engine), "dash": "dot"})
+        formula = dict(mode="lines", line={"color": color(engine), "dash": "dot"}, legendgroup=engine)
         measured = dict(
             mode="markers",
-            marker={"color": color(engine), "size": 10},
+            marker={
+                "color": color(engine),
+                "size": MEMORY_MARKER_SIZES[min(i, len(MEMORY_MARKER_SIZES) - 1)],
+                "symbol": ENGINE_SYMBOL.get(engine, "circle"),
+                "line": {"width": 1, "color": "white"},
+            },
+            legendgroup=engine,
             hovertext=[
                 f"{engine}: {n} tokens, {b / 1e6:.2f} MB kept ({b / n / 1e3:.1f} KB a token)"
                 for n, b in zip(g["tokens"], g["kept_bytes"])
             ],
             hoverinfo="text",
         )
-        for col, name, look in (
-            ("formula_bytes", "2 x layers x KV heads x head size x bytes", formula),
-            ("kept_bytes", "measured", measured),
-        ):
+        for col, name, look in (("formula_bytes", "counted", formula), ("kept_bytes", "measured", measured)):
             fig.add_trace(go.Scatter(x=g["tokens"], y=g[col] / 1e6, name=f"{engine}, {name}", **look))
-    return titled(fig, title or "What a kept prefix cache costs", x="cached tokens", y="KV cache kept (MB)")
+    return titled(
+        fig,
+        title
+        or (
+            "What a kept prefix cache costs"
+            "<br><sup>dotted: counted, 2 × layers × KV heads × head size × bytes per value a token; markers: what each"
+            " engine kept (engines of one dtype coincide)</sup>"
+        ),
+        x="cached tokens",
+        y="KV cache kept (MB)",
+    )

@@ -7,7 +7,7 @@ Each function takes a pandas DataFrame of ladder rows (``lablib.results.store.lo
 
 from __future__ import annotations
 
-from lablib.plots.style import ENGINE_SYMBOL, color, titled
+from lablib.plots.style import ENGINE_SYMBOL, color, log_ticks, titled
 from lablib.results.tables import need, nonempty
 
 LADDER_ROWS = "lablib.studies.ladder.run_ladder or `lablib quantize --out FILE`"
@@ -39,26 +39,98 @@ def _title(df, text):
     return f"{text}<br><sup>relative to the {ref}</sup>"
 
 
+# the labels' geometry: the plot area a figure of this module gets in a notebook (968 px wide less its margins and
+# legend; HEIGHT less its title and axes), a character's width and a line's height of the labels, a marker's radius
+HEIGHT = 460
+PLOT_PX = (620.0, 300.0)
+CHAR_PX, LINE_PX, MARKER_PX = 7.5, 14.0, 6.0
+POSITIONS = (
+    "top center",
+    "bottom center",
+    "middle right",
+    "middle left",
+    "top right",
+    "top left",
+    "bottom right",
+    "bottom left",
+)
+
+
+def _span(values, log: bool) -> list[float]:
+    """An axis range over ``values`` with room for the labels (log10 units on a log axis, as plotly takes them)."""
+    import math
+
+    v = [math.log10(x) if log else x for x in values if x == x and (x > 0 or not log)]
+    lo, hi = min(v), max(v)
+    pad = max(0.12 * (hi - lo), 0.05 if log else 0.05 * (abs(hi) or 1.0))
+    return [lo - pad, hi + pad]
+
+
+def _overlap(a, b) -> float:
+    return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+
+
+def label_positions(xs, ys, texts, ranges, logs) -> list[str]:
+    """A plotly ``textposition`` for each point's label such that labels overlap no other label or point where a
+    place is free (greedy, points left to right; a label leaving the plot area costs as much as an overlap).
+    Rungs of nearly the same size (Q5_0 and Q4_K_M: 105.0 and 105.5 MB; Q2_K and Q4_0) would otherwise print
+    their names over each other. ``ranges``: the axes' ranges (:func:`_span`), ``logs``: whether each is log."""
+    import math
+
+    def px(v, axis):
+        t = math.log10(v) if logs[axis] else v
+        lo, hi = ranges[axis]
+        return (t - lo) / (hi - lo) * PLOT_PX[axis]
+
+    pts = [(px(x, 0), px(y, 1)) for x, y in zip(xs, ys)]
+    boxes = [(X - MARKER_PX, Y - MARKER_PX, X + MARKER_PX, Y + MARKER_PX) for X, Y in pts]
+    area = (0.0, 0.0, *PLOT_PX)
+    chosen: dict[int, str] = {}
+    for i in sorted(range(len(pts)), key=lambda k: pts[k]):
+        (X, Y), w, h = pts[i], CHAR_PX * len(str(texts[i])), LINE_PX
+        best = None
+        for pos in POSITIONS:
+            v, hz = pos.split()
+            x0 = X - w / 2 if hz == "center" else (X + MARKER_PX if hz == "right" else X - MARKER_PX - w)
+            y0 = Y - h / 2 if v == "middle" else (Y + MARKER_PX if v == "top" else Y - MARKER_PX - h)
+            box = (x0, y0, x0 + w, y0 + h)
+            cost = sum(_overlap(box, b) for b in boxes) + (w * h - _overlap(box, area))
+            if best is None or cost < best[0] - 1e-9:
+                best = (cost, pos, box)
+        boxes.append(best[2])
+        chosen[i] = best[1]
+    return [chosen[i] for i in range(len(pts))]
+
+
 def _scatter(df, x, y, what, xlog=True, ylog=False):
+    """A point per row (its ``type`` written beside it, where no other label or point is), one trace per engine in
+    its colour and symbol; log axes with their ticks written out (:func:`lablib.plots.style.log_ticks`)."""
     import plotly.graph_objects as go
 
+    d = df.dropna(subset=[x, y])
+    if ylog:
+        d = d[d[y] > 0]
     fig = go.Figure()
-    for eng, d in df.groupby("engine", sort=False):
+    ranges, logs = (_span(d[x], xlog), _span(d[y], ylog)), (xlog, ylog)
+    where = dict(zip(d.index, label_positions(list(d[x]), list(d[y]), list(d["type"]), ranges, logs)))
+    for eng, g in d.groupby("engine", sort=False):
         fig.add_trace(
             go.Scatter(
-                x=d[x],
-                y=d[y],
+                x=g[x],
+                y=g[y],
                 mode="markers+text",
                 name=eng,
-                text=d["type"],
-                textposition="top center",
+                text=g["type"],
+                textposition=[where[i] for i in g.index],
+                cliponaxis=False,  # a label beside the highest point stays whole
                 marker={"size": 10, "symbol": ENGINE_SYMBOL.get(eng, "circle"), "color": color(eng)},
                 textfont={"color": color(eng)},
             )
         )
-    fig.update_xaxes(type="log" if xlog else "linear")
-    fig.update_yaxes(type="log" if ylog else "linear")
-    return fig
+    for axis, col, log, rng in (("x", x, xlog, ranges[0]), ("y", y, ylog, ranges[1])):
+        update = fig.update_xaxes if axis == "x" else fig.update_yaxes
+        update(**(log_ticks(d[col]) if log else {"type": "linear"}), range=rng)
+    return fig.update_layout(height=HEIGHT)
 
 
 def pareto_front(df, x: str, y: str, higher_is_better: bool):

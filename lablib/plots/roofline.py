@@ -9,7 +9,9 @@ compute type, meeting at the ridge (intensity = peak / bandwidth). :func:`batch_
 
 from __future__ import annotations
 
-from lablib.plots.style import color, engine_order, titled
+import math
+
+from lablib.plots.style import color, engine_order, log_ticks, titled
 from lablib.results.tables import need as _need, nonempty as _nonempty, ok_rows as _ok
 
 PHASE_SYMBOL = {"prefill": "circle", "decode": "diamond-open"}
@@ -98,15 +100,20 @@ def roofline(df, title: str | None = None):
                     "bound<extra></extra>"
                 ),
             )
-    return titled(
+    titled(
         fig,
         title or "Roofline: measured prefill and decode against this machine's ceilings",
         x="arithmetic intensity (FLOP per byte of memory traffic)",
         y="attained FLOP/s",
-        xaxis_type="log",
-        yaxis_type="log",
         legend_title_text="",
+        # tall enough for the legend's roofs and every engine's two phases (9 entries for 3 engines): a shorter
+        # figure scrolls its legend, and the last engine's points are left without a name
+        height=max(480, 300 + 22 * (len(fig.data) + len(engine_order(med)))),
     )
+    # ticks written out in full (2G, 5G, 10G; 0.5, 1, 2): plotly's own put a bare "2" and "5" between the decades
+    y_all = np.concatenate([med["prefill_flop_per_s"], med["decode_flop_per_s"], [lo * bw], list(roofs.values())])
+    fig.update_xaxes(**log_ticks([lo, hi], max_ticks=12))
+    return fig.update_yaxes(**log_ticks(y_all))
 
 
 def batch_figure(sweep_df, measured=None, title: str | None = None):
@@ -129,13 +136,20 @@ def batch_figure(sweep_df, measured=None, title: str | None = None):
         hovertemplate="batch %{x}<br>%{y:.0f} tokens/s in all<br>%{customdata[0]}-bound<extra></extra>",
     )
     cross = sweep_df.attrs.get("crossover")
+    values = {"x": list(sweep_df["batch"]), "y": list(sweep_df["decode_tps_total"])}
     if cross and cross != float("inf"):
-        fig.add_vline(
-            x=cross,
-            line_dash="dash",
-            line_color="#777777",
-            annotation_text=f"crossover batch {cross:.1f}",
-            annotation_position="top left",
+        # the line, and its label beside it: an annotation's x on a log axis is log10 of the value (add_vline's own
+        # annotation would sit at 10^cross batches, far right, and stretch the axis to it)
+        fig.add_vline(x=cross, line_dash="dash", line_color="#777777")
+        fig.add_annotation(
+            x=math.log10(cross),
+            y=0,
+            yref="paper",
+            text=f"crossover batch {cross:.1f}",
+            showarrow=False,
+            xanchor="left",
+            yanchor="bottom",  # below the bound's plateau, which the line meets near the top
+            xshift=4,
         )
     if measured is not None and len(measured):
         _need(
@@ -146,6 +160,7 @@ def batch_figure(sweep_df, measured=None, title: str | None = None):
         )
         m = measured[(measured["mode"] == "batched") & (measured["engine"] == engine)]
         if len(m):
+            values["y"] += list(m["output_tps"])
             fig.add_scatter(
                 x=m["concurrency"],
                 y=m["output_tps"],
@@ -154,11 +169,11 @@ def batch_figure(sweep_df, measured=None, title: str | None = None):
                 marker=dict(size=11, color=color(engine), symbol="x"),
                 hovertemplate="concurrency %{x}<br>%{y:.0f} output tokens/s<extra></extra>",
             )
-    return titled(
+    titled(
         fig,
         title or f"Decode against batch size on {sweep_df.attrs.get('machine', 'the machine')}",
         x="sequences decoded together (batch size)",
         y="decode tokens/s, all sequences",
-        xaxis_type="log",
-        yaxis_type="log",
     )
+    fig.update_xaxes(**log_ticks(values["x"], max_ticks=10))  # 1, 2, 5, 10 ... written out, not a bare "2" or "5"
+    return fig.update_yaxes(**log_ticks(values["y"]))
