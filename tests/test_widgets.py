@@ -212,6 +212,62 @@ def test_live_concurrency_figure(quick, monkeypatch):
     assert "concurrency" in p.figure.layout.xaxis.title.text
 
 
+def test_the_live_figure_is_drawn_off_the_thread_that_measures(quick, monkeypatch):
+    """A row callback runs inside the engine loop (between two steps of a closed loop): it only marks the figure
+    stale, and the redraw happens in the panel's redraw thread. Drawn in the callback, lab 03's batched runs
+    waited for each redraw in the lab's queue."""
+    rows = context_df(engines=("llama.cpp",), lengths=(64, 256), reps=2).to_dict("records")
+    sweeping, drawn = {}, threading.Event()
+    draws = []  # (thread name, whether the sweep was still running)
+
+    def fake(on_row=None, cancel=None, **kw):
+        sweeping["thread"], sweeping["on"] = threading.current_thread().name, True
+        for i, row in enumerate(rows):
+            on_row(row)
+            if i == 0:
+                assert drawn.wait(10), "no redraw while the sweep ran"
+        sweeping["on"] = False
+        return pd.DataFrame(rows)
+
+    monkeypatch.setattr(sweep, "context_sweep", fake)
+    p = widgets.sweep_panel(out="")
+    p.draw_every_s = 0.0
+    draw = p._draw
+
+    def recording(df, final=False):
+        draws.append((threading.current_thread().name, sweeping.get("on"), final))
+        drawn.set()
+        return draw(df, final=final)
+
+    monkeypatch.setattr(p, "_draw", recording)
+    df = p.run_sync()
+    assert len(df) == 4 and p.error is None
+    during = [d for d in draws if d[1]]
+    assert during and {name for name, _, _ in during} == {"lablib-sweep-redraw"}, draws
+    assert sweeping["thread"] not in {name for name, _, _ in during}
+    assert draws[-1] == (sweeping["thread"], False, True)  # the final figure, after the sweep, by the panel itself
+    assert not any(t.name == "lablib-sweep-redraw" for t in threading.enumerate())  # the thread is gone
+
+
+def test_redrawer_draws_at_most_every_interval_and_never_when_told(monkeypatch):
+    from lablib.ui.background import Redrawer
+
+    calls = []
+    r = Redrawer(lambda: calls.append(threading.current_thread().name), every_s=float("inf"))
+    r.stale()
+    r.close()
+    assert calls == []  # math.inf: the panel draws once, at the end, itself
+    r = Redrawer(lambda: calls.append(threading.current_thread().name), every_s=60.0, name="t-redraw")
+    for _ in range(20):
+        r.stale()
+    deadline = time.monotonic() + 10
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    r.stale()
+    r.close()
+    assert calls == ["t-redraw"] and r.draws == 1  # twenty marks, one draw within the minute
+
+
 def test_engine_errors_are_shown_then_raised_in_run_sync(quick, monkeypatch):
     def boom(**kw):
         raise RuntimeError("engine crashed")

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import html
 import threading
+import time
+
+DRAW_EVERY_S = 1.0  # a panel's live figure is redrawn at most this often while a run goes on (seconds)
 
 
 def status_html(text: str, error: bool = False, details: str | None = None) -> str:
@@ -51,3 +54,49 @@ class BackgroundRun:
         """Wait (at most ``timeout`` seconds; None: as long as it takes) for a background run to end."""
         if self._thread is not None:
             self._thread.join(timeout)
+
+
+class Redrawer:
+    """A panel's live figure drawn off the thread that measures. ``stale()`` (cheap, from any thread: an engine
+    loop's row callback, the load generator's event loop) marks the figure out of date; a daemon thread then calls
+    ``draw()`` at most every ``every_s`` seconds (:data:`DRAW_EVERY_S`; ``math.inf``: never, the panel draws once at
+    the end); :meth:`close` waits for a draw in progress and stops the thread, after which the panel draws its final
+    figure itself. An exception in ``draw`` is the panel's to report: it does not stop the thread.
+
+    Why: a redraw (a figure of every row so far, sent to the browser) takes a few tenths of a second on two cores.
+    Done in the row callback it stalled what was measured: lab 03's sweep panel redrew after each request inside the
+    closed loop, and the next wave of its batched runs waited in the lab's queue for it (0.8-1.4 s of queue time in
+    every engine's quick run); in a replay it held up the event loop that stamps tokens. Off-thread, the measuring
+    thread still shares the interpreter with the drawing (it takes the GIL back within Python's switch interval,
+    5 ms), not the whole draw."""
+
+    def __init__(self, draw, every_s: float = DRAW_EVERY_S, name: str = "lablib-redraw"):
+        self._draw, self.every_s = draw, every_s
+        self._stale, self._closed = threading.Event(), threading.Event()
+        self.draws = 0  # draws made while the run went on
+        self._thread = threading.Thread(target=self._loop, daemon=True, name=name)
+        self._thread.start()
+
+    def stale(self) -> None:
+        """The figure is out of date: draw it when ``every_s`` has passed since the last draw."""
+        self._stale.set()
+
+    def _loop(self) -> None:
+        if self.every_s == float("inf"):
+            return
+        while not self._closed.is_set():
+            if not self._stale.wait(0.05) or self._closed.is_set():
+                continue
+            self._stale.clear()
+            t = time.perf_counter()
+            try:
+                self._draw()
+            except Exception:  # noqa: BLE001 - the panel's draw says what went wrong, in its status line
+                pass
+            self.draws += 1
+            self._closed.wait(max(0.0, self.every_s - (time.perf_counter() - t)))
+
+    def close(self) -> None:
+        """Stop redrawing: waits for a draw in progress to end (so the panel's final draw is the last)."""
+        self._closed.set()
+        self._thread.join()

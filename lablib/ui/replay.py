@@ -32,14 +32,13 @@ import time
 import traceback
 
 from lablib.errors import LabError, first_line
-from lablib.ui.background import BackgroundRun
+from lablib.ui.background import DRAW_EVERY_S, BackgroundRun, Redrawer
 
 COUNT = (1, 40)  # requests per run: lab 09's full-mode slice (BUDGETS["scheduler"]["replay_count"])
 TIME_SCALE = (1 / 16, 4.0)  # x the trace's times: 40 requests' 18 s at most -> 72 s of schedule
 LENGTH_SCALE = (1 / 256, 1 / 16)  # x the trace's lengths: 512-token blocks -> 2 .. 32 tokens
 BLOCK_TOKENS = (0, 128)  # 0: 512 x length scale; at most vLLM's CPU block
 MAX_DURATION_S = 240.0  # the run's time limit (seconds): the schedule's 72 s at most, then the drain
-DRAW_EVERY_S = 1.0  # the live figure is redrawn at most this often (the final draw always)
 SERVER_DEFAULTS = {"parallel": 2, "n_ctx": 1024, "threads": 1}  # a server the panel starts: lab 09's
 
 
@@ -154,7 +153,7 @@ class ReplayPanel(BackgroundRun):
         self._t0 = self._drawn = 0.0
         self._draw_note = ""
         self._title = "Trace replay"
-        self.draw_every_s = DRAW_EVERY_S  # math.inf: the figure drawn once, at the end
+        self.draw_every_s = DRAW_EVERY_S  # math.inf: the figure drawn once, at the end (lablib.ui.background.Redrawer)
         self.last_started = None  # the server the panel started for its last run (stopped at its end)
 
         # as lab 05's panel: the descriptions in one column of 150 px, each box 280 px, a hint beside it
@@ -375,16 +374,20 @@ class ReplayPanel(BackgroundRun):
                 _figure_imports()  # now, not at the first row: an import mid-run holds the GIL from the client
                 probe = LoopLagProbe()
                 self._t0 = time.perf_counter()
-                replay(
-                    e,
-                    plan,
-                    prompts,
-                    max_duration_s=MAX_DURATION_S,
-                    on_row=lambda row: self._on_row(row, writer),
-                    server_metrics=self._sampler,
-                    client_probe=probe,
-                    stop=self.cancel_event,
-                )
+                self._redrawer = Redrawer(self._draw, self.draw_every_s, name="lablib-replay-redraw")
+                try:
+                    replay(
+                        e,
+                        plan,
+                        prompts,
+                        max_duration_s=MAX_DURATION_S,
+                        on_row=lambda row: self._on_row(row, writer),
+                        server_metrics=self._sampler,
+                        client_probe=probe,
+                        stop=self.cancel_event,
+                    )
+                finally:
+                    self._redrawer.close()
             finally:
                 e.close()
         except Exception as ex:
@@ -432,8 +435,7 @@ class ReplayPanel(BackgroundRun):
             self.show_status(
                 f"{done} of {self.progress.max} requests done, {time.perf_counter() - self._t0:.0f} s{lag}"
             )
-        if time.perf_counter() - self._drawn >= self.draw_every_s:
-            self._draw()
+        self._redrawer.stale()  # drawn in the redrawer's thread, not in the event loop that stamps tokens
 
     def _final_line(self, rows, n: int, out) -> str:
         s = self.summary or {}

@@ -24,7 +24,7 @@ from lablib.engines import IN_PROCESS, NAMES as ENGINE_NAMES
 from lablib.errors import LabError
 from lablib.measure import sweep
 from lablib.measure.closed_loop import SCHEDULING_MODES
-from lablib.ui.background import BackgroundRun
+from lablib.ui.background import DRAW_EVERY_S, BackgroundRun, Redrawer
 
 KINDS = ("context", "concurrency")
 
@@ -98,7 +98,8 @@ class SweepPanel(BackgroundRun):
     displays itself), ``figure`` (the plotly FigureWidget, or an ipywidgets.Output where anywidget
     is missing), ``last_figure`` (the latest plotly Figure drawn), ``rows`` (dicts of this run),
     ``df`` (the DataFrame of the last run), ``error`` (the last error message, or None),
-    ``cancel_event`` (the threading.Event given to the sweep).
+    ``cancel_event`` (the threading.Event given to the sweep), ``draw_every_s`` (the live figure is redrawn at most
+    this often, in a thread of its own: :class:`lablib.ui.background.Redrawer`).
     """
 
     def __init__(self, model=None, kind: str = "context", out: str | None = None):
@@ -116,6 +117,7 @@ class SweepPanel(BackgroundRun):
         self._t0 = 0.0
         self._draw_error_shown = False
         self._run_kind = kind
+        self.draw_every_s = DRAW_EVERY_S  # the live figure's redraws during a run (math.inf: once, at the end)
 
         wide = {"description_width": "120px"}
 
@@ -318,7 +320,12 @@ class SweepPanel(BackgroundRun):
         self.show_message("")
         self._t0 = time.perf_counter()
         try:
-            df = fn(**plan["kwargs"], cancel=self.cancel_event, on_row=self._on_row, progress=False)
+            # the live figure is drawn in its own thread, never in the engine loop's row callback (Redrawer)
+            self._redrawer = Redrawer(self._draw_rows, self.draw_every_s, name="lablib-sweep-redraw")
+            try:
+                df = fn(**plan["kwargs"], cancel=self.cancel_event, on_row=self._on_row, progress=False)
+            finally:
+                self._redrawer.close()
             self.df = df if df is not None and len(df) else pd.DataFrame(self.rows)
             self._draw(self.df, final=True)
             done, total = len(self.rows), plan["total"]
@@ -346,14 +353,21 @@ class SweepPanel(BackgroundRun):
             self.status.value = self._status_text(final=True)
 
     def _on_row(self, row: dict) -> None:
+        """A finished request's row, in the measuring thread: kept, counted; the figure only marked stale."""
+        with self._lock:
+            self.rows.append(row)
+            n = len(self.rows)
+        self.progress.value = min(n, self.progress.max)
+        self.progress.description = f"{n}/{self.progress.max}"
+        self.status.value = self._status_text()
+        self._redrawer.stale()
+
+    def _draw_rows(self) -> None:
+        """The live figure of the rows so far (the redrawer's thread)."""
         import pandas as pd
 
         with self._lock:
-            self.rows.append(row)
             rows = list(self.rows)
-        self.progress.value = min(len(rows), self.progress.max)
-        self.progress.description = f"{len(rows)}/{self.progress.max}"
-        self.status.value = self._status_text()
         self._draw(pd.DataFrame(rows))
 
     def _status_text(self, final: bool = False) -> str:
