@@ -100,6 +100,22 @@ def test_batched_mode_really_batches(batched_engine, model):
         assert b.token_ids[:3] == s.token_ids[:3]
 
 
+def test_a_multi_sequence_context_asks_llama_cpp_for_what_it_allocates(model, capfd):
+    """llama.cpp gives each sequence GGML_PAD(n_ctx / n_seq_max, 256) cells; asked for another n_ctx it printed
+    "n_ctx is not divisible by n_seq_max" on stderr (a red box in labs 03 and 07). 96 tokens for 2 sequences: 256
+    cells each, 512 in all, no warning, and the lab still holds each request to the 96 asked for."""
+    from lablib.engines import load_engine
+
+    capfd.readouterr()
+    e = load_engine("llama.cpp", model, n_ctx=96, n_seq_max=2, threads=1)
+    try:
+        lib = e._lib
+        assert (lib.llama_n_ctx(e.ctx), lib.llama_n_ctx_seq(e.ctx), e.n_ctx) == (512, 256, 96)
+    finally:
+        e.close()
+    assert "not divisible by n_seq_max" not in capfd.readouterr().err
+
+
 def test_llama_cpp_batched_matches_serial_and_frees_its_sequences(llama_batched, model):
     """3 sequences in one llama_decode batch; each one's KV cells freed when it finishes."""
     lib = llama_batched._lib

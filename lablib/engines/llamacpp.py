@@ -205,6 +205,12 @@ class LlamaCppEngine(Engine):
         # reads only its own cells; a unified buffer made every token attend over all sequences'
         # cells (masked), which cost 13% of batched decode at 4-8 sequences here
         params.n_seq_max, params.kv_unified = n_seq_max, False
+        # llama.cpp gives each sequence GGML_PAD(n_ctx / n_seq_max, 256) cells and, when n_ctx is not that times
+        # n_seq_max, takes that and prints "n_ctx is not divisible by n_seq_max - rounding down to N" on stderr
+        # (src/llama-context.cpp), a red box in a notebook: ask for exactly what it allocates (the lab still enforces
+        # the n_ctx asked for, self.n_ctx)
+        if params.n_ctx // n_seq_max:
+            params.n_ctx = -(-(params.n_ctx // n_seq_max) // 256) * 256 * n_seq_max
         old = self.llm._ctx
         old.close()  # free its KV buffer first (idempotent: the Llama's exit stack closes it again)
         self.llm._ctx = self.llm._stack.enter_context(
