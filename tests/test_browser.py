@@ -603,6 +603,11 @@ def test_notebook_05_runs_in_the_browser(browser, lab_server):
         rates = len(budgets("serving", quick=True)["rates"])  # goodput and TTFT p95: one point per rate each
         assert all(t["n"] == rates for t in goodput["traces"]), goodput["traces"]
         assert goodput["lines"] >= len(goodput["traces"]) and goodput["points"] > 0, goodput
+        # beside it, the full sweep measured on the lab's machine (data/reference/): the three servers, five rates
+        ref = next((f for t, f in by_title.items() if t.startswith("Reference: the full sweep")), None)
+        assert ref is not None, f"no reference sweep on screen: {list(by_title)}"
+        named = {t["name"]: t["n"] for t in ref["traces"] if not t["name"].startswith("arrival rate")}
+        assert set(named) == {"llama-cpp-python", "llama-server", "vllm"} and set(named.values()) == {5}, named
         timeline = next((f for t, f in by_title.items() if t.startswith("vLLM,")), None)
         assert timeline is not None, f"no vLLM timeline on screen: {list(by_title)}"
         drawn = {t["name"]: t["n"] for t in timeline["traces"]}

@@ -254,6 +254,28 @@ def test_rate_sweep_draws_one_line_per_server_in_each_panel():
     assert fig.layout.yaxis2.range[1] > math.log10(5.0)
 
 
+def test_lab_05s_reference_sweep_is_shipped_and_drawn_beside_the_quick_one():
+    """Lab 05's quick run is too small to rank its servers, so it draws the full sweep measured on the lab's
+    machine (data/reference/serving-rates-*.jsonl, benchmarks/serving_reference.py) beside it: the three
+    servers at the full sweep's five rates, 12 requests each, every goodput drawn as the file gives it."""
+    from lablib.errors import LabError
+    from lablib.studies import serving
+
+    ref = serving.reference_rate_sweep()
+    full = serving.quick_defaults(quick=False)
+    assert set(ref["server"]) == {"llama-cpp-python", "llama-server", "vllm"}
+    assert sorted(set(ref["rate"])) == sorted(float(r) for r in full["rates"])
+    assert (ref["requests"] == full["requests"]).all() and (ref["errors"] == 0).all()
+    assert ref["hostname"].notna().all() and ref["cpu_model"].notna().all()  # the machine it was measured on
+    fig = rate_sweep(ref, ttft_s=ref["ttft_s"].iloc[0], tpot_s=ref["tpot_s"].iloc[0])
+    for server, rows in ref.groupby("server"):
+        good = next(t for t in fig.data if t.name == server)
+        rows = rows.sort_values("rate")
+        assert list(good.x) == list(rows["rate"]) and list(good.y) == list(rows["goodput_rps"])
+    with pytest.raises(LabError, match=r"no reference rate sweep of 'nowhere' .*serving-rates-"):
+        serving.reference_rate_sweep("nowhere")
+
+
 def test_rate_sweep_without_targets_and_refusals():
     fig = rate_sweep(sweep_table().to_dict("records"))
     assert not fig.layout.shapes
