@@ -231,8 +231,8 @@ class ReplayPanel(BackgroundRun):
         )
         block = b if isinstance(b, int) and b > 0 else max(1, round(512 * ls))
         self._length_hint.value = (
-            f"{_fraction(ls)} of the trace's lengths: a median prompt of about {math.ceil(8430 * ls)} tokens, "
-            f"blocks of {block} tokens"
+            # short enough for JupyterLab's default width beside its slider (the browser test's screenshot)
+            f"{_fraction(ls)} of the lengths: median prompt ~{math.ceil(8430 * ls)} tokens, blocks of {block} tokens"
         )
 
     def show_status(self, text: str, error: bool = False, details: str | None = None) -> None:
