@@ -94,7 +94,9 @@ def context_bars(df, title: str | None = None) -> go.Figure:
     n_out = int(med["output_tokens"].median())
     longest = med[med["prompt_tokens"] == lengths[-1]].set_index("engine")["total_s"]
     note = slowest_note(longest)
-    note = f"; at {int(lengths[-1])} prompt tokens {note}" if note else ""
+    note = (
+        f"<br>at {int(lengths[-1])} prompt tokens {note}" if note else ""
+    )  # a line of its own: a panel's figure is narrow
     split_layout(
         fig,
         med,

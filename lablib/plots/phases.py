@@ -86,7 +86,7 @@ def split_subplots():
 
 
 TOP, BOTTOM = 2, 1  # the rows of a split figure, counted from the bottom
-SPLIT_TITLE = "Each engine's own time, split: prefill (solid) and decode (hatched), % of prefill + decode"
+SPLIT_TITLE = "Each engine's own time: prefill (solid) and decode (hatched), %"  # fits a sweep panel's figure too
 SECONDS_TITLE = "The same phases in seconds (log scale: each gridline is 10 times the one below)"
 
 
@@ -102,6 +102,7 @@ def split_layout(fig, med, *, legend: str, x_title: str, title: str, headroom: f
         uniformtext=dict(minsize=9, mode="hide"),
         height=720,
         title=title,
+        margin=dict(t=130),  # the title, its two lines of subtitle, then the top panel's title below them
     )
     fig.update_xaxes(title_text=x_title, row=BOTTOM, col=1)
     fig.update_yaxes(title_text="share of its time", tickformat=".0%", range=[0, 1], row=TOP, col=1)
@@ -200,6 +201,6 @@ def prefill_decode_bars(df, title: str | None = None) -> go.Figure:
         or (
             "Where the time goes in each engine: read its split on top, its seconds below"
             f"<br><sup>prefill of {n_in} prompt tokens (solid), decode of {n_out} output tokens (hatched), medians"
-            f"{'; ' + note if note else ''}</sup>"
+            f"{'<br>' + note if note else ''}</sup>"
         ),
     )
