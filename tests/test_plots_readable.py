@@ -385,3 +385,32 @@ def test_log_ticks_are_written_out_in_full():
     assert log_ticks([0, None, float("nan")]) == {"type": "log"}
     fig = plots.concurrency_lines(concurrency_rows())
     assert fig.layout.yaxis2.tickvals == fig.layout.yaxis3.tickvals  # p50 and p95 on one scale, one set of ticks
+
+
+def test_speedup_vs_k_puts_the_series_of_one_draft_length_side_by_side():
+    """Lab 10's quick run has one draft length (k = 4) for four series: drawn at the same x their markers hid each
+    other. Each series sits a little to the side of its k, the ticks and the hover say the real k, and every
+    measured and predicted value is drawn as the table gives it."""
+    from lablib.plots.speculative import DODGE_K, speedup_vs_k
+
+    rows = []
+    for engine, method in (("llama.cpp", "prompt lookup"), ("llama-server", "draft model")):
+        for text, measured, predicted in (("repetitive", 1.7, 5.0), ("prose", 0.46, 1.0)):
+            rows.append(
+                dict(engine=engine, spec_method=method, draft="Q4_0", text_kind=text, concurrency=1, k=4,
+                     tpot_speedup=measured, predicted_speedup=predicted, acceptance=1.0)
+            )  # fmt: skip
+    fig = speedup_vs_k(pd.DataFrame(rows))
+    measured = [t for t in fig.data if t.name.endswith(": measured")]
+    predicted = [t for t in fig.data if t.name.endswith(": predicted")]
+    assert len(measured) == len(predicted) == 4
+    xs = [t.x[0] for t in measured]
+    assert len(set(xs)) == 4 and max(xs) - min(xs) == pytest.approx(3 * DODGE_K) and sum(xs) / 4 == pytest.approx(4)
+    assert [t.x[0] for t in predicted] == xs  # a series' predicted marker sits above or below its own measured one
+    assert sorted(t.y[0] for t in measured) == [0.46, 0.46, 1.7, 1.7] and sorted(t.y[0] for t in predicted) == [
+        1.0,
+        1.0,
+        5.0,
+        5.0,
+    ]
+    assert list(fig.layout.xaxis.tickvals) == [4] and all("k=4" in t.hovertext[0] for t in measured)

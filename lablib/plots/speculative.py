@@ -28,6 +28,9 @@ def _label(r, keys) -> str:
     return ", ".join(parts)
 
 
+DODGE_K = 0.08  # speedup_vs_k: how far apart (in draft tokens) the series at one k are drawn
+
+
 def speedup_vs_k(table, title: str | None = None):
     """TPOT speedup (plain TPOT / speculative TPOT) against the draft length k, one line per engine x method x
     draft x text x streams: measured (solid, filled markers) and predicted from its acceptance rate and draft
@@ -40,7 +43,11 @@ def speedup_vs_k(table, title: str | None = None):
     df = nonempty(df.dropna(subset=["tpot_speedup"]), "speedup_vs_k", f"no measured speedups; run {SOURCE_SPEEDUP}")
     fig = go.Figure()
     keys = ["engine", "spec_method", "draft", "text_kind", "concurrency"]
-    for i, (key, g) in enumerate(df.sort_values("k").groupby(keys, dropna=False, sort=False)):
+    groups = list(df.sort_values("k").groupby(keys, dropna=False, sort=False))
+    # each series a little to the side of its k (a dodge, DODGE_K apart), so that runs at the same draft length
+    # (quick mode has one k) do not hide each other's markers; the ticks and the hover say the real k
+    shift = {i: (i - (len(groups) - 1) / 2) * DODGE_K for i in range(len(groups))}
+    for i, (key, g) in enumerate(groups):
         r = dict(zip(keys, key))
         name = _label(r, ["engine", "spec_method", "draft", "text_kind"]) + (
             f", {int(r['concurrency'])} streams" if (r["concurrency"] or 1) > 1 else ""
@@ -63,7 +70,7 @@ def speedup_vs_k(table, title: str | None = None):
             if len(d):
                 fig.add_trace(
                     go.Scatter(
-                        x=d["k"],
+                        x=d["k"].astype(float) + shift[i],
                         y=d[y],
                         mode="lines+markers",
                         name=f"{name}: {part}",
@@ -74,8 +81,14 @@ def speedup_vs_k(table, title: str | None = None):
                     )
                 )
     fig.add_hline(y=1, line={"color": "#999999", "width": 1})
+    ks = sorted({int(k) for k in df["k"]})
+    fig.update_xaxes(tickvals=ks, ticktext=[str(k) for k in ks], range=[ks[0] - 0.6, ks[-1] + 0.6])
     fig.update_layout(
-        title=title or "Speculative decoding: measured and predicted speedup",
+        title=title
+        or (
+            "Speculative decoding: measured and predicted speedup"
+            "<br><sup>filled: measured, open: predicted from its acceptance; the series at one k side by side</sup>"
+        ),
         xaxis_title="draft length k (tokens per step)",
         yaxis_title="TPOT speedup (plain / speculative)",
         template="plotly_white",
