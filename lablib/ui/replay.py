@@ -150,7 +150,7 @@ class ReplayPanel(BackgroundRun):
         self.cancel_event = threading.Event()
         self._lock = threading.Lock()
         self._sampler = None
-        self._t0 = self._drawn = 0.0
+        self._t0 = 0.0
         self._draw_note = ""
         self._title = "Trace replay"
         self.draw_every_s = DRAW_EVERY_S  # math.inf: the figure drawn once, at the end (lablib.ui.background.Redrawer)
@@ -344,7 +344,7 @@ class ReplayPanel(BackgroundRun):
         from lablib.results.store import ResultsWriter
 
         self.rows, self.df, self.samples, self.summary, self.error = [], None, None, None, None
-        self._sampler, self._draw_note, self._drawn = None, "", 0.0
+        self._sampler, self._draw_note = None, ""
         n = v["count"]
         name = getattr(self.server, "name", None) or str(self.server)
         self._title = f"Trace replay: requests {v['start']} to {v['start'] + n - 1} on {name}"
@@ -481,7 +481,6 @@ class ReplayPanel(BackgroundRun):
 
         from lablib.ui.widgets import _figure_widget, show_figure
 
-        self._drawn = time.perf_counter()
         with self._lock:
             rows = list(self.rows)
         if not rows:
