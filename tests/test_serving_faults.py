@@ -309,7 +309,9 @@ def test_the_lab_process_interrupted_keeps_its_rows_and_takes_its_server(tmp_pat
     )
     server = None
     try:
-        line = lab.stdout.readline()
+        # its first lines may be llama.cpp's build of llama-server, on first use: the pid and port follow
+        while (line := lab.stdout.readline()) and not re.fullmatch(r"\d+ \d+\n?", line):
+            pass
         assert line, f"the lab process exited ({lab.wait()}) before its server was ready: {lab.stderr.read()}"
         pid, port = map(int, line.split())
         server = psutil.Process(pid)
@@ -344,6 +346,10 @@ def test_the_lab_process_interrupted_keeps_its_rows_and_takes_its_server(tmp_pat
         # the requests in flight were written too, as errors, with the tokens that had arrived
         failed = df[df["error"].notna()]
         assert len(failed) <= 4 and failed["error"].str.contains(f"interrupted by {sig}").all(), list(failed["error"])
-        assert (failed["output_tokens"] < 16).all()
+        # what had arrived, up to all 16 tokens: a request whose last token came but whose stream had not
+        # ended when the signal came is still unfinished (seen in CI: 15, 16, 0, 0)
+        assert failed["output_tokens"].between(0, 16).all(), list(failed["output_tokens"])
+        streamed = failed[failed["output_tokens"] > 0]
+        assert all(len(ids) == n for ids, n in zip(streamed["token_ids"], streamed["output_tokens"])), streamed
         assert len(df) == df["request_index"].nunique()
     print(f"{sig}: {len(df)} rows ({len(ok)} finished), exit {exit_s:.2f} s, llama-server gone {gone_s:.2f} s")
