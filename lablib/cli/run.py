@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import sys
 
-from lablib.engines import IN_PROCESS, engine_class, load_engine
+from lablib.engines import IN_PROCESS, check_load_args, engine_class, load_engine
 from lablib.engines.base import GenerationConfig
+from lablib.machine.threads import default_threads
 from lablib.measure.sweep import measured_traces
 from lablib.measure.workload import DEFAULT_MESSAGES, chat_ids, prompt_of_length, text_ids
 from lablib.model.resolve import prepare
@@ -43,7 +44,12 @@ def run(ns) -> int:
         top_k=ns.top_k,
         seed=ns.seed,
     )
-    engine_class(ns.engine).check_generation(cfg)  # before preparing and loading anything
+    cls = engine_class(ns.engine)
+    # the flags and LABLIB_THREADS checked before the model's tokenizer and weights load (seconds)
+    cls.check_generation(cfg)
+    check_load_args({"n_ctx": ns.n_ctx})
+    if cls.in_process:
+        default_threads()
     rm = prepare(ns.model, log=lambda m: print(m, file=sys.stderr))
     if ns.prompt_tokens is not None:
         ids = prompt_of_length(rm, ns.prompt_tokens)

@@ -63,6 +63,19 @@ def engine_class(name: str) -> type[Engine]:
     return ENGINES[canonical(name)]
 
 
+def check_load_args(kw: dict) -> dict:
+    """``kw`` without its None values, ``n_ctx`` and ``n_batch`` checked as positive whole numbers (tokens) and
+    ``threads`` as :func:`lablib.machine.threads.check_threads` wants it; cheap, so a command checks its flags
+    with it before loading anything. Raises LabError naming the bad value."""
+    kw = {k: v for k, v in kw.items() if v is not None}
+    for arg in ("n_ctx", "n_batch"):
+        if arg in kw:
+            kw[arg] = whole(kw[arg], arg, "a positive whole number of tokens (or leave it out for the default)")
+    if "threads" in kw:
+        kw["threads"] = check_threads(kw["threads"])
+    return kw
+
+
 def load_engine(name: str, model=None, **kw) -> Engine:
     """Load engine ``name`` on ``model`` (a ResolvedModel, a name/path, or None for the default).
 
@@ -78,13 +91,7 @@ def load_engine(name: str, model=None, **kw) -> Engine:
             f"engine {cls.name} is not installed (no module {cls.requires!r}); install it: {cls.install_hint}"
         )
     rm = resolve(model)
-    kw = {k: v for k, v in kw.items() if v is not None}
-    for arg in ("n_ctx", "n_batch"):
-        if arg in kw:
-            kw[arg] = whole(kw[arg], arg, "a positive whole number of tokens (or leave it out for the default)")
-    if "threads" in kw:
-        kw["threads"] = check_threads(kw["threads"])
-    kw = {**cls.default_load_kwargs(rm), **kw}
+    kw = {**cls.default_load_kwargs(rm), **check_load_args(kw)}
     if cls.in_process:  # weights, the runtime's buffers and, where reserved at load, a KV cache for all of n_ctx
         reserved = kw["n_ctx"] if cls.reserves_kv_at_load else 0
         check_fits(rm, [cls], reserved, n_batch=kw.get("n_batch") or 512)
