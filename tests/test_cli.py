@@ -96,6 +96,25 @@ def test_bad_lablib_threads_is_one_clear_error(value):
     assert p.returncode == 2 and f"LABLIB_THREADS='{value}'" in p.stderr and "Traceback" not in p.stderr
 
 
+def test_bad_flags_are_refused_before_the_tokenizer_or_an_engine_loads():
+    """`lablib run` checks --n-ctx and LABLIB_THREADS first: refusing them loaded transformers' tokenizer before
+    (5-10 s to say a flag is wrong); now none of torch, transformers or llama_cpp is imported when it refuses."""
+    import os
+
+    probe = (
+        "import sys; from lablib.cli import main; rc = main(sys.argv[1:]); "
+        "print(rc, sorted(m for m in ('torch', 'transformers', 'llama_cpp') if m in sys.modules))"
+    )
+    for env, args in (
+        ({}, ["run", "--engine", "transformers", "--n-ctx=0", "--max-new-tokens", "2"]),
+        ({"LABLIB_THREADS": "abc"}, ["run", "--engine", "llama.cpp", "--max-new-tokens", "2"]),
+    ):
+        p = subprocess.run(
+            [sys.executable, "-c", probe, *args], capture_output=True, text=True, env=dict(os.environ, **env)
+        )
+        assert p.stdout.split("\n")[-2] == "2 []", (args, env, p.stdout, p.stderr)
+
+
 @pytest.mark.parametrize("n_ctx", ["0", "-5"])
 def test_a_zero_or_negative_context_is_refused_not_defaulted(n_ctx):
     p = lablib("run", "--engine", "transformers", f"--n-ctx={n_ctx}", "--max-new-tokens", "2")
