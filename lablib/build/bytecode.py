@@ -41,12 +41,13 @@ def compile_environment(dirs: list[Path] | None = None, workers: int = 0, log=pr
     """Byte-compile every .py under ``dirs`` (default :func:`site_dirs`) with ``workers`` processes (0: one
     per core). Returns the seconds it took. Files that fail to compile are skipped quietly (``quiet=2``);
     the return value of :func:`compileall.compile_dir` is ignored for them, as pip ignores them."""
+    dirs = site_dirs() if dirs is None else dirs
     t0 = time.perf_counter()
-    for d in dirs if dirs is not None else site_dirs():
+    for d in dirs:
         compileall.compile_dir(str(d), quiet=2, workers=workers)
     took = time.perf_counter() - t0
     if log is not None:
-        log(f"lablib.build.bytecode: byte-compiled {', '.join(map(str, dirs or site_dirs()))} in {took:.0f} s")
+        log(f"lablib.build.bytecode: byte-compiled {', '.join(map(str, dirs))} in {took:.0f} s")
     return took
 
 
