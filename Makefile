@@ -65,10 +65,16 @@ lint: setup
 test-packages:
 	@bash scripts/ensure-test-packages
 
+# Two pytest workers (pytest-xdist): about half the tests' time on two cores is one core waiting (a server
+# starting, a kernel, a download). conftest.py keeps each test file on one worker (its module fixtures start
+# once), every file that uses the session's vLLM on one, and hands out the longest first. TEST_WORKERS=0: one
+# process, as `pytest` alone runs.
+TEST_WORKERS ?= 2
+
 test: setup lint test-packages
 	# test-packages may have just installed OpenBLAS, after setup: link MLX to it now
 	$(PY) -m lablib.build.mlx --install
-	$(PY) -m pytest
+	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 benchmark: setup
 	$(PY) benchmarks/overhead.py

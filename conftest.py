@@ -1,5 +1,6 @@
 """Shared pytest set-up: quick mode for everything, including notebook kernels (nbval), one check of
-every engine in a child process before any test loads one, and each notebook run once per session."""
+every engine in a child process before any test loads one, each notebook run once per session, and the
+groups that pytest-xdist keeps on one worker (``make test`` runs two: ``-n 2 --dist loadgroup``)."""
 
 import os
 
@@ -20,6 +21,52 @@ def _loads_engines(item) -> bool:
     )
 
 
+# the session fixture that starts a real vLLM (tests/conftest.py): every test file that uses it is one xdist
+# group, so that one worker starts it once, as a serial run does
+VLLM_SESSION_FIXTURE = "vllm_server"
+
+
+def _group_files(items) -> None:
+    """Mark each item ``xdist_group(<its file>)``, or ``xdist_group("vllm")`` for every file where a test uses
+    the session's vLLM. With ``--dist loadgroup`` a group runs on one worker: a module's fixtures (a started
+    llama-server, JupyterLab and Chromium in tests/test_browser.py) are made once, and the session's vLLM once,
+    not once per worker. Without xdist the marks do nothing."""
+    vllm_files = {str(i.fspath) for i in items if VLLM_SESSION_FIXTURE in getattr(i, "fixturenames", ())}
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            path = str(item.fspath)
+            group = "vllm" if path in vllm_files else os.path.relpath(path, str(item.config.rootpath))
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+# the longest groups, longest first (seconds in one serial run on a 2-core EPYC, 2026-12-03, caches empty):
+# under xdist they are handed out first, so that no worker is left with a long group at the end while the
+# other waits (``make test`` passes --no-loadscope-reorder, which keeps this order)
+LONG_GROUPS = (
+    "tests/test_browser.py",  # 1112 s: ten notebooks in JupyterLab and Chromium
+    "tests/test_wheelhouse.py",  # 206 s: a wheelhouse built and installed offline
+    "vllm",  # about 190 s and a vLLM start
+    "tests/test_break_serving.py",  # 175 s, llama-server's first-use build among them
+    "tests/test_scheduler_study.py",  # 116 s, a vLLM of five KV blocks among them
+)
+
+
+def _long_groups_first(items) -> None:
+    """Reorder ``items`` (in place, stable): the items of :data:`LONG_GROUPS` first, in that order."""
+    rank = {g: i for i, g in enumerate(LONG_GROUPS)}
+
+    def key(item):
+        mark = item.get_closest_marker("xdist_group")
+        return rank.get(mark.args[0] if mark and mark.args else None, len(rank))
+
+    items.sort(key=key)
+
+
+def _is_xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(session, config, items):
     """Each notebook runs once per session: one that tests/test_browser.py runs in a real browser (its
     ``BROWSER_NOTEBOOKS``) is not also run under nbval when that test is in the same session. The browser
@@ -32,6 +79,9 @@ def pytest_collection_modifyitems(session, config, items):
         module = getattr(item, "module", None)
         if module is not None and module.__name__.endswith("test_browser"):
             in_browser.update(getattr(module, "BROWSER_NOTEBOOKS", ()))
+    _group_files(items)
+    if _is_xdist_worker(config):
+        _long_groups_first(items)
     if not in_browser:
         return
     twice = [i for i in items if str(getattr(i, "fspath", "")).endswith(".ipynb") and i.fspath.basename in in_browser]
@@ -42,6 +92,19 @@ def pytest_collection_modifyitems(session, config, items):
         config._lablib_in_browser = sorted({i.fspath.basename for i in twice})
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """An xdist worker hands the notebooks it left out of nbval to the controller, which prints them."""
+    if _is_xdist_worker(session.config):
+        session.config.workeroutput["lablib_in_browser"] = getattr(session.config, "_lablib_in_browser", None)
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: absent without it
+def pytest_testnodedown(node, error):
+    names = getattr(node, "workeroutput", {}).get("lablib_in_browser")
+    if names:
+        node.config._lablib_in_browser = names
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     names = getattr(config, "_lablib_in_browser", None)
     if names:
@@ -50,12 +113,28 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         )
 
 
+def pytest_sessionstart(session):
+    """Under xdist (``-n``) the controller checks the engines once, before any worker starts a test: a worker
+    cannot stop the whole session cleanly, and two workers would each run the check."""
+    config = session.config
+    if _is_xdist_worker(config) or not getattr(config.option, "numprocesses", None) or config.option.collectonly:
+        return
+    _check_engines_or_exit()
+
+
 def pytest_collection_finish(session):
     """A native crash (SIGILL, SIGSEGV) inside an engine would end the test process with a core
     dump and no summary. So before tests that load engines, each engine runs doctor's smoke step
-    once in a child process; one that is not usable stops the session with doctor's message."""
+    once in a child process; one that is not usable stops the session with doctor's message. (Under xdist
+    the controller did it in :func:`pytest_sessionstart`.)"""
+    if _is_xdist_worker(session.config) or getattr(session.config.option, "numprocesses", None):
+        return
     if session.config.option.collectonly or not any(_loads_engines(i) for i in session.items):
         return
+    _check_engines_or_exit()
+
+
+def _check_engines_or_exit() -> None:
     from lablib.engines.doctor import check_engines
 
     bad = [r for r in check_engines() if not r["usable"]]

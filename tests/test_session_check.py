@@ -5,10 +5,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_an_engine_that_dies_by_a_signal_stops_the_session_with_doctors_message(tmp_path):
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+def test_an_engine_that_dies_by_a_signal_stops_the_session_with_doctors_message(tmp_path, workers):
+    """One process: the check runs once collection found a test that loads an engine. Under xdist (`make test`)
+    the controller runs it before any worker starts a test."""
     # a llama_cpp that dies on import with SIGILL, as a library built for the wrong CPU does
     stub = tmp_path / "stub" / "llama_cpp"
     stub.mkdir(parents=True)
@@ -19,7 +24,7 @@ def test_an_engine_that_dies_by_a_signal_stops_the_session_with_doctors_message(
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     env = dict(os.environ, PYTHONPATH=f"{tmp_path / 'stub'}{os.pathsep}{ROOT}")
     p = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(test)],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *workers, str(test)],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -97,15 +97,18 @@ def test_check_output_uses_jsonschema():
 
 def test_servers_enforce_schema_and_regex(vllm_server, model):
     """vLLM's structured_outputs (json and regex) on the session's server; its grammar compile seen on its clock."""
-    engine = vllm_server.engine(model)
-    rows = structured_rows(engine, _constraints(), max_new_tokens=N_OUT, reps=0)
-    by = _check(rows, "vllm")  # a server's rows are labelled by their server
-    # a server's compile is seen on its clock only beside cached requests (reps >= 1: benchmarks/structured.py)
-    assert by[("person", "first")]["compile_source"] == "ttft_difference"
-    # xgrammar refuses uniqueItems, and llguidance, vLLM's fallback, too: a 400 naming the part
-    cfg = GenerationConfig(max_new_tokens=4, ignore_eos=False, constraint=load_schema("unique_tags"))
-    with pytest.raises(ConstraintError) as e:
-        engine.generate(engine.tokenize("Hi"), cfg)
+    engine = vllm_server.engine(model)  # the session's server outlives this test: its engine is closed here
+    try:
+        rows = structured_rows(engine, _constraints(), max_new_tokens=N_OUT, reps=0)
+        by = _check(rows, "vllm")  # a server's rows are labelled by their server
+        # a server's compile is seen on its clock only beside cached requests (reps >= 1: benchmarks/structured.py)
+        assert by[("person", "first")]["compile_source"] == "ttft_difference"
+        # xgrammar refuses uniqueItems, and llguidance, vLLM's fallback, too: a 400 naming the part
+        cfg = GenerationConfig(max_new_tokens=4, ignore_eos=False, constraint=load_schema("unique_tags"))
+        with pytest.raises(ConstraintError) as e:
+            engine.generate(engine.tokenize("Hi"), cfg)
+    finally:
+        engine.close()
     assert e.value.part == "properties.tags.uniqueItems" and "vllm server" in str(e.value), str(e.value)
     assert "Unimplemented keys" in str(e.value)  # llguidance's own words, through vLLM
 
