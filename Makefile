@@ -71,8 +71,8 @@ lint: setup
 test-packages:
 	@bash scripts/ensure-test-packages
 
-# Two pytest workers (pytest-xdist): about half the tests' time on two cores is one core waiting (a server
-# starting, a kernel, a download). conftest.py keeps each test file on one worker (its module fixtures start
+# Two pytest workers (pytest-xdist): run one at a time, the tests left 41% of two cores idle (a server
+# starting, a kernel, a download: one core busy, the other waiting). conftest.py keeps each test file on one worker (its module fixtures start
 # once), every file that uses the session's vLLM on one, and hands out the longest first. TEST_WORKERS=0: one
 # process, as `pytest` alone runs.
 TEST_WORKERS ?= 2

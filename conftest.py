@@ -39,15 +39,14 @@ def _group_files(items) -> None:
             item.add_marker(pytest.mark.xdist_group(group))
 
 
-# the longest groups, longest first (seconds in one serial run on a 2-core EPYC, 2026-12-03, caches empty):
-# under xdist they are handed out first, so that no worker is left with a long group at the end while the
-# other waits (``make test`` passes --no-loadscope-reorder, which keeps this order)
+# the longest groups, longest first (seconds under `make test` from an empty machine, a 2-core AMD EPYC,
+# 2026-12-03): under xdist they are handed out first, so that no worker is left with a long group at the end
+# while the other waits (``make test`` passes --no-loadscope-reorder, which keeps this order)
 LONG_GROUPS = (
-    "tests/test_browser.py",  # 1112 s: ten notebooks in JupyterLab and Chromium
-    "tests/test_wheelhouse.py",  # 206 s: a wheelhouse built and installed offline
-    "vllm",  # about 190 s and a vLLM start
-    "tests/test_break_serving.py",  # 175 s, llama-server's first-use build among them
-    "tests/test_scheduler_study.py",  # 116 s, a vLLM of five KV blocks among them
+    "tests/test_browser.py",  # 1230 s: ten notebooks in JupyterLab and Chromium, two vLLM starts in lab 05
+    "tests/test_wheelhouse.py",  # 310 s: a wheelhouse built and installed offline
+    "vllm",  # 240 s: the session's vLLM and the files that use it
+    "tests/test_scheduler_study.py",  # 150 s, a vLLM of five KV blocks among them
 )
 
 
