@@ -41,8 +41,9 @@ $(STAMP): pyproject.toml $(wildcard lablib/build/llama/*.py) Makefile
 	# installed and passes its check; else the slow reference BLAS its wheel bundles (lablib/build/mlx.py)
 	$(PY) -m lablib.build.mlx --install
 	$(VENV)/bin/lablib prepare
-	# wait for the tools (their build's lock); one that failed is said here, and tried again when first used
-	$(PY) -m lablib.build.llama --tool all > /dev/null || \
+	# wait for that build (its lock; --wait builds nothing); a failure is said here, and each tool is built
+	# again when first used
+	$(PY) -m lablib.build.llama --tool all --wait > /dev/null || \
 		echo "llama.cpp's tools did not build (log: $(VENV)/llama-tools.log); each is built again when first used"
 	@touch $(STAMP)
 

@@ -31,10 +31,10 @@ def _group_files(items) -> None:
     the session's vLLM. With ``--dist loadgroup`` a group runs on one worker: a module's fixtures (a started
     llama-server, JupyterLab and Chromium in tests/test_browser.py) are made once, and the session's vLLM once,
     not once per worker. Without xdist the marks do nothing."""
-    vllm_files = {str(i.fspath) for i in items if VLLM_SESSION_FIXTURE in getattr(i, "fixturenames", ())}
+    vllm_files = {str(i.path) for i in items if VLLM_SESSION_FIXTURE in getattr(i, "fixturenames", ())}
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            path = str(item.fspath)
+            path = str(item.path)
             group = "vllm" if path in vllm_files else os.path.relpath(path, str(item.config.rootpath))
             item.add_marker(pytest.mark.xdist_group(group))
 
@@ -113,8 +113,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 def pytest_sessionstart(session):
-    """Under xdist (``-n``) the controller checks the engines once, before any worker starts a test: a worker
-    cannot stop the whole session cleanly, and two workers would each run the check."""
+    """Under xdist (``-n``) the controller checks the engines once, before any worker starts (xdist starts
+    them in its own ``pytest_sessionstart``, marked trylast): a worker cannot stop the whole session cleanly,
+    and two workers would each run the check. The controller collects nothing, so it checks whatever tests
+    were asked for: ``-n`` on a few tests that load no engine pays the check (about 30 s on two cores)."""
     config = session.config
     if _is_xdist_worker(config) or not getattr(config.option, "numprocesses", None) or config.option.collectonly:
         return

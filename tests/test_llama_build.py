@@ -252,3 +252,82 @@ def test_a_cuda_build_that_fails_falls_back_to_the_cpu_build(tmp_path, monkeypat
     ]
     assert report["cmake_args"] == built[1] and [d["family"] for d in report["dropped"]] == ["CUDA"]
     assert ("SIGILL" if smoke_fails else "failed") in report["dropped"][0]["reason"]
+
+
+# a stand-in for cmake: records each call; a build "links" each --target into bin/ (FAIL=1: the build fails)
+FAKE_CMAKE = """#!/bin/sh
+echo "$*" >> "$CMAKE_CALLS"
+if [ "$1" = "--build" ]; then
+    [ "$FAIL" = 1 ] && { echo "error: server.cpp: it did not compile" >&2; exit 2; }
+    tree="$2"; shift 3
+    for t in "$@"; do case "$t" in --parallel) break;; *) touch "$tree/bin/$t"; chmod +x "$tree/bin/$t";; esac; done
+fi
+"""
+
+
+@pytest.fixture
+def tools_tree(tmp_path, monkeypatch):
+    """A recorded build tree (src/CMakeLists.txt, build/bin/) and a stand-in cmake on PATH, for
+    :func:`llama_build.llama_tools` (its build steps, not llama.cpp's compile)."""
+    from lablib.build.llama import tools
+
+    folder = tmp_path / "wheels" / "key"
+    (folder / "src").mkdir(parents=True)
+    (folder / "src" / "CMakeLists.txt").write_text("")
+    (folder / "build" / "bin").mkdir(parents=True)
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "cmake").write_text(FAKE_CMAKE)
+    (fake / "cmake").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CMAKE_CALLS", str(tmp_path / "calls"))
+    monkeypatch.setattr(tools, "build_report", lambda: {"build_dir": str(folder), "cmake_args": "-DGGML_AVX2=ON"})
+    return folder, tmp_path / "calls"
+
+
+def _calls(path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_the_missing_tools_are_configured_once_and_built_in_one_cmake_call(tools_tree):
+    folder, calls = tools_tree
+    (folder / "build" / "bin" / "llama-bench").touch()  # built before: not built again
+    exes = llama_build.llama_tools(("llama-server", "llama-quantize", "llama-bench", "llama-server"), log=print)
+    assert list(exes) == ["llama-server", "llama-quantize", "llama-bench"]  # in order, each once
+    assert all(p == folder / "build" / "bin" / n and p.is_file() for n, p in exes.items())
+    configure, build = _calls(calls)
+    assert configure.startswith(f"-S {folder / 'src'} -B {folder / 'build'}") and "-DLLAMA_BUILD_SERVER=ON" in configure
+    assert build == f"--build {folder / 'build'} --target llama-server llama-quantize --parallel {os.cpu_count() or 2}"
+    assert llama_build.llama_tools("llama-server") == {"llama-server": exes["llama-server"]}  # a name alone
+    assert len(_calls(calls)) == 2  # all there: nothing run again
+
+
+def test_waiting_builds_nothing_and_names_what_is_missing(tools_tree):
+    folder, calls = tools_tree
+    (folder / "build" / "bin" / "llama-server").touch()
+    assert llama_build.llama_tools(("llama-server",), build=False) == {
+        "llama-server": folder / "build/bin/llama-server"
+    }
+    with pytest.raises(llama_build.BuildError, match=r"llama-bench not built: the build this waited for failed"):
+        llama_build.llama_tools(("llama-server", "llama-bench"), build=False)
+    assert _calls(calls) == []
+
+
+def test_a_failed_tools_build_says_which_and_shows_the_compilers_words(tools_tree, monkeypatch, capsys):
+    folder, calls = tools_tree
+    monkeypatch.setenv("FAIL", "1")
+    with pytest.raises(llama_build.BuildError, match=r"building llama.cpp's llama-server, llama-bench failed") as e:
+        llama_build.llama_tools(("llama-server", "llama-bench"), log=lambda m: None)
+    assert "server.cpp: it did not compile" in str(e.value)
+    # the command line: the paths on stdout alone, the build's own words on stderr; --wait builds nothing
+    assert llama_build.main(["--tool", "all", "--wait"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "not built: the build this waited for failed" in out.err
+    assert len(_calls(calls)) == 2  # the failed configure and build; the wait ran neither
+    monkeypatch.delenv("FAIL")
+    assert llama_build.main(["--tool", "all"]) == 0
+    out = capsys.readouterr()
+    assert out.out.split() == [str(folder / "build" / "bin" / n) for n in llama_build.TOOLS]
+    assert "llama.cpp: building llama-bench, llama-batched-bench" in out.err
+    with pytest.raises(llama_build.BuildError, match="unknown llama.cpp tool 'llama-cli'"):
+        llama_build.llama_tools(("llama-server", "llama-cli"))

@@ -62,19 +62,3 @@ def test_requests_one_after_another_on_one_client_all_succeed(llama_server, mode
         e.close()
     assert [r["error"] for r in rows] == [None] * 4
     assert [r["output_tokens"] for r in rows] == [4] * 4
-
-
-def test_stopping_a_server_closes_the_engines_it_handed_out(model):
-    """``srv.engine()`` starts an event-loop thread and an HTTP session on first use; a server stopped with
-    them open left one ``lablib-http`` thread per engine running until the process ended (a notebook kernel,
-    a test worker: found when tests/test_serving_faults.py saw two left by tests/test_structured.py)."""
-    import threading
-
-    with start_server("llama-server", model, parallel=1, threads=1, n_ctx=256) as srv:
-        used, idle = srv.engine(model), srv.engine(model)  # each probes the server as it loads: a loop each
-        t = used.generate(prompt_of_length(model, 8), GenerationConfig(max_new_tokens=2))
-        threads = [used._thread, idle._thread]
-        assert t.output_tokens == 2 and all(th.is_alive() and th.name == "lablib-http" for th in threads)
-    assert srv.proc.returncode is not None
-    assert not any(th.is_alive() for th in threads) and not set(threads) & set(threading.enumerate())
-    assert used._loop is None and used._session is None and idle._loop is None

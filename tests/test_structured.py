@@ -116,8 +116,7 @@ def test_servers_enforce_schema_and_regex(vllm_server, model):
 def test_llama_server_schema_regex_and_remote_ref(model):
     from lablib.engines.servers import start_server
 
-    with start_server("llama-server", model, parallel=1, threads=1, n_ctx=512) as srv:
-        engine = srv.engine(model)
+    with start_server("llama-server", model, parallel=1, threads=1, n_ctx=512) as srv, srv.engine(model) as engine:
         rows = structured_rows(engine, _constraints(), max_new_tokens=N_OUT, reps=0)
         _check(rows, "llama-server")
         cfg = GenerationConfig(max_new_tokens=4, ignore_eos=False, constraint=load_schema("remote_ref"))

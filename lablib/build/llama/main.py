@@ -31,6 +31,11 @@ def main(argv: list[str] | None = None) -> int:
         help="build llama.cpp's program TOOL (all: every one, together) for the installed library",
     )
     ap.add_argument(
+        "--wait",
+        action="store_true",
+        help="with --tool: build nothing; wait for a build in progress, then print the paths or name what is missing",
+    )
+    ap.add_argument(
         "--portable",
         action="store_true",
         help="only x86-64-v3 extensions (AVX2, FMA, F16C): a wheel for other machines too "
@@ -53,9 +58,12 @@ def main(argv: list[str] | None = None) -> int:
             )
     try:
         runner = emulator(ns.cpu) if ns.cpu else ()
+        if ns.wait and not ns.tool:
+            ap.error("--wait goes with --tool")
         if ns.tool:
-            for path in llama_tools(TOOLS if ns.tool == "all" else (ns.tool,)).values():
-                print(path)
+            names = TOOLS if ns.tool == "all" else (ns.tool,)
+            for path in llama_tools(names, log=lambda m: print(m, file=sys.stderr), build=not ns.wait).values():
+                print(path)  # stdout holds the paths alone; what the build says goes to stderr
             return 0
         features = probe_cpu_features(runner=runner)
         if ns.print_flags:

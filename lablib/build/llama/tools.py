@@ -28,15 +28,18 @@ def llama_tool(name: str, log=print) -> Path:
     return llama_tools((name,), log=log)[name]
 
 
-def llama_tools(names=TOOLS, log=print) -> dict[str, Path]:
+def llama_tools(names=TOOLS, log=print, build: bool = True) -> dict[str, Path]:
     """``{name: path}`` of llama.cpp's programs ``names`` (default: all of :data:`TOOLS`), the missing ones
     built together: one CMake configure and one ``cmake --build`` of their targets, so the objects they share
     (llama.cpp's ``common`` library) compile once and on every core. ``make setup`` builds them all this way,
-    in the background while the lab's packages install (``python -m lablib.build.llama --tool all``).
+    in the background while the lab's packages install (``python -m lablib.build.llama --tool all``), then
+    waits for that build (``build=False``, ``--wait``): it takes the build's lock and builds nothing itself.
 
     One build at a time per tree (a file lock, ``tools.lock``): a second process waits, then finds them
-    built. Raises BuildError as :func:`llama_tool` does, or with the build's last lines when it fails.
+    built. Raises BuildError as :func:`llama_tool` does, with the build's last lines when it fails, or (with
+    ``build=False``) naming the programs no build made.
     """
+    names = tuple(dict.fromkeys((names,) if isinstance(names, str) else names))
     unknown = [n for n in names if n not in TOOLS]
     if unknown:
         raise BuildError(f"unknown llama.cpp tool {unknown[0]!r}: expected one of {', '.join(TOOLS)}")
@@ -44,17 +47,22 @@ def llama_tools(names=TOOLS, log=print) -> dict[str, Path]:
     folder = Path(report["build_dir"]) if report and report.get("build_dir") else None
     if folder is None or not (folder / "src" / "CMakeLists.txt").exists() or not (folder / "build").is_dir():
         raise BuildError(
-            f"llama.cpp's {', '.join(names)} are built from the same build tree as the installed library, and "
-            "none is recorded for this environment: run `python -m lablib.build.llama --install` "
+            f"llama.cpp's programs ({', '.join(names)}) are built from the same build tree as the installed "
+            "library, and none is recorded for this environment: run `python -m lablib.build.llama --install` "
             "(`make setup` does)"
         )
-    build = folder / "build"
-    exes = {n: build / "bin" / n for n in names}
-    if all(e.is_file() for e in exes.values()):
-        return exes
+    tree = folder / "build"
+    exes = {n: tree / "bin" / n for n in names}
+    if build and all(e.is_file() for e in exes.values()):
+        return exes  # (waiting, the lock is taken first: a program is a file before its linker is done)
     with open(folder / "tools.lock", "w") as lock:  # one tool build at a time in this tree
         fcntl.flock(lock, fcntl.LOCK_EX)
         missing = [n for n, e in exes.items() if not e.is_file()]  # another process may have built some
+        if missing and not build:
+            raise BuildError(
+                f"llama.cpp's {', '.join(missing)} not built: the build this waited for failed, or none ran; "
+                "`python -m lablib.build.llama --tool all` builds them (and says why one fails)"
+            )
         if missing:
             log(
                 f"llama.cpp: building {', '.join(missing)} from the library's build tree "
@@ -68,14 +76,14 @@ def llama_tools(names=TOOLS, log=print) -> dict[str, Path]:
                     "-S",
                     str(folder / "src"),
                     "-B",
-                    str(build),
+                    str(tree),
                     "-DLLAVA_BUILD=OFF",
                     "-DLLAMA_BUILD_TOOLS=ON",
                     "-DLLAMA_BUILD_SERVER=ON",
                     "-DLLAMA_BUILD_UI=OFF",
                     "-DLLAMA_USE_PREBUILT_UI=OFF",
                 ],
-                ["cmake", "--build", str(build), "--target", *missing, "--parallel", env["CMAKE_BUILD_PARALLEL_LEVEL"]],
+                ["cmake", "--build", str(tree), "--target", *missing, "--parallel", env["CMAKE_BUILD_PARALLEL_LEVEL"]],
             ]
             for cmd in steps:
                 p = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -20,7 +20,6 @@ import signal
 import socket
 import subprocess
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,12 +72,9 @@ class RunningServer:
     n_ctx: int = 0  # context per slot, tokens
     threads: int = 0  # CPU threads the server was given
     settings: dict = field(default_factory=dict)  # what it was started with (Launch.settings)
-    # the http engines :meth:`engine` handed out, closed by :meth:`stop` (weak: one dropped earlier is not kept)
-    _engines: weakref.WeakSet = field(default_factory=weakref.WeakSet, repr=False, compare=False)
 
     def engine(self, model=None, api: str = "completions", **kw):
-        """An http engine on this server (``lablib.engines.http.HTTPEngine``), ``model`` the lab's model.
-        :meth:`stop` closes it (its event-loop thread and HTTP session) with the server."""
+        """An http engine on this server (``lablib.engines.http.HTTPEngine``), ``model`` the lab's model."""
         from lablib.engines import load_engine
 
         if not self.alive():  # else: "no server answers ... start one", as if it had never been started
@@ -89,11 +85,9 @@ class RunningServer:
         kw.setdefault("server_version", self.version)
         kw.setdefault("n_ctx", self.n_ctx or None)
         kw.setdefault("server_settings", dict(self.settings))
-        engine = load_engine(
+        return load_engine(
             "http", model, base_url=self.base_url, api=api, server=self.kind, server_model=self.server_model, **kw
         )
-        self._engines.add(engine)
-        return engine
 
     @property
     def base_url(self) -> str:
@@ -105,9 +99,7 @@ class RunningServer:
     def stop(self, grace_s: float = 10.0) -> int | None:
         """Stop this server by its pid: SIGTERM, then SIGKILL after ``grace_s``; then whatever it
         started is killed too (its process group: it leads its own session, so the group is its pid;
-        vLLM's EngineCore and worker would run on otherwise). Then each http engine :meth:`engine` handed
-        out is closed: its event-loop thread and HTTP session would outlive the server (a notebook kernel
-        kept one thread per ``srv.engine()`` until it ended). Returns its exit code."""
+        vLLM's EngineCore and worker would run on otherwise). Returns its exit code."""
         cards.remove_card(self.port, self.pid)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -117,9 +109,6 @@ class RunningServer:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         _kill_group(self.pid, grace_s=min(grace_s, 5.0))
-        for engine in list(self._engines):
-            engine.close()
-        self._engines.clear()
         return self.proc.returncode
 
     def group_alive(self) -> list[int]:

@@ -207,7 +207,7 @@ def run_engine(name: str, constraints=None, max_new_tokens=None, reps=None, mode
     except LabError:
         in_process = False
     if not in_process and name in SERVERS:
-        with start_server(name, m, parallel=1, n_ctx=1024) as srv:
-            return structured_rows(srv.engine(m), constraints, max_new_tokens, reps, out)
+        with start_server(name, m, parallel=1, n_ctx=1024) as srv, srv.engine(m) as engine:
+            return structured_rows(engine, constraints, max_new_tokens, reps, out)
     with load_engine(name, m, n_ctx=1024) as engine:
         return structured_rows(engine, constraints, max_new_tokens, reps, out)
