@@ -107,6 +107,52 @@ def pytest_testnodedown(node, error):
         node.config._lablib_in_browser = names
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` (``make test``) with a crashed worker's work requeued so the run goes on and ends.
+
+    pytest-xdist 3.8.0 (the newest release) hangs for good once a worker dies under loadgroup: it requeues
+    every unit the dead worker ever ran, finished ones included, and a replacement handed an empty unit or a
+    single test waits forever for a next one (pytest-xdist#1323, #1327, #1378; fixes merged after 3.8.0, not
+    released). Met here: OpenVINO killed a worker with SIGFPE on an Intel Xeon with AMX, every test after it
+    finished, and both workers then sat idle until CI's time ran out. Returns None (xdist's own scheduler)
+    for any other ``--dist``."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class CrashSafeLoadGroup(LoadGroupScheduling):
+        def remove_node(self, node):
+            """Requeue only the units with tests left, without the one the worker died on (already
+            reported failed by xdist: rerun, it would take the replacement down too, pytest-xdist#1371)."""
+            workload = self.assigned_work.pop(node)
+            left = [(scope, i) for scope, unit in workload.items() for i, done in unit.items() if not done]
+            if not left:
+                return None
+            scope, crashitem = left[0]
+            workload[scope][crashitem] = True
+            for scope, unit in workload.items():
+                if not all(unit.values()):
+                    self.workqueue[scope] = unit
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return crashitem
+
+        def _reschedule(self, node):
+            """A worker runs a test only once it holds the next one or a shutdown (xdist.remote's
+            run_one_test): give it work until it holds two tests, or tell it that nothing more comes."""
+            super()._reschedule(node)
+            while not node.shutting_down and node in self.assigned_work:
+                if self._pending_of(self.assigned_work[node]) >= 2:
+                    break
+                if not self.workqueue:
+                    node.shutdown()
+                    break
+                self._assign_work_unit(node)
+
+    return CrashSafeLoadGroup(config, log)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     names = getattr(config, "_lablib_in_browser", None)
     if names:

@@ -178,7 +178,22 @@ def test_manifest_names_the_cpu_defaults_and_how_threads_were_chosen(ov_engine, 
     monkeypatch.delenv("LABLIB_THREADS", raising=False)
     e = load_engine("openvino", None, n_ctx=64, threads=1)
     try:
-        assert (e.info().threads, e.info().flags["threads_auto"]) == (1, False)
+        info = e.info()
+        assert (info.threads, info.flags["threads_auto"]) == (1, False)
+        # one thread on an AMX CPU whose plugin defaults to bf16 loads in f32 (it died with SIGFPE here,
+        # an Intel Xeon with AMX, taking the test worker with it), and says so; elsewhere nothing changes
+        from lablib.machine.identity import cpu_flags
+
+        amx_bf16 = "amx_bf16" in cpu_flags() and info.flags["cpu_defaults"]["INFERENCE_PRECISION_HINT"] == "bf16"
+        if amx_bf16:
+            assert info.compute_dtype == "float32" and "openvino#33300" in info.flags["precision_changed"]
+            trace = e.generate(
+                e.tokenize("The capital of France is"), GenerationConfig(max_new_tokens=3, ignore_eos=True)
+            )
+            assert len(trace.token_ids) == 3
+        else:
+            assert info.flags["precision_changed"] is None
+            assert info.compute_dtype == ov_engine.compute_dtype(None, "f16", "CPU", {})
     finally:
         e.close()
     e = load_engine("openvino", None, n_ctx=64)
@@ -186,3 +201,36 @@ def test_manifest_names_the_cpu_defaults_and_how_threads_were_chosen(ov_engine, 
         assert e.info().flags["threads_auto"] is True
     finally:
         e.close()
+
+
+@pytest.mark.parametrize(
+    "device, props, flags, default, want",
+    [
+        # the crash's conditions: CPU, one thread, AMX, the plugin's bf16 -> f32, said once
+        ("CPU", {"INFERENCE_NUM_THREADS": 1}, {"avx512_bf16", "amx_bf16"}, "bf16", "f32"),
+        # any one of them missing: the properties pass unchanged
+        ("CPU", {"INFERENCE_NUM_THREADS": 2}, {"amx_bf16"}, "bf16", None),
+        ("CPU", {"INFERENCE_NUM_THREADS": 1}, {"avx512_bf16"}, "bf16", None),  # AVX-512 BF16 EPYC: no AMX
+        ("CPU", {"INFERENCE_NUM_THREADS": 1}, {"amx_bf16"}, "f32", None),
+        ("CPU", {"INFERENCE_NUM_THREADS": 1, "INFERENCE_PRECISION_HINT": "f16"}, {"amx_bf16"}, "bf16", None),
+        ("GPU", {}, {"amx_bf16"}, "bf16", None),
+    ],
+)
+def test_one_thread_on_amx_loads_in_f32_only_where_bf16_would_crash(device, props, flags, default, want):
+    from lablib.engines.openvino import single_thread_amx_precision
+
+    got, note = single_thread_amx_precision(device, dict(props), frozenset(flags), default)
+    if want is None:
+        assert (got, note) == (props, None)
+    else:
+        assert got == {**props, "INFERENCE_PRECISION_HINT": want}
+        assert "SIGFPE" in note and "openvino#33300" in note and "threads=2" in note
+
+
+def test_asking_for_bf16_on_one_amx_thread_is_refused_with_what_to_do():
+    from lablib.engines.openvino import single_thread_amx_precision
+
+    with pytest.raises(LabError, match=r"bf16 on 1 thread.*SIGFPE.*openvino#33300.*threads=2 or more.*f32 or f16"):
+        single_thread_amx_precision(
+            "CPU", {"INFERENCE_NUM_THREADS": 1, "INFERENCE_PRECISION_HINT": "bf16"}, {"amx_bf16"}
+        )

@@ -36,3 +36,34 @@ def test_an_engine_that_dies_by_a_signal_stops_the_session_with_doctors_message(
     assert "engine check failed before the tests" in out
     assert "llama.cpp: crashed with SIGILL (illegal instruction" in out
     assert "must not run" not in out
+
+
+CRASHING_RUN = {
+    "test_a.py": "def test_a1(): pass\ndef test_a2(): pass\ndef test_a3(): pass\n",
+    "test_b.py": "import os\ndef test_b_dies(): os._exit(1)\ndef test_b_after(): pass\n",
+    "test_c.py": "def test_c1(): pass\ndef test_c2(): pass\n",
+}
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_worker_that_dies_fails_its_test_and_the_run_still_ends(tmp_path, workers):
+    """``make test``'s ``-n 2 --dist loadgroup``: a worker killed mid-test (OpenVINO's SIGFPE did it) fails that
+    test and every other test still runs once, and the run ends. xdist 3.8.0's own scheduler hung here until
+    the timeout (pytest-xdist#1323, #1378): conftest.py's ``pytest_xdist_make_scheduler`` is the hook under test."""
+    for name, text in CRASHING_RUN.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "conftest.py").write_text(
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('lab_root_conftest', {str(ROOT / 'conftest.py')!r})\n"
+        "root = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(root)\n"
+        "pytest_xdist_make_scheduler = root.pytest_xdist_make_scheduler\n"
+    )
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", workers, "--dist", "loadgroup", "-rA"]
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out[-3000:]
+    assert "1 failed, 6 passed" in out, out[-3000:]
+    assert "crashed while running 'test_b.py::test_b_dies'" in out
+    assert "PASSED test_b.py::test_b_after" in out

@@ -33,6 +33,9 @@ Threads: ``INFERENCE_NUM_THREADS`` is a compile-time property of the CPU plugin:
 with the lab's thread count (``threads``, else LABLIB_THREADS, else the CPUs other processes leave
 free at load) and cannot change it per request (``threads_auto`` says whether the count was chosen
 automatically at load, ``threads_fixed_at_load`` True; each row records the count it loaded with).
+On ONE thread on a CPU with AMX it compiles in f32, not the plugin's bf16: bf16 there kills the
+process with SIGFPE (openvinotoolkit/openvino#33300; :func:`single_thread_amx_precision`), and
+``info().flags["precision_changed"]`` and ``compute_dtype`` say so.
 
 Batched mode (:meth:`OpenVINOEngine.batch_session`) is OpenVINO GenAI's own continuous batching, a
 ``ContinuousBatchingPipeline`` (paged attention, a ``SchedulerConfig`` sized for the session)
@@ -43,6 +46,7 @@ scheduled sequence, each handle's new token ids are read and stamped after the s
 from __future__ import annotations
 
 import functools
+import sys
 
 from lablib.engines.base import BatchStats, Engine, EngineInfo, GenerationConfig
 from lablib.engines.sampling import DEFINITION
@@ -150,7 +154,11 @@ class OpenVINOEngine(Engine):
         self.ov_device = device
         self.device = "cpu" if device == "CPU" else device.lower()
         threads_prop = {"INFERENCE_NUM_THREADS": self.threads} if device == "CPU" else {}
-        self.properties = {**threads_prop, **(properties or {})}
+        self.properties, self.precision_note = single_thread_amx_precision(
+            device, {**threads_prop, **(properties or {})}
+        )
+        if self.precision_note:
+            print(f"engine openvino: {self.precision_note}", file=sys.stderr, flush=True)
         self.n_ctx = int(n_ctx or model.max_position_embeddings or 0)
         if self.n_ctx < 1:
             raise LabError("the model states no trained context; pass n_ctx (--n-ctx)")
@@ -215,6 +223,7 @@ class OpenVINOEngine(Engine):
                 "properties": dict(self.properties),
                 "attention": "paged (LLMPipeline's CPU default), prefix caching off",
                 "cpu_defaults": self._device_defaults(),
+                "precision_changed": self.precision_note,
                 "kv_cache_precision": "f16 (set by the GGUF reader for F16/F32 files)"
                 if self.weights == "f16"
                 else "CPU default",
@@ -289,6 +298,49 @@ class OpenVINOEngine(Engine):
 
 # OpenVINO's element type names (get_type_name) -> the lab's compute dtypes (lablib.studies.roofline's roofs)
 OV_TYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "i8": "int8", "u8": "int8"}
+
+
+# openvinotoolkit/openvino#33300 (open in 2026.4): the CPU plugin dies with SIGFPE (a division by zero
+# in libopenvino_intel_cpu_plugin.so, which takes the whole Python process) compiling an LLMPipeline
+# in bf16 on ONE thread where oneDNN picks its AMX kernels. Seen on an Intel Xeon with AMX (2 cores):
+# the F16 reference with INFERENCE_NUM_THREADS=1 dies at load; 2 threads, f32 or f16 precision, or
+# oneDNN capped at AVX512_CORE_BF16 (ONEDNN_MAX_CPU_ISA, process-wide) load. The lab's automatic
+# thread count is 1 on a busy 2-core machine, so a lab run met it without asking for one thread.
+AMX_ONE_THREAD_BUG = "openvinotoolkit/openvino#33300"
+
+
+def single_thread_amx_precision(device: str, properties: dict, flags=None, default=None) -> tuple[dict, str | None]:
+    """``properties`` for an ``LLMPipeline`` on ``device``, with INFERENCE_PRECISION_HINT f32 where the
+    CPU plugin would compile bf16 on one thread on a CPU with AMX (``flags``: the CPU's feature flags,
+    default :func:`lablib.machine.identity.cpu_flags`; ``default``: the plugin's precision when the
+    properties set none, default the plugin's own), which kills the process (:data:`AMX_ONE_THREAD_BUG`).
+    Returns (properties, a sentence saying what changed and why, or None when nothing changed).
+    LabError when the caller asked for bf16 on one thread there: it cannot load."""
+    if device != "CPU" or properties.get("INFERENCE_NUM_THREADS") != 1:
+        return properties, None
+    if flags is None:
+        from lablib.machine.identity import cpu_flags
+
+        flags = cpu_flags()
+    if "amx_bf16" not in flags:
+        return properties, None
+    asked = properties.get("INFERENCE_PRECISION_HINT")
+    hint = asked if asked is not None else (default or _device_property(device, "INFERENCE_PRECISION_HINT"))
+    if hasattr(hint, "get_type_name"):
+        hint = hint.get_type_name()
+    if str(hint).lower() != "bf16":
+        return properties, None
+    if asked is not None:
+        raise LabError(
+            "engine openvino: INFERENCE_PRECISION_HINT=bf16 on 1 thread on this CPU with AMX: OpenVINO's CPU "
+            f"plugin dies with SIGFPE compiling that ({AMX_ONE_THREAD_BUG}); load with threads=2 or more, "
+            "or with INFERENCE_PRECISION_HINT f32 or f16"
+        )
+    note = (
+        "inference precision f32 instead of the CPU plugin's bf16: on 1 thread on a CPU with AMX the plugin "
+        f"dies with SIGFPE compiling bf16 ({AMX_ONE_THREAD_BUG}); load with threads=2 or more for bf16"
+    )
+    return {**properties, "INFERENCE_PRECISION_HINT": "f32"}, note
 
 
 @functools.lru_cache(maxsize=32)
