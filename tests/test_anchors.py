@@ -6,6 +6,7 @@ import subprocess
 import pytest
 
 from lablib.build.llama import TOOLS, BuildError, build_report, llama_tool, llama_tools, main as llama_build_main
+from lablib.errors import LabError
 from lablib.studies import anchors
 
 pytestmark = pytest.mark.engine
@@ -60,3 +61,27 @@ def test_batched_rows_hold_the_anchor_and_the_lab_for_each_batch(model):
     fig = anchor_bars(rows)  # drawn from the rows alone
     assert [t.name for t in fig.data] == ["llama-batched-bench", "lab"]
     assert list(fig.data[1].y) == [rows[1]["output_tps"], rows[3]["output_tps"]]
+
+
+def test_a_batch_the_tool_left_out_is_run_again_then_refused(monkeypatch, capsys):
+    """Lab 03 once got llama-batched-bench's rows for B = 1 and not B = 2 (exit 0) in a full `make test`: the
+    lab runs the missing B again alone, and names it when the tool leaves it out twice. The tool's output is
+    replayed here (the lab's handling of its rows is under test); the test above runs the real tool."""
+    calls = []
+
+    def tool(name, gguf, threads, n_batch, flash, *args):
+        npl = [int(b) for b in args[args.index("-npl") + 1].split(",")]
+        calls.append(npl)
+        shown = npl[:-1] if len(calls) == 1 or drop_always else npl  # the last row lost
+        rows = "".join(json.dumps({"pl": b, "speed_tg": 10.0 * b}) + "\n" for b in shown)
+        return subprocess.CompletedProcess([name, "-npl", ",".join(map(str, npl))], 0, rows, "llama_perf: done\n")
+
+    monkeypatch.setattr(anchors, "_run_tool", tool)
+    drop_always = False
+    assert anchors.batched_bench("m.gguf", [1, 2, 4], 32, 16, 2) == {1: 10.0, 2: 20.0, 4: 40.0}
+    assert calls == [[1, 2, 4], [4]]
+    assert "no row for B = [4]; running it again" in capsys.readouterr().err
+    calls.clear()
+    drop_always = True
+    with pytest.raises(LabError, match=r"(?s)no row for B = \[2\], twice.*-npl 2"):
+        anchors.batched_bench("m.gguf", [1, 2], 32, 16, 2)

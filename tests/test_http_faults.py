@@ -91,7 +91,11 @@ def test_reasoning_before_the_answer_gives_both_first_token_times(server, model)
     finally:
         e.close()
     assert t.ttft_s >= 0.1  # the first token of either kind: the reasoning's
-    assert t.ttft_answer_s - t.ttft_s >= 0.3  # the answer's first token came 0.3 s later
+    # the answer's first token is stamped when "4" arrived, after the server's 0.3 s pause, not with the
+    # reasoning: one of the token stamps, later than the first. A late read of the reasoning chunk on a busy
+    # machine shortens the measured gap by that lag (0.297 s seen on a busy 2-core Xeon), so half the pause
+    assert t.t_first_answer in t.t_tokens and t.t_first_answer > t.t_tokens[0]
+    assert t.ttft_answer_s - t.ttft_s >= 0.15
     m = t.metrics()
     assert m["ttft_s"] == t.ttft_s and m["ttft_answer_s"] == t.ttft_answer_s
     assert t.text == "Two plus two is four.4." and t.chunk_tokens[0] >= 1
