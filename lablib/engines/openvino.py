@@ -110,12 +110,8 @@ class OpenVINOEngine(Engine):
         graph on an AVX-512 BF16 EPYC: every FullyConnected a ``brgemm_avx512_bf16`` primitive, the F16
         and the shipped Q4_1 file alike). float32 when OpenVINO is not installed."""
         cls.check_weights(weights)
-        hint = (properties or {}).get("INFERENCE_PRECISION_HINT")
-        if hint is None:
-            hint = _device_property(device, "INFERENCE_PRECISION_HINT")
-        if hasattr(hint, "get_type_name"):  # an ov.Type given as a property
-            hint = hint.get_type_name()
-        return OV_TYPES.get(str(hint).lower(), str(hint)) if hint else "float32"
+        hint = _precision_hint(device, properties)
+        return OV_TYPES.get(hint.lower(), hint) if hint else "float32"
 
     @classmethod
     def weights_bytes(cls, model) -> int:
@@ -324,13 +320,9 @@ def single_thread_amx_precision(device: str, properties: dict, flags=None, defau
         flags = cpu_flags()
     if "amx_bf16" not in flags:
         return properties, None
-    asked = properties.get("INFERENCE_PRECISION_HINT")
-    hint = asked if asked is not None else (default or _device_property(device, "INFERENCE_PRECISION_HINT"))
-    if hasattr(hint, "get_type_name"):
-        hint = hint.get_type_name()
-    if str(hint).lower() != "bf16":
+    if str(_precision_hint(device, properties, default)).lower() != "bf16":
         return properties, None
-    if asked is not None:
+    if properties.get("INFERENCE_PRECISION_HINT") is not None:
         raise LabError(
             "engine openvino: INFERENCE_PRECISION_HINT=bf16 on 1 thread on this CPU with AMX: OpenVINO's CPU "
             f"plugin dies with SIGFPE compiling that ({AMX_ONE_THREAD_BUG}); load with threads=2 or more, "
@@ -341,6 +333,17 @@ def single_thread_amx_precision(device: str, properties: dict, flags=None, defau
         f"dies with SIGFPE compiling bf16 ({AMX_ONE_THREAD_BUG}); load with threads=2 or more for bf16"
     )
     return {**properties, "INFERENCE_PRECISION_HINT": "f32"}, note
+
+
+def _precision_hint(device: str, properties: dict | None, default: str | None = None) -> str | None:
+    """The inference precision ``properties`` set (an ov.Type or its name), else ``default``, else the
+    ``device``'s own, as OpenVINO names a type (bf16, f32); None when neither is known."""
+    hint = (properties or {}).get("INFERENCE_PRECISION_HINT")
+    if hint is None:
+        hint = default or _device_property(device, "INFERENCE_PRECISION_HINT")
+    if hasattr(hint, "get_type_name"):  # an ov.Type given as a property
+        hint = hint.get_type_name()
+    return None if hint is None else str(hint)
 
 
 @functools.lru_cache(maxsize=32)
