@@ -30,6 +30,8 @@ _LAZY = {
     "prepare": ("lablib.model.resolve", "prepare"),
     "load_engine": ("lablib.engines", "load_engine"),
     "chat_ids": ("lablib.measure.workload", "chat_ids"),
+    "text_ids": ("lablib.measure.workload", "text_ids"),
+    "question_ids": ("lablib.measure.workload", "question_ids"),
     "prompt_of_length": ("lablib.measure.workload", "prompt_of_length"),
     "side_by_side": ("lablib.measure.sweep", "side_by_side"),
     "context_sweep": ("lablib.measure.sweep", "context_sweep"),

@@ -43,7 +43,7 @@ def test_run_json_for_each_engine(engine):
 def test_run_with_prompt_tokens_and_plain_output():
     p = lablib("run", "--engine", "llama.cpp", "--prompt-tokens", "100", "--max-new-tokens", "3")
     assert p.returncode == 0, p.stderr
-    assert "100 prompt tokens -> 3 output tokens" in p.stdout and "TTFT" in p.stdout
+    assert "100 prompt tokens (tokens) -> 3 output tokens" in p.stdout and "TTFT" in p.stdout
 
 
 def test_context_overflow_is_one_clear_error():

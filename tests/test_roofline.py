@@ -42,6 +42,8 @@ def test_flops_per_token_of_the_real_model_by_hand(model):
         "vocab": 49152,
         "tied": True,
         "mlp_matrices": 3,
+        "layer_types": ("full",) * 30,
+        "sliding_window": 0,
     }
     assert shape.matmul_weights(d) == {
         "attention": 26_542_080,

@@ -9,7 +9,7 @@ from lablib.engines import IN_PROCESS, check_load_args, engine_class, load_engin
 from lablib.engines.base import GenerationConfig
 from lablib.machine.threads import default_threads
 from lablib.measure.sweep import measured_traces
-from lablib.measure.workload import DEFAULT_MESSAGES, chat_ids, prompt_of_length, text_ids
+from lablib.measure.workload import DEFAULT_MESSAGES, chat_ids, prompt_of_length, question_ids, text_ids
 from lablib.model.resolve import prepare
 from lablib.results.store import engine_manifest
 
@@ -22,7 +22,11 @@ def add_arguments(p) -> None:
     p.add_argument("--model", default=None)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--prompt", help="raw text, tokenized as is")
-    g.add_argument("--chat", help=f"a user message, rendered with the chat template (default: {DEFAULT_CHAT!r})")
+    g.add_argument(
+        "--chat",
+        help=f"a user message, rendered with the chat template (default: {DEFAULT_CHAT!r}; a base model, which has "
+        "none, gets the default question as raw text)",
+    )
     g.add_argument("--prompt-tokens", type=int, help="exactly N tokens of the lab's prose")
     p.add_argument("--max-new-tokens", type=int, required=True)
     p.add_argument("--until-eos", action="store_true", help="stop at EOS (default: exactly N tokens)")
@@ -52,32 +56,34 @@ def run(ns) -> int:
         default_threads()
     rm = prepare(ns.model, log=lambda m: print(m, file=sys.stderr))
     if ns.prompt_tokens is not None:
-        ids = prompt_of_length(rm, ns.prompt_tokens)
+        ids, prompt_format = prompt_of_length(rm, ns.prompt_tokens), "tokens"
     elif ns.prompt is not None:
-        ids = text_ids(rm, ns.prompt)
+        ids, prompt_format = text_ids(rm, ns.prompt), "text"
+    elif ns.chat is not None:
+        ids, prompt_format = chat_ids(rm, [{"role": "user", "content": ns.chat}]), "chat"
     else:
-        ids = chat_ids(rm, [{"role": "user", "content": ns.chat or DEFAULT_CHAT}])
+        ids, prompt_format = question_ids(rm, log=lambda m: print(m, file=sys.stderr))
     kw = {"n_ctx": ns.n_ctx} if ns.n_ctx is not None else {}
     engine = load_engine(ns.engine, rm, **kw)
     try:
-        _run_and_print(engine, ids, cfg, ns)
+        _run_and_print(engine, ids, cfg, ns, prompt_format)
     finally:
         engine.close()
     return 0
 
 
-def _run_and_print(engine, ids, cfg, ns) -> None:
+def _run_and_print(engine, ids, cfg, ns, prompt_format: str) -> None:
     (trace,) = measured_traces(engine, [ids], cfg, warmup=[ids] * ns.warmup)
     out = trace.metrics()
-    out.update(engine=engine.name, text=engine.detokenize(trace.token_ids))
+    out.update(engine=engine.name, prompt_format=prompt_format, text=engine.detokenize(trace.token_ids))
     if ns.json:
         out["token_ids"] = trace.token_ids
         out["manifest"] = engine_manifest(engine, {"prompt_tokens": len(ids), "max_new_tokens": cfg.max_new_tokens})
         print(json.dumps(out, default=str))
     else:
         print(
-            f"{engine.name}: {out['prompt_tokens']} prompt tokens -> {out['output_tokens']} output tokens "
-            f"({trace.finish_reason})"
+            f"{engine.name}: {out['prompt_tokens']} prompt tokens ({prompt_format}) -> {out['output_tokens']} output "
+            f"tokens ({trace.finish_reason})"
         )
         print(
             f"  TTFT {out['ttft_s'] * 1e3:.1f} ms | prefill {out['prefill_s'] * 1e3:.1f} ms "

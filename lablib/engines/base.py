@@ -31,23 +31,12 @@ from lablib.checks import whole
 from lablib.engines.constraints import Constraint, ConstraintError, schema_part  # noqa: F401 - engines import them here
 from lablib.errors import ContextOverflowError, EngineUnavailable, LabError
 from lablib.machine.threads import default_threads
+from lablib.model.formats import SETTINGS_KEYS
 from lablib.results.trace import RequestTrace, now
 
-# The settings :meth:`Engine.effective_config` returns (what lablib.studies.compare holds side by side).
-CONFIG_KEYS = (
-    "rope_theta",
-    "rope_scaling",
-    "rms_norm_eps",
-    "n_heads",
-    "n_kv_heads",
-    "head_dim",
-    "n_layers",
-    "vocab_size",
-    "context_length",
-    "tie_word_embeddings",
-    "bos_id",
-    "eos_id",
-)
+# The settings :meth:`Engine.effective_config` returns (what lablib.studies.compare holds side by side): the
+# model layer's keys, the same for a config.json, a GGUF header and each engine
+CONFIG_KEYS = SETTINGS_KEYS
 
 
 @dataclass
@@ -341,6 +330,22 @@ class Engine:
             return p.stat().st_size
         files = list(p.glob("*.safetensors")) or list(p.glob("pytorch_model*.bin"))
         return sum(f.stat().st_size for f in files)
+
+    @classmethod
+    def kv_cache_bytes(cls, model, context_tokens: int, sequences: int = 1, **load) -> int:
+        """KV cache bytes the engine holds for ``sequences`` sequences of ``context_tokens`` tokens each, loaded
+        with ``load`` (its load keywords): by default what the model needs
+        (:func:`lablib.model.shape.kv_cache_bytes`: a sliding-window layer keeps at most its window) at
+        :attr:`kv_bytes_per_value`; an engine that allocates otherwise overrides it and says why in
+        :meth:`kv_cache_note`."""
+        from lablib.model.shape import kv_cache_bytes, model_dims
+
+        return kv_cache_bytes(model_dims(model), cls.kv_bytes_per_value, context_tokens, sequences)
+
+    @classmethod
+    def kv_cache_note(cls, model, **load) -> str:
+        """Why :meth:`kv_cache_bytes` differs from what ``model`` needs ("": it does not)."""
+        return ""
 
     @classmethod
     def runtime_bytes(cls, model, n_batch: int = 512, context_tokens: int = 0) -> int:

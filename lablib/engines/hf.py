@@ -154,6 +154,26 @@ class TransformersEngine(Engine):
         """The dtype it loaded the weights in (float32 by default): torch multiplies in the weights' dtype."""
         return cls.check_weights(weights)
 
+    @classmethod
+    def kv_cache_bytes(cls, model, context_tokens: int, sequences: int = 1, **load) -> int:
+        """transformers' ``DynamicCache``: a full-attention layer keeps every position, a sliding-window layer
+        its last ``sliding_window - 1`` (``DynamicSlidingWindowLayer``: the token being computed is the
+        window's last), at the weights' dtype (``dtype`` in ``load``; float32 by default)."""
+        from lablib.model.shape import kv_cache_bytes, model_dims
+
+        d = model_dims(model)
+        size = TORCH_DTYPES[cls.check_weights(load.get("dtype"))][1]
+        return kv_cache_bytes(d, size, context_tokens, sequences, sliding_tokens=max(0, (d["sliding_window"] or 1) - 1))
+
+    @classmethod
+    def kv_cache_note(cls, model, **load) -> str:
+        from lablib.model.shape import model_dims
+
+        d = model_dims(model)
+        if "sliding" not in d["layer_types"]:
+            return ""
+        return f"transformers keeps the last {d['sliding_window'] - 1} tokens (window - 1) in each sliding-window layer"
+
     def __init__(
         self,
         model,
@@ -336,36 +356,41 @@ class TransformersEngine(Engine):
         )
 
     def effective_config(self) -> dict:
-        """The config as transformers uses it; the RoPE base read back from the rotary embedding
-        the model built (its ``inv_freq``), not only from the config."""
+        """The config as transformers uses it: what its config object holds (:func:`config_settings`), with the
+        RoPE bases read back from the rotary embeddings the model built (each ``inv_freq`` buffer: one, or one
+        per layer type, ``full_attention_inv_freq`` and ``sliding_attention_inv_freq`` in Gemma 3) and the
+        sliding layers counted from the attention modules that hold a ``sliding_window``."""
+        from lablib.model.formats import config_settings
+
         c = self.hf.config
-        heads = c.num_attention_heads
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-        rp = getattr(c, "rope_parameters", None) or {}
-        rotary = getattr(getattr(self.hf, "model", None), "rotary_emb", None)
-        theta = (
-            float(f"{rope_base_from_inv_freq(rotary.inv_freq, head_dim):.6g}")  # float32 round-off
-            if rotary is not None
-            else rp.get("rope_theta", getattr(c, "rope_theta", None))
-        )
-        scaling = (
-            None if rp.get("rope_type", "default") == "default" else {k: v for k, v in rp.items() if k != "rope_theta"}
-        )
-        eos = c.eos_token_id[0] if isinstance(c.eos_token_id, list) else c.eos_token_id
-        return {
-            "rope_theta": theta,
-            "rope_scaling": scaling,
-            "rms_norm_eps": c.rms_norm_eps,
-            "n_heads": heads,
-            "n_kv_heads": getattr(c, "num_key_value_heads", heads),
-            "head_dim": head_dim,
-            "n_layers": c.num_hidden_layers,
-            "vocab_size": c.vocab_size,
-            "context_length": c.max_position_embeddings,
-            "tie_word_embeddings": bool(getattr(c, "tie_word_embeddings", False)),
-            "bos_id": c.bos_token_id,
-            "eos_id": eos,
-        }
+        out = config_settings(c.to_dict())
+        head_dim = out["head_dim"]
+        bases = {}
+        for name, buf in self.hf.named_buffers():  # e.g. model.rotary_emb.inv_freq, model.rotary_emb.sliding_attention_inv_freq
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf.endswith("inv_freq") and "original" not in leaf and buf.numel() > 1:
+                kind = leaf[: -len("inv_freq")].rstrip("_") or "default"
+                rot_dim = 2 * buf.numel()  # partial rotary: fewer frequencies than head_dim / 2
+                bases.setdefault(kind, float(f"{rope_base_from_inv_freq(buf, rot_dim):.5g}"))  # float32 round-off
+        if bases:
+            out["rope_theta"] = bases.get("full_attention", bases.get("default", out["rope_theta"]))
+            if out["sliding_layers"]:
+                out["rope_theta_sliding"] = bases.get("sliding_attention", bases.get("default", out["rope_theta"]))
+        windows = [
+            getattr(m, "sliding_window", None)
+            for n, m in self.hf.named_modules()
+            if n.endswith("self_attn") and hasattr(m, "sliding_window")
+        ]
+        if windows:
+            out["sliding_layers"] = sum(bool(w) for w in windows)
+            out["sliding_window"] = max((w for w in windows if w), default=0)
+        out["n_kv_heads"] = getattr(c, "num_key_value_heads", None) or out["n_heads"]
+        out["head_dim"] = head_dim
+        out["context_length"] = getattr(c, "max_position_embeddings", out["context_length"])
+        eos = c.eos_token_id
+        out["eos_id"] = eos[0] if isinstance(eos, list) else eos
+        out["bos_id"] = c.bos_token_id
+        return out
 
     # --- generation -------------------------------------------------------
     def engine_counters(self) -> dict:

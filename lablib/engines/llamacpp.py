@@ -47,6 +47,40 @@ if TYPE_CHECKING:
 
 DEFAULT_N_CTX = 8192  # SmolLM2's trained context; pass n_ctx for longer prompts
 GRAPH_RESERVE = 32 * 2**20  # bytes of llama.cpp's compute graph for a small model
+KV_PAD = 256  # llama.cpp pads a context, a sequence's cells and its sliding-window cache to 256 cells
+
+
+def _pad(n: int, to: int = KV_PAD) -> int:
+    return -(-int(n) // to) * to
+
+
+def llama_kv_cells(
+    model, n_ctx: int, n_seq: int = 1, n_ubatch: int = 512, swa_full: bool = True, unified: bool = False
+) -> dict:
+    """The KV cells llama.cpp allocates per layer kind, and their bytes (f16 K and V), for a context of
+    ``n_ctx`` tokens shared by ``n_seq`` sequences: {"full": cells of each full-attention layer, "sliding":
+    cells of each sliding-window layer (0: none), "bytes": all layers, "layers": {kind: count}}.
+
+    llama.cpp (llama-context.cpp, llama-kv-cache-iswa.cpp, the version llama-cpp-python 0.3.36 vendors): the
+    context is padded to 256; without a unified cache each sequence gets a stream of pad(n_ctx / n_seq) cells;
+    a sliding-window layer gets pad(min(stream, window x (n_seq if unified else 1) + n_ubatch)) cells per
+    stream, or the whole stream with ``swa_full`` ("using full-size SWA cache"), which llama-cpp-python's
+    context defaults to (``llama_context_default_params``: swa_full true) and llama-server does not
+    (``common_params``: swa_full false)."""
+    from lablib.model.shape import kv_cache_bytes, model_dims
+
+    d = model_dims(model)
+    ctx = _pad(n_ctx)
+    streams = 1 if unified else n_seq
+    stream = ctx if unified else _pad(ctx // n_seq)
+    types = tuple(d["layer_types"])
+    window = d.get("sliding_window") or 0
+    swa = 0
+    if "sliding" in types and window:
+        swa = stream if swa_full else _pad(min(stream, window * (n_seq if unified else 1) + n_ubatch))
+    nbytes = kv_cache_bytes(d, LlamaCppEngine.kv_bytes_per_value, stream, streams, sliding_tokens=swa)
+    layers = {"full": len(types) - types.count("sliding"), "sliding": types.count("sliding")}
+    return {"full": stream * streams, "sliding": swa * streams, "bytes": nbytes, "layers": layers}
 
 
 def _offload_device(llama_cpp) -> str:
@@ -117,6 +151,33 @@ class LlamaCppEngine(Engine):
         for _, kind, _, nbytes in cls.weight_tensors(model, weights):
             biggest[kind] = biggest.get(kind, 0) + nbytes
         return "float32" if max(biggest, key=biggest.get) in FLOAT_TYPES else "int8"
+
+    @classmethod
+    def kv_cache_bytes(cls, model, context_tokens: int, sequences: int = 1, **load) -> int:
+        """What llama.cpp allocates at load for a context of ``context_tokens`` x ``sequences``
+        (:func:`llama_kv_cells`; ``swa_full`` from ``load``, default llama-cpp-python's True)."""
+        return llama_kv_cells(
+            model, context_tokens * sequences, sequences, load.get("n_batch", 512), load.get("swa_full", True)
+        )["bytes"]
+
+    @classmethod
+    def kv_cache_note(cls, model, **load) -> str:
+        from lablib.model.shape import model_dims
+
+        d = model_dims(model)
+        if "sliding" not in d["layer_types"]:
+            return ""
+        if load.get("swa_full", True):
+            return (
+                f"llama.cpp in process keeps the whole context for the {d['layer_types'].count('sliding')} sliding-window "
+                f"layers too, not only their {d['sliding_window']} tokens: llama-cpp-python opens its context with "
+                "swa_full=true (a full-size SWA cache, so that a sequence can be rolled back and restored: prefix "
+                "caching, speculative decoding); llama-server keeps the window plus one micro-batch (swa_full=false)"
+            )
+        return (
+            f"llama.cpp keeps {d['sliding_window']} tokens plus one micro-batch (n_ubatch), padded to {KV_PAD} cells, "
+            "for each sliding-window layer (swa_full=false)"
+        )
 
     @classmethod
     def runtime_bytes(cls, model, n_batch: int = 512, context_tokens: int = 0) -> int:

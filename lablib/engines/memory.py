@@ -2,7 +2,9 @@
 
 KV cache per token = 2 (K and V) x layers x KV heads x head size x bytes per
 element (:func:`lablib.model.shape.kv_bytes_per_token`, the standard count for
-grouped-query attention). Weights: the bytes the
+grouped-query attention), a sliding-window layer holding at most its window; what each
+engine really holds at a context is its own fact (``Engine.kv_cache_bytes``: llama.cpp in
+process keeps the whole context for sliding layers too). Weights: the bytes the
 engine reads (GGUF file for llama.cpp, safetensors for transformers and MLX).
 An estimate, not a promise: activations and allocator slack come on top,
 hence the 20 % headroom.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from lablib.errors import LabError
 from lablib.machine.limits import available_ram_bytes
-from lablib.model.shape import kv_bytes_per_token, model_dims
+from lablib.model.shape import model_dims
 
 HEADROOM = 1.2
 
@@ -26,16 +28,17 @@ def weights_bytes(model, engine) -> int:
     return engine.weights_bytes(model)
 
 
-def kv_cache_bytes(model, engine, tokens: int) -> int:
-    """KV cache bytes for ``tokens`` tokens (all sequences together) in ``engine`` (an Engine class)."""
-    return kv_bytes_per_token(model_dims(model), engine.kv_bytes_per_value) * tokens
+def kv_cache_bytes(model, engine, tokens: int, sequences: int = 1) -> int:
+    """KV cache bytes ``engine`` (an Engine class) holds for ``sequences`` sequences of ``tokens`` tokens each
+    (``Engine.kv_cache_bytes``: the model's need, or the engine's own allocation where it differs)."""
+    return engine.kv_cache_bytes(model, tokens, sequences)
 
 
 def estimate_bytes(model, engine, context_tokens: int, concurrency: int = 1, n_batch: int = 512) -> dict:
     """{weights, kv_cache, runtime, total} in bytes for ``concurrency`` sequences of ``context_tokens``
     in ``engine`` (an Engine class); total includes the headroom."""
     w = engine.weights_bytes(model)
-    kv = kv_cache_bytes(model, engine, context_tokens * concurrency)
+    kv = kv_cache_bytes(model, engine, context_tokens, concurrency)
     rt = engine.runtime_bytes(model, n_batch, context_tokens)
     return {"weights": w, "kv_cache": kv, "runtime": rt, "total": int((w + kv + rt) * HEADROOM)}
 

@@ -76,6 +76,7 @@ if TYPE_CHECKING:
 DRAFTS = {"q8": 8, "q4": 4, "bfloat16": None, "float16": None}
 DRAFT_GROUP = 64  # mlx-lm's default group size for affine quantization
 DEFAULT_DRAFT = "q8"
+MLX_CACHE_STEP = 256  # mlx-lm's KVCache.step: a full-attention layer's cache grows by this many positions
 
 
 class MLXEngine(Engine):
@@ -106,6 +107,28 @@ class MLXEngine(Engine):
         if method == "draft model":
             return {"draft": draft or DEFAULT_DRAFT, "speculative": k}
         return super().speculation_kwargs(method, k, draft)
+
+    @classmethod
+    def kv_cache_bytes(cls, model, context_tokens: int, sequences: int = 1, **load) -> int:
+        """mlx-lm's prompt cache while decoding at ``context_tokens``: a full-attention layer's ``KVCache`` grows in
+        steps of 256 positions, a sliding-window layer's ``RotatingKVCache(max_size=sliding_window)`` holds its
+        window (mlx-lm 0.32, models/cache.py; during a prefill chunk it briefly holds window - 1 + the chunk)."""
+        from lablib.model.shape import kv_cache_bytes, model_dims
+
+        steps = -(-context_tokens // MLX_CACHE_STEP) * MLX_CACHE_STEP
+        return kv_cache_bytes(model_dims(model), cls.kv_bytes_per_value, context_tokens, sequences, full_tokens=steps)
+
+    @classmethod
+    def kv_cache_note(cls, model, **load) -> str:
+        from lablib.model.shape import model_dims
+
+        d = model_dims(model)
+        if "sliding" not in d["layer_types"]:
+            return ""
+        return (
+            f"mlx-lm rotates the last {d['sliding_window']} tokens in each sliding-window layer (RotatingKVCache) and "
+            f"grows the full-attention layers' cache in steps of {MLX_CACHE_STEP} positions"
+        )
 
     @classmethod
     def draft_alone_kwargs(cls, speculation: dict) -> dict:

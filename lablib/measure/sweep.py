@@ -35,7 +35,7 @@ from lablib.measure.plan import (
     scheduling_modes,
     weights_load_kwargs,
 )
-from lablib.measure.workload import DEFAULT_MESSAGES, chat_ids, distinct_prompts, prompt_of_length
+from lablib.measure.workload import DEFAULT_MESSAGES, chat_ids, distinct_prompts, prompt_of_length, question_ids
 from lablib.model.resolve import resolve
 from lablib.results.store import ResultsWriter, engine_manifest, trace_row
 
@@ -142,7 +142,8 @@ def side_by_side(
 
     ``messages`` (chat, rendered by the lab's tokenizer) or ``ids`` give the
     prompt (default: :data:`lablib.measure.workload.DEFAULT_MESSAGES`, "What is the capital
-    of France?"). Budgets default to ``lablib.config.BUDGETS["side_by_side"]`` (64 tokens
+    of France?", as raw text for a base model with no chat template: ``prompt_format`` "text", said once
+    on stderr). Budgets default to ``lablib.config.BUDGETS["side_by_side"]`` (64 tokens
     x 5 repetitions, 16 x 2 in quick mode). Each engine is loaded, measured and closed in
     turn (one in memory at a time). Returns a pandas DataFrame with the metrics, ``text``
     and the manifest fields.
@@ -150,9 +151,14 @@ def side_by_side(
     import pandas as pd
     from tqdm.auto import tqdm
 
+    import sys
+
     rm = resolve(model)
-    if ids is None:
-        ids = chat_ids(rm, messages or DEFAULT_MESSAGES)
+    prompt_format = "tokens"
+    if ids is None and messages is not None:
+        ids, prompt_format = chat_ids(rm, messages), "chat"
+    elif ids is None:
+        ids, prompt_format = question_ids(rm, DEFAULT_MESSAGES, log=lambda m: print(m, file=sys.stderr))
     max_new_tokens = max_new_tokens or budget("side_by_side", "max_new_tokens")
     reps = reps or budget("side_by_side", "reps")
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
@@ -162,6 +168,7 @@ def side_by_side(
         try:
             for row in measure(engine, ids, cfg, warmup=warmup, reps=reps):
                 row["text"] = engine.detokenize(row["token_ids"])
+                row["prompt_format"] = prompt_format
                 rows.append(row)
         finally:
             engine.close()

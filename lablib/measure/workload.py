@@ -143,13 +143,60 @@ def random_prompts(model, tokens: int, n: int, seed: int = 0) -> list[list[int]]
     return out
 
 
+def has_chat_template(model) -> bool:
+    """Whether the model's tokenizer carries a chat template (an instruction-tuned model does; a base
+    model, such as Gemma 3 270M's pretrained checkpoint, continues text and has none)."""
+    return bool(getattr(lab_tokenizer(model), "chat_template", None))
+
+
 def chat_ids(model, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-    """Chat messages rendered by the model's own (Hugging Face) chat template, as token ids."""
+    """Chat messages rendered by the model's own (Hugging Face) chat template, as token ids. Raises
+    LabError naming the model when it has no chat template (:func:`has_chat_template`)."""
     tok = lab_tokenizer(model)
+    if not getattr(tok, "chat_template", None):
+        raise LabError(
+            f"{getattr(model, 'name', model)}: no chat template in its tokenizer (a base model: it continues "
+            "text, it does not chat). Send raw text instead (--prompt TEXT, lablib.text_ids(model, text)), or "
+            "use the model's instruction-tuned version"
+        )
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     return list(tok(text, add_special_tokens=False)["input_ids"])
 
 
 def text_ids(model, text: str) -> list[int]:
-    """Plain text as token ids with the lab tokenizer (special tokens parsed, none added)."""
-    return list(lab_tokenizer(model)(text, add_special_tokens=False)["input_ids"])
+    """Plain text as token ids with the lab tokenizer (special tokens in the text parsed), after the
+    BOS token when the model asks for one before a text (its tokenizer's own rule, as llama.cpp's
+    ``tokenizer.ggml.add_bos_token``: Gemma does, SmolLM2 does not; Gemma 3 without it answers "The
+    capital of France is" with " France. France. France."). Nothing else is added (no EOS)."""
+    tok = lab_tokenizer(model)
+    bare = list(tok(text, add_special_tokens=False)["input_ids"])
+    full = list(tok(text, add_special_tokens=True)["input_ids"])
+    bos = tok.bos_token_id
+    return [bos, *bare] if bos is not None and full[:1] == [bos] and bare[:1] != [bos] else bare
+
+
+def completion_text(messages: list[dict]) -> str:
+    """Chat messages as the raw text a base model continues: each user turn as "Question: ...", each
+    assistant turn as "Answer: ...", a system message as a line of its own, then "Answer:"."""
+    lines = []
+    for m in messages:
+        role, content = m.get("role"), str(m.get("content", "")).strip()
+        lines.append(content if role == "system" else f"{'Answer' if role == 'assistant' else 'Question'}: {content}")
+    return "\n".join(lines) + "\nAnswer:"
+
+
+def question_ids(model, messages: list[dict] | None = None, log=None) -> tuple[list[int], str]:
+    """The lab's question (``messages``, default :data:`DEFAULT_MESSAGES`) as the model can take it:
+    ``(ids, "chat")`` rendered by its chat template, or, for a base model with none,
+    ``(ids, "text")``: :func:`completion_text` as raw text (:func:`text_ids`), said once to ``log``
+    (a callable taking a line). The second value is what a row records as ``prompt_format``."""
+    messages = messages or DEFAULT_MESSAGES
+    if has_chat_template(model):
+        return chat_ids(model, messages), "chat"
+    text = completion_text(messages)
+    if log is not None:
+        log(
+            f"{getattr(model, 'name', model)} has no chat template (a base model): the question goes in as raw "
+            f"text, {text!r}"
+        )
+    return text_ids(model, text), "text"

@@ -4,6 +4,9 @@
 - :func:`read_config`, :func:`trained_context`: a folder's config.json (the model's shape from it:
   :mod:`lablib.model.shape`)
 - :func:`normalize_config`: a config every engine reads the same way
+- :data:`SETTINGS_KEYS`: the settings a model states, keyed once for a config.json (:func:`config_settings`),
+  a GGUF header (:func:`gguf_config`) and each loaded engine (``Engine.effective_config``); the attention kind
+  of each layer (:func:`config_layer_types`, :func:`gguf_layer_types`: full, or sliding over a window)
 - :func:`gguf_facts`, :func:`gguf_config` and :func:`gguf_tensors`: what a GGUF file states (one
   GGUF reader, :func:`open_gguf`, read once per version of a file into :func:`gguf_header`;
   :func:`file_type_name` names its file type)
@@ -177,6 +180,147 @@ def write_normalized_config(folder: Path) -> dict:
     return add
 
 
+# --- the settings a model states ------------------------------------------------------------
+# What lablib.studies.compare holds side by side: each key as a config.json states it (config_settings), as a
+# GGUF header states it for llama.cpp (gguf_config) and as each loaded engine computes with it
+# (Engine.effective_config). rope_theta is the RoPE base of the full-attention layers; rope_theta_sliding that of
+# the sliding-window layers (None: the model has none); sliding_window the window, tokens (0: none);
+# sliding_layers how many layers attend over it; the two soft-caps None when the model applies none.
+SETTINGS_KEYS = (
+    "rope_theta",
+    "rope_theta_sliding",
+    "rope_scaling",
+    "rms_norm_eps",
+    "n_heads",
+    "n_kv_heads",
+    "head_dim",
+    "n_layers",
+    "sliding_window",
+    "sliding_layers",
+    "attn_logit_softcapping",
+    "final_logit_softcapping",
+    "vocab_size",
+    "context_length",
+    "tie_word_embeddings",
+    "bos_id",
+    "eos_id",
+)
+ATTENTION_KINDS = {"full_attention": "full", "sliding_attention": "sliding"}  # transformers' layer_types names
+
+
+def text_config(cfg: dict) -> dict:
+    """The language model's part of a config (``text_config`` of a multimodal one, else the config)."""
+    return cfg.get("text_config") or cfg
+
+
+def _int(cfg: dict, *keys):
+    for k in keys:
+        v = cfg.get(k)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
+def config_layer_types(cfg: dict) -> tuple[str, ...]:
+    """Each layer's attention as a config states it for transformers: "full", or "sliding" (attending its
+    ``sliding_window`` last positions); another kind keeps transformers' name ("chunked_attention"...).
+
+    From ``layer_types`` (transformers 5 writes it for every model whose layers differ: Gemma 2 and 3, Qwen 2
+    with ``use_sliding_window``, GPT-OSS, Cohere 2...); a config that names a window but not the layers
+    (older Gemma configs: ``sliding_window_pattern``) is read by transformers' own config class, which computes
+    them; one whose class has none (Mistral, Phi-3) applies the window to every layer. A window of at least
+    the trained context, or ``use_sliding_window: false``, is no window."""
+    cfg = text_config(cfg)
+    n = _int(cfg, "num_hidden_layers", "n_layer", "num_layers") or 0
+    types = cfg.get("layer_types")
+    window = _int(cfg, "sliding_window") or 0
+    if not (isinstance(types, list) and len(types) == n):
+        if not window or cfg.get("use_sliding_window") is False or not n:
+            types = ["full_attention"] * n
+        else:
+            types = _transformers_layer_types(cfg) or ["sliding_attention"] * n
+    context = _int(cfg, *CONTEXT_KEYS) or 0
+    no_window = not window or (context and window >= context)
+    return tuple("full" if no_window and t == "sliding_attention" else ATTENTION_KINDS.get(t, t) for t in types)
+
+
+def _transformers_layer_types(cfg: dict) -> list | None:
+    """``layer_types`` as transformers' config class for ``cfg["model_type"]`` computes them (None when that
+    class has none, or transformers does not know the type)."""
+    try:
+        from transformers import AutoConfig
+
+        keys = {k: v for k, v in cfg.items() if k not in ("model_type", "transformers_version", "architectures")}
+        types = getattr(AutoConfig.for_model(cfg.get("model_type", ""), **keys), "layer_types", None)
+    except Exception:  # an unknown model_type (ValueError), a config its class refuses
+        return None
+    return list(types) if types else None
+
+
+def sliding_window_of(cfg: dict) -> int:
+    """The sliding window a config states, tokens; 0 when no layer attends over one (:func:`config_layer_types`)."""
+    return (_int(text_config(cfg), "sliding_window") or 0) if "sliding" in config_layer_types(cfg) else 0
+
+
+def config_rope(cfg: dict) -> tuple:
+    """(RoPE base of the full-attention layers, of the sliding ones or None, scaling or None) as a config
+    states them: transformers 5's ``rope_parameters`` (one dict, or one per layer type), or the top-level
+    ``rope_theta`` / ``rope_scaling`` / ``rope_local_base_freq`` of transformers 4's configs."""
+    cfg = text_config(cfg)
+    rp = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    per_type = {k: v for k, v in rp.items() if isinstance(v, dict)}
+    full = per_type.get("full_attention") or (rp if not per_type else {})
+    sliding = per_type.get("sliding_attention")
+    theta = full.get("rope_theta", cfg.get("rope_theta"))
+    scaling = None if full.get("rope_type", "default") == "default" else {k: v for k, v in full.items() if k != "rope_theta"}
+    scaling = scaling or cfg.get("rope_scaling") or None
+    if "sliding" not in config_layer_types(cfg):
+        return theta, None, scaling
+    theta_sliding = sliding.get("rope_theta") if sliding else cfg.get("rope_local_base_freq", theta)
+    return theta, theta_sliding, scaling
+
+
+def config_settings(cfg: dict) -> dict:
+    """The settings a config.json states (what transformers reads), keyed as :data:`SETTINGS_KEYS`."""
+    c = text_config(cfg)
+    heads = _int(c, "num_attention_heads", "n_head", "num_heads")
+    hidden = _int(c, "hidden_size", "n_embd", "d_model")
+    theta, theta_sliding, scaling = config_rope(cfg)
+    types = config_layer_types(cfg)
+    eos = c.get("eos_token_id", cfg.get("eos_token_id"))
+    return {
+        "rope_theta": theta,
+        "rope_theta_sliding": theta_sliding,
+        "rope_scaling": scaling,
+        "rms_norm_eps": c.get("rms_norm_eps", c.get("layer_norm_epsilon")),
+        "n_heads": heads,
+        "n_kv_heads": _int(c, "num_key_value_heads") or heads,
+        "head_dim": _int(c, "head_dim") or (hidden // heads if hidden and heads else None),
+        "n_layers": len(types) or None,
+        "sliding_window": sliding_window_of(cfg),
+        "sliding_layers": types.count("sliding"),
+        "attn_logit_softcapping": c.get("attn_logit_softcapping") or None,
+        "final_logit_softcapping": c.get("final_logit_softcapping") or None,
+        "vocab_size": _int(c, "vocab_size"),
+        "context_length": trained_context(cfg) or None,
+        "tie_word_embeddings": bool(c.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
+        "bos_id": c.get("bos_token_id", cfg.get("bos_token_id")),
+        "eos_id": eos[0] if isinstance(eos, list) else eos,
+    }
+
+
+def has_chat_template(folder) -> bool:
+    """Whether a Hugging Face or MLX folder's tokenizer carries a chat template (``chat_template`` in its
+    tokenizer_config.json, or a chat_template.jinja / .json file beside it), read without loading it."""
+    folder = Path(folder)
+    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
+        return True
+    try:
+        return bool(json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 # --- tokenizer fidelity -----------------------------------------------------------
 # GGUF pre-tokenizer types (``tokenizer.ggml.pre``) whose split rule llama.cpp
 # implements as "each digit alone, then the GPT-2 regex" (llama-vocab.cpp:
@@ -348,9 +492,52 @@ def gguf_facts(path: Path) -> dict:
     }
 
 
+# llama.cpp's sliding-window layers, by GGUF architecture, when the header states a window but no
+# ``<arch>.attention.sliding_window_pattern``: (n, dense_first) of ``load_swa_pattern(ml, n, dense_first)`` in its
+# src/models/<arch>.cpp (llama-cpp-python 0.3.36's llama.cpp). Layer il slides when il % n < n - 1 (dense_first:
+# when il % n != 0); n = 0 slides every layer. An architecture not here ignores a stated window (llama.cpp's Phi-3
+# warns "Phi SWA is currently disabled"; Llama/Mistral and Qwen 2 read none).
+LLAMA_SWA_PATTERNS = {
+    "gemma2": (2, False),
+    "gemma3": (6, False),
+    "gemma3n": (5, False),
+    "gemma-embedding": (6, False),
+    "cohere2": (4, False),
+    "exaone4": (4, False),
+    "olmo2": (4, False),
+    "gpt-oss": (2, False),
+    "llama4": (4, False),
+    "smallthinker": (4, True),
+    "afmoe": (4, False),
+    "plamo3": (8, False),
+}
+# architectures whose sliding layers take their RoPE base from ``<arch>.rope.freq_base_swa``, else llama.cpp's
+# default of 10000 (llama_hparams.rope_freq_base_train_swa); the others default to the full layers' base
+LLAMA_SWA_BASE_10000 = {"gemma3", "gemma3n", "gemma-embedding"}
+
+
+def gguf_layer_types(path) -> tuple[str, ...]:
+    """Each layer's attention as llama.cpp builds it from a GGUF header: "sliding" where
+    ``<arch>.attention.sliding_window`` is above 0 and the layer's place in the architecture's pattern
+    (``<arch>.attention.sliding_window_pattern``, a list of booleans or a period, else
+    :data:`LLAMA_SWA_PATTERNS`) says so; "full" elsewhere."""
+    _, val = _header_val(path)
+    arch = val("general.architecture", "")
+    n = int(val(f"{arch}.block_count") or 0)
+    window = val(f"{arch}.attention.sliding_window") or 0
+    if not window or arch not in LLAMA_SWA_PATTERNS:
+        return ("full",) * n
+    pattern = val(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list) and len(pattern) >= n:
+        return tuple("sliding" if pattern[i] else "full" for i in range(n))
+    period, dense_first = LLAMA_SWA_PATTERNS[arch]
+    period = int(pattern) if isinstance(pattern, int) and not isinstance(pattern, bool) else period
+    slides = (lambda i: i % period != 0) if dense_first else (lambda i: i % period < period - 1)
+    return tuple("sliding" if period == 0 or slides(i) else "full" for i in range(n))
+
+
 def gguf_config(path) -> dict:
-    """The settings a GGUF file states (what llama.cpp reads), keyed as
-    :data:`lablib.engines.base.CONFIG_KEYS`."""
+    """The settings a GGUF file states (what llama.cpp reads), keyed as :data:`SETTINGS_KEYS`."""
     header, val = _header_val(path)
     arch = val("general.architecture", "")
     heads = val(f"{arch}.attention.head_count")
@@ -358,16 +545,27 @@ def gguf_config(path) -> dict:
     scaling = val(f"{arch}.rope.scaling.type")
     names = {t[0] for t in header["tensors"]}
     tokens = val("tokenizer.ggml.tokens", [])
+    types = gguf_layer_types(path)
+    theta = float(val(f"{arch}.rope.freq_base", 10000.0))
+    sliding = "sliding" in types
+    theta_sliding = val(f"{arch}.rope.freq_base_swa", 10000.0 if arch in LLAMA_SWA_BASE_10000 else theta)
     return {
-        "rope_theta": float(val(f"{arch}.rope.freq_base", 10000.0)),
+        "rope_theta": theta,
+        "rope_theta_sliding": float(theta_sliding) if sliding else None,
         "rope_scaling": None
         if scaling in (None, "none")
         else {"type": scaling, "factor": val(f"{arch}.rope.scaling.factor")},
         "rms_norm_eps": float(val(f"{arch}.attention.layer_norm_rms_epsilon", float("nan"))),
         "n_heads": heads,
         "n_kv_heads": val(f"{arch}.attention.head_count_kv", heads),
-        "head_dim": val(f"{arch}.rope.dimension_count") or (embd // heads if embd and heads else None),
+        "head_dim": val(f"{arch}.attention.key_length")
+        or val(f"{arch}.rope.dimension_count")
+        or (embd // heads if embd and heads else None),
         "n_layers": val(f"{arch}.block_count"),
+        "sliding_window": int(val(f"{arch}.attention.sliding_window") or 0) if sliding else 0,
+        "sliding_layers": types.count("sliding"),
+        "attn_logit_softcapping": val(f"{arch}.attn_logit_softcapping") or None,
+        "final_logit_softcapping": val(f"{arch}.final_logit_softcapping") or None,
         "vocab_size": val(f"{arch}.vocab_size") or (tokens["length"] if isinstance(tokens, dict) else len(tokens)),
         "context_length": val(f"{arch}.context_length"),
         "tie_word_embeddings": "output.weight" not in names,

@@ -13,8 +13,9 @@ tests/test_schema.py fails naming a column a row carries that is not declared he
 
 from __future__ import annotations
 
-# what the run was: set by the sweeps (context rows: request_index = repetition)
-LABELS = ("sweep", "mode", "concurrency", "repetition", "run_id", "request_index", "client")
+# what the run was: set by the sweeps (context rows: request_index = repetition); prompt_format: how the prompt was
+# made where a row says, "chat" (the model's chat template) or "text" (raw text: a base model has no template)
+LABELS = ("sweep", "mode", "concurrency", "repetition", "run_id", "request_index", "client", "prompt_format")
 # the metrics of DESIGN.md (RequestTrace's properties), seconds unless named otherwise, in the
 # order tables show them (the JSON keys of `lablib run --json`)
 METRICS = ("queue_s", "ttft_s", "prefill_s", "prefill_tps", "tpot_s", "decode_tps", "e2e_s")

@@ -38,7 +38,14 @@ from pathlib import Path
 
 from lablib.errors import LabError
 from lablib.machine.ceilings import machine, peak_flops
-from lablib.model.shape import flops_per_token, kv_bytes_per_token, matmul_weights, model_dims, prefill_flops
+from lablib.model.shape import (
+    flops_per_token,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    matmul_weights,
+    model_dims,
+    prefill_flops,
+)
 from lablib.results.schema import (  # noqa: F401  (BOUND_COLUMNS: the columns add_bound_columns adds)
     BOUND_COLUMNS,
     MEASURED_BANDWIDTH,
@@ -158,13 +165,14 @@ def _check_counts(**kw) -> None:
 
 
 def decode_cost(profile: dict, context: int, batch: int = 1) -> dict:
-    """One decode step of ``batch`` sequences, each attending ``context`` positions:
-    {flops, bytes, intensity (FLOP/byte)} of the whole step."""
+    """One decode step of ``batch`` sequences, each attending ``context`` positions (a sliding-window layer at
+    most its window, and reading only those keys and values): {flops, bytes, intensity (FLOP/byte)} of the
+    whole step."""
     _check_counts(context=context, batch=batch)
     d = profile["dims"]
-    kv = kv_bytes_per_token(d, profile["kv_bytes_per_element"])
+    kv = kv_cache_bytes(d, profile["kv_bytes_per_element"], context)  # the KV read: what attention attends
     flops = batch * flops_per_token(d, context)["total"]
-    nbytes = profile["weight_bytes"] + batch * kv * context  # the new K, V are among the `context` positions
+    nbytes = profile["weight_bytes"] + batch * kv  # the new K, V are among the `context` positions
     return {"flops": flops, "bytes": nbytes, "intensity": flops / nbytes}
 
 
@@ -247,13 +255,13 @@ def predict(
 
 def crossover_batch(profile: dict, mach: dict, context: int = 0, dtype: str | None = None) -> float:
     """The batch size B at which decode turns from bandwidth- to compute-bound:
-    B x F / P = (W + B x kv x L) / BW, so B = (W / BW) / (F / P - kv x L / BW) (F: FLOPs per token at
-    depth L, W: weight bytes, kv: KV bytes per position). inf when the KV reads alone keep it
+    B x F / P = (W + B x KV(L)) / BW, so B = (W / BW) / (F / P - KV(L) / BW) (F: FLOPs per token at
+    depth L, W: weight bytes, KV(L): the KV bytes one sequence reads at depth L). inf when the KV reads alone keep it
     bandwidth-bound at any batch (the denominator is not positive)."""
     dtype = dtype or profile["compute_dtype"]
     d = profile["dims"]
     f = flops_per_token(d, context)["total"] / peak_flops(mach, dtype)
-    kv = kv_bytes_per_token(d, profile["kv_bytes_per_element"]) * context / mach["bytes_per_s"]
+    kv = kv_cache_bytes(d, profile["kv_bytes_per_element"], context) / mach["bytes_per_s"]
     return float("inf") if f <= kv else (profile["weight_bytes"] / mach["bytes_per_s"]) / (f - kv)
 
 
