@@ -73,6 +73,7 @@ LAYERS = (
         "files",
         ("lablib.model", "lablib.results", "lablib.plots"),
         "a model file and what it states; rows on disk, tables; figures of tables",
+        also=(("build", BUILD_LAZILY),),
     ),
     # the clock and the columns sit below the rest of results/: engines stamp traces, and a trace names its
     # metrics through the schema; the results store records the machine
@@ -99,7 +100,7 @@ ROW = {row.name: i for i, row in enumerate(LAYERS)}
 # (the lab home and quick mode, the errors, the GPUs nvidia-smi lists); checked in a fresh interpreter
 BUILD_MAY_IMPORT = ("lablib.config", "lablib.errors", "lablib.machine.devices")
 # run-time code that may reach lablib.build (lazily, and only lablib.build.llama)
-BUILD_USERS = ("lablib.cli", "lablib.studies", "lablib.engines")
+BUILD_USERS = ("lablib.cli", "lablib.studies", "lablib.engines", "lablib.model")
 # what a figure may import: tables and their columns, the other figures and their style, errors
 FIGURE_IMPORTS = ("lablib.results.tables", "lablib.results.schema", "lablib.errors")
 

@@ -14,7 +14,12 @@ HELP = "is it the engine or the model? checks in order, one verdict"
 
 def add_arguments(p) -> None:
     p.add_argument("--model", default=None)
-    p.add_argument("--engines", default=",".join(NAMES))
+    p.add_argument(
+        "--engines",
+        default=None,
+        help=f"comma-separated (default: those of {','.join(NAMES)} that can read the model; lablib doctor --model "
+        "says which)",
+    )
     p.add_argument("--reference", default=REFERENCE, help="the engine the others are held against")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--prompt", help="raw text")
@@ -62,7 +67,7 @@ def run(ns) -> int:
         engine_models[name] = path
     result = compare(
         ns.model,
-        engines=ns.engines.split(","),
+        engines=ns.engines.split(",") if ns.engines else None,
         reference=ns.reference,
         prompt=ns.prompt,
         messages=messages,

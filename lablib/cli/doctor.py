@@ -48,15 +48,34 @@ def run(ns) -> int:
     except LabError as e:
         print(f"model: NOT READY: {e}")
         return 1
+    if rm.unavailable:
+        for fmt, why in rm.unavailable.items():
+            print(f"  no {fmt.upper()} format for it: {why}")
     ok = True
-    checks = check_engines(ns.model)
+    checks = check_engines(ns.model, resolved=rm)
     width = max((len(r["engine"]) for r in checks), default=13)
     for r in checks:
-        # an optional engine (outside the default set) whose package is not installed is not a fault
+        # an optional engine (outside the default set) whose package is not installed is not a fault, nor an
+        # engine that cannot read this model (it is left out of the model's default set, and says why)
         optional_absent = r["engine"] not in NAMES and r["detail"].startswith("not installed")
-        ok &= r["usable"] or optional_absent
-        state = "usable" if r["usable"] else "not installed (optional)" if optional_absent else "NOT USABLE"
+        unsupported = r.get("supported") is False
+        ok &= r["usable"] or optional_absent or (unsupported and r["engine"] not in NAMES)
+        state = (
+            "usable"
+            if r["usable"]
+            else "not installed (optional)"
+            if optional_absent
+            else "does not run this model"
+            if unsupported
+            else "NOT USABLE"
+        )
         print(f"  {r['engine']:<{width}} {state}: {r['detail']}")
+    runs = [r["engine"] for r in checks if r["usable"] and r["engine"] in NAMES]
+    if not runs:
+        print(f"no engine of the lab's default set ({', '.join(NAMES)}) runs {rm.name}")
+        ok = False
+    elif len(runs) < len(NAMES):
+        print(f"for this model the lab runs {', '.join(runs)} when no engine is named")
     print(f"servers: {vllm_line()}")
     return 0 if ok else 1
 

@@ -16,7 +16,12 @@ def add_arguments(p) -> None:
         default=None,
         help="results files (default: results/ and labs/results/ here; none: a quick measurement)",
     )
-    p.add_argument("--engines", default=",".join(NAMES))
+    p.add_argument(
+        "--engines",
+        default=None,
+        help=f"comma-separated (default: those of {','.join(NAMES)} that can read the model; lablib doctor --model "
+        "says which)",
+    )
     p.add_argument("--model", default=None)
     p.add_argument("--refresh", action="store_true", help="measure the machine again (else the cached measurement)")
     p.add_argument("--json", action="store_true", help="one JSON object")

@@ -18,7 +18,12 @@ HELP = "sweep context length or concurrency; rows appended to --out"
 
 def add_arguments(p) -> None:
     p.add_argument("kind", choices=["context", "concurrency"])
-    p.add_argument("--engines", default=",".join(NAMES))
+    p.add_argument(
+        "--engines",
+        default=None,
+        help=f"comma-separated (default: those of {','.join(NAMES)} that can read the model; lablib doctor --model "
+        "says which)",
+    )
     p.add_argument("--model", default=None)
     p.add_argument(
         "--prompt-tokens",

@@ -63,6 +63,29 @@ def engine_class(name: str) -> type[Engine]:
     return ENGINES[canonical(name)]
 
 
+def check_supported(name: str, model) -> None:
+    """Raise LabError, before any loading, when engine ``name`` cannot read ``model`` (a ResolvedModel):
+    ``Engine.unsupported``'s message, naming the engine."""
+    why = engine_class(name).unsupported(model)
+    if why:
+        raise LabError(f"engine {engine_class(name).name} cannot run {getattr(model, 'name', model)}: {why}")
+
+
+def engines_for(model, names=NAMES) -> list[str]:
+    """The engines of ``names`` (default: the lab's default set, :data:`NAMES`) that can read ``model``: the
+    default set for that model (sweeps, compare and the notebooks run these when no engine is named). Raises
+    LabError, naming each engine's reason, when none can."""
+    model = resolve(model)
+    why = {n: engine_class(n).unsupported(model) for n in (canonical(x) for x in names)}
+    kept = [n for n, w in why.items() if not w]
+    if not kept:
+        raise LabError(
+            f"no engine of {', '.join(why)} can run {model.name}: "
+            + "; ".join(f"{n}: {w}" for n, w in why.items())
+        )
+    return kept
+
+
 def check_load_args(kw: dict) -> dict:
     """``kw`` without its None values, ``n_ctx`` and ``n_batch`` checked as positive whole numbers (tokens) and
     ``threads`` as :func:`lablib.machine.threads.check_threads` wants it; cheap, so a command checks its flags
@@ -82,7 +105,8 @@ def load_engine(name: str, model=None, **kw) -> Engine:
     Keyword arguments go to the engine (n_ctx, threads, dtype...); the engine class fills
     in its defaults for the rest (:meth:`Engine.default_load_kwargs`: llama.cpp's n_ctx is
     the trained context, at most 8192 tokens). Raises EngineUnavailable when its library is
-    missing, FormatError for a format it cannot read, LabError for a bad n_ctx, n_batch or
+    missing, FormatError for a format it cannot read, LabError for a model it does not support
+    (:func:`check_supported`), a bad n_ctx, n_batch or
     threads or an engine that will not fit in the memory available (:func:`lablib.engines.memory.check_fits`).
     """
     cls = engine_class(name)
@@ -91,6 +115,7 @@ def load_engine(name: str, model=None, **kw) -> Engine:
             f"engine {cls.name} is not installed (no module {cls.requires!r}); install it: {cls.install_hint}"
         )
     rm = resolve(model)
+    check_supported(cls.name, rm)
     kw = {**cls.default_load_kwargs(rm), **check_load_args(kw)}
     if cls.in_process:  # weights, the runtime's buffers and, where reserved at load, a KV cache for all of n_ctx
         reserved = kw["n_ctx"] if cls.reserves_kv_at_load else 0

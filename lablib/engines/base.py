@@ -265,6 +265,21 @@ class Engine:
         )
 
     @classmethod
+    def unsupported(cls, model) -> str | None:
+        """Why this engine cannot read ``model`` (a ResolvedModel), known before loading anything: one message
+        naming the model, what it lacks or what the engine does not support, and what to do; None when it can
+        (as far as can be told without loading it). Here: its format could not be had (a converter that does not
+        know the architecture, :attr:`ResolvedModel.unavailable`); engines add what their reader supports."""
+        from lablib.errors import FormatError
+
+        if cls.format and not getattr(model, f"{cls.format}_path", None):
+            try:
+                model.path_for(cls.format, cls.name)
+            except FormatError as e:
+                return str(e)
+        return None
+
+    @classmethod
     def default_load_kwargs(cls, model, concurrency: int = 1) -> dict:
         """Load keywords the lab fills in when the caller gives none, for ``concurrency``
         sequences at once (e.g. llama.cpp's context size and parallel sequences)."""

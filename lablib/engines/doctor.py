@@ -23,11 +23,13 @@ print(json.dumps({"version": i.version, "backend": i.backend, "dtype": i.dtype, 
 """
 
 
-def check_engine(name: str, model: str | None = None, timeout: float = 300) -> dict:
+def check_engine(name: str, model: str | None = None, timeout: float = 300, resolved=None) -> dict:
     """Load engine ``name`` and generate 2 tokens in a child process.
 
     A child process, because a library built for instructions the CPU does not
-    grant dies with SIGILL instead of raising. Returns {engine, usable, detail}.
+    grant dies with SIGILL instead of raising. Returns {engine, usable, detail, supported}: ``supported``
+    False (nothing loaded) when the engine cannot read the model (``resolved``, the prepared ``model``:
+    ``Engine.unsupported``'s reason in ``detail``).
     """
     import importlib.util
     import signal
@@ -37,6 +39,9 @@ def check_engine(name: str, model: str | None = None, timeout: float = 300) -> d
     module, install = ENGINES[name].requires, ENGINES[name].install_hint
     if importlib.util.find_spec(module) is None:
         return {"engine": name, "usable": False, "detail": f"not installed (no module {module!r}); {install}"}
+    why = ENGINES[name].unsupported(resolved) if resolved is not None else None
+    if why:
+        return {"engine": name, "usable": False, "supported": False, "detail": why}
     cmd = [sys.executable, "-c", _SMOKE, name] + ([model] if model else [])
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -66,9 +71,10 @@ def check_engine(name: str, model: str | None = None, timeout: float = 300) -> d
     return {"engine": name, "usable": False, "detail": last}
 
 
-def check_engines(model: str | None = None) -> list[dict]:
+def check_engines(model: str | None = None, resolved=None) -> list[dict]:
     """:func:`check_engine` for every in-process engine, in the lab's order (the http engine
-    needs a server: `lablib serve`)."""
+    needs a server: `lablib serve`); ``resolved``: the prepared ``model``, whose unsupported engines are
+    said without loading them."""
     from lablib.engines import IN_PROCESS
 
-    return [check_engine(name, model) for name in IN_PROCESS]
+    return [check_engine(name, model, resolved=resolved) for name in IN_PROCESS]

@@ -32,6 +32,8 @@ a ``Llama`` object must never be used from two threads.
 
 from __future__ import annotations
 
+import functools
+
 from typing import TYPE_CHECKING
 
 from lablib.checks import whole
@@ -93,6 +95,94 @@ def _offload_device(llama_cpp) -> str:
     return "gpu"
 
 
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # what pyproject.toml pins and the lab builds
+
+
+@functools.lru_cache(maxsize=1)
+def llama_architectures() -> tuple:
+    """The GGUF architecture names the built llama.cpp loads (``{ LLM_ARCH_..., "name" }`` in its
+    ``src/llama-arch.cpp``); () when its source is not on this machine (then nothing is refused early)."""
+    import re
+
+    from lablib.build.llama import BuildError, source_tree
+
+    try:
+        text = (source_tree() / "src" / "llama-arch.cpp").read_text(encoding="utf-8", errors="replace")
+    except (BuildError, OSError):
+        return ()
+    return tuple(sorted(set(re.findall(r'\{\s*LLM_ARCH_\w+,\s*"([\w.-]+)"\s*\}', text))))
+
+
+class _LoadLog:
+    """llama.cpp's log while a model and context load, kept as text (``llama_log_set``; llama-cpp-python's own
+    callback, which prints only when verbose, is put back after): what llama.cpp says it built, its
+    hyperparameters (``print_info: n_swa = 512``...) and KV caches (``llama_kv_cache: size = ...``)."""
+
+    def __init__(self, llama_cpp, echo: bool = False):
+        self._lib, self._echo, self._lines = llama_cpp, echo, []
+
+    def __enter__(self):
+        import ctypes
+        import sys
+
+        def keep(level, text, user_data):
+            line = text.decode("utf-8", errors="replace") if text else ""
+            self._lines.append(line)
+            if self._echo:
+                print(line, end="", file=sys.stderr, flush=True)
+
+        self._callback = self._lib.llama_log_callback(keep)  # referenced while llama.cpp may call it
+        self._lib.llama_log_set(self._callback, ctypes.c_void_p(0))
+        return self
+
+    def __exit__(self, *exc):
+        import ctypes
+
+        from llama_cpp import _logger
+
+        self._lib.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
+
+    @property
+    def text(self) -> str:
+        return "".join(self._lines)
+
+
+def read_load_log(text: str) -> dict:
+    """What llama.cpp's load log says it built: ``hparams`` ({name: value} of its ``print_info:`` lines, numbers
+    as numbers) and ``kv_caches`` (one {kind "full"/"sliding", cells, layers, mib} per ``llama_kv_cache: size =``
+    line, the kind from the ``creating non-SWA`` / ``SWA KV cache`` line before it; a model without sliding
+    layers has one, "full"), ``kv_bytes`` (their sizes together: MiB as printed, to 0.01) and ``swa_full``
+    (whether it said "using full-size SWA cache")."""
+    import re
+
+    hp = {}
+    for name, value in re.findall(r"print_info: (\w+)\s+= (.+)", text):
+        value = value.strip()
+        try:
+            hp[name] = int(value)
+        except ValueError:
+            try:
+                hp[name] = float(value)
+            except ValueError:
+                hp[name] = value
+    caches, kind = [], "full"
+    for line in text.splitlines():
+        m = re.search(r"creating\s+(non-SWA|SWA) KV cache", line)
+        if m:
+            kind = "full" if m.group(1) == "non-SWA" else "sliding"
+        m = re.search(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers", line)
+        if m:
+            caches.append({"kind": kind, "mib": float(m.group(1)), "cells": int(m.group(2)), "layers": int(m.group(3))})
+    # a context opened again (n_seq_max > 1) logs its caches again: the last ones are the context's
+    last = caches[-2:] if len(caches) >= 2 and caches[-1]["kind"] == "sliding" else caches[-1:]
+    return {
+        "hparams": hp,
+        "kv_caches": last,
+        "kv_bytes": int(round(sum(c["mib"] for c in last) * 2**20)),
+        "swa_full": "using full-size SWA cache" in text,
+    }
+
+
 class LlamaCppEngine(Engine):
     """llama.cpp engine.
 
@@ -102,6 +192,9 @@ class LlamaCppEngine(Engine):
     ``n_batch``: prompt tokens per ``llama_decode`` call in prefill (default 512).
     ``n_seq_max``: parallel sequences the context holds (for batched decode); each gets
     ``n_ctx / n_seq_max`` KV cells.
+    ``swa_full``: keep the whole context for sliding-window layers too (llama-cpp-python's default, True: a
+    sequence can then be rolled back, which prefix caching and speculative decoding do); False keeps their
+    window plus one micro-batch, as llama-server does (:func:`llama_kv_cells`).
     ``speculative``: draft tokens per step for llama-cpp-python's own prompt-lookup decoding
     (``Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=k))``, its ``Llama.generate`` loop; greedy,
     one sequence, no prefix cache); :meth:`engine_counters` then has ``draft_n`` and ``draft_n_accepted``.
@@ -127,6 +220,24 @@ class LlamaCppEngine(Engine):
     # a GBNF grammar sampler first in the chain (llama_sampler_init_grammar): a JSON schema or a regex made GBNF by
     # llama-cpp-python's port of llama.cpp's json_schema_to_grammar.py (the regex with --raw-pattern)
     constraints = ("json_schema", "regex")
+
+    @classmethod
+    def unsupported(cls, model) -> str | None:
+        """llama.cpp loads the GGUF architectures its source names (``src/llama-arch.cpp``, read from the
+        source tree this environment's library was built from: :func:`llama_architectures`)."""
+        why = super().unsupported(model)
+        if why or not getattr(model, "gguf_path", None):
+            return why
+        from lablib.model.formats import gguf_facts
+
+        arch = gguf_facts(model.gguf_path)["architecture"]
+        known = llama_architectures()
+        if known and arch not in known:
+            return (
+                f"this llama.cpp (llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}) does not know the GGUF architecture "
+                f"{arch!r} of {model.name}; run it with transformers, or a newer llama.cpp"
+            )
+        return None
 
     @classmethod
     def default_n_ctx(cls, model) -> int:
@@ -204,6 +315,7 @@ class LlamaCppEngine(Engine):
         verbose: bool = False,
         n_gpu_layers: int | None = None,
         speculative: int | None = None,
+        swa_full: bool = True,
     ):
         super().__init__(model)
         llama_cpp, np = self._import_library("llama_cpp", "numpy")
@@ -226,19 +338,23 @@ class LlamaCppEngine(Engine):
         offload = bool(llama_cpp.llama_supports_gpu_offload())
         self.n_gpu_layers = (-1 if offload else 0) if n_gpu_layers is None else int(n_gpu_layers)
         self.device = _offload_device(llama_cpp) if offload and self.n_gpu_layers != 0 else "cpu"
-        self.llm = llama_cpp.Llama(
-            model_path=path,
-            n_gpu_layers=self.n_gpu_layers,
-            n_ctx=self._n_ctx_req,
-            n_batch=self.n_batch,
-            n_ubatch=self.n_batch,
-            n_threads=self.threads,
-            n_threads_batch=self.threads,
-            verbose=verbose,
-            draft_model=self._draft,
-        )
-        if n_seq_max > 1:
-            self._reopen_context(n_seq_max, verbose)
+        self.swa_full = bool(swa_full)
+        with _LoadLog(llama_cpp, echo=verbose) as log:  # what llama.cpp says it built: effective_config, kv_report
+            self.llm = llama_cpp.Llama(
+                model_path=path,
+                n_gpu_layers=self.n_gpu_layers,
+                n_ctx=self._n_ctx_req,
+                n_batch=self.n_batch,
+                n_ubatch=self.n_batch,
+                n_threads=self.threads,
+                n_threads_batch=self.threads,
+                verbose=verbose,
+                draft_model=self._draft,
+                swa_full=self.swa_full,
+            )
+            if n_seq_max > 1:
+                self._reopen_context(n_seq_max, verbose)
+        self.load_log = log.text
         self.ctx = self.llm._ctx.ctx
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
         self._batch = llama_cpp.llama_batch_init(max(self.n_batch, n_seq_max), 0, max(1, n_seq_max))
@@ -361,6 +477,7 @@ class LlamaCppEngine(Engine):
                 "max_threads": self.max_threads,
                 "n_batch": self.n_batch,
                 "n_seq_max": self._lib.llama_n_seq_max(self.ctx),
+                "swa_full": self.swa_full,
                 "flash_attn": {-1: "auto", 0: "off", 1: "on"}.get(self.llm.context_params.flash_attn_type),
                 "system_info": sysinfo.strip(),
                 "sampling": DEFINITION,
@@ -374,11 +491,15 @@ class LlamaCppEngine(Engine):
         self._lib.llama_set_n_threads(self.ctx, n, n)
 
     def effective_config(self) -> dict:
-        """The GGUF's settings as llama.cpp uses them, read back from the loaded model and vocabulary
-        (and the context's RoPE base when it overrides the file's)."""
+        """The settings llama.cpp computes with, as it printed them while loading (:func:`read_load_log`: its
+        RoPE bases, sliding window, norm epsilon, head counts; the sliding layers counted in the KV cache it
+        built for them), the rest as the GGUF states them (soft-caps, scaling) and from the loaded vocabulary;
+        the context's RoPE base where it overrides the file's."""
         lib, m = self._lib, self.llm._model.model
         cfg = gguf_config(self.model.gguf_path)  # llama.cpp uses the file's values as stated
-        ctx_base = self.llm.context_params.rope_freq_base  # 0 means "from the model"
+        built = read_load_log(self.load_log)
+        hp = built["hparams"]
+        sliding = next((c["layers"] for c in built["kv_caches"] if c["kind"] == "sliding"), 0)
         cfg.update(
             n_heads=lib.llama_model_n_head(m),
             n_kv_heads=lib.llama_model_n_head_kv(m),
@@ -388,9 +509,34 @@ class LlamaCppEngine(Engine):
             bos_id=lib.llama_vocab_bos(self.vocab),
             eos_id=lib.llama_vocab_eos(self.vocab),
         )
+        if hp:  # what it built (a log that could not be read leaves the file's values)
+            cfg.update(
+                rope_theta=float(hp.get("freq_base_train", cfg["rope_theta"])),
+                rope_theta_sliding=float(hp["freq_base_swa"]) if hp.get("is_swa_any") else None,
+                sliding_window=int(hp.get("n_swa", 0)) if hp.get("is_swa_any") else 0,
+                sliding_layers=sliding,
+                rms_norm_eps=float(hp.get("f_norm_rms_eps", cfg["rms_norm_eps"])),
+                head_dim=int(hp.get("n_embd_head_k", cfg["head_dim"])),
+            )
+        ctx_base = self.llm.context_params.rope_freq_base  # 0 means "from the model"
         if ctx_base:
             cfg["rope_theta"] = float(ctx_base)
         return cfg
+
+    def kv_report(self) -> dict:
+        """The KV cache llama.cpp allocated at load, as it reported it (:func:`read_load_log`): ``caches`` (kind,
+        cells, layers, MiB each), ``bytes`` (all), ``swa_full``; beside the lab's prediction ``predicted_bytes``
+        (:func:`llama_kv_cells`) and why it differs from what the model needs (``note``)."""
+        built = read_load_log(self.load_log)
+        n_seq = self._lib.llama_n_seq_max(self.ctx)
+        predicted = llama_kv_cells(self.model, self._lib.llama_n_ctx(self.ctx), n_seq, self.n_batch, self.swa_full)
+        return {
+            "caches": built["kv_caches"],
+            "bytes": built["kv_bytes"],
+            "swa_full": built["swa_full"],
+            "predicted_bytes": predicted["bytes"],
+            "note": self.kv_cache_note(self.model, swa_full=self.swa_full),
+        }
 
     # --- generation -------------------------------------------------------
     def _sampler(self, cfg: GenerationConfig, seed: int | None = None):

@@ -109,6 +109,30 @@ class MLXEngine(Engine):
         return super().speculation_kwargs(method, k, draft)
 
     @classmethod
+    def unsupported(cls, model) -> str | None:
+        """mlx-lm loads the ``model_type`` values it has a module for (``mlx_lm.models.<type>``, after its
+        ``MODEL_REMAPPING``)."""
+        why = super().unsupported(model)
+        folder = getattr(model, "mlx_path", None) or getattr(model, "hf_path", None)
+        if why or not folder:
+            return why
+        import importlib.util
+
+        from lablib.model.formats import read_config
+
+        kind = str(read_config(folder).get("model_type", ""))
+        try:
+            from mlx_lm.utils import MODEL_REMAPPING
+
+            kind = MODEL_REMAPPING.get(kind, kind)
+            found = importlib.util.find_spec(f"mlx_lm.models.{kind}") is not None
+        except ImportError:
+            return None  # mlx-lm not installed: load_engine and doctor say so
+        if not found:
+            return f"mlx-lm has no model for model_type {kind!r} ({model.name}); run it with transformers or llama.cpp"
+        return None
+
+    @classmethod
     def kv_cache_bytes(cls, model, context_tokens: int, sequences: int = 1, **load) -> int:
         """mlx-lm's prompt cache while decoding at ``context_tokens``: a full-attention layer's ``KVCache`` grows in
         steps of 256 positions, a sliding-window layer's ``RotatingKVCache(max_size=sliding_window)`` holds its
@@ -302,28 +326,41 @@ class MLXEngine(Engine):
         )
 
     def effective_config(self) -> dict:
-        """The config as mlx-lm uses it: its ModelArgs, and the RoPE base of the module the
-        layers really call."""
+        """The config as mlx-lm uses it: its ModelArgs, the layers' kinds from the cache it makes for them
+        (``make_cache``: a ``RotatingKVCache(max_size=window)`` is a sliding-window layer, a ``KVCache`` a
+        full one) and the RoPE base of the module each kind of layer really calls."""
         a = self.mlx_model.args
         heads = a.num_attention_heads
         head_dim = getattr(a, "head_dim", None) or a.hidden_size // heads
         theta = getattr(a, "rope_theta", None)
-        try:  # the RoPE module the layers really call
-            theta = float(self.mlx_model.model.layers[0].self_attn.rope.base)
-        except AttributeError:
-            pass
+        layers = getattr(getattr(self.mlx_model, "model", None), "layers", None) or getattr(self.mlx_model, "layers", [])
+        make = getattr(self.mlx_model, "make_cache", None)
+        caches = make() if make is not None else []
+        windows = [getattr(c, "max_size", None) for c in caches] if len(caches) == len(layers) else [None] * len(layers)
+        bases = {"full": [], "sliding": []}
+        for layer, window in zip(layers, windows):
+            base = getattr(getattr(getattr(layer, "self_attn", None), "rope", None), "base", None)
+            if base is not None:
+                bases["sliding" if window else "full"].append(float(base))
+        sliding = [w for w in windows if w]
         eos = self.config.get("eos_token_id")
         return {
-            "rope_theta": theta,
+            "rope_theta": bases["full"][0] if bases["full"] else theta,
+            "rope_theta_sliding": (bases["sliding"] or [getattr(a, "rope_local_base_freq", theta)])[0] if sliding else None,
             "rope_scaling": getattr(a, "rope_scaling", None),
             "rms_norm_eps": a.rms_norm_eps,
             "n_heads": heads,
             "n_kv_heads": getattr(a, "num_key_value_heads", heads) or heads,
             "head_dim": head_dim,
             "n_layers": a.num_hidden_layers,
+            "sliding_window": max(sliding, default=0),
+            "sliding_layers": len(sliding),
+            "attn_logit_softcapping": getattr(a, "attn_logit_softcapping", None) or None,
+            "final_logit_softcapping": getattr(a, "final_logit_softcapping", None) or None,
             "vocab_size": a.vocab_size,
             "context_length": self.config.get("max_position_embeddings"),
-            "tie_word_embeddings": bool(getattr(a, "tie_word_embeddings", False)),
+            # what it built: an output head of its own (lm_head), or the embedding read back as one (tied)
+            "tie_word_embeddings": getattr(self.mlx_model, "lm_head", None) is None,
             "bos_id": self.config.get("bos_token_id"),
             "eos_id": eos[0] if isinstance(eos, list) else eos,
         }

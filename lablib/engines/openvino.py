@@ -56,6 +56,11 @@ from lablib.results.trace import RequestTrace, now
 WEIGHTS = ("f16", "source")  # the lab's F16 reference GGUF, or the model's own GGUF
 
 
+# the GGUF architectures OpenVINO GenAI's reader builds a model of (openvino.genai 2026.4,
+# src/cpp/src/gguf_utils/gguf_modeling.cpp: create_from_gguf)
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+
+
 class OpenVINOEngine(Engine):
     """OpenVINO GenAI engine (CPU plugin).
 
@@ -80,6 +85,23 @@ class OpenVINOEngine(Engine):
         "chat template and special tokens of string inputs: not used, the lab passes token ids",
         "the GGUF's generation defaults and stop strings: replaced by a greedy config with max_new_tokens only",
     )
+
+    @classmethod
+    def unsupported(cls, model) -> str | None:
+        """Its GGUF reader builds the architectures of :data:`GGUF_ARCHITECTURES` only (OpenVINO GenAI
+        2026.4's ``create_from_gguf``: "Unsupported model architecture" for the rest)."""
+        why = super().unsupported(model)
+        if why or not getattr(model, "gguf_path", None):
+            return why
+        from lablib.model.formats import gguf_facts
+
+        arch = gguf_facts(model.gguf_path)["architecture"]
+        if arch not in GGUF_ARCHITECTURES:
+            return (
+                f"OpenVINO GenAI's GGUF reader builds {', '.join(GGUF_ARCHITECTURES)} models only, and {model.name} is "
+                f"{arch}; run it with transformers, llama.cpp or mlx"
+            )
+        return None
 
     @classmethod
     def check_generation(cls, cfg: GenerationConfig) -> None:

@@ -45,6 +45,8 @@ continue past an EOS except by masking it. So the lab runs it in serial mode onl
 
 from __future__ import annotations
 
+import functools
+
 import hashlib
 import json
 import shutil
@@ -85,6 +87,24 @@ def builder_version() -> str:
 
 
 BUILDER = "onnxruntime_genai.models.builder"
+
+
+@functools.lru_cache(maxsize=1)
+def builder_architectures() -> tuple:
+    """The ``architectures`` names the installed model builder converts, read from its source text (its
+    ``create_model`` compares ``config.architectures[0] == "..."``), without importing it (it imports torch and
+    transformers); () when the builder is not installed."""
+    import importlib.util
+    import re
+
+    try:
+        spec = importlib.util.find_spec(BUILDER)
+    except ImportError:
+        return ()
+    if spec is None or not spec.origin:
+        return ()
+    text = Path(spec.origin).read_text(encoding="utf-8", errors="replace")
+    return tuple(sorted(set(re.findall(r'architectures\[0\] == "(\w+)"', text))))
 
 # The builder runs tied to the lab process (:func:`lablib.children.tied`): a killed lab process
 # (kill -9, an out-of-memory kill, a restarted kernel) takes the build with it instead of leaving
@@ -214,6 +234,33 @@ class OnnxRuntimeGenAIEngine(Engine):
         "num_beams): every search option is set per request from the lab's GenerationConfig",
         "EOS ends a sequence (ORT GenAI pads after it): with ignore_eos the EOS is kept and appended back as input",
     )
+
+    @classmethod
+    def unsupported(cls, model) -> str | None:
+        """The model builder converts the ``architectures`` its ``create_model`` names (read from its source,
+        :func:`builder_architectures`), and reads one RoPE entry (``config.rope_parameters["rope_type"]``): a
+        config with one per layer type (Gemma 3 under transformers 5) makes it fail with KeyError 'rope_type'."""
+        why = super().unsupported(model)
+        if why or not getattr(model, "hf_path", None):
+            return why
+        from lablib.model.formats import read_config
+
+        cfg = read_config(model.hf_path)
+        arch = (cfg.get("architectures") or [""])[0]
+        known = builder_architectures()
+        if known and arch not in known:
+            return (
+                f"onnxruntime-genai's model builder converts {len(known)} architectures and not {arch or 'this one'} "
+                f"({model.name}); run it with transformers, llama.cpp or mlx"
+            )
+        rp = cfg.get("rope_parameters")
+        if isinstance(rp, dict) and any(isinstance(v, dict) for v in rp.values()):
+            return (
+                f"onnxruntime-genai's model builder reads one RoPE entry, and {model.name}'s config keeps one per layer "
+                f"type ({', '.join(k for k, v in rp.items() if isinstance(v, dict))}, as transformers 5 writes "
+                f"{cfg.get('model_type')}): it stops with KeyError 'rope_type'; run it with transformers, llama.cpp or mlx"
+            )
+        return None
 
     @classmethod
     def default_load_kwargs(cls, model, concurrency: int = 1) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from lablib.checks import positive_ints
 from lablib.config import budget
-from lablib.engines import NAMES, canonical, engine_class
+from lablib.engines import NAMES, canonical, check_supported, engine_class, engines_for
 from lablib.engines.memory import check_fits
 from lablib.errors import ContextOverflowError, LabError
 from lablib.measure.closed_loop import SCHEDULING_MODES
@@ -43,8 +43,12 @@ def check_warmup(warmup) -> int:
     return warmup
 
 
-def engine_names(engines) -> list[str]:
-    """Canonical engine names from a list or "a,b,c"; LabError for unknown or none."""
+def engine_names(engines, model=None) -> list[str]:
+    """Canonical engine names from a list or "a,b,c"; None: the lab's default set, or with ``model`` the
+    engines of it that can read that model (:func:`lablib.engines.engines_for`). LabError for unknown or
+    none."""
+    if engines is None:
+        return engines_for(model) if model is not None else list(NAMES)
     if isinstance(engines, str):
         engines = [e for e in engines.split(",") if e.strip()]
     names = [canonical(e) for e in engines]
@@ -94,7 +98,10 @@ def default_prompt_lengths(model, max_new_tokens: int) -> list[int]:
 
 
 def check_plan(model, engines, prompt_tokens, max_new_tokens, concurrency=(1,)) -> None:
-    """Refuse a plan before anything runs: context overflow or memory that will not fit."""
+    """Refuse a plan before anything runs: an engine that cannot read the model, context overflow or memory
+    that will not fit."""
+    for name in engines:
+        check_supported(name, model)
     longest = max(prompt_tokens) + max_new_tokens
     trained = model.max_position_embeddings
     if trained and longest > trained:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from lablib.config import budget
-from lablib.engines import NAMES, engine_class, load_engine
+from lablib.engines import engine_class, load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
 from lablib.measure import plan
@@ -130,7 +130,7 @@ def iter_measure(
 def side_by_side(
     model=None,
     *,
-    engines=NAMES,
+    engines=None,
     messages=None,
     ids=None,
     max_new_tokens: int | None = None,
@@ -163,7 +163,7 @@ def side_by_side(
     reps = reps or budget("side_by_side", "reps")
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
     rows = []
-    for name in tqdm(list(engines), desc="engines", disable=not progress):
+    for name in tqdm(engine_names(engines, rm), desc="engines", disable=not progress):
         engine = load_engine(name, rm)
         try:
             for row in measure(engine, ids, cfg, warmup=warmup, reps=reps):
@@ -261,7 +261,7 @@ def run_plan(
 def context_sweep(
     model=None,
     *,
-    engines=NAMES,
+    engines=None,
     prompt_tokens=None,
     max_new_tokens: int | None = None,
     reps: int | None = None,
@@ -291,9 +291,9 @@ def context_sweep(
     max_new_tokens = positive_ints([max_new_tokens], "max_new_tokens")[0]
     reps = budgeted_int(reps, "context", "reps")
     check_warmup(warmup)
-    names = engine_names(engines)
-    load = weights_load_kwargs(names, weights)
     rm = resolve(model)
+    names = engine_names(engines, rm)
+    load = weights_load_kwargs(names, weights)
     lengths = positive_ints(
         default_prompt_lengths(rm, max_new_tokens) if prompt_tokens is None else prompt_tokens, "prompt_tokens"
     )
@@ -337,7 +337,7 @@ def context_sweep(
 def concurrency_sweep(
     model=None,
     *,
-    engines=NAMES,
+    engines=None,
     concurrency=None,
     modes=SCHEDULING_MODES,
     requests: int | None = None,
@@ -378,10 +378,10 @@ def concurrency_sweep(
     modes = scheduling_modes(modes)
     requests = check_requests(requests, levels)
     check_warmup(warmup)
-    names = engine_names(engines)
+    rm = resolve(model)
+    names = engine_names(engines, rm)
     load = weights_load_kwargs(names, weights)
     engine_modes = modes_per_engine(names, modes)
-    rm = resolve(model)
     check_plan(rm, names, [n_prompt], n_out, levels)
     cmax = max(levels)
     cfg = GenerationConfig(max_new_tokens=n_out)

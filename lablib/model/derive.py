@@ -124,10 +124,11 @@ def derive_mlx_from_hf(hf_path: Path, out: Path, dtype: str = "float32") -> None
     tmp.rename(out)
 
 
-def run_derivation(what: str, source: Path, work) -> None:
-    """Run a derivation; a failure becomes one LabError naming the source and the cause."""
+def run_derivation(what: str, source: Path, work):
+    """Run a derivation (returns what ``work`` returns); a failure becomes one FormatError naming the source
+    and the cause."""
     try:
-        work()
+        return work()
     except LabError:
         raise
     except OSError as e:
@@ -143,6 +144,57 @@ def run_derivation(what: str, source: Path, work) -> None:
             "expected a complete model the converter supports: check the files, or "
             "give the engine a model in its own format."
         ) from e
+
+
+# the converter's --outtype for a Hugging Face folder's dtype: its own precision, so the GGUF holds the same
+# weights (bfloat16 as most models are published; a float32 folder stays float32)
+GGUF_OUTTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
+
+
+def gguf_outtype(hf_path: Path) -> str:
+    """The converter's ``--outtype`` for ``hf_path``: its config's dtype (``dtype`` / ``torch_dtype``) as
+    :data:`GGUF_OUTTYPES` names it; f32 when it names none."""
+    from lablib.model.formats import read_config, text_config
+
+    cfg = read_config(hf_path)
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text_config(cfg).get("dtype") or "float32"
+    return GGUF_OUTTYPES.get(str(dtype).replace("torch.", ""), "f32")
+
+
+def derive_gguf_from_hf(hf_path: Path, out: Path) -> Path:
+    """A GGUF file of a Hugging Face folder, written by llama.cpp's own converter (``convert_hf_to_gguf.py``
+    from the source tree the lab's llama.cpp was built from: the same version reads it) at the folder's own
+    precision (:func:`gguf_outtype`), into ``out/model-<outtype>.gguf``. Returns the file. Raises FormatError
+    with the converter's last line when it cannot convert the architecture, LabError when llama.cpp's source
+    is not on this machine."""
+    import subprocess
+    import sys
+
+    from lablib.build.llama import BuildError, converter_path
+
+    try:
+        script = converter_path()
+    except BuildError as e:
+        raise FormatError(f"llama.cpp's converter is not here ({e})") from None
+    outtype = gguf_outtype(hf_path)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    target = tmp / f"model-{outtype}.gguf"
+    p = subprocess.run(
+        [sys.executable, str(script), str(hf_path), "--outfile", str(target), "--outtype", outtype],
+        capture_output=True,
+        text=True,
+    )
+    if p.returncode != 0 or not target.is_file():
+        lines = [ln for ln in (p.stderr or p.stdout).strip().splitlines() if ln.strip()]
+        raise FormatError(
+            f"llama.cpp's converter ({script.name}) could not convert it (exit code {p.returncode}): "
+            f"{lines[-1] if lines else 'no output'}"
+        )
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out / target.name
 
 
 def count_params(folder: Path) -> int:

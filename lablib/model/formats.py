@@ -153,20 +153,43 @@ def normalize_config(cfg: dict) -> dict:
     silently falls back to its defaults (RoPE base 10000). This lifts them back
     up, and names ``torch_dtype`` for readers that predate ``dtype``. Keys
     already at the top level win. Source: data/cases/rope_theta_v5.
+
+    A model whose layers differ (Gemma 3) keeps one entry per layer type in ``rope_parameters``; the full
+    layers' base and scaling are lifted as above, the sliding layers' base as ``rope_local_base_freq``, and a
+    ``layer_types`` list that repeats a period (five sliding, one full) as ``sliding_window_pattern``: what
+    mlx-lm's Gemma 3 reads (its defaults, 1e6, 1e4 and 6, would otherwise apply whatever the model says).
     """
     add: dict = {}
     rp = cfg.get("rope_parameters")
     if isinstance(rp, dict):
-        if "rope_theta" in rp and "rope_theta" not in cfg:
-            add["rope_theta"] = rp["rope_theta"]
-        rtype = rp.get("rope_type", "default")
+        per_type = {k: v for k, v in rp.items() if isinstance(v, dict)}
+        full = per_type.get("full_attention") or (rp if not per_type else {})
+        if "rope_theta" in full and "rope_theta" not in cfg:
+            add["rope_theta"] = full["rope_theta"]
+        rtype = full.get("rope_type", "default")
         if rtype != "default" and not cfg.get("rope_scaling"):
-            add["rope_scaling"] = {k: v for k, v in rp.items() if k != "rope_theta"}
-        if "partial_rotary_factor" in rp and "partial_rotary_factor" not in cfg:
-            add["partial_rotary_factor"] = rp["partial_rotary_factor"]
+            add["rope_scaling"] = {k: v for k, v in full.items() if k != "rope_theta"}
+        if "partial_rotary_factor" in full and "partial_rotary_factor" not in cfg:
+            add["partial_rotary_factor"] = full["partial_rotary_factor"]
+        sliding = per_type.get("sliding_attention")
+        if sliding and "rope_theta" in sliding and "rope_local_base_freq" not in cfg:
+            add["rope_local_base_freq"] = sliding["rope_theta"]
+    period = _layer_period(cfg.get("layer_types"))
+    if period and "sliding_window_pattern" not in cfg:
+        add["sliding_window_pattern"] = period
     if "dtype" in cfg and "torch_dtype" not in cfg:
         add["torch_dtype"] = cfg["dtype"]
     return add
+
+
+def _layer_period(types) -> int | None:
+    """n when ``types`` (transformers' layer_types) is n - 1 sliding layers then a full one, repeated (Gemma 3:
+    6); None when it is not such a pattern (or all one kind)."""
+    if not isinstance(types, list) or "full_attention" not in types or "sliding_attention" not in types:
+        return None
+    n = types.index("full_attention") + 1
+    expect = ["full_attention" if (i + 1) % n == 0 else "sliding_attention" for i in range(len(types))]
+    return n if types == expect else None
 
 
 def write_normalized_config(folder: Path) -> dict:

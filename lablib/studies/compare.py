@@ -21,12 +21,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lablib.engines import NAMES, canonical, engine_class, load_engine
+from lablib.engines import canonical, engine_class, engines_for, load_engine
 from lablib.engines.base import CONFIG_KEYS, GenerationConfig
 from lablib.engines.memory import check_compare_fits
 from lablib.errors import LabError
-from lablib.measure.workload import DEFAULT_MESSAGES
-from lablib.model.formats import gguf_config
+from lablib.measure.workload import DEFAULT_MESSAGES, completion_text, has_chat_template
+from lablib.model.formats import config_settings, gguf_config, read_config
 from lablib.model.resolve import resolve
 from lablib.studies.logits import LOGIT_CHUNK, TOP_K, last_logits, log_softmax, logit_blocks, logit_stats
 
@@ -94,13 +94,17 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def check_config(engines: dict, reference: str, gguf_path=None) -> Check:
-    """Settings per engine (columns) against the reference engine (and the GGUF file)."""
+def check_config(engines: dict, reference: str, gguf_path=None, config_folder=None) -> Check:
+    """Settings per engine (columns) against the reference engine, and as the model's files state them: the
+    GGUF header (as llama.cpp reads it) and the Hugging Face folder's config.json (as transformers reads it),
+    RoPE bases per kind of layer and the sliding window included (:data:`lablib.model.formats.SETTINGS_KEYS`)."""
     import pandas as pd
 
     cols = {}
     if gguf_path:
         cols["gguf file"] = gguf_config(gguf_path)
+    if config_folder:
+        cols["config.json"] = config_settings(read_config(config_folder))
     for name, e in engines.items():
         cols[name] = e.effective_config()
     ref = cols[reference]
@@ -178,20 +182,35 @@ TEMPLATE_CASES = {
 
 def check_template(engines: dict, reference: str, cases: dict | None = None) -> Check:
     """Each case's messages rendered by each engine's own chat path, compared as ids
-    (and as strings), with the number of BOS tokens in each."""
+    (and as strings), with the number of BOS tokens in each. A model with no chat template in any engine
+    (a base model) is not checked (ok None, said); one that some engines can render and others cannot is a
+    difference."""
     import pandas as pd
 
     rows, bad = [], []
     for case, messages in (cases or TEMPLATE_CASES).items():
-        ref_ids = engines[reference].apply_chat_template(messages)
+        rendered, failed = {}, {}
         for name, e in engines.items():
             try:
-                ids = e.apply_chat_template(messages)
-            except Exception as ex:  # an engine without a template for this model
-                rows.append({"case": case, "engine": name, "error": f"{type(ex).__name__}: {ex}"})
-                bad.append(f"{name} cannot render '{case}': {ex}")
-                continue
-            bos = engines[reference].bos_id
+                rendered[name] = e.apply_chat_template(messages)
+            except Exception as ex:  # an engine without a template for this model: its library's own error
+                failed[name] = f"{type(ex).__name__}: {str(ex).splitlines()[0] if str(ex) else ''}"
+        if not rendered:
+            return Check(
+                "template",
+                None,
+                "no engine has a chat template for this model (a base model): templates not checked",
+                pd.DataFrame([{"engine": n, "error": m} for n, m in failed.items()]),
+                {"differences": []},
+            )
+        for name, msg in failed.items():
+            rows.append({"case": case, "engine": name, "error": msg})
+            bad.append(f"{name} cannot render '{case}' ({msg}) where {', '.join(rendered)} can")
+        if reference not in rendered:
+            continue
+        ref_ids = rendered[reference]
+        bos = engines[reference].bos_id
+        for name, ids in rendered.items():
             pos = first_difference(ref_ids, ids)
             rows.append(
                 {
@@ -200,14 +219,14 @@ def check_template(engines: dict, reference: str, cases: dict | None = None) -> 
                     "n_tokens": len(ids),
                     "bos_count": ids.count(bos),
                     "first_difference": pos,
-                    "text": e.detokenize(ids),
-                    "pieces_there": _pieces(e, ids, pos) if pos is not None else None,
+                    "text": engines[name].detokenize(ids),
+                    "pieces_there": _pieces(engines[name], ids, pos) if pos is not None else None,
                 }
             )
             if pos is not None:
                 bad.append(
                     f"'{case}': {name} differs from {reference} at token {pos} "
-                    f"({_pieces(e, ids, pos)} vs {_pieces(engines[reference], ref_ids, pos)})"
+                    f"({_pieces(engines[name], ids, pos)} vs {_pieces(engines[reference], ref_ids, pos)})"
                 )
     verdict = "chat templates agree" if not bad else "; ".join(bad)
     return Check(
@@ -435,7 +454,7 @@ def decide(checks: list[Check]) -> dict:
 
 def compare(
     model=None,
-    engines=NAMES,
+    engines=None,
     reference: str = REFERENCE,
     prompt: str | None = None,
     messages: list | None = None,
@@ -444,7 +463,8 @@ def compare(
     engine_models: dict | None = None,
     loaded: dict | None = None,
 ) -> Comparison:
-    """Run the five checks on ``engines`` against ``reference`` and decide.
+    """Run the five checks on ``engines`` (default: the lab's default set that can read the model,
+    :func:`lablib.engines.engines_for`) against ``reference`` and decide.
 
     The prompt is ``ids``, or ``messages`` rendered by the reference's chat
     template, or ``prompt`` text through the reference's tokenizer (default:
@@ -456,11 +476,11 @@ def compare(
     check sees what a plain user of that library sees.
     """
     GenerationConfig(max_new_tokens=max_new_tokens)  # a bad budget is refused before any engine loads
-    names = [canonical(n) for n in engines]
+    rm = resolve(model)
+    names = [canonical(n) for n in engines] if engines is not None else engines_for(rm)
     reference = canonical(reference)
     if reference not in names:
         names.insert(0, reference)
-    rm = resolve(model)
     loaded = dict(loaded or {})
     # every engine is held at once: check the whole comparison before loading any (the prompt's
     # length is known now only when ids are given; it is checked again once tokenized)
@@ -473,20 +493,23 @@ def compare(
         loaded[name] = load_engine(name, resolve(m), **engine_class(name).compare_load_kwargs)
     engs = {n: loaded[n] for n in names}
     ref = engs[reference]
+    prompt_format = "tokens"
     if ids is None:
-        if prompt is not None:
-            ids = ref.tokenize(prompt)
+        if prompt is None and not has_chat_template(rm):  # a base model: the question as raw text
+            prompt = completion_text(messages or DEFAULT_MESSAGES)
+        if prompt is not None:  # the BOS the model asks for, as its own tokenizer adds it (Gemma: <bos>)
+            ids, prompt_format = ref.tokenize(prompt, add_special=True), "text"
         else:
-            ids = ref.apply_chat_template(messages or DEFAULT_MESSAGES)
+            ids, prompt_format = ref.apply_chat_template(messages or DEFAULT_MESSAGES), "chat"
         check_compare_fits(rm, classes, len(ids) + max_new_tokens, LOGIT_CHUNK, loaded=names)
     for e in engs.values():  # one clear error naming the numbers before any logits are computed
         e.check_context(len(ids), max_new_tokens)
-    checks = [check_config(engs, reference, rm.gguf_path)]
+    checks = [check_config(engs, reference, rm.gguf_path, rm.hf_path)]
     checks.append(check_tokenizer(engs, reference, prompt if prompt is not None else _PROBE_TEXT))
     checks.append(check_template(engs, reference))
     checks.append(check_logits(engs, reference, list(ids)))
     checks.append(check_generation(engs, reference, list(ids), max_new_tokens))
-    return Comparison(checks, decide(checks))
+    return Comparison(checks, {**decide(checks), "prompt_format": prompt_format})
 
 
 _PROBE_TEXT = (

@@ -20,7 +20,7 @@ Defaults come from ``lablib.config.BUDGETS["prefix"]`` and ``["prefix_chat"]`` (
 from __future__ import annotations
 
 from lablib.config import budget
-from lablib.engines import NAMES, engine_class
+from lablib.engines import engine_class
 from lablib.engines.base import GenerationConfig
 from lablib.engines.memory import kv_cache_bytes
 from lablib.errors import LabError
@@ -71,7 +71,7 @@ def shared_prompts(model, doc_tokens: int, questions: int) -> tuple[list[int], l
 def shared_prefix(
     model=None,
     *,
-    engines=NAMES,
+    engines=None,
     shared_tokens=None,
     questions: int | None = None,
     max_new_tokens: int | None = None,
@@ -105,8 +105,8 @@ def shared_prefix(
     n_out = budgeted_int(max_new_tokens, "prefix", "max_new_tokens")
     reps = budgeted_int(reps, "prefix", "reps")
     check_warmup(warmup)
-    names = engine_names(engines)
     rm = resolve(model)
+    names = engine_names(engines, rm)
     plans = {s: shared_prompts(rm, s, nq) for s in sizes}
     longest = max(len(p) for _, prompts in plans.values() for p in prompts)
     check_plan(rm, names, [longest], n_out)
@@ -152,7 +152,7 @@ def shared_prefix(
 def chat(
     model=None,
     *,
-    engines=NAMES,
+    engines=None,
     turns: int | None = None,
     max_new_tokens: int | None = None,
     out=None,
@@ -178,8 +178,8 @@ def chat(
     if n_turns > len(CHAT_MESSAGES):
         raise LabError(f"turns={n_turns}: the lab's chat has {len(CHAT_MESSAGES)} user messages")
     n_out = budgeted_int(max_new_tokens, "prefix_chat", "max_new_tokens")
-    names = engine_names(engines)
     rm = resolve(model)
+    names = engine_names(engines, rm)
     tok = lab_tokenizer(rm)
     # the longest the conversation can grow: every message, every answer at its budget
     longest = len(chat_ids(rm, [{"role": "user", "content": m} for m in CHAT_MESSAGES[:n_turns]])) + 8 * n_turns
@@ -255,12 +255,12 @@ def report(
     """{"shared": [one dict per engine, shared_tokens and reuse: medians of ttft_s, prefill_s, prompt,
     cached and evaluated tokens, n, speedup], "memory": [per engine and length: kept_bytes,
     formula_bytes...], "chat": [per engine, turn and reuse, as "shared"] (with ``turns``)}."""
-    from lablib.engines import NAMES
+    from lablib.engines import engines_for
     from lablib.model.resolve import prepare
     from lablib.results import tables
 
     rm = prepare(model, log=lambda *_: None)
-    names = engines or NAMES
+    names = engines or engines_for(rm)
     df = shared_prefix(
         rm,
         engines=names,

@@ -471,15 +471,14 @@ def report(results=None, engines=None, model=None, refresh: bool = False) -> dic
     without rows from this machine and model is measured now (one warm-up, then the requests of
     :data:`lablib.config.BUDGETS` ``"roofline"``: 3 of 64 prompt and 32 output tokens)."""
     from lablib.config import budget
-    from lablib.engines import NAMES
     from lablib.machine.ceilings import measure_machine
     from lablib.measure.sweep import engine_names, side_by_side
     from lablib.measure.workload import prompt_of_length
     from lablib.model.resolve import prepare
 
-    names = engine_names(NAMES if engines is None else engines)
-    m = measure_machine(refresh=refresh)
     rm = prepare(model, log=lambda *_: None)
+    names = engine_names(engines, rm)
+    m = measure_machine(refresh=refresh)
     files = results_files() if results is None else [Path(f) for f in results]
     missing = [f for f in files if not f.is_file()]
     if missing:

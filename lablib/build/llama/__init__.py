@@ -82,8 +82,10 @@ from lablib.build.llama.smoke import (  # noqa: F401
 )
 from lablib.build.llama.tools import (  # noqa: F401
     TOOLS,
+    converter_path,
     llama_tool,
     llama_tools,
+    source_tree,
 )
 from lablib.build.llama.wheel import (  # noqa: F401
     _BUILD_FEATURES,

@@ -16,6 +16,31 @@ from lablib.build.llama.wheel import _build_env, build_report
 TOOLS = ("llama-bench", "llama-batched-bench", "llama-server", "llama-perplexity", "llama-quantize")
 
 
+def source_tree() -> Path:
+    """The llama.cpp source this environment's library was built from (``<build dir>/src/vendor/llama.cpp``,
+    kept by ``--install``). Raises BuildError when no build is recorded for this environment or the tree is
+    gone."""
+    report = build_report()
+    folder = Path(report["build_dir"]) if report and report.get("build_dir") else None
+    tree = folder / "src" / "vendor" / "llama.cpp" if folder else None
+    if tree is None or not tree.is_dir():
+        raise BuildError(
+            "llama.cpp's source is kept next to the library's build, and none is recorded for this environment: "
+            "run `python -m lablib.build.llama --install` (`make setup` does)"
+        )
+    return tree
+
+
+def converter_path() -> Path:
+    """llama.cpp's ``convert_hf_to_gguf.py`` from :func:`source_tree`: a Hugging Face folder to GGUF, written
+    the way the library of this environment reads it (same version). Raises BuildError as
+    :func:`source_tree` does, or when the script is missing."""
+    script = source_tree() / "convert_hf_to_gguf.py"
+    if not script.is_file():
+        raise BuildError(f"{script} is missing: the llama.cpp source next to the library's build is incomplete")
+    return script
+
+
 def llama_tool(name: str, log=print) -> Path:
     """Path of llama.cpp's program ``name`` (one of :data:`TOOLS`), built on first use.
 
