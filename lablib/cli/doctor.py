@@ -12,7 +12,7 @@ from lablib.machine.threads import cpus_busy, default_threads
 from lablib.model.resolve import prepare
 
 BUSY_CPUS = 0.3  # doctor warns when other processes keep at least this many CPUs busy
-HELP = "is each engine usable here, and why not (exit 0: all usable)"
+HELP = "is each engine usable here, and why not (exit 0: every default engine that reads the model is usable)"
 
 
 def add_arguments(p) -> None:
@@ -59,7 +59,7 @@ def run(ns) -> int:
         # engine that cannot read this model (it is left out of the model's default set, and says why)
         optional_absent = r["engine"] not in NAMES and r["detail"].startswith("not installed")
         unsupported = r.get("supported") is False
-        ok &= r["usable"] or optional_absent or (unsupported and r["engine"] not in NAMES)
+        ok &= r["usable"] or optional_absent or unsupported
         state = (
             "usable"
             if r["usable"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from lablib.engines import IN_PROCESS, check_load_args, engine_class, load_engine
+from lablib.engines import IN_PROCESS, check_load_args, check_supported, engine_class, load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.machine.threads import default_threads
 from lablib.measure.sweep import measured_traces
@@ -55,6 +55,7 @@ def run(ns) -> int:
     if cls.in_process:
         default_threads()
     rm = prepare(ns.model, log=lambda m: print(m, file=sys.stderr))
+    check_supported(cls.name, rm)  # a model this engine cannot read: said before the tokenizer loads
     if ns.prompt_tokens is not None:
         ids, prompt_format = prompt_of_length(rm, ns.prompt_tokens), "tokens"
     elif ns.prompt is not None:

@@ -66,9 +66,12 @@ def engine_class(name: str) -> type[Engine]:
 def check_supported(name: str, model) -> None:
     """Raise LabError, before any loading, when engine ``name`` cannot read ``model`` (a ResolvedModel):
     ``Engine.unsupported``'s message, naming the engine."""
-    why = engine_class(name).unsupported(model)
+    cls = engine_class(name)
+    if cls.format and not getattr(model, f"{cls.format}_path", None):
+        model.path_for(cls.format, cls.name)  # FormatError: what it got, what it needs, how to convert
+    why = cls.unsupported(model)
     if why:
-        raise LabError(f"engine {engine_class(name).name} cannot run {getattr(model, 'name', model)}: {why}")
+        raise LabError(f"engine {cls.name} cannot run {getattr(model, 'name', model)}: {why}")
 
 
 def engines_for(model, names=NAMES) -> list[str]:

@@ -391,6 +391,10 @@ class Engine:
             )
 
     library_version: str | None = None  # the ``__version__`` of :attr:`requires`, once :meth:`_import_library` ran
+    # the bytes of KV cache the last request held when it ended, as the engine's own cache objects measure them
+    # (transformers: its cache's key and value tensors; mlx: its prompt cache's arrays); None where not read
+    # (llama.cpp allocates its KV cache at load: kv_report()). What Engine.kv_cache_bytes predicts.
+    last_kv_bytes: int | None = None
 
     def __init__(self, model):
         self.model = model  # lablib.model.resolve.ResolvedModel

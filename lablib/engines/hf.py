@@ -50,6 +50,20 @@ def rope_base_from_inv_freq(inv_freq, head_dim: int) -> float:
     return float(inv_freq[1]) ** (-head_dim / 2)
 
 
+def _cache_bytes(cache) -> int | None:
+    """Bytes of the key and value tensors a transformers cache holds (each layer's ``keys`` and ``values``:
+    ``DynamicLayer`` keeps every position, ``DynamicSlidingWindowLayer`` its window - 1); None without one."""
+    layers = getattr(cache, "layers", None)
+    if not layers:
+        return None
+    total = 0
+    for layer in layers:
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if t is not None and hasattr(t, "numel"):
+                total += t.numel() * t.element_size()
+    return total
+
+
 class _TokenIdStreamer:
     """A transformers streamer (BaseStreamer protocol) that stamps token ids."""
 
@@ -427,6 +441,7 @@ class TransformersEngine(Engine):
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
         gen = self._generation_config(cfg)
         gen.prompt_lookup_num_tokens = self._spec.get("prompt_lookup_num_tokens")
+        gen.return_dict_in_generate = True  # the request's cache comes back with its ids (last_kv_bytes)
         if not cfg.greedy:
             torch.manual_seed(cfg.seed)
         kw = {}
@@ -452,7 +467,7 @@ class TransformersEngine(Engine):
             else:
                 self.constraint_stats = {}
             streamer = _TokenIdStreamer(trace)
-            self.hf.generate(
+            out = self.hf.generate(
                 input_ids,
                 attention_mask=torch.ones_like(input_ids),
                 generation_config=gen,
@@ -460,6 +475,9 @@ class TransformersEngine(Engine):
                 **kw,
                 **{k: v for k, v in self._spec.items() if k == "assistant_model"},
             )
+        # the cache comes back with the ids (return_dict_in_generate): what the request held, last_kv_bytes; its
+        # key is "cache" from transformers 5.2x on, "past_key_values" before
+        self.last_kv_bytes = _cache_bytes(out.get("cache", out.get("past_key_values")) if hasattr(out, "get") else None)
         self._spec_counts = self._spec_counters(streamer.puts, len(ids), cfg.max_new_tokens) if self._spec else {}
         last = trace.token_ids[-1] if trace.token_ids else None
         trace.finish_reason = "stop" if (not cfg.ignore_eos and last in self._eos) else "length"

@@ -149,10 +149,12 @@ class _LoadLog:
 
 def read_load_log(text: str) -> dict:
     """What llama.cpp's load log says it built: ``hparams`` ({name: value} of its ``print_info:`` lines, numbers
-    as numbers) and ``kv_caches`` (one {kind "full"/"sliding", cells, layers, mib} per ``llama_kv_cache: size =``
-    line, the kind from the ``creating non-SWA`` / ``SWA KV cache`` line before it; a model without sliding
-    layers has one, "full"), ``kv_bytes`` (their sizes together: MiB as printed, to 0.01) and ``swa_full``
-    (whether it said "using full-size SWA cache")."""
+    as numbers) and ``kv_caches`` (one {kind "full"/"sliding", cells, layers, mib, k_type, v_type, bytes} per
+    ``llama_kv_cache: size =`` line, ``cells`` of each of its ``streams``, the kind from the ``creating non-SWA`` / ``SWA KV cache`` line before it; a
+    model without sliding layers has one, "full"), ``kv_bytes`` (their bytes together) and ``swa_full``
+    (whether it said "using full-size SWA cache"). A cache's bytes are its cells x layers x the K and V widths
+    it printed (``n_embd_k_gqa``, ``n_embd_v_gqa``) at the K and V types it printed (gguf's block sizes): the
+    MiB it prints have two decimals, too coarse for a small model."""
     import re
 
     hp = {}
@@ -166,21 +168,60 @@ def read_load_log(text: str) -> dict:
             except ValueError:
                 hp[name] = value
     caches, kind = [], "full"
+    pattern = (
+        r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers, +\d+/(\d+) seqs\), "
+        r"K \((\w+)\): +[\d.]+ MiB, V \((\w+)\)"
+    )
     for line in text.splitlines():
         m = re.search(r"creating\s+(non-SWA|SWA) KV cache", line)
         if m:
             kind = "full" if m.group(1) == "non-SWA" else "sliding"
-        m = re.search(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers", line)
-        if m:
-            caches.append({"kind": kind, "mib": float(m.group(1)), "cells": int(m.group(2)), "layers": int(m.group(3))})
+        m = re.search(pattern, line)
+        if m:  # cells of one stream; a stream per sequence without a unified cache ("2/2 seqs")
+            cells, layers, streams = int(m.group(2)), int(m.group(3)), int(m.group(4))
+            c = {"kind": kind, "mib": float(m.group(1)), "cells": cells, "layers": layers, "streams": streams}
+            c.update(k_type=m.group(5), v_type=m.group(6))
+            c["bytes"] = _cache_bytes(cells * layers * streams, hp, c) or int(round(c["mib"] * 2**20))
+            caches.append(c)
     # a context opened again (n_seq_max > 1) logs its caches again: the last ones are the context's
     last = caches[-2:] if len(caches) >= 2 and caches[-1]["kind"] == "sliding" else caches[-1:]
     return {
         "hparams": hp,
         "kv_caches": last,
-        "kv_bytes": int(round(sum(c["mib"] for c in last) * 2**20)),
+        "kv_bytes": sum(c["bytes"] for c in last),
         "swa_full": "using full-size SWA cache" in text,
     }
+
+
+def _cache_bytes(cell_layers: int, hp: dict, cache: dict) -> int | None:
+    """Bytes of ``cell_layers`` cells x layers at the K and V widths (``n_embd_k_gqa``, ``n_embd_v_gqa``: one
+    number when every layer has it) and types llama.cpp printed; None when it printed a width per layer or a
+    type gguf does not know."""
+    import gguf
+
+    total = 0
+    for width, kind in ((hp.get("n_embd_k_gqa"), cache["k_type"]), (hp.get("n_embd_v_gqa"), cache["v_type"])):
+        try:
+            block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind.upper()]]
+        except KeyError:
+            return None
+        if not isinstance(width, int):
+            return None
+        total += cell_layers * width * size // block
+    return total
+
+
+def _load_or_say_why(log: _LoadLog, path: str, make, **kw):
+    """``make(**kw)`` (a ``Llama``), or, when llama.cpp refuses the file (llama-cpp-python raises "Failed to load
+    model from file"), a LabError with the reason llama.cpp logged ("error loading model: ...")."""
+    try:
+        return make(**kw)
+    except ValueError as e:
+        said = [ln.strip() for ln in log.text.splitlines() if "error" in ln.lower() or "failed" in ln.lower()]
+        raise LabError(
+            f"llama.cpp could not load {path}: {said[0] if said else e}; expected a GGUF file this llama.cpp "
+            f"(llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}) reads"
+        ) from None
 
 
 class LlamaCppEngine(Engine):
@@ -340,7 +381,7 @@ class LlamaCppEngine(Engine):
         self.device = _offload_device(llama_cpp) if offload and self.n_gpu_layers != 0 else "cpu"
         self.swa_full = bool(swa_full)
         with _LoadLog(llama_cpp, echo=verbose) as log:  # what llama.cpp says it built: effective_config, kv_report
-            self.llm = llama_cpp.Llama(
+            self.llm = _load_or_say_why(log, path, llama_cpp.Llama,
                 model_path=path,
                 n_gpu_layers=self.n_gpu_layers,
                 n_ctx=self._n_ctx_req,

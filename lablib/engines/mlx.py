@@ -79,6 +79,26 @@ DEFAULT_DRAFT = "q8"
 MLX_CACHE_STEP = 256  # mlx-lm's KVCache.step: a full-attention layer's cache grows by this many positions
 
 
+def _scaling(rope_scaling):
+    """mlx-lm's ``rope_scaling`` as a scaling, None when it scales nothing (mlx-lm 0.32 fills it from transformers
+    5's ``rope_parameters``: ``{"rope_type": "default", "rope_theta": ...}`` is plain RoPE, ``initialize_rope``'s
+    default)."""
+    if not isinstance(rope_scaling, dict):
+        return rope_scaling or None
+    kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+    return None if kind in (None, "default") else {k: v for k, v in rope_scaling.items() if k != "rope_theta"}
+
+
+def _prompt_cache_bytes(cache) -> int:
+    """Bytes of the key and value arrays an mlx-lm prompt cache holds, as allocated (a ``KVCache`` grows in
+    steps of :data:`MLX_CACHE_STEP` positions; a ``RotatingKVCache`` keeps its window)."""
+    total = 0
+    for c in cache:
+        for a in (getattr(c, "keys", None), getattr(c, "values", None)):
+            total += int(a.nbytes) if a is not None else 0
+    return total
+
+
 class MLXEngine(Engine):
     """mlx-lm engine. ``n_ctx``: context the lab enforces (default: trained context).
     ``prefill_step_size``: prompt tokens per forward pass in prefill (mlx-lm default 2048).
@@ -347,7 +367,7 @@ class MLXEngine(Engine):
         return {
             "rope_theta": bases["full"][0] if bases["full"] else theta,
             "rope_theta_sliding": (bases["sliding"] or [getattr(a, "rope_local_base_freq", theta)])[0] if sliding else None,
-            "rope_scaling": getattr(a, "rope_scaling", None),
+            "rope_scaling": _scaling(getattr(a, "rope_scaling", None)),
             "rms_norm_eps": a.rms_norm_eps,
             "n_heads": heads,
             "n_kv_heads": getattr(a, "num_key_value_heads", heads) or heads,
@@ -479,6 +499,7 @@ class MLXEngine(Engine):
                 trace.finish_reason = "stop"
                 break
         steps.close()
+        self.last_kv_bytes = _prompt_cache_bytes(cache)
 
     def _generate_speculative(self, ids, cfg: GenerationConfig, trace: RequestTrace, prefix_cache=None) -> None:
         """Greedy decode through mlx-lm's ``speculative_generate_step`` (a fresh prompt cache for the target and

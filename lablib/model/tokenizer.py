@@ -24,6 +24,11 @@ def lab_tokenizer(model):
     ``model``: a ResolvedModel with an HF or MLX folder. Raises LabError otherwise.
     """
     path = model.hf_path or model.mlx_path
+    if not path and getattr(model, "unavailable", {}).get("hf"):
+        raise LabError(
+            f"{model.source}: the lab makes prompts with the model's Hugging Face tokenizer, and no Hugging Face "
+            f"folder could be made from it ({model.unavailable['hf']})"
+        )
     if not path:
         raise LabError(f"{model.source} has no Hugging Face tokenizer folder; run `lablib prepare` on it")
     return _tokenizer(path)

@@ -26,7 +26,7 @@ from lablib.engines.memory import kv_cache_bytes
 from lablib.errors import LabError
 from lablib.measure.plan import budgeted_int, check_plan, check_warmup, engine_names, positive_ints
 from lablib.measure.sweep import Step, run_plan
-from lablib.measure.workload import chat_ids, lab_tokenizer, prompt_of_length
+from lablib.measure.workload import lab_tokenizer, messages_ids, prompt_of_length
 from lablib.model.resolve import resolve
 from lablib.results.store import engine_manifest, trace_row
 from lablib.results.tables import need
@@ -60,12 +60,13 @@ def shared_prompts(model, doc_tokens: int, questions: int) -> tuple[list[int], l
     """A shared system prompt and the prompts that start with it: (shared ids, [prompt ids per
     question]). The system message is ``doc_tokens`` tokens of prose (a document, long
     instructions); each prompt is that system turn and one of :data:`QUESTIONS` as the user turn,
-    rendered by the chat template, so the shared ids (the system turn: ``doc_tokens`` plus the
-    template's few tokens) are the prompts' common prefix."""
+    rendered by the chat template (a base model's: as raw text, :func:`lablib.measure.workload.messages_ids`),
+    so the shared ids (the system turn: ``doc_tokens`` plus the template's few tokens) are the prompts' common
+    prefix."""
     doc = lab_tokenizer(model).decode(prompt_of_length(model, doc_tokens, offset=SHARED_OFFSET))
     system = [{"role": "system", "content": doc}]
-    shared = chat_ids(model, system, add_generation_prompt=False)
-    return shared, [chat_ids(model, system + [{"role": "user", "content": q}]) for q in QUESTIONS[:questions]]
+    shared = messages_ids(model, system, add_generation_prompt=False)[0]
+    return shared, [messages_ids(model, system + [{"role": "user", "content": q}])[0] for q in QUESTIONS[:questions]]
 
 
 def shared_prefix(
@@ -182,21 +183,21 @@ def chat(
     names = engine_names(engines, rm)
     tok = lab_tokenizer(rm)
     # the longest the conversation can grow: every message, every answer at its budget
-    longest = len(chat_ids(rm, [{"role": "user", "content": m} for m in CHAT_MESSAGES[:n_turns]])) + 8 * n_turns
+    longest = len(messages_ids(rm, [{"role": "user", "content": m} for m in CHAT_MESSAGES[:n_turns]])[0]) + 8 * n_turns
     longest += n_turns * n_out
     check_plan(rm, names, [longest], n_out)
     cfg = GenerationConfig(max_new_tokens=n_out, ignore_eos=False)  # answers end where the model ends them
 
     def run(engine, emit):
         # the warm-up is its own (not iter_measure's): both paths once, on a short chat of its own
-        warm = chat_ids(rm, [{"role": "user", "content": "Hello!"}])
+        warm = messages_ids(rm, [{"role": "user", "content": "Hello!"}])[0]
         engine.generate(warm, cfg)
         engine.generate(warm, cfg, prefix_cache=engine.cache_prefix(warm[:-4]))
         manifest = engine_manifest(engine, {"sweep": "prefix_chat", "turns": n_turns, "max_new_tokens": n_out})
         messages, prompts = [], []
         for k in range(n_turns):  # without reuse: the conversation as the model answers it
             messages.append({"role": "user", "content": CHAT_MESSAGES[k]})
-            ids = chat_ids(rm, messages)
+            ids = messages_ids(rm, messages)[0]
             tr = engine.generate(ids, cfg)
             answer = [t for t in tr.token_ids if t not in engine.eos_ids]
             text = tok.decode(answer, skip_special_tokens=True).strip()

@@ -115,8 +115,12 @@ def structured_rows(engine, constraints=None, max_new_tokens=None, reps=None, ou
     writer = ResultsWriter(out) if out else None
     rows = []
     eos = set(engine.eos_ids)
+    from lablib.measure.workload import completion_text, has_chat_template
+
+    chat = has_chat_template(engine.model)  # a base model gets the question as raw text, BOS as it asks
     for c in constraints:
-        ids = engine.apply_chat_template(prompt_messages(c))
+        msgs = prompt_messages(c)
+        ids = engine.apply_chat_template(msgs) if chat else engine.tokenize(completion_text(msgs), add_special=True)
         fresh = _fresh(c)  # first and cached requests: one key no cache held before this run
         arms = [("first", fresh)] + [("cached", fresh)] * reps + [("free", None)] * max(1, reps)
         for k, (arm, use) in enumerate(arms):
