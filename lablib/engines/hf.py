@@ -477,7 +477,9 @@ class TransformersEngine(Engine):
             )
         # the cache comes back with the ids (return_dict_in_generate): what the request held, last_kv_bytes; its
         # key is "cache" from transformers 5.2x on, "past_key_values" before
-        self.last_kv_bytes = _cache_bytes(out.get("cache", out.get("past_key_values")) if hasattr(out, "get") else None)
+        keys = set(out.keys()) if hasattr(out, "keys") else set()  # (reading past_key_values on 5.2x warns)
+        key = "cache" if "cache" in keys else "past_key_values" if "past_key_values" in keys else None
+        self.last_kv_bytes = _cache_bytes(out[key]) if key else None
         self._spec_counts = self._spec_counters(streamer.puts, len(ids), cfg.max_new_tokens) if self._spec else {}
         last = trace.token_ids[-1] if trace.token_ids else None
         trace.finish_reason = "stop" if (not cfg.ignore_eos and last in self._eos) else "length"
