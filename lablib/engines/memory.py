@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from lablib.errors import LabError
 from lablib.machine.limits import available_ram_bytes
-from lablib.model.shape import model_dims
+from lablib.model.shape import kv_bytes_per_token, model_dims
 
 HEADROOM = 1.2
 
@@ -28,17 +28,19 @@ def weights_bytes(model, engine) -> int:
     return engine.weights_bytes(model)
 
 
-def kv_cache_bytes(model, engine, tokens: int, sequences: int = 1) -> int:
-    """KV cache bytes ``engine`` (an Engine class) holds for ``sequences`` sequences of ``tokens`` tokens each
-    (``Engine.kv_cache_bytes``: the model's need, or the engine's own allocation where it differs)."""
-    return engine.kv_cache_bytes(model, tokens, sequences)
+def kv_cache_bytes(model, engine, tokens: int) -> int:
+    """The keys and values of ``tokens`` tokens in every layer, at ``engine``'s (an Engine class) bytes per
+    element: 2 x layers x KV heads x head size x bytes x tokens, what a kept prefix of that many tokens holds
+    (lablib.studies.prefix). What an engine allocates for a context, a sliding-window layer keeping at most its
+    window and llama.cpp padding its cells, is ``Engine.kv_cache_bytes`` (the memory checks below)."""
+    return int(kv_bytes_per_token(model_dims(model), engine.kv_bytes_per_value) * tokens)
 
 
 def estimate_bytes(model, engine, context_tokens: int, concurrency: int = 1, n_batch: int = 512) -> dict:
     """{weights, kv_cache, runtime, total} in bytes for ``concurrency`` sequences of ``context_tokens``
     in ``engine`` (an Engine class); total includes the headroom."""
     w = engine.weights_bytes(model)
-    kv = kv_cache_bytes(model, engine, context_tokens, concurrency)
+    kv = engine.kv_cache_bytes(model, context_tokens, concurrency) if context_tokens else 0
     rt = engine.runtime_bytes(model, n_batch, context_tokens)
     return {"weights": w, "kv_cache": kv, "runtime": rt, "total": int((w + kv + rt) * HEADROOM)}
 
@@ -96,10 +98,10 @@ def compare_bytes(model, engines, tokens: int, chunk: int = 64, loaded=()) -> di
         if e.reserves_kv_at_load:  # the KV cache for the whole default context, allocated at load
             if e.name not in loaded:
                 n_ctx = e.default_load_kwargs(model).get("n_ctx") or tokens
-                weights += weights_bytes(model, e) + kv_cache_bytes(model, e, n_ctx) + e.runtime_bytes(model, 512)
+                weights += weights_bytes(model, e) + e.kv_cache_bytes(model, n_ctx) + e.runtime_bytes(model, 512)
         else:
             weights += 0 if e.name in loaded else weights_bytes(model, e)
-            kv += kv_cache_bytes(model, e, tokens)
+            kv += e.kv_cache_bytes(model, tokens) if tokens else 0
     logits = len(engines) * 2 * chunk * vocab * 4 + LOGIT_FLOAT64_ARRAYS * chunk * vocab * 8
     return {"weights": weights, "kv_cache": kv, "logits": logits, "total": int((weights + kv + logits) * HEADROOM)}
 

@@ -300,6 +300,12 @@ def machine(name=None) -> dict:
 
 def peak_flops(mach: dict, dtype: str) -> float:
     """The machine's FLOP/s for ``dtype``, float32's when it has none for that type, inf when it has neither
-    (then only bandwidth bounds)."""
+    (then only bandwidth bounds). int8 is at least float32's: torch's int8 product (``torch._int_mm``) has a fast
+    kernel only with VNNI or AMX, and without them it measured 2 GOP/s on an AVX2-only AMD EPYC whose float32
+    product ran at 111 GFLOP/s, while llama.cpp's int8 dot products there (AVX2 ``maddubs``: 32 multiply-adds an
+    instruction, a float32 FMA 8) ran its Q4_K_M decode 15 times past that int8 figure: the slow kernel is
+    torch's, not the machine's roof."""
     f = mach.get("flop_per_s") or {}
+    if dtype == "int8" and f.get("int8") and f.get("float32"):
+        return max(f["int8"], f["float32"])
     return f.get(dtype) or f.get("float32") or float("inf")

@@ -313,6 +313,23 @@ def engine_row(lad: Ladder, engine: str, variant: str, speed: bool = True) -> di
     }
 
 
+def _reference_of(base, model, log):
+    """The model whose F32 reference a measurement is held against: ``base`` when given; else the default model
+    when ``model`` is none or a file of it (the same architecture and vocabulary: another quantization of
+    SmolLM2), else ``model`` itself (Gemma 3 against SmolLM2's reference would compare two models)."""
+    if base is not None or model is None:
+        return base
+    from lablib.model.resolve import prepare
+    from lablib.model.shape import model_dims
+
+    rm = prepare(model, log=log)
+    default = prepare(None, log=log)
+    same = rm.architecture == default.architecture and model_dims(rm)["vocab"] == model_dims(default)["vocab"]
+    if not same:
+        log(f"{rm.name} is not a file of {default.name}: held against its own F32 reference (--base to choose)")
+    return None if same else rm
+
+
 def measure_one(
     engine: str,
     model=None,
@@ -328,7 +345,8 @@ def measure_one(
     appended to ``out`` when given.
 
     - llama.cpp: ``variant`` a quantization type (a ladder rung, made if needed), else ``model`` a GGUF
-      file of the same model (default: the shipped file); ``base`` defaults to the default model.
+      file, folder or packaged name (default: the shipped file); ``base`` defaults to the default model for a
+      file of it, else to ``model`` itself (:func:`_reference_of`).
     - transformers: ``variant`` a torch dtype (float32, bfloat16, float16) on ``model``'s HF folder.
     - mlx: ``variant`` float32, 8bit or 4bit (mlx-lm's quantizer) on ``model``'s MLX/HF folder.
     """
@@ -344,19 +362,24 @@ def measure_one(
         raise LabError(f"engine {key}: the quality ladder has no variants for it (not available); {LADDER_ENGINES}")
     writer = ResultsWriter(out) if out else None
     if reads == "gguf":
+        rm = None
         if variant:
             quant.parse_types([variant])
-        elif model is not None and detect_format(model) != "gguf":
-            raise LabError(
-                f"--model {model}: llama.cpp measures a GGUF file; expected a .gguf path "
-                "(or --variant TYPE for a ladder rung)"
-            )
-        lad = Ladder(base, n_ctx=n_ctx, n_chunks=n_chunks, log=log)
+        elif model is not None:
+            from lablib.model.resolve import prepare
+
+            rm = prepare(model, log=log)  # a path, a packaged name: its GGUF (derived from a folder when needed)
+            if not rm.gguf_path or detect_format(rm.gguf_path) != "gguf":
+                raise LabError(
+                    f"--model {model}: llama.cpp measures a GGUF file, and none could be had for it; expected a .gguf "
+                    "path (or --variant TYPE for a ladder rung)"
+                )
+        lad = Ladder(_reference_of(base, rm if rm is not None else model, log), n_ctx=n_ctx, n_chunks=n_chunks, log=log)
         if variant:
             rec = quant.rung(lad.reference_path, variant, lad.home, lad.model.sha256, log=log)
             path, qtype = rec["path"], rec["type"]
         else:
-            path = str(model) if model is not None else lad.model.gguf_path
+            path = rm.gguf_path if rm is not None else lad.model.gguf_path
             rec = quant.file_facts(path)
             qtype = rec["file_type"]
         row = lad.llama_row(qtype, path, rec, speed)
