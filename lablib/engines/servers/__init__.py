@@ -63,4 +63,11 @@ from lablib.engines.servers.registry import (  # noqa: F401
     speculation_methods,
     speculation_options,
 )
-from lablib.engines.servers.vllm import VLLM_BLOCK_TOKENS, vllm_dtype, vllm_kv_space_gib  # noqa: F401
+from lablib.engines.servers.vllm import (  # noqa: F401
+    VLLM_BLOCK_TOKENS,
+    vllm_block_bytes,
+    vllm_dtype,
+    vllm_kv_groups,
+    vllm_kv_space_gib,
+    vllm_request_blocks,
+)

