@@ -111,7 +111,9 @@ def vllm(rm, context: int, new: int = 48) -> dict:
         ids = prompt_of_length(rm, context)
         e.generate(ids[:8], GenerationConfig(max_new_tokens=2))
         sampler = MetricsSampler(e.root_url, 0.25, concurrency=1)
-        rows = run_load(e, [ids], "closed", concurrency=1, cfg=GenerationConfig(max_new_tokens=new), server_metrics=sampler)
+        rows = run_load(
+            e, [ids], "closed", concurrency=1, cfg=GenerationConfig(max_new_tokens=new), server_metrics=sampler
+        )
         t_first, t_last = rows[0]["t_first_token"], rows[0]["t_last_token"]
         decoding = [
             r for r in sampler.rows() if r["metric"] == "kv_usage" and t_first < r["t_s"] <= t_last and r["value"]
@@ -156,10 +158,14 @@ def main() -> None:
     print(f"{'engine':<28} {'predicted MiB':>14} {'held MiB':>10} {'held/predicted':>15}  why")
     for r in rows:
         ratio = r["held"] / r["predicted"] if r["predicted"] else float("nan")
-        print(f"{r['engine']:<28} {r['predicted'] / 2**20:>14.2f} {r['held'] / 2**20:>10.2f} {ratio:>15.4f}  {r['note']}")
+        print(
+            f"{r['engine']:<28} {r['predicted'] / 2**20:>14.2f} {r['held'] / 2**20:>10.2f} {ratio:>15.4f}  {r['note']}"
+        )
     for r in rows:
-        print(f"engine={r['engine'].replace(' ', '')} predicted={r['predicted']} held={r['held']} "
-              f"ratio={r['held'] / r['predicted']:.4f}")
+        print(
+            f"engine={r['engine'].replace(' ', '')} predicted={r['predicted']} held={r['held']} "
+            f"ratio={r['held'] / r['predicted']:.4f}"
+        )
 
 
 if __name__ == "__main__":

@@ -9,13 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import tiny_models
-from tiny_models import GEMMA3_WINDOW
 
+import tiny_models
 from lablib.engines import ENGINES, engines_for, load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.model.resolve import prepare
 from lablib.model.shape import kv_cache_bytes, model_dims
+from tiny_models import GEMMA3_WINDOW
 
 ARCHS = tuple(tiny_models.ARCHITECTURES)
 # each architecture as its GGUF header names it and as its Hugging Face config does
@@ -132,8 +132,10 @@ def test_each_engine_holds_the_kv_cache_the_lab_predicts_for_sliding_layers(made
         e = load_engine("llama.cpp", rm, n_ctx=512, swa_full=swa_full)
         try:
             report = e.kv_report()
-            assert report["bytes"] == report["predicted_bytes"] == ENGINES["llama.cpp"].kv_cache_bytes(
-                rm, 512, swa_full=swa_full
+            assert (
+                report["bytes"]
+                == report["predicted_bytes"]
+                == ENGINES["llama.cpp"].kv_cache_bytes(rm, 512, swa_full=swa_full)
             )
             assert {c["kind"]: c["layers"] for c in report["caches"]} == {"full": 1, "sliding": 5}
             assert report["swa_full"] is swa_full

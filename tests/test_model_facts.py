@@ -35,7 +35,12 @@ GEMMA3 = {
 def test_layer_types_follow_transformers_rules():
     assert formats.config_layer_types(GEMMA3) == tuple("full" if (i + 1) % 6 == 0 else "sliding" for i in range(18))
     # Mistral 7B v0.1: a window and no layer_types: every layer slides (MistralConfig has no layer types)
-    mistral = {"model_type": "mistral", "num_hidden_layers": 4, "sliding_window": 4096, "max_position_embeddings": 32768}
+    mistral = {
+        "model_type": "mistral",
+        "num_hidden_layers": 4,
+        "sliding_window": 4096,
+        "max_position_embeddings": 32768,
+    }
     assert formats.config_layer_types(mistral) == ("sliding",) * 4
     # Qwen 2 states a window it does not use
     qwen2 = {**mistral, "model_type": "qwen2", "use_sliding_window": False}
@@ -43,7 +48,10 @@ def test_layer_types_follow_transformers_rules():
     # a window as long as the trained context is no window (Phi-3.5's 262144 over 131072 tokens)
     assert formats.config_layer_types({**mistral, "sliding_window": 32768}) == ("full",) * 4
     # an older Gemma 3 config names a period, not the layers: transformers' own config class computes them
-    old = {k: v for k, v in GEMMA3.items() if k != "layer_types"} | {"sliding_window_pattern": 3, "num_hidden_layers": 6}
+    old = {k: v for k, v in GEMMA3.items() if k != "layer_types"} | {
+        "sliding_window_pattern": 3,
+        "num_hidden_layers": 6,
+    }
     assert formats.config_layer_types(old) == ("sliding", "sliding", "full") * 2
     assert formats.sliding_window_of(GEMMA3) == 512 and formats.sliding_window_of(qwen2) == 0
 
@@ -88,7 +96,9 @@ def test_layer_types_as_llama_cpp_builds_them_from_a_gguf(tmp_path):
     assert formats.gguf_layer_types(g3) == ("sliding",) * 5 + ("full",) + ("sliding",) * 5 + ("full",)
     c = formats.gguf_config(g3)
     assert (c["sliding_window"], c["sliding_layers"], c["rope_theta_sliding"]) == (512, 10, 10000.0)
-    p4 = _gguf(tmp_path / "p4.gguf", "gemma3", 8, **{"attention.sliding_window": 64, "attention.sliding_window_pattern": 4})
+    p4 = _gguf(
+        tmp_path / "p4.gguf", "gemma3", 8, **{"attention.sliding_window": 64, "attention.sliding_window_pattern": 4}
+    )
     assert formats.gguf_layer_types(p4) == ("sliding",) * 3 + ("full",) + ("sliding",) * 3 + ("full",)
     listed = _gguf(
         tmp_path / "l.gguf",

@@ -83,8 +83,7 @@ def engines_for(model, names=NAMES) -> list[str]:
     kept = [n for n, w in why.items() if not w]
     if not kept:
         raise LabError(
-            f"no engine of {', '.join(why)} can run {model.name}: "
-            + "; ".join(f"{n}: {w}" for n, w in why.items())
+            f"no engine of {', '.join(why)} can run {model.name}: " + "; ".join(f"{n}: {w}" for n, w in why.items())
         )
     return kept
 

@@ -380,7 +380,10 @@ class TransformersEngine(Engine):
         out = config_settings(c.to_dict())
         head_dim = out["head_dim"]
         bases = {}
-        for name, buf in self.hf.named_buffers():  # e.g. model.rotary_emb.inv_freq, model.rotary_emb.sliding_attention_inv_freq
+        for (
+            name,
+            buf,
+        ) in self.hf.named_buffers():  # e.g. model.rotary_emb.inv_freq, model.rotary_emb.sliding_attention_inv_freq
             leaf = name.rsplit(".", 1)[-1]
             if leaf.endswith("inv_freq") and "original" not in leaf and buf.numel() > 1:
                 kind = leaf[: -len("inv_freq")].rstrip("_") or "default"

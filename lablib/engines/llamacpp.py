@@ -33,7 +33,6 @@ a ``Llama`` object must never be used from two threads.
 from __future__ import annotations
 
 import functools
-
 from typing import TYPE_CHECKING
 
 from lablib.checks import whole
@@ -381,7 +380,10 @@ class LlamaCppEngine(Engine):
         self.device = _offload_device(llama_cpp) if offload and self.n_gpu_layers != 0 else "cpu"
         self.swa_full = bool(swa_full)
         with _LoadLog(llama_cpp, echo=verbose) as log:  # what llama.cpp says it built: effective_config, kv_report
-            self.llm = _load_or_say_why(log, path, llama_cpp.Llama,
+            self.llm = _load_or_say_why(
+                log,
+                path,
+                llama_cpp.Llama,
                 model_path=path,
                 n_gpu_layers=self.n_gpu_layers,
                 n_ctx=self._n_ctx_req,

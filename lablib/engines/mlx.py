@@ -353,7 +353,9 @@ class MLXEngine(Engine):
         heads = a.num_attention_heads
         head_dim = getattr(a, "head_dim", None) or a.hidden_size // heads
         theta = getattr(a, "rope_theta", None)
-        layers = getattr(getattr(self.mlx_model, "model", None), "layers", None) or getattr(self.mlx_model, "layers", [])
+        layers = getattr(getattr(self.mlx_model, "model", None), "layers", None) or getattr(
+            self.mlx_model, "layers", []
+        )
         make = getattr(self.mlx_model, "make_cache", None)
         caches = make() if make is not None else []
         windows = [getattr(c, "max_size", None) for c in caches] if len(caches) == len(layers) else [None] * len(layers)
@@ -366,7 +368,9 @@ class MLXEngine(Engine):
         eos = self.config.get("eos_token_id")
         return {
             "rope_theta": bases["full"][0] if bases["full"] else theta,
-            "rope_theta_sliding": (bases["sliding"] or [getattr(a, "rope_local_base_freq", theta)])[0] if sliding else None,
+            "rope_theta_sliding": (bases["sliding"] or [getattr(a, "rope_local_base_freq", theta)])[0]
+            if sliding
+            else None,
             "rope_scaling": _scaling(getattr(a, "rope_scaling", None)),
             "rms_norm_eps": a.rms_norm_eps,
             "n_heads": heads,

@@ -46,7 +46,6 @@ continue past an EOS except by masking it. So the lab runs it in serial mode onl
 from __future__ import annotations
 
 import functools
-
 import hashlib
 import json
 import shutil
@@ -105,6 +104,7 @@ def builder_architectures() -> tuple:
         return ()
     text = Path(spec.origin).read_text(encoding="utf-8", errors="replace")
     return tuple(sorted(set(re.findall(r'architectures\[0\] == "(\w+)"', text))))
+
 
 # The builder runs tied to the lab process (:func:`lablib.children.tied`): a killed lab process
 # (kill -9, an out-of-memory kill, a restarted kernel) takes the build with it instead of leaving

@@ -148,10 +148,10 @@ def side_by_side(
     turn (one in memory at a time). Returns a pandas DataFrame with the metrics, ``text``
     and the manifest fields.
     """
+    import sys
+
     import pandas as pd
     from tqdm.auto import tqdm
-
-    import sys
 
     rm = resolve(model)
     prompt_format = "tokens"

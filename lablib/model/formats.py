@@ -295,7 +295,9 @@ def config_rope(cfg: dict) -> tuple:
     full = per_type.get("full_attention") or (rp if not per_type else {})
     sliding = per_type.get("sliding_attention")
     theta = full.get("rope_theta", cfg.get("rope_theta"))
-    scaling = None if full.get("rope_type", "default") == "default" else {k: v for k, v in full.items() if k != "rope_theta"}
+    scaling = (
+        None if full.get("rope_type", "default") == "default" else {k: v for k, v in full.items() if k != "rope_theta"}
+    )
     scaling = scaling or cfg.get("rope_scaling") or None
     if "sliding" not in config_layer_types(cfg):
         return theta, None, scaling

@@ -305,7 +305,9 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
     if fmt == "hf" and "gguf" in formats and not (rm.gguf_path and Path(rm.gguf_path).is_file()):
         outtype = derive.gguf_outtype(src)
         log(f"deriving a GGUF file ({outtype.upper()}) from {src} with llama.cpp's converter...")
-        changed |= _try_derive(rm, "gguf", f"a GGUF file ({outtype.upper()})", src, home, derive.derive_gguf_from_hf, log)
+        changed |= _try_derive(
+            rm, "gguf", f"a GGUF file ({outtype.upper()})", src, home, derive.derive_gguf_from_hf, log
+        )
     if fmt in ("gguf", "hf") and "mlx" in formats and not (rm.mlx_path and Path(rm.mlx_path).is_dir()):
         hf = Path(rm.hf_path or src)
         if not _mlx_available():

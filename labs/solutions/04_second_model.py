@@ -31,13 +31,15 @@ window = read_config(second.hf_path)["sliding_window"]
 
 
 def kl_before_after(result, engine):
+    """Mean KL (nats) of ``engine`` against the reference before and after the window's edge."""
     kl = result.check("logits").details["stats"][engine]["kl"]
-    return float(kl[: window - 1].mean()), float(kl[window:].mean())
+    before, after = float(kl[: window - 1].mean()), float(kl[window:].mean())
+    print(f"  mean KL before / after position {window}: {before:.4f} / {after:.4f} nats")
 
 
 both = cmp.compare(second, engines=["llama.cpp", "transformers"], ids=ids, max_new_tokens=8)
 print("both engines as built:", both.verdict["layer"], "| config:", both.check("config").verdict)
-print("  mean KL before / after position %d: %.4f / %.4f nats" % ((window,) + kl_before_after(both, "llama.cpp")))
+kl_before_after(both, "llama.cpp")
 
 cfg = read_config(second.hf_path)
 cfg["layer_types"] = ["full_attention"] * cfg["num_hidden_layers"]  # no layer slides
@@ -51,6 +53,5 @@ blind = cmp.compare(
     max_new_tokens=8,
 )
 print("transformers without the window:", blind.verdict["layer"], "|", blind.check("config").verdict)
-kl = blind.check("logits").details["stats"]["transformers"]["kl"]
-print("  mean KL before / after position %d: %.4f / %.4f nats" % (window, kl[: window - 1].mean(), kl[window:].mean()))
+kl_before_after(blind, "transformers")
 print(json.dumps({k: v for k, v in blind.verdict.items() if k != "text"}, default=str))

@@ -80,6 +80,10 @@ def _llama_server(
         "--no-webui",
         "--alias",
         "lab-model",
+        # log verbosity 4: llama.cpp's own load lines too (its hyperparameters and the KV caches it allocated,
+        # lablib.engines.llamacpp.read_load_log), about 200 lines at start; requests log as at the default
+        "-lv",
+        "4",
     ]
     argv += ["-b", str(batch)] if batch is not None else []
     argv += ["-ub", str(ubatch)] if ubatch is not None else []

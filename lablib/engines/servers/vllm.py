@@ -88,7 +88,9 @@ def vllm_block_bytes(model, bytes_per_element: float, block_tokens: int = VLLM_B
     from lablib.model.shape import model_dims
 
     d = model_dims(model)
-    return int(vllm_kv_groups(model)["group_size"] * block_tokens * 2 * d["kv_heads"] * d["head_dim"] * bytes_per_element)
+    return int(
+        vllm_kv_groups(model)["group_size"] * block_tokens * 2 * d["kv_heads"] * d["head_dim"] * bytes_per_element
+    )
 
 
 def vllm_kv_space_gib(model, dtype: str, parallel: int, n_ctx: int) -> int:
