@@ -47,6 +47,8 @@ LONG_GROUPS = (
     "tests/test_wheelhouse.py",  # 310 s: a wheelhouse built and installed offline
     "vllm",  # 240 s: the session's vLLM and the files that use it
     "tests/test_scheduler_study.py",  # 150 s, a vLLM of five KV blocks among them
+    "tests/test_architectures.py",  # about 150 s: three tiny models made, converted and run on three engines
+    "tests/test_gemma.py",  # about 80 s: the second model's compare and KV caches
     # seconds here, where this environment's wheel has AVX-512 and dies at once on the emulated Haswell; on an
     # AVX2-only EPYC (the slowest kind) the wheel runs its whole smoke program under qemu (122 s in stop 31)
     "tests/test_emulated_cpu.py",
