@@ -63,7 +63,7 @@ def in_process(rm, context: int, new: int) -> list[dict]:
             rows.append(
                 {
                     "engine": name,
-                    "predicted": ENGINES[name].kv_cache_bytes(rm, at),
+                    "predicted": ENGINES[name].kv_cache_bytes(rm, at, prompt_tokens=len(ids)),
                     "held": held,
                     "note": ENGINES[name].kv_cache_note(rm) + f" ({time.perf_counter() - t0:.0f} s)",
                 }

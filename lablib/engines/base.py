@@ -349,7 +349,8 @@ class Engine:
     @classmethod
     def kv_cache_bytes(cls, model, context_tokens: int, sequences: int = 1, **load) -> int:
         """KV cache bytes the engine holds for ``sequences`` sequences of ``context_tokens`` tokens each, loaded
-        with ``load`` (its load keywords): by default what the model needs
+        with ``load`` (its load keywords; ``prompt_tokens=``, the request's prompt, where what it holds depends on
+        it, as mlx-lm's rotating cache does): by default what the model needs
         (:func:`lablib.model.shape.kv_cache_bytes`: a sliding-window layer keeps at most its window) at
         :attr:`kv_bytes_per_value`; an engine that allocates otherwise overrides it and says why in
         :meth:`kv_cache_note`."""

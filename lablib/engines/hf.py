@@ -46,8 +46,11 @@ if TYPE_CHECKING:
 
 
 def rope_base_from_inv_freq(inv_freq, head_dim: int) -> float:
-    """inv_freq[i] = base^(-2i/d)  =>  base = inv_freq[1]^(-d/2) (RoFormer, Su et al. 2021)."""
-    return float(inv_freq[1]) ** (-head_dim / 2)
+    """inv_freq[i] = base^(-2i/d)  =>  base = inv_freq[1]^(-d/2) (RoFormer, Su et al. 2021); from the ratio
+    (inv_freq[0] / inv_freq[1])^(d/2) when inv_freq[0] is known, which a linear RoPE scaling (every frequency
+    divided by its factor: Gemma 3 4B's full layers, x8) leaves unchanged."""
+    first, second = float(inv_freq[0]), float(inv_freq[1])
+    return (first / second) ** (head_dim / 2) if first > 0 else second ** (-head_dim / 2)
 
 
 def _cache_bytes(cache) -> int | None:
@@ -378,7 +381,6 @@ class TransformersEngine(Engine):
 
         c = self.hf.config
         out = config_settings(c.to_dict())
-        head_dim = out["head_dim"]
         bases = {}
         for (
             name,
@@ -401,9 +403,6 @@ class TransformersEngine(Engine):
         if windows:
             out["sliding_layers"] = sum(bool(w) for w in windows)
             out["sliding_window"] = max((w for w in windows if w), default=0)
-        out["n_kv_heads"] = getattr(c, "num_key_value_heads", None) or out["n_heads"]
-        out["head_dim"] = head_dim
-        out["context_length"] = getattr(c, "max_position_embeddings", out["context_length"])
         eos = c.eos_token_id
         out["eos_id"] = eos[0] if isinstance(eos, list) else eos
         out["bos_id"] = c.bos_token_id

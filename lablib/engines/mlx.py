@@ -58,7 +58,7 @@ from lablib.engines.base import BatchStats, Engine, EngineInfo, GenerationConfig
 from lablib.engines.sampling import DEFINITION
 from lablib.errors import LabError
 from lablib.machine.threads import default_threads
-from lablib.model.formats import normalize_config, trained_context
+from lablib.model.formats import normalize_config, rope_scaling_summary, trained_context
 from lablib.results.trace import RequestTrace, now
 
 if TYPE_CHECKING:
@@ -79,14 +79,9 @@ DEFAULT_DRAFT = "q8"
 MLX_CACHE_STEP = 256  # mlx-lm's KVCache.step: a full-attention layer's cache grows by this many positions
 
 
-def _scaling(rope_scaling):
-    """mlx-lm's ``rope_scaling`` as a scaling, None when it scales nothing (mlx-lm 0.32 fills it from transformers
-    5's ``rope_parameters``: ``{"rope_type": "default", "rope_theta": ...}`` is plain RoPE, ``initialize_rope``'s
-    default)."""
-    if not isinstance(rope_scaling, dict):
-        return rope_scaling or None
-    kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
-    return None if kind in (None, "default") else {k: v for k, v in rope_scaling.items() if k != "rope_theta"}
+def _steps(positions: int) -> int:
+    """``positions`` rounded up to mlx-lm's cache step (:data:`MLX_CACHE_STEP`)."""
+    return -(-max(0, positions) // MLX_CACHE_STEP) * MLX_CACHE_STEP
 
 
 def _prompt_cache_bytes(cache) -> int:
@@ -153,14 +148,25 @@ class MLXEngine(Engine):
         return None
 
     @classmethod
-    def kv_cache_bytes(cls, model, context_tokens: int, sequences: int = 1, **load) -> int:
-        """mlx-lm's prompt cache while decoding at ``context_tokens``: a full-attention layer's ``KVCache`` grows in
-        steps of 256 positions, a sliding-window layer's ``RotatingKVCache(max_size=sliding_window)`` holds its
-        window (mlx-lm 0.32, models/cache.py; during a prefill chunk it briefly holds window - 1 + the chunk)."""
+    def kv_cache_bytes(
+        cls, model, context_tokens: int, sequences: int = 1, prompt_tokens: int | None = None, **load
+    ) -> int:
+        """mlx-lm's prompt cache while decoding at ``context_tokens`` positions (mlx-lm 0.32, models/cache.py): a
+        full-attention layer's ``KVCache`` grows in steps of :data:`MLX_CACHE_STEP` positions; a sliding layer's
+        ``RotatingKVCache(max_size=window)`` holds its window once the prompt reached it; after a shorter prompt
+        (``prompt_tokens``) it holds what the prefill wrote (the prompt but its last token, which ``generate_step``
+        feeds with the first sampling step) plus steps of 256 for the positions after it, at most the window
+        (``_update_in_place`` grows by min(256, window - offset)); None: the window, the most it holds."""
         from lablib.model.shape import kv_cache_bytes, model_dims
 
-        steps = -(-context_tokens // MLX_CACHE_STEP) * MLX_CACHE_STEP
-        return kv_cache_bytes(model_dims(model), cls.kv_bytes_per_value, context_tokens, sequences, full_tokens=steps)
+        d = model_dims(model)
+        window = d["sliding_window"] or 0
+        steps = _steps(context_tokens)
+        sliding = window
+        prefilled = None if prompt_tokens is None else max(0, prompt_tokens - 1)
+        if window and prefilled is not None and prefilled < window:
+            sliding = min(window, prefilled + _steps(context_tokens - prefilled))
+        return kv_cache_bytes(d, cls.kv_bytes_per_value, max(context_tokens, sliding), sequences, sliding, steps)
 
     @classmethod
     def kv_cache_note(cls, model, **load) -> str:
@@ -371,7 +377,8 @@ class MLXEngine(Engine):
             "rope_theta_sliding": (bases["sliding"] or [getattr(a, "rope_local_base_freq", theta)])[0]
             if sliding
             else None,
-            "rope_scaling": _scaling(getattr(a, "rope_scaling", None)),
+            # mlx-lm 0.32 fills rope_scaling from transformers 5's rope_parameters ({"rope_type": "default", ...})
+            "rope_scaling": rope_scaling_summary(getattr(a, "rope_scaling", None)),
             "rms_norm_eps": a.rms_norm_eps,
             "n_heads": heads,
             "n_kv_heads": getattr(a, "num_key_value_heads", heads) or heads,

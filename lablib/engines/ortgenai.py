@@ -389,7 +389,7 @@ class OnnxRuntimeGenAIEngine(Engine):
         base from the graph's ``cos_cache`` (cos(p * inv_freq), so inv_freq[1] = arccos of row 1),
         and ``rope_scaling`` from the folder the builder read (the cache holds it baked in)."""
         from lablib.engines.hf import rope_base_from_inv_freq
-        from lablib.model.formats import read_config
+        from lablib.model.formats import read_config, rope_scaling_summary
 
         m, d = self.genai_config["model"], self.genai_config["model"]["decoder"]
         hf = read_config(Path(self.model.path_for("hf", self.name)))
@@ -400,9 +400,7 @@ class OnnxRuntimeGenAIEngine(Engine):
             import math
 
             theta = float(f"{rope_base_from_inv_freq([0.0, math.acos(graph['cos_row1'])], d['head_size']):.6g}")
-        scaling = hf.get("rope_scaling") or (
-            None if rp.get("rope_type", "default") == "default" else {k: v for k, v in rp.items() if k != "rope_theta"}
-        )
+        scaling = rope_scaling_summary(hf.get("rope_scaling")) or rope_scaling_summary(rp)
         eos = m.get("eos_token_id")
         return {
             "rope_theta": theta,

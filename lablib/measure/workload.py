@@ -170,9 +170,11 @@ def text_ids(model, text: str) -> list[int]:
     capital of France is" with " France. France. France."). Nothing else is added (no EOS)."""
     tok = lab_tokenizer(model)
     bare = list(tok(text, add_special_tokens=False)["input_ids"])
-    full = list(tok(text, add_special_tokens=True)["input_ids"])
     bos = tok.bos_token_id
-    return [bos, *bare] if bos is not None and full[:1] == [bos] and bare[:1] != [bos] else bare
+    if bos is None or bare[:1] == [bos]:
+        return bare
+    adds_bos = list(tok("", add_special_tokens=True)["input_ids"])[:1] == [bos]  # the tokenizer's own rule
+    return [bos, *bare] if adds_bos else bare
 
 
 def completion_text(messages: list[dict], add_generation_prompt: bool = True) -> str:

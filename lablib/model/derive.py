@@ -194,6 +194,11 @@ def run_derivation(what: str, source: Path, work):
         ) from e
 
 
+# the distributions whose versions decide what the derivations make: transformers (GGUF -> HF), mlx-lm (-> MLX),
+# gguf, llama-cpp-python (whose llama.cpp source holds convert_hf_to_gguf.py); lablib.model.resolve tries a
+# derivation that failed again when one of them changed
+CONVERTER_DISTRIBUTIONS = "transformers mlx-lm gguf llama-cpp-python".split()
+
 # the converter's --outtype for a Hugging Face folder's dtype: its own precision, so the GGUF holds the same
 # weights (bfloat16 as most models are published; a float32 folder stays float32)
 GGUF_OUTTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}

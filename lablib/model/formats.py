@@ -285,10 +285,27 @@ def sliding_window_of(cfg: dict) -> int:
     return (_int(text_config(cfg), "sliding_window") or 0) if "sliding" in config_layer_types(cfg) else 0
 
 
-def config_rope(cfg: dict) -> tuple:
+def rope_scaling_summary(scaling) -> dict | None:
+    """A RoPE scaling as every reader states it, to compare: None for none (or "default"), else {"type",
+    "factor"} (a config's ``rope_type``, a GGUF's ``type``; the factor a float), and the other numbers it names."""
+    if not isinstance(scaling, dict):
+        return None
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in (None, "default", "none"):
+        return None
+    out = {"type": kind}
+    for k, v in scaling.items():
+        if k not in ("rope_type", "type", "rope_theta") and isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = float(v)
+    return out
+
+
+def config_rope(cfg: dict, types: tuple | None = None) -> tuple:
     """(RoPE base of the full-attention layers, of the sliding ones or None, scaling or None) as a config
     states them: transformers 5's ``rope_parameters`` (one dict, or one per layer type), or the top-level
-    ``rope_theta`` / ``rope_scaling`` / ``rope_local_base_freq`` of transformers 4's configs."""
+    ``rope_theta`` / ``rope_scaling`` / ``rope_local_base_freq`` of transformers 4's configs. ``types``: the
+    config's :func:`config_layer_types`, when the caller has them."""
+    types = config_layer_types(cfg) if types is None else types
     cfg = text_config(cfg)
     rp = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
     per_type = {k: v for k, v in rp.items() if isinstance(v, dict)}
@@ -310,8 +327,8 @@ def config_settings(cfg: dict) -> dict:
     c = text_config(cfg)
     heads = _int(c, "num_attention_heads", "n_head", "num_heads")
     hidden = _int(c, "hidden_size", "n_embd", "d_model")
-    theta, theta_sliding, scaling = config_rope(cfg)
     types = config_layer_types(cfg)
+    theta, theta_sliding, scaling = config_rope(cfg, types)
     eos = c.get("eos_token_id", cfg.get("eos_token_id"))
     return {
         "rope_theta": theta,
@@ -322,7 +339,7 @@ def config_settings(cfg: dict) -> dict:
         "n_kv_heads": _int(c, "num_key_value_heads") or heads,
         "head_dim": _int(c, "head_dim") or (hidden // heads if hidden and heads else None),
         "n_layers": len(types) or None,
-        "sliding_window": sliding_window_of(cfg),
+        "sliding_window": (_int(c, "sliding_window") or 0) if "sliding" in types else 0,
         "sliding_layers": types.count("sliding"),
         "attn_logit_softcapping": c.get("attn_logit_softcapping") or None,
         "final_logit_softcapping": c.get("final_logit_softcapping") or None,
@@ -332,18 +349,6 @@ def config_settings(cfg: dict) -> dict:
         "bos_id": c.get("bos_token_id", cfg.get("bos_token_id")),
         "eos_id": eos[0] if isinstance(eos, list) else eos,
     }
-
-
-def has_chat_template(folder) -> bool:
-    """Whether a Hugging Face or MLX folder's tokenizer carries a chat template (``chat_template`` in its
-    tokenizer_config.json, or a chat_template.jinja / .json file beside it), read without loading it."""
-    folder = Path(folder)
-    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
-        return True
-    try:
-        return bool(json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template"))
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 # --- tokenizer fidelity -----------------------------------------------------------
@@ -577,9 +582,7 @@ def gguf_config(path) -> dict:
     return {
         "rope_theta": theta,
         "rope_theta_sliding": float(theta_sliding) if sliding else None,
-        "rope_scaling": None
-        if scaling in (None, "none")
-        else {"type": scaling, "factor": val(f"{arch}.rope.scaling.factor")},
+        "rope_scaling": rope_scaling_summary({"type": scaling, "factor": val(f"{arch}.rope.scaling.factor")}),
         "rms_norm_eps": float(val(f"{arch}.attention.layer_norm_rms_epsilon", float("nan"))),
         "n_heads": heads,
         "n_kv_heads": val(f"{arch}.attention.head_count_kv", heads),

@@ -94,8 +94,10 @@ class ResolvedModel:
     hf_path: str | None = None
     mlx_path: str | None = None
     derived: dict = field(default_factory=dict)  # format -> seconds it took to derive
-    # format -> why it could not be derived in this prepare (a converter that does not know the architecture)
+    # format -> why it could not be derived (a converter that does not know the architecture), and the converters'
+    # versions that failed (kept in provenance.json: a later prepare tries again only with other versions)
     unavailable: dict = field(default_factory=dict)
+    unavailable_with: str = ""
 
     def path_for(self, fmt: str, engine: str) -> str:
         """Path in ``fmt`` for ``engine``; FormatError naming got/need/how otherwise."""
@@ -129,10 +131,7 @@ class ResolvedModel:
         }
 
     def to_dict(self) -> dict:
-        """The fields kept in provenance.json (``unavailable`` is found again by each prepare)."""
-        d = asdict(self)
-        d.pop("unavailable")
-        return d
+        return asdict(self)
 
 
 def file_sha256(path: Path, cache: dict | None = None) -> str:
@@ -187,11 +186,11 @@ def _resolve_source(model: str | Path | None, log=print) -> tuple[str, Path]:
         return DEFAULT_ID, default_gguf_path()
     from lablib.model.packaged import PACKAGED, packaged_path
 
+    p = Path(model).expanduser()
+    if p.exists():  # a folder of that name here (huggingface-cli download ... --local-dir gemma-3-270m) wins
+        return str(model), p
     if str(model) in PACKAGED:
         return str(model), packaged_path(str(model), log=log)
-    p = Path(model).expanduser()
-    if p.exists():
-        return str(model), p
     if "/" in str(model) and not str(model).startswith((".", "/")):
         try:
             from huggingface_hub import snapshot_download
@@ -298,11 +297,18 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
     rm.name, rm.source = name, str(src)  # the same file may be named differently
     setattr(rm, f"{fmt}_path", str(src))  # ... or live elsewhere (the cache is keyed by content)
     changed = not prov
-    rm.unavailable = {}
+    tools = _converter_versions()
+    failed_before = dict(rm.unavailable) if rm.unavailable_with == tools else {}
+    rm.unavailable, rm.unavailable_with = {}, tools
     if fmt == "gguf" and "hf" in formats and not (rm.hf_path and Path(rm.hf_path).is_dir()):
-        log(f"deriving a Hugging Face folder from {src.name} (dequantizing; ~40 s for 135M)...")
-        changed |= _try_derive(rm, "hf", "a Hugging Face folder", src, home, derive.derive_hf_from_gguf, log)
-    if fmt == "hf" and "gguf" in formats and not (rm.gguf_path and Path(rm.gguf_path).is_file()):
+        if "hf" in failed_before:
+            _known_failure(rm, "hf", failed_before, log)
+        else:
+            log(f"deriving a Hugging Face folder from {src.name} (dequantizing; ~40 s for 135M)...")
+            changed |= _try_derive(rm, "hf", "a Hugging Face folder", src, home, derive.derive_hf_from_gguf, log)
+    if fmt == "hf" and "gguf" in formats and "gguf" in failed_before and not rm.gguf_path:
+        _known_failure(rm, "gguf", failed_before, log)
+    elif fmt == "hf" and "gguf" in formats and not (rm.gguf_path and Path(rm.gguf_path).is_file()):
         outtype = derive.gguf_outtype(src)
         log(f"deriving a GGUF file ({outtype.upper()}) from {src} with llama.cpp's converter...")
         changed |= _try_derive(
@@ -319,11 +325,14 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
                 f"{hf} has PyTorch .bin weights only; mlx-lm converts safetensors: no MLX folder derived "
                 "(save the model with safetensors, e.g. transformers' save_pretrained, to use MLX)"
             )
+        elif "mlx" in failed_before:
+            _known_failure(rm, "mlx", failed_before, log)
         else:
             log(f"deriving an MLX folder (float32) from {hf}...")
             changed |= _try_derive(rm, "mlx", "an MLX folder", hf, home, derive.derive_mlx_from_hf, log)
     if rm.parameters == 0 and rm.hf_path:
         rm.parameters = derive.count_params(Path(rm.hf_path))
+    changed |= bool(rm.unavailable) and rm.unavailable != failed_before
     if changed:
         home.mkdir(parents=True, exist_ok=True)
         prov_path.write_text(
@@ -340,6 +349,26 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
             + "\n"
         )
     return rm
+
+
+def _converter_versions() -> str:
+    """The versions of what derives the formats (transformers, mlx-lm, gguf, and llama.cpp's converter with
+    llama-cpp-python): a derivation that failed is tried again when one of them changed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for dist in derive.CONVERTER_DISTRIBUTIONS:
+        try:
+            found.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            continue
+    return ", ".join(found)
+
+
+def _known_failure(rm: ResolvedModel, fmt: str, failed_before: dict, log) -> None:
+    """A derivation that failed before with these converters: not tried again (seconds each time), said."""
+    rm.unavailable[fmt] = failed_before[fmt]
+    log(f"no {fmt.upper()} format (as before, with {rm.unavailable_with}): {failed_before[fmt]}")
 
 
 def _try_derive(rm: ResolvedModel, fmt: str, what: str, src: Path, home: Path, convert, log) -> bool:

@@ -97,8 +97,16 @@ def model_dims(model) -> dict:
 
 
 def _check_layers(d: dict, where: str) -> dict:
-    types = tuple(d["layer_types"])
-    if len(types) != d["layers"] or ("sliding" in types and not (d.get("sliding_window") or 0) > 0):
+    from lablib.model.formats import ATTENTION_KINDS
+
+    given, window = d["layer_types"], d.get("sliding_window") or 0
+    if isinstance(given, str) or not hasattr(given, "__iter__") or not isinstance(window, int):
+        raise LabError(
+            f"{where}: layer_types={given!r}, sliding_window={window!r}; expected a list of 'full' or 'sliding', one "
+            "per layer, and a window in whole tokens"
+        )
+    types = tuple(ATTENTION_KINDS.get(t, t) for t in given)  # transformers' names too ("sliding_attention")
+    if len(types) != d["layers"] or ("sliding" in types and not window > 0):
         raise LabError(
             f"{where}: layer_types names {len(types)} layers for {d['layers']} layers, or sliding layers without a "
             "sliding_window; expected one 'full' or 'sliding' per layer and a window of at least 1 token"

@@ -10,11 +10,22 @@ import functools
 
 from lablib.errors import LabError
 
+# a tokenizer's own files (the fast tokenizer's, SentencePiece's, a BPE vocabulary's); a folder with none of them
+# makes transformers 5 build an empty tokenizer that turns every text into no ids at all
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
 
 @functools.lru_cache(maxsize=8)
 def _tokenizer(path: str):
+    from pathlib import Path
+
     from transformers import AutoTokenizer
 
+    if not any((Path(path) / f).is_file() for f in TOKENIZER_FILES):
+        raise LabError(
+            f"{path}: no tokenizer beside the weights (none of {', '.join(TOKENIZER_FILES)}); expected the model's "
+            "tokenizer files in its folder: save them there (tokenizer.save_pretrained(FOLDER)) or copy them in"
+        )
     return AutoTokenizer.from_pretrained(path)
 
 

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lablib.engines import canonical, engine_class, engines_for, load_engine
+from lablib.engines import canonical, check_supported, engine_class, engines_for, load_engine
 from lablib.engines.base import CONFIG_KEYS, GenerationConfig
 from lablib.engines.memory import check_compare_fits
 from lablib.errors import LabError
@@ -484,6 +484,9 @@ def compare(
     loaded = dict(loaded or {})
     # every engine is held at once: check the whole comparison before loading any (the prompt's
     # length is known now only when ids are given; it is checked again once tokenized)
+    for name in names:  # an engine that cannot read the model: said before any engine loads
+        if name not in loaded and name not in (engine_models or {}):
+            check_supported(name, rm)
     classes = [engine_class(n) for n in names]
     check_compare_fits(rm, classes, (len(ids) if ids is not None else 0) + max_new_tokens, LOGIT_CHUNK, loaded)
     for name in names:
@@ -497,8 +500,10 @@ def compare(
     if ids is None:
         if prompt is None and not has_chat_template(rm):  # a base model: the question as raw text
             prompt = completion_text(messages or DEFAULT_MESSAGES)
-        if prompt is not None:  # the BOS the model asks for, as its own tokenizer adds it (Gemma: <bos>)
+        if prompt is not None:  # the BOS the model asks for, as its own tokenizer adds it (Gemma: <bos>), no EOS
             ids, prompt_format = ref.tokenize(prompt, add_special=True), "text"
+            if ids and ids[-1] in ref.eos_ids and ref.tokenize(prompt)[-1:] != ids[-1:]:
+                ids = ids[:-1]
         else:
             ids, prompt_format = ref.apply_chat_template(messages or DEFAULT_MESSAGES), "chat"
         check_compare_fits(rm, classes, len(ids) + max_new_tokens, LOGIT_CHUNK, loaded=names)
