@@ -387,35 +387,33 @@ class OnnxRuntimeGenAIEngine(Engine):
         """The settings the ONNX model computes with: shapes and token ids from genai_config.json
         (what ORT GenAI reads), the RMSNorm epsilon from the graph's normalization nodes, the RoPE
         base from the graph's ``cos_cache`` (cos(p * inv_freq), so inv_freq[1] = arccos of row 1),
-        and ``rope_scaling`` from the folder the builder read (the cache holds it baked in)."""
+        and the rest (``rope_scaling``, the sliding window, the soft-caps) from the folder the builder read
+        (:func:`lablib.model.formats.config_settings`: the cache holds the scaling baked in)."""
+        import math
+
         from lablib.engines.hf import rope_base_from_inv_freq
-        from lablib.model.formats import read_config, rope_scaling_summary
+        from lablib.model.formats import config_settings, read_config
 
         m, d = self.genai_config["model"], self.genai_config["model"]["decoder"]
         hf = read_config(Path(self.model.path_for("hf", self.name)))
-        rp = hf.get("rope_parameters") or {}
+        out = config_settings(hf)
         graph = _graph_facts(self.folder / d["filename"])
-        theta = rp.get("rope_theta", hf.get("rope_theta"))
         if graph.get("cos_row1") is not None:
-            import math
-
-            theta = float(f"{rope_base_from_inv_freq([0.0, math.acos(graph['cos_row1'])], d['head_size']):.6g}")
-        scaling = rope_scaling_summary(hf.get("rope_scaling")) or rope_scaling_summary(rp)
+            base = rope_base_from_inv_freq([0.0, math.acos(graph["cos_row1"])], d["head_size"])
+            out["rope_theta"] = float(f"{base:.6g}")
         eos = m.get("eos_token_id")
-        return {
-            "rope_theta": theta,
-            "rope_scaling": scaling,
-            "rms_norm_eps": graph.get("epsilon", hf.get("rms_norm_eps")),
-            "n_heads": d["num_attention_heads"],
-            "n_kv_heads": d["num_key_value_heads"],
-            "head_dim": d["head_size"],
-            "n_layers": d["num_hidden_layers"],
-            "vocab_size": m["vocab_size"],
-            "context_length": m.get("context_length"),
-            "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
-            "bos_id": m.get("bos_token_id"),
-            "eos_id": eos[0] if isinstance(eos, list) else eos,
-        }
+        out.update(
+            rms_norm_eps=graph.get("epsilon", out["rms_norm_eps"]),
+            n_heads=d["num_attention_heads"],
+            n_kv_heads=d["num_key_value_heads"],
+            head_dim=d["head_size"],
+            n_layers=d["num_hidden_layers"],
+            vocab_size=m["vocab_size"],
+            context_length=m.get("context_length"),
+            bos_id=m.get("bos_token_id"),
+            eos_id=eos[0] if isinstance(eos, list) else eos,
+        )
+        return out
 
     # --- generation ----------------------------------------------------------------------------
     def _params(self, cfg: GenerationConfig, max_length: int):

@@ -134,6 +134,9 @@ class ResolvedModel:
         return asdict(self)
 
 
+_FIELDS = set(ResolvedModel.__dataclass_fields__)
+
+
 def file_sha256(path: Path, cache: dict | None = None) -> str:
     """sha256 of a file; ``cache`` maps "path|size|mtime" to a known hash."""
     st = path.stat()
@@ -276,7 +279,8 @@ def _prepare_in(home, prov_path, name, src, fmt, sha, formats, log) -> ResolvedM
         prov = json.loads(prov_path.read_text())
         if prov.get("version") != PROVENANCE_VERSION:
             prov = {}
-    rm = ResolvedModel(**prov["model"]) if prov else None
+    # the fields this version knows (a provenance.json a newer lab wrote may hold more)
+    rm = ResolvedModel(**{k: v for k, v in prov["model"].items() if k in _FIELDS}) if prov else None
     if rm is None:
         rm = ResolvedModel(name=name, source=str(src), source_format=fmt, sha256=sha)
         if fmt == "gguf":
