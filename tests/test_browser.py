@@ -78,7 +78,8 @@ NB09_S = 540  # lab 09: five llama-servers and a vLLM, about 4 minutes under nbv
 NB10_S = 420  # lab 10: two llama-servers, llama.cpp and transformers, about 3 minutes on a quiet 2-core machine
 NB03_S = 480  # lab 03: every engine serial and batched, 2.5 minutes on a busy 2-core machine; and llama-batched-bench
 # built on first use (minutes: it waits for any other tool build of llama.cpp's tree, lablib.build.llama.tools)
-NB04_S = 300  # lab 04: llama.cpp and a misread MLX folder against transformers in float32, about 1 minute
+NB04_S = 300  # lab 04: llama.cpp and a misread MLX folder against transformers in float32, then a second model
+# (Gemma 3 270M) through three engines: about 2 minutes
 NB06_S = 420  # lab 06: five quantized rungs measured, transformers and mlx scored against the reference: 2-2.5 minutes
 NB07_S = 300  # lab 07: the machine's ceilings, a context sweep of every engine, a short concurrency run: about 1 minute
 NB08_S = 420  # lab 08: every engine with and without reuse, then a chat: 1-2.5 minutes on a busy 2-core machine
