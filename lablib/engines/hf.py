@@ -381,11 +381,16 @@ class TransformersEngine(Engine):
 
         c = self.hf.config
         out = config_settings(c.to_dict())
+        windows = [
+            getattr(m, "sliding_window", None)
+            for n, m in self.hf.named_modules()
+            if n.endswith("self_attn") and hasattr(m, "sliding_window")
+        ]
+        if windows:  # what the attention modules were built with (a window of any length counts)
+            out["sliding_layers"] = sum(bool(w) for w in windows)
+            out["sliding_window"] = max((w for w in windows if w), default=0)
         bases = {}
-        for (
-            name,
-            buf,
-        ) in self.hf.named_buffers():  # e.g. model.rotary_emb.inv_freq, model.rotary_emb.sliding_attention_inv_freq
+        for name, buf in self.hf.named_buffers():  # model.rotary_emb.inv_freq, ...sliding_attention_inv_freq
             leaf = name.rsplit(".", 1)[-1]
             if leaf.endswith("inv_freq") and "original" not in leaf and buf.numel() > 1:
                 kind = leaf[: -len("inv_freq")].rstrip("_") or "default"
@@ -395,14 +400,6 @@ class TransformersEngine(Engine):
             out["rope_theta"] = bases.get("full_attention", bases.get("default", out["rope_theta"]))
             if out["sliding_layers"]:
                 out["rope_theta_sliding"] = bases.get("sliding_attention", bases.get("default", out["rope_theta"]))
-        windows = [
-            getattr(m, "sliding_window", None)
-            for n, m in self.hf.named_modules()
-            if n.endswith("self_attn") and hasattr(m, "sliding_window")
-        ]
-        if windows:
-            out["sliding_layers"] = sum(bool(w) for w in windows)
-            out["sliding_window"] = max((w for w in windows if w), default=0)
         eos = c.eos_token_id
         out["eos_id"] = eos[0] if isinstance(eos, list) else eos
         out["bos_id"] = c.bos_token_id
