@@ -53,7 +53,8 @@ def test_layer_types_follow_transformers_rules():
         "num_hidden_layers": 6,
     }
     assert formats.config_layer_types(old) == ("sliding", "sliding", "full") * 2
-    assert formats.sliding_window_of(GEMMA3) == 512 and formats.sliding_window_of(qwen2) == 0
+    assert formats.config_settings(GEMMA3)["sliding_window"] == 512
+    assert formats.config_settings(qwen2)["sliding_window"] == 0
 
 
 def test_settings_of_a_config_name_each_kind_of_layer():

@@ -280,11 +280,6 @@ def _transformers_layer_types(cfg: dict) -> list | None:
     return list(types) if types else None
 
 
-def sliding_window_of(cfg: dict) -> int:
-    """The sliding window a config states, tokens; 0 when no layer attends over one (:func:`config_layer_types`)."""
-    return (_int(text_config(cfg), "sliding_window") or 0) if "sliding" in config_layer_types(cfg) else 0
-
-
 def rope_scaling_summary(scaling) -> dict | None:
     """A RoPE scaling as every reader states it, to compare: None for none (or "default"), else {"type",
     "factor"} (a config's ``rope_type``, a GGUF's ``type``; the factor a float), and the other numbers it names."""

@@ -37,7 +37,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lablib.errors import LabError
-from lablib.model.formats import config_layer_types, gguf_config, gguf_layer_types, read_config, sliding_window_of
+from lablib.model.formats import config_layer_types, gguf_config, gguf_layer_types, read_config
 
 DIMS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "tied", "mlp_matrices")
 
@@ -156,7 +156,7 @@ def _config_dims(model) -> dict:
             "tied": bool(cfg.get("tie_word_embeddings", False)),
             "mlp_matrices": 3 if gated else 2,
             "layer_types": types if len(types) == layers else ("full",) * layers,
-            "sliding_window": sliding_window_of(full_cfg),
+            "sliding_window": (first("sliding_window") or 0) if "sliding" in types else 0,
         },
         str(Path(folder) / "config.json"),
     )
