@@ -106,3 +106,16 @@ def test_the_kv_cache_each_engine_holds_is_the_one_the_lab_predicts(gemma):
                 assert e.last_kv_bytes == ENGINES[name].kv_cache_bytes(gemma, at, prompt_tokens=prompt), (name, prompt)
             finally:
                 e.close()
+
+
+def test_quality_holds_another_model_against_its_own_reference(gemma):
+    """`lablib quality --model gemma-3-270m`: Gemma's F32 reference, not SmolLM2's (whose vocabulary differs); a file
+    of the default model, or none, keeps the default model's reference."""
+    from lablib.model.resolve import prepare
+    from lablib.studies.ladder import _reference_of
+
+    said = []
+    assert _reference_of(None, gemma, said.append) is gemma and "held against its own F32 reference" in said[0]
+    assert _reference_of(None, "gemma-3-270m", said.append).sha256 == gemma.sha256
+    assert _reference_of(None, prepare(log=lambda *_: None), said.append) is None
+    assert _reference_of("base", gemma, said.append) == "base"

@@ -319,10 +319,10 @@ def _reference_of(base, model, log):
     SmolLM2), else ``model`` itself (Gemma 3 against SmolLM2's reference would compare two models)."""
     if base is not None or model is None:
         return base
-    from lablib.model.resolve import prepare
+    from lablib.model.resolve import ResolvedModel, prepare
     from lablib.model.shape import model_dims
 
-    rm = prepare(model, log=log)
+    rm = model if isinstance(model, ResolvedModel) else prepare(model, log=log)
     default = prepare(None, log=log)
     same = rm.architecture == default.architecture and model_dims(rm)["vocab"] == model_dims(default)["vocab"]
     if not same:
