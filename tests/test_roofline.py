@@ -246,6 +246,13 @@ def test_bound_columns_of_rows_by_hand(model):
     d2 = roofline.add_bound_columns(own, model)
     r2 = d2[(d2["engine"] == "llama.cpp") & (d2["prompt_tokens"] == 64)].iloc[0]
     assert r2["bound_bytes_per_s"] == 20e9 and r2["decode_bound_tps"] == pytest.approx(2 / step)
+    assert r2["bound_flop_per_s"] == 200e9
+    # torch's slow int8 kernel on a CPU without VNNI (2 GOP/s beside float32's 111 GFLOP/s, measured on an
+    # AVX2-only EPYC): the row is held at float32's FLOP/s, as peak_flops holds the machine's
+    slow = rows(model, {"measured_bandwidth_gbps": 20.0, "measured_int8_gops": 2.0, "measured_float32_gflops": 111.0})
+    r3 = roofline.add_bound_columns(slow, model)
+    r3 = r3[(r3["engine"] == "llama.cpp") & (r3["prompt_tokens"] == 64)].iloc[0]
+    assert r3["bound_flop_per_s"] == 111e9 and r3["prefill_bound_tps"] == pytest.approx(64 / (pre / 111e9))
     with pytest.raises(LabError, match="decode_tps"):
         roofline.add_bound_columns(rows(model).drop(columns=["decode_tps"]), model, mach)
 

@@ -343,7 +343,9 @@ def add_bound_columns(df, model, machine_name=None):
         bw = row.get(MEASURED_BANDWIDTH) if machine_name is None else None
         f = row.get(MEASURED_PEAKS[dtype]) if dtype in MEASURED_PEAKS else None
         if bw is not None and bw == bw and f is not None and f == f:
-            m = {"bytes_per_s": bw * 1e9, "flop_per_s": {dtype: f * 1e9}}
+            # every peak the row measured: peak_flops holds int8 to at least float32's
+            peaks = {k: row.get(c) for k, c in MEASURED_PEAKS.items()}
+            m = {"bytes_per_s": bw * 1e9, "flop_per_s": {k: v * 1e9 for k, v in peaks.items() if v is not None and v == v}}
         else:
             mach = mach or machine(machine_name)
             m = mach
