@@ -300,6 +300,8 @@ def test_request_fields_per_server_kind(server, model, monkeypatch):
     assert t.server_decode_tps == 50.0 and t.cached_tokens == 0
     info = e.info().to_dict()
     assert "sk-secret" not in repr(info) and "sk-secret" not in repr(t.metrics())
+    # a server the lab did not start says nothing of its device: unknown, not this client's cpu
+    assert info["device"] == "unknown" and info["flags"]["server_device"] == "unknown"
     e.close()
     for kind, want in [
         ("llama-cpp-python", {"min_tokens": 4}),

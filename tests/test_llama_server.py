@@ -47,6 +47,11 @@ def test_two_slots_serve_two_requests_together(llama_server, model):
     finally:
         e.close()
     assert len(rows) == 2 and not any(r["error"] for r in rows)
+    # the server's device, as its log states it: this machine's CPU (llama.cpp's name for it) and its 1 thread
+    from lablib.machine.identity import hardware_info
+
+    assert {r["device"] for r in rows} == {"cpu"} and llama_server.settings["device_source"] == "its log (llama.cpp)"
+    assert {r["server_device"] for r in rows} == {f"{hardware_info()['cpu_model']}, 1 thread"}
     a, b = sorted(rows, key=lambda r: r["t_first_token"])
     assert b["t_first_token"] < a["t_last_token"]  # the second started before the first ended
 

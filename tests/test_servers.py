@@ -84,6 +84,10 @@ def test_closed_loop_on_llama_cpp_python_server(llama_cpp_python, model):
         e.close()
     assert len(rows) == 3 and not any(r["error"] for r in rows)
     assert all(r["output_tokens"] == 3 and r["server"] == "llama-cpp-python" for r in rows)
+    # the device from llama.cpp's weight buffers in its log (CPU_Mapped here), the threads it was started with
+    from lablib.machine.identity import hardware_info
+
+    assert {(r["device"], r["server_device"]) for r in rows} == {("cpu", f"{hardware_info()['cpu_model']}, 1 thread")}
     s = summarize(rows)
     assert s["output_tps"] > 0 and s["ttft_p50_s"] is not None and s["errors"] == 0
 

@@ -71,7 +71,9 @@ def run(ns) -> int:
         f"{srv.name} {srv.version} ready at {srv.base_url} (pid {srv.pid}, {srv.startup_s:.1f} s; log {srv.log_path})",
         flush=True,
     )
-    shown = {k: v for k, v in srv.settings.items() if k not in ("env", "startup_s")}
+    device = ("device", "device_name", "device_source")
+    print(f"runs on: {srv.settings.get('device_name')} ({srv.settings.get('device_source')})", flush=True)
+    shown = {k: v for k, v in srv.settings.items() if k not in ("env", "startup_s", *device)}
     print("started with: " + ", ".join(f"{k}={v}" for k, v in shown.items()), flush=True)
     print(
         f"measure it: lablib bench --base-url {srv.base_url} --concurrency 1 --requests 4 --prompt-tokens 64 "
@@ -93,7 +95,14 @@ def run(ns) -> int:
     finally:
         signal.signal(signal.SIGTERM, old)
         died = not srv.alive()
-        code = srv.stop()
+        # a second Ctrl-C while the server stops (or one sent to the whole process group, as `timeout` passes
+        # it on) would break the stop with a traceback and leave the server's group to the exit hook
+        prior_int = signal.signal(signal.SIGINT, signal.SIG_IGN) if threading.current_thread() is threading.main_thread() else None
+        try:
+            code = srv.stop()
+        finally:
+            if prior_int is not None:
+                signal.signal(signal.SIGINT, prior_int)
     if died:
         print(f"{srv.name} exited by itself (code {code}); its log ends:\n{srv.log_tail()}", file=sys.stderr)
         return 1

@@ -67,6 +67,10 @@ MANIFEST_FIELDS = {
     # what a server the lab started was started with (lablib.engines.servers.Launch.settings: dtype, KV
     # cache space, prefix caching, threads ...), as JSON text; None for in-process engines
     "server_settings": ("engine", "flags", "server_settings"),
+    # the device a server computes on, in words ("NVIDIA H200, 140 GiB, 31/31 layers", "AMD EPYC, 2 threads"),
+    # as the lab read it when it started the server; "unknown" for a server at any other URL (rows' ``device``
+    # then says "unknown" too, not the client's); None for in-process engines
+    "server_device": ("engine", "flags", "server_device"),
     # the http engine's connections to its server: "pooled" (keep-alive) or "one per request"
     "connections": ("engine", "flags", "connections"),
     # what the http engine's requests say about the server's prompt cache: "cache_prompt: false" / "true"

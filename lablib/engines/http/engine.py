@@ -521,8 +521,12 @@ class HTTPEngine(Engine):
             dtype="server",
             threads=0,
             n_ctx=self.n_ctx,
+            # the server's device, as the lab read it when it started the server (lablib.engines.servers.device);
+            # a server at any other URL does not say: "unknown", never this client's device
+            device=self.server_settings.get("device") or "unknown",
             flags={
                 "api": self.api,
+                "server_device": self.server_settings.get("device_name") or "unknown",
                 "server": self.kind,
                 "server_version": self.server_version,
                 "server_model": self.server_model,

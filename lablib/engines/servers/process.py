@@ -27,6 +27,7 @@ from pathlib import Path
 from lablib import children
 from lablib.checks import whole
 from lablib.engines.http import cards
+from lablib.engines.servers.device import server_device
 from lablib.engines.servers.registry import SERVERS, _command, canonical_server
 from lablib.errors import LabError
 
@@ -259,6 +260,12 @@ def start_server(
         raise
     srv.startup_s = time.perf_counter() - t0
     srv.settings["startup_s"] = round(srv.startup_s, 1)
+    # what it computes on, read once it is ready (its log says where its weights went): every row's device
+    try:
+        log_text = log_path.read_text(errors="replace")
+    except OSError:
+        log_text = ""
+    srv.settings.update(server_device(name, srv.settings, log_text))
     # for a run in another process (lablib bench, a notebook): what this server was started with
     cards.write_card(name, srv.pid, port, version, argv, log_path, srv.settings)
     return srv
