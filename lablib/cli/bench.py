@@ -60,6 +60,12 @@ def add_arguments(p) -> None:
     )
     add_goodput_targets(p)
     p.add_argument("--warmup", type=int, default=1, help="unrecorded requests first")
+    p.add_argument(
+        "--client-processes",
+        default="1",
+        help="client processes sharing each run's streams, on one clock (a fast server at hundreds of streams "
+        "outruns one); 'auto': one per 128 streams, at most the cores less one (default 1)",
+    )
     p.add_argument("--out", required=True, help="results file, .jsonl or .parquet (appended)")
 
 
@@ -99,7 +105,7 @@ def run(ns) -> int:
 def _run(ns) -> int:
     from lablib.errors import LabError
     from lablib.measure.load import bench
-    from lablib.ui.text import server_line, summary_line
+    from lablib.ui.text import processes_line, server_line, summary_line
 
     if ns.rate is None and ns.max_concurrency is not None:
         raise LabError(
@@ -118,6 +124,8 @@ def _run(ns) -> int:
             )
         if s.get("server_counters"):
             print(server_line(s["server_counters"]), flush=True)
+        if s.get("client_processes"):
+            print(processes_line(s["client_processes"]), flush=True)
 
     summaries = bench(
         rates=ns.rate,
@@ -127,6 +135,7 @@ def _run(ns) -> int:
         **flags(ns, "base_url", "out", "requests", "prompt_tokens", "max_new_tokens", "api", "server", "arrival"),
         **flags(ns, "burstiness", "seed", "until_eos", "max_duration_s", "read_timeout_s", "connect_timeout_s"),
         **flags(ns, "request_timeout_s", "warmup", "prompts"),
+        client_processes=ns.client_processes if ns.client_processes == "auto" else _whole_arg(ns.client_processes),
         **goodput_targets(ns),
         log=lambda m: print(m, file=sys.stderr),
         on_summary=show,
@@ -135,3 +144,11 @@ def _run(ns) -> int:
     failed = sum(s["errors"] for s in summaries)
     print(f"{written} rows appended to {ns.out} ({failed} failed)")
     return 0 if failed == 0 else 1
+
+
+def _whole_arg(text: str):
+    """``--client-processes N``: N as a number when it is one (bench says what is wrong with it otherwise)."""
+    try:
+        return int(text)
+    except ValueError:
+        return text

@@ -92,6 +92,7 @@ def run_load(
     max_new_tokens: list[int] | None = None,
     client_probe=None,
     stop: threading.Event | None = None,
+    start_at: float | None = None,
     **labels,
 ) -> list[dict]:
     """Send ``prompts`` (token ids, one request each) to an HTTP engine in a load shape; one row per request.
@@ -115,7 +116,10 @@ def run_load(
     request's ``cfg`` with its own), instead of ``cfg.max_new_tokens`` for all. ``stop``: a
     :class:`threading.Event` another thread may set (a panel's Cancel): from then on no request is sent (a
     sleeping schedule wakes within :data:`STOP_POLL_S`), those in flight finish and give their rows; the
-    requests never sent give none.
+    requests never sent give none. ``start_at``: the run's start on the lab's clock (:func:`lablib.results.trace.now`,
+    ``CLOCK_MONOTONIC`` on Linux: one clock for every process of a machine), a moment still to come: the loop
+    waits for it, and its schedule, deadline and first ``t_submit`` count from it (several client processes
+    on one start: :mod:`lablib.measure.processes`); None: now.
     """
     from lablib.engines.http import HTTPEngine
     from lablib.results.store import engine_manifest
@@ -179,7 +183,9 @@ def run_load(
     if client_probe is not None:  # after the manifest and prompts: work before the run is no token's delay
         client_probe.start(engine)
     try:
-        return _drive(engine, prompts, mode, concurrency, schedule, cfgs, max_duration_s, manifest, base, on_row, stop)
+        return _drive(
+            engine, prompts, mode, concurrency, schedule, cfgs, max_duration_s, manifest, base, on_row, stop, start_at
+        )
     finally:
         if client_probe is not None:
             client_probe.stop()
@@ -222,13 +228,15 @@ def _check_schedule(schedule, n) -> list[float]:
     return [float(t) for t in times]
 
 
-def _drive(engine, prompts, mode, concurrency, schedule, cfgs, max_duration_s, manifest, base, on_row, stop=None):
+def _drive(
+    engine, prompts, mode, concurrency, schedule, cfgs, max_duration_s, manifest, base, on_row, stop=None, start_at=None
+):
     """The run on the engine's event loop; rows to ``on_row`` in the calling thread (``cfgs``: one per prompt)."""
     rows_q = _Rows()
     run = (
-        _closed(engine, prompts, concurrency, cfgs, max_duration_s, manifest, base, rows_q, stop)
+        _closed(engine, prompts, concurrency, cfgs, max_duration_s, manifest, base, rows_q, stop, start_at)
         if mode == "closed"
-        else _open(engine, prompts, schedule, concurrency, cfgs, max_duration_s, manifest, base, rows_q, stop)
+        else _open(engine, prompts, schedule, concurrency, cfgs, max_duration_s, manifest, base, rows_q, stop, start_at)
     )
     ended = threading.Event()
 
@@ -385,8 +393,17 @@ async def _bounded(tasks, deadline):
         await asyncio.gather(*pending, return_exceptions=True)
 
 
-async def _closed(engine, prompts, clients, cfgs, max_duration_s, manifest, base, emit, stop=None):
-    t0 = now()
+async def _start(start_at: float | None) -> float:
+    """The run's start: ``start_at`` once it has come (slept to on this loop), else now."""
+    if start_at is None:
+        return now()
+    while (delay := start_at - now()) > 0:
+        await asyncio.sleep(delay)
+    return start_at
+
+
+async def _closed(engine, prompts, clients, cfgs, max_duration_s, manifest, base, emit, stop=None, start_at=None):
+    t0 = await _start(start_at)
     deadline = t0 + max_duration_s
     nxt = iter(range(len(prompts)))
 
@@ -401,8 +418,8 @@ async def _closed(engine, prompts, clients, cfgs, max_duration_s, manifest, base
     await _bounded([asyncio.ensure_future(client(c)) for c in range(min(clients, len(prompts)))], deadline)
 
 
-async def _open(engine, prompts, schedule, cap, cfgs, max_duration_s, manifest, base, emit, stop=None):
-    t0 = now()
+async def _open(engine, prompts, schedule, cap, cfgs, max_duration_s, manifest, base, emit, stop=None, start_at=None):
+    t0 = await _start(start_at)
     deadline = t0 + max_duration_s
     sem = asyncio.Semaphore(cap) if cap else None
     tasks = []
@@ -489,6 +506,7 @@ def bench(
     log=print,
     on_summary: Callable[[dict], None] | None = None,
     prompts: str = "prose",
+    client_processes: int | str = 1,
 ) -> list[dict]:
     """Load on the OpenAI-compatible server at ``base_url`` (``lablib bench``): one summary per run.
 
@@ -523,6 +541,12 @@ def bench(
     Every summary also gets ``client_headroom`` (:func:`client_headroom_of`: how late the loop that stamped the
     tokens was, and whether that makes the client the limit) and is appended, with ``out``, to
     ``<out without suffix>.runs.jsonl`` as its run ends.
+
+    ``client_processes``: how many client processes share each run's streams (:mod:`lablib.measure.processes`:
+    one start on the machine's one clock, the rows merged into ``out``); ``"auto"``: one per
+    :data:`lablib.measure.processes.STREAMS_PER_PROCESS` streams (the closed loop's clients, the open loop's
+    cap), at most the usable cores less one. With more than one, each summary's ``client_processes`` lists
+    each process's streams, rows and ``client_headroom``, and its ``client_headroom`` is the worst of them.
     """
     import json
     from pathlib import Path
@@ -555,6 +579,11 @@ def bench(
         arrival_schedule(1, rates[0], arrival, burstiness, seed)  # arrival and burstiness
     _check_max_duration(max_duration_s)
     check_targets(ttft_s, tpot_s, e2e_s)
+    from lablib.measure.processes import auto_processes
+
+    if client_processes == "auto":
+        client_processes = auto_processes(concurrency)
+    client_processes = whole(client_processes, "client_processes", "a whole number of client processes, at least 1 (or 'auto')")
     rm = model if isinstance(model, ResolvedModel) else prepare(model, log=log)
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=not until_eos)
     if prompts == "random":  # vllm bench's measured prompts, in its order; the warm-up's of another seed
@@ -589,21 +618,24 @@ def bench(
             labels = {"server": engine.kind, "mode": mode, "rate": rate, "concurrency": concurrency}
             sampler = None if server_file is None else MetricsSampler(engine.root_url, metrics_interval_s, **labels)
             probe = LoopLagProbe()
-            rows = run_load(
-                engine,
-                prompts[warmup:],
-                mode,
-                concurrency=concurrency,
-                rate=rate,
-                arrival=arrival,
-                burstiness=burstiness,
-                seed=seed,
-                max_duration_s=max_duration_s,
-                cfg=cfg,
-                on_row=writer.append,
-                server_metrics=sampler,
-                client_probe=probe,
-            )
+            shape = dict(concurrency=concurrency, rate=rate, arrival=arrival, burstiness=burstiness, seed=seed)
+            per_process = None
+            if client_processes > 1:
+                rows, per_process = _bench_processes(
+                    engine, rm, prompts[warmup:], mode, shape, cfg, max_duration_s, client_processes, writer, sampler
+                )
+            else:
+                rows = run_load(
+                    engine,
+                    prompts[warmup:],
+                    mode,
+                    **shape,
+                    max_duration_s=max_duration_s,
+                    cfg=cfg,
+                    on_row=writer.append,
+                    server_metrics=sampler,
+                    client_probe=probe,
+                )
             counters = info = None
             if sampler is not None:
                 with open(server_file, "a") as f:
@@ -624,7 +656,13 @@ def bench(
                 "server_counters": counters,
                 "server_info": info,
             }
-            s["client_headroom"] = client_headroom_of(probe, s.get("itl_p50_s"))
+            if per_process is None:
+                s["client_headroom"] = client_headroom_of(probe, s.get("itl_p50_s"))
+            else:
+                from lablib.measure.processes import merged_headroom
+
+                s["client_headroom"] = merged_headroom(per_process)
+                s["client_processes"] = per_process
             with open(runs_file, "a") as f:  # the run's summary on disk beside its rows, headroom included
                 f.write(json.dumps({**s, "out": str(out)}, default=_jsonable) + "\n")
             summaries.append(s)
@@ -637,3 +675,53 @@ def bench(
         if engine is not None:
             engine.close()
     return summaries
+
+
+def _bench_processes(engine, rm, prompts, mode, shape, cfg, max_duration_s, processes, writer, sampler):
+    """One of :func:`bench`'s runs from ``processes`` client processes (:func:`lablib.measure.processes.run_load_processes`),
+    each with an http engine like ``engine``, every row with ``engine``'s manifest; (rows, per process)."""
+    from lablib.measure.processes import run_load_processes
+    from lablib.results.store import engine_manifest
+
+    manifest = engine_manifest(
+        engine,
+        {
+            "mode": mode,
+            "requests": len(prompts),
+            **{k: v for k, v in shape.items() if mode == "open" or k in ("concurrency", "seed")},
+            "max_new_tokens": cfg.max_new_tokens,
+            "max_duration_s": max_duration_s,
+            "prompt_tokens": sorted({len(p) for p in prompts}),
+            "client_processes": processes,
+        },
+    )
+    engine_kw = dict(
+        model=rm,
+        base_url=engine.base_url,
+        api=engine.api,
+        server=engine.kind,
+        server_model=engine.server_model,
+        server_version=engine.server_version,
+        server_settings=engine.server_settings or None,
+        read_timeout_s=engine.read_timeout_s,
+        connect_timeout_s=engine.connect_timeout_s,
+        request_timeout_s=engine.request_timeout_s,
+        n_ctx=engine.n_ctx,
+    )
+    if sampler is not None:
+        sampler.start()
+    try:
+        return run_load_processes(
+            engine_kw,
+            prompts,
+            mode,
+            processes=processes,
+            **shape,
+            max_duration_s=max_duration_s,
+            cfg=cfg,
+            manifest=manifest,
+            on_row=writer.append,
+        )
+    finally:
+        if sampler is not None:
+            sampler.stop()

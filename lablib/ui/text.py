@@ -22,6 +22,20 @@ def summary_line(server: str, mode: str, rate, c, s: dict) -> str:
     )
 
 
+def processes_line(per_process: list[dict]) -> str:
+    """``  client processes=2: #0 streams=64 rows=128 lag_p99_ms=0.8 | #1 ...``: each client process of a bench
+    run (:func:`lablib.measure.processes.run_load_processes`), its share and how late its stamping loop was
+    (``near`` where that loop was near its limit)."""
+    parts = []
+    for p in per_process:
+        h = p.get("client_headroom") or {}
+        lag = h.get("loop_lag_p99_s")
+        lag_s = "-" if lag is None else f"{lag * 1e3:.1f}"
+        near = " near" if h.get("near_limit") else ""
+        parts.append(f"#{p['process']} streams={p['streams']} rows={p['rows']} lag_p99_ms={lag_s}{near}")
+    return f"  client processes={len(per_process)}: " + " | ".join(parts)
+
+
 def _client_note(h: dict | None) -> str:
     """`` client_near_limit=loop_lag_p99_ms:X`` when the client's own stamping loop lagged (a bench summary's
     ``client_headroom``, :func:`lablib.measure.load.client_headroom_of`), else nothing."""

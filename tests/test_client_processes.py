@@ -1,0 +1,152 @@
+"""One load run from several client processes (lablib.measure.processes) on the scripted fast server
+(benchmarks/fast_server.py, a process of its own that logs the true send time of every token):
+
+- every request is sent once and gives one row, in one list and one results file, each row naming its process;
+- the processes share one start on one clock: every token of every process is stamped after the server sent it,
+  and the closed loop's first requests of every process are submitted at the same moment;
+- the open loop keeps its one schedule: the requests of all processes are scheduled at the times one process
+  would have used;
+- a bench run says each process's share and headroom, and the results of several client processes (several
+  machines) merge into one file whose rows keep their processes.
+"""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from lablib.engines.base import GenerationConfig
+from lablib.errors import LabError
+from lablib.measure.load import arrival_schedule, bench
+from lablib.measure.processes import _plan, auto_processes, merged_headroom, run_load_processes, share
+
+BENCH = Path(__file__).parents[1] / "benchmarks"
+
+
+def _load(name):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+fast_server = _load("fast_server")
+capacity = _load("client_capacity")
+
+
+@pytest.fixture(scope="module")
+def paced():
+    with fast_server.FastServer(itl_s=0.002) as srv:
+        yield srv
+
+
+def _kw(model, srv):
+    return {"model": model, "base_url": srv.base_url, "server": "vllm"}
+
+
+def test_shares_by_hand():
+    assert share(5, 2) == [3, 2] and share(8, 3) == [3, 3, 2]
+    plans = _plan(10, "closed", 5, 2)  # clients 0, 2, 4 in process 0; 1, 3 in process 1
+    assert [p["clients"] for p in plans] == [[0, 2, 4], [1, 3]]
+    assert plans[0]["requests"] == [0, 2, 4, 5, 7, 9] and plans[1]["requests"] == [1, 3, 6, 8]
+    assert [p["requests"] for p in _plan(5, "open", None, 2)] == [[0, 2, 4], [1, 3]]
+    assert [p["concurrency"] for p in _plan(5, "open", 3, 2)] == [2, 1]
+    assert auto_processes(64, cores=16) == 1 and auto_processes(1024, cores=16) == 8 and auto_processes(1024, cores=2) == 1
+
+
+def test_a_closed_loop_from_two_processes_on_one_clock(model, paced):
+    n, c, requests = 12, 4, 10
+    paced.sendlog(clear=True)
+    got = []
+    rows, per = run_load_processes(
+        _kw(model, paced),
+        [[1000 + i, 7, 7] for i in range(requests)],
+        "closed",
+        processes=2,
+        concurrency=c,
+        cfg=GenerationConfig(max_new_tokens=n, ignore_eos=True),
+        max_duration_s=60,
+        on_row=got.append,
+    )
+    log = {r["rid"]: r for r in paced.sendlog(clear=True)}
+    assert got == rows and sorted(r["request_index"] for r in rows) == list(range(requests))
+    assert not any(r["error"] for r in rows) and {r["concurrency"] for r in rows} == {c}
+    assert {r["client"] for r in rows} == set(range(c)) and all(r["client"] % 2 == r["client_process"] for r in rows)
+    assert [(p["streams"], p["requests"], p["rows"], p["error"]) for p in per] == [(2, 5, 5, None), (2, 5, 5, None)]
+    assert len({p["pid"] for p in per}) == 2 and all(p["client_headroom"]["samples"] > 0 for p in per)
+    # one start: the first request of each of the 4 clients was submitted at the same moment, in both processes
+    firsts = {}
+    for r in rows:
+        firsts[r["client"]] = min(firsts.get(r["client"], r["t_submit"]), r["t_submit"])
+    assert len(set(firsts.values())) == 1
+    # one clock: every token, whichever process stamped it, after the server sent it
+    pairs = [(capacity.lab_arrivals(r), log[int(capacity.TAG.match(r["text"]).group(1))]["t_send"]) for r in rows]
+    m = capacity.compare(pairs)
+    assert m["clock_ok"] and m["tokens_matched"] == requests * n and m["mismatched"] == 0
+    assert merged_headroom(per)["processes"] == 2
+
+
+def test_an_open_loop_keeps_its_one_schedule(model, paced):
+    requests, rate = 9, 40.0
+    rows, per = run_load_processes(
+        _kw(model, paced),
+        [[2000 + i, 7] for i in range(requests)],
+        "open",
+        processes=3,
+        rate=rate,
+        seed=3,
+        cfg=GenerationConfig(max_new_tokens=4, ignore_eos=True),
+        max_duration_s=60,
+    )
+    want = arrival_schedule(requests, rate, "poisson", 1.0, 3)
+    got = {r["request_index"]: r["t_scheduled"] for r in rows}
+    assert sorted(got) == list(range(requests)) and all(got[i] == pytest.approx(want[i], abs=1e-9) for i in got)
+    assert {(r["rate"], r["arrival"]) for r in rows} == {(rate, "poisson")}
+    assert {r["client_process"] for r in rows} == {0, 1, 2} and [p["requests"] for p in per] == [3, 3, 3]
+
+
+def test_a_server_that_is_not_there_fails_before_the_run(model):
+    with pytest.raises(LabError, match="client process 0 could not start: .*no OpenAI-compatible server"):
+        run_load_processes(
+            {"model": model, "base_url": "http://127.0.0.1:9/v1"}, [[1, 2]], "closed", processes=1, concurrency=1
+        )
+
+
+def test_bench_from_two_processes_and_a_merge_of_two_clients_files(model, paced, tmp_path, capsys):
+    """Two bench runs, as two client machines would run them, each from two processes: each file holds its
+    rows with their processes; lablib merge makes one file of both, every row kept."""
+    from lablib.cli import main
+
+    files = []
+    for k in range(2):
+        out = tmp_path / f"client{k}.jsonl"
+        (s,) = bench(
+            base_url=paced.base_url,
+            out=out,
+            requests=6,
+            prompt_tokens=8,
+            max_new_tokens=5,
+            concurrency=4,
+            model=model,
+            server="vllm",
+            warmup=0,
+            client_processes=2,
+            log=lambda *_: None,
+        )
+        assert s["requests"] == 6 and s["errors"] == 0 and s["client_headroom"]["processes"] == 2
+        assert [p["rows"] for p in s["client_processes"]] == [3, 3]
+        rows = [json.loads(x) for x in out.read_text().splitlines()]
+        assert sorted(r["request_index"] for r in rows) == list(range(6))
+        assert sorted(r["client_process"] for r in rows) == [0, 0, 0, 1, 1, 1]
+        run = json.loads(out.with_name(f"client{k}.runs.jsonl").read_text().splitlines()[-1])
+        assert [p["streams"] for p in run["client_processes"]] == [2, 2]
+        files.append(str(out))
+    merged = tmp_path / "all.jsonl"
+    assert main(["merge", *files, "--out", str(merged)]) == 0
+    rows = [json.loads(x) for x in merged.read_text().splitlines()]
+    assert len(rows) == 12 and sorted(r["client_process"] for r in rows) == [0] * 6 + [1] * 6
