@@ -1,10 +1,15 @@
-"""vLLM's CPU build as a server: its command (a row of :data:`lablib.engines.servers.SERVERS`) and facts.
+"""vLLM as a server (its CPU build, or its CUDA build on a GPU): its command (a row of
+:data:`lablib.engines.servers.SERVERS`) and facts.
 
 :func:`_vllm` returns the :class:`~lablib.engines.servers.launch.Launch` of vLLM's OpenAI server in its
-own environment (:mod:`lablib.build.vllm`, installed on first use: minutes), with the compute dtype
-(:func:`vllm_dtype`), KV cache space (:func:`vllm_kv_space_gib`, whole GiB), CPUs bound and settings the
-lab chooses; its KV cache is in blocks of :data:`VLLM_BLOCK_TOKENS` tokens. It starts nothing. Raises
-LabError on a bad LABLIB_VLLM_DTYPE, a model without an HF folder, or an option of the wrong type.
+own environment (:mod:`lablib.build.vllm`, installed on first use: minutes; which build,
+:func:`lablib.build.vllm.chosen`). On the CPU build: the compute dtype (:func:`vllm_dtype`), KV cache space
+(:func:`vllm_kv_space_gib`, whole GiB), CPUs bound and settings the lab chooses; its KV cache is in blocks
+of :data:`VLLM_BLOCK_TOKENS` tokens. On the CUDA build (:func:`vllm_cuda_command`): the GPU's dtype
+(bfloat16 from compute capability 8.0, else float16), ``--gpu-memory-utilization``
+(:data:`VLLM_GPU_MEMORY_UTILIZATION`, an option) and the same context and sequences. Every setting is in
+the Launch's ``settings``, with ``build`` ("cpu" or "cuda"). It starts nothing. Raises LabError on a bad
+LABLIB_VLLM_DTYPE, a model without an HF folder, or an option of the wrong type.
 """
 
 from __future__ import annotations
@@ -21,9 +26,12 @@ from lablib.errors import LabError
 VLLM_BLOCK_TOKENS = 128  # its CPU KV-cache block (cache_config_info block_size): reuse is per full block
 
 
-def vllm_dtype() -> str:
-    """The compute dtype the lab starts vLLM with on this CPU: ``bfloat16`` where the CPU has native
-    bf16 instructions (AVX-512 BF16 or AMX-BF16: /proc/cpuinfo flags), else ``float32``.
+def vllm_dtype(choice: dict | None = None) -> str:
+    """The compute dtype the lab starts vLLM with. On its CUDA build (``choice``, or
+    :func:`lablib.build.vllm.chosen` when None, says ``build`` "cuda"): the GPU's, ``bfloat16`` from
+    compute capability 8.0, ``float16`` below (:func:`lablib.build.vllm.gpu_dtype`). On its CPU build:
+    ``bfloat16`` where the CPU has native bf16 instructions (AVX-512 BF16 or AMX-BF16: /proc/cpuinfo
+    flags), else ``float32``.
 
     Measured (``benchmarks/vllm_dtype.py``, 2-core AMD EPYC without bf16 instructions, 4 interleaved
     rounds of 6 requests, 128-token prompts, 32 tokens, a loaded machine): bfloat16 / float32 medians
@@ -38,7 +46,39 @@ def vllm_dtype() -> str:
         if env not in ("float32", "bfloat16", "float16"):
             raise LabError(f"LABLIB_VLLM_DTYPE={env!r}: expected float32, bfloat16 or float16 (or leave it unset)")
         return env
+    if choice is None:
+        from lablib.build.vllm import chosen
+
+        choice = chosen()
+    if choice.get("build") == "cuda":
+        return choice["dtype"]
     return "bfloat16" if cpu_flags() & {"avx512_bf16", "amx_bf16"} else "float32"
+
+
+# the share of the GPU's memory vLLM's CUDA build may take (weights, activations, then the KV cache in what is
+# left; vLLM's own default is 0.9): 0.85 leaves room for another process on the GPU (a notebook's torch);
+# LABLIB_VLLM_GPU_MEMORY_UTILIZATION overrides (gpu_memory_utilization)
+VLLM_GPU_MEMORY_UTILIZATION = 0.85
+GPU_MEMORY_ENV = "LABLIB_VLLM_GPU_MEMORY_UTILIZATION"
+
+
+def gpu_memory_utilization() -> float:
+    """The share of the GPU's memory the lab lets vLLM's CUDA build take: LABLIB_VLLM_GPU_MEMORY_UTILIZATION
+    when set (a number above 0 and at most 1), else :data:`VLLM_GPU_MEMORY_UTILIZATION`. Raises LabError
+    on another value."""
+    text = os.environ.get(GPU_MEMORY_ENV, "").strip()
+    if not text:
+        return VLLM_GPU_MEMORY_UTILIZATION
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 < value <= 1:
+        raise LabError(
+            f"{GPU_MEMORY_ENV}={text!r}: expected the share of the GPU's memory vLLM may take, above 0 and at most 1 "
+            f"(the lab's default {VLLM_GPU_MEMORY_UTILIZATION}; vLLM's own 0.9), or leave it unset"
+        )
+    return value
 
 
 VLLM_IN_FLIGHT_TOKENS = 2048  # its CPU scheduler's max_num_batched_tokens when the lab sets none (one batch in flight)
@@ -104,43 +144,21 @@ def vllm_kv_space_gib(model, dtype: str, parallel: int, n_ctx: int) -> int:
     return max(1, math.ceil(per_token * parallel * n_ctx / 2**30))
 
 
-def _vllm(
-    model,
+def _argv(
+    python: str,
+    folder: str,
     host: str,
     port: str,
+    dtype: str,
     parallel: int,
-    threads: int,
     n_ctx: int,
-    prefix_caching: bool = False,
+    prefix_caching: bool,
     num_gpu_blocks: int | None = None,
     max_num_batched_tokens: int | None = None,
     speculative_config: dict | None = None,
-):
-    """vLLM's OpenAI server (its CPU build) on the HF folder: ``parallel`` sequences scheduled together
-    (``--max-num-seqs``), ``threads`` CPUs bound to its worker (VLLM_CPU_OMP_THREADS_BIND: by default
-    it would reserve one core of two for its scheduler), prefix caching off unless asked (the lab's
-    rule: no measured request reuses another's KV cache). Installed on first use (minutes,
-    :func:`lablib.build.vllm.ensure`).
-
-    ``num_gpu_blocks``: the KV cache's size in blocks of :data:`VLLM_BLOCK_TOKENS` tokens
-    (``--num-gpu-blocks-override``, which the CPU backend honours: vllm/v1/core/kv_cache_utils.py replaces
-    the blocks its KV space would give; one block is vLLM's null block, so ``num_gpu_blocks - 1`` hold
-    tokens, and at least one sequence of ``n_ctx`` must fit: vLLM refuses to start otherwise). Not part
-    of vLLM's compile-cache key (CacheConfig.compute_hash ignores it). ``max_num_batched_tokens``: the
-    scheduler's token budget per step (``--max-num-batched-tokens``; vLLM's CPU default is 1024 here):
-    a prompt longer than what is left of it after the running sequences' decode tokens is prefilled in
-    chunks (chunked prefill). It IS part of the compile-cache key (SchedulerConfig.compute_hash): a new
-    value compiles for minutes. ``speculative_config``: vLLM's own speculative decoding
-    (``--speculative-config``, JSON: ``{"method": "ngram", "num_speculative_tokens": 3,
-    "prompt_lookup_max": 3}``); its /metrics then count drafts and accepted tokens (``spec_decode_*``)."""
-    from lablib.build.vllm import ensure
-
-    python = str(ensure(log=lambda m: print(m, file=sys.stderr, flush=True)))
-    folder = model.path_for("hf", "vLLM")
-    dtype = vllm_dtype()
-    kv_gib = vllm_kv_space_gib(model, dtype, parallel, n_ctx)
-    cpus = sorted(os.sched_getaffinity(0))[:threads] if hasattr(os, "sched_getaffinity") else list(range(threads))
-    bind = ",".join(map(str, cpus))
+) -> tuple[list[str], dict, dict]:
+    """vLLM's OpenAI server command with what the lab sets on either build, and the options checked:
+    (argv, the settings every build records, the options as the settings record them)."""
     argv = [
         python,
         "-m",
@@ -186,6 +204,139 @@ def _vllm(
                 "(e.g. {'method': 'ngram', 'num_speculative_tokens': 3, 'prompt_lookup_max': 3})"
             )
         argv += ["--speculative-config", json.dumps(speculative_config)]
+    common = {
+        "max_num_seqs": parallel,
+        "max_model_len": n_ctx,
+        "prefix_caching": bool(prefix_caching),
+        "generation_config": "vllm",
+        "prompt_tokens_details": True,
+        "seed": 0,
+    }
+    options = {
+        "num_gpu_blocks": num_gpu_blocks,  # None: what its KV cache space gives
+        "max_num_batched_tokens": max_num_batched_tokens,  # None: vLLM's default
+        "speculative_config": speculative_config,  # None: no speculation
+    }
+    return argv, common, options
+
+
+# what the lab sets in vLLM's environment on either build
+_QUIET_ENV = {
+    # its EngineCore, worker and resource tracker die with their parent (lablib.build.vllm.TIE_PTH)
+    "LABLIB_TIED_TREE": "1",
+    "VLLM_LOGGING_COLOR": "0",  # a notebook kernel sets FORCE_COLOR: no ANSI codes in its log or progress lines
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "VLLM_LOGGING_LEVEL": "INFO",
+}
+
+
+def vllm_cuda_command(
+    choice: dict,
+    python: str,
+    folder: str,
+    host: str,
+    port: str,
+    parallel: int,
+    n_ctx: int,
+    prefix_caching: bool = False,
+    num_gpu_blocks: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    speculative_config: dict | None = None,
+    gpu_memory_utilization: float | None = None,
+) -> tuple[list[str], dict, dict]:
+    """(argv, env, settings) of vLLM's CUDA build for ``choice`` (:func:`lablib.build.vllm.choose_build`'s
+    answer, ``build`` "cuda"): the GPU's dtype (:func:`vllm_dtype`: bfloat16 from compute capability 8.0,
+    float16 below; LABLIB_VLLM_DTYPE overrides), ``--gpu-memory-utilization`` (``gpu_memory_utilization``,
+    default :data:`VLLM_GPU_MEMORY_UTILIZATION`, above 0 and at most 1), ``--max-model-len`` ``n_ctx`` and
+    ``--max-num-seqs`` ``parallel``, and the options as on the CPU build. vLLM serves on the first visible
+    GPU (``choice["gpu"]``); none of the CPU build's settings (KV cache space, CPU binding, AOT off) apply.
+    Starts nothing, reads nothing of the machine: a pure function of its arguments (and LABLIB_VLLM_DTYPE)."""
+    if choice.get("build") != "cuda":
+        raise LabError(f"vllm_cuda_command: the choice is the {choice.get('build')} build, expected cuda")
+    util = VLLM_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization
+    if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1:
+        raise LabError(
+            f"gpu_memory_utilization={util!r}: expected the share of the GPU's memory vLLM may take, above 0 and at "
+            f"most 1 (the lab's default {VLLM_GPU_MEMORY_UTILIZATION}; vLLM's own 0.9)"
+        )
+    dtype = vllm_dtype(choice)
+    options = {
+        "num_gpu_blocks": num_gpu_blocks,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "speculative_config": speculative_config,
+    }
+    argv, common, options = _argv(python, folder, host, port, dtype, parallel, n_ctx, prefix_caching, **options)
+    argv += ["--gpu-memory-utilization", str(util)]
+    gpu = choice.get("gpu") or {}
+    settings = {
+        "build": "cuda",
+        "dtype": dtype,
+        "gpu": gpu.get("name"),
+        "gpu_memory_bytes": gpu.get("memory_bytes"),
+        "compute_capability": gpu.get("compute_capability"),
+        "driver_version": choice.get("driver_version"),
+        "gpu_memory_utilization": util,
+        **common,
+        **options,
+    }
+    return argv, dict(_QUIET_ENV), settings
+
+
+def _vllm(
+    model,
+    host: str,
+    port: str,
+    parallel: int,
+    threads: int,
+    n_ctx: int,
+    prefix_caching: bool = False,
+    num_gpu_blocks: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    speculative_config: dict | None = None,
+):
+    """vLLM's OpenAI server on the HF folder, in the build :func:`lablib.build.vllm.chosen` for this machine
+    (installed on first use: minutes, :func:`lablib.build.vllm.ensure`; refused, before any download, on a GPU
+    whose driver or compute capability its CUDA build cannot use). ``parallel`` sequences scheduled together
+    (``--max-num-seqs``), prefix caching off unless asked (the lab's rule: no measured request reuses another's
+    KV cache). On the CUDA build: :func:`vllm_cuda_command`, with the share of the GPU's memory it may take
+    from :func:`gpu_memory_utilization` (LABLIB_VLLM_GPU_MEMORY_UTILIZATION, default
+    :data:`VLLM_GPU_MEMORY_UTILIZATION`); ``threads`` unused. On the CPU build: ``threads`` CPUs bound to
+    its worker (VLLM_CPU_OMP_THREADS_BIND: by default it would reserve one core of two for its scheduler).
+
+    ``num_gpu_blocks``: the KV cache's size in blocks of :data:`VLLM_BLOCK_TOKENS` tokens
+    (``--num-gpu-blocks-override``, which the CPU backend honours: vllm/v1/core/kv_cache_utils.py replaces
+    the blocks its KV space would give; one block is vLLM's null block, so ``num_gpu_blocks - 1`` hold
+    tokens, and at least one sequence of ``n_ctx`` must fit: vLLM refuses to start otherwise). Not part
+    of vLLM's compile-cache key (CacheConfig.compute_hash ignores it). ``max_num_batched_tokens``: the
+    scheduler's token budget per step (``--max-num-batched-tokens``; vLLM's CPU default is 1024 here):
+    a prompt longer than what is left of it after the running sequences' decode tokens is prefilled in
+    chunks (chunked prefill). It IS part of the compile-cache key (SchedulerConfig.compute_hash): a new
+    value compiles for minutes. ``speculative_config``: vLLM's own speculative decoding
+    (``--speculative-config``, JSON: ``{"method": "ngram", "num_speculative_tokens": 3,
+    "prompt_lookup_max": 3}``); its /metrics then count drafts and accepted tokens (``spec_decode_*``)."""
+    from lablib.build.vllm import BUILDS, chosen, ensure
+
+    choice = chosen()  # the build ensure() installs (the machine read once a process); its refusal: ensure raises
+    util = gpu_memory_utilization() if choice["build"] == "cuda" else None  # a bad value: said before installing
+    python = str(ensure(log=lambda m: print(m, file=sys.stderr, flush=True)))
+    folder = model.path_for("hf", "vLLM")
+    version = _venv_version(python, BUILDS[choice["build"]].dist)
+    options = {
+        "num_gpu_blocks": num_gpu_blocks,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "speculative_config": speculative_config,
+    }
+    if choice["build"] == "cuda":
+        argv, env, settings = vllm_cuda_command(
+            choice, python, folder, host, port, parallel, n_ctx, prefix_caching, **options, gpu_memory_utilization=util
+        )
+        return Launch(argv, version, ["/v1/models"], "lab-model", env=env, settings=settings)
+    dtype = vllm_dtype(choice)
+    kv_gib = vllm_kv_space_gib(model, dtype, parallel, n_ctx)
+    cpus = sorted(os.sched_getaffinity(0))[:threads] if hasattr(os, "sched_getaffinity") else list(range(threads))
+    bind = ",".join(map(str, cpus))
+    argv, common, options = _argv(python, folder, host, port, dtype, parallel, n_ctx, prefix_caching, **options)
     env = {
         "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
         "VLLM_CPU_OMP_THREADS_BIND": bind,
@@ -194,29 +345,17 @@ def _vllm(
         # 'finalize_loading'": CPU builds compile without inductor), so every start compiled again (~2 min
         # here); with AOT off its compile cache is read back (warm-up 45 s instead of 103-154 s, measured)
         "VLLM_USE_AOT_COMPILE": "0",
-        # its EngineCore, worker and resource tracker die with their parent (lablib.build.vllm.TIE_PTH)
-        "LABLIB_TIED_TREE": "1",
-        "VLLM_LOGGING_COLOR": "0",  # a notebook kernel sets FORCE_COLOR: no ANSI codes in its log or progress lines
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "VLLM_LOGGING_LEVEL": "INFO",
+        **_QUIET_ENV,
     }
     settings = {
+        "build": "cpu",
         "dtype": dtype,
         "kv_cache_space_gib": kv_gib,
         "cpus_bound": bind,
-        "max_num_seqs": parallel,
-        "max_model_len": n_ctx,
-        "prefix_caching": bool(prefix_caching),
-        "generation_config": "vllm",
-        "prompt_tokens_details": True,
-        "seed": 0,
+        **common,
         "aot_compile": False,
-        "num_gpu_blocks": num_gpu_blocks,  # None: what its KV cache space gives
-        "max_num_batched_tokens": max_num_batched_tokens,  # None: vLLM's default
-        "speculative_config": speculative_config,  # None: no speculation
+        **options,
     }
-    version = _venv_version(python, "vllm-cpu")
     return Launch(argv, version, ["/v1/models"], "lab-model", env=env, settings=settings)
 
 
