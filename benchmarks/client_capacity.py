@@ -87,6 +87,29 @@ token is about one core): what a client sustains there is its capacity, the lab'
 at the lowest CPU per token of the three; its stamps wait longer in that saturated loop (delay p50 1.3-2x),
 which ``near_limit`` flags in every such run. Below saturation (128 streams) the lab's added ITL p99 is about
 twice vLLM's client's (10-11 vs 5.5-12 ms): the lab's rows are taken off in another thread (the GIL).
+
+**Several client processes** (``lab-p2``: :func:`lablib.measure.load.run_load_processes`, two processes on one
+start and one clock). The server pinned to one core and every client to the other (``--server-cpus 0
+--client-cpus 1``), 2-core AMD EPYC (AVX2), 2026-12-05; ``--levels 1,16,64,128,256,512,1024 --clients
+lab,lab-p2,vllm --no-parse``, 183 s (tok_s, added_itl_p99_ms, delay_p50_ms)::
+
+    C     lab                  lab-p2               vllm
+    1     100   0.16  0.21     101   3.3   0.21     101   1.5   0.35
+    16    1583  2.2   0.60     1569  1.6   0.66     1579  4.0   0.57
+    64    6095  5.1   1.8      3509  4.4   1.6      5567  9.1   1.7
+    128   12146 5.4   2.8      10068 4.1   3.0      10705 25    7.1
+    256   22045 15    8.3      18793 18    7.0      19634 46    25
+    512   25999 214   142      28089 60    27       27771 111   39
+    1024  19171 844   496      28363 339   143      34796 353   200
+
+and a second run of lab and lab-p2 alone (``--levels 64,128,512,1024``, 93 s): lab 6143 / 11726 / 20671 /
+48350 tok/s, lab-p2 4906 / 9288 / 18385 / 37159. With the clients on one core, two processes share that
+core: they add no CPU, only a second loop to schedule (their loops' lag p99 300-1100 ms against the one
+process's 8-520 ms), and which of the two delivers more at 512-1024 streams changed from run to run. So
+here the spread gains nothing, and ``--client-processes auto`` (at most the usable cores less one) keeps one
+process on this machine; on a 16-core GPU host it gives a process per 128 streams. Every level of every
+client was exact with every stamp after its send time; vLLM's client did better than the lab's at 1024
+streams in the first run (34796 vs 19171-28363 tok/s) and the lab's at 64-512 in both.
 """
 
 from __future__ import annotations
@@ -262,6 +285,61 @@ def lab_level(engine, srv, c: int, n: int, max_s: float, manifest: dict | None =
         lag_p99_s=head["loop_lag_p99_s"],
         loop_cpu=head["loop_cpu_fraction"],
         near=head["near_limit"],
+        wall_s=wall,
+    )
+    return out
+
+
+def lab_procs_level(srv, c: int, n: int, max_s: float, manifest: dict | None, processes: int) -> dict:
+    """:func:`lab_level` from ``processes`` client processes (:func:`lablib.measure.processes.run_load_processes`:
+    one start, one clock); ``lag_p99_s`` / ``near`` the worst process's, ``cpu_us_tok`` not measured (the
+    sampler reads one process)."""
+    from lablib.engines.base import GenerationConfig
+    from lablib.measure.load import run_load_processes
+    from lablib.measure.processes import merged_headroom
+    from lablib.results.tables import run_summary
+
+    srv.sendlog(clear=True)
+    prompts = [[1000 + (i % 1000), 1 + i // 1000] + [7] * (PROMPT_TOKENS - 2) for i in range(2 * c)]
+    cfg = GenerationConfig(max_new_tokens=n, ignore_eos=True)
+    t0 = time.perf_counter()
+    rows, per = run_load_processes(
+        {"model": None, "base_url": srv.base_url, "server": "vllm"},
+        prompts,
+        "closed",
+        processes=processes,
+        concurrency=c,
+        cfg=cfg,
+        max_duration_s=max_s,
+        manifest=manifest,
+    )
+    wall = time.perf_counter() - t0
+    head = merged_headroom(per) or {}
+    log = {r["rid"]: r for r in srv.sendlog(clear=True)}
+    ok = [r for r in rows if not r.get("error")]
+    pairs, matched = [], []
+    for r in ok:
+        m = TAG.match(r.get("text") or "")
+        if m and int(m.group(1)) in log:
+            pairs.append((lab_arrivals(r), log[int(m.group(1))]["t_send"]))
+            matched.append(log[int(m.group(1))])
+    s = run_summary(rows)
+    out = compare(pairs)
+    out.update(
+        client=f"lab-p{processes}",
+        c=c,
+        n=n,
+        requests=len(rows),
+        errors=s["errors"],
+        exact=all(r.get("count_method") == "token_ids" and r.get("output_tokens") == n for r in ok),
+        cpu_us_tok=None,
+        tok_s=s["output_tps"],
+        server_tok_s=server_rate(matched),
+        itl_p50_s=s["itl_p50_s"],
+        itl_p99_s=s["itl_p99_s"],
+        lag_p99_s=head.get("loop_lag_p99_s"),
+        loop_cpu=head.get("loop_cpu_fraction"),
+        near=head.get("near_limit"),
         wall_s=wall,
     )
     return out
@@ -571,7 +649,12 @@ def main(argv=None) -> int:
         "--clients",
         default="lab,vllm",
         help="lab (pooled connections, as the lab's client talks to vLLM), lab-close (one connection per request, "
-        "as to llama-server), vllm (vLLM's environment: lablib.build.vllm), lab@REV (the lab's parse path as of git REV)",
+        "as to llama-server), vllm (vLLM's environment: lablib.build.vllm), lab@REV (the lab's parse path as of git REV), "
+        "lab-pN (the lab's client from N processes on one clock: lablib.measure.processes)",
+    )
+    ap.add_argument("--server-cpus", default=None, help="CPUs the server runs on, e.g. 0 (Linux: sched_setaffinity)")
+    ap.add_argument(
+        "--client-cpus", default=None, help="CPUs this process, its client processes and vllm bench run on, e.g. 1"
     )
     ap.add_argument("--parse-rounds", type=int, default=3 if QUICK else 9)
     ap.add_argument("--parse-only", action="store_true", help="only the parse section")
@@ -589,6 +672,9 @@ def main(argv=None) -> int:
     work = Path(ns.keep) if ns.keep else Path(tempfile.mkdtemp(prefix="client-capacity-"))
     work.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
+    cpus = lambda text: {int(x) for x in text.split(",")}  # noqa: E731
+    if ns.client_cpus:  # before vllm bench's process and the client processes start: they inherit it
+        os.sched_setaffinity(0, cpus(ns.client_cpus))
     print(f"# load average at start (1, 5, 15 min): {os.getloadavg()}; cpus: {os.cpu_count()}", flush=True)
 
     python = None
@@ -622,6 +708,12 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     try:
         with FastServer(itl_s=ns.itl_s) as srv:
+            if ns.server_cpus:
+                os.sched_setaffinity(srv.pid, cpus(ns.server_cpus))
+            print(
+                f"# cpus: server {sorted(os.sched_getaffinity(srv.pid))}, clients {sorted(os.sched_getaffinity(0))}",
+                flush=True,
+            )
             clock = srv.clock_check()
             print(
                 f"# clock: client {clock['client_clock']}, server {clock['server_clock']}; client before {clock['before']:.6f} "
@@ -656,6 +748,8 @@ def main(argv=None) -> int:
                             r["client"] = "lab-close"
                         elif client == "lab@":
                             ap.error("lab@ needs a git revision: lab@REV")
+                        elif client.startswith("lab-p") and client[5:].isdigit():
+                            r = lab_procs_level(srv, c, n, max_s, manifest, int(client[5:]))
                         elif client.startswith("lab@"):
                             r = lab_rev_level(engine, srv, c, n, max_s, manifest, client.removeprefix("lab@"))
                         else:

@@ -19,8 +19,8 @@ import pytest
 
 from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
-from lablib.measure.load import arrival_schedule, bench
-from lablib.measure.processes import _plan, auto_processes, merged_headroom, run_load_processes, share
+from lablib.measure.load import arrival_schedule, bench, run_load_processes
+from lablib.measure.processes import _plan, auto_processes, merged_headroom, share
 
 BENCH = Path(__file__).parents[1] / "benchmarks"
 
@@ -56,7 +56,9 @@ def test_shares_by_hand():
     assert plans[0]["requests"] == [0, 2, 4, 5, 7, 9] and plans[1]["requests"] == [1, 3, 6, 8]
     assert [p["requests"] for p in _plan(5, "open", None, 2)] == [[0, 2, 4], [1, 3]]
     assert [p["concurrency"] for p in _plan(5, "open", 3, 2)] == [2, 1]
-    assert auto_processes(64, cores=16) == 1 and auto_processes(1024, cores=16) == 8 and auto_processes(1024, cores=2) == 1
+    assert (
+        auto_processes(64, cores=16) == 1 and auto_processes(1024, cores=16) == 8 and auto_processes(1024, cores=2) == 1
+    )
 
 
 def test_a_closed_loop_from_two_processes_on_one_clock(model, paced):
@@ -150,3 +152,67 @@ def test_bench_from_two_processes_and_a_merge_of_two_clients_files(model, paced,
     assert main(["merge", *files, "--out", str(merged)]) == 0
     rows = [json.loads(x) for x in merged.read_text().splitlines()]
     assert len(rows) == 12 and sorted(r["client_process"] for r in rows) == [0] * 6 + [1] * 6
+
+
+def test_client_machines_on_one_start_merge_onto_one_time_line(model, paced, tmp_path):
+    """lablib bench --start-at on each client machine, then lablib merge --one-clock: every machine's first
+    requests were submitted at the start it was given, and the merged rows hold that moment on the Unix time
+    line (here two clients of one machine, one of them from two processes, given starts 1 s apart)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lablib.cli import main
+    from lablib.model.tokenizer import lab_tokenizer
+
+    lab_tokenizer(model)  # transformers' lazy imports are not safe from two threads at once: done once here
+    start = time.time() + 8.0  # the two "machines" load their engines meanwhile, at once (threads here)
+
+    def machine(k: int) -> str:
+        out = tmp_path / f"machine{k}.jsonl"
+        bench(
+            base_url=paced.base_url,
+            out=out,
+            requests=4,
+            prompt_tokens=8,
+            max_new_tokens=3,
+            concurrency=2,
+            model=model,
+            server="vllm",
+            warmup=0,
+            client_processes=k + 1,
+            start_at_unix=start + k,
+            log=lambda *_: None,
+        )
+        return str(out)
+
+    with ThreadPoolExecutor(2) as pool:
+        files = list(pool.map(machine, (0, 1)))
+    for k, f in enumerate(files):
+        rows = [json.loads(x) for x in Path(f).read_text().splitlines()]
+        first = min(r["t_submit"] + r["clock_unix_offset_s"] for r in rows)
+        assert first == pytest.approx(start + k, abs=0.005)  # the machine's clock at the start it was given
+    merged = tmp_path / "run.jsonl"
+    assert main(["merge", *files, "--out", str(merged), "--one-clock"]) == 0
+    rows = [json.loads(x) for x in merged.read_text().splitlines()]
+    firsts = [min(r["t_submit"] for r in rows if r["source_file"] == f) for f in files]  # each machine's first
+    assert len(rows) == 8 and all(r["clock_unix_offset_s"] == 0 for r in rows)
+    assert firsts[0] == pytest.approx(start, abs=0.01) and firsts[-1] == pytest.approx(start + 1, abs=0.01)
+    with pytest.raises(LabError, match="--start-at .*expected Unix seconds or an ISO 8601 time with its zone"):
+        from lablib.cli.bench import _unix_time
+
+        _unix_time("10:00")
+    assert _unix_time("2026-12-05T10:00:00Z") == 1796464800.0
+    with pytest.raises(LabError, match="that time has passed"):
+        bench(
+            base_url=paced.base_url,
+            out=tmp_path / "late.jsonl",
+            requests=1,
+            prompt_tokens=8,
+            max_new_tokens=2,
+            concurrency=1,
+            model=model,
+            server="vllm",
+            warmup=0,
+            start_at_unix=time.time() - 1,
+            log=lambda *_: None,
+        )

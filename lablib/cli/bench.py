@@ -6,6 +6,7 @@
                  --out FILE [--max-duration-s S] [--read-timeout-s S] [--connect-timeout-s S]
                  [--request-timeout-s S]
                  [--ttft-target-s X] [--tpot-target-s X] [--e2e-target-s X]
+                 [--client-processes N|auto] [--start-at TIME]
 
 One tidy row per request (the sweeps' columns plus the HTTP ones) is written as each finishes, with
 the server's name and version in every row's engine columns, and one summary line is printed per
@@ -60,6 +61,12 @@ def add_arguments(p) -> None:
     )
     add_goodput_targets(p)
     p.add_argument("--warmup", type=int, default=1, help="unrecorded requests first")
+    p.add_argument(
+        "--start-at",
+        default=None,
+        help="start the (first) run at this time: Unix seconds or an ISO 8601 time with its zone, e.g. "
+        "2026-12-05T10:00:00Z; the same on several client machines makes one run of them (lablib merge --one-clock)",
+    )
     p.add_argument(
         "--client-processes",
         default="1",
@@ -135,6 +142,7 @@ def _run(ns) -> int:
         **flags(ns, "base_url", "out", "requests", "prompt_tokens", "max_new_tokens", "api", "server", "arrival"),
         **flags(ns, "burstiness", "seed", "until_eos", "max_duration_s", "read_timeout_s", "connect_timeout_s"),
         **flags(ns, "request_timeout_s", "warmup", "prompts"),
+        start_at_unix=_unix_time(ns.start_at),
         client_processes=ns.client_processes if ns.client_processes == "auto" else _whole_arg(ns.client_processes),
         **goodput_targets(ns),
         log=lambda m: print(m, file=sys.stderr),
@@ -152,3 +160,27 @@ def _whole_arg(text: str):
         return int(text)
     except ValueError:
         return text
+
+
+def _unix_time(text: str | None) -> float | None:
+    """``--start-at``: Unix seconds, or an ISO 8601 time with its zone; LabError naming what was given."""
+    import datetime as dt
+
+    from lablib.errors import LabError
+
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        t = None
+    if t is None or t.tzinfo is None:
+        raise LabError(
+            f"--start-at {text!r}: expected Unix seconds or an ISO 8601 time with its zone, e.g. 2026-12-05T10:00:00Z "
+            "(the same moment on every client machine)"
+        )
+    return t.timestamp()

@@ -10,10 +10,15 @@ HELP = "combine results files (several machines) into one"
 def add_arguments(p) -> None:
     p.add_argument("files", nargs="+")
     p.add_argument("--out", required=True, help=".jsonl or .parquet")
+    p.add_argument(
+        "--one-clock",
+        action="store_true",
+        help="one run from several client machines (lablib bench --start-at): their rows on the Unix time line",
+    )
 
 
 def run(ns) -> int:
-    df = merge_results(ns.files, ns.out)
+    df = merge_results(ns.files, ns.out, one_clock=ns.one_clock)
     hosts = sorted(df["hostname"].dropna().unique()) if "hostname" in df else []
     print(f"{len(df)} rows from {len(ns.files)} file(s), {len(hosts)} machine(s) {hosts} -> {ns.out}")
     return 0

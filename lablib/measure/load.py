@@ -469,6 +469,216 @@ async def _open(engine, prompts, schedule, cap, cfgs, max_duration_s, manifest, 
     await _bounded(tasks, deadline)
 
 
+# --- one run from several client processes (lablib.measure.processes) ----------------------------
+def _process_worker(index: int, engine_kw: dict, job: dict, to_worker, to_parent) -> None:
+    """One client process: an http engine, ready; then run_load from the shared start, rows to the parent."""
+    import os
+    import signal
+
+    state = {"interrupted": False}
+
+    def once(signum, frame):  # the first SIGINT stops the run (its rows in flight recorded), later ones wait
+        if not state["interrupted"]:
+            state["interrupted"] = True
+            raise KeyboardInterrupt("SIGINT")
+
+    signal.signal(signal.SIGINT, once)
+    engine = headroom = error = None
+    try:
+        from lablib.engines import load_engine
+        from lablib.measure.headroom import LoopLagProbe
+
+        engine = load_engine("http", **engine_kw)
+        if job["prompts"]:  # one unrecorded request of 2 tokens: the request path's imports and first connection
+            import dataclasses
+
+            engine.generate(job["prompts"][0], dataclasses.replace(job["cfg"], max_new_tokens=2))
+        to_parent.put(("ready", index, os.getpid()))
+        start_at = to_worker.get()
+        if start_at is None:  # another process failed before the start
+            return
+        local = job["requests"]
+        clients = job["clients"]
+
+        def emit(row: dict) -> None:
+            row["request_index"] = local[row["request_index"]]
+            if clients is not None and row.get("client") is not None:
+                row["client"] = clients[row["client"]]
+            row.update(job["run_labels"], client_process=index)
+            to_parent.put(("row", index, row))
+
+        probe = LoopLagProbe()
+        itl = []
+        try:
+            rows = run_load(
+                engine,
+                job["prompts"],
+                job["mode"],
+                concurrency=job["concurrency"],
+                schedule=job["schedule"],
+                max_duration_s=job["max_duration_s"],
+                cfg=job["cfg"],
+                manifest=job["manifest"],
+                max_new_tokens=job["max_new_tokens"],
+                on_row=emit,
+                client_probe=probe,
+                start_at=start_at,
+                **job["labels"],
+            )
+            itl = [x for r in rows if not r.get("error") for x in (r.get("itl_s") or [])]
+        finally:
+            from lablib.results.tables import percentile
+
+            headroom = client_headroom_of(probe, percentile(itl, 50) if itl else None)
+    except KeyboardInterrupt:
+        error = "interrupted"
+    except Exception as e:  # noqa: BLE001 - the parent says it, with this process's index
+        error = f"{type(e).__name__}: {e}"
+    finally:
+        if engine is not None:
+            engine.close()
+        to_parent.put(("done", index, {"headroom": headroom, "error": error, "pid": os.getpid()}))
+
+
+def run_load_processes(
+    engine_kw: dict,
+    prompts: list[list[int]],
+    mode: str = "closed",
+    processes: int = 2,
+    concurrency: int | None = None,
+    rate: float | None = None,
+    arrival: str = "poisson",
+    burstiness: float = 1.0,
+    seed: int = 0,
+    schedule: list[float] | None = None,
+    max_duration_s: float = 300.0,
+    cfg=None,
+    manifest: dict | None = None,
+    max_new_tokens: list[int] | None = None,
+    on_row: Callable[[dict], None] | None = None,
+    start_at: float | None = None,
+    **labels,
+) -> tuple[list[dict], list[dict]]:
+    """:func:`lablib.measure.load.run_load`'s run from ``processes`` client processes on one start (see the module).
+
+    ``engine_kw``: :func:`lablib.engines.load_engine`'s keywords for the ``http`` engine each process makes
+    (``model``, ``base_url``, ``server``, ``api``, timeouts...; picklable). ``manifest``: the run's manifest
+    (every row's; the caller's engine's, with ``client_processes`` in its workload when None is not given). The
+    other arguments are run_load's (``start_at``: the shared start on the lab's clock; None: just after every
+    process is ready). Returns (rows in arrival order, one dict per process: ``process``, ``pid``,
+    ``streams`` (its clients, or its share of the cap), ``requests``, ``rows``, ``error``, and its
+    ``client_headroom``). Raises LabError for bad arguments, a process that fails to get ready, or one that
+    fails during the run (after every row that arrived was passed to ``on_row``)."""
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    from lablib.measure.processes import DONE_GRACE_S, START_MARGIN_S, _collect, _plan, _wait_ready
+
+    processes = whole(processes, "processes", "a whole number of client processes, at least 1")
+    if mode not in LOAD_SHAPES:
+        raise LabError(f"mode={mode!r}: expected 'closed' or 'open'")
+    if not prompts:
+        raise LabError("no prompts: expected one list of token ids per request")
+    if concurrency is not None:
+        concurrency = whole(concurrency, "concurrency", "a whole number of requests in flight, at least 1")
+    if mode == "closed" and concurrency is None:
+        raise LabError("a closed loop needs concurrency=C (clients)")
+    _check_max_duration(max_duration_s)
+    if mode == "open":
+        if schedule is None:
+            if rate is None:
+                raise LabError("an open loop needs rate=R (requests per second) or schedule=[...]")
+            schedule = arrival_schedule(len(prompts), rate, arrival, burstiness, seed)
+        else:
+            schedule = _check_schedule(schedule, len(prompts))
+    processes = min(processes, concurrency or processes, len(prompts))
+    cfg = cfg or GenerationConfig()
+    plans = _plan(len(prompts), mode, concurrency, processes)
+    ctx = multiprocessing.get_context("spawn")
+    to_parent = ctx.Queue()
+    workers = []
+    for p, plan in enumerate(plans):
+        idx = plan["requests"]
+        job = {
+            "prompts": [prompts[i] for i in idx],
+            "requests": idx,
+            "clients": plan["clients"],
+            "mode": mode,
+            "concurrency": plan["concurrency"],
+            # the open loop's send times of this process's requests, on the run's time line (from the shared start)
+            "schedule": [schedule[i] for i in idx] if mode == "open" else None,
+            "max_duration_s": max_duration_s,
+            "cfg": cfg,
+            "manifest": manifest,
+            "max_new_tokens": [max_new_tokens[i] for i in idx] if max_new_tokens is not None else None,
+            "labels": labels,
+            # the run's own labels on every row, not this process's share (its concurrency, its sub-schedule)
+            "run_labels": {"concurrency": concurrency}
+            if mode == "closed"
+            else {
+                "concurrency": concurrency,
+                "rate": rate,
+                "arrival": arrival if rate is not None else "schedule",
+                "burstiness": burstiness if rate is not None else None,
+            },
+        }
+        to_worker = ctx.Queue()
+        proc = ctx.Process(target=_process_worker, args=(p, engine_kw, job, to_worker, to_parent), daemon=True)
+        proc.start()
+        workers.append({"proc": proc, "to": to_worker, "plan": plan, "rows": 0, "done": None})
+    rows: list[dict] = []
+    try:
+        _wait_ready(workers, to_parent)
+        if start_at is None:
+            start_at = now() + START_MARGIN_S
+        for w in workers:
+            w["to"].put(start_at)
+        _collect(workers, to_parent, rows, on_row)
+    except KeyboardInterrupt:
+        for w in workers:
+            if w["proc"].is_alive() and w["done"] is None:
+                os.kill(w["proc"].pid, signal.SIGINT)
+        try:
+            _collect(workers, to_parent, rows, on_row, deadline=time.monotonic() + DONE_GRACE_S)
+        except (LabError, KeyboardInterrupt):
+            pass
+        raise
+    except BaseException:
+        for w in workers:
+            w["to"].put(None)
+        raise
+    finally:
+        for w in workers:
+            w["proc"].join(timeout=5)
+            if w["proc"].is_alive():
+                w["proc"].kill()
+                w["proc"].join(timeout=5)
+    out = []
+    for p, w in enumerate(workers):
+        d = w["done"] or {}
+        out.append(
+            {
+                "process": p,
+                "pid": d.get("pid"),
+                "streams": w["plan"]["concurrency"],
+                "requests": len(w["plan"]["requests"]),
+                "rows": w["rows"],
+                "error": d.get("error"),
+                "client_headroom": d.get("headroom"),
+            }
+        )
+    failed = [o for o in out if o["error"]]
+    if failed:
+        raise LabError(
+            "client process "
+            + "; ".join(f"{o['process']} (pid {o['pid']}): {o['error']}" for o in failed)
+            + f"; the {len(rows)} rows that arrived were kept"
+        )
+    return rows, out
+
+
 # --- summaries ----------------------------------------------------------------------------------
 def summarize(rows, ttft_s: float | None = None, tpot_s: float | None = None, e2e_s: float | None = None) -> dict:
     """One run in numbers: :func:`lablib.results.tables.run_summary` of ``rows`` against the goodput
@@ -507,6 +717,7 @@ def bench(
     on_summary: Callable[[dict], None] | None = None,
     prompts: str = "prose",
     client_processes: int | str = 1,
+    start_at_unix: float | None = None,
 ) -> list[dict]:
     """Load on the OpenAI-compatible server at ``base_url`` (``lablib bench``): one summary per run.
 
@@ -545,7 +756,9 @@ def bench(
     ``client_processes``: how many client processes share each run's streams (:mod:`lablib.measure.processes`:
     one start on the machine's one clock, the rows merged into ``out``); ``"auto"``: one per
     :data:`lablib.measure.processes.STREAMS_PER_PROCESS` streams (the closed loop's clients, the open loop's
-    cap), at most the usable cores less one. With more than one, each summary's ``client_processes`` lists
+    cap), at most the usable cores less one. ``start_at_unix``: the first run starts at this Unix time (seconds;
+    the same on several client machines, whose clocks NTP keeps together: one run from all of them, merged with
+    ``lablib merge --one-clock``), which must still be to come when the warm-up is done. With more than one, each summary's ``client_processes`` lists
     each process's streams, rows and ``client_headroom``, and its ``client_headroom`` is the worst of them.
     """
     import json
@@ -583,7 +796,9 @@ def bench(
 
     if client_processes == "auto":
         client_processes = auto_processes(concurrency)
-    client_processes = whole(client_processes, "client_processes", "a whole number of client processes, at least 1 (or 'auto')")
+    client_processes = whole(
+        client_processes, "client_processes", "a whole number of client processes, at least 1 (or 'auto')"
+    )
     rm = model if isinstance(model, ResolvedModel) else prepare(model, log=log)
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=not until_eos)
     if prompts == "random":  # vllm bench's measured prompts, in its order; the warm-up's of another seed
@@ -614,6 +829,18 @@ def bench(
             server_file = None
         for ids in prompts[:warmup]:
             engine.generate(ids, cfg)
+        start_at = None
+        if start_at_unix is not None:
+            import time as _time
+
+            from lablib.results.trace import now
+
+            start_at = now() + (float(start_at_unix) - _time.time())
+            if start_at <= now():
+                raise LabError(
+                    f"start_at_unix={start_at_unix}: that time has passed ({_time.time() - float(start_at_unix):.1f} s "
+                    "ago, after the warm-up); expected a moment still to come on every client machine"
+                )
         for rate in rates:
             labels = {"server": engine.kind, "mode": mode, "rate": rate, "concurrency": concurrency}
             sampler = None if server_file is None else MetricsSampler(engine.root_url, metrics_interval_s, **labels)
@@ -622,7 +849,17 @@ def bench(
             per_process = None
             if client_processes > 1:
                 rows, per_process = _bench_processes(
-                    engine, rm, prompts[warmup:], mode, shape, cfg, max_duration_s, client_processes, writer, sampler
+                    engine,
+                    rm,
+                    prompts[warmup:],
+                    mode,
+                    shape,
+                    cfg,
+                    max_duration_s,
+                    client_processes,
+                    writer,
+                    sampler,
+                    start_at,
                 )
             else:
                 rows = run_load(
@@ -635,6 +872,7 @@ def bench(
                     on_row=writer.append,
                     server_metrics=sampler,
                     client_probe=probe,
+                    start_at=start_at,
                 )
             counters = info = None
             if sampler is not None:
@@ -656,6 +894,7 @@ def bench(
                 "server_counters": counters,
                 "server_info": info,
             }
+            start_at = None  # the first run only: the next starts when this one ends
             if per_process is None:
                 s["client_headroom"] = client_headroom_of(probe, s.get("itl_p50_s"))
             else:
@@ -677,10 +916,9 @@ def bench(
     return summaries
 
 
-def _bench_processes(engine, rm, prompts, mode, shape, cfg, max_duration_s, processes, writer, sampler):
+def _bench_processes(engine, rm, prompts, mode, shape, cfg, max_duration_s, processes, writer, sampler, start_at=None):
     """One of :func:`bench`'s runs from ``processes`` client processes (:func:`lablib.measure.processes.run_load_processes`),
     each with an http engine like ``engine``, every row with ``engine``'s manifest; (rows, per process)."""
-    from lablib.measure.processes import run_load_processes
     from lablib.results.store import engine_manifest
 
     manifest = engine_manifest(
@@ -721,6 +959,7 @@ def _bench_processes(engine, rm, prompts, mode, shape, cfg, max_duration_s, proc
             cfg=cfg,
             manifest=manifest,
             on_row=writer.append,
+            start_at=start_at,
         )
     finally:
         if sampler is not None:

@@ -63,6 +63,9 @@ MANIFEST_FIELDS = {
     MEASURED_BANDWIDTH: ("hardware", MEASURED_BANDWIDTH),
     **{col: ("hardware", col) for col in MEASURED_PEAKS.values()},
     "lablib_version": (None, "lablib_version"),
+    # the Unix time minus the lab's clock when the run started (seconds): t_* + this is a row's Unix time
+    # (lablib.results.store.merge_results(one_clock=True): several client machines on one time line)
+    "clock_unix_offset_s": (None, "clock_unix_offset_s"),
     "time": (None, "time"),
     # what a server the lab started was started with (lablib.engines.servers.Launch.settings: dtype, KV
     # cache space, prefix caching, threads ...), as JSON text; None for in-process engines

@@ -12,6 +12,7 @@ import datetime as _dt
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 
 from lablib._version import __version__
@@ -19,7 +20,7 @@ from lablib.errors import LabError, first_line
 from lablib.machine.ceilings import measured_summary
 from lablib.machine.identity import hardware_info, load_average
 from lablib.results.schema import CLOCKS, DEFAULTS, METRICS, flatten_manifest
-from lablib.results.trace import RequestTrace
+from lablib.results.trace import RequestTrace, now
 
 
 def run_manifest(engine_info: dict, model: dict, workload: dict | None = None) -> dict:
@@ -35,6 +36,9 @@ def run_manifest(engine_info: dict, model: dict, workload: dict | None = None) -
         "workload": workload or {},
         "lablib_version": __version__,
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        # the Unix time minus the lab's clock (time.perf_counter: CLOCK_MONOTONIC, one per machine), now: a row's
+        # t_* + this is its Unix time, which lets merge_results(one_clock=True) put several machines on one time line
+        "clock_unix_offset_s": time.time() - now(),
     }
 
 
@@ -249,12 +253,19 @@ def _read_file(p):
         ) from None
 
 
-def merge_results(paths, out):
+def merge_results(paths, out, one_clock: bool = False):
     """Combine results files (for example one per workshop laptop) into ``out``.
 
     Every row keeps its manifest columns (hostname, cpu_model, engine versions)
     and ``source_file``, so plots can facet by machine. Rows identical in
     everything (the same file given twice) are kept once. Returns the DataFrame.
+
+    ``one_clock``: the files are one run from several client machines (``lablib bench --start-at``, one start
+    for all): each row's clocks (:data:`lablib.results.schema.CLOCKS`) are moved onto the Unix time line (its
+    ``clock_unix_offset_s`` added, then set to 0), so a run summary of the merged rows (makespan, throughput)
+    spans every machine. The machines' clocks then agree as well as their NTP keeps them (milliseconds); each
+    request's own latencies (TTFT, TPOT, ITL) are differences on one machine's clock and do not move.
+    LabError when a row has no ``clock_unix_offset_s`` (written before the lab recorded it).
     """
     out = Path(out)
     _suffix(out)
@@ -263,6 +274,18 @@ def merge_results(paths, out):
     df = load_results(*paths)
     key = [c for c in df.columns if c not in ("source_file",)]
     df = df.loc[~df[key].astype(str).duplicated()].reset_index(drop=True)
+    if one_clock:
+        off = df["clock_unix_offset_s"] if "clock_unix_offset_s" in df else None
+        if off is None or off.isna().any():
+            n = len(df) if off is None else int(off.isna().sum())
+            raise LabError(
+                f"one_clock: {n} rows have no clock_unix_offset_s (written before the lab recorded it): expected "
+                "rows of lablib bench from this version; merge without --one-clock (each machine's own clock)"
+            )
+        for c in CLOCKS:
+            if c in df:
+                df[c] = df[c] + off
+        df["clock_unix_offset_s"] = 0.0
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".parquet":
         tmp = out.with_name(out.name + ".tmp")

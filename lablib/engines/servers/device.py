@@ -103,7 +103,11 @@ def server_device(name: str, settings: dict, log_text: str = "") -> dict:
 
             gpus = nvidia_gpus()
             if not gpus:
-                return {"device": "cuda", "device_name": UNKNOWN, "device_source": "its CUDA build; nvidia-smi lists no GPU"}
+                return {
+                    "device": "cuda",
+                    "device_name": UNKNOWN,
+                    "device_source": "its CUDA build; nvidia-smi lists no GPU",
+                }
             g = gpus[0]
             mem = f", {g.memory_bytes / 2**30:.0f} GiB" if g.memory_bytes else ""
             return {"device": "cuda", "device_name": f"{g.name}{mem}", "device_source": "its CUDA build, nvidia-smi"}
