@@ -245,7 +245,6 @@ def lab_level(engine, srv, c: int, n: int, max_s: float, manifest: dict | None =
     from lablib.engines.base import GenerationConfig
     from lablib.measure.headroom import LoopLagProbe
     from lablib.measure.load import run_load
-    from lablib.results.tables import run_summary
 
     srv.sendlog(clear=True)
     prompts = [[1000 + (i % 1000), 1 + i // 1000] + [7] * (PROMPT_TOKENS - 2) for i in range(2 * c)]
@@ -256,6 +255,21 @@ def lab_level(engine, srv, c: int, n: int, max_s: float, manifest: dict | None =
         time.sleep(3 * cpu.interval_s)  # a read after the last token
     wall = time.perf_counter() - t0
     head = probe.headroom()
+    ok = [r for r in rows if not r.get("error")]
+    cpu_us = (
+        cpu_us_per_token(
+            cpu, min(r["t_submit"] for r in ok), max(r["t_last_token"] for r in ok), sum(r["output_tokens"] for r in ok)
+        )
+        if ok
+        else None
+    )
+    return lab_result(rows, srv, "lab", c, n, cpu_us, head, wall)
+
+
+def lab_result(rows, srv, client: str, c: int, n: int, cpu_us_tok, head: dict, wall: float) -> dict:
+    """A level's columns from the lab's rows: their stamps matched to the server's send times (its log, cleared)."""
+    from lablib.results.tables import run_summary
+
     log = {r["rid"]: r for r in srv.sendlog(clear=True)}
     ok = [r for r in rows if not r.get("error")]
     pairs, matched = [], []
@@ -267,24 +281,20 @@ def lab_level(engine, srv, c: int, n: int, max_s: float, manifest: dict | None =
     s = run_summary(rows)
     out = compare(pairs)
     out.update(
-        client="lab",
+        client=client,
         c=c,
         n=n,
         requests=len(rows),
         errors=s["errors"],
         exact=all(r.get("count_method") == "token_ids" and r.get("output_tokens") == n for r in ok),
-        cpu_us_tok=cpu_us_per_token(
-            cpu, min(r["t_submit"] for r in ok), max(r["t_last_token"] for r in ok), s["output_tokens"]
-        )
-        if ok
-        else None,
+        cpu_us_tok=cpu_us_tok,
         tok_s=s["output_tps"],
         server_tok_s=server_rate(matched),
         itl_p50_s=s["itl_p50_s"],
         itl_p99_s=s["itl_p99_s"],
-        lag_p99_s=head["loop_lag_p99_s"],
-        loop_cpu=head["loop_cpu_fraction"],
-        near=head["near_limit"],
+        lag_p99_s=head.get("loop_lag_p99_s"),
+        loop_cpu=head.get("loop_cpu_fraction"),
+        near=head.get("near_limit"),
         wall_s=wall,
     )
     return out
@@ -297,7 +307,6 @@ def lab_procs_level(srv, c: int, n: int, max_s: float, manifest: dict | None, pr
     from lablib.engines.base import GenerationConfig
     from lablib.measure.load import run_load_processes
     from lablib.measure.processes import merged_headroom
-    from lablib.results.tables import run_summary
 
     srv.sendlog(clear=True)
     prompts = [[1000 + (i % 1000), 1 + i // 1000] + [7] * (PROMPT_TOKENS - 2) for i in range(2 * c)]
@@ -314,35 +323,7 @@ def lab_procs_level(srv, c: int, n: int, max_s: float, manifest: dict | None, pr
         manifest=manifest,
     )
     wall = time.perf_counter() - t0
-    head = merged_headroom(per) or {}
-    log = {r["rid"]: r for r in srv.sendlog(clear=True)}
-    ok = [r for r in rows if not r.get("error")]
-    pairs, matched = [], []
-    for r in ok:
-        m = TAG.match(r.get("text") or "")
-        if m and int(m.group(1)) in log:
-            pairs.append((lab_arrivals(r), log[int(m.group(1))]["t_send"]))
-            matched.append(log[int(m.group(1))])
-    s = run_summary(rows)
-    out = compare(pairs)
-    out.update(
-        client=f"lab-p{processes}",
-        c=c,
-        n=n,
-        requests=len(rows),
-        errors=s["errors"],
-        exact=all(r.get("count_method") == "token_ids" and r.get("output_tokens") == n for r in ok),
-        cpu_us_tok=None,
-        tok_s=s["output_tps"],
-        server_tok_s=server_rate(matched),
-        itl_p50_s=s["itl_p50_s"],
-        itl_p99_s=s["itl_p99_s"],
-        lag_p99_s=head.get("loop_lag_p99_s"),
-        loop_cpu=head.get("loop_cpu_fraction"),
-        near=head.get("near_limit"),
-        wall_s=wall,
-    )
-    return out
+    return lab_result(rows, srv, f"lab-p{processes}", c, n, None, merged_headroom(per) or {}, wall)
 
 
 def lab_rev_level(engine, srv, c: int, n: int, max_s: float, manifest: dict | None, rev: str) -> dict:

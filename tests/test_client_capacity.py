@@ -10,15 +10,13 @@
 """
 
 import asyncio
-import importlib.util
 import json
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
+from benchmark_modules import load as _load
 from lablib.engines import load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.engines.http.protocol import loads
@@ -27,19 +25,6 @@ from lablib.errors import LabError
 from lablib.measure import headroom
 from lablib.measure.headroom import LoopLagProbe, client_headroom
 from lablib.measure.load import run_load
-
-BENCH = Path(__file__).parents[1] / "benchmarks"
-
-
-def _load(name):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
 
 fast_server = _load("fast_server")
 capacity = _load("client_capacity")

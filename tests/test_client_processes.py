@@ -10,30 +10,16 @@
   machines) merge into one file whose rows keep their processes.
 """
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmark_modules import load as _load
 from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
 from lablib.measure.load import arrival_schedule, bench, run_load_processes
 from lablib.measure.processes import _plan, auto_processes, merged_headroom, share
-
-BENCH = Path(__file__).parents[1] / "benchmarks"
-
-
-def _load(name):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
 
 fast_server = _load("fast_server")
 capacity = _load("client_capacity")

@@ -253,21 +253,21 @@ def start_server(
         threads=threads or default_threads(),
         settings=dict(launch.settings, env=dict(launch.env)),
     )
-    try:
+    try:  # an interrupt anywhere until the card is written stops the server (it is not the caller's yet)
         _wait_ready(srv, ready, timeout_s, log)
+        srv.startup_s = time.perf_counter() - t0
+        srv.settings["startup_s"] = round(srv.startup_s, 1)
+        # what it computes on, read once it is ready (its log says where its weights went): every row's device
+        try:
+            log_text = log_path.read_text(errors="replace")
+        except OSError:
+            log_text = ""
+        srv.settings.update(server_device(name, srv.settings, log_text))
+        # for a run in another process (lablib bench, a notebook): what this server was started with
+        cards.write_card(name, srv.pid, port, version, argv, log_path, srv.settings)
     except BaseException:
         srv.stop(grace_s=5)
         raise
-    srv.startup_s = time.perf_counter() - t0
-    srv.settings["startup_s"] = round(srv.startup_s, 1)
-    # what it computes on, read once it is ready (its log says where its weights went): every row's device
-    try:
-        log_text = log_path.read_text(errors="replace")
-    except OSError:
-        log_text = ""
-    srv.settings.update(server_device(name, srv.settings, log_text))
-    # for a run in another process (lablib bench, a notebook): what this server was started with
-    cards.write_card(name, srv.pid, port, version, argv, log_path, srv.settings)
     return srv
 
 
