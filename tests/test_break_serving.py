@@ -303,6 +303,8 @@ def test_rate_sweep_takes_one_server_and_rates_as_text(llama_server, model):
     table = serving.rate_sweep_table(llama_server, model, "inf", requests=2, prompt_tokens=8, max_new_tokens=2)
     assert list(table["rate"]) == [math.inf] and list(table["server"]) == ["llama-server"]
     assert (table["errors"] == 0).all()
+    # the client's own headroom, as lablib bench prints it: the probe's lag on the loop that stamped the tokens
+    assert table["client_lag_p99_ms"].iloc[0] >= 0 and table["client_near_limit"].iloc[0] in (True, False)
 
 
 @pytest.mark.parametrize(

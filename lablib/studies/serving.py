@@ -299,7 +299,10 @@ def rate_sweep_table(
     p50/p95/p99, tpot p50, e2e p50, goodput (requests/s meeting ``ttft_s``
     and ``tpot_s``) and its fraction, errors; and, from the server's own ``/metrics`` sampled every
     ``metrics_interval_s`` during the run (:class:`lablib.engines.http.metrics.MetricsSampler`; None for a
-    server without it): running_max, waiting_max, kv_usage_max (0..1), preemptions.
+    server without it): running_max, waiting_max, kv_usage_max (0..1), preemptions; and the client's own headroom,
+    as ``lablib bench`` prints it (:func:`lablib.measure.load.client_headroom_of`: a loop-lag probe on the loop that
+    stamps the tokens): client_lag_p99_ms and client_near_limit (True: the run's ITL and TTFT p99 hold more than
+    10 % of the client's own delay).
 
     The raw request rows are in the result's ``attrs["rows"]``, the server's samples (t_s on the lab's
     clock, metric, value, with the run's ``server`` and ``rate``) in ``attrs["server_rows"]``:
@@ -308,10 +311,12 @@ def rate_sweep_table(
     from lablib.checks import whole
     from lablib.engines.http.metrics import MetricsSampler, run_maxima
     from lablib.errors import LabError
+    from lablib.measure.headroom import LoopLagProbe
     from lablib.measure.load import (
         MAX_REQUESTS,
         _check_max_duration,
         arrival_schedule,
+        client_headroom_of,
         parse_rates,
         run_load,
         summarize,
@@ -339,6 +344,7 @@ def rate_sweep_table(
             root = _metrics_root(e)
             for r in rates:
                 sampler = None if root is None else MetricsSampler(root, metrics_interval_s, server=srv.name, rate=r)
+                probe = LoopLagProbe()
                 rows = run_load(
                     e,
                     prompts[:-1],
@@ -349,12 +355,15 @@ def rate_sweep_table(
                     cfg=cfg,
                     max_duration_s=max_duration_s,
                     server_metrics=sampler,
+                    client_probe=probe,
                 )
                 raw += rows
                 seen = sampler.deltas() if sampler is not None else {}
                 if sampler is not None:
                     server_rows += sampler.rows()
                 s = summarize(rows, ttft_s=ttft_s, tpot_s=tpot_s)
+                head = client_headroom_of(probe, s.get("itl_p50_s"))
+                lag = head.get("loop_lag_p99_s")
                 table.append(
                     {
                         "server": srv.name,
@@ -369,6 +378,8 @@ def rate_sweep_table(
                         "goodput_fraction": s["goodput_fraction"],
                         "errors": s["errors"],
                         **run_maxima(seen),
+                        "client_lag_p99_ms": None if lag is None else lag * 1e3,
+                        "client_near_limit": head.get("near_limit"),
                     }
                 )
         finally:
