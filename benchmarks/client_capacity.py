@@ -110,6 +110,15 @@ here the spread gains nothing, and ``--client-processes auto`` (at most the usab
 process on this machine; on a 16-core GPU host it gives a process per 128 streams. Every level of every
 client was exact with every stamp after its send time; vLLM's client did better than the lab's at 1024
 streams in the first run (34796 vs 19171-28363 tok/s) and the lab's at 64-512 in both.
+
+Repeated, alternating (the same machine and day), tok/s lab vs vllm: unpinned, ``--levels
+512,1024,512,1024,512,1024 --clients lab,vllm --no-parse`` (89 s): 512 streams 39128 / 35609, 36814 / 34582,
+29967 / 29649; 1024 streams 52693 / 43776, 30506 / 30456, 32130 / 22407 (the lab's client delivered at least as
+much in every pair). Pinned as above, ``--levels 1024,1024,1024 --clients lab,vllm,lab-p2``: lab 22132, 29251,
+31401; vllm 23153, 28586, 28135; lab-p2 21577, 22741, 22127 (with delay p50 40-51 ms against the single
+process's 81-227 ms: two loops stamp sooner, on one core they deliver less). At these levels every client is
+past its limit (all tokens late by tens to hundreds of ms): the lab's added ITL p99 was 1.2-2.7 times vLLM's
+client's (its rows are built and written beside the loop, in the same process).
 """
 
 from __future__ import annotations
