@@ -351,3 +351,52 @@ def test_cli_roofline_json_from_a_results_file(model, llama, tmp_path, monkeypat
     assert e["rows"] == 2 and e["source"].startswith("results: ") and e["prompt_tokens"] == 64
     assert e["fraction_of_bound"] == pytest.approx(e["decode_tps"] / e["decode_bound_tps"])
     assert main(["roofline", "--results", str(tmp_path / "none.jsonl")]) == 2
+
+
+def test_each_row_is_held_against_its_own_device(model):
+    """A row computed on a GPU is held against that GPU's ceilings, a CPU row against this CPU's, and a row of
+    an unknown device (a server at a URL the lab did not start) against none: issue 37 found a transformers row
+    on an H200 held to the host CPU's 5.87 GB/s, at '230 % of the bound'."""
+    from lablib.machine.ceilings import machine
+    from lablib.machine.device_ceilings import measured_summary
+
+    gpu = rows(model, {"device": "cuda", "accelerator": "NVIDIA H200"})  # not measured here (no GPU): published
+    cpu = rows(model, {"device": "cpu", "accelerator": None})
+    unknown = rows(model, {"device": "unknown", "accelerator": None})
+    df = roofline.add_bound_columns(pd.concat([gpu, cpu, unknown], ignore_index=True), model)
+    by = df.groupby("device")
+    assert set(by["bound_bytes_per_s"].unique()["cuda"]) == {4.8e12}  # the H200 datasheet's 4.8 TB/s
+    assert set(by["bound_bytes_per_s"].unique()["cpu"]) == {machine(None)["bytes_per_s"]}
+    assert df.loc[df["device"] == "unknown", "decode_bound_tps"].isna().all()
+    llama_gpu = df[(df["device"] == "cuda") & (df["engine"] == "llama.cpp")].iloc[0]
+    assert llama_gpu["bound_flop_per_s"] == 1979e12  # int8 tensor cores (dense)
+    # a GPU row that carries its device's measurement (what a run on that GPU writes) is held to it
+    own = rows(
+        model,
+        {
+            "device": "cuda",
+            "measured_bandwidth_gbps": 4250.0,
+            "measured_int8_gops": 900_000.0,
+            "measured_float32_gflops": 50_000.0,
+        },
+    )
+    r = roofline.add_bound_columns(own, model).iloc[0]
+    assert r["bound_bytes_per_s"] == 4250e9 and r["bound_flop_per_s"] == 900_000e9
+    # the manifest never gives a GPU or unknown row the CPU's figures
+    assert measured_summary("unknown") == {} and measured_summary("server") == {}
+
+
+def test_a_device_measured_through_torch_counts_the_bytes_it_moved(tmp_path, monkeypatch):
+    """measure_device runs the same torch kernels on any device; on this CPU: the read kernel passes over the
+    tensor once, copy twice, and the matrix types torch runs here are there."""
+    from lablib.machine import device_ceilings as dc
+
+    monkeypatch.setenv("LABLIB_HOME", str(tmp_path))
+    m = dc.measure_device("cpu", quick=True)
+    read, copy = m["bandwidth"]["read"], m["bandwidth"]["copy"]
+    assert read["tensor_bytes"] == dc.DEVICE_ARRAY_BYTES_QUICK and read["bytes_per_pass"] == read["tensor_bytes"]
+    assert copy["bytes_per_pass"] == 2 * copy["tensor_bytes"] and m["bytes_per_s"] == read["bytes_per_s"]
+    assert {"float32", "bfloat16", "int8"} <= set(m["flop_per_s"]) and m["matmul"]["float32"]["n"] == 1024
+    assert dc.cached_device_measurement("cpu") == m  # cached beside the CPU's own measurement
+    assert dc.published_peaks_for("NVIDIA H100 80GB HBM3")["bytes_per_s"] == 3.35e12
+    assert dc.published_peaks_for("Tesla T4") is None  # no figure for it: no bound rather than another's

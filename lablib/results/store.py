@@ -17,7 +17,7 @@ from pathlib import Path
 
 from lablib._version import __version__
 from lablib.errors import LabError, first_line
-from lablib.machine.ceilings import measured_summary
+from lablib.machine.device_ceilings import measured_summary
 from lablib.machine.identity import hardware_info, load_average
 from lablib.results.schema import CLOCKS, DEFAULTS, METRICS, flatten_manifest
 from lablib.results.trace import RequestTrace, now
@@ -32,7 +32,8 @@ def run_manifest(engine_info: dict, model: dict, workload: dict | None = None) -
         "model": model,
         "engine": engine_info,
         # the machine's measured bandwidth and FLOP/s, when it was measured (lablib.machine.measure_machine)
-        "hardware": {**hardware_info(), "load_avg_1m": load_average(), **measured_summary()},
+        # the measured ceilings of the device the engine computed on (a GPU's for a CUDA row, not the CPU's)
+        "hardware": {**hardware_info(), "load_avg_1m": load_average(), **measured_summary(engine_info.get("device"))},
         "workload": workload or {},
         "lablib_version": __version__,
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from lablib.errors import LabError
 from lablib.machine.ceilings import machine, peak_flops
+from lablib.machine.device_ceilings import ceilings_for
 from lablib.model.shape import (
     flops_per_token,
     kv_bytes_per_token,
@@ -317,8 +318,11 @@ def add_bound_columns(df, model, machine_name=None):
     (decode: per sequence) on the machine; ``*_pct_of_bound``: 100 x measured / bound; ``*_flop_per_s``:
     the FLOP/s attained (decode: all sequences of the batch). The machine: the row's own
     ``measured_bandwidth_gbps`` / ``measured_<dtype>_g(fl)ops`` columns when ``machine_name`` is None and
-    they are present (rows written on a measured machine), else ``machine_name`` (:func:`machine`;
-    None: this machine, measured now if never before).
+    they are present (rows written on a measured machine: the manifest's figures are those of the device the
+    engine computed on), else ``machine_name`` (:func:`machine`), else the ceilings of the row's own ``device``
+    (:func:`lablib.machine.device_ceilings.ceilings_for`: this machine's CPU, measured now if never before; a
+    GPU's measured through torch where it is here, else the published peaks of the GPU its ``accelerator``
+    names; a device nothing bounds, as a server's ``unknown``: its bound columns stay empty, never the CPU's).
     Needs: engine, prompt_tokens, output_tokens, prefill_s, prefill_tps, decode_tps.
     """
     import math
@@ -332,6 +336,7 @@ def add_bound_columns(df, model, machine_name=None):
         "a context or concurrency sweep (lablib.measure.sweep)",
     )
     mach = None  # resolved at the first row without its own measured columns (it may measure this machine)
+    devices = {}  # (device, accelerator) -> that device's ceilings, or None
     profiles = {}
     out = []
     for row in df.to_dict("records"):
@@ -345,10 +350,21 @@ def add_bound_columns(df, model, machine_name=None):
         if bw is not None and bw == bw and f is not None and f == f:
             # every peak the row measured: peak_flops holds int8 to at least float32's
             peaks = {k: row.get(c) for k, c in MEASURED_PEAKS.items()}
-            m = {"bytes_per_s": bw * 1e9, "flop_per_s": {k: v * 1e9 for k, v in peaks.items() if v is not None and v == v}}
-        else:
+            m = {
+                "bytes_per_s": bw * 1e9,
+                "flop_per_s": {k: v * 1e9 for k, v in peaks.items() if v is not None and v == v},
+            }
+        elif machine_name is not None:
             mach = mach or machine(machine_name)
             m = mach
+        else:  # the ceilings of the device the row computed on: a GPU row is never held to the CPU's
+            where = (_given(row.get("device")), _given(row.get("accelerator")))
+            if where not in devices:
+                devices[where] = ceilings_for(*where)
+            m = devices[where]
+        if m is None:  # nothing bounds it here (a server's unknown device, a GPU neither measured nor published)
+            out.append({**row, **dict.fromkeys(BOUND_COLUMNS), "compute_dtype": dtype})
+            continue
         p = int(row["prompt_tokens"])
         n = int(row["output_tokens"] or 1)
         batch = int(row.get("concurrency") or 1) if row.get("mode") == "batched" else 1
