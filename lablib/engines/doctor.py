@@ -78,3 +78,60 @@ def check_engines(model: str | None = None, resolved=None) -> list[dict]:
     from lablib.engines import IN_PROCESS
 
     return [check_engine(name, model, resolved=resolved) for name in IN_PROCESS]
+
+
+# --- a CPU-only torch or llama.cpp beside an NVIDIA GPU -------------------------------------------------
+
+_TORCH_BUILD = "import json, torch; print(json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda}))"
+
+
+def gpu_build_facts(gpus: list[str], timeout: float = 120) -> dict:
+    """What :func:`gpu_build_warnings` needs: ``gpus`` (the NVIDIA GPUs' names, as the machine layer lists them),
+    ``torch`` (``{"version", "cuda"}`` as torch itself says in a child process, None when it is not installed; asked
+    only where there is a GPU: importing torch takes seconds), ``llama`` (None when llama-cpp-python is not
+    installed, else ``{"report": lablib.build.llama's build record or None}``) and ``python`` (this interpreter)."""
+    import importlib.util
+
+    facts: dict = {"gpus": list(gpus), "torch": None, "llama": None, "python": sys.executable}
+    if not gpus:
+        return facts
+    if importlib.util.find_spec("torch") is not None:
+        try:
+            p = subprocess.run([sys.executable, "-c", _TORCH_BUILD], capture_output=True, text=True, timeout=timeout)
+            facts["torch"] = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else None
+        except (subprocess.TimeoutExpired, ValueError, IndexError):
+            facts["torch"] = None
+    if importlib.util.find_spec("llama_cpp") is not None:
+        from lablib.build.llama import build_report
+
+        facts["llama"] = {"report": build_report()}
+    return facts
+
+
+def gpu_build_warnings(facts: dict) -> list[str]:
+    """``lablib doctor``'s warnings when an NVIDIA GPU is here but torch is a CPU-only build (``torch.version.cuda``
+    None) or llama.cpp was built without CUDA (its build record's CMAKE_ARGS lack ``-DGGML_CUDA=ON``), each with the
+    command that gets the CUDA one. ``facts``: :func:`gpu_build_facts`'s dict. Pure."""
+    gpus = ", ".join(dict.fromkeys(facts.get("gpus") or []))
+    if not gpus:
+        return []
+    py = facts.get("python") or "python"
+    lines = []
+    torch = facts.get("torch")
+    if torch and not torch.get("cuda"):
+        lines.append(
+            f"WARNING: torch {torch.get('version')} is a CPU-only build (torch.version.cuda is None) beside {gpus}: "
+            f"transformers computes on the CPU. `{py} -m lablib.build.torch_choice --install` installs the CUDA "
+            "build this driver runs (it says which and why)"
+        )
+    report = (facts.get("llama") or {}).get("report")
+    if report and "-DGGML_CUDA=ON" not in str(report.get("cmake_args", "")):
+        failed = [d["reason"] for d in report.get("dropped", []) if d.get("family") == "CUDA"]
+        why = f"its CUDA build failed: {failed[-1]}" if failed else report.get("cuda") or "no CUDA flags were asked for"
+        lines.append(
+            f"WARNING: llama.cpp (llama-cpp-python) was built without CUDA beside {gpus}: it computes on the CPU "
+            f"(CMAKE_ARGS={report.get('cmake_args') or ''!r}; why: {why}). `{py} -m lablib.build.llama --install` "
+            "builds it for the GPUs here where the CUDA toolkit (nvcc) is installed, then the llama.cpp tools again "
+            f"with `{py} -m lablib.build.llama --tool all`"
+        )
+    return lines

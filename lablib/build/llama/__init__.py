@@ -37,8 +37,11 @@ or a laptop without AVX-512. Its verdicts are kept for that CPU, not for this ma
 
 On non-x86 machines (Apple silicon, aarch64 Linux) the engine's own defaults
 are kept, and the smoke test still runs. GPUs: llama.cpp builds its Metal backend on
-macOS by default; where the CUDA toolkit's ``nvcc`` is found (:func:`gpu_cmake_args`) the
-build adds ``-DGGML_CUDA=ON``, and falls back to the CPU-only build if that one fails.
+macOS by default; where an NVIDIA GPU and the CUDA toolkit's ``nvcc`` are found (:func:`cuda_flags`
+of :func:`cuda_facts`) the build adds ``-DGGML_CUDA=ON`` with ``-DCMAKE_CUDA_ARCHITECTURES`` for the
+GPUs' compute capabilities (``native`` when they are unknown), prints its wall time, records why CUDA
+is on or off (the report's ``cuda``, which ``lablib doctor`` reads), and falls back to the CPU-only
+build if that one fails.
 
 Stdlib only: this module runs before the project is installed
 (``python -m lablib.build.llama --install``).
@@ -56,6 +59,8 @@ from lablib.build.llama.flags import (  # noqa: F401
     PORTABLE,
     PORTABLE_CPU,
     cmake_args,
+    cuda_facts,
+    cuda_flags,
     gpu_cmake_args,
     next_fallback,
 )
@@ -104,5 +109,6 @@ from lablib.build.llama.wheel import (  # noqa: F401
     machine_fingerprint,
     mark_failed,
     verified_build,
+    wall_time,
     wheel_cache_dir,
 )

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import fcntl
 import subprocess
+import time
 from pathlib import Path
 
 from lablib.build.llama.probe import BuildError
-from lablib.build.llama.wheel import _build_env, build_report
+from lablib.build.llama.wheel import _build_env, build_report, wall_time
 
 # llama.cpp's own programs, built from the library's build tree on first use (llama_tool)
 TOOLS = ("llama-bench", "llama-batched-bench", "llama-server", "llama-perplexity", "llama-quantize")
@@ -110,6 +111,7 @@ def llama_tools(names=TOOLS, log=print, build: bool = True) -> dict[str, Path]:
                 ],
                 ["cmake", "--build", str(tree), "--target", *missing, "--parallel", env["CMAKE_BUILD_PARALLEL_LEVEL"]],
             ]
+            start = time.monotonic()
             for cmd in steps:
                 p = subprocess.run(cmd, env=env, capture_output=True, text=True)
                 if p.returncode != 0:
@@ -117,6 +119,7 @@ def llama_tools(names=TOOLS, log=print, build: bool = True) -> dict[str, Path]:
                     raise BuildError(
                         f"building llama.cpp's {', '.join(missing)} failed ({' '.join(cmd[:3])} ...):\n{tail}"
                     )
+            log(f"llama.cpp: built {', '.join(missing)} in {wall_time(time.monotonic() - start)}")
     absent = [str(e) for e in exes.values() if not e.is_file()]
     if absent:
         raise BuildError(f"building llama.cpp's tools finished but {', '.join(absent)} does not exist")

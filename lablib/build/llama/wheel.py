@@ -15,9 +15,10 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
-from lablib.build.llama.flags import cmake_args, gpu_cmake_args, next_fallback
+from lablib.build.llama.flags import cmake_args, cuda_facts, cuda_flags, next_fallback
 from lablib.build.llama.probe import BuildError
 from lablib.build.llama.smoke import default_model_path, smoke_test
 
@@ -129,6 +130,7 @@ def build_wheel(cache_root: Path, args: str, log=print) -> Path:
     (out / "cmake_args.txt").write_text(args + "\n")
     src = _source(out, log)
     log(f"llama-cpp-python: building from source (several minutes on 2 cores), CMAKE_ARGS={args!r}")
+    start = time.monotonic()
     subprocess.run(
         [
             sys.executable,
@@ -146,7 +148,14 @@ def build_wheel(cache_root: Path, args: str, log=print) -> Path:
         env=_build_env(args),
         check=True,
     )
+    log(f"llama-cpp-python: built in {wall_time(time.monotonic() - start)} (CMAKE_ARGS={args!r})")
     return sorted(out.glob("llama_cpp_python-*.whl"))[-1]
+
+
+def wall_time(seconds: float) -> str:
+    """A build's wall time as a person reads it: "48 s", "4 min 31 s"."""
+    s = round(seconds)
+    return f"{s} s" if s < 60 else f"{s // 60} min {s % 60} s"
 
 
 def verified_build(
@@ -173,7 +182,11 @@ def verified_build(
     model = model or default_model_path()
     refused = sorted(k[5:] for k, ok in features.items() if not ok)
     dropped: list[dict] = []
-    gpu = "" if runner else gpu_cmake_args(portable)  # an emulated CPU has no GPU
+    # an emulated CPU has no GPU; elsewhere CUDA for the GPUs present, or why not (the report keeps it for doctor)
+    cuda = {"args": "", "reason": "an emulated CPU: no GPU"} if runner else cuda_flags(cuda_facts(), portable)
+    gpu = cuda["args"]
+    if gpu:
+        log(f"llama-cpp-python: {cuda['reason']} ({gpu})")
     where = f"on the emulated CPU {runner[-1]}" if runner else "here"
     while True:
         args = " ".join(a for a in (cmake_args(features, portable=portable), gpu) if a)
@@ -204,6 +217,7 @@ def verified_build(
                     "enabled": sorted(k[5:] for k, ok in features.items() if ok),
                     "refused_by_probe": refused,
                     "dropped": dropped,
+                    "cuda": cuda["reason"],  # why CUDA is on (for which GPUs) or off
                     "smoke": verdict,
                     "machine": machine_fingerprint(runner),
                     "emulated": list(runner),
