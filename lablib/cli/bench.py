@@ -62,6 +62,12 @@ def add_arguments(p) -> None:
     add_goodput_targets(p)
     p.add_argument("--warmup", type=int, default=1, help="unrecorded requests first")
     p.add_argument(
+        "--price-per-hour",
+        type=float,
+        default=None,
+        help="the machine's price for one hour (any currency): each run's cost per million output tokens at its load",
+    )
+    p.add_argument(
         "--start-at",
         default=None,
         help="start the (first) run at this time: Unix seconds or an ISO 8601 time with its zone, e.g. "
@@ -143,6 +149,7 @@ def _run(ns) -> int:
         **flags(ns, "burstiness", "seed", "until_eos", "max_duration_s", "read_timeout_s", "connect_timeout_s"),
         **flags(ns, "request_timeout_s", "warmup", "prompts"),
         start_at_unix=_unix_time(ns.start_at),
+        price_per_hour=ns.price_per_hour,
         client_processes=ns.client_processes if ns.client_processes == "auto" else _whole_arg(ns.client_processes),
         **goodput_targets(ns),
         log=lambda m: print(m, file=sys.stderr),

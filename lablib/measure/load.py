@@ -718,6 +718,7 @@ def bench(
     prompts: str = "prose",
     client_processes: int | str = 1,
     start_at_unix: float | None = None,
+    price_per_hour: float | None = None,
 ) -> list[dict]:
     """Load on the OpenAI-compatible server at ``base_url`` (``lablib bench``): one summary per run.
 
@@ -758,7 +759,13 @@ def bench(
     :data:`lablib.measure.processes.STREAMS_PER_PROCESS` streams (the closed loop's clients, the open loop's
     cap), at most the usable cores less one. ``start_at_unix``: the first run starts at this Unix time (seconds;
     the same on several client machines, whose clocks NTP keeps together: one run from all of them, merged with
-    ``lablib merge --one-clock``), which must still be to come when the warm-up is done. With more than one, each summary's ``client_processes`` lists
+    ``lablib merge --one-clock``), which must still be to come when the warm-up is done.
+
+    ``price_per_hour``: the machine's price for an hour (any currency): each summary's ``cost_per_mtok`` is
+    what its output cost per million tokens at this load (:func:`lablib.machine.telemetry.cost_per_million_tokens`).
+    Where NVML answers (an NVIDIA GPU here), each run is sampled (:class:`lablib.machine.telemetry.GpuTelemetry`:
+    memory, SM clock, power, the energy counter) and its summary gets ``gpu_telemetry``, ``energy_j`` and
+    ``j_per_output_token``; elsewhere ``gpu_telemetry`` says why there is none. With more than one, each summary's ``client_processes`` lists
     each process's streams, rows and ``client_headroom``, and its ``client_headroom`` is the worst of them.
     """
     import json
@@ -792,7 +799,10 @@ def bench(
         arrival_schedule(1, rates[0], arrival, burstiness, seed)  # arrival and burstiness
     _check_max_duration(max_duration_s)
     check_targets(ttft_s, tpot_s, e2e_s)
+    from lablib.machine.telemetry import GpuTelemetry, cost_per_million_tokens
     from lablib.measure.processes import auto_processes
+
+    cost_per_million_tokens(price_per_hour, 1.0, 1)  # a bad price is refused before any work
 
     if client_processes == "auto":
         client_processes = auto_processes(concurrency)
@@ -847,33 +857,34 @@ def bench(
             probe = LoopLagProbe()
             shape = dict(concurrency=concurrency, rate=rate, arrival=arrival, burstiness=burstiness, seed=seed)
             per_process = None
-            if client_processes > 1:
-                rows, per_process = _bench_processes(
-                    engine,
-                    rm,
-                    prompts[warmup:],
-                    mode,
-                    shape,
-                    cfg,
-                    max_duration_s,
-                    client_processes,
-                    writer,
-                    sampler,
-                    start_at,
-                )
-            else:
-                rows = run_load(
-                    engine,
-                    prompts[warmup:],
-                    mode,
-                    **shape,
-                    max_duration_s=max_duration_s,
-                    cfg=cfg,
-                    on_row=writer.append,
-                    server_metrics=sampler,
-                    client_probe=probe,
-                    start_at=start_at,
-                )
+            with GpuTelemetry() as gpu:  # the GPU's own counters over the run, where NVML answers
+                if client_processes > 1:
+                    rows, per_process = _bench_processes(
+                        engine,
+                        rm,
+                        prompts[warmup:],
+                        mode,
+                        shape,
+                        cfg,
+                        max_duration_s,
+                        client_processes,
+                        writer,
+                        sampler,
+                        start_at,
+                    )
+                else:
+                    rows = run_load(
+                        engine,
+                        prompts[warmup:],
+                        mode,
+                        **shape,
+                        max_duration_s=max_duration_s,
+                        cfg=cfg,
+                        on_row=writer.append,
+                        server_metrics=sampler,
+                        client_probe=probe,
+                        start_at=start_at,
+                    )
             counters = info = None
             if sampler is not None:
                 with open(server_file, "a") as f:
@@ -894,6 +905,10 @@ def bench(
                 "server_counters": counters,
                 "server_info": info,
             }
+            s.update(gpu.summary(s["output_tokens"]))
+            if price_per_hour is not None:
+                s["price_per_hour"] = price_per_hour
+                s["cost_per_mtok"] = cost_per_million_tokens(price_per_hour, s["makespan_s"], s["output_tokens"])
             start_at = None  # the first run only: the next starts when this one ends
             if per_process is None:
                 s["client_headroom"] = client_headroom_of(probe, s.get("itl_p50_s"))

@@ -18,8 +18,19 @@ def summary_line(server: str, mode: str, rate, c, s: dict) -> str:
         f"server={server} mode={mode} rate={'-' if rate is None else f'{rate:g}'} c={'-' if c is None else c} "
         f"output_tps={f(s['output_tps'], 2)} ttft_p50_s={f(s['ttft_p50_s'])} goodput={f(s['goodput_rps'], 3)} "
         f"ttft_p99_s={f(s['ttft_p99_s'])} tpot_p50_s={f(s['tpot_p50_s'], 4)} e2e_p99_s={f(s['e2e_p99_s'])} "
-        f"errors={s['errors']}/{s['requests']}{_client_note(s.get('client_headroom'))}"
+        f"errors={s['errors']}/{s['requests']}{_client_note(s.get('client_headroom'))}{_cost_note(s)}"
     )
+
+
+def _cost_note(s: dict) -> str:
+    """`` cost_per_mtok=0.42`` (a price per hour was given) and `` j_per_token=0.031`` (NVML's energy counter over
+    a long enough window), else nothing (:func:`lablib.measure.load.bench`)."""
+    out = ""
+    if s.get("cost_per_mtok") is not None:
+        out += f" cost_per_mtok={s['cost_per_mtok']:.4g}"
+    if s.get("j_per_output_token") is not None:
+        out += f" j_per_token={s['j_per_output_token']:.4g}"
+    return out
 
 
 def processes_line(per_process: list[dict]) -> str:
