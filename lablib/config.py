@@ -63,10 +63,12 @@ BUDGETS = {
         "schemas": (("person",), ("person", "order", "weather")),
     },
     # concurrency sweep; requests per run default to requests_per_client x C
+    # quick: 4 clients of short prompts (decode most of each request: lab 03 shows batching's gain, measured
+    # 1.4-3.8x across the engines on two cores; 1 and 2 clients of 32-token prompts and 8 tokens showed 1.1-1.6x)
     "concurrency": {
-        "max_new_tokens": (8, 32),
-        "prompt_tokens": (32, 64),
-        "concurrency": ((1, 2), (1, 2, 4, 8)),
+        "max_new_tokens": (16, 32),
+        "prompt_tokens": (16, 64),
+        "concurrency": ((1, 4), (1, 2, 4, 8)),
         "requests_per_client": (2, 2),
     },
     # lab 05 (lablib.studies.serving): requests per rate, Poisson rates (requests/s), goodput targets (s)

@@ -44,19 +44,19 @@ def test_panel_builds_with_quick_defaults(quick):
 
 def test_concurrency_kind_defaults_and_visibility(quick, monkeypatch):
     p = widgets.sweep_panel(kind="concurrency", out="")
-    assert p.concurrency.value == "1,2" and p.requests.value == 0 and p.max_new_tokens.value == 8
+    assert p.concurrency.value == "1,4" and p.requests.value == 0 and p.max_new_tokens.value == 16
     assert checked(p.mode_boxes) == ["serial", "batched"]
     assert p.concurrency.layout.display == "flex" and p.reps.layout.display == "none"
     assert p._requests_row.layout.display == "flex" and p.prompt_tokens.layout.display != "none"
     assert p.out.value == ""
     monkeypatch.setattr(sweep, "concurrency_sweep", lambda **kw: None, raising=False)
     plan = p.plan()
-    assert plan["kwargs"]["concurrency"] == (1, 2) and plan["kwargs"]["modes"] == ("serial", "batched")
-    assert plan["kwargs"]["prompt_tokens"] == 32 and plan["kwargs"]["out"] is None
+    assert plan["kwargs"]["concurrency"] == (1, 4) and plan["kwargs"]["modes"] == ("serial", "batched")
+    assert plan["kwargs"]["prompt_tokens"] == 16 and plan["kwargs"]["out"] is None
     assert plan["kwargs"]["requests"] is None  # the sweep's default: 2 x concurrency
-    assert plan["total"] == 3 * 2 * (2 + 4)
-    p.requests.value = 3
-    assert p.plan()["kwargs"]["requests"] == 3 and p.plan()["total"] == 3 * 2 * 2 * 3
+    assert plan["total"] == 3 * 2 * (2 + 8)
+    p.requests.value = 5
+    assert p.plan()["kwargs"]["requests"] == 5 and p.plan()["total"] == 3 * 2 * 2 * 5
     # switching kind fills the other kind's defaults
     p.kind.value = "context"
     assert p.prompt_tokens.value == "64,256" and p.reps.layout.display == "flex"
