@@ -1,0 +1,237 @@
+"""The lab's GPU paths in one go (issue 37's GPU check): a table of what ran, what it measured, and the rows.
+
+    python benchmarks/gpu_check.py [--device cuda] [--out DIR] [--budget-s 480] [--no-llama]
+
+Made for a machine with one NVIDIA GPU, 16 cores and no network (the default model and the packages already
+there), in at most 8 minutes. First, in the background, llama.cpp's CUDA build (``python -m lablib.build.llama
+--install``: the wheel and its tools, for the GPU's compute capability; minutes). Meanwhile, in this process:
+
+1. ``doctor``: ``lablib doctor`` (exit code, its device line, its GPU warnings);
+2. ``facts``: NVML's GPU, driver and CUDA version (:func:`lablib.machine.telemetry.gpu_facts`), torch's CUDA;
+3. ``greedy``: 64 greedy ids of transformers on the device in float32 against the CPU's (equal, or the first
+   position where they differ);
+4. ``ceilings``: the device's bandwidth and matrix FLOP/s through torch
+   (:func:`lablib.machine.device_ceilings.measure_device`);
+5. ``overhead``: the lab's decode tok/s against a bare forward loop (``benchmarks/overhead.py``), alternating;
+6. ``context``: a context sweep of transformers on the device (128 to 8,000 tokens) under
+   :class:`lablib.machine.telemetry.GpuTelemetry`;
+7. ``concurrency``: serial against batched at 1 to 32 clients, under the same telemetry;
+8. ``roofline``: every row of 6 and 7 against the device's own ceilings; the largest share of a bound;
+9. ``llama.cpp``: once its build is done, llama-bench's tg128 and pp512 against the lab's llama.cpp on the GPU
+   (:mod:`lablib.studies.anchors`).
+
+Rows go to ``DIR/gpu-*.jsonl`` (with their manifests), the table to ``DIR/gpu-check.txt``; copy the rows to
+``data/reference/`` only after reading them. ``--device cpu`` runs every step but 9 on this CPU (a dry run of
+the script here: its numbers are the CPU's). ``LABLIB_QUICK=1``: smaller sweeps. Each step is timed and
+guarded: a failed step is a row of the table with its error, and the next step runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+QUICK = os.environ.get("LABLIB_QUICK") == "1"
+T0 = time.monotonic()
+
+
+class Table:
+    def __init__(self, path: Path):
+        self.path, self.rows = path, []
+
+    def add(self, step: str, ok: bool, seconds: float, what: str) -> None:
+        self.rows.append((step, "ok" if ok else "FAILED", f"{seconds:.0f}", what))
+        line = f"{step:<12} {'ok' if ok else 'FAILED':<7} {seconds:>5.0f} s  {what}"
+        print(line, flush=True)
+        with open(self.path, "a") as f:
+            f.write(line + "\n")
+
+
+def step(table: Table, name: str, fn, budget_end: float):
+    if time.monotonic() > budget_end:
+        table.add(name, False, 0, "skipped: the time budget was spent")
+        return None
+    t = time.monotonic()
+    try:
+        out = fn()
+        table.add(name, True, time.monotonic() - t, out if isinstance(out, str) else json.dumps(out, default=str)[:300])
+        return out
+    except Exception as e:  # noqa: BLE001 - every step is a row, the next one runs
+        table.add(name, False, time.monotonic() - t, f"{type(e).__name__}: {e}"[:300])
+        traceback.print_exc()
+        return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--out", default="results/gpu-check")
+    ap.add_argument("--budget-s", type=float, default=480.0)
+    ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp's CUDA build and its check")
+    ns = ap.parse_args(argv)
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    end = T0 + ns.budget_s
+    table = Table(out / "gpu-check.txt")
+    build = None
+    if ns.device == "cuda" and not ns.no_llama:  # minutes: started first, waited for last
+        log = open(out / "llama-build.log", "w")  # noqa: SIM115 - the child writes it until the end
+        build = subprocess.Popen(
+            [sys.executable, "-m", "lablib.build.llama", "--install"], stdout=log, stderr=subprocess.STDOUT
+        )
+
+    import lablib
+    from lablib.engines import load_engine
+    from lablib.engines.base import GenerationConfig
+    from lablib.machine.telemetry import GpuTelemetry, gpu_facts
+    from lablib.measure.workload import prompt_of_length
+
+    model = lablib.prepare(log=lambda *_: None)
+    dev = ns.device
+
+    def doctor():
+        r = subprocess.run([sys.executable, "-m", "lablib.cli", "doctor"], capture_output=True, text=True, timeout=300)
+        lines = [
+            ln for ln in r.stdout.splitlines() if "cuda" in ln.lower() or "gpu" in ln.lower() or "warn" in ln.lower()
+        ]
+        return f"rc {r.returncode}; " + " | ".join(lines[:4])
+
+    def facts():
+        import torch
+
+        return {"nvml": gpu_facts(), "torch": torch.__version__, "torch_cuda": torch.version.cuda}
+
+    def greedy():
+        ids = prompt_of_length(model, 64)
+        cfg = GenerationConfig(max_new_tokens=64)
+        got = {}
+        for d in ("cpu", dev):
+            e = load_engine("transformers", model, device=d, dtype="float32")
+            got[d] = e.generate(ids, cfg).token_ids
+            e.close()
+        a, b = got["cpu"], got[dev]
+        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        return f"{len(a)} ids; equal: {a == b}; first difference at {first}"
+
+    def ceilings():
+        from lablib.machine.device_ceilings import measure_device
+
+        m = measure_device(dev, refresh=True, quick=QUICK)
+        flops = {k: round(v / 1e12, 2) for k, v in m["flop_per_s"].items()}
+        return f"{m['name']}: read {m['bytes_per_s'] / 1e9:.0f} GB/s, copy {m['bandwidth']['copy']['bytes_per_s'] / 1e9:.0f} GB/s; TFLOP/s {flops}"
+
+    def overhead():
+        here = Path(__file__).resolve().parent
+        r = subprocess.run(
+            [
+                sys.executable,
+                str(here / "overhead.py"),
+                "--engines",
+                "transformers",
+                "--new-tokens",
+                "64",
+                "--reps",
+                "3",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        return next(
+            (ln for ln in r.stdout.splitlines() if ln.startswith("engine=")), f"rc {r.returncode}: {r.stderr[-200:]}"
+        )
+
+    frames = []
+
+    def context():
+        from lablib.measure.sweep import context_sweep
+
+        lengths = [128, 1024] if QUICK else [128, 512, 1024, 4000, 8000]
+        with GpuTelemetry() as t:
+            df = context_sweep(
+                model,
+                engines=["transformers"],
+                prompt_tokens=lengths,
+                max_new_tokens=32,
+                reps=2 if QUICK else 3,
+                out=out / "gpu-context.jsonl",
+                progress=False,
+            )
+        frames.append(df)
+        s = t.summary(int(df["output_tokens"].sum()))
+        med = df.groupby("prompt_tokens")[["prefill_tps", "decode_tps", "ttft_s"]].median().round(3)
+        return f"{med.to_dict('index')}; device {set(df['device'])}; gpu {s.get('gpu_telemetry')!s:.200}"
+
+    def concurrency():
+        from lablib.measure.sweep import concurrency_sweep
+        from lablib.results.tables import run_table
+
+        levels = [1, 8] if QUICK else [1, 4, 16, 32]
+        with GpuTelemetry() as t:
+            df = concurrency_sweep(
+                model,
+                engines=["transformers"],
+                concurrency=levels,
+                prompt_tokens=64,
+                max_new_tokens=32,
+                out=out / "gpu-concurrency.jsonl",
+                progress=False,
+            )
+        frames.append(df)
+        r = run_table(df).set_index(["mode", "concurrency"])["output_tps"].round(1).to_dict()
+        s = t.summary(int(df["output_tokens"].sum()))
+        return f"output tok/s {r}; J/token {s.get('j_per_output_token')}"
+
+    def roofline():
+        import pandas as pd
+
+        from lablib.studies.roofline import add_bound_columns
+
+        df = add_bound_columns(pd.concat(frames, ignore_index=True), model)
+        worst = df["decode_pct_of_bound"].max()
+        return f"decode % of its device's bound: max {worst:.1f}, median {df['decode_pct_of_bound'].median():.1f}; bound {df['bound_bytes_per_s'].iloc[0] / 1e9:.0f} GB/s"
+
+    def llama():
+        left = max(1.0, end - time.monotonic())
+        try:
+            build.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            build.kill()
+            raise TimeoutError(
+                f"llama.cpp's CUDA build was not done within the budget (log {out / 'llama-build.log'})"
+            ) from None
+        if build.returncode != 0:
+            raise RuntimeError(
+                f"llama.cpp's CUDA build failed (exit {build.returncode}; log {out / 'llama-build.log'})"
+            )
+        r = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve().parent / "anchors.py"), "--rounds", "2"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        return " | ".join(r.stdout.splitlines()[-4:])
+
+    step(table, "doctor", doctor, end)
+    step(table, "facts", facts, end)
+    step(table, "greedy", greedy, end)
+    step(table, "ceilings", ceilings, end)
+    step(table, "overhead", overhead, end)
+    step(table, "context", context, end)
+    step(table, "concurrency", concurrency, end)
+    if frames:
+        step(table, "roofline", roofline, end)
+    if build is not None:
+        step(table, "llama.cpp", llama, end + 60)
+    print(f"# {time.monotonic() - T0:.0f} s in all; table in {table.path}", flush=True)
+    return 0 if all(r[1] == "ok" for r in table.rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
