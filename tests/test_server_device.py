@@ -25,7 +25,11 @@ CPU_ONLY = CUDA_LOG.replace("offloaded 31/31", "offloaded 0/31").replace(
 
 def test_a_cuda_llama_server_names_its_gpu():
     d = llama_log_device(CUDA_LOG)
-    assert d == {"device": "cuda", "device_name": "NVIDIA H200, 140 GiB, 31/31 layers", "device_source": "its log (llama.cpp)"}
+    assert d == {
+        "device": "cuda",
+        "device_name": "NVIDIA H200, 140 GiB, 31/31 layers",
+        "device_source": "its log (llama.cpp)",
+    }
 
 
 def test_weights_on_the_cpu_name_the_cpu_and_its_threads_even_beside_a_gpu():

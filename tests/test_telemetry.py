@@ -29,7 +29,6 @@ def test_bench_prices_its_run(model, tmp_path):
     """lablib bench --price-per-hour on the scripted fast server: the summary's cost is the price over the run's
     makespan and output tokens, and the summary line says it."""
     from benchmark_modules import load
-
     from lablib.measure.load import bench
     from lablib.ui.text import summary_line
 

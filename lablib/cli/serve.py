@@ -97,7 +97,11 @@ def run(ns) -> int:
         died = not srv.alive()
         # a second Ctrl-C while the server stops (or one sent to the whole process group, as `timeout` passes
         # it on) would break the stop with a traceback and leave the server's group to the exit hook
-        prior_int = signal.signal(signal.SIGINT, signal.SIG_IGN) if threading.current_thread() is threading.main_thread() else None
+        prior_int = (
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            if threading.current_thread() is threading.main_thread()
+            else None
+        )
         try:
             code = srv.stop()
         finally:
