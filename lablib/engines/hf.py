@@ -27,6 +27,8 @@ receives it. Only the manager's thread touches the model during a session.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -233,6 +235,10 @@ class TransformersEngine(Engine):
         self._eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
         self._pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else next(iter(self._eos), 0)
         self.settings_off = self._clean_generation_config()
+        # the forward's KV-cache keyword: "cache" from transformers 5.24 on, "past_key_values" before (5.24+ still
+        # takes it, with a deprecation warning, until 5.40); an unknown keyword is silently swallowed by the
+        # forward's **kwargs, so a wrong name would run every chunk and prefix without its cache
+        self._cache_kw = "cache" if "cache" in inspect.signature(self.hf.forward).parameters else "past_key_values"
         self._prefill_tokens: int | None = None  # tokens the last request's first forward pass received
         self._last_cache = None  # the last request's DynamicCache when it ran with a prefix cache
         self.hf.register_forward_pre_hook(self._count_prefill, with_kwargs=True)
@@ -418,7 +424,10 @@ class TransformersEngine(Engine):
         cache = DynamicCache(config=self.hf.config)
         with torch.inference_mode():
             self.hf(
-                torch.tensor([ids], dtype=torch.long, device=self.device), cache=cache, use_cache=True, logits_to_keep=1
+                torch.tensor([ids], dtype=torch.long, device=self.device),
+                **{self._cache_kw: cache},
+                use_cache=True,
+                logits_to_keep=1,
             )
         return self._kept(cache, ids)
 
@@ -455,7 +464,7 @@ class TransformersEngine(Engine):
                 # the request's own cache: the first `cached` positions of each layer, copied in
                 # as the first update (a concatenation); the kept prefix is never written
                 data = [(k[..., :cached, :], v[..., :cached, :]) for k, v in prefix_cache.state] if cached else None
-                kw["cache"] = self._last_cache = DynamicCache(data, config=self.hf.config)
+                kw[self._cache_kw] = self._last_cache = DynamicCache(data, config=self.hf.config)
                 trace.cached_tokens = cached
             if self._spec and (prefix_cache is not None or not cfg.greedy):
                 raise LabError("transformers with draft=/prompt_lookup= runs greedy requests without a prefix cache")
@@ -588,7 +597,7 @@ class TransformersEngine(Engine):
             with torch.inference_mode():  # per chunk: the mode must not leak to the caller between yields
                 out = self.hf(
                     torch.tensor([ids[at : at + chunk]], dtype=torch.long, device=self.device),
-                    cache=cache,
+                    **{self._cache_kw: cache},
                     use_cache=True,
                 )
                 block = out.logits[0].float().cpu().numpy()
@@ -597,6 +606,37 @@ class TransformersEngine(Engine):
 
     def close(self) -> None:
         self.hf = None
+
+
+# the oldest transformers whose continuous batching the lab drives (pyproject's floor): the first whose
+# ContinuousBatchingConfig takes max_requests_per_batch and safety_margin (5.11.0), with the manager's warmup (5.7),
+# background_thread_status, stop(hard_stop=) and destroy (5.10)
+CB_MIN_TRANSFORMERS = "5.11.0"
+
+
+def continuous_batching_config(cls, page_size: int, **settings):
+    """transformers' ``ContinuousBatchingConfig`` (``cls``, a dataclass) with the lab's settings, under the names
+    this transformers gives them (read from the class's fields, not from a version string):
+
+    - the page size (tokens of one layer in one page) is ``page_size`` from transformers 5.18 and ``block_size``
+      from 5.4 (where the class appeared) to 5.17; 5.18+ still takes ``block_size`` but warns;
+    - ``auto_switch_to_flash`` (5.19+) is dropped where the class has no such field (see
+      :class:`TransformersBatchSession` for what the lab does there instead).
+
+    Any other setting the class lacks raises :class:`LabError` naming it and the lab's floor
+    (:data:`CB_MIN_TRANSFORMERS`), rather than running with transformers' default in its place."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kw = {"page_size" if "page_size" in fields else "block_size": page_size}
+    missing = sorted(k for k in settings if k not in fields and k != "auto_switch_to_flash")
+    if missing:
+        import transformers
+
+        raise LabError(
+            f"transformers {transformers.__version__}: its ContinuousBatchingConfig has no {', '.join(missing)}; "
+            f"the lab's batched mode needs transformers >= {CB_MIN_TRANSFORMERS}"
+        )
+    kw.update((k, v) for k, v in settings.items() if k in fields)
+    return cls(**kw)
 
 
 class TransformersBatchSession:
@@ -617,6 +657,13 @@ class TransformersBatchSession:
     ``max_decode_sequences_per_step`` (of those, most already decoding),
     ``max_tokens_per_step`` (most query tokens in one pass). Sampling draws every
     sequence from one torch generator seeded with ``cfg.seed``.
+
+    Across transformers 5.11-5.25 (:func:`continuous_batching_config` maps the settings): transformers 5.15 to
+    5.18 switch a model that supports flash attention to it whenever flash-attn is installed (a CUDA machine),
+    and only 5.19 added ``auto_switch_to_flash=False``; there the session puts the model on the paged form of
+    its own attention (``paged|sdpa``, what those versions run on CPU anyway) before the manager starts, so
+    that they keep it, and gives it back its own at :meth:`close`. The attention the session ran is in
+    ``stats``' engine description.
     """
 
     timeout_s = 600.0  # longest wait for one step's outputs before giving up
@@ -630,12 +677,20 @@ class TransformersBatchSession:
         page_size: int = 32,
         max_batch_tokens: int = 512,
     ):
-        from transformers import ContinuousBatchingConfig
+        try:
+            from transformers import ContinuousBatchingConfig
+        except ImportError:  # before 5.4: settings in the GenerationConfig, another manager API
+            raise LabError(
+                f"transformers {engine._transformers.__version__} has no ContinuousBatchingConfig; the lab's batched "
+                f"mode needs transformers >= {CB_MIN_TRANSFORMERS}"
+            ) from None
 
         torch = engine._torch
         self.engine, self.cfg = engine, cfg
+        self.manager = None
         pages = -(-max_seq_tokens // page_size) + 1  # ceil, plus one spare page per request
-        cb = ContinuousBatchingConfig(
+        cb = continuous_batching_config(
+            ContinuousBatchingConfig,
             page_size=page_size,
             num_blocks=max_sequences * pages,
             safety_margin=0.0,
@@ -648,21 +703,32 @@ class TransformersBatchSession:
             auto_switch_to_flash=False,
             seed=cfg.seed,
         )
+        # 5.15-5.18 (no auto_switch_to_flash): the paged form of the model's own attention keeps them off flash
+        attn = engine.hf.config._attn_implementation
+        self._attn_restore = None
+        if not hasattr(cb, "auto_switch_to_flash") and not attn.startswith("paged|") and "flash" not in attn:
+            engine.hf.set_attn_implementation(f"paged|{attn}")
+            self._attn_restore = attn
         if not cfg.greedy:
             torch.manual_seed(cfg.seed)
-        self.manager = engine.hf.init_continuous_batching(
-            generation_config=engine._generation_config(cfg), continuous_batching_config=cb
-        )
-        self.manager.warmup()  # builds the cache, scheduler and batch processor in this thread
-        self.stats = BatchStats.counters(
-            engine,
-            f"transformers ContinuousBatchingManager (paged cache, attn {engine.hf.config._attn_implementation})",
-            "max_decode_sequences_per_step",
-            "max_tokens_per_step",
-        )
-        self._count_schedule(self.manager.batch_processor.scheduler)
         self._traces: dict[str, RequestTrace] = {}
         self._n = 0
+        try:
+            manager = engine.hf.init_continuous_batching(
+                generation_config=engine._generation_config(cfg), continuous_batching_config=cb
+            )
+            manager.warmup()  # builds the cache, scheduler and batch processor in this thread
+            self.stats = BatchStats.counters(
+                engine,
+                f"transformers ContinuousBatchingManager (paged cache, attn {engine.hf.config._attn_implementation})",
+                "max_decode_sequences_per_step",
+                "max_tokens_per_step",
+            )
+            self._count_schedule(manager.batch_processor.scheduler)
+        except BaseException:
+            self.close()  # the model's own attention back
+            raise
+        self.manager = manager
         self.manager.start()
 
     def _count_schedule(self, scheduler) -> None:
@@ -698,9 +764,11 @@ class TransformersBatchSession:
             list(ids), request_id=rid, max_new_tokens=self.cfg.max_new_tokens, streaming=True, eos_token_id=eos
         )
         if got is None:
+            status = self.manager.background_thread_status
+            why = status.can_accept_new_requests() if hasattr(status, "can_accept_new_requests") else None  # 5.17+
             raise LabError(
                 "transformers' continuous-batching manager refused the request "
-                f"(state: {self.manager.background_thread_status.can_accept_new_requests()})"
+                f"(state: {why or f'thread status {status.local_status}'})"
             )
         self._traces[rid] = trace
 
@@ -743,3 +811,6 @@ class TransformersBatchSession:
             self.manager.destroy()
             self.manager = None
             self._traces.clear()
+        if self._attn_restore is not None:
+            self.engine.hf.set_attn_implementation(self._attn_restore)
+            self._attn_restore = None
