@@ -44,7 +44,7 @@ def nvml():
     try:
         import pynvml
     except ImportError:
-        return None, "no nvidia-ml-py (pip install nvidia-ml-py) to read the GPU's counters"
+        return None, "no nvidia-ml-py (pip install -e .[gpu], or nvidia-ml-py) to read the GPU's counters"
     try:
         pynvml.nvmlInit()
     except Exception as e:  # noqa: BLE001 - NVMLError_LibraryNotFound, _DriverNotLoaded ...: no GPU driver here
