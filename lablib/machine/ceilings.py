@@ -220,7 +220,6 @@ def measure_machine(refresh: bool = False, quick: bool | None = None) -> dict:
     instead of about 10 on two cores).
     """
     import datetime as _dt
-    import json
 
     if not refresh:
         cached = cached_measurement()
@@ -247,15 +246,22 @@ def measure_machine(refresh: bool = False, quick: bool | None = None) -> dict:
         "bytes_per_s": bw[ROOFLINE_KERNEL]["bytes_per_s"],
         "flop_per_s": {k: v["flop_per_s"] for k, v in mm.items()},
     }
-    p = measurement_path()
+    return save_measurement(measurement_path(), out)
+
+
+def save_measurement(path: Path, m: dict) -> dict:
+    """Write a measurement to ``path`` (a temporary file, then renamed); ``m`` either way (a read-only lab home:
+    the measurement is still returned)."""
+    import json
+
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(json.dumps(out, indent=1))
-        tmp.replace(p)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(m, indent=1))
+        tmp.replace(path)
     except OSError:
-        pass  # a read-only lab home: the measurement is still returned
-    return out
+        pass
+    return m
 
 
 def measured_summary() -> dict:
@@ -263,7 +269,11 @@ def measured_summary() -> dict:
     :data:`lablib.results.schema.MEASURED_BANDWIDTH` and ``MEASURED_PEAKS``: {measured_bandwidth_gbps,
     measured_float32_gflops, measured_bfloat16_gflops, measured_int8_gops} (GB/s = 1e9 bytes/s,
     GFLOP/s = 1e9 FLOP/s), or {} when the machine was never measured (nothing is measured here)."""
-    m = cached_measurement()
+    return summary_of(cached_measurement())
+
+
+def summary_of(m: dict | None) -> dict:
+    """A measurement's ``bytes_per_s`` and ``flop_per_s`` as the manifest's columns (GB/s, GFLOP/s); {} for None."""
     if not m:
         return {}
     out = {MEASURED_BANDWIDTH: m["bytes_per_s"] / 1e9}

@@ -42,7 +42,8 @@ def _sync(torch, device: str):
 
 
 def _median_rate(work, sync, amount: float, reps: int) -> dict:
-    import statistics
+    """``amount`` / seconds of ``work`` (between ``sync``s), after a warm-up: :func:`lablib.machine.ceilings._spread`."""
+    from lablib.machine.ceilings import _spread
 
     work()
     sync()
@@ -53,7 +54,12 @@ def _median_rate(work, sync, amount: float, reps: int) -> dict:
         work()
         sync()
         rates.append(amount / (time.perf_counter() - t0))
-    return {"median": statistics.median(rates), "min": min(rates), "max": max(rates), "reps": reps}
+    return _spread(rates)
+
+
+def device_kind(device: str | None) -> str:
+    """The kind of a row's ``device``: "cpu" (also for None), "cuda" for "cuda offload", "unknown" ..."""
+    return (device or "cpu").split(" ")[0].lower()
 
 
 def torch_bandwidth(device: str, kernel: str = "read", nbytes: int = DEVICE_ARRAY_BYTES, reps: int = 5) -> dict:
@@ -177,15 +183,9 @@ def measure_device(device: str, refresh: bool = False, quick: bool | None = None
         "bytes_per_s": bw["read"]["bytes_per_s"],
         "flop_per_s": {k: v["flop_per_s"] for k, v in mm.items()},
     }
-    p = measurement_path(device)
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(json.dumps(out, indent=1))
-        tmp.replace(p)
-    except OSError:
-        pass
-    return out
+    from lablib.machine.ceilings import save_measurement
+
+    return save_measurement(measurement_path(device), out)
 
 
 def measured_summary(device: str | None = None) -> dict:
@@ -194,17 +194,11 @@ def measured_summary(device: str | None = None) -> dict:
     (:func:`lablib.machine.ceilings.measured_summary`); ``cuda`` / ``mps`` (or "cuda offload"): that GPU's
     (:func:`measure_device`); anything else, as a server's ``unknown``: {}, never the CPU's. {} when never measured."""
     from lablib.machine import ceilings
-    from lablib.results.schema import MEASURED_BANDWIDTH, MEASURED_PEAKS
 
-    kind = (device or "cpu").split(" ")[0].lower()
+    kind = device_kind(device)
     if kind == "cpu":
         return ceilings.measured_summary()
-    m = cached_device_measurement(kind) if kind in ("cuda", "mps") else None
-    if not m:
-        return {}
-    out = {MEASURED_BANDWIDTH: m["bytes_per_s"] / 1e9}
-    out.update({col: m["flop_per_s"][d] / 1e9 for d, col in MEASURED_PEAKS.items() if d in m.get("flop_per_s", {})})
-    return out
+    return ceilings.summary_of(cached_device_measurement(kind) if kind in ("cuda", "mps") else None)
 
 
 def published_peaks_for(accelerator: str | None) -> dict | None:
@@ -228,7 +222,7 @@ def ceilings_for(device: str | None, accelerator: str | None = None) -> dict | N
     :func:`lablib.machine.ceilings.machine`), or None when nothing can bound it (see the module's doc)."""
     from lablib.machine.ceilings import machine
 
-    kind = (device or "cpu").split(" ")[0].lower()
+    kind = device_kind(device)
     if kind == "cpu":
         return machine(None)
     if kind in ("cuda", "mps"):

@@ -129,15 +129,7 @@ def run_load(
             f"run_load drives an http engine (load_engine('http', ...)); got {type(engine).__name__}: "
             "for in-process engines use lablib.measure.closed_loop.run_closed_loop"
         )
-    if mode not in LOAD_SHAPES:
-        raise LabError(f"mode={mode!r}: expected 'closed' or 'open'")
-    if not prompts or len(prompts) > MAX_REQUESTS:
-        raise LabError(f"{len(prompts or [])} prompts: expected 1 to {MAX_REQUESTS} requests")
-    if concurrency is not None:
-        concurrency = whole(concurrency, "concurrency", "a whole number of requests in flight, at least 1")
-    if mode == "closed" and concurrency is None:
-        raise LabError("a closed loop needs concurrency=C (clients)")
-    _check_max_duration(max_duration_s)
+    concurrency = _check_shape(mode, prompts, concurrency, max_duration_s)
     cfg = cfg or GenerationConfig()
     cfgs = _request_configs(cfg, max_new_tokens, len(prompts))
     prompts = [[int(t) for t in p] for p in prompts]
@@ -146,15 +138,9 @@ def run_load(
             raise LabError(f"prompt {i} is empty: expected at least one token id")
         engine.check_ids(p)
         engine.check_context(len(p), cfgs[i].max_new_tokens)
-    if schedule is not None:
-        if mode != "open" or rate is not None:
-            raise LabError("schedule=[...] is an open loop's send times: expected mode='open' and no rate")
-        schedule = _check_schedule(schedule, len(prompts))
+    schedule = _open_schedule(mode, len(prompts), rate, arrival, burstiness, seed, schedule)
+    if schedule is not None and rate is None:
         arrival = "schedule"
-    elif mode == "open":
-        if rate is None:
-            raise LabError("an open loop needs rate=R (requests per second; math.inf for all at once)")
-        schedule = arrival_schedule(len(prompts), rate, arrival, burstiness, seed)
     manifest = manifest or engine_manifest(
         engine,
         {
@@ -191,6 +177,34 @@ def run_load(
             client_probe.stop()
         if server_metrics is not None:
             server_metrics.stop()  # its last scrape, after the last row
+
+
+def _check_shape(mode, prompts, concurrency, max_duration_s) -> int | None:
+    """A load run's shape checked (one run_load or one from several processes): its concurrency, whole or None."""
+    if mode not in LOAD_SHAPES:
+        raise LabError(f"mode={mode!r}: expected 'closed' or 'open'")
+    if not prompts or len(prompts) > MAX_REQUESTS:
+        raise LabError(f"{len(prompts or [])} prompts: expected 1 to {MAX_REQUESTS} requests")
+    if concurrency is not None:
+        concurrency = whole(concurrency, "concurrency", "a whole number of requests in flight, at least 1")
+    if mode == "closed" and concurrency is None:
+        raise LabError("a closed loop needs concurrency=C (clients)")
+    _check_max_duration(max_duration_s)
+    return concurrency
+
+
+def _open_schedule(mode, n, rate, arrival, burstiness, seed, schedule) -> list[float] | None:
+    """An open loop's send times: ``schedule`` checked, or made from ``rate`` (:func:`arrival_schedule`); None
+    for a closed loop."""
+    if schedule is not None:
+        if mode != "open" or rate is not None:
+            raise LabError("schedule=[...] is an open loop's send times: expected mode='open' and no rate")
+        return _check_schedule(schedule, n)
+    if mode == "open":
+        if rate is None:
+            raise LabError("an open loop needs rate=R (requests per second; math.inf for all at once)")
+        return arrival_schedule(n, rate, arrival, burstiness, seed)
+    return None
 
 
 def _check_max_duration(max_duration_s) -> None:
@@ -577,22 +591,8 @@ def run_load_processes(
     from lablib.measure.processes import DONE_GRACE_S, START_MARGIN_S, _collect, _plan, _wait_ready
 
     processes = whole(processes, "processes", "a whole number of client processes, at least 1")
-    if mode not in LOAD_SHAPES:
-        raise LabError(f"mode={mode!r}: expected 'closed' or 'open'")
-    if not prompts:
-        raise LabError("no prompts: expected one list of token ids per request")
-    if concurrency is not None:
-        concurrency = whole(concurrency, "concurrency", "a whole number of requests in flight, at least 1")
-    if mode == "closed" and concurrency is None:
-        raise LabError("a closed loop needs concurrency=C (clients)")
-    _check_max_duration(max_duration_s)
-    if mode == "open":
-        if schedule is None:
-            if rate is None:
-                raise LabError("an open loop needs rate=R (requests per second) or schedule=[...]")
-            schedule = arrival_schedule(len(prompts), rate, arrival, burstiness, seed)
-        else:
-            schedule = _check_schedule(schedule, len(prompts))
+    concurrency = _check_shape(mode, prompts, concurrency, max_duration_s)
+    schedule = _open_schedule(mode, len(prompts), rate, arrival, burstiness, seed, schedule)
     processes = min(processes, concurrency or processes, len(prompts))
     cfg = cfg or GenerationConfig()
     plans = _plan(len(prompts), mode, concurrency, processes)
