@@ -61,6 +61,10 @@ class GenerationConfig:
     top_k: int = 0
     # what the output must match (structured output, lab 10): a :class:`Constraint`, or None (free text)
     constraint: Constraint | None = None
+    # the LoRA adapter this request uses, by the name the server was started with (lab 11; a server that serves
+    # several adapters at once: llama-server, vLLM); None: the base model. In-process engines carry their adapter
+    # from load (``load_engine(..., adapter=)``) and refuse a request naming another
+    adapter: str | None = None
 
     def __post_init__(self):
         self.max_new_tokens = whole(self.max_new_tokens, "max_new_tokens", "at least 1 token")
@@ -81,6 +85,8 @@ class GenerationConfig:
             raise LabError(f"top_p={self.top_p}: expected a value in (0, 1]")
         self.top_k = whole(self.top_k, "top_k", "a whole number of tokens, 0 (off) or more", lo=0)
         self.seed = whole(self.seed, "seed", "a whole number, 0 or more", lo=0)
+        if self.adapter is not None and (not isinstance(self.adapter, str) or not self.adapter.strip()):
+            raise LabError(f"adapter={self.adapter!r}: expected an adapter's name (a non-empty string) or None")
 
     @property
     def greedy(self) -> bool:
