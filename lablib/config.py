@@ -136,6 +136,19 @@ BUDGETS = {
         "reps": (3, 3),  # the median of 3: one request slowed by a busy machine moves no number
         "parallel": ((1,), (1, 2)),
     },
+    # lab 11, adapters (lablib.studies.adapters): the in-process engines and the servers (multi-LoRA), the adapter
+    # ranks, the prompt and output of every request (tokens), requests per arm after a warm-up, the servers'
+    # closed-loop clients (as many adapters loaded as the most clients) and requests per client
+    "adapters": {
+        "engines": ("llama.cpp,transformers,mlx", "llama.cpp,transformers,mlx"),
+        "servers": ("llama-server", "llama-server,vllm"),
+        "ranks": ((8, 64), (8, 64)),
+        "prompt_tokens": (32, 128),
+        "max_new_tokens": (16, 32),
+        "reps": (2, 3),
+        "concurrency": ((1, 4), (1, 2, 4, 8)),
+        "requests_per_client": (2, 3),
+    },
     # `lablib roofline`: the run measured now for an engine without rows from this machine and model
     "roofline": {"prompt_tokens": (64, 64), "max_new_tokens": (32, 32), "reps": (3, 3)},
 }

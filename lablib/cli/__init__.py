@@ -23,6 +23,7 @@
     lablib prefix [--engines a,b,c] [--shared-tokens 64,256] [--turns N] [--json]   prefix caching (lab 08)
     lablib structured --engine E [--schema FILE...] [--regex RE] [--max-new-tokens N] [--out FILE]   lab 10's grammars
     lablib speculate [--engine a,b] [--draft Q4_0] [--k 2,4] [--text prose] [--out FILE]   speculative decoding (lab 10)
+    lablib lora [--engines a,b] [--servers llama-server,vllm] [--ranks 8,64] [--out FILE]   LoRA adapters (lab 11)
 
 A subcommand is one module ``lablib/cli/<name>.py`` with ``HELP`` (its one-line help),
 ``add_arguments(p)`` (its flags on an argparse parser) and ``run(ns) -> int`` (the exit code),
@@ -56,6 +57,7 @@ COMMANDS = (
     "prefix",
     "structured",
     "speculate",
+    "lora",
 )
 
 

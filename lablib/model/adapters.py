@@ -264,8 +264,17 @@ def _make_gguf(ad: Adapter, model, out: Path, log) -> None:
     tmp = out.with_name(out.name + ".tmp")
     log(f"converting LoRA adapter {ad.name} to GGUF (llama.cpp's {script.name})")
     p = subprocess.run(
-        [sys.executable, str(script), "--base", model.path_for("hf", "a GGUF LoRA"), "--outtype", "f32",
-         "--outfile", str(tmp), peft],
+        [
+            sys.executable,
+            str(script),
+            "--base",
+            model.path_for("hf", "a GGUF LoRA"),
+            "--outtype",
+            "f32",
+            "--outfile",
+            str(tmp),
+            peft,
+        ],
         capture_output=True,
         text=True,
     )

@@ -12,7 +12,9 @@
 - :mod:`lablib.plots.scheduler`: lab 09 (head-of-line blocking, the saturation knee, prefix reuse on real
   traffic and by chat turn);
 - :mod:`lablib.plots.speculative`, ``.structured``: lab 10 (speedup against draft length beside Leviathan et
-  al.'s prediction, acceptance by draft position; a grammar's cost and what it buys).
+  al.'s prediction, acceptance by draft position; a grammar's cost and what it buys);
+- :mod:`lablib.plots.adapters`: lab 11 (what a LoRA adapter costs each engine, merged and unmerged; many adapters
+  at once on a server).
 
 A figure only draws: its numbers come from :mod:`lablib.results.tables`, its columns are declared
 in :mod:`lablib.results.schema`, and plotly is imported inside each function (``import lablib.plots``
@@ -21,6 +23,7 @@ stays light). ``plots.context_bars(df)`` and the other names below work as befor
 
 from __future__ import annotations
 
+from lablib.plots.adapters import adapter_cost_bars, multi_lora_lines
 from lablib.plots.anchors import anchor_bars
 from lablib.plots.compare import kl_per_position, topk_at_divergence
 from lablib.plots.concurrency import concurrency_lines, timeline
@@ -59,6 +62,7 @@ __all__ = [
     "engine_order",
     "mode_order",
     "acceptance_by_position",
+    "adapter_cost_bars",
     "anchor_bars",
     "color",
     "concurrency_lines",
@@ -68,6 +72,7 @@ __all__ = [
     "kl_per_position",
     "knee_plot",
     "mode_dash",
+    "multi_lora_lines",
     "prefill_decode_bars",
     "rate_sweep",
     "reuse_bars",

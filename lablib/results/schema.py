@@ -263,6 +263,24 @@ STRUCTURED = (
     "parses",
     "valid",
 )
+# LoRA adapters (lablib.studies.adapters, lab 11): the adapter a request used (its name: r8, r64, r8-s1; None: the
+# base model), its rank, the arm (none, unmerged: applied on the fly, merged: in the weights), the seconds to attach
+# it to a loaded engine (unmerged), the bytes and parameters it adds, the first output position where the ids differ
+# from the same engine's without an adapter (None: not applied) and, merged, from the unmerged arm's; on a server
+# serving several: which mix of adapters the closed loop sent (none, same, distinct, first use) and how many the
+# server had loaded
+ADAPTERS = (
+    "adapter",
+    "adapter_rank",
+    "adapter_arm",
+    "adapter_load_s",
+    "adapter_bytes",
+    "adapter_parameters",
+    "adapter_diverged_at",
+    "merged_diverged_at",
+    "adapter_mix",
+    "adapters_loaded",
+)
 # what a row written before a column existed means by its absence (lablib.results.store.load_results)
 DEFAULTS = {"cached_tokens": 0}
 # present in some rows only: output ids, decoded text, an error message, the file a row came from
@@ -288,6 +306,7 @@ COLUMNS = (
     + LADDER
     + SPECULATIVE
     + STRUCTURED
+    + ADAPTERS
 )
 
 # --- the columns of tables (lablib.results.tables, lablib.studies): what rows become ------------------------
@@ -462,6 +481,18 @@ STRUCTURED_TABLE = (
     "valid_free",
     "valid_constrained",
 )
+# lablib.studies.adapters' tables (lab 11): cost_table, one row per engine x rank x arm: TPOT over the same engine's
+# without an adapter, whether the output moved, whether merged equals unmerged; multi_table, one row per server x
+# clients x adapter mix: output tokens per second of the run and over the same shape without adapters, an
+# adapter's first and second request's TTFT (s)
+ADAPTER_TABLES = (
+    "tpot_vs_none",
+    "changed",
+    "same_as_unmerged",
+    "tput_vs_none",
+    "ttft_first_s",
+    "ttft_second_s",
+)
 # the columns of tables that no row carries (a summary's output_tokens is the run's sum of the rows' own)
 TABLE_COLUMNS = tuple(
     c
@@ -474,6 +505,7 @@ TABLE_COLUMNS = tuple(
     + SCHEDULER_TABLES
     + SPECULATIVE_TABLES
     + STRUCTURED_TABLE
+    + ADAPTER_TABLES
     if c not in COLUMNS
 )
 # what lablib.results.tables.need accepts: a column of a result row or of a table

@@ -1,0 +1,414 @@
+"""Lab 11, adapters: what a LoRA adapter costs each engine, merged and unmerged, and many adapters at once.
+
+A LoRA adapter adds ``scale * B @ A`` to some weights (:mod:`lablib.model.adapters` makes the lab's own, of rank 8
+and 64, on every attention and MLP projection). An engine either merges it into the weights (a new copy of the
+model: nothing extra per step, one adapter per copy) or applies it on the fly (two thin matrix products more per
+target weight and step, and many adapters can share one base model, even one batch).
+
+Two measurements, rows of :data:`lablib.results.schema.ADAPTERS`:
+
+- :func:`in_process_rows`: one engine (transformers, llama.cpp, mlx) without an adapter, then per rank with the
+  adapter unmerged and merged; the same greedy requests in each arm (a warm-up, then ``reps``): TTFT, TPOT, the
+  seconds to load the model and to attach the adapter, the bytes the adapter adds, and whether the output moved
+  (``adapter_diverged_at``: the first output position that differs from the same engine without an adapter;
+  None would mean the adapter was not applied) and whether merged equals unmerged (``merged_diverged_at``).
+- :func:`multi_lora_rows`: a server the lab starts (llama-server, vLLM) with several adapters loaded; a closed
+  loop of C clients where every request uses the base model (``adapter_mix`` "none"), all use the same adapter
+  ("same"), or every request in flight uses a different one ("distinct": request i uses adapter i mod C); and
+  the first request of each adapter ("first use": what loading or swapping one costs the server).
+
+:func:`cost_table` and :func:`multi_table` make the tables lab 11 shows; :mod:`lablib.plots.adapters` draws them.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from lablib.checks import whole
+from lablib.config import budgets
+from lablib.errors import LabError
+
+N_CTX = 512  # context of every engine and server slot here, tokens
+ARMS = ("none", "unmerged", "merged")  # adapter_arm: no adapter, applied on the fly, merged into the weights
+MIXES = ("none", "same", "distinct", "first use")  # adapter_mix of the multi-LoRA loop
+
+
+def _settings(quick=None, **override) -> dict:
+    s = budgets("adapters", quick)
+    s.update({k: v for k, v in override.items() if v is not None})
+    s["ranks"] = [whole(r, "rank", "a whole number, at least 1") for r in _list(s["ranks"])]
+    s["concurrency"] = [
+        whole(c, "concurrency", "a whole number of clients, at least 1") for c in _list(s["concurrency"])
+    ]
+    for key, what in (
+        ("max_new_tokens", "at least 1 token"),
+        ("prompt_tokens", "at least 1 token"),
+        ("reps", "at least 1 request"),
+        ("requests_per_client", "at least 1 request"),
+    ):
+        s[key] = whole(s[key], key, what)
+    return s
+
+
+def _list(v) -> list:
+    if isinstance(v, str):
+        return [x.strip() for x in v.split(",") if x.strip()]
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def first_difference(a, b) -> int | None:
+    """The first index where token id lists ``a`` and ``b`` differ (a length difference counts at the shorter's
+    end); None when they are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def in_process_rows(
+    engine: str,
+    model=None,
+    ranks=None,
+    prompt_tokens=None,
+    max_new_tokens=None,
+    reps=None,
+    quick=None,
+    on_row=None,
+    log=print,
+) -> list[dict]:
+    """One in-process engine without an adapter, then for each of ``ranks`` with the lab's adapter of that rank
+    unmerged and merged (:mod:`lablib.model.adapters`); greedy requests of a ``prompt_tokens`` prompt and
+    ``max_new_tokens`` output tokens (EOS ignored), a warm-up and ``reps`` each. One row per request: the
+    request's metrics, the arm (``adapter``, ``adapter_rank``, ``adapter_arm``), the engine's ``load_s`` and
+    ``adapter_load_s`` and ``adapter_bytes``, and where its output departs from the no-adapter arm's
+    (``adapter_diverged_at``) and, merged, from the unmerged arm's (``merged_diverged_at``)."""
+    from lablib.engines import canonical, engine_class, load_engine
+    from lablib.engines.base import GenerationConfig
+    from lablib.measure.workload import prompt_of_length
+    from lablib.model.adapters import make_adapter
+    from lablib.model.resolve import resolve
+    from lablib.results.store import engine_manifest, trace_row
+    from lablib.results.trace import now
+
+    s = _settings(quick, ranks=ranks, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, reps=reps)
+    name = canonical(engine)
+    cls = engine_class(name)
+    if not getattr(cls, "adapter_form", None):
+        raise LabError(
+            f"engine {name} loads no LoRA adapter in the lab; expected one of {', '.join(adapter_engines()) or 'none'}"
+        )
+    rm = resolve(model)
+    ids = prompt_of_length(rm, s["prompt_tokens"])
+    cfg = GenerationConfig(max_new_tokens=s["max_new_tokens"])
+    emit = on_row or (lambda r: None)
+    adapters = {r: make_adapter(rm, rank=r, forms=(cls.adapter_form,), log=log) for r in s["ranks"]}
+    rows: list[dict] = []
+    base_ids: list[int] | None = None
+    unmerged_ids: dict[int, list[int]] = {}
+    arms = [(None, "none")] + [(r, arm) for r in s["ranks"] for arm in ("unmerged", "merged")]
+    for rank, arm in arms:
+        ad = adapters.get(rank)
+        kw = {"adapter": ad, "merge_adapter": arm == "merged"} if ad is not None else {}
+        log(f"{name}: " + ("no adapter" if ad is None else f"adapter {ad.name} {arm}"))
+        t0 = now()
+        eng = load_engine(name, rm, n_ctx=N_CTX, **kw)
+        load_s = now() - t0
+        try:
+            eng.generate(ids, cfg)  # warm-up
+            manifest = engine_manifest(eng)
+            labels = {
+                "adapter": ad.name if ad else None,
+                "adapter_rank": rank,
+                "adapter_arm": arm,
+                "load_s": load_s,
+                "adapter_load_s": getattr(eng, "adapter_load_s", None),
+                "adapter_bytes": getattr(eng, "adapter_bytes", None) or 0,
+                "adapter_parameters": ad.parameters if ad else 0,
+            }
+            for rep in range(s["reps"]):
+                tr = eng.generate(ids, cfg)
+                row = trace_row(tr, manifest, mode="single", concurrency=1, repetition=rep, request_index=rep, **labels)
+                row["token_ids"] = out = list(tr.token_ids)
+                if arm == "none":
+                    base_ids = base_ids or out
+                else:
+                    row["adapter_diverged_at"] = first_difference(base_ids or [], out)
+                if arm == "unmerged":
+                    unmerged_ids.setdefault(rank, out)
+                if arm == "merged" and rank in unmerged_ids:
+                    row["merged_diverged_at"] = first_difference(unmerged_ids[rank], out)
+                rows.append(row)
+                emit(row)
+        finally:
+            eng.close()
+    return rows
+
+
+def adapter_engines() -> tuple[str, ...]:
+    """The in-process engines that load a LoRA adapter (their ``adapter_form`` is set)."""
+    from lablib.engines import ENGINES
+
+    return tuple(n for n, c in ENGINES.items() if c.in_process and getattr(c, "adapter_form", None))
+
+
+def multi_lora_rows(
+    server: str,
+    model=None,
+    concurrency=None,
+    rank=None,
+    prompt_tokens=None,
+    max_new_tokens=None,
+    requests_per_client=None,
+    quick=None,
+    on_row=None,
+    log=print,
+) -> list[dict]:
+    """A server the lab starts (llama-server, vllm) with as many adapters of ``rank`` (default: the budget's
+    first) as the largest of ``concurrency`` (seeds 0, 1, ...), and as many slots; first one request of each
+    adapter in turn (``adapter_mix`` "first use", then one more of the same: "first use" rows carry
+    ``repetition`` 0 and 1), then at each C of ``concurrency`` a closed loop of C clients, ``requests_per_client``
+    x C requests of distinct prompts, three times: every request on the base model ("none"), every request on
+    adapter 0 ("same"), request i on adapter i mod C ("distinct": the requests in flight use C different
+    adapters). One row per request (:func:`lablib.measure.load.run_load`'s, with the adapter's name)."""
+    from lablib.engines.base import GenerationConfig
+    from lablib.engines.servers import canonical_server, start_server
+    from lablib.measure.load import run_load
+    from lablib.measure.workload import distinct_prompts
+    from lablib.model.adapters import make_adapter
+    from lablib.model.resolve import resolve
+    from lablib.results.store import engine_manifest
+
+    s = _settings(
+        quick,
+        concurrency=concurrency,
+        prompt_tokens=prompt_tokens,
+        max_new_tokens=max_new_tokens,
+        requests_per_client=requests_per_client,
+    )
+    name = canonical_server(server)
+    rank = whole(rank if rank is not None else s["ranks"][0], "rank", "a whole number, at least 1")
+    rm = resolve(model)
+    form = "gguf" if name == "llama-server" else "peft"
+    n = max(s["concurrency"])
+    adapters = [make_adapter(rm, rank=rank, seed=i, forms=(form,), log=log) for i in range(n)]
+    cfg = GenerationConfig(max_new_tokens=s["max_new_tokens"])
+    emit = on_row or (lambda r: None)
+    rows: list[dict] = []
+    log(f"{name}: starting with {n} adapters of rank {rank}")
+    srv = start_server(name, rm, parallel=n, n_ctx=N_CTX, options={"adapters": adapters}, log=log)
+    try:
+        eng = srv.engine(rm)
+        try:
+            manifest = engine_manifest(eng, {"server_settings": srv.settings})
+            labels = {"adapter_rank": rank, "adapters_loaded": n}
+            start = 0
+
+            def prompts(count):
+                nonlocal start
+                out = distinct_prompts(rm, s["prompt_tokens"], count, start=start * (s["prompt_tokens"] + 17))
+                start += count
+                return out
+
+            run_load(eng, prompts(1), concurrency=1, cfg=cfg)  # warm-up of the server (base model)
+            for ad in adapters:  # first use of each adapter, then its second request
+                for rep in range(2):
+                    for r in run_load(eng, prompts(1), concurrency=1, cfg=cfg, adapters=[ad.name], manifest=manifest):
+                        r.update(labels, adapter_mix="first use", repetition=rep, adapter=ad.name)
+                        rows.append(r)
+                        emit(r)
+            for c in s["concurrency"]:
+                count = c * s["requests_per_client"]
+                for mix in ("none", "same", "distinct"):
+                    names = {
+                        "none": [None] * count,
+                        "same": [adapters[0].name] * count,
+                        "distinct": [adapters[i % c].name for i in range(count)],
+                    }[mix]
+                    log(f"{name}: {c} clients, adapters {mix}")
+                    ps = prompts(count)
+                    run_load(eng, ps[:c], concurrency=c, cfg=cfg, adapters=names[:c])  # warm-up at this shape
+                    for r in run_load(eng, ps, concurrency=c, cfg=cfg, adapters=names, manifest=manifest):
+                        r.update(labels, adapter_mix=mix)
+                        r.setdefault("adapter", names[r["request_index"]])
+                        rows.append(r)
+                        emit(r)
+        finally:
+            eng.close()
+    finally:
+        srv.stop()
+    return rows
+
+
+def run(
+    engines=None,
+    servers=None,
+    ranks=None,
+    concurrency=None,
+    prompt_tokens=None,
+    max_new_tokens=None,
+    reps=None,
+    model=None,
+    quick=None,
+    out=None,
+    log=print,
+) -> list[dict]:
+    """Lab 11's measurements: :func:`in_process_rows` for each of ``engines`` and :func:`multi_lora_rows` for
+    each of ``servers`` (defaults: the budget's; "" or [] for none). Rows appended to ``out`` (.jsonl /
+    .parquet) as they come; returns them all."""
+    from lablib.engines import canonical
+    from lablib.engines.servers import canonical_server
+    from lablib.model.resolve import resolve
+
+    s = _settings(quick)
+    engines = [canonical(e) for e in _list(s["engines"] if engines is None else engines)]
+    servers = [canonical_server(x) for x in _list(s["servers"] if servers is None else servers)]
+    writer = None
+    if out:
+        from lablib.results.store import ResultsWriter
+
+        writer = ResultsWriter(out)
+    emit = writer.append if writer else None
+    rm = resolve(model)
+    rows: list[dict] = []
+    kw = {"prompt_tokens": prompt_tokens, "max_new_tokens": max_new_tokens, "quick": quick, "log": log}
+    for e in engines:
+        rows += in_process_rows(e, rm, ranks=ranks, reps=reps, on_row=emit, **kw)
+    for x in servers:
+        rows += multi_lora_rows(x, rm, concurrency=concurrency, on_row=emit, **kw)
+    return rows
+
+
+# --- tables ---------------------------------------------------------------------------------------------------
+
+
+def _median(values):
+    v = [x for x in values if x is not None and x == x]
+    return statistics.median(v) if v else None
+
+
+def cost_table(rows) -> list[dict]:
+    """One row per engine x rank x arm of :func:`in_process_rows`' rows: the medians of TTFT and TPOT (s), TPOT
+    over the same engine's no-adapter TPOT (``tpot_vs_none``), the seconds to load the engine (``load_s``) and to
+    attach the adapter (``adapter_load_s``), the adapter's bytes in the engine (``adapter_bytes``) and parameters,
+    whether its output moved from the no-adapter output (``changed``) and whether merged equals unmerged
+    (``same_as_unmerged``; None for the other arms), and the requests."""
+    import pandas as pd
+
+    df = pd.DataFrame([r for r in rows if r.get("adapter_arm")])
+    if df.empty:
+        return []
+    out = []
+    order = {a: i for i, a in enumerate(ARMS)}
+    for (engine, rank, arm), g in df.groupby(["engine", df["adapter_rank"].fillna(0), "adapter_arm"], sort=False):
+        none_tpot = _median(df[(df.engine == engine) & (df.adapter_arm == "none")]["tpot_s"])
+        tpot = _median(g["tpot_s"])
+        diverged = g["adapter_diverged_at"] if "adapter_diverged_at" in g else pd.Series([None] * len(g))
+        merged = g["merged_diverged_at"] if "merged_diverged_at" in g else pd.Series([None] * len(g))
+        out.append(
+            {
+                "engine": engine,
+                "adapter_rank": int(rank) if rank else None,
+                "adapter_arm": arm,
+                "ttft_s": _median(g["ttft_s"]),
+                "tpot_s": tpot,
+                "tpot_vs_none": tpot / none_tpot if tpot and none_tpot else None,
+                "load_s": _median(g["load_s"]),
+                "adapter_load_s": _median(g["adapter_load_s"]) if arm == "unmerged" else None,
+                "adapter_bytes": int(g["adapter_bytes"].max() or 0),
+                "adapter_parameters": int(g["adapter_parameters"].max() or 0),
+                "changed": None if arm == "none" else bool(diverged.notna().all()),
+                "same_as_unmerged": bool(merged.isna().all()) if arm == "merged" else None,
+                "requests": len(g),
+            }
+        )
+    return sorted(out, key=lambda r: (r["engine"], r["adapter_rank"] or 0, order.get(r["adapter_arm"], 9)))
+
+
+def multi_table(rows) -> list[dict]:
+    """One row per server x clients x adapter mix of :func:`multi_lora_rows`' closed loops: output tokens per
+    second of the whole run (all output tokens over first send to last token), the medians of TTFT and TPOT,
+    the run's throughput over the same server's at the same clients with no adapter (``tput_vs_none``), and
+    the requests; "first use" rows give one row per server: the median TTFT of an adapter's first request and
+    of its second (``ttft_first_s``, ``ttft_second_s``)."""
+    import pandas as pd
+
+    df = pd.DataFrame([r for r in rows if r.get("adapter_mix") and not r.get("error")])
+    if df.empty:
+        return []
+    out = []
+    loops = df[df.adapter_mix != "first use"]
+    tput = {}
+    for (engine, c, mix), g in loops.groupby(["engine", "concurrency", "adapter_mix"], sort=False):
+        span = g["t_last_token"].max() - g["t_submit"].min()
+        tput[(engine, c, mix)] = g["output_tokens"].sum() / span if span > 0 else None
+    for (engine, c, mix), g in loops.groupby(["engine", "concurrency", "adapter_mix"], sort=False):
+        t, none = tput[(engine, c, mix)], tput.get((engine, c, "none"))
+        out.append(
+            {
+                "engine": engine,
+                "concurrency": int(c),
+                "adapter_mix": mix,
+                "output_tps": t,
+                "tput_vs_none": t / none if t and none else None,
+                "ttft_s": _median(g["ttft_s"]),
+                "tpot_s": _median(g["tpot_s"]),
+                "requests": len(g),
+            }
+        )
+    first = df[df.adapter_mix == "first use"]
+    for engine, g in first.groupby("engine", sort=False):
+        out.append(
+            {
+                "engine": engine,
+                "concurrency": 1,
+                "adapter_mix": "first use",
+                "ttft_first_s": _median(g[g.repetition == 0]["ttft_s"]),
+                "ttft_second_s": _median(g[g.repetition == 1]["ttft_s"]),
+                "requests": len(g),
+            }
+        )
+    order = {m: i for i, m in enumerate(MIXES)}
+    return sorted(out, key=lambda r: (r["engine"], order.get(r["adapter_mix"], 9), r["concurrency"]))
+
+
+def format_cost_table(table) -> str:
+    """:func:`cost_table` as text: one line per engine x rank x arm."""
+    lines = [
+        f"{'engine':<13}{'rank':>5} {'arm':<9}{'TTFT ms':>9}{'TPOT ms':>9}{'x none':>8}{'load s':>8}"
+        f"{'attach s':>9}{'adapter MB':>11}  changed  merged=unmerged"
+    ]
+    for r in table:
+
+        def f(v, scale=1.0, fmt="{:.1f}"):
+            return fmt.format(v * scale) if v is not None else "-"
+
+        lines.append(
+            f"{r['engine']:<13}{r['adapter_rank'] or '-':>5} {r['adapter_arm']:<9}{f(r['ttft_s'], 1e3):>9}"
+            f"{f(r['tpot_s'], 1e3):>9}{f(r['tpot_vs_none'], fmt='{:.2f}'):>8}{f(r['load_s'], fmt='{:.2f}'):>8}"
+            f"{f(r['adapter_load_s'], fmt='{:.2f}'):>9}{f(r['adapter_bytes'], 1e-6):>11}  "
+            f"{'-' if r['changed'] is None else ('yes' if r['changed'] else 'NO'):<8} "
+            f"{'-' if r['same_as_unmerged'] is None else ('yes' if r['same_as_unmerged'] else 'no')}"
+        )
+    return "\n".join(lines)
+
+
+def format_multi_table(table) -> str:
+    """:func:`multi_table` as text."""
+    lines = [f"{'server':<14}{'clients':>8} {'adapters':<10}{'tok/s':>8}{'x none':>8}{'TTFT ms':>9}{'TPOT ms':>9}"]
+    for r in table:
+        if r["adapter_mix"] == "first use":
+            a, b = r.get("ttft_first_s"), r.get("ttft_second_s")
+            lines.append(
+                f"{r['engine']:<14}{'1':>8} {'first use':<10} TTFT of an adapter's first request "
+                f"{a * 1e3 if a else float('nan'):.1f} ms, its second {b * 1e3 if b else float('nan'):.1f} ms"
+            )
+            continue
+
+        def f(v, scale=1.0, fmt="{:.1f}"):
+            return fmt.format(v * scale) if v is not None else "-"
+
+        lines.append(
+            f"{r['engine']:<14}{r['concurrency']:>8} {r['adapter_mix']:<10}{f(r['output_tps']):>8}"
+            f"{f(r['tput_vs_none'], fmt='{:.2f}'):>8}{f(r['ttft_s'], 1e3):>9}{f(r['tpot_s'], 1e3):>9}"
+        )
+    return "\n".join(lines)
