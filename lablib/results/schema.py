@@ -492,6 +492,11 @@ ADAPTER_TABLES = (
     "tput_vs_none",
     "ttft_first_s",
     "ttft_second_s",
+    "model_parameters",
+    "parameter_share",
+    "bytes_f32",
+    "bytes_f16",
+    "flops_share",
 )
 # the columns of tables that no row carries (a summary's output_tokens is the run's sum of the rows' own)
 TABLE_COLUMNS = tuple(

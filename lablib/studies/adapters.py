@@ -56,6 +56,58 @@ def _list(v) -> list:
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
+def target_shapes(dims: dict) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each target weight of one decoder layer of a model of shape ``dims``
+    (:func:`lablib.model.shape.model_dims`), by PEFT's module name: q and o are hidden x heads*head_dim, k and v
+    hidden x kv_heads*head_dim, gate and up hidden x intermediate, down intermediate x hidden."""
+    d, q, kv, i = (
+        dims["hidden"],
+        dims["heads"] * dims["head_dim"],
+        dims["kv_heads"] * dims["head_dim"],
+        dims["intermediate"],
+    )
+    return {
+        "q_proj": (d, q),
+        "k_proj": (d, kv),
+        "v_proj": (d, kv),
+        "o_proj": (q, d),
+        "gate_proj": (d, i),
+        "up_proj": (d, i),
+        "down_proj": (i, d),
+    }
+
+
+def size_table(model=None, ranks=(8, 16, 64), targets=None) -> list[dict]:
+    """What a LoRA adapter of each rank is, against the model, from the model's shape alone (nothing is made):
+    its parameters (rank x (in + out) per target weight and layer), their share of the model's parameters, its
+    bytes in float32 and float16, and the FLOPs it adds to one decoded token (2 per parameter: x @ A, then @ B)
+    over the model's matrix FLOPs per token (2 per weight in a matrix product, the LM head included): the share
+    an unmerged adapter adds to a decode step if only arithmetic counted."""
+    from lablib.model.adapters import TARGETS
+    from lablib.model.resolve import resolve
+    from lablib.model.shape import matmul_weights, model_dims, parameters
+
+    dims = model_dims(resolve(model) if not isinstance(model, (dict, str)) or model is None else model)
+    shapes = {k: v for k, v in target_shapes(dims).items() if k in (targets or TARGETS)}
+    weights = matmul_weights(dims)["total"]
+    out = []
+    for r in ranks:
+        r = whole(r, "rank", "a whole number, at least 1")
+        n = dims["layers"] * sum(r * (i + o) for i, o in shapes.values())
+        out.append(
+            {
+                "adapter_rank": r,
+                "adapter_parameters": n,
+                "model_parameters": parameters(dims),
+                "parameter_share": n / parameters(dims),
+                "bytes_f32": 4 * n,
+                "bytes_f16": 2 * n,
+                "flops_share": n / weights,
+            }
+        )
+    return out
+
+
 def first_difference(a, b) -> int | None:
     """The first index where token id lists ``a`` and ``b`` differ (a length difference counts at the shorter's
     end); None when they are equal."""
