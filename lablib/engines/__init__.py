@@ -101,23 +101,40 @@ def check_load_args(kw: dict) -> dict:
     return kw
 
 
-def load_engine(name: str, model=None, **kw) -> Engine:
+def adapter_engines() -> tuple[str, ...]:
+    """The engines that load a LoRA adapter in process (``load_engine(..., adapter=)``: their ``adapter_form``)."""
+    return tuple(n for n, c in ENGINES.items() if c.in_process and c.adapter_form)
+
+
+def load_engine(name: str, model=None, adapter=None, merge_adapter: bool = False, **kw) -> Engine:
     """Load engine ``name`` on ``model`` (a ResolvedModel, a name/path, or None for the default).
 
     Keyword arguments go to the engine (n_ctx, threads, dtype...); the engine class fills
     in its defaults for the rest (:meth:`Engine.default_load_kwargs`: llama.cpp's n_ctx is
-    the trained context, at most 8192 tokens). Raises EngineUnavailable when its library is
+    the trained context, at most 8192 tokens). ``adapter`` (lab 11): a LoRA adapter of ``model``
+    (:func:`lablib.model.adapters.make_adapter`) the engine applies on the fly, or, with ``merge_adapter``,
+    the model with the adapter merged into its weights (:func:`lablib.model.adapters.merged_model`), loaded
+    instead of the base; engines without ``adapter_form`` refuse it. Raises EngineUnavailable when its library is
     missing, FormatError for a format it cannot read, LabError for a model it does not support
-    (:func:`check_supported`), a bad n_ctx, n_batch or
+    (:func:`check_supported`), an adapter it cannot load or of another model, a bad n_ctx, n_batch or
     threads or an engine that will not fit in the memory available (:func:`lablib.engines.memory.check_fits`).
     """
     cls = engine_class(name)
+    if (adapter is not None or merge_adapter) and not cls.adapter_form:
+        raise LabError(
+            f"engine {cls.name} takes no LoRA adapter in the lab (adapter=, merge_adapter=); the engines that do: "
+            f"{', '.join(adapter_engines())}"
+            + ("; a server takes one per request (GenerationConfig.adapter)" if not cls.in_process else "")
+        )
     if importlib.util.find_spec(cls.requires) is None:
         raise EngineUnavailable(
             f"engine {cls.name} is not installed (no module {cls.requires!r}); install it: {cls.install_hint}"
         )
     rm = resolve(model)
     check_supported(cls.name, rm)
+    cls.check_adapter(rm, adapter, merge_adapter)
+    if adapter is not None:
+        kw.update(adapter=adapter, merge_adapter=merge_adapter)
     kw = {**cls.default_load_kwargs(rm), **check_load_args(kw)}
     if cls.in_process:  # weights, the runtime's buffers and, where reserved at load, a KV cache for all of n_ctx
         reserved = kw["n_ctx"] if cls.reserves_kv_at_load else 0

@@ -259,6 +259,76 @@ class Engine:
     constraints: ClassVar[tuple[str, ...]] = ()
     # the speculative decoding its library runs itself (lab 10), by method ("prompt lookup", "draft model"); () = none
     speculation_methods: ClassVar[tuple[str, ...]] = ()
+    # the form of a LoRA adapter it reads at load (lab 11; ``load_engine(..., adapter=)``): "peft", "gguf" or "mlx",
+    # a form of lablib.model.adapters.Adapter.path_for; None: it takes no adapter (load_engine refuses adapter=)
+    adapter_form: ClassVar[str | None] = None
+    # the form of lablib.model.adapters.merged_model it loads instead of the base with merge_adapter=True
+    merged_form: ClassVar[str | None] = None
+
+    # the LoRA adapter loaded with the engine (lab 11), set at load: ``adapter`` (a lablib.model.adapters.Adapter;
+    # None: the base model), ``adapter_merged`` (True: the weights of merged_model were loaded instead of the
+    # base's), ``adapter_load_s`` (seconds to read the unmerged adapter and attach it to the loaded base, the lab's
+    # clock; None merged or without one), ``adapter_bytes`` (bytes the engine holds for it: the LoRA tensors as
+    # loaded, unmerged; the merged weights' bytes less the base's, merged; 0 without one)
+    adapter = None
+    adapter_merged: bool = False
+    adapter_load_s: float | None = None
+    adapter_bytes: int = 0
+
+    @classmethod
+    def check_adapter(cls, model, adapter, merge_adapter: bool = False) -> None:
+        """Raise LabError, before any loading, unless ``adapter`` (None, or a lablib.model.adapters.Adapter made
+        for ``model``, a ResolvedModel) and ``merge_adapter`` can be loaded by this engine."""
+        if adapter is None:
+            if merge_adapter:
+                raise LabError(
+                    "merge_adapter=True without adapter=: expected the adapter to merge (lablib.model.adapters."
+                    "make_adapter(model)), or merge_adapter=False"
+                )
+            return
+        from lablib.model.adapters import Adapter, check_adapter_for
+
+        if not cls.adapter_form:
+            raise LabError(
+                f"engine {cls.name} takes no LoRA adapter in the lab (adapter={getattr(adapter, 'name', adapter)!r})"
+            )
+        if not isinstance(adapter, Adapter):
+            raise LabError(
+                f"adapter={adapter!r}: expected a LoRA adapter made by lablib.model.adapters.make_adapter(model) "
+                "(an Adapter), or None"
+            )
+        check_adapter_for(adapter, model)
+
+    def _begin_adapter(self, adapter, merge_adapter: bool) -> str | None:
+        """At load, before the weights: check ``adapter`` (:meth:`check_adapter`) and record it; returns the path
+        of the merged model to load instead of the base's (``merge_adapter``: made on first use), else None."""
+        self.check_adapter(self.model, adapter, merge_adapter)
+        self.adapter, self.adapter_merged = adapter, bool(adapter is not None and merge_adapter)
+        self.adapter_load_s, self.adapter_bytes = None, 0
+        if not self.adapter_merged:
+            return None
+        from lablib.model.adapters import merged_model
+
+        return merged_model(adapter, self.merged_form)
+
+    def adapter_flags(self) -> dict:
+        """What :meth:`info` records of the loaded adapter ({} without one): ``adapter`` (its name),
+        ``adapter_rank``, ``adapter_merged``."""
+        if self.adapter is None:
+            return {}
+        return {"adapter": self.adapter.name, "adapter_rank": self.adapter.rank, "adapter_merged": self.adapter_merged}
+
+    def check_adapter_request(self, cfg: GenerationConfig) -> None:
+        """Raise LabError when ``cfg.adapter`` names an adapter other than the one loaded: an in-process engine
+        carries one adapter, from load."""
+        if cfg.adapter is None or (self.adapter is not None and cfg.adapter == self.adapter.name):
+            return
+        has = f"carries adapter {self.adapter.name}" if self.adapter is not None else "was loaded without an adapter"
+        raise LabError(
+            f"request for adapter {cfg.adapter!r}, but engine {self.name} {has}: an in-process engine carries the one "
+            f"adapter it was loaded with; load it with that adapter (load_engine({self.name!r}, model, adapter=...)) "
+            "or send the request without GenerationConfig.adapter"
+        )
 
     @classmethod
     def speculation_kwargs(cls, method: str, k: int, draft=None) -> dict:
@@ -612,11 +682,13 @@ class Engine:
         ``keep``, afterwards the cache holds this request's KV (prompt and output), for the next
         turn of a chat. Without ``prefix_cache`` the request starts from an empty KV cache.
         Raises ContextOverflowError before any work when it cannot fit, LabError for settings the
-        engine cannot run (:meth:`check_generation`).
+        engine cannot run (:meth:`check_generation`) or an adapter other than the one it loaded
+        (:meth:`check_adapter_request`).
         """
         cfg = cfg or GenerationConfig()
         self.check_generation(cfg)
         self.check_constraint(cfg)
+        self.check_adapter_request(cfg)
         ids = [int(i) for i in ids]
         if not ids:
             raise LabError("empty prompt: expected at least one token id")

@@ -128,6 +128,10 @@ class TransformersEngine(Engine):
     ``prompt_lookup`` (tokens) runs prompt-lookup decoding (``prompt_lookup_num_tokens=``). transformers counts
     no accepted tokens: :meth:`engine_counters` derives them from the streamer, whose every put after the
     prompt is one target forward pass carrying the accepted drafts plus one token of the target's own.
+    ``adapter`` (a lablib.model.adapters.Adapter of the model, lab 11): PEFT's ``PeftModel.from_pretrained`` on the
+    loaded model, unmerged (PEFT puts its LoRA layers into the model in place: generation, logits, prefix caching
+    and continuous batching all run through them); with ``merge_adapter`` the Hugging Face folder of PEFT's
+    ``merge_and_unload`` is loaded instead of the base's.
     """
 
     name = "transformers"
@@ -142,6 +146,8 @@ class TransformersEngine(Engine):
     compare_load_kwargs = {"dtype": "float32"}
     prefix_caching = True  # a DynamicCache built from a kept prefix's key/value tensors, per request
     speculation_methods = ("prompt lookup", "draft model")  # prompt_lookup_num_tokens=, assistant_model=
+    adapter_form = "peft"  # a PEFT folder, PeftModel.from_pretrained (lab 11)
+    merged_form = "hf"  # PEFT's merge_and_unload, saved as a Hugging Face folder
 
     @classmethod
     def speculation_kwargs(cls, method: str, k: int, draft=None) -> dict:
@@ -204,6 +210,8 @@ class TransformersEngine(Engine):
         draft: str | None = None,
         speculative: int | None = None,
         prompt_lookup: int | None = None,
+        adapter=None,
+        merge_adapter: bool = False,
     ):
         super().__init__(model)
         if draft is not None and draft not in TORCH_DTYPES and not Path(str(draft)).is_dir():  # before any loading
@@ -211,10 +219,11 @@ class TransformersEngine(Engine):
                 f"draft={draft!r}: expected a dtype of the model's folder ({', '.join(TORCH_DTYPES)}) or a Hugging "
                 "Face folder of a model with the same vocabulary"
             )
+        merged = self._begin_adapter(adapter, merge_adapter)  # checked before any loading
         torch, transformers = self._import_library("torch", "transformers")
         self._torch, self._transformers = torch, transformers
         transformers.utils.logging.disable_progress_bar()
-        path = model.path_for("hf", self.name)
+        self._path = path = merged or model.path_for("hf", self.name)
         torch.set_num_threads(self._init_threads(threads))
         self.device = torch_device(torch, device)
         self.dtype = dtype = torch_dtype(torch, self.device, dtype)
@@ -226,6 +235,11 @@ class TransformersEngine(Engine):
             .to(self.device)
             .eval()
         )
+        self.peft = None  # the PeftModel around self.hf when an unmerged adapter is attached
+        if self.adapter_merged:
+            self._count_merged()
+        elif self.adapter is not None:
+            self._attach_adapter()
         trained = int(getattr(self.hf.config, "max_position_embeddings", 0) or model.max_position_embeddings)
         self.n_ctx = int(n_ctx or trained)
         self.n_vocab = int(self.hf.config.vocab_size)
@@ -243,6 +257,38 @@ class TransformersEngine(Engine):
         self._last_cache = None  # the last request's DynamicCache when it ran with a prefix cache
         self.hf.register_forward_pre_hook(self._count_prefill, with_kwargs=True)
         self._spec, self._spec_counts = self._load_speculation(draft, speculative, prompt_lookup), {}
+
+    def _attach_adapter(self) -> None:
+        """PEFT's ``PeftModel.from_pretrained`` on the loaded model, unmerged: its LoRA layers replace the target
+        ``nn.Linear`` modules of ``self.hf`` in place (``self.hf`` stays the transformers model, now computing
+        ``W x + scale * B (A x)`` in each target). Times the read and the attach (:attr:`adapter_load_s`; PEFT's
+        import before the clock) and counts the LoRA tensors' bytes (:attr:`adapter_bytes`)."""
+        import warnings
+
+        from peft import PeftModel
+
+        folder = self.adapter.path_for("peft")  # made on first use: not part of the attach
+        with warnings.catch_warnings():  # PEFT 0.21 asks transformers 5 a deprecated is_gradient_checkpointing
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            t0 = now()
+            peft = PeftModel.from_pretrained(self.hf, folder, is_trainable=False).to(self.device).eval()
+            self.adapter_load_s = now() - t0
+        if peft.get_base_model() is not self.hf:  # pragma: no cover - PEFT injects in place
+            raise LabError("PEFT did not attach the adapter to the loaded model in place")
+        self.peft = peft
+        self.adapter_bytes = sum(p.numel() * p.element_size() for n, p in self.hf.named_parameters() if ".lora_" in n)
+
+    def _count_merged(self) -> None:
+        """:attr:`adapter_bytes` of a merged adapter: the merged folder's weights as this engine holds them (at
+        its dtype) less the base folder's."""
+        from lablib.model.formats import weight_tensors
+
+        size = TORCH_DTYPES[self.dtype][1]
+
+        def held(path) -> int:
+            return sum(n * size if t in FLOAT_TYPES else b for _, t, n, b in weight_tensors(path))
+
+        self.adapter_bytes = held(self._path) - held(self.model.path_for("hf", self.name))
 
     def _count_prefill(self, module, args, kwargs):
         """Forward pre-hook: the first forward pass of a request (its prefill) records how many
@@ -299,8 +345,8 @@ class TransformersEngine(Engine):
             "a whole number of draft tokens per step, at least 1",
         )
         torch, transformers = self._torch, self._transformers
-        if draft in TORCH_DTYPES:
-            folder, dtype = self.model.path_for("hf", self.name), draft
+        if draft in TORCH_DTYPES:  # the folder the target was loaded from (a merged adapter's, with one)
+            folder, dtype = self._path, draft
         else:  # a folder (checked before loading)
             folder, dtype = str(draft), self.dtype
         asst = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(self.device)
@@ -375,6 +421,7 @@ class TransformersEngine(Engine):
                 "sampling": DEFINITION,
                 "settings_off": list(self.settings_off),
                 **({"speculative": self.speculation()} if self._spec else {}),
+                **self.adapter_flags(),
             },
         )
 
@@ -530,6 +577,7 @@ class TransformersEngine(Engine):
         ``max_seq_tokens`` (longest prompt + output, tokens) sizes the paged KV cache and is
         checked against ``n_ctx``."""
         self.check_context(max_seq_tokens, 0)
+        self.check_adapter_request(cfg)
         if cfg.constraint is not None:
             raise LabError(
                 "transformers' continuous batching runs no constraint (no logits processor); use mode='serial'"
@@ -605,7 +653,7 @@ class TransformersEngine(Engine):
             yield block
 
     def close(self) -> None:
-        self.hf = None
+        self.hf = self.peft = None
 
 
 # the oldest transformers whose continuous batching the lab drives (pyproject's floor): the first whose

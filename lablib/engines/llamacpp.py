@@ -238,6 +238,11 @@ class LlamaCppEngine(Engine):
     ``speculative``: draft tokens per step for llama-cpp-python's own prompt-lookup decoding
     (``Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=k))``, its ``Llama.generate`` loop; greedy,
     one sequence, no prefix cache); :meth:`engine_counters` then has ``draft_n`` and ``draft_n_accepted``.
+    ``adapter`` (a lablib.model.adapters.Adapter of the model, lab 11): its GGUF LoRA read with llama.cpp's
+    ``llama_adapter_lora_init`` and set on the context (``llama_set_adapters_lora``, scale 1.0: llama.cpp multiplies
+    it by the file's ``adapter.lora.alpha`` / rank, PEFT's ``lora_alpha / r``), applied on the fly in every
+    request, logits and batched mode; with ``merge_adapter`` the GGUF ``llama-export-lora`` wrote is loaded instead
+    of the base's (its merged tensors F16).
     """
 
     name = "llama.cpp"
@@ -249,6 +254,12 @@ class LlamaCppEngine(Engine):
     prefix_caching = True  # a sequence's state saved and restored (llama_state_seq_get_data / set_data)
     quantizes_gguf = True  # llama_model_quantize makes the ladder's GGUF rungs (lablib.studies.quant); measured here
     speculation_methods = ("prompt lookup",)  # llama-cpp-python's LlamaPromptLookupDecoding (load with speculative=k)
+    adapter_form = "gguf"  # a GGUF LoRA, llama_adapter_lora_init + llama_set_adapters_lora (lab 11)
+    merged_form = "gguf"  # llama-export-lora's GGUF
+    # the scale given to llama_set_adapters_lora: llama.cpp applies scale * alpha / rank when the GGUF LoRA states
+    # its alpha (llama_adapter_lora_weight::get_scale), which convert_lora_to_gguf.py writes from PEFT's lora_alpha:
+    # 1.0 gives PEFT's lora_alpha / r
+    ADAPTER_SCALE = 1.0
 
     @classmethod
     def speculation_kwargs(cls, method: str, k: int, draft=None) -> dict:
@@ -356,12 +367,15 @@ class LlamaCppEngine(Engine):
         n_gpu_layers: int | None = None,
         speculative: int | None = None,
         swa_full: bool = True,
+        adapter=None,
+        merge_adapter: bool = False,
     ):
         super().__init__(model)
+        merged = self._begin_adapter(adapter, merge_adapter)  # checked before any loading
         llama_cpp, np = self._import_library("llama_cpp", "numpy")
         self._draft = _lookup_draft(speculative, n_seq_max) if speculative is not None else None
         self._lib, self._np = llama_cpp, np  # numpy: greedy takes the argmax of the logits in place (_sample)
-        path = model.path_for("gguf", self.name)
+        self._path = path = merged or model.path_for("gguf", self.name)
         self._init_threads(threads)
         self._n_ctx_req = whole(n_ctx or self.default_n_ctx(model), "n_ctx", "a positive number of tokens")
         if self._draft is not None:
@@ -397,8 +411,15 @@ class LlamaCppEngine(Engine):
             )
             if n_seq_max > 1:
                 self._reopen_context(n_seq_max, verbose)
+            self.ctx = self.llm._ctx.ctx
+            if self.adapter is not None and not self.adapter_merged:
+                self._attach_adapter(log)  # on the context the engine runs (after any reopen)
         self.load_log = log.text
-        self.ctx = self.llm._ctx.ctx
+        # a merged adapter's GGUF: its largest tensors' type (F16, as llama-export-lora writes them), what info() says
+        self._merged_type = None
+        if self.adapter_merged:
+            self.adapter_bytes = _tensor_bytes(path) - _tensor_bytes(model.path_for("gguf", self.name))
+            self._merged_type = _largest_type(path)
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
         self._batch = llama_cpp.llama_batch_init(max(self.n_batch, n_seq_max), 0, max(1, n_seq_max))
         # llama.cpp rounds the context up (to 256) and caps its batch at the requested
@@ -407,6 +428,31 @@ class LlamaCppEngine(Engine):
         self.n_batch = min(self.n_batch, llama_cpp.llama_n_batch(self.ctx))
         self.n_vocab = self.llm.n_vocab()
         self._eos = {t for t in range(self.llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(self.vocab, t)}
+
+    def _attach_adapter(self, log: _LoadLog) -> None:
+        """Read the adapter's GGUF LoRA into llama.cpp (``llama_adapter_lora_init``: its tensors copied into a
+        buffer of the model's backend, as stored: f32) and set it on the context (``llama_set_adapters_lora``,
+        :data:`ADAPTER_SCALE`); the adapter lives as long as the model (llama.cpp frees it with the model).
+        Times both (:attr:`adapter_load_s`) and counts the tensors' bytes (:attr:`adapter_bytes`). LabError with
+        what llama.cpp logged when it refuses the file."""
+        import ctypes
+
+        lib, path = self._lib, self.adapter.path_for("gguf")  # made on first use: not part of the attach
+        t0 = now()
+        lora = lib.llama_adapter_lora_init(self.llm._model.model, path.encode("utf-8"))
+        if not lora:
+            said = [ln.strip() for ln in log.text.splitlines() if "error" in ln.lower() or "failed" in ln.lower()]
+            raise LabError(
+                f"llama.cpp could not read the LoRA adapter {self.adapter.name} ({path}): "
+                f"{said[-1] if said else 'llama_adapter_lora_init returned NULL'}; expected a GGUF LoRA of this model"
+            )
+        adapters = (lib.llama_adapter_lora_p_ctypes * 1)(lora)
+        scales = (ctypes.c_float * 1)(self.ADAPTER_SCALE)
+        if lib.llama_set_adapters_lora(self.ctx, adapters, 1, scales) != 0:
+            raise LabError(f"llama.cpp could not set the LoRA adapter {self.adapter.name} on its context")
+        self.adapter_load_s = now() - t0
+        self._lora = lora
+        self.adapter_bytes = _tensor_bytes(path)
 
     def _reopen_context(self, n_seq_max: int, verbose: bool) -> None:
         """Replace the Llama object's context by one holding ``n_seq_max`` sequences.
@@ -509,11 +555,17 @@ class LlamaCppEngine(Engine):
             name=self.name,
             version=self.library_version,
             backend="cpu (ggml)" if self.device == "cpu" else f"ggml, {self.device} offload",
-            dtype=self.model.quantization or "gguf",
+            dtype=self._merged_type or self.model.quantization or "gguf",
             threads=self.threads,
             n_ctx=self.n_ctx,
             device=self.device,
-            compute_dtype=self.compute_dtype(self.model),
+            compute_dtype=(
+                self.compute_dtype(self.model)
+                if self._merged_type is None
+                else "float32"
+                if self._merged_type in FLOAT_TYPES
+                else "int8"
+            ),
             flags={
                 "n_gpu_layers": self.n_gpu_layers,
                 "threads_auto": self.auto_threads,
@@ -527,6 +579,7 @@ class LlamaCppEngine(Engine):
                 "settings_off": list(self.SETTINGS_OFF),
                 "build": llama_build.describe(sysinfo, llama_build.build_report()),
                 **({"speculative": self._draft.describe()} if self._draft is not None else {}),
+                **self.adapter_flags(),
             },
         )
 
@@ -830,6 +883,7 @@ class LlamaCppEngine(Engine):
         """
         if self._draft is not None:
             raise LabError("llama.cpp loaded with speculative= decodes one sequence; load it without for batched mode")
+        self.check_adapter_request(cfg)
         return LlamaCppBatchSession(self, cfg, max_sequences, max_seq_tokens)
 
     def close(self) -> None:
@@ -839,6 +893,24 @@ class LlamaCppEngine(Engine):
         if getattr(self, "llm", None) is not None:
             self.llm.close()
             self.llm = None
+
+
+def _tensor_bytes(path) -> int:
+    """Bytes of every tensor of a GGUF file as stored (what llama.cpp holds of it: its weights, or a LoRA's A and
+    B copied in as they are)."""
+    from lablib.model.formats import gguf_tensors
+
+    return sum(b for _, _, _, b in gguf_tensors(str(path)))
+
+
+def _largest_type(path) -> str:
+    """The ggml type of a GGUF file's tensors that take the most bytes together."""
+    from lablib.model.formats import gguf_tensors
+
+    by: dict[str, int] = {}
+    for _, kind, _, nbytes in gguf_tensors(str(path)):
+        by[kind] = by.get(kind, 0) + nbytes
+    return max(by, key=by.get)
 
 
 def _to_gbnf(kind: str, spec) -> str:

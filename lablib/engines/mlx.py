@@ -99,7 +99,11 @@ class MLXEngine(Engine):
     ``prefill_step_size``: prompt tokens per forward pass in prefill (mlx-lm default 2048).
     ``draft`` (a key of :data:`DRAFTS`, or an MLX folder of the same vocabulary) with ``speculative`` (draft tokens
     a round, default 4): mlx-lm's speculative decoding (the module docstring). ``as_draft`` (a key of
-    :data:`DRAFTS`): load the model itself as that draft is made, to time the draft alone (its cost c)."""
+    :data:`DRAFTS`): load the model itself as that draft is made, to time the draft alone (its cost c).
+    ``adapter`` (a lablib.model.adapters.Adapter of the model, lab 11): mlx-lm's adapter folder applied unmerged,
+    as ``mlx_lm.load(path, adapter_path=)`` does (``load_adapters``: each target ``Linear`` becomes a ``LoRALinear``,
+    then ``eval()``), in two steps so that the attach is timed alone; with ``merge_adapter`` the MLX folder of
+    mlx-lm's ``fuse`` is loaded instead of the base's."""
 
     name = "mlx"
     format = "mlx"
@@ -109,6 +113,8 @@ class MLXEngine(Engine):
     prefix_caching = True  # a fresh prompt cache per request, starting from a kept prefix's arrays
     compare_load_kwargs = {"fix_config": False}  # lablib.studies.compare shows what a plain mlx-lm user gets
     speculation_methods = ("draft model",)  # mlx-lm's speculative_generate_step (load with draft=, speculative=k)
+    adapter_form = "mlx"  # mlx-lm's adapter folder, mlx_lm.utils.load_adapters (lab 11)
+    merged_form = "mlx"  # mlx-lm's fuse, saved as an MLX folder
     # mlx-lm's sampling defaults the lab leaves out (mlx-lm 0.32: sample_utils, generate)
     SETTINGS_OFF = (
         "make_sampler's order (top-p, min-p, XTC, top-k on untempered log-probs, then temperature): "
@@ -197,8 +203,15 @@ class MLXEngine(Engine):
         draft: str | None = None,
         speculative: int | None = None,
         as_draft: str | None = None,
+        adapter=None,
+        merge_adapter: bool = False,
     ):
         super().__init__(model)
+        if adapter is not None and as_draft is not None:
+            raise LabError(
+                f"as_draft={as_draft!r} with adapter=: as_draft times the model made a draft, without an adapter; "
+                "load it with one of them"
+            )
         for key, v, folder_ok in (("draft", draft, True), ("as_draft", as_draft, False)):  # before any loading
             if v is not None and v not in DRAFTS and not (folder_ok and Path(str(v)).is_dir()):
                 raise LabError(
@@ -209,9 +222,10 @@ class MLXEngine(Engine):
             raise LabError(
                 f"speculative={speculative!r} without draft=: expected draft={DEFAULT_DRAFT!r} (or a folder)"
             )
+        merged = self._begin_adapter(adapter, merge_adapter)  # checked before any loading
         mx, mlx_lm = self._import_library("mlx.core", "mlx_lm")
         self._mx, self._mlx_lm = mx, mlx_lm
-        path = model.path_for("mlx", self.name)
+        self._path = path = merged or model.path_for("mlx", self.name)
         cfg = json.loads((Path(path) / "config.json").read_text())
         # keys mlx-lm would otherwise misread; fix_config=False reads the folder as
         # plain mlx-lm does (lablib.studies.compare uses it to show what mlx-lm users see)
@@ -237,7 +251,37 @@ class MLXEngine(Engine):
             self.dtype = f"{q.get('bits')}-bit (group {q.get('group_size')})"
         if as_draft is not None:  # the model itself made as that draft is (timing a draft alone)
             self.mlx_model, self.dtype = self._cheaper(self.mlx_model, as_draft)
+        if self.adapter_merged:
+            self._count_merged()
+        elif self.adapter is not None:
+            self._attach_adapter()
         self._spec, self._spec_counts = self._load_speculation(path, draft, speculative), {}
+
+    def _attach_adapter(self) -> None:
+        """mlx-lm's ``load_adapters`` on the loaded model (what ``mlx_lm.load(path, adapter_path=)`` runs after
+        loading the base), then ``eval()`` as it does; the LoRA arrays evaluated (MLX is lazy) before the clock
+        stops (:attr:`adapter_load_s`) and counted (:attr:`adapter_bytes`: every ``lora_a`` and ``lora_b``)."""
+        from mlx.utils import tree_flatten
+        from mlx_lm.utils import load_adapters
+
+        folder = self.adapter.path_for("mlx")  # made on first use: not part of the attach
+        t0 = now()
+        self.mlx_model = load_adapters(self.mlx_model, folder)
+        self.mlx_model.eval()
+        lora = [a for k, a in tree_flatten(self.mlx_model.parameters()) if k.rsplit(".", 1)[-1] in ("lora_a", "lora_b")]
+        self._mx.eval(lora)
+        self.adapter_load_s = now() - t0
+        self.adapter_bytes = sum(int(a.nbytes) for a in lora)
+
+    def _count_merged(self) -> None:
+        """:attr:`adapter_bytes` of a merged adapter: the fused folder's weights as stored (and loaded) less the
+        base folder's."""
+        from lablib.model.formats import weight_tensors
+
+        def held(path) -> int:
+            return sum(b for _, _, _, b in weight_tensors(path))
+
+        self.adapter_bytes = held(self._path) - held(self.model.path_for("mlx", self.name))
 
     def _cheaper(self, m, kind: str):
         """``m`` (loaded from the folder) made the draft ``kind`` of :data:`DRAFTS` is, in place: (model, dtype)."""
@@ -348,6 +392,7 @@ class MLXEngine(Engine):
                 "sampling": DEFINITION,
                 "settings_off": list(self.SETTINGS_OFF),
                 **({"speculative": self.speculation()} if self._spec else {}),
+                **self.adapter_flags(),
             },
         )
 
@@ -559,6 +604,7 @@ class MLXEngine(Engine):
                 "mlx loaded with draft= decodes one sequence (mlx-lm's speculative decoding); load it without for batched mode"
             )
         self.check_context(max_seq_tokens, 0)
+        self.check_adapter_request(cfg)
         return MLXBatchSession(self, cfg, max_sequences)
 
     def logits(self, ids) -> np.ndarray:
