@@ -215,7 +215,7 @@ def _make_peft(ad: Adapter, model, out: Path, log) -> None:
     from transformers import AutoModelForCausalLM
 
     hf = model.path_for("hf", "a LoRA adapter")
-    log(f"making LoRA adapter {ad.name} (rank {ad.rank}) on {model.name}")
+    log(f"making LoRA adapter {ad.name} (rank {ad.rank}) of {model.name}")
     base = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
     present = {n.rsplit(".", 1)[-1] for n, _ in base.named_modules()}
     missing = [t for t in ad.targets if t not in present]
@@ -337,7 +337,7 @@ def _merge_hf(ad: Adapter, model, out: Path, log) -> None:
     from transformers import AutoModelForCausalLM
 
     hf = Path(model.path_for("hf", "a merged adapter"))
-    log(f"merging LoRA adapter {ad.name} into {model.name} (PEFT merge_and_unload)")
+    log(f"merging LoRA adapter {ad.name} into {ad.model_name} (PEFT merge_and_unload)")
     base = AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32)
     merged = PeftModel.from_pretrained(base, ad.path_for("peft", log=log)).merge_and_unload()
     tmp = out.with_name(out.name + ".tmp")
@@ -360,7 +360,7 @@ def _merge_gguf(ad: Adapter, model, out: Path, log) -> None:
         raise LabError(f"llama.cpp's llama-export-lora could not be built here ({first_line(e)})") from None
     lora = ad.path_for("gguf", log=log)
     tmp = out.with_name(out.name + ".tmp")
-    log(f"merging LoRA adapter {ad.name} into {model.name} (llama-export-lora)")
+    log(f"merging LoRA adapter {ad.name} into {ad.model_name} (llama-export-lora)")
     p = subprocess.run(
         [str(tool), "-m", model.path_for("gguf", "a merged adapter"), "--lora", lora, "-o", str(tmp)],
         capture_output=True,
@@ -382,7 +382,7 @@ def _merge_mlx(ad: Adapter, model, out: Path, log) -> None:
     from mlx_lm.utils import save
 
     src = Path(model.path_for("mlx", "a merged adapter"))
-    log(f"merging LoRA adapter {ad.name} into {model.name} (mlx-lm fuse)")
+    log(f"merging LoRA adapter {ad.name} into {ad.model_name} (mlx-lm fuse)")
     m, tok, config = mlx_lm.load(str(src), adapter_path=ad.path_for("mlx", log=log), return_config=True)
     fused = [(n, mod.fuse()) for n, mod in m.named_modules() if hasattr(mod, "fuse")]
     m.update_modules(tree_unflatten(fused))

@@ -278,6 +278,7 @@ ADAPTERS = (
     "adapter_parameters",
     "adapter_diverged_at",
     "merged_diverged_at",
+    "merged_margin_nats",
     "adapter_mix",
     "adapters_loaded",
 )

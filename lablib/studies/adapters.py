@@ -134,7 +134,7 @@ def in_process_rows(
     request's metrics, the arm (``adapter``, ``adapter_rank``, ``adapter_arm``), the engine's ``load_s`` and
     ``adapter_load_s`` and ``adapter_bytes``, and where its output departs from the no-adapter arm's
     (``adapter_diverged_at``) and, merged, from the unmerged arm's (``merged_diverged_at``)."""
-    from lablib.engines import canonical, engine_class, load_engine
+    from lablib.engines import adapter_engines, canonical, engine_class, load_engine
     from lablib.engines.base import GenerationConfig
     from lablib.measure.workload import prompt_of_length
     from lablib.model.adapters import make_adapter
@@ -188,7 +188,9 @@ def in_process_rows(
                 if arm == "unmerged":
                     unmerged_ids.setdefault(rank, out)
                 if arm == "merged" and rank in unmerged_ids:
-                    row["merged_diverged_at"] = first_difference(unmerged_ids[rank], out)
+                    at = row["merged_diverged_at"] = first_difference(unmerged_ids[rank], out)
+                    if at is not None and at < len(unmerged_ids[rank]):
+                        row["merged_margin_nats"] = _margin(eng, ids + unmerged_ids[rank][:at])
                 rows.append(row)
                 emit(row)
         finally:
@@ -196,11 +198,18 @@ def in_process_rows(
     return rows
 
 
-def adapter_engines() -> tuple[str, ...]:
-    """The in-process engines that load a LoRA adapter (their ``adapter_form`` is set)."""
-    from lablib.engines import ENGINES
+def _margin(eng, ids) -> float | None:
+    """The top-2 log-probability margin (nats) of ``eng``'s next token after ``ids``: below
+    :data:`lablib.studies.compare.NEAR_TIE_NATS` a flip there is a near tie (numerics), as lab 04 calls it."""
+    import numpy as np
 
-    return tuple(n for n, c in ENGINES.items() if c.in_process and getattr(c, "adapter_form", None))
+    try:
+        last = np.asarray(eng.logits(list(ids))[-1], dtype=np.float64)
+    except NotImplementedError:
+        return None
+    logp = last - (last.max() + np.log(np.exp(last - last.max()).sum()))
+    top = np.sort(logp)[-2:]
+    return float(top[1] - top[0])
 
 
 def multi_lora_rows(
@@ -343,7 +352,8 @@ def cost_table(rows) -> list[dict]:
     over the same engine's no-adapter TPOT (``tpot_vs_none``), the seconds to load the engine (``load_s``) and to
     attach the adapter (``adapter_load_s``), the adapter's bytes in the engine (``adapter_bytes``) and parameters,
     whether its output moved from the no-adapter output (``changed``) and whether merged equals unmerged
-    (``same_as_unmerged``; None for the other arms), and the requests."""
+    (``same_as_unmerged``: "yes", "near tie" where they first differ at a top-2 margin below lab 04's
+    NEAR_TIE_NATS, or "no"; None for the other arms), and the requests."""
     import pandas as pd
 
     df = pd.DataFrame([r for r in rows if r.get("adapter_arm")])
@@ -369,11 +379,23 @@ def cost_table(rows) -> list[dict]:
                 "adapter_bytes": int(g["adapter_bytes"].max() or 0),
                 "adapter_parameters": int(g["adapter_parameters"].max() or 0),
                 "changed": None if arm == "none" else bool(diverged.notna().all()),
-                "same_as_unmerged": bool(merged.isna().all()) if arm == "merged" else None,
+                "same_as_unmerged": _same(g, merged) if arm == "merged" else None,
                 "requests": len(g),
             }
         )
     return sorted(out, key=lambda r: (r["engine"], r["adapter_rank"] or 0, order.get(r["adapter_arm"], 9)))
+
+
+def _same(g, merged) -> str:
+    """ "yes" (merged ids equal unmerged ids in every request), "near tie" (they differ first where the top two
+    next tokens were closer than lab 04's NEAR_TIE_NATS), or "no"."""
+    from lablib.studies.compare import NEAR_TIE_NATS
+
+    if merged.isna().all():
+        return "yes"
+    margins = g["merged_margin_nats"] if "merged_margin_nats" in g else []
+    near = [m for m, d in zip(margins, merged) if d == d and d is not None]
+    return "near tie" if near and all(m is not None and m == m and m < NEAR_TIE_NATS for m in near) else "no"
 
 
 def multi_table(rows) -> list[dict]:
@@ -439,7 +461,7 @@ def format_cost_table(table) -> str:
             f"{f(r['tpot_s'], 1e3):>9}{f(r['tpot_vs_none'], fmt='{:.2f}'):>8}{f(r['load_s'], fmt='{:.2f}'):>8}"
             f"{f(r['adapter_load_s'], fmt='{:.2f}'):>9}{f(r['adapter_bytes'], 1e-6):>11}  "
             f"{'-' if r['changed'] is None else ('yes' if r['changed'] else 'NO'):<8} "
-            f"{'-' if r['same_as_unmerged'] is None else ('yes' if r['same_as_unmerged'] else 'no')}"
+            f"{r['same_as_unmerged'] or '-'}"
         )
     return "\n".join(lines)
 
