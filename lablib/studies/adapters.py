@@ -27,6 +27,7 @@ import statistics
 from lablib.checks import whole
 from lablib.config import budgets
 from lablib.errors import LabError
+from lablib.studies.compare import NEAR_TIE_NATS, first_difference  # noqa: F401 - lab 04's names, the lab's too
 
 N_CTX = 512  # context of every engine and server slot here, tokens
 ARMS = ("none", "unmerged", "merged")  # adapter_arm: no adapter, applied on the fly, merged into the weights
@@ -106,15 +107,6 @@ def size_table(model=None, ranks=(8, 16, 64), targets=None) -> list[dict]:
             }
         )
     return out
-
-
-def first_difference(a, b) -> int | None:
-    """The first index where token id lists ``a`` and ``b`` differ (a length difference counts at the shorter's
-    end); None when they are equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def in_process_rows(
@@ -203,12 +195,12 @@ def _margin(eng, ids) -> float | None:
     :data:`lablib.studies.compare.NEAR_TIE_NATS` a flip there is a near tie (numerics), as lab 04 calls it."""
     import numpy as np
 
+    from lablib.studies.logits import last_logits, log_softmax
+
     try:
-        last = np.asarray(eng.logits(list(ids))[-1], dtype=np.float64)
+        top = np.sort(log_softmax(last_logits(eng, list(ids))))[-2:]
     except NotImplementedError:
         return None
-    logp = last - (last.max() + np.log(np.exp(last - last.max()).sum()))
-    top = np.sort(logp)[-2:]
     return float(top[1] - top[0])
 
 
@@ -389,8 +381,6 @@ def cost_table(rows) -> list[dict]:
 def _same(g, merged) -> str:
     """ "yes" (merged ids equal unmerged ids in every request), "near tie" (they differ first where the top two
     next tokens were closer than lab 04's NEAR_TIE_NATS), or "no"."""
-    from lablib.studies.compare import NEAR_TIE_NATS
-
     if merged.isna().all():
         return "yes"
     margins = g["merged_margin_nats"] if "merged_margin_nats" in g else []
