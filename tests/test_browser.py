@@ -52,13 +52,14 @@ NB02 = "02_prefill_vs_decode.ipynb"
 NB05 = "05_serving.ipynb"
 NB09 = "09_scheduler.ipynb"
 NB10 = "10_decoding_tricks.ipynb"
+NB11 = "11_adapters.ipynb"
 NB03 = "03_concurrency.ipynb"
 NB04 = "04_engine_or_model.ipynb"
 NB06 = "06_formats_and_quantization.ipynb"
 NB07 = "07_roofline.ipynb"
 NB08 = "08_prefix_caching.ipynb"
 # the notebooks these tests run: conftest.py leaves them out of nbval in a session that runs these tests
-BROWSER_NOTEBOOKS = (NB01, NB02, NB05, NB09, NB10, NB03, NB04, NB06, NB07, NB08)
+BROWSER_NOTEBOOKS = (NB01, NB02, NB05, NB09, NB10, NB11, NB03, NB04, NB06, NB07, NB08)
 CHROMIUM = os.environ.get("LABLIB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
@@ -76,6 +77,7 @@ VIEWPORT = {"width": 1400, "height": 1000}
 NB05_EXTRA_S = 360  # lab 05's vLLM servers: their start and their runs (on a busy 2-core machine)
 NB09_S = 540  # lab 09: five llama-servers and a vLLM, about 4 minutes under nbval on a quiet 2-core machine
 NB10_S = 420  # lab 10: two llama-servers, llama.cpp and transformers, about 3 minutes on a quiet 2-core machine
+NB11_S = 360  # lab 11: three engines with and without two adapters (merged copies made once), then a llama-server
 NB03_S = 480  # lab 03: every engine serial and batched, 2.5 minutes on a busy 2-core machine; and llama-batched-bench
 # built on first use (minutes: it waits for any other tool build of llama.cpp's tree, lablib.build.llama.tools)
 NB04_S = 300  # lab 04: llama.cpp and a misread MLX folder against transformers in float32, then a second model
@@ -85,7 +87,7 @@ NB07_S = 300  # lab 07: the machine's ceilings, a context sweep of every engine,
 NB08_S = 420  # lab 08: every engine with and without reuse, then a chat: 1-2.5 minutes on a busy 2-core machine
 LATER_S = NB03_S + NB04_S + NB06_S + NB07_S + NB08_S  # labs 03, 04, 06, 07 and 08
 # every wait below is cut to what is left of this; the watchdog fires 30 s after it
-MODULE_BUDGET_S = 570 + NB05_EXTRA_S + NB09_S + NB10_S + LATER_S
+MODULE_BUDGET_S = 570 + NB05_EXTRA_S + NB09_S + NB10_S + NB11_S + LATER_S
 _CLOCK = {"t0": None}  # set when this module's first browser fixture starts (not at collection)
 CONSOLE: dict[str, list[str]] = {}  # the browser console's errors, per notebook
 
@@ -848,6 +850,38 @@ def test_notebook_10_runs_in_the_browser(browser, lab_server):
     browser drives: its speedup and acceptance figures and its two structured-output figures are each drawn with
     data in them (the values are tests/test_speculative.py's and tests/test_structured.py's)."""
     _figures_drawn(browser, lab_server, NB10, NB10_S, "10_decoding_tricks.png", NB10_FIGURES)
+
+
+# lab 11's figures (lablib.plots.adapters): one bar series per engine of the lab's adapter budget (its arms: no adapter,
+# each rank unmerged and merged, told apart by pattern), for TPOT and for TTFT; llama-server's lines for no adapter,
+# the same adapter and distinct adapters
+def _nb11_engines() -> list[str]:
+    from lablib.config import budgets
+
+    return [e for e in budgets("adapters")["engines"].split(",")]
+
+
+NB11_FIGURES = (
+    Drawn(
+        "What an adapter costs each decode step",
+        traces=_nb11_engines,
+        texts=("no adapter", "rank 8 unmerged", "rank 8 merged"),
+    ),
+    Drawn("What an adapter costs the prefill", traces=_nb11_engines),
+    Drawn(
+        "Many adapters at once",
+        traces=("llama-server, no adapter", "llama-server, same adapter", "llama-server, distinct adapters"),
+        check=styled("dash", {"no adapter": "dot", "same adapter": "dash", "distinct adapters": "solid"}),
+    ),
+)
+
+
+def test_notebook_11_runs_in_the_browser(browser, lab_server):
+    """Lab 11 runs every engine of its budget without an adapter and with two lab-made adapters, unmerged and merged,
+    then a llama-server serving several adapters, from a kernel the browser drives: its cost bars (TPOT and TTFT, one
+    series per engine, every arm on the axis) and its multi-LoRA lines are each drawn with data in them (the values
+    are tests/test_adapters.py's and tests/test_lora_study.py's)."""
+    _figures_drawn(browser, lab_server, NB11, NB11_S, "11_adapters.png", NB11_FIGURES)
 
 
 # lab 03's figures (lablib.plots.concurrency and plots.anchors): three panels of lines, one per engine and mode, serial

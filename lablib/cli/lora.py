@@ -46,8 +46,8 @@ def run(ns) -> int:
     from lablib.studies.adapters import cost_table, format_cost_table, format_multi_table, multi_table, run
 
     rows = run(
-        ranks=ns.ranks.split(",") if ns.ranks else None,
-        concurrency=ns.concurrency.split(",") if ns.concurrency else None,
+        ranks=ns.ranks,
+        concurrency=ns.concurrency,
         log=lambda m: print(f"# {m}", flush=True),
         **flags(ns, "engines", "servers", "prompt_tokens", "max_new_tokens", "reps", "model", "out"),
     )

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import statistics
 
-from lablib.checks import whole
+from lablib.checks import csv_list, positive_ints, whole
 from lablib.config import budgets
 from lablib.errors import LabError
 from lablib.studies.compare import NEAR_TIE_NATS, first_difference  # noqa: F401 - lab 04's names, the lab's too
@@ -37,24 +37,16 @@ MIXES = ("none", "same", "distinct", "first use")  # adapter_mix of the multi-Lo
 def _settings(quick=None, **override) -> dict:
     s = budgets("adapters", quick)
     s.update({k: v for k, v in override.items() if v is not None})
-    s["ranks"] = [whole(r, "rank", "a whole number, at least 1") for r in _list(s["ranks"])]
-    s["concurrency"] = [
-        whole(c, "concurrency", "a whole number of clients, at least 1") for c in _list(s["concurrency"])
-    ]
+    s["ranks"] = positive_ints(s["ranks"], "ranks")
+    s["concurrency"] = positive_ints(s["concurrency"], "concurrency")
     for key, what in (
         ("max_new_tokens", "at least 1 token"),
         ("prompt_tokens", "at least 1 token"),
         ("reps", "at least 1 request"),
         ("requests_per_client", "at least 1 request"),
     ):
-        s[key] = whole(s[key], key, what)
+        s[key] = whole(s[key], key, what, strings=True)
     return s
-
-
-def _list(v) -> list:
-    if isinstance(v, str):
-        return [x.strip() for x in v.split(",") if x.strip()]
-    return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
 def target_shapes(dims: dict) -> dict[str, tuple[int, int]]:
@@ -92,8 +84,7 @@ def size_table(model=None, ranks=(8, 16, 64), targets=None) -> list[dict]:
     shapes = {k: v for k, v in target_shapes(dims).items() if k in (targets or TARGETS)}
     weights = matmul_weights(dims)["total"]
     out = []
-    for r in ranks:
-        r = whole(r, "rank", "a whole number, at least 1")
+    for r in positive_ints(ranks, "ranks"):
         n = dims["layers"] * sum(r * (i + o) for i, o in shapes.values())
         out.append(
             {
@@ -313,8 +304,8 @@ def run(
     from lablib.model.resolve import resolve
 
     s = _settings(quick)
-    engines = [canonical(e) for e in _list(s["engines"] if engines is None else engines)]
-    servers = [canonical_server(x) for x in _list(s["servers"] if servers is None else servers)]
+    engines = [canonical(e) for e in csv_list(s["engines"] if engines is None else engines)]
+    servers = [canonical_server(x) for x in csv_list(s["servers"] if servers is None else servers)]
     writer = None
     if out:
         from lablib.results.store import ResultsWriter
