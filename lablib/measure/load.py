@@ -93,6 +93,7 @@ def run_load(
     client_probe=None,
     stop: threading.Event | None = None,
     start_at: float | None = None,
+    adapters: list[str | None] | None = None,
     **labels,
 ) -> list[dict]:
     """Send ``prompts`` (token ids, one request each) to an HTTP engine in a load shape; one row per request.
@@ -113,7 +114,11 @@ def run_load(
     ``schedule``: an open loop's own send times, seconds after the run's start, one per prompt,
     non-decreasing (a trace replay, :mod:`lablib.measure.replay`), instead of ``rate`` (rows: ``rate``
     None, ``arrival`` "schedule"). ``max_new_tokens``: one output budget per prompt (tokens; each
-    request's ``cfg`` with its own), instead of ``cfg.max_new_tokens`` for all. ``stop``: a
+    request's ``cfg`` with its own), instead of ``cfg.max_new_tokens`` for all. ``adapters``: one LoRA adapter
+    name (or None: the base model) per prompt, each request's ``cfg`` with its own, instead of ``cfg.adapter``
+    for all (lab 11's multi-LoRA loop: ``adapters[i] = names[i % C]`` gives C clients a different adapter each
+    in flight); every name is checked against the server's before any request is sent (LabError naming those it
+    serves), and every row says its request's ``adapter`` when the run names one or the server serves any. ``stop``: a
     :class:`threading.Event` another thread may set (a panel's Cancel): from then on no request is sent (a
     sleeping schedule wakes within :data:`STOP_POLL_S`), those in flight finish and give their rows; the
     requests never sent give none. ``start_at``: the run's start on the lab's clock (:func:`lablib.results.trace.now`,
@@ -131,7 +136,10 @@ def run_load(
         )
     concurrency = _check_shape(mode, prompts, concurrency, max_duration_s)
     cfg = cfg or GenerationConfig()
-    cfgs = _request_configs(cfg, max_new_tokens, len(prompts))
+    cfgs = _request_configs(cfg, max_new_tokens, len(prompts), adapters)
+    for c in cfgs:  # an adapter the server does not serve: refused before any request is sent
+        engine.check_adapter_request(c)
+    named = adapters is not None or any(c.adapter is not None for c in cfgs) or bool(getattr(engine, "adapters", None))
     prompts = [[int(t) for t in p] for p in prompts]
     for i, p in enumerate(prompts):
         if not p:
@@ -154,6 +162,7 @@ def run_load(
             "max_new_tokens": sorted({c.max_new_tokens for c in cfgs}) if max_new_tokens else cfg.max_new_tokens,
             "max_duration_s": max_duration_s,
             "prompt_tokens": sorted({len(p) for p in prompts}),
+            **({"adapters": sorted({c.adapter for c in cfgs if c.adapter is not None})} if named else {}),
         },
     )
     base = dict(
@@ -164,6 +173,8 @@ def run_load(
         arrival=arrival if mode == "open" else None,
         burstiness=burstiness if mode == "open" and rate is not None else None,
     )
+    if named:
+        base["adapter"] = None  # each row's own, from its request's cfg (_one)
     if server_metrics is not None:
         server_metrics.start()  # its first scrape, before any request
     if client_probe is not None:  # after the manifest and prompts: work before the run is no token's delay
@@ -215,16 +226,26 @@ def _check_max_duration(max_duration_s) -> None:
         )
 
 
-def _request_configs(cfg, max_new_tokens, n):
-    """One GenerationConfig per request: ``cfg``, or ``cfg`` with each of ``max_new_tokens`` (n of them)."""
+def _request_configs(cfg, max_new_tokens, n, adapters=None):
+    """One GenerationConfig per request: ``cfg``, or ``cfg`` with each of ``max_new_tokens`` and / or each of
+    ``adapters`` (n of each)."""
     import dataclasses
 
-    if max_new_tokens is None:
+    if max_new_tokens is None and adapters is None:
         return [cfg] * n
-    budgets = list(max_new_tokens)
+    budgets = [cfg.max_new_tokens] * n if max_new_tokens is None else list(max_new_tokens)
     if len(budgets) != n:
         raise LabError(f"{len(budgets)} max_new_tokens for {n} prompts: expected one output budget per prompt")
-    return [dataclasses.replace(cfg, max_new_tokens=m) for m in budgets]  # each checked: at least 1 token
+    if isinstance(adapters, str):
+        raise LabError(
+            f"adapters={adapters!r}: expected one adapter name (or None) per prompt, a list; for one adapter on "
+            "every request, GenerationConfig(adapter=...)"
+        )
+    names = [cfg.adapter] * n if adapters is None else list(adapters)
+    if len(names) != n:
+        raise LabError(f"{len(names)} adapters for {n} prompts: expected one adapter name (or None) per prompt")
+    # each checked: at least 1 token, an adapter's name a non-empty string or None
+    return [dataclasses.replace(cfg, max_new_tokens=m, adapter=a) for m, a in zip(budgets, names)]
 
 
 def _check_schedule(schedule, n) -> list[float]:
@@ -380,6 +401,8 @@ def request_row(trace, manifest: dict, error: str | None = None, **labels) -> di
 
 
 async def _one(engine, ids, cfg, t_submit, manifest, labels, emit):
+    if "adapter" in labels:  # a run that names adapters: the one this request used
+        labels = dict(labels, adapter=cfg.adapter)
     box: dict = {}
     try:
         trace = await engine.agenerate(ids, cfg, t_submit=t_submit, _checked=True, box=box)
@@ -534,6 +557,7 @@ def _process_worker(index: int, engine_kw: dict, job: dict, to_worker, to_parent
                 cfg=job["cfg"],
                 manifest=job["manifest"],
                 max_new_tokens=job["max_new_tokens"],
+                adapters=job["adapters"],
                 on_row=emit,
                 client_probe=probe,
                 start_at=start_at,
@@ -571,6 +595,7 @@ def run_load_processes(
     max_new_tokens: list[int] | None = None,
     on_row: Callable[[dict], None] | None = None,
     start_at: float | None = None,
+    adapters: list[str | None] | None = None,
     **labels,
 ) -> tuple[list[dict], list[dict]]:
     """:func:`lablib.measure.load.run_load`'s run from ``processes`` client processes on one start (see the module).
@@ -595,6 +620,7 @@ def run_load_processes(
     schedule = _open_schedule(mode, len(prompts), rate, arrival, burstiness, seed, schedule)
     processes = min(processes, concurrency or processes, len(prompts))
     cfg = cfg or GenerationConfig()
+    _request_configs(cfg, max_new_tokens, len(prompts), adapters)  # one budget / adapter per prompt, checked here
     plans = _plan(len(prompts), mode, concurrency, processes)
     ctx = multiprocessing.get_context("spawn")
     to_parent = ctx.Queue()
@@ -613,6 +639,7 @@ def run_load_processes(
             "cfg": cfg,
             "manifest": manifest,
             "max_new_tokens": [max_new_tokens[i] for i in idx] if max_new_tokens is not None else None,
+            "adapters": [adapters[i] for i in idx] if adapters is not None else None,
             "labels": labels,
             # the run's own labels on every row, not this process's share (its concurrency, its sub-schedule)
             "run_labels": {"concurrency": concurrency}

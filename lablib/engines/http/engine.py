@@ -111,6 +111,15 @@ def _check_host_port(base_url: str) -> None:
         )
 
 
+def _lora_name(path) -> str:
+    """A llama-server adapter's name from its file (``GET /lora-adapters``' path): a lab adapter's folder
+    (``.../r8/adapter-f32.gguf``: ``r8``), else the file's stem."""
+    from pathlib import PurePath
+
+    p = PurePath(str(path or "?"))
+    return p.parent.name if p.name.startswith("adapter-") and p.parent.name else p.stem
+
+
 # --- the engine --------------------------------------------------------------------------------
 def _refused(e) -> bool:
     """Whether a failed request was the server refusing it before any token: HTTP 400 (llama-server's JSON schema
@@ -149,6 +158,14 @@ class HTTPEngine(Engine):
     request reuses only blocks computed under the same salt): a string sent with every request (this
     engine's requests may share blocks with each other, no one else's), or :data:`SALT_PER_REQUEST` (a fresh
     salt for every request: none reuses another's blocks, on a server whose prefix caching is on).
+
+    LoRA adapters (lab 11): a request's ``GenerationConfig.adapter`` names one the server serves (``adapters``:
+    name -> llama-server's adapter id; :meth:`_served_adapters` says where the names come from), refused before
+    sending otherwise. llama-server gets its ``lora`` list, the named adapter at scale 1 and every other at 0 (all
+    0 for ``adapter=None``: the base model, whatever the server's own scales); vLLM, and any server whose
+    ``/v1/models`` lists LoRA modules with a parent model, gets ``model``: the adapter's name (the base model's id
+    for None). A server that lists none (another kind, another URL) takes no adapter name: the lab cannot tell an
+    adapter from another model there.
     """
 
     name = "http"
@@ -247,6 +264,7 @@ class HTTPEngine(Engine):
         self.profile = PROFILES[self.kind]
         self.server_model = server_model or self.profile.model_id or self.server_info.get("model_id")
         self.server_version = server_version or self.server_info.get("version") or "unknown"
+        self.adapters = self._served_adapters()
         if api == "native" and self.kind != "llama-server":
             self.close()  # the probe's event loop and HTTP session
             raise LabError(
@@ -266,6 +284,58 @@ class HTTPEngine(Engine):
         if self.keep_alive:  # the probe's session closed its connections; requests get a pooled one
             self.run(self._close_session())
             self._keep_alive = True
+
+    def _served_adapters(self) -> dict[str, int | None]:
+        """The LoRA adapters a request may name (GenerationConfig.adapter), name -> llama-server's adapter id (None
+        elsewhere): those the lab started the server with (its settings' ``adapters``, in ``--lora`` order: their
+        ids), none for another server the lab started; at any other URL what the server says: llama-server's
+        ``GET /lora-adapters`` (each named by its file: a lab adapter's folder, ``<name>/adapter-f32.gguf``, else
+        the file's stem), or the ``/v1/models`` entries that name a parent model (vLLM's ``--lora-modules``)."""
+        said = self.server_settings.get("adapters")
+        if said is not None:
+            return {a["name"]: i for i, a in enumerate(said)}
+        if self.server_settings.get("n_ctx"):  # a server the lab started without adapters
+            return {}
+        found = self.server_info.get("adapters") or []
+        if self.kind == "llama-server":
+            return {a[0]: a[1] for a in found if isinstance(a, tuple)}
+        return {a: None for a in found if isinstance(a, str)}
+
+    def check_adapter_request(self, cfg: GenerationConfig) -> None:
+        """LabError, before anything is sent, for ``cfg.adapter`` naming an adapter the server does not serve (its
+        name, as :meth:`_served_adapters` knows them); None (the base model) always passes. A server serves
+        several adapters, one per request; an in-process engine only the one it was loaded with."""
+        adapter = cfg.adapter
+        if adapter is None or adapter in self.adapters:
+            return
+        if self.adapters:
+            has = f"serves the adapters {', '.join(self.adapters)}"
+        elif self.server_settings.get("n_ctx"):
+            has = (
+                "was started without adapters: start it with start_server(name, model, options={'adapters': "
+                "[make_adapter(model, rank=8), ...]}) (llama-server, vLLM)"
+            )
+        else:
+            has = (
+                "lists no LoRA adapter (llama-server: GET /lora-adapters; vLLM: /v1/models entries with a parent, its "
+                "--lora-modules)"
+            )
+        raise LabError(
+            f"adapter={adapter!r}: the {self.kind} server at {self.base_url} {has}; expected one of those, or None "
+            "(the base model)"
+        )
+
+    def _adapter_fields(self, cfg: GenerationConfig) -> dict:
+        """The request fields that choose ``cfg.adapter`` (None: the base model): llama-server's ``lora``, every
+        adapter it loaded with its scale (1 for the named one, 0 for the rest: one it does not list would run at
+        its server-wide scale); elsewhere ``model``, the adapter's name (vLLM's LoRA module). Nothing for a server
+        without adapters."""
+        self.check_adapter_request(cfg)
+        if self.kind == "llama-server":
+            if not self.adapters:
+                return {}
+            return {"lora": [{"id": i, "scale": 1.0 if n == cfg.adapter else 0.0} for n, i in self.adapters.items()]}
+        return {} if cfg.adapter is None else {"model": cfg.adapter}
 
     def _cache_switches(self, prompt_cache, cache_salt) -> tuple[bool, str | None]:
         """``prompt_cache`` and ``cache_salt`` checked against what this kind of server honours."""
@@ -413,6 +483,9 @@ class HTTPEngine(Engine):
         data = models.get("data") if isinstance(models, dict) else None
         first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
         info["model_id"] = first.get("id")
+        # LoRA modules a server lists beside its model, each naming the model it adapts (vLLM's ModelCard.parent)
+        entries = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+        info["adapters"] = [str(m["id"]) for m in entries if m.get("parent") and m.get("id") is not None]
         owner = str(first.get("owned_by", ""))
         props = await self._get_json(f"{self.root_url}/props")
         if isinstance(props, dict) and ("build_info" in props or "default_generation_settings" in props):
@@ -420,6 +493,13 @@ class HTTPEngine(Engine):
             n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
             if _num(n_ctx):
                 info["n_ctx"] = int(n_ctx)
+            # its LoRA adapters (--lora), by id: [{"id", "path", "scale"}, ...] (server-task.cpp, get_lora)
+            loras = await self._get_json(f"{self.root_url}/lora-adapters")
+            info["adapters"] = [
+                (_lora_name(a.get("path")), int(a["id"]))
+                for a in (loras if isinstance(loras, list) else [])
+                if isinstance(a, dict) and _num(a.get("id")) is not None
+            ]
             return
         if owner == "vllm":
             info["kind"] = "vllm"
@@ -539,6 +619,8 @@ class HTTPEngine(Engine):
                 # how requests reached the server: a connection each, or pooled (keep-alive); and the cap
                 "connections": "pooled" if self._keep_alive else "one per request",
                 "max_connections": self.max_connections,
+                # the LoRA adapters its requests may name (GenerationConfig.adapter); None: none
+                "adapters": list(self.adapters) or None,
             },
         )
 
@@ -604,6 +686,7 @@ class HTTPEngine(Engine):
                 body["ignore_eos"] = True
             if cfg.constraint is not None:
                 body.update(self._constraint_body(cfg.constraint))
+            body.update(self._adapter_fields(cfg))
             return f"{self.root_url}/completion", body, len(ids)
         body = {
             "stream": True,
@@ -639,6 +722,7 @@ class HTTPEngine(Engine):
                 body["logit_bias"] = {str(e): -100 for e in sorted(self.eos_ids)}
         if cfg.constraint is not None:
             body.update(self._constraint_body(cfg.constraint))
+        body.update(self._adapter_fields(cfg))
         if self.api == "completions":
             if p.ids:
                 body["prompt"], n = list(ids), len(ids)

