@@ -380,7 +380,8 @@ def _same(g, merged) -> str:
 
 
 def multi_table(rows) -> list[dict]:
-    """One row per server x clients x adapter mix of :func:`multi_lora_rows`' closed loops: output tokens per
+    """One row per server (``engine``: its kind, llama-server or vllm) x clients x adapter mix of
+    :func:`multi_lora_rows`' closed loops: output tokens per
     second of the whole run (all output tokens over first send to last token), the medians of TTFT and TPOT,
     the run's throughput over the same server's at the same clients with no adapter (``tput_vs_none``), and
     the requests; "first use" rows give one row per server: the median TTFT of an adapter's first request and
@@ -390,6 +391,8 @@ def multi_table(rows) -> list[dict]:
     df = pd.DataFrame([r for r in rows if r.get("adapter_mix") and not r.get("error")])
     if df.empty:
         return []
+    # rows of the http engine: the server it talked to names the series (llama-server, vllm)
+    df["engine"] = df["server"].fillna(df["engine"]) if "server" in df else df["engine"]
     out = []
     loops = df[df.adapter_mix != "first use"]
     tput = {}
