@@ -29,6 +29,7 @@ seed, strength, parameters, bytes on disk per form). Two processes making the sa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -226,7 +227,8 @@ def _make_peft(ad: Adapter, model, out: Path, log) -> None:
         )
     targets = [t for t in ad.targets if t in present]
     cfg = LoraConfig(r=ad.rank, lora_alpha=ad.alpha, target_modules=targets, lora_dropout=0.0, bias="none")
-    peft_model = get_peft_model(base, cfg)
+    with _quiet_peft():
+        peft_model = get_peft_model(base, cfg)
     g = torch.Generator().manual_seed(ad.seed)
     params, layers = 0, set()
     with torch.no_grad():
@@ -339,7 +341,8 @@ def _merge_hf(ad: Adapter, model, out: Path, log) -> None:
     hf = Path(model.path_for("hf", "a merged adapter"))
     log(f"merging LoRA adapter {ad.name} into {ad.model_name} (PEFT merge_and_unload)")
     base = AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32)
-    merged = PeftModel.from_pretrained(base, ad.path_for("peft", log=log)).merge_and_unload()
+    with _quiet_peft():
+        merged = PeftModel.from_pretrained(base, ad.path_for("peft", log=log)).merge_and_unload()
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     merged.save_pretrained(str(tmp))
@@ -395,6 +398,17 @@ def _merge_mlx(ad: Adapter, model, out: Path, log) -> None:
     shutil.copy2(src / "config.json", tmp / "config.json")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
+
+
+@contextlib.contextmanager
+def _quiet_peft():
+    """PEFT 0.21 asks transformers 5 its deprecated ``is_gradient_checkpointing``: that FutureWarning, silenced
+    (as lablib.engines.hf does)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
 
 
 _MAKERS = {"peft": _make_peft, "gguf": _make_gguf, "mlx": _make_mlx}

@@ -113,7 +113,9 @@ def in_process_rows(
 ) -> list[dict]:
     """One in-process engine without an adapter, then for each of ``ranks`` with the lab's adapter of that rank
     unmerged and merged (:mod:`lablib.model.adapters`); greedy requests of a ``prompt_tokens`` prompt and
-    ``max_new_tokens`` output tokens (EOS ignored), a warm-up and ``reps`` each. One row per request: the
+    ``max_new_tokens`` output tokens (EOS ignored). Every arm is loaded at once and warmed up, then measured in
+    turn, ``reps`` rounds of one request per arm (a machine whose speed drifts moves every arm alike; the memory
+    is the arms' together: five copies of a 135M model in float32 are about 2.7 GB). One row per request: the
     request's metrics, the arm (``adapter``, ``adapter_rank``, ``adapter_arm``), the engine's ``load_s`` and
     ``adapter_load_s`` and ``adapter_bytes``, and where its output departs from the no-adapter arm's
     (``adapter_diverged_at``) and, merged, from the unmerged arm's (``merged_diverged_at``)."""
@@ -138,19 +140,17 @@ def in_process_rows(
     emit = on_row or (lambda r: None)
     adapters = {r: make_adapter(rm, rank=r, forms=(cls.adapter_form,), log=log) for r in s["ranks"]}
     rows: list[dict] = []
-    base_ids: list[int] | None = None
-    unmerged_ids: dict[int, list[int]] = {}
     arms = [(None, "none")] + [(r, arm) for r in s["ranks"] for arm in ("unmerged", "merged")]
-    for rank, arm in arms:
-        ad = adapters.get(rank)
-        kw = {"adapter": ad, "merge_adapter": arm == "merged"} if ad is not None else {}
-        log(f"{name}: " + ("no adapter" if ad is None else f"adapter {ad.name} {arm}"))
-        t0 = now()
-        eng = load_engine(name, rm, n_ctx=N_CTX, **kw)
-        load_s = now() - t0
-        try:
+    loaded: list[tuple] = []  # (engine, manifest, labels): every arm held at once, measured in turn
+    try:
+        for rank, arm in arms:
+            ad = adapters.get(rank)
+            kw = {"adapter": ad, "merge_adapter": arm == "merged"} if ad is not None else {}
+            log(f"{name}: loading " + ("no adapter" if ad is None else f"adapter {ad.name} {arm}"))
+            t0 = now()
+            eng = load_engine(name, rm, n_ctx=N_CTX, **kw)
+            load_s = now() - t0
             eng.generate(ids, cfg)  # warm-up
-            manifest = engine_manifest(eng)
             labels = {
                 "adapter": ad.name if ad else None,
                 "adapter_rank": rank,
@@ -160,23 +160,31 @@ def in_process_rows(
                 "adapter_bytes": getattr(eng, "adapter_bytes", None) or 0,
                 "adapter_parameters": ad.parameters if ad else 0,
             }
-            for rep in range(s["reps"]):
+            loaded.append((eng, engine_manifest(eng), labels))
+        # repetition by repetition, every arm in turn: a machine that slows down or speeds up during the run moves
+        # every arm alike, not the arms measured last
+        log(f"{name}: measuring {len(loaded)} arms x {s['reps']} requests, in turn")
+        for rep in range(s["reps"]):
+            for eng, manifest, labels in loaded:
                 tr = eng.generate(ids, cfg)
                 row = trace_row(tr, manifest, mode="single", concurrency=1, repetition=rep, request_index=rep, **labels)
-                row["token_ids"] = out = list(tr.token_ids)
-                if arm == "none":
-                    base_ids = base_ids or out
-                else:
-                    row["adapter_diverged_at"] = first_difference(base_ids or [], out)
-                if arm == "unmerged":
-                    unmerged_ids.setdefault(rank, out)
-                if arm == "merged" and rank in unmerged_ids:
-                    at = row["merged_diverged_at"] = first_difference(unmerged_ids[rank], out)
-                    if at is not None and at < len(unmerged_ids[rank]):
-                        row["merged_margin_nats"] = _margin(eng, ids + unmerged_ids[rank][:at])
+                row["token_ids"] = list(tr.token_ids)
                 rows.append(row)
-                emit(row)
-        finally:
+        base_ids = next(r["token_ids"] for r in rows if r["adapter_arm"] == "none")
+        unmerged_ids = {r["adapter_rank"]: r["token_ids"] for r in rows if r["adapter_arm"] == "unmerged"}
+        engines = {(lab["adapter_rank"], lab["adapter_arm"]): eng for eng, _, lab in loaded}
+        for row in rows:
+            arm, rank, out = row["adapter_arm"], row["adapter_rank"], row["token_ids"]
+            if arm != "none":
+                row["adapter_diverged_at"] = first_difference(base_ids, out)
+            if arm == "merged":
+                ref = unmerged_ids[rank]
+                at = row["merged_diverged_at"] = first_difference(ref, out)
+                if at is not None and at < len(ref):
+                    row["merged_margin_nats"] = _margin(engines[rank, arm], ids + ref[:at])
+            emit(row)
+    finally:
+        for eng, *_ in loaded:
             eng.close()
     return rows
 
