@@ -171,9 +171,7 @@ def test_wheelhouse_holds_exactly_one_torch_the_pinned_cpu_build(built):
         assert version.local == "cpu", f"{torches[0].name}: not torch's CPU build"
     # No CUDA library came with it: those are nvidia-* platform wheels (cublas, cudnn,
     # nccl ...). nvidia-ml-py, the NVML binding the gpu extra asks for, is pure Python.
-    cuda_libraries = [
-        p.name for p in built.glob("nvidia_*.whl") if not p.name.endswith("-none-any.whl")
-    ]
+    cuda_libraries = [p.name for p in built.glob("nvidia_*.whl") if not p.name.endswith("-none-any.whl")]
     assert not cuda_libraries and not list(built.glob("triton-*.whl")), cuda_libraries
 
 

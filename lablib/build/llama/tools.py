@@ -14,7 +14,14 @@ from lablib.build.llama.probe import BuildError
 from lablib.build.llama.wheel import _build_env, build_report, wall_time
 
 # llama.cpp's own programs, built from the library's build tree on first use (llama_tool)
-TOOLS = ("llama-bench", "llama-batched-bench", "llama-server", "llama-perplexity", "llama-quantize", "llama-export-lora")
+TOOLS = (
+    "llama-bench",
+    "llama-batched-bench",
+    "llama-server",
+    "llama-perplexity",
+    "llama-quantize",
+    "llama-export-lora",
+)
 
 
 def source_tree() -> Path:
