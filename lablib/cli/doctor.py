@@ -83,14 +83,24 @@ def run(ns) -> int:
     return 0 if ok else 1
 
 
-def vllm_line() -> str:
-    """vLLM's environment (lablib.build.vllm.status) in one line: optional, so never a fault."""
-    from lablib.build.vllm import VLLM_DIST, VLLM_VERSION, status
+def vllm_line(st: dict | None = None) -> str:
+    """vLLM's environment in one line (``st``: :func:`lablib.build.vllm.status`'s answer, None: this machine's):
+    the build this machine gets (the CPU build, or the CUDA build beside a GPU it supports), installed or not,
+    or why the CUDA build is refused here and what to do; optional, so never a fault."""
+    from lablib.build.vllm import BUILD_ENV, BUILDS, status
 
-    st = status()
+    st = st if st is not None else status()
+    choice = st.get("choice") or {}
+    build = BUILDS[choice.get("build") or choice.get("wanted") or "cpu"]
+    what = f"{build.label}, {build.spec}"
+    if st.get("state") == "refused":
+        return (
+            f"vllm: {build.label} cannot run here ({choice.get('reason')}); `{BUILD_ENV}=cpu make vllm` installs "
+            "the CPU build instead (it serves on the CPU)"
+        )
     if st.get("installed"):
         size = f", {st['bytes'] / 1e9:.1f} GB" if st.get("bytes") else ""
-        return f"vllm ({VLLM_DIST} {VLLM_VERSION}) installed in {st['path']}{size}"
+        return f"vllm ({what}) installed in {st['path']}{size}"
     if st.get("state") == "broken":
-        return f"vllm environment broken ({st.get('reason')}): `make vllm` installs it again"
-    return "vllm not installed (optional): `make vllm` or the first `lablib serve --server vllm` installs it"
+        return f"vllm ({what}) environment broken ({st.get('reason')}): `make vllm` installs it again"
+    return f"vllm ({what}) not installed (optional): `make vllm` or the first `lablib serve --server vllm` installs it"
