@@ -142,3 +142,28 @@ def test_lablib_lora_prints_the_cost_table(tmp_path):
         ["llama.cpp", "8", "merged"],
     ]
     assert lines[-1] == f"3 rows appended to {out}" and len(out.read_text().splitlines()) == 3
+
+
+def test_an_adapter_of_the_second_model_from_its_shape_and_in_two_engines():
+    """Gemma 3 270M (the model a user brings, issue 36: sliding-window layers, head_dim 256, no chat template): its
+    lab adapter counts what size_table computes from its shape, and llama.cpp (its Q4_K_M GGUF) and transformers+PEFT
+    (its bfloat16-derived folder) both answer differently with it than without."""
+    from lablib.engines import load_engine
+    from lablib.engines.base import GenerationConfig
+    from lablib.measure.workload import text_ids
+    from lablib.model.adapters import make_adapter
+    from lablib.model.resolve import prepare
+
+    gemma = prepare("gemma-3-270m", log=lambda *_: None)
+    r8 = make_adapter(gemma, rank=8, forms=("peft", "gguf"), log=lambda *_: None)
+    assert ad.size_table(gemma, ranks=(8,))[0]["adapter_parameters"] == r8.parameters == 1_898_496
+    ids, cfg = text_ids(gemma, "The capital of France is"), GenerationConfig(max_new_tokens=N_OUT)
+    for name in ("llama.cpp", "transformers"):
+        outs = []
+        for adapter in (None, r8):
+            engine = load_engine(name, gemma, n_ctx=128, adapter=adapter)
+            try:
+                outs.append(list(engine.generate(ids, cfg).token_ids))
+            finally:
+                engine.close()
+        assert ad.first_difference(*outs) is not None, f"{name}: the adapter did not move the output"
