@@ -77,7 +77,8 @@ VIEWPORT = {"width": 1400, "height": 1000}
 NB05_EXTRA_S = 360  # lab 05's vLLM servers: their start and their runs (on a busy 2-core machine)
 NB09_S = 540  # lab 09: five llama-servers and a vLLM, about 4 minutes under nbval on a quiet 2-core machine
 NB10_S = 420  # lab 10: two llama-servers, llama.cpp and transformers, about 3 minutes on a quiet 2-core machine
-NB11_S = 360  # lab 11: three engines with and without two adapters (merged copies made once), then a llama-server
+NB11_S = 600  # lab 11: three engines without and with a rank-8 adapter (unmerged, merged), then a llama-server with
+# four: 94 s alone on a quiet 2-core machine, 342 s (with rank 64 too) beside the other worker in a fresh clone's make test
 NB03_S = 480  # lab 03: every engine serial and batched, 2.5 minutes on a busy 2-core machine; and llama-batched-bench
 # built on first use (minutes: it waits for any other tool build of llama.cpp's tree, lablib.build.llama.tools)
 NB04_S = 300  # lab 04: llama.cpp and a misread MLX folder against transformers in float32, then a second model
