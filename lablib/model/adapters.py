@@ -32,13 +32,13 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lablib.config import lab_home
 from lablib.errors import FormatError, LabError, first_line
+from lablib.model.derive import run_program
 
 # the projections a lab adapter changes: every attention and MLP projection of a llama-like decoder layer (PEFT's
 # target_modules names; the same names in mlx-lm's keys, under self_attn. and mlx.)
@@ -265,7 +265,7 @@ def _make_gguf(ad: Adapter, model, out: Path, log) -> None:
     peft = ad.path_for("peft", log=log)
     tmp = out.with_name(out.name + ".tmp")
     log(f"converting LoRA adapter {ad.name} to GGUF (llama.cpp's {script.name})")
-    p = subprocess.run(
+    run_program(
         [
             sys.executable,
             str(script),
@@ -277,15 +277,9 @@ def _make_gguf(ad: Adapter, model, out: Path, log) -> None:
             str(tmp),
             peft,
         ],
-        capture_output=True,
-        text=True,
+        tmp,
+        f"llama.cpp's LoRA converter ({script.name}) could not convert adapter {ad.name}",
     )
-    if p.returncode != 0 or not tmp.is_file():
-        lines = [ln for ln in (p.stderr or p.stdout).strip().splitlines() if ln.strip()]
-        raise FormatError(
-            f"llama.cpp's LoRA converter ({script.name}) could not convert adapter {ad.name} (exit code "
-            f"{p.returncode}): {lines[-1] if lines else 'no output'}"
-        )
     tmp.rename(out)
 
 
@@ -364,17 +358,11 @@ def _merge_gguf(ad: Adapter, model, out: Path, log) -> None:
     lora = ad.path_for("gguf", log=log)
     tmp = out.with_name(out.name + ".tmp")
     log(f"merging LoRA adapter {ad.name} into {ad.model_name} (llama-export-lora)")
-    p = subprocess.run(
+    run_program(
         [str(tool), "-m", model.path_for("gguf", "a merged adapter"), "--lora", lora, "-o", str(tmp)],
-        capture_output=True,
-        text=True,
+        tmp,
+        f"llama-export-lora could not merge adapter {ad.name}",
     )
-    if p.returncode != 0 or not tmp.is_file():
-        lines = [ln for ln in (p.stderr or p.stdout).strip().splitlines() if ln.strip()]
-        raise FormatError(
-            f"llama-export-lora could not merge adapter {ad.name} (exit code {p.returncode}): "
-            f"{lines[-1] if lines else 'no output'}"
-        )
     tmp.rename(out)
 
 

@@ -220,7 +220,6 @@ def derive_gguf_from_hf(hf_path: Path, out: Path) -> Path:
     precision (:func:`gguf_outtype`), into ``out/model-<outtype>.gguf``. Returns the file. Raises FormatError
     with the converter's last line when it cannot convert the architecture, LabError when llama.cpp's source
     is not on this machine."""
-    import subprocess
     import sys
 
     from lablib.build.llama import BuildError, converter_path
@@ -234,20 +233,25 @@ def derive_gguf_from_hf(hf_path: Path, out: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     target = tmp / f"model-{outtype}.gguf"
-    p = subprocess.run(
+    run_program(
         [sys.executable, str(script), str(hf_path), "--outfile", str(target), "--outtype", outtype],
-        capture_output=True,
-        text=True,
+        target,
+        f"llama.cpp's converter ({script.name}) could not convert it",
     )
-    if p.returncode != 0 or not target.is_file():
-        lines = [ln for ln in (p.stderr or p.stdout).strip().splitlines() if ln.strip()]
-        raise FormatError(
-            f"llama.cpp's converter ({script.name}) could not convert it (exit code {p.returncode}): "
-            f"{lines[-1] if lines else 'no output'}"
-        )
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out / target.name
+
+
+def run_program(argv: list[str], makes: Path, failed: str) -> None:
+    """Run one of llama.cpp's programs or scripts (``argv``), which should write ``makes``. Raises FormatError
+    ``"{failed} (exit code N): <its last line of output>"`` when it exits non-zero or wrote nothing."""
+    import subprocess
+
+    p = subprocess.run(argv, capture_output=True, text=True)
+    if p.returncode != 0 or not Path(makes).exists():
+        lines = [ln for ln in (p.stderr or p.stdout).strip().splitlines() if ln.strip()]
+        raise FormatError(f"{failed} (exit code {p.returncode}): {lines[-1] if lines else 'no output'}")
 
 
 def count_params(folder: Path) -> int:
