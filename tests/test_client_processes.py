@@ -202,3 +202,48 @@ def test_client_machines_on_one_start_merge_onto_one_time_line(model, paced, tmp
             start_at_unix=time.time() - 1,
             log=lambda *_: None,
         )
+
+
+def test_a_replay_from_two_processes_sends_each_request_once_on_its_one_schedule(model, paced, tmp_path, capsys):
+    """lablib replay --client-processes 2 on the fast server: request i from process i % 2, every request sent
+    once (the server's own log), each at its time on the trace's one schedule from one start (every row's
+    t_submit - t_scheduled is that start, in both processes), the rows in one file, and the processes' line
+    printed as bench prints it."""
+    from lablib.cli import main
+    from lablib.measure import replay as R
+
+    arrivals = [0.0, 0.0, 0.04, 0.05, 0.1, 0.13, 0.2, 0.21]
+    lines = [
+        {"arrival_s": t, "prompt_tokens": 12 + 3 * i, "output_tokens": 3 + i % 4, "prefix_blocks": [1 + i % 2]}
+        for i, t in enumerate(arrivals)
+    ]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "replay.jsonl"
+    paced.sendlog(clear=True)
+    argv = ["replay", "--base-url", paced.base_url, "--trace", str(trace), "--length-scale", "1", "--warmup", "0"]
+    assert main([*argv, "--client-processes", "2", "--out", str(out)]) == 0
+    sent = paced.sendlog(clear=True)
+    printed = capsys.readouterr().out
+    assert "replay requests=8/8 not_sent=0" in printed, printed
+    line = next(x for x in printed.splitlines() if "client processes=" in x)
+    assert line.startswith("  client processes=2: #0 streams=") and " | #1 " in line and "rows=4" in line, line
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 8 and not any(r["error"] for r in rows)
+    assert sorted(r["request_index"] for r in rows) == list(range(8))
+    assert all(r["client_process"] == r["request_index"] % 2 for r in rows)
+    plan = R.scale(R.read_trace(trace), length_scale=1)
+    for r in rows:
+        req = plan.requests[r["request_index"]]
+        assert r["trace_index"] == req.trace_index and r["output_tokens"] == r["max_new_tokens"] == req.max_new_tokens
+        assert r["t_scheduled"] == pytest.approx(req.t_s, abs=1e-9)  # the trace's schedule, whichever process
+    starts = [r["t_submit"] - r["t_scheduled"] for r in rows]
+    assert max(starts) - min(starts) < 1e-6  # one start on one clock for both processes
+    # every request sent once: one stream per row (its tag in the text names it), besides the two processes'
+    # unrecorded 2-token requests before the start
+    by_rid = {s["rid"]: s for s in sent}
+    for r in rows:
+        assert by_rid.pop(int(capacity.TAG.match(r["text"]).group(1)))["n"] == r["max_new_tokens"]
+    assert sorted(s["n"] for s in by_rid.values()) == [2, 2]  # the processes' own, before the start; nothing else
+    assert main([*argv, "--client-processes", "none", "--out", str(out)]) == 2
+    assert "client_processes='none': expected a whole number of client processes" in capsys.readouterr().err

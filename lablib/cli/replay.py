@@ -3,7 +3,8 @@
     lablib replay (--base-url URL | --server NAME [--parallel N] [--threads T] [--n-ctx N])
                   [--trace FILE] [--format auto|mooncake|plain] [--start I] [--count N]
                   [--time-scale X] [--length-scale X] [--output-scale X] [--block-tokens B]
-                  [--max-concurrency C] [--max-duration-s S] [--max-lag-s S] --out FILE
+                  [--max-concurrency C] [--max-duration-s S] [--max-lag-s S]
+                  [--client-processes N|auto] --out FILE
 
 The trace (default: the first 1,000 requests of Mooncake's conversation trace, ``data/traces/``) is
 scaled to the model and machine: times x ``--time-scale`` (0.1: ten times faster), prompt and output
@@ -14,7 +15,10 @@ One tidy row per request (the bench's columns, the scheduled send time and its l
 block ids, the scale factors) is appended to ``--out`` as it finishes; one summary line is printed (as
 ``lablib bench``'s), then one replay line: lag p50/p99, kept up or not, requests not sent, the drain
 after the last send, what a perfect prefix cache could reuse. A lag p99 above ``--max-lag-s`` (50 ms)
-prints a warning: the lab did not send on the trace's times. The run is
+prints a warning: the lab did not send on the trace's times. ``--client-processes N`` spreads the requests over
+N client processes on one start, as ``lablib bench`` does (request i from process i % N, on the trace's one
+schedule; the rows merged into ``--out`` with their ``client_process``; one more line: each process's share and
+headroom). The run is
 :func:`lablib.measure.replay.run_replay`; this module parses the flags and prints.
 """
 
@@ -53,6 +57,12 @@ def add_arguments(p) -> None:
     p.add_argument("--max-lag-s", type=float, default=MAX_LAG_S, help="schedule lag p99 above this: not kept up")
     p.add_argument("--read-timeout-s", type=float, default=60.0)
     p.add_argument("--warmup", type=int, default=1, help="unrecorded requests first")
+    p.add_argument(
+        "--client-processes",
+        default="1",
+        help="client processes sharing the replay's requests, on one clock (request i from process i %% N); 'auto': "
+        "one per 128 of --max-concurrency, at most the cores less one (default 1)",
+    )
     add_goodput_targets(p)
     p.add_argument("--out", required=True, help="results file, .jsonl or .parquet (appended)")
 
@@ -78,9 +88,10 @@ def replay_line(s: dict) -> str:
 
 
 def run(ns) -> int:
+    from lablib.cli.bench import _whole_arg
     from lablib.errors import LabError
     from lablib.measure.replay import run_replay
-    from lablib.ui.text import summary_line
+    from lablib.ui.text import processes_line, summary_line
 
     given = [
         f"--{k.replace('_', '-')} {v}" for k in ("parallel", "threads", "n_ctx") if (v := getattr(ns, k)) is not None
@@ -101,9 +112,12 @@ def run(ns) -> int:
         **flags(ns, "base_url", "server", "parallel", "threads", "n_ctx", "api", "max_duration_s", "read_timeout_s"),
         **flags(ns, "warmup", "max_lag_s"),
         **goodput_targets(ns),
+        client_processes=ns.client_processes if ns.client_processes == "auto" else _whole_arg(ns.client_processes),
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     print(summary_line(s["server"], "open", None, ns.max_concurrency, s), flush=True)
     print(replay_line(s), flush=True)
+    if s.get("client_processes"):
+        print(processes_line(s["client_processes"]), flush=True)
     print(f"{s['requests']} rows appended to {ns.out} ({s['errors']} failed)")
     return 0 if s["errors"] == 0 else 1

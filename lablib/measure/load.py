@@ -790,9 +790,10 @@ def bench(
 
     ``price_per_hour``: the machine's price for an hour (any currency): each summary's ``cost_per_mtok`` is
     what its output cost per million tokens at this load (:func:`lablib.machine.telemetry.cost_per_million_tokens`).
-    Where NVML answers (an NVIDIA GPU here), each run is sampled (:class:`lablib.machine.telemetry.GpuTelemetry`:
-    memory, SM clock, power, the energy counter) and its summary gets ``gpu_telemetry``, ``energy_j`` and
-    ``j_per_output_token``; elsewhere ``gpu_telemetry`` says why there is none. With more than one, each summary's ``client_processes`` lists
+    Each run is sampled (:class:`lablib.machine.telemetry.RunTelemetry`): where NVML answers (an NVIDIA GPU
+    here) memory, SM clock, power and the energy counter, where RAPL is readable the CPU packages' energy; its
+    summary gets :data:`lablib.results.schema.TELEMETRY` (``gpu_energy_j``, ``gpu_j_per_output_token``,
+    ``cpu_energy_j`` ...); elsewhere ``gpu_telemetry`` and ``cpu_energy_note`` say why there are none. With more than one, each summary's ``client_processes`` lists
     each process's streams, rows and ``client_headroom``, and its ``client_headroom`` is the worst of them.
     """
     import json
@@ -826,7 +827,7 @@ def bench(
         arrival_schedule(1, rates[0], arrival, burstiness, seed)  # arrival and burstiness
     _check_max_duration(max_duration_s)
     check_targets(ttft_s, tpot_s, e2e_s)
-    from lablib.machine.telemetry import GpuTelemetry, cost_per_million_tokens
+    from lablib.machine.telemetry import RunTelemetry, cost_per_million_tokens
     from lablib.measure.processes import auto_processes
 
     cost_per_million_tokens(price_per_hour, 1.0, 1)  # a bad price is refused before any work
@@ -884,7 +885,7 @@ def bench(
             probe = LoopLagProbe()
             shape = dict(concurrency=concurrency, rate=rate, arrival=arrival, burstiness=burstiness, seed=seed)
             per_process = None
-            with GpuTelemetry() as gpu:  # the GPU's own counters over the run, where NVML answers
+            with RunTelemetry() as gpu:  # the GPU's (NVML) and CPU's (RAPL) own counters over the run, where read
                 if client_processes > 1:
                     rows, per_process = _bench_processes(
                         engine,
@@ -958,6 +959,25 @@ def bench(
     return summaries
 
 
+def process_engine_kw(engine, model) -> dict:
+    """:func:`lablib.engines.load_engine`'s keywords for an http engine like ``engine`` in another client process
+    (:func:`run_load_processes`' ``engine_kw``): its server, URL, API, model id, version, settings, timeouts and
+    context, with ``model`` (the lab's model, a ResolvedModel) for its tokenizer."""
+    return dict(
+        model=model,
+        base_url=engine.base_url,
+        api=engine.api,
+        server=engine.kind,
+        server_model=engine.server_model,
+        server_version=engine.server_version,
+        server_settings=engine.server_settings or None,
+        read_timeout_s=engine.read_timeout_s,
+        connect_timeout_s=engine.connect_timeout_s,
+        request_timeout_s=engine.request_timeout_s,
+        n_ctx=engine.n_ctx,
+    )
+
+
 def _bench_processes(engine, rm, prompts, mode, shape, cfg, max_duration_s, processes, writer, sampler, start_at=None):
     """One of :func:`bench`'s runs from ``processes`` client processes (:func:`lablib.measure.processes.run_load_processes`),
     each with an http engine like ``engine``, every row with ``engine``'s manifest; (rows, per process)."""
@@ -975,19 +995,7 @@ def _bench_processes(engine, rm, prompts, mode, shape, cfg, max_duration_s, proc
             "client_processes": processes,
         },
     )
-    engine_kw = dict(
-        model=rm,
-        base_url=engine.base_url,
-        api=engine.api,
-        server=engine.kind,
-        server_model=engine.server_model,
-        server_version=engine.server_version,
-        server_settings=engine.server_settings or None,
-        read_timeout_s=engine.read_timeout_s,
-        connect_timeout_s=engine.connect_timeout_s,
-        request_timeout_s=engine.request_timeout_s,
-        n_ctx=engine.n_ctx,
-    )
+    engine_kw = process_engine_kw(engine, rm)
     if sampler is not None:
         sampler.start()
     try:

@@ -19,7 +19,8 @@ prompt ends sooner) and differ at the next token. A prompt longer than its block
 :func:`replay` sends it with :func:`lablib.measure.load.run_load` in an open loop on the trace's own send
 times (``schedule``) and output lengths (``max_new_tokens``; EOS ignored, so each output is exactly its
 length); each row has its ``t_scheduled`` and ``schedule_lag_s`` (how late the lab sent it) and the
-request's trace columns. :func:`replay_summary`: the run's summary with the lag's p50/p99 and ``kept_up``,
+request's trace columns; :func:`replay_processes` sends it from several client processes on one start (request
+``i`` from process ``i % N``, on the one schedule: ``lablib replay --client-processes``). :func:`replay_summary`: the run's summary with the lag's p50/p99 and ``kept_up``,
 False when the lag's p99 exceeds ``max_lag_s`` (default :data:`MAX_LAG_S`, 50 ms): then the lab itself did
 not send on the trace's times and the arrival pattern measured is not the trace's (a warning is logged).
 A server that falls behind is another thing, seen in ``queue``/TTFT and in ``drain_s`` (the last token
@@ -366,31 +367,9 @@ def replay(
     ``reusable_tokens`` (:func:`perfect_reuse`); added before ``on_row(row)`` sees the row. ``client_probe``: a
     :class:`lablib.measure.headroom.LoopLagProbe` on the loop that stamps the tokens (run_load's). ``stop``:
     run_load's (a threading.Event: once set, nothing more is sent; the requests in flight finish)."""
-    from lablib.engines.base import GenerationConfig
     from lablib.measure.load import run_load
-    from lablib.results.store import engine_manifest
 
-    if prompts is None:
-        prompts = build_prompts(engine.model, plan, corpus)
-    if len(prompts) != len(plan.requests):
-        raise LabError(f"{len(prompts)} prompts for {len(plan.requests)} requests: expected one per request")
-    for i, (p, r) in enumerate(zip(prompts, plan.requests)):
-        if len(p) != r.prompt_tokens:
-            raise LabError(f"prompt {i}: {len(p)} tokens, expected the replay's {r.prompt_tokens}")
-    cfg = cfg or GenerationConfig(ignore_eos=True)
-    reuse = perfect_reuse(plan)
-    per = request_columns(plan, reuse)
-    workload = dict(plan.workload(), concurrency=concurrency, max_duration_s=max_duration_s)
-    workload["replay"] = dict(workload["replay"], perfect_reuse_fraction=reuse["hit_fraction"])
-    manifest = engine_manifest(engine, workload)
-
-    def add(row):
-        i = row.get("request_index")
-        if i is not None:
-            row.update(per[i])
-        if on_row is not None:
-            on_row(row)
-
+    prompts, cfg, manifest, add = _prepared(engine, plan, prompts, corpus, concurrency, max_duration_s, cfg, on_row)
     return run_load(
         engine,
         prompts,
@@ -407,6 +386,88 @@ def replay(
         stop=stop,
         **plan.labels(),
     )
+
+
+def replay_processes(
+    engine,
+    plan: Replay,
+    prompts: list[list[int]] | None = None,
+    *,
+    processes: int = 2,
+    concurrency: int | None = None,
+    cfg=None,
+    max_duration_s: float = 300.0,
+    on_row: Callable[[dict], None] | None = None,
+    server_metrics=None,
+    corpus: str = "prose",
+) -> tuple[list[dict], list[dict]]:
+    """:func:`replay` from ``processes`` client processes on one start
+    (:func:`lablib.measure.load.run_load_processes`, as ``lablib bench --client-processes``): request ``i`` of
+    the plan is sent by process ``i % processes`` at its time on the trace's one schedule, each process with an
+    http engine like ``engine`` (:func:`lablib.measure.load.process_engine_kw`); a ``concurrency`` cap is shared
+    out (each process at most its share in flight). Rows are :func:`replay`'s, each with its ``client_process``,
+    passed to ``on_row`` in this process as they arrive; the manifest's workload says ``client_processes``.
+    ``server_metrics``: sampled from just before the processes start to after the last row. Returns (rows, one
+    dict per process: ``process``, ``pid``, ``streams``, ``requests``, ``rows``, ``error``,
+    ``client_headroom``). Raises LabError as run_load_processes does."""
+    from lablib.measure.load import process_engine_kw, run_load_processes
+
+    processes = whole(processes, "processes", "a whole number of client processes, at least 1")
+    prompts, cfg, manifest, add = _prepared(
+        engine, plan, prompts, corpus, concurrency, max_duration_s, cfg, on_row, processes
+    )
+    if server_metrics is not None:
+        server_metrics.start()
+    try:
+        return run_load_processes(
+            process_engine_kw(engine, engine.model),
+            prompts,
+            "open",
+            processes=processes,
+            concurrency=concurrency,
+            schedule=plan.schedule(),
+            max_new_tokens=plan.max_new_tokens(),
+            cfg=cfg,
+            max_duration_s=max_duration_s,
+            manifest=manifest,
+            on_row=add,
+            **plan.labels(),
+        )
+    finally:
+        if server_metrics is not None:
+            server_metrics.stop()
+
+
+def _prepared(engine, plan, prompts, corpus, concurrency, max_duration_s, cfg, on_row, processes=None):
+    """A replay's prompts (checked, or built), its cfg, its manifest (with ``client_processes`` when given) and the
+    ``on_row`` that adds each row's trace columns first."""
+    from lablib.engines.base import GenerationConfig
+    from lablib.results.store import engine_manifest
+
+    if prompts is None:
+        prompts = build_prompts(engine.model, plan, corpus)
+    if len(prompts) != len(plan.requests):
+        raise LabError(f"{len(prompts)} prompts for {len(plan.requests)} requests: expected one per request")
+    for i, (p, r) in enumerate(zip(prompts, plan.requests)):
+        if len(p) != r.prompt_tokens:
+            raise LabError(f"prompt {i}: {len(p)} tokens, expected the replay's {r.prompt_tokens}")
+    cfg = cfg or GenerationConfig(ignore_eos=True)
+    reuse = perfect_reuse(plan)
+    per = request_columns(plan, reuse)
+    workload = dict(plan.workload(), concurrency=concurrency, max_duration_s=max_duration_s)
+    workload["replay"] = dict(workload["replay"], perfect_reuse_fraction=reuse["hit_fraction"])
+    if processes is not None:
+        workload["client_processes"] = processes
+    manifest = engine_manifest(engine, workload)
+
+    def add(row):
+        i = row.get("request_index")
+        if i is not None:
+            row.update(per[i])
+        if on_row is not None:
+            on_row(row)
+
+    return prompts, cfg, manifest, add
 
 
 def replay_summary(
@@ -504,6 +565,7 @@ def run_replay(
     ttft_s: float | None = None,
     tpot_s: float | None = None,
     e2e_s: float | None = None,
+    client_processes: int | str = 1,
     log=print,
 ) -> dict:
     """``lablib replay``: a trace (``trace`` file, None: the shipped Mooncake slice; ``fmt``; requests
@@ -515,10 +577,16 @@ def run_replay(
     refused: a running server keeps its own). ``warmup`` unrecorded requests first (8-token prompts of
     the prose, 4 tokens out). Every row is appended to ``out`` (.jsonl/.parquet) as it finishes.
 
+    ``client_processes``: how many client processes share the replay's requests (:func:`replay_processes`:
+    request ``i`` in process ``i % N``, on the trace's one schedule, the rows merged into ``out``), as ``lablib
+    bench --client-processes``; ``"auto"``: one per :data:`lablib.measure.processes.STREAMS_PER_PROCESS` of the
+    ``concurrency`` cap, at most the usable cores less one (1 without a cap, as bench's open loop).
+
     Returns :func:`replay_summary` (against ``max_lag_s`` and the goodput targets) with ``server`` (its
     kind), ``client_headroom`` (:func:`lablib.measure.load.client_headroom_of`: the lag of the loop that
-    stamped the tokens) and ``warning`` (:func:`lag_warning`, also logged). Raises LabError for bad arguments (before any
-    request) and when no server answers."""
+    stamped the tokens; with several processes the worst process's, :func:`lablib.measure.processes.merged_headroom`,
+    and ``client_processes``: each process's streams, rows and headroom) and ``warning`` (:func:`lag_warning`,
+    also logged). Raises LabError for bad arguments (before any request) and when no server answers."""
     from lablib.engines import load_engine
     from lablib.engines.base import GenerationConfig
     from lablib.measure.workload import prompt_of_length
@@ -543,6 +611,13 @@ def run_replay(
 
     if concurrency is not None:
         whole(concurrency, "concurrency", "a whole number of requests in flight, at least 1")
+    if client_processes == "auto":
+        from lablib.measure.processes import auto_processes
+
+        client_processes = auto_processes(concurrency)
+    client_processes = whole(
+        client_processes, "client_processes", "a whole number of client processes, at least 1 (or 'auto')"
+    )
     _check_max_duration(max_duration_s)
     _factor(max_lag_s, "max_lag_s")
     check_targets(ttft_s, tpot_s, e2e_s)
@@ -571,19 +646,20 @@ def run_replay(
             from lablib.measure.headroom import LoopLagProbe
             from lablib.measure.load import client_headroom_of
 
-            probe = LoopLagProbe()
-            rows = replay(
-                engine,
-                plan,
-                prompts,
-                concurrency=concurrency,
-                max_duration_s=max_duration_s,
-                on_row=writer.append,
-                corpus=corpus,
-                client_probe=probe,
-            )
+            probe, per_process = LoopLagProbe(), None
+            run = dict(concurrency=concurrency, max_duration_s=max_duration_s, on_row=writer.append, corpus=corpus)
+            if client_processes > 1:
+                rows, per_process = replay_processes(engine, plan, prompts, processes=client_processes, **run)
+            else:
+                rows = replay(engine, plan, prompts, client_probe=probe, **run)
             s = {"server": engine.kind, **replay_summary(rows, plan, max_lag_s, ttft_s, tpot_s, e2e_s)}
-            s["client_headroom"] = client_headroom_of(probe, s.get("itl_p50_s"))
+            if per_process is None:
+                s["client_headroom"] = client_headroom_of(probe, s.get("itl_p50_s"))
+            else:
+                from lablib.measure.processes import merged_headroom
+
+                s["client_headroom"] = merged_headroom(per_process)
+                s["client_processes"] = per_process
         finally:
             engine.close()
     finally:
@@ -614,6 +690,7 @@ __all__ = [
     "read_trace",
     "replay",
     "Replay",
+    "replay_processes",
     "replay_summary",
     "ReplayRequest",
     "request_columns",
