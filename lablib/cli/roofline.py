@@ -43,6 +43,14 @@ def run(ns) -> int:
     for e, r in out["engines"].items():
         print(
             f"  {e:<13} decode {r['decode_tps']:.1f} tok/s of a {r['decode_bound_tps']:.1f} tok/s bound "
-            f"({100 * r['fraction_of_bound']:.0f} %), prompt {r['prompt_tokens']} tokens; {r['source']}"
+            f"({100 * r['fraction_of_bound']:.0f} %, bound by {r['bound_by']}), prompt {r['prompt_tokens']} tokens; "
+            f"{r['source']}"
         )
+        if r.get("launch_floor_ms") is not None:
+            print(
+                f"  {'':<13} launch floor {r['launch_floor_ms']:.2f} ms a step ({1e3 / r['launch_floor_ms']:.0f} tok/s at "
+                "most, whatever the bandwidth: the model's skeleton decoded on the same device and threads)"
+            )
+        elif r.get("launch_floor_error"):
+            print(f"  {'':<13} no launch floor: {r['launch_floor_error']}")
     return 0

@@ -120,6 +120,11 @@ BOUND_COLUMNS = (
     "decode_flop_per_s",
     "decode_bound_tps",
     "decode_pct_of_bound",
+    # the third line (lablib.studies.launch_floor): the engine's measured seconds per decode step of the model's
+    # skeleton on the row's device and threads (None where none was measured), and which of the three lines
+    # binds the row's decode: "bandwidth", "compute" or "launches"
+    "launch_floor_s",
+    "decode_bound_by",
 )
 # prefix caching (lablib.studies.prefix, lab 08): whether the request reused a kept prefix, the shared
 # prefix's length (tokens), which question / chat turn it was, the prompt tokens the engine's own

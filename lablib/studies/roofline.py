@@ -52,6 +52,7 @@ from lablib.results.schema import (  # noqa: F401  (BOUND_COLUMNS: the columns a
     MEASURED_BANDWIDTH,
     MEASURED_PEAKS,
 )
+from lablib.studies.launch_floor import floor_for
 
 # what-if (predict with fmt=): the math each stored format runs at: 16-bit weights on 16-bit tensor math
 # (the bfloat16 figure; float32's where a machine has none), quantized ones on int8 dot products
@@ -338,6 +339,8 @@ def add_bound_columns(df, model, machine_name=None):
     mach = None  # resolved at the first row without its own measured columns (it may measure this machine)
     devices = {}  # (device, accelerator) -> that device's ceilings, or None
     profiles = {}
+    floors = {}  # (engine, device, threads, compile) -> the cached launch floor (seconds a step) or None
+    sha = getattr(model, "sha256", None)  # a prepared model's floors (a preset shape has none)
     out = []
     for row in df.to_dict("records"):
         key = (row["engine"], _given(row.get("weights")), _given(row.get("compute_dtype")))
@@ -371,7 +374,14 @@ def add_bound_columns(df, model, machine_name=None):
         depth = p + n / 2
         pre = prefill_cost(prof, p)
         dec = decode_cost(prof, depth, batch)
-        pre_t, dec_t = bound_seconds(pre, m, dtype)["seconds"], bound_seconds(dec, m, dtype)["seconds"]
+        pre_t, dec_b = bound_seconds(pre, m, dtype)["seconds"], bound_seconds(dec, m, dtype)
+        key = (row["engine"], _given(row.get("device")), _given(row.get("threads")), _given(row.get("compile")))
+        if key not in floors:
+            floors[key] = floor_for(key[0], sha, key[1], key[2], {"compile": key[3]}) if sha else None
+        floor = floors[key]
+        dec_t, bound_by = dec_b["seconds"], dec_b["bound"]
+        if floor is not None and floor > dec_t:
+            dec_t, bound_by = floor, "launches"
         dtps = row["decode_tps"]
         dtps = float(dtps) if dtps is not None and dtps == dtps else math.nan
         f_tok = dec["flops"] / batch
@@ -392,6 +402,8 @@ def add_bound_columns(df, model, machine_name=None):
             decode_flop_per_s=f_tok * dtps * batch,
             decode_bound_tps=1 / dec_t,
             decode_pct_of_bound=100 * dtps * dec_t,
+            launch_floor_s=floor,
+            decode_bound_by=bound_by,
         )
         out.append(row)
     import pandas as pd
@@ -483,7 +495,9 @@ def report(results=None, engines=None, model=None, refresh: bool = False) -> dic
     """{machine: {cpu_model, threads, bandwidth_gbps (read kernel's median: the roofline's),
     bandwidth_spread_gbps [min, max], copy_gbps, triad_gbps (STREAM's kernels, medians),
     gflops {dtype: median GFLOP/s (int8: GOP/s)}, measured}, engines: {engine: {decode_tps,
-    decode_bound_tps, fraction_of_bound, prefill_tps, prefill_bound_tps, prompt_tokens, rows, source}}}.
+    decode_bound_tps, fraction_of_bound, prefill_tps, prefill_bound_tps, prompt_tokens, rows, source,
+    bound_by ("bandwidth", "compute" or "launches": which line binds its decode), launch_floor_ms (its measured
+    launch floor, :mod:`lablib.studies.launch_floor`, measured now if never here), launch_floor_error}}}.
 
     ``results``: results files (None: those under results/ and labs/results/; [] : none); an engine
     without rows from this machine and model is measured now (one warm-up, then the requests of
@@ -493,6 +507,7 @@ def report(results=None, engines=None, model=None, refresh: bool = False) -> dic
     from lablib.measure.sweep import engine_names, side_by_side
     from lablib.measure.workload import prompt_of_length
     from lablib.model.resolve import prepare
+    from lablib.studies.launch_floor import floor_load, measure_floor
 
     rm = prepare(model, log=lambda *_: None)
     names = engine_names(engines, rm)
@@ -512,7 +527,15 @@ def report(results=None, engines=None, model=None, refresh: bool = False) -> dic
             rm, engines=todo, ids=prompt_of_length(rm, n), max_new_tokens=new, reps=reps, progress=False
         )
         frames.append(fresh.assign(source=f"measured now ({n} prompt + {new} output tokens, {reps} requests)"))
-    df = add_bound_columns(pd.concat(frames, ignore_index=True), rm, machine_name=None)
+    rows_all = pd.concat(frames, ignore_index=True)
+    # the third line: each engine's launch floor at the threads and device its rows ran with (cached per machine)
+    floors = {}
+    for (e, dev, th), _g in rows_all.groupby(["engine", "device", "threads"], dropna=False, sort=False):
+        try:
+            floors[e] = measure_floor(rm, e, log=lambda *_: None, **floor_load(e, _given(dev), _given(th)))
+        except LabError as err:  # an engine that cannot run the skeleton keeps the two-line roofline
+            floors[e] = {"error": str(err)}
+    df = add_bound_columns(rows_all, rm, machine_name=None)
     engines_out = {}
     for e, g in df.groupby("engine", sort=False):
         dec, bound = float(g["decode_tps"].median()), float(g["decode_bound_tps"].median())
@@ -525,6 +548,9 @@ def report(results=None, engines=None, model=None, refresh: bool = False) -> dic
             "prompt_tokens": int(g["prompt_tokens"].median()),
             "rows": len(g),
             "compute_dtype": g["compute_dtype"].iloc[0],
+            "bound_by": str(g["decode_bound_by"].mode().iloc[0]),
+            "launch_floor_ms": 1e3 * floors[e]["floor_s"] if "floor_s" in floors.get(e, {}) else None,
+            "launch_floor_error": floors.get(e, {}).get("error"),
             "source": g["source"].iloc[0],
         }
     bw = m["bandwidth"]
