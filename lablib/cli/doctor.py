@@ -8,6 +8,7 @@ from lablib.engines.doctor import check_engines, gpu_build_facts, gpu_build_warn
 from lablib.errors import LabError
 from lablib.machine.identity import describe as describe_devices, found as found_devices, hardware_info, load_average
 from lablib.machine.limits import available_ram_bytes
+from lablib.machine.telemetry import doctor_lines as telemetry_lines
 from lablib.machine.threads import cpus_busy, default_threads
 from lablib.model.resolve import prepare
 
@@ -29,6 +30,8 @@ def run(ns) -> int:
     devices = found_devices()
     print(f"devices the engines can compute on: {describe_devices(devices)}")
     for line in gpu_build_warnings(gpu_build_facts([d.name for d in devices if d.kind == "cuda"])):
+        print(line)
+    for line in telemetry_lines():  # the GPU through NVML (driver, CUDA version) and the CPU's RAPL energy
         print(line)
     if hw["cpu_quota"] or hw["memory_limit_bytes"]:
         limit = hw["memory_limit_bytes"]

@@ -10,7 +10,7 @@ from lablib.errors import LabError
 from lablib.measure import sweep
 from lablib.measure.closed_loop import SCHEDULING_MODES
 from lablib.results.schema import METRICS
-from lablib.results.store import _suffix
+from lablib.results.store import _suffix, runs_path
 from lablib.results.tables import run_table
 
 HELP = "sweep context length or concurrency; rows appended to --out"
@@ -65,13 +65,23 @@ def add_arguments(p) -> None:
         default=None,
         help="weight choices per engine, e.g. openvino=source,onnxruntime-genai=int4 (default: each engine's own)",
     )
+    p.add_argument(
+        "--price-per-hour",
+        type=float,
+        default=None,
+        help="the machine's price for one hour (any currency): each point's cost per million output tokens, in "
+        "<out>.runs.jsonl beside the machine's own counters (GPU through NVML, CPU energy through RAPL)",
+    )
     p.add_argument("--out", required=True, help="results file, .jsonl or .parquet (appended)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def run(ns) -> int:
     _suffix(ns.out)  # refuse a bad file name before any work
-    common = dict(progress=not ns.quiet, **flags(ns, "model", "engines", "max_new_tokens", "warmup", "out", "weights"))
+    common = dict(
+        progress=not ns.quiet,
+        **flags(ns, "model", "engines", "max_new_tokens", "warmup", "out", "weights", "price_per_hour"),
+    )
     if ns.kind == "context":
         df = sweep.context_sweep(prompt_tokens=ns.prompt_tokens, reps=ns.reps, **common)
         cols = ["engine", "prompt_tokens", "repetition", *(m for m in METRICS if m != "queue_s")]
@@ -85,5 +95,5 @@ def run(ns) -> int:
         )
         table = run_table(df) if len(df) else df
     print(table.to_string(index=False) if len(table) else "no rows")
-    print(f"{len(df)} rows appended to {ns.out}")
+    print(f"{len(df)} rows appended to {ns.out}; each point's counters and cost in {runs_path(ns.out)}")
     return 0

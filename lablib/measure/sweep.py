@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from contextlib import contextmanager
 from typing import NamedTuple
 
 from lablib.config import budget
 from lablib.engines import engine_class, load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
+from lablib.machine.telemetry import RunTelemetry, cost_per_million_tokens
 from lablib.measure import plan
 from lablib.measure.closed_loop import SCHEDULING_MODES, run_closed_loop
 from lablib.measure.plan import (
@@ -37,9 +39,10 @@ from lablib.measure.plan import (
 )
 from lablib.measure.workload import DEFAULT_MESSAGES, chat_ids, distinct_prompts, prompt_of_length, question_ids
 from lablib.model.resolve import resolve
-from lablib.results.store import ResultsWriter, engine_manifest, trace_row
+from lablib.results.store import ResultsWriter, append_run, engine_manifest, trace_row
 
 __all__ = [
+    "RunRecords",
     "Step",
     "concurrency_sweep",
     "context_sweep",
@@ -56,6 +59,69 @@ __all__ = [
 
 def _cancelled(cancel) -> bool:
     return cancel is not None and cancel.is_set()
+
+
+class RunRecords:
+    """The machine's own counters per measured point of a sweep (one context length of one engine, one
+    concurrency level of one engine and mode, one engine of :func:`side_by_side`), warm-up left out: each point is
+    sampled by ``telemetry()`` (:class:`lablib.machine.telemetry.RunTelemetry` by default: a factory, the seam a
+    test gives recorded samples through) and ends as one record, kept in ``records`` and appended to
+    ``<out>.runs.jsonl`` (:func:`lablib.results.store.append_run`) when ``out`` is given: the point's labels and
+    ``run_id`` (its rows' too), :func:`lablib.results.tables.run_summary`'s ``requests``, ``output_tokens``,
+    ``makespan_s`` and ``output_tps``, then :data:`lablib.results.schema.TELEMETRY`: GPU memory peak, SM clock,
+    power and energy where NVML answers (energy only over a point of at least
+    :data:`lablib.machine.telemetry.MIN_ENERGY_WINDOW_S`, else ``gpu_energy_note`` says why), the CPU packages'
+    energy where RAPL is readable, else why not, and ``cost_per_mtok`` given ``price_per_hour``. A point a
+    cancel or an error cut short gets no record. The rows themselves are written as each request finishes, as
+    before: the record is the point's, written when it ends."""
+
+    def __init__(self, out=None, telemetry: Callable | None = None, price_per_hour: float | None = None):
+        cost_per_million_tokens(price_per_hour, 1.0, 1)  # a bad price is refused before any work
+        self.out, self.price_per_hour = out, price_per_hour
+        self.telemetry = telemetry or RunTelemetry
+        self.records: list[dict] = []
+
+    @contextmanager
+    def point(self, **labels):
+        """``with records.point(sweep=..., ...) as rows:`` the point's measured requests run inside; each of its
+        rows is appended to ``rows`` (it gets ``run_id``, labels' or a new one)."""
+        from lablib.results.tables import run_summary
+
+        labels.setdefault("run_id", uuid.uuid4().hex[:12])
+        rows = _PointRows(labels["run_id"])
+        with self.telemetry() as t:
+            yield rows
+        s = run_summary(rows)
+        rec = {
+            "engine": rows[0].get("engine") if rows else None,
+            **labels,
+            **{k: s[k] for k in ("requests", "output_tokens", "makespan_s", "output_tps")},
+            **t.summary(s["output_tokens"]),
+        }
+        if self.price_per_hour is not None:
+            rec["price_per_hour"] = self.price_per_hour
+            rec["cost_per_mtok"] = cost_per_million_tokens(self.price_per_hour, s["makespan_s"], s["output_tokens"])
+        self.records.append(rec)
+        if self.out:
+            append_run(self.out, rec)
+
+    def attach(self, df):
+        """``df`` with the records as ``df.attrs["runs"]`` (a list of dicts), returned."""
+        df.attrs["runs"] = list(self.records)
+        return df
+
+
+class _PointRows(list):
+    """A point's rows: each appended row gets the point's ``run_id``."""
+
+    def __init__(self, run_id: str):
+        super().__init__()
+        self.run_id = run_id
+
+    def append(self, row: dict) -> dict:
+        row.setdefault("run_id", self.run_id)
+        super().append(row)
+        return row
 
 
 def measured_traces(engine, prompts, cfg: GenerationConfig, warmup=(), warmup_cfg=None, cancel=None):
@@ -137,6 +203,8 @@ def side_by_side(
     warmup: int = 1,
     reps: int | None = None,
     progress: bool = True,
+    price_per_hour: float | None = None,
+    telemetry: Callable | None = None,
 ):
     """The same prompt ids through each engine: one row per measured request.
 
@@ -146,7 +214,8 @@ def side_by_side(
     on stderr). Budgets default to ``lablib.config.BUDGETS["side_by_side"]`` (64 tokens
     x 5 repetitions, 16 x 2 in quick mode). Each engine is loaded, measured and closed in
     turn (one in memory at a time). Returns a pandas DataFrame with the metrics, ``text``
-    and the manifest fields.
+    and the manifest fields; each engine's measured requests (warm-up left out) are one point of
+    :class:`RunRecords` (``price_per_hour``, ``telemetry``): its record in ``df.attrs["runs"]``.
     """
     import sys
 
@@ -162,17 +231,23 @@ def side_by_side(
     max_new_tokens = max_new_tokens or budget("side_by_side", "max_new_tokens")
     reps = reps or budget("side_by_side", "reps")
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
+    records = RunRecords(None, telemetry, price_per_hour)
     rows = []
     for name in tqdm(engine_names(engines, rm), desc="engines", disable=not progress):
         engine = load_engine(name, rm)
         try:
-            for row in measure(engine, ids, cfg, warmup=warmup, reps=reps):
-                row["text"] = engine.detokenize(row["token_ids"])
-                row["prompt_format"] = prompt_format
-                rows.append(row)
+            workload = {"prompt_tokens": len(ids), "max_new_tokens": cfg.max_new_tokens, "warmup": warmup, "reps": reps}
+            engine.check_context(len(ids), cfg.max_new_tokens)
+            for _ in measured_traces(engine, [], cfg, [ids] * warmup):  # warm-up: outside the point's counters
+                pass
+            with records.point(sweep="side_by_side", mode="single", concurrency=1) as point:
+                for row in measure(engine, ids, cfg, warmup=0, reps=reps, workload=workload):
+                    row["text"] = engine.detokenize(row["token_ids"])
+                    row["prompt_format"] = prompt_format
+                    rows.append(point.append(row))
         finally:
             engine.close()
-    return pd.DataFrame(rows)
+    return records.attach(pd.DataFrame(rows))
 
 
 # --- the one loop of a sweep ---------------------------------------------------------------------
@@ -272,6 +347,8 @@ def context_sweep(
     progress: bool = True,
     corpus: str = "prose",
     weights=None,
+    price_per_hour: float | None = None,
+    telemetry: Callable | None = None,
 ):
     """Prompt length against prefill and decode, per engine.
 
@@ -283,14 +360,18 @@ def context_sweep(
     appended to ``out`` (.jsonl or .parquet) as it finishes and passed to
     ``on_row``; ``cancel`` (a threading.Event) stops between requests with
     every finished row kept. ``weights``: a weight choice per engine ({"openvino": "source"} or
-    "ort=int4": :func:`weights_load_kwargs`; each row records it, ``weights``). Returns a DataFrame of
-    the rows of this call. Raises LabError/ContextOverflowError for bad parameters before any work.
+    "ort=int4": :func:`weights_load_kwargs`; each row records it, ``weights``). Each (engine, length) is one
+    point of :class:`RunRecords` (its measured requests, warm-up left out; ``price_per_hour``, ``telemetry``):
+    its record is appended to ``<out>.runs.jsonl`` and kept in the DataFrame's ``attrs["runs"]``, its rows
+    carry its ``run_id``. Returns a DataFrame of the rows of this call. Raises LabError/ContextOverflowError
+    for bad parameters before any work.
     """
     if max_new_tokens is None:
         max_new_tokens = budget("context", "max_new_tokens")
     max_new_tokens = positive_ints([max_new_tokens], "max_new_tokens")[0]
     reps = budgeted_int(reps, "context", "reps")
     check_warmup(warmup)
+    records = RunRecords(out, telemetry, price_per_hour)
     rm = resolve(model)
     names = engine_names(engines, rm)
     load = weights_load_kwargs(names, weights)
@@ -313,15 +394,19 @@ def context_sweep(
             }
             ids = prompt_of_length(rm, n, corpus=corpus)
             labels = dict(sweep="context", mode="single", concurrency=1)
-            for row in iter_measure(engine, ids, cfg, warmup, reps, workload, cancel, token_ids=False, **labels):
-                row["request_index"] = row["repetition"]
-                emit(row)
+            engine.check_context(n, max_new_tokens)
+            for _ in measured_traces(engine, [], cfg, [ids] * warmup, cancel=cancel):  # outside the point
+                pass
+            with records.point(**labels, prompt_tokens=n) as point:
+                for row in iter_measure(engine, ids, cfg, 0, reps, workload, cancel, token_ids=False, **labels):
+                    row["request_index"] = row["repetition"]
+                    emit(point.append(row))
 
         return run
 
     # one step per (engine, length), the same load keywords per engine: each engine is loaded once
     plan = [Step(name, {"n_ctx": n_ctx, **load[name]}, one_length(n)) for name in names for n in lengths]
-    return run_plan(
+    df = run_plan(
         rm,
         plan,
         out=out,
@@ -331,6 +416,7 @@ def context_sweep(
         total=len(plan) * reps,
         desc="context sweep",
     )
+    return records.attach(df)
 
 
 # --- concurrency sweep --------------------------------------------------------------------------
@@ -350,6 +436,8 @@ def concurrency_sweep(
     progress: bool = True,
     corpus: str = "prose",
     weights=None,
+    price_per_hour: float | None = None,
+    telemetry: Callable | None = None,
 ):
     """Closed-loop clients against each engine, serial queue versus continuous batching.
 
@@ -365,7 +453,9 @@ def concurrency_sweep(
     ``cancel`` (threading.Event) stops after the request that finishes next,
     keeping every finished row. ``weights``: a weight choice per engine (:func:`weights_load_kwargs`).
     Returns a DataFrame of this call's rows. An engine runs only the
-    modes it has (``Engine.modes``: ONNX Runtime GenAI is serial only).
+    modes it has (``Engine.modes``: ONNX Runtime GenAI is serial only). Each run (engine, mode, C) is one
+    point of :class:`RunRecords` (``price_per_hour``, ``telemetry``): its record, with its ``run_id``, is
+    appended to ``<out>.runs.jsonl`` and kept in the DataFrame's ``attrs["runs"]``.
     """
     levels = positive_ints(budget("concurrency", "concurrency") if concurrency is None else concurrency, "concurrency")
     if prompt_tokens is None:
@@ -378,6 +468,7 @@ def concurrency_sweep(
     modes = scheduling_modes(modes)
     requests = check_requests(requests, levels)
     check_warmup(warmup)
+    records = RunRecords(out, telemetry, price_per_hour)
     rm = resolve(model)
     names = engine_names(engines, rm)
     load = weights_load_kwargs(names, weights)
@@ -412,9 +503,15 @@ def concurrency_sweep(
                     "repetition": 0,
                     "run_id": uuid.uuid4().hex[:12],
                 }
-                run_closed_loop(
-                    engine, prompts, c, mode, cfg, on_trace=lambda t, m=manifest, lb=labels: emit(trace_row(t, m, **lb))
-                )
+                with records.point(sweep="concurrency", mode=mode, concurrency=c, run_id=labels["run_id"]) as point:
+                    run_closed_loop(
+                        engine,
+                        prompts,
+                        c,
+                        mode,
+                        cfg,
+                        on_trace=lambda t, m=manifest, lb=labels, p=point: emit(p.append(trace_row(t, m, **lb))),
+                    )
 
         return run
 
@@ -428,7 +525,7 @@ def concurrency_sweep(
 
     # one step per (engine, mode), the same load keywords per engine: each engine is loaded once
     plan = [Step(name, load_kwargs(name), one_mode(mode)) for name in names for mode in engine_modes[name]]
-    return run_plan(
+    df = run_plan(
         rm,
         plan,
         out=out,
@@ -438,3 +535,4 @@ def concurrency_sweep(
         total=len(plan) * sum(r for _, r in runs),
         desc="concurrency sweep",
     )
+    return records.attach(df)

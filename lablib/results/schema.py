@@ -80,6 +80,16 @@ MANIFEST_FIELDS = {
     # (llama-server), "cache_salt: per-request" / "cache_salt: <salt>" (vLLM), "none" (no switch sent)
     "cache_control": ("engine", "flags", "cache_control"),
 }
+# the GPUs NVML lists (lablib.machine.telemetry.gpu_manifest, the manifest's hardware.gpu): their names (distinct
+# ones joined by "; "), count, memory in all (bytes), the driver's version and its CUDA version ("13.0"); only
+# where a GPU answers NVML: a CPU machine's manifest has no hardware.gpu and its rows none of these columns
+GPU_MANIFEST_FIELDS = {
+    "gpu_name": ("hardware", "gpu", "name"),
+    "gpu_count": ("hardware", "gpu", "count"),
+    "gpu_memory_total_bytes": ("hardware", "gpu", "memory_total_bytes"),
+    "gpu_driver": ("hardware", "gpu", "driver"),
+    "cuda_version": ("hardware", "gpu", "cuda_version"),
+}
 # the manifest basics a report shows, one row per machine and engine
 MANIFEST_SUMMARY = (
     "engine",
@@ -301,6 +311,7 @@ COLUMNS = (
     + SERIES
     + CLOCKS
     + tuple(MANIFEST_FIELDS)
+    + tuple(GPU_MANIFEST_FIELDS)
     + OPTIONAL
     + BOUND_COLUMNS
     + PREFIX
@@ -361,6 +372,29 @@ PREFIX_MEMORY = ("tokens", "kept_bytes", "formula_bytes", "kept_bytes_per_token"
 # run (lablib.results.tables.client_server_timeline: sent, last token not yet arrived); and the client's own
 # headroom in the run (lablib.measure.load.client_headroom_of: the lag of the loop that stamped its tokens)
 SERVER = ("t_s", "metric", "value", "raw", "server_counters", "server_info", "in_flight", "client_headroom")
+# the machine's own counters over one run (lablib.machine.telemetry.RunTelemetry; a bench summary, a sweep point's
+# record in <out>.runs.jsonl, a side_by_side engine's): the GPUs through NVML (per GPU, or why there are none; the
+# sampled window, s; memory used, peak, bytes, the GPUs' peaks added; SM clock median, MHz; power median, W, the
+# GPUs' medians added; the boards' energy counters' difference, J, and per output token, only over a window of at
+# least 5 s, else why not), the CPU packages' energy from RAPL (J, J per output token, the domains read; or why
+# none: "not reported here"), and the machine's price for an hour given by the user and what the run's output cost
+# at it per million tokens (that currency)
+TELEMETRY = (
+    "gpu_telemetry",
+    "telemetry_window_s",
+    "gpu_memory_used_peak_bytes",
+    "gpu_sm_clock_mhz_p50",
+    "gpu_power_w_p50",
+    "gpu_energy_j",
+    "gpu_j_per_output_token",
+    "gpu_energy_note",
+    "cpu_energy_j",
+    "cpu_j_per_output_token",
+    "cpu_energy_domains",
+    "cpu_energy_note",
+    "price_per_hour",
+    "cost_per_mtok",
+)
 # what a replay's summary adds to a run summary (lablib.measure.replay.replay_summary): requests scheduled and
 # those never sent (past the time limit), the send lag's p50/p99 (s) against its limit and whether the client
 # kept up, the schedule's span and the drain after its last send (s), whether every output count came out as
@@ -512,6 +546,7 @@ TABLE_COLUMNS = tuple(
     + ANCHOR
     + PREFIX_MEMORY
     + SERVER
+    + TELEMETRY
     + REPLAY_SUMMARY
     + SCHEDULER_TABLES
     + SPECULATIVE_TABLES
@@ -525,11 +560,15 @@ KNOWN = frozenset(COLUMNS + TABLE_COLUMNS)
 
 def flatten_manifest(manifest: dict) -> dict:
     """The manifest's fields as row columns (:data:`MANIFEST_FIELDS`: a path of keys, None for the
-    top level); a key the manifest lacks is None, a dict becomes JSON text (sorted keys)."""
+    top level); a key the manifest lacks is None, a dict becomes JSON text (sorted keys). The GPU's
+    (:data:`GPU_MANIFEST_FIELDS`) only where the manifest has a ``hardware.gpu`` record."""
     import json
 
     out = {}
-    for col, (section, *keys) in MANIFEST_FIELDS.items():
+    fields = dict(MANIFEST_FIELDS)
+    if (manifest.get("hardware") or {}).get("gpu"):
+        fields.update(GPU_MANIFEST_FIELDS)
+    for col, (section, *keys) in fields.items():
         value = manifest if section is None else manifest.get(section, {})
         for key in keys:
             value = value.get(key) if isinstance(value, dict) else None

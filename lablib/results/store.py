@@ -19,6 +19,7 @@ from lablib._version import __version__
 from lablib.errors import LabError, first_line
 from lablib.machine.device_ceilings import measured_summary
 from lablib.machine.identity import hardware_info, load_average
+from lablib.machine.telemetry import gpu_manifest
 from lablib.results.schema import CLOCKS, DEFAULTS, METRICS, flatten_manifest
 from lablib.results.trace import RequestTrace, now
 
@@ -26,14 +27,21 @@ from lablib.results.trace import RequestTrace, now
 def run_manifest(engine_info: dict, model: dict, workload: dict | None = None) -> dict:
     """The manifest of a run: ``engine_info`` (``Engine.info().to_dict()``), ``model``
     (``ResolvedModel.manifest()``), ``workload`` (what the requests were), plus this machine's
-    hardware with its 1-minute load average when the run started, the lablib version and the
+    hardware with its 1-minute load average when the run started (and ``gpu``, the GPUs NVML lists:
+    :func:`lablib.machine.telemetry.gpu_manifest`; no such key without one), the lablib version and the
     time (UTC)."""
+    gpu = gpu_manifest()
     return {
         "model": model,
         "engine": engine_info,
         # the machine's measured bandwidth and FLOP/s, when it was measured (lablib.machine.measure_machine)
         # the measured ceilings of the device the engine computed on (a GPU's for a CUDA row, not the CPU's)
-        "hardware": {**hardware_info(), "load_avg_1m": load_average(), **measured_summary(engine_info.get("device"))},
+        "hardware": {
+            **hardware_info(),
+            "load_avg_1m": load_average(),
+            **measured_summary(engine_info.get("device")),
+            **({"gpu": gpu} if gpu else {}),
+        },
         "workload": workload or {},
         "lablib_version": __version__,
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -69,6 +77,18 @@ def trace_row(trace: RequestTrace, manifest: dict, **labels) -> dict:
 
 # --- durable results on disk -------------------------------------------------------------
 FORMATS = (".jsonl", ".parquet")
+
+
+def runs_path(out) -> Path:
+    """Where the run records of results file ``out`` go: ``<out without suffix>.runs.jsonl`` beside it (a bench
+    run's summary, a sweep point's telemetry: :data:`lablib.results.schema.TELEMETRY`)."""
+    return Path(out).with_name(Path(out).stem + ".runs.jsonl")
+
+
+def append_run(out, record: dict) -> None:
+    """One run record (a dict, ``out`` added) appended as a JSON line to :func:`runs_path` of ``out``."""
+    with open(runs_path(out), "a", encoding="utf-8") as f:
+        f.write(json.dumps({**record, "out": str(out)}, default=_jsonable) + "\n")
 
 
 def _suffix(path) -> str:

@@ -23,13 +23,15 @@ def summary_line(server: str, mode: str, rate, c, s: dict) -> str:
 
 
 def _cost_note(s: dict) -> str:
-    """`` cost_per_mtok=0.42`` (a price per hour was given) and `` j_per_token=0.031`` (NVML's energy counter over
-    a long enough window), else nothing (:func:`lablib.measure.load.bench`)."""
+    """`` cost_per_mtok=0.42`` (a price per hour was given), `` gpu_j_per_token=0.031`` (NVML's energy counter over
+    a long enough window) and `` cpu_j_per_token=0.2`` (RAPL's package energy), else nothing
+    (:func:`lablib.measure.load.bench`)."""
     out = ""
     if s.get("cost_per_mtok") is not None:
         out += f" cost_per_mtok={s['cost_per_mtok']:.4g}"
-    if s.get("j_per_output_token") is not None:
-        out += f" j_per_token={s['j_per_output_token']:.4g}"
+    for who in ("gpu", "cpu"):
+        if s.get(f"{who}_j_per_output_token") is not None:
+            out += f" {who}_j_per_token={s[f'{who}_j_per_output_token']:.4g}"
     return out
 
 
