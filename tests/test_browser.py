@@ -973,7 +973,8 @@ def test_notebook_06_runs_in_the_browser(browser, lab_server):
 
 
 # lab 07's figures (lablib.plots.roofline): log-log roofline, each engine's prefill (filled circles) and decode (open
-# diamonds) under the roofs; llama.cpp's predicted decode against batch size, its crossover and measured runs
+# diamonds) under the roofs; each engine's decode step beside its two bounds; llama.cpp's predicted decode against
+# batch size, its crossover and measured runs
 NB07_FIGURES = (
     Drawn(
         "Roofline: measured prefill and decode",
@@ -981,6 +982,16 @@ NB07_FIGURES = (
         log_axes=("xaxis", "yaxis"),
         texts=("roof: ",),
         check=styled("symbol", {" · prefill": "circle", " · decode": "diamond-open"}),
+    ),
+    # the third line (lablib.studies.launch_floor): per engine, the measured step, the roofline's and the launch floor
+    Drawn(
+        "One decode step: measured, what the bytes allow",
+        traces=(
+            "measured: one decode step",
+            "bytes ÷ bandwidth, FLOPs ÷ peak (the roofline)",
+            "launch floor (the model's skeleton)",
+        ),
+        texts=lambda: lab_engines(),
     ),
     Drawn(
         "Decode against batch size on",

@@ -116,6 +116,52 @@ def roofline(df, title: str | None = None):
     return fig.update_yaxes(**log_ticks(y_all))
 
 
+STEP_PARTS = (  # (column, label, color) of step_figure's bars, in milliseconds per decode step
+    ("tpot_ms", "measured: one decode step", None),
+    ("roof_ms", "bytes ÷ bandwidth, FLOPs ÷ peak (the roofline)", "#9e9e9e"),
+    ("floor_ms", "launch floor (the model's skeleton)", "#424242"),
+)
+
+
+def step_figure(df, title: str | None = None):
+    """Where a decode step's time goes, per engine: the measured step (median TPOT, ms) beside the least time the
+    roofline allows its bytes and FLOPs (``decode_roof_s``) and the engine's launch floor (``launch_floor_s``:
+    :mod:`lablib.studies.launch_floor`), medians over the rows of each engine; horizontal bars. An engine whose
+    floor is near its measured step is bound by launches: more bandwidth would not make it faster.
+
+    Needs: engine, tpot_s, decode_roof_s, launch_floor_s (rows of
+    :func:`lablib.studies.roofline.add_bound_columns`)."""
+    import plotly.graph_objects as go
+
+    d = _nonempty(
+        _ok(df), "step_figure", "add the bound columns first: lablib.studies.roofline.add_bound_columns(df, model)"
+    )
+    _need(d, ["engine", "tpot_s", "decode_roof_s", "launch_floor_s"], "step_figure")
+    med = d.groupby("engine", sort=False)[["tpot_s", "decode_roof_s", "launch_floor_s"]].median()
+    med = 1e3 * med.rename(columns={"tpot_s": "tpot_ms", "decode_roof_s": "roof_ms", "launch_floor_s": "floor_ms"})
+    engines = [e for e in engine_order(med.reset_index()) if e in med.index][::-1]  # first engine on top
+    fig = go.Figure()
+    for col, label, fixed in STEP_PARTS:
+        fig.add_bar(
+            y=engines,
+            x=[med.loc[e, col] for e in engines],
+            orientation="h",
+            name=label,
+            marker_color=[fixed or color(e) for e in engines],
+            hovertemplate=f"%{{y}}<br>{label}<br>%{{x:.2f}} ms<extra></extra>",
+        )
+    titled(
+        fig,
+        title or "One decode step: measured, what the bytes allow, and the engine's launch floor",
+        x="milliseconds per decode step (less is faster)",
+        y="",
+        barmode="group",
+        height=200 + 90 * len(engines),
+        legend_title_text="",
+    )
+    return fig.update_yaxes(categoryorder="array", categoryarray=engines)
+
+
 def batch_figure(sweep_df, measured=None, title: str | None = None):
     """Predicted decode tokens/s (all sequences) against batch size, log-log, from a
     :func:`lablib.studies.roofline.batch_sweep` table; a vertical line at its crossover batch (``attrs``).

@@ -131,9 +131,11 @@ BOUND_COLUMNS = (
     "decode_bound_tps",
     "decode_pct_of_bound",
     # the third line (lablib.studies.launch_floor): the engine's measured seconds per decode step of the model's
-    # skeleton on the row's device and threads (None where none was measured), and which of the three lines
-    # binds the row's decode: "bandwidth", "compute" or "launches"
+    # skeleton on the row's device and threads (None where none was measured), the two other lines' least seconds
+    # per decode step (max(bytes / bandwidth, FLOPs / peak)), and which of the three binds the row's decode:
+    # "bandwidth", "compute" or "launches"
     "launch_floor_s",
+    "decode_roof_s",
     "decode_bound_by",
 )
 # prefix caching (lablib.studies.prefix, lab 08): whether the request reused a kept prefix, the shared

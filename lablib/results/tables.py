@@ -451,8 +451,12 @@ def manifest_table(df) -> pd.DataFrame:
 def bound_table(df) -> pd.DataFrame:
     """Per engine (and weight choice, where rows record one: ``weights``) and prompt length: medians of
     measured and bound tokens/s and % of bound, prefill and decode, of rows that carry the bound columns
-    (:func:`lablib.studies.roofline.add_bound_columns`)."""
+    (:func:`lablib.studies.roofline.add_bound_columns`), and which line binds decode (``decode_bound_by``:
+    bandwidth, compute or the engine's launch floor) where the rows say."""
     keys = ["engine", "weights", "prompt_tokens"] if "weights" in df.columns else ["engine", "prompt_tokens"]
     g = df.groupby(keys, sort=False, dropna=False)
     cols = [f"{phase}_{what}" for phase in ("prefill", "decode") for what in ("tps", "bound_tps", "pct_of_bound")]
-    return g.agg(**_medians(*cols)).reset_index()
+    extra = {}
+    if "decode_bound_by" in df.columns:  # which of the roofline's three lines binds decode (the launch floor's)
+        extra["decode_bound_by"] = ("decode_bound_by", "first")
+    return g.agg(**_medians(*cols), **extra).reset_index()

@@ -157,3 +157,24 @@ def measure_floors(model, engines, refresh: bool = False, log=print) -> dict:
         except LabError as e:
             out[name] = {"engine": name, "error": str(e)}
     return out
+
+
+def floors_for_rows(df, model, refresh: bool = False, log=print) -> dict:
+    """Measure (or read from the cache) the floor of every (engine, device, threads) that rows ``df`` ran with, so
+    :func:`lablib.studies.roofline.add_bound_columns` finds them: {engine: the floor of its first group, or
+    {engine, error} where the engine cannot run the skeleton here (its rows keep the two-line roofline)}."""
+    cols = [c for c in ("engine", "device", "threads") if c in df.columns]
+    out = {}
+    for keys, _g in df.groupby(cols, dropna=False, sort=False):
+        where = dict(zip(cols, keys if isinstance(keys, tuple) else (keys,)))
+        dev, th = (_text(where.get(k)) for k in ("device", "threads"))
+        try:
+            f = measure_floor(model, where["engine"], refresh=refresh, log=log, **floor_load(where["engine"], dev, th))
+        except LabError as e:
+            f = {"engine": where["engine"], "error": str(e)}
+        out.setdefault(where["engine"], f)
+    return out
+
+
+def _text(value):
+    return None if value is None or value != value or value == "" else str(value)

@@ -403,6 +403,7 @@ def add_bound_columns(df, model, machine_name=None):
             decode_bound_tps=1 / dec_t,
             decode_pct_of_bound=100 * dtps * dec_t,
             launch_floor_s=floor,
+            decode_roof_s=dec_b["seconds"],
             decode_bound_by=bound_by,
         )
         out.append(row)
@@ -507,7 +508,7 @@ def report(results=None, engines=None, model=None, refresh: bool = False) -> dic
     from lablib.measure.sweep import engine_names, side_by_side
     from lablib.measure.workload import prompt_of_length
     from lablib.model.resolve import prepare
-    from lablib.studies.launch_floor import floor_load, measure_floor
+    from lablib.studies.launch_floor import floors_for_rows
 
     rm = prepare(model, log=lambda *_: None)
     names = engine_names(engines, rm)
@@ -529,12 +530,7 @@ def report(results=None, engines=None, model=None, refresh: bool = False) -> dic
         frames.append(fresh.assign(source=f"measured now ({n} prompt + {new} output tokens, {reps} requests)"))
     rows_all = pd.concat(frames, ignore_index=True)
     # the third line: each engine's launch floor at the threads and device its rows ran with (cached per machine)
-    floors = {}
-    for (e, dev, th), _g in rows_all.groupby(["engine", "device", "threads"], dropna=False, sort=False):
-        try:
-            floors[e] = measure_floor(rm, e, log=lambda *_: None, **floor_load(e, _given(dev), _given(th)))
-        except LabError as err:  # an engine that cannot run the skeleton keeps the two-line roofline
-            floors[e] = {"error": str(err)}
+    floors = floors_for_rows(rows_all, rm, log=lambda *_: None)
     df = add_bound_columns(rows_all, rm, machine_name=None)
     engines_out = {}
     for e, g in df.groupby("engine", sort=False):
