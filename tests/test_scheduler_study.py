@@ -283,9 +283,15 @@ def test_hol_summary_and_token_table_of_hand_made_rows():
 
 def test_the_servers_take_their_own_options(model):
     # the scheduler's options, then lab 10's speculation (a draft GGUF and its lengths; vLLM's config), then lab 11's
-    # LoRA adapters
+    # LoRA adapters, then vLLM's build (the server name vllm-cpu sets it to "cpu")
     assert server_options("llama-server") == ("batch", "ubatch", "draft", "draft_max", "draft_min", "adapters")
-    assert server_options("vllm") == ("num_gpu_blocks", "max_num_batched_tokens", "speculative_config", "adapters")
+    assert server_options("vllm") == (
+        "num_gpu_blocks",
+        "max_num_batched_tokens",
+        "speculative_config",
+        "adapters",
+        "build",
+    )
     argv, *_ = server_command("llama-server", model, 8123, parallel=3, n_ctx=512, options={"batch": 64})
     assert argv[argv.index("-b") + 1] == "64" and "-ub" not in argv  # llama.cpp takes -ub at most -b
     argv, *_ = server_command("llama-server", model, 8123, options={"batch": 128, "ubatch": 32})

@@ -257,3 +257,39 @@ def test_the_cuda_environments_torch_must_be_cuda_13_and_see_the_gpu():
     assert "expected CUDA 13" in vllm._cuda_problem(dict(good, torch="2.14.0+cu128", torch_cuda="12.8"))
     assert "expected 2.14.0" in vllm._cuda_problem(dict(good, torch="2.13.0"))
     assert "sees no GPU" in vllm._cuda_problem(dict(good, cuda_available=False))
+
+
+def test_vllm_cpu_is_the_cpu_build_and_vllm_the_machines_choice(model, monkeypatch):
+    """The server names on an H200 with driver 580 (its facts, not this machine's; both environments installed
+    in appearance, so nothing is downloaded): ``vllm`` starts the CUDA build, ``vllm-cpu`` the CPU build, an
+    explicit choice as LABLIB_VLLM_BUILD=cpu is, and one that wins over LABLIB_VLLM_BUILD=cuda."""
+    from lablib.engines.servers import ALIAS_OPTIONS, canonical_server, server_options
+    from lablib.engines.servers.registry import _command
+
+    monkeypatch.setattr(vllm, "_machine_facts", lambda: H200)
+    _installed_in_appearance(vllm.env_dir("cuda"), {"build": "cuda", "vllm": "0.33.0", "torch": "2.14.0"})
+    _installed_in_appearance(vllm.env_dir("cpu"), {"build": "cpu", "vllm": "0.32.0", "torch": "2.13.0+cpu"})
+    assert vllm.chosen()["build"] == "cuda" and vllm.chosen(build="cpu")["build"] == "cpu"
+    assert vllm.chosen(H200, build="cpu")["reason"].startswith(f"{vllm.BUILD_ENV}=cpu: the CPU build, whatever the GPU")
+    assert canonical_server("vllm-cpu") == "vllm" and ALIAS_OPTIONS == {"vllm-cpu": {"build": "cpu"}}
+    assert "build" in server_options("vllm")
+
+    def launch(name, **extra):
+        return _command(name, model, 8000, 2, 1, 512, extra=extra or None)
+
+    gpu, cpu = launch("vllm"), launch("vllm-cpu")
+    assert (
+        gpu.settings["build"] == "cuda" and gpu.settings["dtype"] == "bfloat16" and gpu.settings["gpu"] == "NVIDIA H200"
+    )
+    assert gpu.argv[0] == str(vllm.env_dir("cuda") / "bin" / "python") and "--gpu-memory-utilization" in gpu.argv
+    assert "VLLM_CPU_KVCACHE_SPACE" not in gpu.env
+    assert cpu.settings["build"] == "cpu" and cpu.settings["kv_cache_space_gib"] >= 1
+    assert cpu.argv[0] == str(vllm.env_dir("cpu") / "bin" / "python") and "--gpu-memory-utilization" not in cpu.argv
+    assert cpu.env["VLLM_CPU_KVCACHE_SPACE"] == str(cpu.settings["kv_cache_space_gib"])
+    assert launch("vllm", build="cpu").settings["build"] == "cpu"  # the same choice as an option of vllm
+    monkeypatch.setenv(vllm.BUILD_ENV, "cuda")  # the name's explicit choice wins over the variable
+    assert launch("vllm-cpu").settings["build"] == "cpu" and launch("vllm").settings["build"] == "cuda"
+    with pytest.raises(LabError, match=r"options \{'build': 'cuda'\} with the server name 'vllm-cpu', which means"):
+        launch("vllm-cpu", build="cuda")
+    with pytest.raises(LabError, match=r"build='gpu': expected 'cpu' \(vLLM's CPU build"):
+        launch("vllm", build="gpu")

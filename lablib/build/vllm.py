@@ -351,10 +351,11 @@ def choose_build(facts: dict, override: str | None = None) -> dict:
     return dict(out, wanted="cuda", reason=reason, refusal=refusal)
 
 
-def chosen(facts: dict | None = None) -> dict:
+def chosen(facts: dict | None = None, build: str | None = None) -> dict:
     """:func:`choose_build` for this machine (``facts``: :func:`gather_facts`, read once a process, when
-    None) and ``LABLIB_VLLM_BUILD`` (:func:`requested_build`)."""
-    return choose_build(facts if facts is not None else _machine_facts(), requested_build())
+    None) and ``build``: "cpu" or "cuda", an explicit choice (the server name ``vllm-cpu`` is "cpu"), which
+    wins over ``LABLIB_VLLM_BUILD`` (:func:`requested_build`, read only when ``build`` is None)."""
+    return choose_build(facts if facts is not None else _machine_facts(), build or requested_build())
 
 
 def _build_of(choice: dict) -> Build:
@@ -1082,15 +1083,18 @@ def tie_tree(env: Path | None = None) -> Path | None:
     return path
 
 
-def ensure(log=print, force: bool = False, deep: bool = False, facts: dict | None = None) -> Path:
+def ensure(
+    log=print, force: bool = False, deep: bool = False, facts: dict | None = None, build: str | None = None
+) -> Path:
     """The python of vLLM's environment for the build :func:`chosen` for this machine (``facts``: a
-    :func:`gather_facts` dict instead of this machine's), installed first when missing: for the CPU build
+    :func:`gather_facts` dict instead of this machine's; ``build``: "cpu" or "cuda", chosen explicitly, as
+    :func:`chosen` takes it), installed first when missing: for the CPU build
     about 3 minutes and 1 GB of downloads the first time (progress lines through ``log``), a few
     milliseconds after. A broken environment (:func:`check`) is removed and installed again, once.
     ``force``: remove it and install again. ``deep``: the installed one is also import-checked
     (:func:`check`'s ``deep``). Raises :class:`VllmEnvError` (a LabError) saying what to do; on a GPU the
     CUDA build cannot use, before anything is created or downloaded (:func:`choose_build`'s refusal)."""
-    choice = chosen(facts)
+    choice = chosen(facts, build)
     if choice["refusal"]:
         raise VllmEnvError(choice["refusal"])
     build = _build_of(choice)

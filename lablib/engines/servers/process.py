@@ -206,9 +206,9 @@ def start_server(
         port = free_port()
     else:
         port = whole(port, "port", "a TCP port from 1 to 65535 (or leave it out for a free one)", hi=65535)
-    name = canonical_server(name)
+    given, name = name, canonical_server(name)
     _check_port_free(port)  # else a server already there that answers the readiness path looks like this one
-    launch = _command(name, rm, port, parallel, threads, n_ctx, prefix_caching, options)
+    launch = _command(given, rm, port, parallel, threads, n_ctx, prefix_caching, options)  # an alias's choice kept
     argv, version, ready, server_model = launch.argv, launch.version, launch.ready, launch.model_id
     if timeout_s is None:
         timeout_s = SERVERS[name].startup_timeout_s

@@ -34,6 +34,10 @@ SERVERS: dict[str, Server] = {
     "vllm": Server(_vllm, "transformers", PROFILES["vllm"], aliases=("vllm-cpu",), startup_timeout_s=900.0),
 }
 ALIASES = {alias: name for name, s in SERVERS.items() for alias in s.aliases}
+# aliases that name a choice as well as a server: the options each one sets (start_server("vllm-cpu") is vLLM's CPU
+# build whatever the machine, as LABLIB_VLLM_BUILD=cpu; "vllm" is the machine's choice: its CUDA build beside an
+# NVIDIA GPU it supports)
+ALIAS_OPTIONS: dict[str, dict] = {"vllm-cpu": {"build": "cpu"}}
 
 # the servers the lab starts with LoRA adapters (start_server's options={"adapters": [Adapter, ...]}, lab 11): name ->
 # the largest rank it takes (None: no limit). llama-server: --lora per adapter, each request's "lora" scales; vLLM:
@@ -173,10 +177,21 @@ def _command(
     prefix_caching=None,
     extra: dict | None = None,
 ):
-    """The :class:`Launch` of :func:`server_command`, its readiness paths as URLs."""
+    """The :class:`Launch` of :func:`server_command`, its readiness paths as URLs; ``name`` as given (an alias of
+    :data:`ALIAS_OPTIONS` sets its options)."""
     from lablib.machine.threads import check_threads, default_threads
 
+    given = str(name).strip().lower()
     name = canonical_server(name)
+    pinned = ALIAS_OPTIONS.get(given, {})
+    clash = {k: v for k, v in (extra or {}).items() if k in pinned and v is not None and v != pinned[k]}
+    if clash:
+        raise LabError(
+            f"options {clash} with the server name {given!r}, which means {pinned}: give the name {name!r} with "
+            f"options={clash}, or {given!r} without them"
+        )
+    if pinned:
+        extra = {**(extra or {}), **pinned}
     threads = check_threads(threads) if threads is not None else default_threads()
     parallel = whole(parallel, "parallel", "a whole number of slots, at least 1")
     n_ctx = whole(n_ctx, "n_ctx", "a whole number of tokens per slot, at least 1")

@@ -349,10 +349,13 @@ def _vllm(
     max_num_batched_tokens: int | None = None,
     speculative_config: dict | None = None,
     adapters: list | None = None,
+    build: str | None = None,
 ):
     """vLLM's OpenAI server on the HF folder, in the build :func:`lablib.build.vllm.chosen` for this machine
     (installed on first use: minutes, :func:`lablib.build.vllm.ensure`; refused, before any download, on a GPU
-    whose driver or compute capability its CUDA build cannot use). ``parallel`` sequences scheduled together
+    whose driver or compute capability its CUDA build cannot use), or in ``build``: "cpu" or "cuda", chosen
+    explicitly (over LABLIB_VLLM_BUILD; the server name ``vllm-cpu`` is ``build="cpu"``:
+    :data:`lablib.engines.servers.registry.ALIAS_OPTIONS`). ``parallel`` sequences scheduled together
     (``--max-num-seqs``), prefix caching off unless asked (the lab's rule: no measured request reuses another's
     KV cache). On the CUDA build: :func:`vllm_cuda_command`, with the share of the GPU's memory it may take
     from :func:`gpu_memory_utilization` (LABLIB_VLLM_GPU_MEMORY_UTILIZATION, default
@@ -375,9 +378,15 @@ def _vllm(
     (:func:`vllm_lora_args`); a request without one runs the base model (``lab-model``)."""
     from lablib.build.vllm import BUILDS, chosen, ensure
 
-    choice = chosen()  # the build ensure() installs (the machine read once a process); its refusal: ensure raises
+    if build is not None and build not in BUILDS:
+        raise LabError(
+            f"build={build!r}: expected 'cpu' (vLLM's CPU build, the server name vllm-cpu), 'cuda' (its CUDA build) "
+            "or None (the machine's choice: the CUDA build beside an NVIDIA GPU it supports, else the CPU build)"
+        )
+    # the build ensure() installs (the machine read once a process); its refusal: ensure raises
+    choice = chosen(build=build)
     util = gpu_memory_utilization() if choice["build"] == "cuda" else None  # a bad value: said before installing
-    python = str(ensure(log=lambda m: print(m, file=sys.stderr, flush=True)))
+    python = str(ensure(log=lambda m: print(m, file=sys.stderr, flush=True), build=build))
     folder = model.path_for("hf", "vLLM")
     version = _venv_version(python, BUILDS[choice["build"]].dist)
     options = {
