@@ -119,6 +119,25 @@ much in every pair). Pinned as above, ``--levels 1024,1024,1024 --clients lab,vl
 process's 81-227 ms: two loops stamp sooner, on one core they deliver less). At these levels every client is
 past its limit (all tokens late by tens to hundreds of ms): the lab's added ITL p99 was 1.2-2.7 times vLLM's
 client's (its rows are built and written beside the loop, in the same process).
+
+**Rows off the loop** (2026-12-05, the same 2-core machine, unpinned, shared with other workers' tests; load 2.8-3.8).
+A profile of the loop thread at 512 streams (``--profile-level 512``, one level) put 35 % of its time in the lab's
+event parsing (``protocol.event``: JSON, the token count), about as much in aiohttp's chunk reading, 6 % in epoll
+and 4 % in making the finished requests' rows (``request_row``, ``trace_row``, ``flatten_manifest``, the queue).
+Since then the loop hands over a finished request's trace and the calling thread makes its row
+(``lablib.measure.load._Rows``). ``--levels 512,1024,512,1024 --clients lab,vllm --no-parse``, before (a worktree
+of the commit before) and after, one run each (added_itl_p99_ms lab / vllm and their ratio; tok_s lab / vllm)::
+
+    C      before                               after
+    512    645 / 149  4.3x   19070 / 24451      321 / 139  2.3x   28550 / 27434
+    1024   303 / 419  0.72x  22117 / 21273      476 / 285  1.7x   33876 / 27898
+    512    361 / 172  2.1x   18124 / 17938      272 / 168  1.6x   33238 / 31092
+    1024   926 / 494  1.9x   19207 / 19626      743 / 501  1.5x   24633 / 22347
+
+After, the lab's added ITL p99 was 1.5-2.3 times vLLM's client's (0.7-4.3 before) and its tok/s 1.04-1.21 times
+(0.78-1.04 before). Every level of both runs past its client's limit, with stamps hundreds of ms late, on a machine
+whose other work moves each column by tens of percent from run to run: two runs show the direction, not the size.
+The parse itself stays on the loop: a token's count is what its stamp needs.
 """
 
 from __future__ import annotations
