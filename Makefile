@@ -24,7 +24,7 @@ PORT   ?= 8888
 # JupyterLab refuses to run as root unless told (containers, CI machines)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab lint test test-packages vllm-background prepare second-model doctor benchmark solutions clean wheelhouse install-offline vllm mlx-blas
+.PHONY: setup lab lint test test-packages vllm-background prepare second-model doctor benchmark solutions clean wheelhouse install-offline vllm mlx-blas test-transformers-floor
 
 setup: $(STAMP)
 
@@ -104,6 +104,19 @@ test: vllm-background setup lint test-packages second-model
 
 benchmark: setup
 	$(PY) benchmarks/overhead.py
+
+# the transformers engine at the lowest transformers the pin allows (pyproject: transformers>=5.11; `make test` runs
+# the one installed, the newest): that version with the dependencies it pins (5.11 wants tokenizers<=0.23.0 and
+# huggingface-hub<2) in .cache/transformers-floor, put ahead of the venv's on the path (torch stays the venv's),
+# then the tests of what moved within the pin (batched mode's settings, the cache keyword, prefix caching)
+HF_FLOOR ?= 5.11.0
+test-transformers-floor: setup
+	rm -rf .cache/transformers-floor
+	$(PIP) install -q --target .cache/transformers-floor "transformers==$(HF_FLOOR)"
+	# the venv's kernels (0.19, for the newest transformers) breaks 5.11's import: the one of 5.11's time
+	$(PIP) install -q --no-deps --target .cache/transformers-floor "kernels==0.12.3"
+	PYTHONPATH=.cache/transformers-floor $(PY) -c "import transformers; print('transformers', transformers.__version__, transformers.__file__)"
+	PYTHONPATH=.cache/transformers-floor $(PY) -m pytest -q -p no:cacheprovider tests/test_hf_versions.py tests/test_prefix_cache.py
 
 # every worked solution of labs/solutions/ run for real in quick mode (20-30 minutes; `make test` checks them
 # statically: tests/test_solutions.py)
