@@ -13,6 +13,9 @@ there), in at most 8 minutes. First, in the background, llama.cpp's CUDA build (
 4. ``ceilings``: the device's bandwidth and matrix FLOP/s through torch
    (:func:`lablib.machine.device_ceilings.measure_device`);
 5. ``overhead``: the lab's decode tok/s against a bare forward loop (``benchmarks/overhead.py``), alternating;
+5b. ``compiled``: transformers with ``compile=True`` (CUDA graphs): eager against compiled TPOT, the compile's
+   seconds, and the lab's TPOT against a bare timing of the same compiled ``generate``
+   (``benchmarks/compiled_decode.py``; issue 37 wants the ratio >= 0.97);
 6. ``context``: a context sweep of transformers on the device (128 to 8,000 tokens) under
    :class:`lablib.machine.telemetry.GpuTelemetry`;
 7. ``concurrency``: serial against batched at 1 to 32 clients, under the same telemetry;
@@ -147,6 +150,26 @@ def main(argv=None) -> int:
             (ln for ln in r.stdout.splitlines() if ln.startswith("engine=")), f"rc {r.returncode}: {r.stderr[-200:]}"
         )
 
+    def compiled():
+        r = subprocess.run(
+            [
+                sys.executable,
+                str(Path(__file__).resolve().parent / "compiled_decode.py"),
+                "--device",
+                dev,
+                "--new-tokens",
+                "64",
+                "--reps",
+                "3",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        return next(
+            (ln for ln in r.stdout.splitlines() if ln.startswith("compiled ")), f"rc {r.returncode}: {r.stderr[-200:]}"
+        )
+
     frames = []
 
     def context():
@@ -223,6 +246,7 @@ def main(argv=None) -> int:
     step(table, "greedy", greedy, end)
     step(table, "ceilings", ceilings, end)
     step(table, "overhead", overhead, end)
+    step(table, "compiled", compiled, end)
     step(table, "context", context, end)
     step(table, "concurrency", concurrency, end)
     if frames:

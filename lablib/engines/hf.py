@@ -13,6 +13,14 @@ copy: ``DynamicLayer.update`` concatenates), and ``generate`` is given the whole
 that cache, so its prefill forward receives only the uncached tokens. A forward pre-hook
 counts the tokens the prefill forward received (:meth:`TransformersEngine.engine_counters`).
 
+Compiled decoding, when asked (``load_engine("transformers", model, compile=True)``): transformers' own faster
+path, a static KV cache (``StaticCache``) and the decode step's forward compiled by ``torch.compile`` (mode
+"reduce-overhead" on CUDA: CUDA graphs, one launch a step in place of hundreds; "default" elsewhere), which
+``generate`` runs when given a compile config and a compileable cache (``_valid_auto_compile_criteria``; the
+prefill stays eager: ``get_compiled_call``). The compile happens before a request's clock starts
+(:meth:`TransformersEngine.generate`), once per static cache length, and its seconds are counted apart
+(``compile_s`` in :meth:`TransformersEngine.engine_counters` and ``info().flags["compile"]``), not in TTFT.
+
 transformers has no hard context limit (past its trained length it runs with a
 warning); the lab enforces ``max_position_embeddings`` (or ``n_ctx``).
 
@@ -39,6 +47,13 @@ from lablib.errors import LabError
 from lablib.machine.devices import torch_device, torch_dtype
 from lablib.model.formats import FLOAT_TYPES
 from lablib.results.trace import RequestTrace, now
+
+# compile=True: the static cache lengths the decode step is compiled for are powers of two from this (tokens), up to
+# n_ctx (TransformersEngine.static_length says why)
+COMPILE_MIN_LEN = 256
+# decode forwards of the warm-up that compiles a length: torch's CUDA graph trees run a new graph's first call as a
+# warm-up, record it on the second and replay it from the third (torch/_inductor/cudagraph_trees.py); one spare
+COMPILE_WARM_STEPS = 4
 
 # a torch dtype name -> (its safetensors name, bytes per element)
 TORCH_DTYPES = {"float32": ("F32", 4), "bfloat16": ("BF16", 2), "float16": ("F16", 2)}
@@ -67,6 +82,15 @@ def _cache_bytes(cache) -> int | None:
             if t is not None and hasattr(t, "numel"):
                 total += t.numel() * t.element_size()
     return total
+
+
+def power_of_two_length(tokens: int, n_ctx: int) -> int:
+    """The smallest power of two from :data:`COMPILE_MIN_LEN` that holds ``tokens``, at most ``n_ctx`` (tokens):
+    the static cache length of a compiled request (:meth:`TransformersEngine.static_length` says why)."""
+    length = COMPILE_MIN_LEN
+    while length < tokens:
+        length *= 2
+    return min(length, n_ctx)
 
 
 class _TokenIdStreamer:
@@ -132,6 +156,25 @@ class TransformersEngine(Engine):
     loaded model, unmerged (PEFT puts its LoRA layers into the model in place: generation, logits, prefix caching
     and continuous batching all run through them); with ``merge_adapter`` the Hugging Face folder of PEFT's
     ``merge_and_unload`` is loaded instead of the base's.
+
+    ``compile=True``: transformers' compiled decoding, a static KV cache with the decode step compiled by
+    ``torch.compile`` (``CompileConfig(mode="reduce-overhead", dynamic=False)`` on CUDA: inductor's kernels
+    captured in CUDA graphs; mode "default" on the CPU and MPS, where transformers would not compile by itself).
+    Why it matters on a GPU: a 135M model on an H200 decodes at the speed of 16 CPU threads (18 ms a token, issue
+    37) because each eager step launches hundreds of small kernels from Python; a captured graph launches them at
+    once. What it costs: a compile per static cache length, before the first request that needs it (2-core EPYC,
+    SmolLM2 float32, a busy machine: 66-74 s from a cold inductor cache, 12-15 s once its disk cache holds the
+    kernels; decode then 55 ms a token against 66 ms eager, benchmarks/compiled_decode.py), timed apart from TTFT
+    (:meth:`generate`) into :attr:`compile_s`; and a KV cache of the whole static length, kept per length compiled
+    (CUDA graphs read the cache at fixed addresses), which every decode step attends over (masked).
+    ``static_cache_len`` (tokens): one length for every request (a request needing more is refused); default, the
+    power of two from :data:`COMPILE_MIN_LEN` that holds prompt + output, at most ``n_ctx`` (:meth:`static_length`).
+    Threads are fixed at load (torch.compile guards on torch's thread count: a change would recompile inside a
+    request's clock). Greedy output equals the eager engine's, with an unmerged adapter too (PEFT's LoRA layers
+    compile with the rest). It runs sampling and constraints (a logits processor, outside the compiled forward);
+    it refuses a prefix cache (a kept prefix is a DynamicCache), speculation (``draft=``/``prompt_lookup=``:
+    assisted generation runs its own caches) and batched mode (transformers' continuous batching has its own paged
+    cache), each with a LabError.
     """
 
     name = "transformers"
@@ -183,11 +226,17 @@ class TransformersEngine(Engine):
     def kv_cache_bytes(cls, model, context_tokens: int, sequences: int = 1, **load) -> int:
         """transformers' ``DynamicCache``: a full-attention layer keeps every position, a sliding-window layer
         its last ``sliding_window - 1`` (``DynamicSlidingWindowLayer``: the token being computed is the
-        window's last), at the weights' dtype (``dtype`` in ``load``; float32 by default)."""
+        window's last), at the weights' dtype (``dtype`` in ``load``; float32 by default). With ``compile=True`` in
+        ``load``: the ``StaticCache`` of the request's static length (``static_cache_len``, or the power of two that
+        holds ``context_tokens``: :func:`power_of_two_length`), a sliding layer ``min(window, length)``."""
         from lablib.model.shape import kv_cache_bytes, model_dims
 
         d = model_dims(model)
         size = TORCH_DTYPES[cls.check_weights(load.get("dtype"))][1]
+        if load.get("compile"):
+            n_ctx = load.get("n_ctx") or model.max_position_embeddings
+            length = load.get("static_cache_len") or power_of_two_length(context_tokens, n_ctx)
+            return kv_cache_bytes(d, size, length, sequences, sliding_tokens=d["sliding_window"] or None)
         return kv_cache_bytes(d, size, context_tokens, sequences, sliding_tokens=max(0, (d["sliding_window"] or 1) - 1))
 
     @classmethod
@@ -195,6 +244,11 @@ class TransformersEngine(Engine):
         from lablib.model.shape import model_dims
 
         d = model_dims(model)
+        if load.get("compile"):
+            return (
+                "transformers with compile=True holds a StaticCache of the whole static length (a power of two from "
+                f"{COMPILE_MIN_LEN}, or static_cache_len), whatever the request uses"
+            )
         if "sliding" not in d["layer_types"]:
             return ""
         return f"transformers keeps the last {d['sliding_window'] - 1} tokens (window - 1) in each sliding-window layer"
@@ -212,6 +266,8 @@ class TransformersEngine(Engine):
         prompt_lookup: int | None = None,
         adapter=None,
         merge_adapter: bool = False,
+        compile: bool = False,
+        static_cache_len: int | None = None,
     ):
         super().__init__(model)
         if draft is not None and draft not in TORCH_DTYPES and not Path(str(draft)).is_dir():  # before any loading
@@ -219,6 +275,7 @@ class TransformersEngine(Engine):
                 f"draft={draft!r}: expected a dtype of the model's folder ({', '.join(TORCH_DTYPES)}) or a Hugging "
                 "Face folder of a model with the same vocabulary"
             )
+        static_cache_len = self._check_compile(compile, static_cache_len, draft, prompt_lookup)  # before loading
         merged = self._begin_adapter(adapter, merge_adapter)  # checked before any loading
         torch, transformers = self._import_library("torch", "transformers")
         self._torch, self._transformers = torch, transformers
@@ -257,6 +314,58 @@ class TransformersEngine(Engine):
         self._last_cache = None  # the last request's DynamicCache when it ran with a prefix cache
         self.hf.register_forward_pre_hook(self._count_prefill, with_kwargs=True)
         self._spec, self._spec_counts = self._load_speculation(draft, speculative, prompt_lookup), {}
+        self._setup_compile(compile, static_cache_len)
+
+    @staticmethod
+    def _check_compile(compile: bool, static_cache_len, draft, prompt_lookup) -> int | None:
+        """The compile options checked before any loading: ``static_cache_len`` (a positive whole number of tokens,
+        only with ``compile=True``), and no speculation beside it. Returns ``static_cache_len`` as an int."""
+        if compile not in (True, False):
+            raise LabError(f"compile={compile!r}: expected True (a compiled decode step) or False (eager)")
+        if static_cache_len is not None and not compile:
+            raise LabError(
+                f"static_cache_len={static_cache_len!r} without compile=True: the static cache length is what the "
+                "compiled decode step is compiled for; add compile=True, or leave static_cache_len out"
+            )
+        if compile and (draft is not None or prompt_lookup is not None):
+            raise LabError(
+                "compile=True with draft=/prompt_lookup=: transformers' assisted generation runs on its own "
+                "dynamic caches, not the compiled static-cache decode step; load one or the other"
+            )
+        if static_cache_len is None:
+            return None
+        return whole(
+            static_cache_len,
+            "static_cache_len",
+            "a positive whole number of tokens (or leave it out: powers of two from 256 to n_ctx)",
+        )
+
+    def _setup_compile(self, compile: bool, static_cache_len: int | None) -> None:
+        """transformers' ``CompileConfig`` for ``compile=True`` (None: eager), and the counters of what it
+        compiled: :attr:`compile_s` (seconds, all warm-ups), :attr:`compiled_lengths` (tokens, in order)."""
+        self.compile_config = None
+        self.static_cache_len = static_cache_len
+        self._static_caches: dict = {}  # static cache length -> the StaticCache every request of that length uses
+        self.compiled_lengths: list[int] = []
+        self.compile_s = 0.0
+        self._request_compile_s, self._request_len, self._request_graphs = 0.0, None, None
+        if not compile:
+            return
+        if static_cache_len is not None and static_cache_len > self.n_ctx:
+            raise LabError(
+                f"static_cache_len={static_cache_len} tokens is more than the context the lab enforces, n_ctx="
+                f"{self.n_ctx}; give at most {self.n_ctx}, or a larger n_ctx"
+            )
+        # transformers' defaults (inductor, fullgraph=False), its mode on CUDA (CUDA graphs), "default" elsewhere
+        # (no CUDA graphs to capture); dynamic=False: one static graph per cache length, as CUDA graphs need
+        mode = "reduce-overhead" if self.device == "cuda" else "default"
+        cc = self._transformers.CompileConfig(mode=mode, dynamic=False)
+        cc._compile_all_devices = True  # generate compiles by itself only on cuda, xpu, mps, tpu, neuron
+        self.compile_config = cc
+        # torch.compile guards on torch's thread count (GLOBAL_STATE: num_threads): a request after a change
+        # recompiles inside its clock (seen here: 2 -> 1 thread, a new graph). So a compiled engine keeps the threads
+        # it loaded with (automatic ones are those other processes left free then) and sets them before each request
+        self.auto_threads, self._busy = False, None
 
     def _attach_adapter(self) -> None:
         """PEFT's ``PeftModel.from_pretrained`` on the loaded model, unmerged: its LoRA layers replace the target
@@ -421,6 +530,7 @@ class TransformersEngine(Engine):
                 "sampling": DEFINITION,
                 "settings_off": list(self.settings_off),
                 **({"speculative": self.speculation()} if self._spec else {}),
+                **({"compile": self.compile_flags()} if self.compile_config is not None else {}),
                 **self.adapter_flags(),
             },
         )
@@ -461,8 +571,148 @@ class TransformersEngine(Engine):
     # --- generation -------------------------------------------------------
     def engine_counters(self) -> dict:
         """Counted at the model's forward for the last request: ``n_p_eval``, the prompt tokens its
-        prefill forward pass received (the uncached part of the prompt)."""
-        return {"n_p_eval": self._prefill_tokens or 0, **self._spec_counts}
+        prefill forward pass received (the uncached part of the prompt). With ``compile=True`` also
+        ``static_cache_len`` (tokens: the static cache the request ran on), ``compile_s_request`` (seconds the
+        request's own warm-up compiled for before its clock started; 0.0 when its length was compiled already),
+        ``compile_s`` (seconds, every compile of this engine so far), ``compiled_lengths`` and ``graphs_in_request``
+        (graphs torch.compile made while the request's clock ran, torch._dynamo's own count: 0 unless something
+        changed what the graph is guarded on; a compile inside a measured request, not hidden)."""
+        out = {"n_p_eval": self._prefill_tokens or 0, **self._spec_counts}
+        if self.compile_config is not None:
+            out.update(
+                static_cache_len=self._request_len,
+                compile_s_request=self._request_compile_s,
+                compile_s=self.compile_s,
+                compiled_lengths=list(self.compiled_lengths),
+                graphs_in_request=self._request_graphs,
+            )
+        return out
+
+    def compile_flags(self) -> dict:
+        """What ``compile=True`` loaded (``info().flags["compile"]``, each row's manifest): transformers'
+        CompileConfig (mode, backend, dynamic), the static cache lengths it compiles for, those compiled so far
+        and their seconds."""
+        cc = self.compile_config
+        return {
+            "mode": cc.mode,
+            "backend": str(cc.backend),
+            "dynamic": cc.dynamic,
+            "static_cache_len": self.static_cache_len or f"powers of two from {COMPILE_MIN_LEN} to n_ctx {self.n_ctx}",
+            "compiled_lengths": list(self.compiled_lengths),
+            "compile_s": round(self.compile_s, 3),
+        }
+
+    def static_length(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        """The static cache length (tokens) a request of ``prompt_tokens`` + ``max_new_tokens`` runs on with
+        ``compile=True``: ``static_cache_len`` when loaded with one (LabError for a request that needs more), else
+        the smallest power of two from :data:`COMPILE_MIN_LEN` that holds it, at most ``n_ctx``.
+
+        Why powers of two: the compiled decode step has static shapes (``dynamic=False``, what CUDA graphs need),
+        so every length is a compile of its own (66-74 s on 2 CPU cores from a cold inductor cache) and a graph
+        torch keeps (``torch._dynamo.config.recompile_limit``, 8 by default); powers of two give 6 lengths from
+        256 to SmolLM2's 8,192, where an exact length per request would compile in every sweep step. The price
+        is attention over at most twice the positions a request needs (the step attends over the whole static
+        cache, the positions past the request masked). From 256: the lab's short requests (its question and up
+        to a couple of hundred new tokens) share one length."""
+        need = prompt_tokens + max_new_tokens
+        if self.static_cache_len is not None:
+            if need > self.static_cache_len:
+                raise LabError(
+                    f"prompt {prompt_tokens} + output {max_new_tokens} = {need} tokens, more than the static cache "
+                    f"this engine compiles for (static_cache_len={self.static_cache_len}); load it with a larger "
+                    "static_cache_len, or without one (powers of two up to n_ctx)"
+                )
+            return self.static_cache_len
+        return power_of_two_length(need, self.n_ctx)
+
+    def generate(self, ids, cfg: GenerationConfig | None = None, t_submit=None, prefix_cache=None, keep=False):
+        """:meth:`Engine.generate`; with ``compile=True``, first, before the request's clock starts (``t_submit``
+        when not given, so TTFT and the queue wait leave it out), the decode step is compiled for the static cache
+        length the request needs when no request needed it before (:meth:`_warm_up`). A request refused (a
+        prefix cache, a context overflow, settings the engine cannot run) compiles nothing."""
+        self._request_compile_s, self._request_len, self._request_graphs = 0.0, None, None
+        if self.compile_config is None:
+            return super().generate(ids, cfg, t_submit=t_submit, prefix_cache=prefix_cache, keep=keep)
+        from torch._dynamo.utils import counters
+
+        if prefix_cache is not None:
+            raise LabError(
+                "transformers loaded with compile=True runs no prefix cache: its compiled decode step runs on a "
+                "static cache, a kept prefix is a DynamicCache; load the engine without compile= for prefix caching"
+            )
+        if self._torch.get_num_threads() != self.threads:  # set by another engine in this process
+            self._torch.set_num_threads(self.threads)
+        cfg = cfg or GenerationConfig()
+        self.check_generation(cfg)
+        self.check_constraint(cfg)
+        self.check_adapter_request(cfg)
+        ids = [int(i) for i in ids]
+        if ids:  # an empty prompt: Engine.generate says so
+            self.check_ids(ids)
+            self.check_context(len(ids), cfg.max_new_tokens)
+            self._request_len = self.static_length(len(ids), cfg.max_new_tokens)
+            self._warm_up(ids, self._request_len)
+
+        made = counters["stats"]["unique_graphs"]
+        trace = super().generate(ids, cfg, t_submit=t_submit, prefix_cache=prefix_cache, keep=keep)
+        self._request_graphs = counters["stats"]["unique_graphs"] - made
+        return trace
+
+    def static_cache(self, length: int):
+        """The ``StaticCache`` of ``length`` tokens the compiled requests of that length run on (empty between
+        requests), for a bare timing of the same compiled ``generate`` (benchmarks/compiled_decode.py); LabError
+        for a length not compiled yet."""
+        if length not in self._static_caches:
+            raise LabError(
+                f"static_cache({length}): this engine has compiled {self.compiled_lengths or 'no length'} "
+                "(compile=True compiles a length at the first request that needs it)"
+            )
+        return self._static_caches[length]
+
+    def _warm_up(self, ids, length: int) -> None:
+        """Compile the decode step for a static cache of ``length`` tokens, once: a greedy ``generate`` of
+        :data:`COMPILE_WARM_STEPS` + 1 tokens on the request's own prompt (cut to fit) with the StaticCache that
+        every later request of this length reuses (reset after each), so that on CUDA its graphs are recorded
+        at the addresses the measured requests use. Its seconds go to :attr:`compile_s` and the request's
+        ``compile_s_request``. Raises LabError when torch would keep no more graphs (its recompile limit: it would
+        run the step eagerly, unseen) or when transformers did not compile (its criteria unmet)."""
+        if length in self._static_caches:
+            return
+        torch, transformers = self._torch, self._transformers
+        limit = int(getattr(torch._dynamo.config, "recompile_limit", 8))
+        if len(self.compiled_lengths) >= limit:
+            raise LabError(
+                f"transformers with compile=True has compiled {len(self.compiled_lengths)} static cache lengths "
+                f"({', '.join(map(str, self.compiled_lengths))} tokens), torch's recompile_limit; a new length "
+                f"({length}) would run eagerly. Load it with static_cache_len= (one length), or a smaller n_ctx"
+            )
+        cache = transformers.StaticCache(config=self.hf.config, max_cache_len=length)
+        n_new = max(1, min(COMPILE_WARM_STEPS + 1, length - 1))
+        x = torch.tensor([list(ids)[: max(1, length - n_new)]], dtype=torch.long, device=self.device)
+        gen = transformers.GenerationConfig(
+            max_new_tokens=n_new,
+            do_sample=False,
+            eos_token_id=[],
+            pad_token_id=self._pad,
+            compile_config=self.compile_config,
+        )
+        t0 = now()
+        with torch.inference_mode():
+            try:
+                self.hf.generate(x, attention_mask=torch.ones_like(x), generation_config=gen, **{self._cache_kw: cache})
+            finally:
+                cache.reset()  # in inference mode: the cache's tensors are inference tensors
+        seconds = now() - t0
+        if getattr(self.hf, "_compiled_call", None) is None:
+            raise LabError(
+                f"transformers {transformers.__version__} did not compile the decode step of {self.model.name} "
+                "(its auto-compile criteria, GenerationMixin._valid_auto_compile_criteria, were not met); load the "
+                "engine without compile="
+            )
+        self._static_caches[length] = cache
+        self.compiled_lengths.append(length)
+        self.compile_s += seconds
+        self._request_compile_s = seconds
 
     def _cache_prefix(self, ids) -> PrefixCache:
         from transformers import DynamicCache
@@ -513,6 +763,10 @@ class TransformersEngine(Engine):
                 data = [(k[..., :cached, :], v[..., :cached, :]) for k, v in prefix_cache.state] if cached else None
                 kw[self._cache_kw] = self._last_cache = DynamicCache(data, config=self.hf.config)
                 trace.cached_tokens = cached
+            if self.compile_config is not None:  # the StaticCache of its length, compiled by generate()
+                cache = self._static_caches[self._request_len]
+                kw[self._cache_kw] = cache
+                gen.compile_config = self.compile_config
             if self._spec and (prefix_cache is not None or not cfg.greedy):
                 raise LabError("transformers with draft=/prompt_lookup= runs greedy requests without a prefix cache")
             if cfg.constraint is not None:
@@ -522,14 +776,18 @@ class TransformersEngine(Engine):
             else:
                 self.constraint_stats = {}
             streamer = _TokenIdStreamer(trace)
-            out = self.hf.generate(
-                input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                generation_config=gen,
-                streamer=streamer,
-                **kw,
-                **{k: v for k, v in self._spec.items() if k == "assistant_model"},
-            )
+            try:
+                out = self.hf.generate(
+                    input_ids,
+                    attention_mask=torch.ones_like(input_ids),
+                    generation_config=gen,
+                    streamer=streamer,
+                    **kw,
+                    **{k: v for k, v in self._spec.items() if k == "assistant_model"},
+                )
+            finally:
+                if self.compile_config is not None:  # after the last token: empty for the next request
+                    cache.reset()
         # the cache comes back with the ids (return_dict_in_generate): what the request held, last_kv_bytes; its
         # key is "cache" from transformers 5.2x on, "past_key_values" before
         keys = set(out.keys()) if hasattr(out, "keys") else set()  # (reading past_key_values on 5.2x warns)
@@ -578,6 +836,12 @@ class TransformersEngine(Engine):
         checked against ``n_ctx``."""
         self.check_context(max_seq_tokens, 0)
         self.check_adapter_request(cfg)
+        if self.compile_config is not None:
+            raise LabError(
+                "transformers loaded with compile=True has no batched mode in the lab: continuous batching runs its "
+                "own paged cache, not the compiled static-cache decode step; use mode='serial', or load the engine "
+                "without compile= for batched mode"
+            )
         if cfg.constraint is not None:
             raise LabError(
                 "transformers' continuous batching runs no constraint (no logits processor); use mode='serial'"
