@@ -99,3 +99,13 @@ def test_the_floor_binds_a_row_only_where_it_is_above_the_other_two_lines(model,
     # another thread count has no floor
     other = roofline.add_bound_columns(rows(model, {"device": "cpu", "threads": 1}), model)
     assert other["launch_floor_s"].isna().all()
+    # transformers' compiled decoding (rows with its compile_mode) is held to the compiled engine's own floor
+    key_compiled = launch_floor.floor_key("transformers", model.sha256, "cpu", 2, {"compile": True})
+    assert key_compiled == key_cpu + "|compile=True"
+    floors[key_compiled] = {"floor_s": 0.5}  # above what bandwidth allows, so it shows
+    floors_here.write_text(json.dumps({"version": launch_floor.FLOOR_VERSION, "floors": floors}))
+    compiled = roofline.add_bound_columns(
+        rows(model, {"device": "cpu", "threads": 2, "compile_mode": "default"}), model
+    )
+    c = compiled[compiled["engine"] == "transformers"]
+    assert (c["launch_floor_s"] == 0.5).all() and (c["decode_bound_by"] == "launches").all()

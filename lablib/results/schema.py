@@ -79,6 +79,9 @@ MANIFEST_FIELDS = {
     # what the http engine's requests say about the server's prompt cache: "cache_prompt: false" / "true"
     # (llama-server), "cache_salt: per-request" / "cache_salt: <salt>" (vLLM), "none" (no switch sent)
     "cache_control": ("engine", "flags", "cache_control"),
+    # transformers' compiled decoding (load option compile=True): torch.compile's mode ("reduce-overhead" on CUDA,
+    # "default" elsewhere); None for an eager engine. Its launch floor is another (lablib.studies.launch_floor)
+    "compile_mode": ("engine", "flags", "compile", "mode"),
 }
 # the GPUs NVML lists (lablib.machine.telemetry.gpu_manifest, the manifest's hardware.gpu): their names (distinct
 # ones joined by "; "), count, memory in all (bytes), the driver's version and its CUDA version ("13.0"); only

@@ -163,13 +163,16 @@ def floors_for_rows(df, model, refresh: bool = False, log=print) -> dict:
     """Measure (or read from the cache) the floor of every (engine, device, threads) that rows ``df`` ran with, so
     :func:`lablib.studies.roofline.add_bound_columns` finds them: {engine: the floor of its first group, or
     {engine, error} where the engine cannot run the skeleton here (its rows keep the two-line roofline)}."""
-    cols = [c for c in ("engine", "device", "threads") if c in df.columns]
+    cols = [c for c in ("engine", "device", "threads", "compile_mode") if c in df.columns]
     out = {}
     for keys, _g in df.groupby(cols, dropna=False, sort=False):
         where = dict(zip(cols, keys if isinstance(keys, tuple) else (keys,)))
         dev, th = (_text(where.get(k)) for k in ("device", "threads"))
+        load = floor_load(where["engine"], dev, th)
+        if _text(where.get("compile_mode")):  # transformers' compiled decoding: its own, lower floor
+            load["compile"] = True
         try:
-            f = measure_floor(model, where["engine"], refresh=refresh, log=log, **floor_load(where["engine"], dev, th))
+            f = measure_floor(model, where["engine"], refresh=refresh, log=log, **load)
         except LabError as e:
             f = {"engine": where["engine"], "error": str(e)}
         out.setdefault(where["engine"], f)

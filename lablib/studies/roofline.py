@@ -375,9 +375,9 @@ def add_bound_columns(df, model, machine_name=None):
         pre = prefill_cost(prof, p)
         dec = decode_cost(prof, depth, batch)
         pre_t, dec_b = bound_seconds(pre, m, dtype)["seconds"], bound_seconds(dec, m, dtype)
-        key = (row["engine"], _given(row.get("device")), _given(row.get("threads")), _given(row.get("compile")))
+        key = (row["engine"], _given(row.get("device")), _given(row.get("threads")), _given(row.get("compile_mode")))
         if key not in floors:
-            floors[key] = floor_for(key[0], sha, key[1], key[2], {"compile": key[3]}) if sha else None
+            floors[key] = floor_for(key[0], sha, key[1], key[2], {"compile": bool(key[3])}) if sha else None
         floor = floors[key]
         dec_t, bound_by = dec_b["seconds"], dec_b["bound"]
         if floor is not None and floor > dec_t:
