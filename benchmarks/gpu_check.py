@@ -19,7 +19,10 @@ there), in at most 8 minutes. First, in the background, llama.cpp's CUDA build (
 6. ``context``: a context sweep of transformers on the device (128 to 8,000 tokens) under
    :class:`lablib.machine.telemetry.GpuTelemetry`;
 7. ``concurrency``: serial against batched at 1 to 32 clients, under the same telemetry;
-8. ``roofline``: every row of 6 and 7 against the device's own ceilings; the largest share of a bound;
+7b. ``floors``: transformers' launch floor on the device, eager and compiled (:mod:`lablib.studies.launch_floor`:
+   the model's skeleton decoded; what a step costs besides its bytes);
+8. ``roofline``: every row of 6 and 7 against the device's own ceilings and its engine's launch floor (which of
+   the three lines binds); the largest share of a bound;
 9. ``llama.cpp``: once its build is done, llama-bench's tg128 and pp512 against the lab's llama.cpp on the GPU
    (:mod:`lablib.studies.anchors`).
 
@@ -167,7 +170,7 @@ def main(argv=None) -> int:
             timeout=300,
         )
         return next(
-            (ln for ln in r.stdout.splitlines() if ln.startswith("compiled ")), f"rc {r.returncode}: {r.stderr[-200:]}"
+            (ln for ln in r.stdout.splitlines() if ln.startswith("compiled device=")), f"rc {r.returncode}: {r.stderr[-200:]}"
         )
 
     frames = []
@@ -209,16 +212,41 @@ def main(argv=None) -> int:
         frames.append(df)
         r = run_table(df).set_index(["mode", "concurrency"])["output_tps"].round(1).to_dict()
         s = t.summary(int(df["output_tokens"].sum()))
-        return f"output tok/s {r}; J/token {s.get('j_per_output_token')}"
+        return (
+            f"output tok/s {r}; J/token {s.get('gpu_j_per_output_token')}; peak memory "
+            f"{s.get('gpu_memory_used_peak_bytes')} B; SM clock p50 {s.get('gpu_sm_clock_mhz_p50')} MHz; "
+            f"power p50 {s.get('gpu_power_w_p50')} W; runs recorded {len(df.attrs.get('runs') or [])}"
+        )
+
+    def floors():
+        from lablib.studies.launch_floor import measure_floor
+
+        got = {}
+        for name, load in (
+            ("transformers", {"device": dev}),
+            ("transformers compiled", {"device": dev, "compile": True}),
+        ):
+            f = measure_floor(model, "transformers", refresh=True, log=lambda *_: None, **load)
+            got[name] = round(1e3 * f["floor_s"], 3)
+        return f"launch floor, ms a decode step of the model's skeleton on {dev}: {got}"
 
     def roofline():
         import pandas as pd
 
+        from lablib.studies.launch_floor import floors_for_rows
         from lablib.studies.roofline import add_bound_columns
 
-        df = add_bound_columns(pd.concat(frames, ignore_index=True), model)
+        rows = pd.concat(frames, ignore_index=True)
+        floors_for_rows(rows, model, log=lambda *_: None)  # the third line, per engine, device and threads
+        df = add_bound_columns(rows, model)
+        df.to_json(out / "gpu-bound.jsonl", orient="records", lines=True)
         worst = df["decode_pct_of_bound"].max()
-        return f"decode % of its device's bound: max {worst:.1f}, median {df['decode_pct_of_bound'].median():.1f}; bound {df['bound_bytes_per_s'].iloc[0] / 1e9:.0f} GB/s"
+        by = df["decode_bound_by"].value_counts().to_dict()
+        floor = df["launch_floor_s"].median()
+        return (
+            f"decode % of its device's bound: max {worst:.1f}, median {df['decode_pct_of_bound'].median():.1f}; "
+            f"bound by {by}; floor {1e3 * floor:.2f} ms a step; bound {df['bound_bytes_per_s'].iloc[0] / 1e9:.0f} GB/s"
+        )
 
     def llama():
         left = max(1.0, end - time.monotonic())
@@ -249,6 +277,7 @@ def main(argv=None) -> int:
     step(table, "compiled", compiled, end)
     step(table, "context", context, end)
     step(table, "concurrency", concurrency, end)
+    step(table, "floors", floors, end)
     if frames:
         step(table, "roofline", roofline, end)
     if build is not None:
