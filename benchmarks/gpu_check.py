@@ -170,7 +170,8 @@ def main(argv=None) -> int:
             timeout=300,
         )
         return next(
-            (ln for ln in r.stdout.splitlines() if ln.startswith("compiled device=")), f"rc {r.returncode}: {r.stderr[-200:]}"
+            (ln for ln in r.stdout.splitlines() if ln.startswith("compiled device=")),
+            f"rc {r.returncode}: {r.stderr[-200:]}",
         )
 
     frames = []
