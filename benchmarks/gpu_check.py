@@ -21,6 +21,9 @@ there), in at most 8 minutes. First, in the background, llama.cpp's CUDA build (
 7. ``concurrency``: serial against batched at 1 to 32 clients, under the same telemetry;
 7b. ``floors``: transformers' launch floor on the device, eager and compiled (:mod:`lablib.studies.launch_floor`:
    the model's skeleton decoded; what a step costs besides its bytes);
+7c. ``steps``: what one eager transformers decode step does on the device, the model and its skeleton: torch
+   operations and kernel launches a step, the step's time, the host's time per operation
+   (``benchmarks/step_profile.py``);
 8. ``roofline``: every row of 6 and 7 against the device's own ceilings and its engine's launch floor (which of
    the three lines binds); the largest share of a bound;
 9. ``llama.cpp``: once its build is done, llama-bench's tg128 and pp512 against the lab's llama.cpp on the GPU
@@ -219,6 +222,18 @@ def main(argv=None) -> int:
             f"power p50 {s.get('gpu_power_w_p50')} W; runs recorded {len(df.attrs.get('runs') or [])}"
         )
 
+    def steps():
+        lines = []
+        for extra in ([], ["--skeleton"]):
+            r = subprocess.run(
+                [sys.executable, str(Path(__file__).resolve().parent / "step_profile.py"), "--device", dev, *extra],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            lines.append(next((ln for ln in r.stdout.splitlines() if ln.startswith("step ")), f"rc {r.returncode}"))
+        return " | ".join(lines)
+
     def floors():
         from lablib.studies.launch_floor import measure_floor
 
@@ -279,6 +294,7 @@ def main(argv=None) -> int:
     step(table, "context", context, end)
     step(table, "concurrency", concurrency, end)
     step(table, "floors", floors, end)
+    step(table, "steps", steps, end)
     if frames:
         step(table, "roofline", roofline, end)
     if build is not None:
