@@ -190,7 +190,42 @@ def doctor_lines(facts: dict | None = None, cpu: CpuEnergy | None = None) -> lis
     return [gpu, energy]
 
 
-class GpuTelemetry:
+class _Sampled:
+    """What GpuTelemetry and CpuEnergy share: a thread calling ``sample()`` every ``interval_s`` between
+    :meth:`_start` and :meth:`_end` (none when ``interval_s`` is None), with a last sample at the end and the
+    window's ends on ``clock`` (``t0``, ``t1``)."""
+
+    interval_s: float | None
+    clock = staticmethod(time.perf_counter)
+
+    def _init_sampling(self, interval_s, clock) -> None:
+        self.interval_s, self.clock = interval_s, clock
+        self._stop = threading.Event()
+        self._thread = None
+        self.t0 = self.t1 = None
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def _start(self) -> None:
+        self.t0 = self.clock()
+        if self.interval_s:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+
+    def _end(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.sample()
+        self.t1 = self.clock()
+
+
+class GpuTelemetry(_Sampled):
     """Every NVIDIA GPU sampled during a run: ``with GpuTelemetry() as t: ...`` then ``t.summary(output_tokens)``.
 
     Per GPU: memory used at the start and its peak (bytes), SM clock median (MHz), power median and max (W),
@@ -203,8 +238,7 @@ class GpuTelemetry:
     at the start, at the end and at each :meth:`sample` call."""
 
     def __init__(self, interval_s: float | None = INTERVAL_S, source=None, clock=time.perf_counter):
-        self.interval_s = interval_s
-        self.clock = clock
+        self._init_sampling(interval_s, clock)
         self._source = source if source is not None else NvmlSource()
         self.why = self._source.open()
         if self.why is None and not self._source.count():
@@ -215,9 +249,6 @@ class GpuTelemetry:
         self._samples: list[list[tuple]] = [[] for _ in range(self._n)]
         self._energy0: list = []
         self._energy1: list = []
-        self._stop = threading.Event()
-        self._thread = None
-        self.t0 = self.t1 = None
 
     def sample(self) -> None:
         """One sample of every GPU now (a failed read is one sample fewer)."""
@@ -228,30 +259,19 @@ class GpuTelemetry:
                 continue
             self._samples[k].append((self.clock(), mem, clock, power))
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.sample()
-
     def __enter__(self):
         if not self.available:
             return self
         self._energy0 = [self._source.energy_mj(k) for k in range(self._n)]
-        self.t0 = self.clock()
+        self._start()
         self.sample()
-        if self.interval_s:
-            self._thread = threading.Thread(target=self._run, daemon=True)
-            self._thread.start()
         return self
 
     def __exit__(self, *exc):
         if not self.available:
             return
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self.sample()
+        self._end()
         self._energy1 = [self._source.energy_mj(k) for k in range(self._n)]
-        self.t1 = self.clock()
         self._source.close()
 
     def summary(self, output_tokens: int | None = None) -> dict:
@@ -324,7 +344,7 @@ class RaplZone:
         return int((self.path / "energy_uj").read_text())
 
 
-class CpuEnergy:
+class CpuEnergy(_Sampled):
     """The CPU packages' energy over a run from RAPL (``with CpuEnergy() as e: ...`` then
     ``e.summary(output_tokens)``): every package domain under ``root`` (``intel-rapl:N`` whose ``name`` starts
     with "package": not its core/uncore/dram subdomains ``intel-rapl:N:M``, nor psys, the platform, nor the
@@ -335,17 +355,13 @@ class CpuEnergy:
 
     def __init__(self, root=RAPL_ROOT, interval_s: float | None = RAPL_INTERVAL_S, clock=time.perf_counter):
         self.root = Path(root)
-        self.interval_s = interval_s
-        self.clock = clock
+        self._init_sampling(interval_s, clock)
         self.zones: list[RaplZone] = []
         self.why = self._find()
         self.available = self.why is None
         self._last: list[int] = []
         self._total_uj: list[int] = []
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = None
-        self.t0 = self.t1 = None
 
     def _find(self) -> str | None:
         if not self.root.is_dir():
@@ -380,29 +396,17 @@ class CpuEnergy:
                 self._total_uj[k] += delta
                 self._last[k] = e
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.sample()
-
     def __enter__(self):
         if not self.available:
             return self
         self._last = [z.energy_uj() for z in self.zones]
         self._total_uj = [0] * len(self.zones)
-        self.t0 = self.clock()
-        if self.interval_s:
-            self._thread = threading.Thread(target=self._run, daemon=True)
-            self._thread.start()
+        self._start()
         return self
 
     def __exit__(self, *exc):
-        if not self.available:
-            return
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self.sample()
-        self.t1 = self.clock()
+        if self.available:
+            self._end()
 
     def summary(self, output_tokens: int | None = None) -> dict:
         """``cpu_energy_j`` (every package, J), ``cpu_j_per_output_token``, ``cpu_energy_domains`` (the packages
