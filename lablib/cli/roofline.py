@@ -37,7 +37,7 @@ def run(ns) -> int:
     m = out["machine"]
     rates = ", ".join(f"{k} {v:.0f} G/s" for k, v in m["gflops"].items())
     print(
-        f"{m['cpu_model']}, {m['threads']} threads: bandwidth {m['bandwidth_gbps']:.1f} GB/s (read; STREAM copy "
+        f"{m['cpu_model']}, {m['threads']} threads: bandwidth {m['bandwidth_gbps']:.1f} GB/s (read, best pass; STREAM copy "
         f"{m['copy_gbps']:.1f}, triad {m['triad_gbps']:.1f}), matmul {rates}"
     )
     for e, r in out["engines"].items():

@@ -29,7 +29,7 @@ from pathlib import Path
 DEVICE_ARRAY_BYTES = 1 << 30  # 1 GiB: past the 50-60 MiB L2 of an H100/H200 (quick: 256 MiB)
 DEVICE_ARRAY_BYTES_QUICK = 256 << 20
 DEVICE_DTYPES = ("float32", "bfloat16", "float16", "int8")
-DEVICE_MEASUREMENT_VERSION = 1
+DEVICE_MEASUREMENT_VERSION = 2  # 2: the roofline's ceilings are the best repetitions
 TORCH_DEVICES = ("cpu", "cuda", "mps")
 
 
@@ -142,8 +142,8 @@ def cached_device_measurement(device: str) -> dict | None:
 
 def measure_device(device: str, refresh: bool = False, quick: bool | None = None) -> dict:
     """``device``'s ceilings through torch, measured once and cached (:func:`measurement_path`):
-    {version, device, name, time, quick, bandwidth: {read, copy}, matmul: {dtype: ...}, bytes_per_s (read),
-    flop_per_s: {dtype: median}}; a type the device does not run is left out. LabError for a device torch
+    {version, device, name, time, quick, bandwidth: {read, copy}, matmul: {dtype: ...}, bytes_per_s (read's best
+    repetition), flop_per_s: {dtype: best repetition}}; a type the device does not run is left out. LabError for a device torch
     does not see here."""
     import datetime as _dt
 
@@ -180,8 +180,9 @@ def measure_device(device: str, refresh: bool = False, quick: bool | None = None
         "quick": quick,
         "bandwidth": bw,
         "matmul": mm,
-        "bytes_per_s": bw["read"]["bytes_per_s"],
-        "flop_per_s": {k: v["flop_per_s"] for k, v in mm.items()},
+        # the roofline's ceilings: each kernel's best repetition (lablib.machine.ceilings says why)
+        "bytes_per_s": bw["read"]["max"],
+        "flop_per_s": {k: v["max"] for k, v in mm.items()},
     }
     from lablib.machine.ceilings import save_measurement
 

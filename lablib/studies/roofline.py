@@ -493,9 +493,9 @@ def _last_rows(files, model, engines):
 
 
 def report(results=None, engines=None, model=None, refresh: bool = False) -> dict:
-    """{machine: {cpu_model, threads, bandwidth_gbps (read kernel's median: the roofline's),
+    """{machine: {cpu_model, threads, bandwidth_gbps (the read kernel's best repetition: the roofline's),
     bandwidth_spread_gbps [min, max], copy_gbps, triad_gbps (STREAM's kernels, medians),
-    gflops {dtype: median GFLOP/s (int8: GOP/s)}, measured}, engines: {engine: {decode_tps,
+    gflops {dtype: best GFLOP/s (int8: GOP/s), the roofline's}, measured}, engines: {engine: {decode_tps,
     decode_bound_tps, fraction_of_bound, prefill_tps, prefill_bound_tps, prompt_tokens, rows, source,
     bound_by ("bandwidth", "compute" or "launches": which line binds its decode), launch_floor_ms (its measured
     launch floor, :mod:`lablib.studies.launch_floor`, measured now if never here), launch_floor_error}}}.
