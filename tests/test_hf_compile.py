@@ -142,3 +142,14 @@ def test_fixed_static_length_refuses_a_longer_request(model):
 
 def test_powers_of_two_up_to_n_ctx(compiled):
     assert [compiled.static_length(p, 24) for p in (1, 232, 233, 1000, 2024)] == [256, 256, 512, 1024, 2048]
+
+
+def test_a_model_with_sliding_window_layers_is_refused_before_loading():
+    """Gemma 3's sliding layers keep their position as a Python int in transformers' static cache, and torch.compile
+    guards on it: compiled, every decode step made a new graph until torch's recompile limit, then ran eagerly while
+    the engine still said it was compiled (found by trying it: 3 graphs inside the first measured request)."""
+    from lablib.model.resolve import prepare
+
+    gemma = prepare("gemma-3-270m", log=lambda *_: None)
+    with pytest.raises(LabError, match="sliding-window layers recompile the decode step at every position"):
+        load_engine("transformers", gemma, compile=True)

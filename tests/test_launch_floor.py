@@ -60,7 +60,7 @@ def test_the_skeleton_keeps_the_step_and_drops_the_bytes(model, skeleton):
 def test_a_floor_is_measured_on_the_engine_and_cached_by_its_key(model, skeleton, floors_here):
     f = launch_floor.measure_floor(model, "llama.cpp", threads=1)
     assert f["key"] == f"llama.cpp|{model.sha256[:16]}|cpu|t1" and f["threads"] == 1 and f["device"] == "cpu"
-    assert f["reps"] == launch_floor.REPS == len(f["step_s"]) and f["min_s"] <= f["floor_s"] <= f["max_s"]
+    assert f["reps"] == launch_floor.REPS == len(f["step_s"]) and f["floor_s"] == f["min_s"] == min(f["step_s"])
     assert f["floor_s"] > 0 and f["skeleton_parameters"] == SKELETON_PARAMETERS
     # cached: the same measurement comes back; another thread count is another floor
     assert launch_floor.measure_floor(model, "llama.cpp", threads=1) == f
@@ -102,10 +102,33 @@ def test_the_floor_binds_a_row_only_where_it_is_above_the_other_two_lines(model,
     # transformers' compiled decoding (rows with its compile_mode) is held to the compiled engine's own floor
     key_compiled = launch_floor.floor_key("transformers", model.sha256, "cpu", 2, {"compile": True})
     assert key_compiled == key_cpu + "|compile=True"
-    floors[key_compiled] = {"floor_s": 0.5}  # above what bandwidth allows, so it shows
+    # 45 ms: under the rows' 50 ms step (20 tok/s), over what their bytes take on a 100 GB/s machine
+    floors[key_compiled] = {"floor_s": 0.045}
     floors_here.write_text(json.dumps({"version": launch_floor.FLOOR_VERSION, "floors": floors}))
+    mach = {"name": "toy", "bytes_per_s": 100e9, "flop_per_s": {"float32": 1e12, "int8": 1e12}}
     compiled = roofline.add_bound_columns(
-        rows(model, {"device": "cpu", "threads": 2, "compile_mode": "default"}), model
+        rows(model, {"device": "cpu", "threads": 2, "compile_mode": "default"}), model, machine_name=mach
     )
     c = compiled[compiled["engine"] == "transformers"]
-    assert (c["launch_floor_s"] == 0.5).all() and (c["decode_bound_by"] == "launches").all()
+    assert (c["launch_floor_s"] == 0.045).all() and (c["decode_bound_by"] == "launches").all()
+    # a floor above a row's own measured step was disturbed when it was measured: that row is not held to it
+    floors[key_compiled] = {"floor_s": 0.5}
+    floors_here.write_text(json.dumps({"version": launch_floor.FLOOR_VERSION, "floors": floors}))
+    disturbed = roofline.add_bound_columns(
+        rows(model, {"device": "cpu", "threads": 2, "compile_mode": "default"}), model, machine_name=mach
+    )
+    d = disturbed[disturbed["engine"] == "transformers"]
+    assert d["launch_floor_s"].isna().all() and (d["decode_bound_by"] != "launches").all()
+    assert (d["decode_pct_of_bound"] <= 100).all()
+
+
+def test_a_broken_cache_or_an_engine_that_cannot_run_the_skeleton_is_said_not_raised(model, floors_here):
+    """A floor cache that is not what this module writes is measured again; an engine that fails on the skeleton
+    (onnxruntime-genai's attention wants heads of 16) gives its reason and the other engines go on."""
+    for text in ("[]", "null", '"x"', '{"version": 2}', '{"version": 2, "floors": {"k": {"floor_s": "x"}}}'):
+        floors_here.write_text(text)
+        assert launch_floor.cached_floors() == {}
+        assert launch_floor.floor_for("llama.cpp", model.sha256, "cpu", 1) is None
+    got = launch_floor.measure_floors(model, ["no-such-engine", "llama.cpp"], log=lambda *_: None)
+    assert "no-such-engine" in got["no-such-engine"]["error"] and got["llama.cpp"]["floor_s"] > 0
+    assert launch_floor.floor_load("llama.cpp", "cpu", "auto") == {}  # words for threads: the engine's own

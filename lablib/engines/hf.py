@@ -172,7 +172,8 @@ class TransformersEngine(Engine):
     Threads are fixed at load (torch.compile guards on torch's thread count: a change would recompile inside a
     request's clock). Greedy output equals the eager engine's, with an unmerged adapter too (PEFT's LoRA layers
     compile with the rest). It runs sampling and constraints (a logits processor, outside the compiled forward);
-    it refuses a prefix cache (a kept prefix is a DynamicCache), speculation (``draft=``/``prompt_lookup=``:
+    it refuses a model with sliding-window layers (their static cache layer keeps its position as a Python int that
+    torch.compile guards on: Gemma 3 recompiled at every step), a prefix cache (a kept prefix is a DynamicCache), speculation (``draft=``/``prompt_lookup=``:
     assisted generation runs its own caches) and batched mode (transformers' continuous batching has its own paged
     cache), each with a LabError.
     """
@@ -276,6 +277,19 @@ class TransformersEngine(Engine):
                 "Face folder of a model with the same vocabulary"
             )
         static_cache_len = self._check_compile(compile, static_cache_len, draft, prompt_lookup)  # before loading
+        if compile:
+            from lablib.model.shape import model_dims
+
+            if "sliding" in model_dims(model)["layer_types"]:
+                # transformers' static cache keeps a sliding layer's position as a Python int, and torch.compile
+                # guards on it: every decode step compiled a new graph until the recompile limit (8), then the step
+                # ran eagerly, unseen (Gemma 3 270M, transformers 5.25, torch 2.13)
+                raise LabError(
+                    f"compile=True on {model.name}: its sliding-window layers recompile the decode step at every "
+                    "position (transformers' static cache keeps their position as a Python int, which torch.compile "
+                    "guards on), and past torch's recompile limit the step runs eagerly; compile=True runs models "
+                    "whose every layer attends fully. Load it without compile="
+                )
         merged = self._begin_adapter(adapter, merge_adapter)  # checked before any loading
         torch, transformers = self._import_library("torch", "transformers")
         self._torch, self._transformers = torch, transformers

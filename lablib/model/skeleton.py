@@ -56,29 +56,38 @@ def make_skeleton(model, log=print) -> Path:
     import transformers
 
     src = Path(model.hf_path)
-    cfg = transformers.AutoConfig.from_pretrained(src)
-    text = cfg.get_text_config(decoder=True)
-    heads = int(text.num_attention_heads)
-    text.hidden_size, text.intermediate_size, text.head_dim = heads * HEAD_DIM, MLP_WIDTH, HEAD_DIM
-    if getattr(text, "moe_intermediate_size", None):
-        text.moe_intermediate_size = MLP_WIDTH
-    log(f"making {model.name}'s skeleton ({text.num_hidden_layers} layers, {heads} heads of {HEAD_DIM})...")
     torch.manual_seed(SEED)
     try:
+        cfg = transformers.AutoConfig.from_pretrained(src)
+        text = cfg.get_text_config(decoder=True)
+        heads = int(text.num_attention_heads)
+        text.hidden_size, text.head_dim = heads * HEAD_DIM, HEAD_DIM
+        for key in [k for k in vars(text) if k.endswith("intermediate_size") and getattr(text, k)]:
+            setattr(text, key, MLP_WIDTH)  # the MLP's, and a mixture of experts' (moe_, shared_expert_)
+        log(f"making {model.name}'s skeleton ({text.num_hidden_layers} layers, {heads} heads of {HEAD_DIM})...")
         skel = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    except (ValueError, TypeError, RuntimeError) as e:
+        with torch.inference_mode():  # one forward pass: an architecture whose other widths were not cut fails here
+            skel(input_ids=torch.tensor([[1, 2, 3]]))
+    except Exception as e:  # noqa: BLE001 - any architecture: one message, not transformers' traceback
         raise LabError(
-            f"{model.name}: transformers could not build its architecture at the skeleton's widths ({e}); "
-            "its launch floor cannot be measured"
+            f"{model.name}: transformers could not build and run its architecture at the skeleton's widths "
+            f"({type(e).__name__}: {str(e)[:200]}); its launch floor cannot be measured, its rows keep the "
+            "two-line roofline"
         ) from None
     tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    skel.save_pretrained(tmp)
-    for f in src.iterdir():  # the tokenizer, its template, the generation config: everything but weights
-        if f.is_file() and f.name != "config.json" and not f.name.endswith(WEIGHT_FILES) and "index" not in f.name:
-            shutil.copy(f, tmp / f.name)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        skel.save_pretrained(tmp)
+        for f in src.iterdir():  # the tokenizer, its template, the generation config: everything but weights
+            if f.is_file() and f.name != "config.json" and not f.name.endswith(WEIGHT_FILES) and "index" not in f.name:
+                shutil.copy(f, tmp / f.name)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    except OSError as e:
+        raise LabError(
+            f"cannot write {model.name}'s skeleton ({e.filename or out}: {e.strerror}); expected a writable lab "
+            f"home: set LABLIB_HOME to one (now {lab_home()})"
+        ) from None
     return out
 
 

@@ -12,7 +12,11 @@ a tiny share of a bound it can never approach, or, with a compiled or graph-capt
 Measured, not modelled: the engine decodes the model's **skeleton** (:mod:`lablib.model.skeleton`: the
 same architecture, layers, heads and vocabulary at widths of 8 per head, 17 MB for SmolLM2) on the same
 device with the same threads, one warm-up and :data:`REPS` requests of :data:`PROMPT_TOKENS` prompt and
-:data:`NEW_TOKENS` output tokens; the floor is the median TPOT (seconds per decode step). The skeleton
+:data:`NEW_TOKENS` output tokens; the floor is the best repetition's TPOT (seconds per decode step), as the
+ceilings are each kernel's best (:mod:`lablib.machine.ceilings`): other work on a shared machine only slows a
+repetition (a median of 3 measured beside a test run was 9 times the quiet one). A floor above a row's own
+measured step was disturbed when it was measured: :func:`lablib.studies.roofline.add_bound_columns` does not
+hold that row to it. The skeleton
 does every launch, every line of Python and every sync of the real step, so the real step cannot be
 faster (noise aside); the skeleton's few bytes are counted in its floor, which keeps it a lower bound.
 
@@ -33,8 +37,8 @@ from lablib.errors import LabError
 
 PROMPT_TOKENS = 16
 NEW_TOKENS = 32  # 31 decode steps a request
-REPS = 3
-FLOOR_VERSION = 1
+REPS = 5
+FLOOR_VERSION = 2  # 2: the best repetition, not the median
 # load options that change what a decode step runs (the rest, e.g. the weights' dtype, change its bytes)
 STEP_OPTIONS = ("compile",)
 
@@ -63,16 +67,23 @@ def cache_path():
 
 
 def _cache() -> dict:
+    """The cache file's content, or a fresh one where it is missing, of another version or not what this module
+    writes (a cache is only ever measured again)."""
     try:
         data = json.loads(cache_path().read_text())
     except (OSError, ValueError):
-        return {}
-    return data if data.get("version") == FLOOR_VERSION else {}
+        data = None
+    ok = isinstance(data, dict) and data.get("version") == FLOOR_VERSION and isinstance(data.get("floors"), dict)
+    return data if ok else {"version": FLOOR_VERSION, "floors": {}}
 
 
 def cached_floors() -> dict:
     """{key: floor dict} of every floor measured on this machine (:func:`floor_key`)."""
-    return dict(_cache().get("floors", {}))
+    return {k: f for k, f in _cache()["floors"].items() if isinstance(f, dict) and _seconds(f.get("floor_s"))}
+
+
+def _seconds(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
 
 
 def floor_for(engine: str, model_sha256: str, device=None, threads=None, options: dict | None = None) -> float | None:
@@ -91,14 +102,17 @@ def floor_load(engine: str, device=None, threads=None) -> dict:
 
     kind = _device_kind(device)
     if kind == "cpu":
-        return {"threads": int(float(threads))} if threads else {}
+        try:
+            return {"threads": int(float(threads))} if threads else {}
+        except ValueError:  # "auto" or other words: the engine's own automatic threads
+            return {}
     takes = inspect.signature(engine_class(engine).__init__).parameters
     return {"device": kind} if "device" in takes else {}
 
 
 def measure_floor(model, engine: str, refresh: bool = False, log=print, **load) -> dict:
-    """The launch floor of ``engine`` for ``model`` on this machine: {engine, key, floor_s (median TPOT of the
-    skeleton, seconds), min_s, max_s, reps, device, threads, skeleton (its weight count), step_s (median
+    """The launch floor of ``engine`` for ``model`` on this machine: {engine, key, floor_s (the skeleton's best
+    repetition's TPOT, seconds), median_s, min_s, max_s, reps, device, threads, skeleton (its weight count), step_s (median
     seconds per step of each request), time}. ``load``: the engine's load options (device, threads,
     compile...), as for the real model. Cached (``refresh`` measures again)."""
     from lablib.engines import load_engine
@@ -114,9 +128,8 @@ def measure_floor(model, engine: str, refresh: bool = False, log=print, **load) 
     try:
         info = engine_obj.info()
         key = floor_key(engine, rm.sha256, info.device, info.threads, load)
-        cache = _cache() or {"version": FLOOR_VERSION, "floors": {}}
-        if not refresh and key in cache["floors"]:
-            return cache["floors"][key]
+        if not refresh and key in cached_floors():
+            return cached_floors()[key]
         ids = prompt_of_length(skel, PROMPT_TOKENS)
         rows = measure(engine_obj, ids, GenerationConfig(max_new_tokens=NEW_TOKENS), warmup=1, reps=REPS)
     finally:
@@ -127,7 +140,8 @@ def measure_floor(model, engine: str, refresh: bool = False, log=print, **load) 
     floor = {
         "engine": engine,
         "key": key,
-        "floor_s": statistics.median(steps),
+        "floor_s": min(steps),
+        "median_s": statistics.median(steps),
         "min_s": min(steps),
         "max_s": max(steps),
         "reps": len(steps),
@@ -139,7 +153,7 @@ def measure_floor(model, engine: str, refresh: bool = False, log=print, **load) 
         "model_sha256": rm.sha256,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    cache = _cache() or {"version": FLOOR_VERSION, "floors": {}}
+    cache = _cache()
     cache["floors"][key] = floor
     from lablib.machine.ceilings import save_measurement
 
@@ -154,27 +168,41 @@ def measure_floors(model, engines, refresh: bool = False, log=print) -> dict:
     for name in engines:
         try:
             out[name] = measure_floor(model, name, refresh=refresh, log=log)
-        except LabError as e:
-            out[name] = {"engine": name, "error": str(e)}
+        except Exception as e:  # noqa: BLE001 - an engine that cannot run the skeleton: said, the rest goes on
+            out[name] = {"engine": name, "error": _why(name, e)}
     return out
+
+
+def _why(engine: str, e: Exception) -> str:
+    """A floor that could not be measured, in words: a LabError's message, or what the engine raised."""
+    from lablib.errors import first_line
+
+    if isinstance(e, LabError):
+        return str(e)
+    return (
+        f"{engine} could not decode the model's skeleton ({type(e).__name__}: {first_line(str(e))[:200]}); its rows keep "
+        "the two-line roofline"
+    )
 
 
 def floors_for_rows(df, model, refresh: bool = False, log=print) -> dict:
     """Measure (or read from the cache) the floor of every (engine, device, threads) that rows ``df`` ran with, so
     :func:`lablib.studies.roofline.add_bound_columns` finds them: {engine: the floor of its first group, or
     {engine, error} where the engine cannot run the skeleton here (its rows keep the two-line roofline)}."""
+    if "engine" not in df.columns:
+        raise LabError("floors_for_rows: the rows have no engine column; expected rows the lab measured")
     cols = [c for c in ("engine", "device", "threads", "compile_mode") if c in df.columns]
     out = {}
     for keys, _g in df.groupby(cols, dropna=False, sort=False):
         where = dict(zip(cols, keys if isinstance(keys, tuple) else (keys,)))
         dev, th = (_text(where.get(k)) for k in ("device", "threads"))
-        load = floor_load(where["engine"], dev, th)
-        if _text(where.get("compile_mode")):  # transformers' compiled decoding: its own, lower floor
-            load["compile"] = True
         try:
+            load = floor_load(where["engine"], dev, th)
+            if _text(where.get("compile_mode")):  # transformers' compiled decoding: its own, lower floor
+                load["compile"] = True
             f = measure_floor(model, where["engine"], refresh=refresh, log=log, **load)
-        except LabError as e:
-            f = {"engine": where["engine"], "error": str(e)}
+        except Exception as e:  # noqa: BLE001 - an engine that cannot run the skeleton: said, the rest goes on
+            f = {"engine": where["engine"], "error": _why(where["engine"], e)}
         out.setdefault(where["engine"], f)
     return out
 

@@ -380,10 +380,12 @@ def add_bound_columns(df, model, machine_name=None):
             floors[key] = floor_for(key[0], sha, key[1], key[2], {"compile": bool(key[3])}) if sha else None
         floor = floors[key]
         dec_t, bound_by = dec_b["seconds"], dec_b["bound"]
-        if floor is not None and floor > dec_t:
-            dec_t, bound_by = floor, "launches"
         dtps = row["decode_tps"]
         dtps = float(dtps) if dtps is not None and dtps == dtps else math.nan
+        if floor is not None and dtps == dtps and floor * dtps > 1.0:
+            floor = None  # above the row's own measured step: disturbed when it was measured, not a floor of it
+        if floor is not None and floor > dec_t:
+            dec_t, bound_by = floor, "launches"
         f_tok = dec["flops"] / batch
         row.update(
             compute_dtype=dtype,
