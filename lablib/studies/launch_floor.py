@@ -185,10 +185,14 @@ def _why(engine: str, e: Exception) -> str:
     )
 
 
-def floors_for_rows(df, model, refresh: bool = False, log=print) -> dict:
-    """Measure (or read from the cache) the floor of every (engine, device, threads) that rows ``df`` ran with, so
+def floors_for_rows(df, model, refresh: bool = True, log=print) -> dict:
+    """Measure the floor of every (engine, device, threads) that rows ``df`` ran with, so
     :func:`lablib.studies.roofline.add_bound_columns` finds them: {engine: the floor of its first group, or
-    {engine, error} where the engine cannot run the skeleton here (its rows keep the two-line roofline)}."""
+    {engine, error} where the engine cannot run the skeleton here (its rows keep the two-line roofline)}.
+
+    ``refresh`` (default): measured now, beside the rows, so under the same conditions as they were (a floor
+    cached while other work ran was four times the quiet one here, and it would hold every later row to it);
+    False: a cached floor where there is one (seconds a floor otherwise: the skeleton decodes fast)."""
     if "engine" not in df.columns:
         raise LabError("floors_for_rows: the rows have no engine column; expected rows the lab measured")
     cols = [c for c in ("engine", "device", "threads", "compile_mode") if c in df.columns]

@@ -531,7 +531,8 @@ def report(results=None, engines=None, model=None, refresh: bool = False) -> dic
         )
         frames.append(fresh.assign(source=f"measured now ({n} prompt + {new} output tokens, {reps} requests)"))
     rows_all = pd.concat(frames, ignore_index=True)
-    # the third line: each engine's launch floor at the threads and device its rows ran with (cached per machine)
+    # the third line: each engine's launch floor at the threads and device its rows ran with, measured now (beside
+    # rows measured now; rows read from files were measured at their own time)
     floors = floors_for_rows(rows_all, rm, log=lambda *_: None)
     df = add_bound_columns(rows_all, rm, machine_name=None)
     engines_out = {}
