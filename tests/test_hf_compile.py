@@ -16,6 +16,11 @@ from __future__ import annotations
 
 import pytest
 
+# setuptools' distutils shim settled at collection, before any test of this worker runs: in one fresh clone's run
+# the first compile in a worker failed in _distutils_hack (stdlib distutils.core loaded instead of setuptools'),
+# after other tests had run in that process; the engine imports it at load too (TransformersEngine._setup_compile)
+import torch.utils.cpp_extension  # noqa: F401, I001
+
 from lablib.engines import load_engine
 from lablib.engines.base import Constraint, GenerationConfig
 from lablib.errors import ContextOverflowError, LabError

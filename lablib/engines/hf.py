@@ -372,6 +372,15 @@ class TransformersEngine(Engine):
             )
         # transformers' defaults (inductor, fullgraph=False), its mode on CUDA (CUDA graphs), "default" elsewhere
         # (no CUDA graphs to capture); dynamic=False: one static graph per cache length, as CUDA graphs need
+        try:  # torch.compile's inductor imports setuptools (torch.utils.cpp_extension) at its first compile: now,
+            # before later imports can leave setuptools' distutils shim falling back to the standard library's (seen
+            # once in a test worker: AssertionError in _distutils_hack at the first compile)
+            import torch.utils.cpp_extension  # noqa: F401
+        except Exception as e:  # noqa: BLE001 - one message, not setuptools' assertion
+            raise LabError(
+                f"compile=True: torch.compile's backend could not import setuptools ({type(e).__name__}: "
+                f"{str(e)[:200]}); import setuptools before anything imports distutils, or load without compile="
+            ) from None
         mode = "reduce-overhead" if self.device == "cuda" else "default"
         cc = self._transformers.CompileConfig(mode=mode, dynamic=False)
         cc._compile_all_devices = True  # generate compiles by itself only on cuda, xpu, mps, tpu, neuron
