@@ -62,6 +62,18 @@ class Table:
             f.write(line + "\n")
 
 
+def script_line(name: str, args: list[str], prefix: str, timeout_s: float = 300) -> str:
+    """Run the benchmark script ``name`` (beside this one) with ``args``; the first line of its output starting
+    with ``prefix`` (its summary line), or its exit code and the end of its stderr."""
+    r = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve().parent / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    return next((ln for ln in r.stdout.splitlines() if ln.startswith(prefix)), f"rc {r.returncode}: {r.stderr[-200:]}")
+
+
 def step(table: Table, name: str, fn, budget_end: float):
     if time.monotonic() > budget_end:
         table.add(name, False, 0, "skipped: the time budget was spent")
@@ -136,45 +148,11 @@ def main(argv=None) -> int:
         return f"{m['name']}: read {m['bytes_per_s'] / 1e9:.0f} GB/s, copy {m['bandwidth']['copy']['bytes_per_s'] / 1e9:.0f} GB/s; TFLOP/s {flops}"
 
     def overhead():
-        here = Path(__file__).resolve().parent
-        r = subprocess.run(
-            [
-                sys.executable,
-                str(here / "overhead.py"),
-                "--engines",
-                "transformers",
-                "--new-tokens",
-                "64",
-                "--reps",
-                "3",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        return next(
-            (ln for ln in r.stdout.splitlines() if ln.startswith("engine=")), f"rc {r.returncode}: {r.stderr[-200:]}"
-        )
+        return script_line("overhead.py", ["--engines", "transformers", "--new-tokens", "64", "--reps", "3"], "engine=")
 
     def compiled():
-        r = subprocess.run(
-            [
-                sys.executable,
-                str(Path(__file__).resolve().parent / "compiled_decode.py"),
-                "--device",
-                dev,
-                "--new-tokens",
-                "64",
-                "--reps",
-                "3",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        return next(
-            (ln for ln in r.stdout.splitlines() if ln.startswith("compiled device=")),
-            f"rc {r.returncode}: {r.stderr[-200:]}",
+        return script_line(
+            "compiled_decode.py", ["--device", dev, "--new-tokens", "64", "--reps", "3"], "compiled device="
         )
 
     frames = []
@@ -223,16 +201,9 @@ def main(argv=None) -> int:
         )
 
     def steps():
-        lines = []
-        for extra in ([], ["--skeleton"]):
-            r = subprocess.run(
-                [sys.executable, str(Path(__file__).resolve().parent / "step_profile.py"), "--device", dev, *extra],
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-            lines.append(next((ln for ln in r.stdout.splitlines() if ln.startswith("step ")), f"rc {r.returncode}"))
-        return " | ".join(lines)
+        return " | ".join(
+            script_line("step_profile.py", ["--device", dev, *extra], "step ") for extra in ([], ["--skeleton"])
+        )
 
     def floors():
         from lablib.studies.launch_floor import measure_floor

@@ -49,14 +49,22 @@ def main(argv=None) -> int:
     ids = torch.tensor([prompt_of_length(model, 16)], device=dev)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
 
-    def steps(n: int):
-        """Prefill, then n single-token forwards, each reading its token back (as generate's streamer does)."""
+    def steps(n: int, profiler=None):
+        """Prefill, then n single-token forwards, each reading its token back (as generate's streamer does);
+        ``profiler`` (a torch.profiler.profile) records the n decode steps only."""
+        import contextlib
+
         from transformers import DynamicCache
 
         cache = DynamicCache(config=hf.config)
         out = hf(input_ids=ids, **{e._cache_kw: cache}, use_cache=True)
         tok = out.logits[:, -1].argmax(-1, keepdim=True)
         tok.item()
+        with profiler if profiler is not None else contextlib.nullcontext():
+            times = decode(n, cache, tok)
+        return times
+
+    def decode(n: int, cache, tok):
         times = []
         for _ in range(n):
             t0 = time.perf_counter()
@@ -70,13 +78,13 @@ def main(argv=None) -> int:
         steps(4)  # warm-up
         wall = steps(ns.steps)
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
-        with profile(activities=acts) as prof:
-            steps(ns.steps)
+        prof = profile(activities=acts)
+        steps(ns.steps, prof)
     sync()
     events = prof.events()
     aten = [ev for ev in events if ev.name.startswith("aten::") and ev.cpu_parent is None]
     launches = [ev for ev in events if ev.name in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")]
-    n = ns.steps + 1  # the prefill's ops are in the profile too: counted as one step more, then divided
+    n = ns.steps  # decode steps only: the prefill ran outside the profile
     ops, kl = len(aten) / n, len(launches) / n
     step_ms = 1e3 * statistics.median(wall)
     us_per_op = 1e3 * step_ms / ops if ops else float("nan")
