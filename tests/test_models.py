@@ -262,9 +262,14 @@ def _read_only(folder: Path):
     return ["unshare", "-m", "bash", "-c", f'mount --bind -o ro "{folder}" "{folder}" && exec "$@"', "ro"]
 
 
-# what the lab home holds besides the prepared model (GBs: the llama.cpp wheels, vLLM's environment, lab 06's
-# quantization ladder, started servers' cards and logs): a copy for the test below leaves them out
-NOT_PREPARED = ("wheels", "envs", "quant", "servers")
+def _link_or_copy(src, dst):
+    """A hard link where ``dst`` is on ``src``'s file system (no bytes written), else a copy."""
+    import os
+
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def test_read_only_lab_home_serves_cache_hits_and_names_itself_when_asked_to_write(model, tmp_path):
@@ -273,8 +278,13 @@ def test_read_only_lab_home_serves_cache_hits_and_names_itself_when_asked_to_wri
     import sys
 
     home = tmp_path / "home"
-    shutil.copytree(Path(model.hf_path).parents[2], home, ignore=shutil.ignore_patterns(*NOT_PREPARED, ".lock"))
-    (home / "hashes.json").unlink(missing_ok=True)  # a cache hit must not need to write it
+    # the prepared model's folder alone (provenance.json, hf/, mlx/), linked: the whole lab home holds GBs
+    # more (wheels, vLLM's environment, adapters, quantization ladders, other models: 12 GB on one CI
+    # machine, whose disk a copy of it filled), and without hashes.json: a cache hit must not need to write it
+    cached = Path(model.hf_path).parent
+    shutil.copytree(
+        cached, home / "models" / cached.name, ignore=shutil.ignore_patterns(".lock"), copy_function=_link_or_copy
+    )
     other = tmp_path / "other.gguf"
     shutil.copy(model.gguf_path, other)
     with open(other, "ab") as f:
