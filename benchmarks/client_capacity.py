@@ -138,6 +138,30 @@ After, the lab's added ITL p99 was 1.5-2.3 times vLLM's client's (0.7-4.3 before
 (0.78-1.04 before). Every level of both runs past its client's limit, with stamps hundreds of ms late, on a machine
 whose other work moves each column by tens of percent from run to run: two runs show the direction, not the size.
 The parse itself stays on the loop: a token's count is what its stamp needs.
+
+**A frozen heap, and uvloop** (2026-12-05, the same 2-core AVX2 EPYC, quiet: load 0.2-1.4; server on core 0,
+clients on core 1). Garbage collection: at 512-1,024 streams a level had 2-3 full collections of the lab's
+process, the longest 190-270 ms (about 312,000 objects: modules, tokenizer), with the stamping loop stopped through
+each (``gc.callbacks``, 3 levels each way). Since then a load run freezes the heap it found
+(``lablib.measure.headroom.frozen_heap``): a full collection during a level took 20 ms. And the engine's loop
+is uvloop where installed (``lab``; ``lab-asyncio`` the standard library's loop, heap frozen too).
+``--levels 1,16,64,128,256,512,1024 --clients lab,lab-asyncio,vllm --no-parse --server-cpus 0 --client-cpus 1``,
+81 s; before (uvloop, heap not frozen) one run, after two (added_itl_p99_ms; tok_s)::
+
+    C      lab before      lab after                   lab-asyncio after           vllm (3 runs)
+    64     0.93  6263      1.31 / 1.13   6285 / 6283   3.27 / 1.31   6270 / 6279   1.90 / 1.56 / 0.87  6022-6136
+    256    11.3  21692     3.87 / 7.63  23447 / 23633  9.98 / 8.27  23506 / 23441  9.36 / 15.6 / 4.90  21407-22156
+    512    63.8  35913     27.7 / 63.4  43235 / 42179  34.8 / 54.6  43427 / 42873  28.5 / 29.0 / 51.8  34884-37646
+    1024   284   45354     183 / 221    64467 / 61786  183 / 234    62264 / 61901  138 / 133 / 135     43252-46961
+
+The lab's client delivered 1.07-1.43x vLLM's client's tokens/s at 256-1,024 streams in every run, at less CPU
+per token (15.6-16.2 us at 1,024 streams against 19.9-21.1), every token exact and stamped after its send. Its
+added ITL p99, pair by pair within a run: lower than vLLM's client's in 7 of 14 (1 and 128 streams in both runs;
+64, 256 and 512 in one), higher at 16 streams (0.52-0.63 ms against 0.47-0.50), and 1.4-1.7x at 1,024, where both
+loops are saturated (tokens/s x CPU per token is one core) and the lab's serves a server sending 1.3-1.4x as
+many tokens: there every client is past its limit (``near_limit`` says so), and what lowers a stamp's wait
+is more cores (``lab-pN``). uvloop against asyncio: the loop's lag p99 at 256 streams 40-44 ms against 110-116,
+the added ITL p99 lower in 11 of 14 pairs, tokens/s the same.
 """
 
 from __future__ import annotations
@@ -658,7 +682,7 @@ def main(argv=None) -> int:
         "--clients",
         default="lab,vllm",
         help="lab (pooled connections, as the lab's client talks to vLLM), lab-close (one connection per request, "
-        "as to llama-server), vllm (vLLM's environment: lablib.build.vllm), lab@REV (the lab's parse path as of git REV), "
+        "as to llama-server), lab-asyncio (the standard library's event loop, where the lab's is uvloop), vllm (vLLM's environment: lablib.build.vllm), lab@REV (the lab's parse path as of git REV), "
         "lab-pN (the lab's client from N processes on one clock: lablib.measure.processes)",
     )
     ap.add_argument("--server-cpus", default=None, help="CPUs the server runs on, e.g. 0 (Linux: sched_setaffinity)")
@@ -730,11 +754,13 @@ def main(argv=None) -> int:
                 flush=True,
             )
             engine = load_engine("http", None, base_url=srv.base_url, server="vllm")  # pooled connections
-            closing = (  # the lab's client opening one connection per request (as for llama-server)
-                load_engine("http", None, base_url=srv.base_url, server="vllm", keep_alive=False)
-                if "lab-close" in clients
-                else None
-            )
+            variants = {  # lab-close: one connection per request (as for llama-server); lab-asyncio: the
+                # standard library's event loop where the lab's own (engine.event_loop "auto") is uvloop
+                name: load_engine("http", None, base_url=srv.base_url, server="vllm", **kw)
+                for name, kw in (("lab-close", {"keep_alive": False}), ("lab-asyncio", {"event_loop": "asyncio"}))
+                if name in clients
+            }
+            print(f"# the lab's event loop: {engine.event_loop}", flush=True)
             from lablib.engines.base import GenerationConfig
 
             _, body, _ = engine._request([1000] * PROMPT_TOKENS, GenerationConfig(max_new_tokens=16, ignore_eos=True))
@@ -752,9 +778,9 @@ def main(argv=None) -> int:
                     for client in order:
                         if client == "lab":
                             r = lab_level(engine, srv, c, n, max_s, manifest)
-                        elif client == "lab-close":
-                            r = lab_level(closing, srv, c, n, max_s, manifest)
-                            r["client"] = "lab-close"
+                        elif client in variants:
+                            r = lab_level(variants[client], srv, c, n, max_s, manifest)
+                            r["client"] = client
                         elif client == "lab@":
                             ap.error("lab@ needs a git revision: lab@REV")
                         elif client.startswith("lab-p") and client[5:].isdigit():
@@ -770,8 +796,8 @@ def main(argv=None) -> int:
                     profile(engine, srv, ns.profile_level, max(16, round(ns.level_s / 2 / ns.itl_s)), max_s, ns.profile)
             finally:
                 engine.close()
-                if closing is not None:
-                    closing.close()
+                for v in variants.values():
+                    v.close()
     finally:
         if anchor is not None:
             anchor.close()

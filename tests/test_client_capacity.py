@@ -271,3 +271,33 @@ def test_a_probe_stopped_at_once_returns_at_once():
     finally:
         lp.close()
     assert h["samples"] == 0 or h["loop_lag_p99_s"] is not None
+
+
+def test_a_load_run_freezes_the_heap_it_found_and_thaws_it_after(model, paced):
+    """headroom.frozen_heap around run_load: while requests stream, the objects made before the run are in
+    the permanent generation (no collection walks them); after the run none is; nested, the outer one keeps
+    them frozen."""
+    import gc
+
+    from lablib.measure.headroom import frozen_heap
+
+    e = _engine(model, paced)
+    before = gc.get_freeze_count()
+    seen = []
+    try:
+        prompts = [[1000 + i, 7, 7] for i in range(4)]
+        cfg = GenerationConfig(max_new_tokens=5, ignore_eos=True)
+        rows = run_load(
+            e, prompts, "closed", concurrency=2, cfg=cfg, on_row=lambda r: seen.append(gc.get_freeze_count())
+        )
+        after = gc.get_freeze_count()
+        with frozen_heap():
+            outer = gc.get_freeze_count()
+            run_load(e, prompts[:1], "closed", concurrency=1, cfg=cfg)
+            still = gc.get_freeze_count()
+    finally:
+        e.close()
+    assert before == 0 and after == 0 and gc.get_freeze_count() == 0
+    assert len(rows) == 4 and not any(r["error"] for r in rows)
+    assert len(seen) == 4 and min(seen) > 10_000  # the test process's modules, at least
+    assert outer > 10_000 and still > 10_000  # the inner run left the outer freeze in place (not thawed: 0)

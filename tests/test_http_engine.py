@@ -1,6 +1,8 @@
 """The HTTP engine against a scripted SSE server (a protocol fixture on 127.0.0.1): stream edge
 cases give the right metrics, or one clear error that keeps what arrived."""
 
+import sys
+
 import pytest
 
 from lablib.engines import load_engine
@@ -393,3 +395,41 @@ def test_llama_servers_verbose_chunks_give_each_chunks_ids(server, model):
         server.props = None
     assert t.count_method == "token_ids" and t.token_ids == [504, 6178] and t.chunk_tokens == [1, 1]
     assert t.usage_completion_tokens == 2 and t.output_count_ok
+
+
+@pytest.mark.parametrize("event_loop", ["auto", "asyncio", "uvloop"])
+def test_the_event_loop_that_stamps_the_streams_is_chosen_and_recorded(server, model, event_loop):
+    """uvloop (installed with the serve extra where it has a build) or the standard library's loop: the same
+    stream, the same tokens; the manifest names the loop that read it, with its version."""
+    import uvloop
+
+    e = load_engine("http", model, base_url=server.base_url, server="openai", event_loop=event_loop)
+    server.script = [sse(cmpl("A", [11])), sse(cmpl("B", [12], finish="length")), DONE]
+    try:
+        t = e.generate([1, 2], GenerationConfig(max_new_tokens=2))
+        flags = e.info().flags
+        loop = e._loop
+    finally:
+        e.close()
+    assert t.token_ids == [11, 12] and t.output_tokens == 2
+    if event_loop == "asyncio":
+        assert not isinstance(loop, uvloop.Loop)
+        assert flags["event_loop"] == f"asyncio (Python {sys.version.split()[0]})"
+    else:
+        assert isinstance(loop, uvloop.Loop)
+        assert flags["event_loop"] == f"uvloop {uvloop.__version__}"
+
+
+def test_an_event_loop_that_is_missing_or_unknown_is_one_message(server, model, monkeypatch):
+    from lablib.errors import LabError
+
+    with pytest.raises(LabError, match=r"event_loop='trio': expected one of auto, uvloop, asyncio"):
+        load_engine("http", model, base_url=server.base_url, server="openai", event_loop="trio")
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as on Windows, where uvloop has no build
+    with pytest.raises(LabError, match=r"event_loop='uvloop': the uvloop package is not installed"):
+        load_engine("http", model, base_url=server.base_url, server="openai", event_loop="uvloop")
+    e = load_engine("http", model, base_url=server.base_url, server="openai")  # auto: asyncio there
+    try:
+        assert e.event_loop == "asyncio"
+    finally:
+        e.close()

@@ -177,15 +177,33 @@ def run_load(
         base["adapter"] = None  # each row's own, from its request's cfg (_one)
     if server_metrics is not None:
         server_metrics.start()  # its first scrape, before any request
-    if client_probe is not None:  # after the manifest and prompts: work before the run is no token's delay
-        client_probe.start(engine)
+    from lablib.measure.headroom import frozen_heap
+
     try:
-        return _drive(
-            engine, prompts, mode, concurrency, schedule, cfgs, max_duration_s, manifest, base, on_row, stop, start_at
-        )
+        # the heap so far frozen (its full collection now, before the probe and any stamp): no collection
+        # during the run walks it (frozen_heap: pauses of the stamping loop up to 190-270 ms at 512-1,024 streams)
+        with frozen_heap():
+            if client_probe is not None:  # after the manifest and prompts: work before the run is no token's delay
+                client_probe.start(engine)
+            try:
+                return _drive(
+                    engine,
+                    prompts,
+                    mode,
+                    concurrency,
+                    schedule,
+                    cfgs,
+                    max_duration_s,
+                    manifest,
+                    base,
+                    on_row,
+                    stop,
+                    start_at,
+                )
+            finally:
+                if client_probe is not None:
+                    client_probe.stop()
     finally:
-        if client_probe is not None:
-            client_probe.stop()
         if server_metrics is not None:
             server_metrics.stop()  # its last scrape, after the last row
 
@@ -545,6 +563,10 @@ def _process_worker(index: int, engine_kw: dict, job: dict, to_worker, to_parent
             import dataclasses
 
             engine.generate(job["prompts"][0], dataclasses.replace(job["cfg"], max_new_tokens=2))
+        import gc
+
+        gc.collect()  # this process's heap frozen before the shared start: run_load's own collection is then
+        gc.freeze()  # of the few objects made since, well within START_MARGIN_S (headroom.frozen_heap)
         to_parent.put(("ready", index, os.getpid()))
         start_at = to_worker.get()
         if start_at is None:  # another process failed before the start

@@ -76,6 +76,8 @@ MANIFEST_FIELDS = {
     "server_device": ("engine", "flags", "server_device"),
     # the http engine's connections to its server: "pooled" (keep-alive) or "one per request"
     "connections": ("engine", "flags", "connections"),
+    # the event loop that read and stamped the http engine's streams: "uvloop 0.23.0", "asyncio (Python 3.11.7)"
+    "event_loop": ("engine", "flags", "event_loop"),
     # what the http engine's requests say about the server's prompt cache: "cache_prompt: false" / "true"
     # (llama-server), "cache_salt: per-request" / "cache_salt: <salt>" (vLLM), "none" (no switch sent)
     "cache_control": ("engine", "flags", "cache_control"),

@@ -44,6 +44,7 @@ import asyncio
 import json
 import math
 import os
+import sys
 import threading
 
 from lablib.engines.base import Engine, EngineInfo, GenerationConfig
@@ -128,6 +129,47 @@ def _refused(e) -> bool:
     return e.status == 400 or (getattr(e, "server_error", False) and not (tr is not None and tr.output_tokens))
 
 
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+
+
+def _event_loop_kind(event_loop: str) -> str:
+    """The loop an engine runs its streams on: "uvloop" or "asyncio" (``event_loop`` "auto": uvloop where it
+    is installed). uvloop runs the same aiohttp client on libuv: less of the loop's own CPU per read, so at
+    hundreds of streams on one process its tokens wait less before they are stamped
+    (``benchmarks/client_capacity.py``)."""
+    if event_loop not in EVENT_LOOPS:
+        raise LabError(f"event_loop={event_loop!r}: expected one of {', '.join(EVENT_LOOPS)}")
+    if event_loop == "asyncio":
+        return "asyncio"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if event_loop == "uvloop":
+            raise LabError(
+                "event_loop='uvloop': the uvloop package is not installed (it has no Windows build); expected "
+                "it installed: pip install uvloop, or event_loop='auto' (asyncio where uvloop is missing)"
+            ) from None
+        return "asyncio"
+    return "uvloop"
+
+
+def _new_event_loop(kind: str):
+    if kind == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+def _event_loop_version(kind: str) -> str:
+    """``kind`` with its version, for the manifest: "uvloop 0.23.0", "asyncio (Python 3.11.7)"."""
+    if kind == "uvloop":
+        import uvloop
+
+        return f"uvloop {uvloop.__version__}"
+    return f"asyncio (Python {sys.version.split()[0]})"
+
+
 class HTTPEngine(Engine):
     """An OpenAI-compatible server at ``base_url`` (".../v1"), streamed with aiohttp.
 
@@ -147,7 +189,10 @@ class HTTPEngine(Engine):
     variable holding a key (default LABLIB_API_KEY, if set). ``keep_alive``: pool connections (True),
     open one per request (False), or as the server's kind allows (None: pooled for vLLM, one per request
     elsewhere; llama-server drops a pooled connection). ``max_connections``: at most that many open at
-    once, later requests waiting for one (in their ``queue_s``); None: no limit.
+    once, later requests waiting for one (in their ``queue_s``); None: no limit. ``event_loop``: the loop
+    that reads and stamps the streams: "uvloop" (libuv's, where the ``uvloop`` package is installed: Linux
+    and macOS), "asyncio" (the standard library's), or "auto" (uvloop where installed, else asyncio); the
+    manifest's ``event_loop`` says which ran (:func:`_event_loop_kind`).
 
     Prompt caches, switched explicitly and recorded (the manifest's ``cache_control``): ``prompt_cache``
     True sends llama-server ``cache_prompt: true`` (a request may reuse the KV of an earlier prompt its slot,
@@ -192,9 +237,11 @@ class HTTPEngine(Engine):
         server_settings: dict | None = None,
         prompt_cache: bool = False,
         cache_salt: str | None = None,
+        event_loop: str = "auto",
     ):
         super().__init__(model)
         self._import_library("aiohttp")
+        self.event_loop = _event_loop_kind(event_loop)
         if not base_url:
             raise LabError(
                 "the http engine needs base_url=... (a server's OpenAI URL, e.g. "
@@ -382,7 +429,7 @@ class HTTPEngine(Engine):
         (:func:`lablib.measure.load.run_load`), its rows taken off in the calling thread meanwhile."""
         with self._lock:
             if self._loop is None:
-                self._loop = asyncio.new_event_loop()
+                self._loop = _new_event_loop(self.event_loop)
                 self._thread = threading.Thread(target=self._loop.run_forever, name="lablib-http", daemon=True)
                 self._thread.start()
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
@@ -619,6 +666,7 @@ class HTTPEngine(Engine):
                 # how requests reached the server: a connection each, or pooled (keep-alive); and the cap
                 "connections": "pooled" if self._keep_alive else "one per request",
                 "max_connections": self.max_connections,
+                "event_loop": _event_loop_version(self.event_loop),
                 # the LoRA adapters its requests may name (GenerationConfig.adapter); None: none
                 "adapters": list(self.adapters) or None,
             },
