@@ -175,14 +175,15 @@ def run_load(
     )
     if named:
         base["adapter"] = None  # each row's own, from its request's cfg (_one)
-    if server_metrics is not None:
-        server_metrics.start()  # its first scrape, before any request
     from lablib.measure.headroom import frozen_heap
 
-    try:
-        # the heap so far frozen (its full collection now, before the probe and any stamp): no collection
-        # during the run walks it (frozen_heap: pauses of the stamping loop up to 190-270 ms at 512-1,024 streams)
-        with frozen_heap():
+    # the heap so far frozen first (its full collection now, before the first scrape, the probe and any stamp):
+    # no collection during the run walks it (frozen_heap: pauses of the stamping loop up to 190-270 ms at
+    # 512-1,024 streams)
+    with frozen_heap():
+        if server_metrics is not None:
+            server_metrics.start()  # its first scrape, before any request
+        try:
             if client_probe is not None:  # after the manifest and prompts: work before the run is no token's delay
                 client_probe.start(engine)
             try:
@@ -203,9 +204,9 @@ def run_load(
             finally:
                 if client_probe is not None:
                     client_probe.stop()
-    finally:
-        if server_metrics is not None:
-            server_metrics.stop()  # its last scrape, after the last row
+        finally:
+            if server_metrics is not None:
+                server_metrics.stop()  # its last scrape, after the last row
 
 
 def _check_shape(mode, prompts, concurrency, max_duration_s) -> int | None:
@@ -865,6 +866,7 @@ def bench(
     _check_max_duration(max_duration_s)
     check_targets(ttft_s, tpot_s, e2e_s)
     from lablib.machine.telemetry import RunTelemetry, cost_per_million_tokens
+    from lablib.measure.headroom import frozen_heap
     from lablib.measure.processes import auto_processes
 
     cost_per_million_tokens(price_per_hour, 1.0, 1)  # a bad price is refused before any work
@@ -922,7 +924,9 @@ def bench(
             probe = LoopLagProbe()
             shape = dict(concurrency=concurrency, rate=rate, arrival=arrival, burstiness=burstiness, seed=seed)
             per_process = None
-            with RunTelemetry() as gpu:  # the GPU's (NVML) and CPU's (RAPL) own counters over the run, where read
+            # the heap frozen before the counters' window opens: its full collection is no part of the run's energy
+            # (run_load's own, nested, then collects only what was made since: headroom.frozen_heap)
+            with frozen_heap(), RunTelemetry() as gpu:  # the GPU's (NVML) and CPU's (RAPL) own counters, where read
                 if client_processes > 1:
                     rows, per_process = _bench_processes(
                         engine,

@@ -25,6 +25,7 @@ from lablib.errors import LabError
 from lablib.machine.telemetry import RunTelemetry, cost_per_million_tokens
 from lablib.measure import plan
 from lablib.measure.closed_loop import SCHEDULING_MODES, run_closed_loop
+from lablib.measure.headroom import frozen_heap
 from lablib.measure.plan import (
     budgeted_int,
     check_plan,
@@ -89,7 +90,9 @@ class RunRecords:
 
         labels.setdefault("run_id", uuid.uuid4().hex[:12])
         rows = _PointRows(labels["run_id"])
-        with self.telemetry() as t:
+        # the heap frozen before the counters' window opens (a load run inside then collects only what it made:
+        # lablib.measure.headroom.frozen_heap), so the full collection is no part of the point's energy or cost
+        with frozen_heap(), self.telemetry() as t:
             yield rows
         s = run_summary(rows)
         rec = {
