@@ -25,6 +25,7 @@ its summary.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import queue
 import threading
@@ -555,19 +556,19 @@ def _process_worker(index: int, engine_kw: dict, job: dict, to_worker, to_parent
 
     signal.signal(signal.SIGINT, once)
     engine = headroom = error = None
+    frozen = contextlib.ExitStack()
     try:
         from lablib.engines import load_engine
-        from lablib.measure.headroom import LoopLagProbe
+        from lablib.measure.headroom import LoopLagProbe, frozen_heap
 
         engine = load_engine("http", **engine_kw)
         if job["prompts"]:  # one unrecorded request of 2 tokens: the request path's imports and first connection
             import dataclasses
 
             engine.generate(job["prompts"][0], dataclasses.replace(job["cfg"], max_new_tokens=2))
-        import gc
-
-        gc.collect()  # this process's heap frozen before the shared start: run_load's own collection is then
-        gc.freeze()  # of the few objects made since, well within START_MARGIN_S (headroom.frozen_heap)
+        # this process's heap frozen before the shared start: run_load's own (nested) collection is then of the
+        # few objects made since, well within START_MARGIN_S
+        frozen.enter_context(frozen_heap())
         to_parent.put(("ready", index, os.getpid()))
         start_at = to_worker.get()
         if start_at is None:  # another process failed before the start
@@ -611,6 +612,7 @@ def _process_worker(index: int, engine_kw: dict, job: dict, to_worker, to_parent
     except Exception as e:  # noqa: BLE001 - the parent says it, with this process's index
         error = f"{type(e).__name__}: {e}"
     finally:
+        frozen.close()  # thawed
         if engine is not None:
             engine.close()
         to_parent.put(("done", index, {"headroom": headroom, "error": error, "pid": os.getpid()}))
