@@ -162,12 +162,53 @@ loops are saturated (tokens/s x CPU per token is one core) and the lab's serves 
 many tokens: there every client is past its limit (``near_limit`` says so), and what lowers a stamp's wait
 is more cores (``lab-pN``). uvloop against asyncio: the loop's lag p99 at 256 streams 40-44 ms against 110-116,
 the added ITL p99 lower in 11 of 14 pairs, tokens/s the same.
+
+**No timer per read** (2026-12-05, the same 2-core AVX2 EPYC, quiet: load about 1; server on core 0, clients on
+core 1). A py-spy profile of the loop thread while it held the GIL (1,024 streams, ``--itl-s 0.04``) put 13 % of
+its time in aiohttp's ``sock_read`` timer, which cancels and re-schedules a timer handle at every network read.
+Since then the body's silence limit is the lab's own timer, re-armed about once per ``read_timeout_s``
+(``lablib.engines.http.engine._ReadDeadline``); ``lab-sockread`` is the lab's client with aiohttp's timer, as
+before, in the same process and run. ``--levels 512,1024,512,1024,512,1024 --clients lab,lab-sockread,vllm
+--no-parse --server-cpus 0 --client-cpus 1`` (itl 10 ms: the loops saturated at 1,024), three pairs per level
+(added_itl_p99_ms; delay_p50_ms; tok_s)::
+
+    C      lab                                lab-sockread                       vllm
+    512    54.3 / 31.8 / 35.0   21-24  41-43k   42.6 / 43.6 / 85.0   29-55  40-42k   30.5 / 28.3 / 25.8   19-20  37-38k
+    1024   161 / 168 / 169    112-147  61-66k    178 / 231 / 207   137-156  50-65k    135 / 147 / 165   85-90  42-57k
+
+An earlier run of the same comparison (a scratch script that swapped the timer as ``lab-sockread`` does): at 512
+streams 26.7 / 33.4 / 32.7 against 44.3 / 38.6 / 63.7 (vllm 55.5 / 48.1 / 63.8), at 1,024 173 / 141 / 155 against
+267 / 278 / 334 (vllm 128 / 181 / 169). So with aiohttp's timer the added ITL p99 at 1,024 streams was 1.1-2.2x
+the lab's in 6 of 6 pairs, at 512 higher in 5 of 6; and vLLM's client's p99 at 512 moved by 2x between the runs. At 25
+tokens/s a stream (``--itl-s 0.04 --level-s 6``, one token a read; the scratch script), 3 pairs: CPU per token at
+256 streams 46.6 / 57.3 / 51.6 us against 59.9 / 61.7 / 58.3, at 1,024 41.0 / 39.2 / 40.4 against 44.7 / 42.7 /
+43.4, the added ITL p99 (1,024: 76 / 59 / 74 against 114 / 73 / 118 ms) and the delay p50 lower in every pair. The
+whole table afterwards (``--levels 1,16,64,128,256,512,1024 --clients lab,lab-sockread,vllm``, 2 runs, 84-87 s
+each; added_itl_p99_ms lab / vllm, tok_s lab / vllm)::
+
+    C      run 1                              run 2
+    1      0.118 / 0.281    101 / 101         0.127 / 0.191    101 / 101
+    16     0.527 / 0.641   1587 / 1581        0.923 / 0.683   1590 / 1576
+    64     1.42 / 1.41     6220 / 6185        3.72 / 1.04     6184 / 6054
+    128    2.77 / 3.32    12236 / 11516       3.92 / 2.36    12049 / 11674
+    256    15.3 / 4.71    22344 / 20958       14.3 / 20.8    23105 / 21768
+    512    45.7 / 41.9    41561 / 35771       51.0 / 96.0    41591 / 34626
+    1024   157 / 150      57850 / 39850       178 / 167      60632 / 41719
+
+The lab's client delivered at least vLLM's client's tokens/s at every level of every run (1.11-1.51x from 512
+streams on), at less CPU per token at every level from 64 streams on. Its added ITL p99 was lower than vLLM's
+client's in 6 of 14 pairs of the table; at 1,024 streams 1.02-1.19x vLLM's client's in the 5 pairs of the
+three later runs (1.4-1.7x before this change; lower in 2 of 3 in the scratch run), with its loop serving a
+server that sent 1.1-1.6x as many tokens.
+Every client's p99 moves by 2-4x between runs at 64-512 streams (vLLM's at 256: 4.7 and 20.8 ms): one run
+does not rank two clients there.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import itertools
 import json
 import os
@@ -530,11 +571,19 @@ def lab_parser(n: int, rev: str | None = None):
     body = _loop_body(Path(eng.__file__), "agenerate", "resp.content.iter_any()")
     ns = dict(vars(eng))
     engine = SimpleNamespace(api="completions", _tok=None, read_timeout_s=60.0)
-    ns.update(_StreamState=_StreamState, SSEParser=SSEParser, HTTPTrace=HTTPTrace, _engine=engine, _n=n)
+    ns.update(
+        _StreamState=_StreamState,
+        SSEParser=SSEParser,
+        HTTPTrace=HTTPTrace,
+        _engine=engine,
+        _n=n,
+        _SimpleNamespace=SimpleNamespace,
+    )
     head = (
         "self, url = _engine, 'http://parse'\n"
         "trace = HTTPTrace(prompt_tokens=2, t_submit=0.0, max_new_tokens=_n)\n"
-        "state = _StreamState(self, trace)\nparser = SSEParser()\nt_line, lines = now(), 0"
+        "state = _StreamState(self, trace)\nparser = SSEParser()\nt_line, lines = now(), 0\n"
+        "deadline = _SimpleNamespace(t_read=0.0)"  # the body's read deadline (_ReadDeadline): its t_read
     )
     tail = "state.finish()\nreturn trace.output_tokens, trace.count_method"
     return _make("data", body, head, tail, ns)
@@ -682,7 +731,9 @@ def main(argv=None) -> int:
         "--clients",
         default="lab,vllm",
         help="lab (pooled connections, as the lab's client talks to vLLM), lab-close (one connection per request, "
-        "as to llama-server), lab-asyncio (the standard library's event loop, where the lab's is uvloop), vllm (vLLM's environment: lablib.build.vllm), lab@REV (the lab's parse path as of git REV), "
+        "as to llama-server), lab-asyncio (the standard library's event loop, where the lab's is uvloop), lab-sockread "
+        "(aiohttp's read timer re-armed at every read, as before the lab's own read deadline), vllm (vLLM's "
+        "environment: lablib.build.vllm), lab@REV (the lab's parse path as of git REV), "
         "lab-pN (the lab's client from N processes on one clock: lablib.measure.processes)",
     )
     ap.add_argument("--server-cpus", default=None, help="CPUs the server runs on, e.g. 0 (Linux: sched_setaffinity)")
@@ -757,7 +808,11 @@ def main(argv=None) -> int:
             variants = {  # lab-close: one connection per request (as for llama-server); lab-asyncio: the
                 # standard library's event loop where the lab's own (engine.event_loop "auto") is uvloop
                 name: load_engine("http", None, base_url=srv.base_url, server="vllm", **kw)
-                for name, kw in (("lab-close", {"keep_alive": False}), ("lab-asyncio", {"event_loop": "asyncio"}))
+                for name, kw in (
+                    ("lab-close", {"keep_alive": False}),
+                    ("lab-asyncio", {"event_loop": "asyncio"}),
+                    ("lab-sockread", {}),
+                )
                 if name in clients
             }
             print(f"# the lab's event loop: {engine.event_loop}", flush=True)
@@ -778,6 +833,10 @@ def main(argv=None) -> int:
                     for client in order:
                         if client == "lab":
                             r = lab_level(engine, srv, c, n, max_s, manifest)
+                        elif client == "lab-sockread":
+                            with aiohttp_read_timer():
+                                r = lab_level(variants[client], srv, c, n, max_s, manifest)
+                            r["client"] = client
                         elif client in variants:
                             r = lab_level(variants[client], srv, c, n, max_s, manifest)
                             r["client"] = client
@@ -806,6 +865,29 @@ def main(argv=None) -> int:
         print(ln, flush=True)
     print(f"# whole benchmark {time.perf_counter() - t_all:.0f} s, load average now {os.getloadavg()}", flush=True)
     return 0
+
+
+@contextlib.contextmanager
+def aiohttp_read_timer():
+    """The lab's client as it was before its own read deadline (``lablib.engines.http.engine._ReadDeadline``):
+    aiohttp's ``sock_read`` timer left on through the body, cancelled and re-scheduled at every network read,
+    and no timer of the lab's. For ``lab-sockread``, beside ``lab`` in one process and one run."""
+    import lablib.engines.http.engine as http_engine
+
+    class AiohttpTimer:
+        __slots__ = ("t_read",)
+
+        def __init__(self, resp, timeout_s: float):
+            self.t_read = 0.0
+
+        def cancel(self) -> None:
+            pass
+
+    own, http_engine._ReadDeadline = http_engine._ReadDeadline, AiohttpTimer
+    try:
+        yield
+    finally:
+        http_engine._ReadDeadline = own
 
 
 def profile(engine, srv, c: int, n: int, max_s: float, out: str) -> None:
