@@ -202,6 +202,36 @@ three later runs (1.4-1.7x before this change; lower in 2 of 3 in the scratch ru
 server that sent 1.1-1.6x as many tokens.
 Every client's p99 moves by 2-4x between runs at 64-512 streams (vLLM's at 256: 4.7 and 20.8 ms): one run
 does not rank two clients there.
+
+**orjson** (the same machine and day, pinned as above). After the timer, the largest part of the loop's GIL time
+was reading each chunk's JSON (18 %, py-spy at 1,024 streams): ``lablib.engines.http.protocol.loads`` now uses
+orjson where installed (the serve extra), 1.2 us for a vLLM chunk against 2.4 for the standard library's C scanner;
+``lab-stdjson`` is the lab's client without it, in the same run. ``--levels 512,1024,512,1024,512,1024 --clients
+lab,lab-stdjson,vllm`` (added_itl_p99_ms; delay_p50_ms; tok_s)::
+
+    C      lab                                lab-stdjson                        vllm
+    512    19.4 / 16.7 / 15.7   14-17  40-44k   17.7 / 45.5 / 22.9   20-25  41-42k   48.0 / 30.8 / 31.0   20-23  36-37k
+    1024   103 / 160 / 134     78-97  63-67k    166 / 151 / 138    105-129  59-62k   127 / 122 / 133    69-75  42-53k
+
+The lab's CPU per token at 1,024 streams 14.9-15.8 us against 15.9-17.0 without orjson (vLLM's client 18.7-21.1).
+The whole table then, with both changes (``--levels 1,16,64,128,256,512,1024 --clients lab,vllm``, 2 runs of
+61-62 s; added_itl_p99_ms lab / vllm, tok_s lab / vllm)::
+
+    C      run 1                              run 2
+    1      0.122 / 0.187    101 / 101         0.095 / 0.148    101 / 101
+    16     0.540 / 0.417   1595 / 1586        0.568 / 0.379   1595 / 1594
+    64     1.05 / 0.96     6285 / 6149        1.05 / 1.13     6281 / 6161
+    128    2.01 / 3.21    12350 / 11786       1.79 / 2.02    12229 / 11904
+    256    4.59 / 7.13    23455 / 22020       4.74 / 4.25    23729 / 21841
+    512    29.4 / 34.1    42615 / 37558       42.5 / 30.3    42691 / 37396
+    1024   107 / 124      58893 / 42591       106 / 139      63561 / 41693
+
+The lab's client delivered at least vLLM's client's tokens/s at every level (1.13-1.52x from 512 streams on) at
+less CPU per token from 64 streams on; its added ITL p99 was lower in 9 of 14 pairs, at 1,024 streams in both
+(0.76-0.86x), and higher at 16 streams in both (0.54-0.57 ms against 0.38-0.42). Four more pairs at 16 streams
+(a scratch run, the same client): lab 0.43-0.76, vllm 0.31-0.52 ms, the lab's lower in 1 of 4; its delay p50
+lower in all 4 (0.24-0.35 against 0.37-0.46 ms). So at 16 streams the lab's stamps come sooner and its added ITL
+p99 is about 0.1 ms above vLLM's client's: left as it is.
 """
 
 from __future__ import annotations
@@ -732,7 +762,8 @@ def main(argv=None) -> int:
         default="lab,vllm",
         help="lab (pooled connections, as the lab's client talks to vLLM), lab-close (one connection per request, "
         "as to llama-server), lab-asyncio (the standard library's event loop, where the lab's is uvloop), lab-sockread "
-        "(aiohttp's read timer re-armed at every read, as before the lab's own read deadline), vllm (vLLM's "
+        "(aiohttp's read timer re-armed at every read, as before the lab's own read deadline), lab-stdjson (chunks "
+        "read with the standard library's JSON scanner, not orjson), vllm (vLLM's "
         "environment: lablib.build.vllm), lab@REV (the lab's parse path as of git REV), "
         "lab-pN (the lab's client from N processes on one clock: lablib.measure.processes)",
     )
@@ -812,6 +843,7 @@ def main(argv=None) -> int:
                     ("lab-close", {"keep_alive": False}),
                     ("lab-asyncio", {"event_loop": "asyncio"}),
                     ("lab-sockread", {}),
+                    ("lab-stdjson", {}),
                 )
                 if name in clients
             }
@@ -833,8 +865,8 @@ def main(argv=None) -> int:
                     for client in order:
                         if client == "lab":
                             r = lab_level(engine, srv, c, n, max_s, manifest)
-                        elif client == "lab-sockread":
-                            with aiohttp_read_timer():
+                        elif client in ("lab-sockread", "lab-stdjson"):
+                            with aiohttp_read_timer() if client == "lab-sockread" else stdlib_json():
                                 r = lab_level(variants[client], srv, c, n, max_s, manifest)
                             r["client"] = client
                         elif client in variants:
@@ -888,6 +920,19 @@ def aiohttp_read_timer():
         yield
     finally:
         http_engine._ReadDeadline = own
+
+
+@contextlib.contextmanager
+def stdlib_json():
+    """The lab's client reading each streamed chunk with the standard library's JSON scanner, as without the
+    serve extra's orjson (``lablib.engines.http.protocol.loads``). For ``lab-stdjson``."""
+    import lablib.engines.http.protocol as protocol
+
+    own, protocol._fast = protocol._fast, None
+    try:
+        yield
+    finally:
+        protocol._fast = own
 
 
 def profile(engine, srv, c: int, n: int, max_s: float, out: str) -> None:

@@ -244,16 +244,51 @@ def test_sse_without_carriage_returns_reads_as_with_them():
     assert lf[0][6][1] == "[DONE]" and len(lf[0]) == 8
 
 
-@pytest.mark.parametrize(
-    "text", ['{"a": [1, 2.5, null, "x"]}', ' {"a": 1}', '{"a": 1} ', '{"a": NaN}', "[1]", '"s"', "7"]
-)
-def test_loads_is_json_loads(text):
-    assert loads(text) == json.loads(text) or text == '{"a": NaN}'  # NaN != NaN: compared below
+LOADS_SAME = ['{"a": [1, 2.5, null, "x"]}', ' {"a": 1}', '{"a": 1} ', '{"a": NaN}', "[1]", '"s"', "7"]
+LOADS_SAME += [
+    '{"a": 1, "a": 2}',
+    "-0.0",
+    "1e400",
+    "-1e400",
+    "5e-324",
+    '"\\ud800"',
+    '"\\ud83d\\ude00"',
+    '{"a": Infinity}',
+]
+LOADS_SAME += ["18446744073709551615", "-9223372036854775808", '"caf\u00e9"', '{"x": "\\u0000"}', "0.1", "1E5"]
+
+
+@pytest.fixture(params=["orjson", "stdlib"])
+def reader(request, monkeypatch):
+    """protocol.loads as the serve extra installs it (orjson) and without orjson (the C scanner alone)."""
+    import lablib.engines.http.protocol as protocol
+
+    if request.param == "orjson":
+        assert protocol._fast is not None, "the serve extra's orjson is missing: pip install 'lablib[serve]'"
+    else:
+        monkeypatch.setattr(protocol, "_fast", None)
+    return request.param
+
+
+@pytest.mark.parametrize("text", LOADS_SAME)
+def test_loads_is_json_loads(text, reader):
+    """The same object as json.loads (orjson where installed, its refusals read by json.loads): JSON text
+    compared, so NaN, -0.0 and infinities count too."""
     assert json.dumps(loads(text)) == json.dumps(json.loads(text))
+    assert type(loads(text)) is type(json.loads(text))
 
 
-@pytest.mark.parametrize("text", ["", "{", '{"a": 1} x', '{"a": tru}', "[DONE]", "{'a': 1}"])
-def test_loads_fails_as_json_loads_fails(text):
+def test_loads_reads_vllms_chunks_as_json_loads_does(reader):
+    for raw in fast_server.stream_payloads(3):
+        for line in raw.decode().splitlines():
+            if line.startswith("data: {"):
+                assert loads(line[6:]) == json.loads(line[6:])
+
+
+@pytest.mark.parametrize(
+    "text", ["", "{", '{"a": 1} x', '{"a": tru}', "[DONE]", "{'a': 1}", '"a\tb"', "[1, 2,]", "\ufeff{}", "01"]
+)
+def test_loads_fails_as_json_loads_fails(text, reader):
     with pytest.raises(ValueError) as mine:
         loads(text)
     with pytest.raises(ValueError) as theirs:
