@@ -24,6 +24,53 @@ def lab_home() -> Path:
     return Path(os.environ.get("LABLIB_HOME") or Path.home() / ".cache" / "lablib")
 
 
+# `lablib doctor` warns when the disk holding the lab home has less free than this (bytes): a quantization ladder,
+# an ONNX export or vLLM's environment each writes several GB, and a full disk fails them half way
+LOW_DISK_BYTES = 10 * 2**30
+
+
+def home_usage(home: Path | None = None) -> dict:
+    """What the lab home holds: ``folders`` (each top-level entry's bytes, largest first), ``total`` (bytes),
+    ``free`` (bytes free on its disk, ``shutil.disk_usage``) and ``home``. Regular files only, each counted once
+    (hard links share their bytes), symbolic links not followed; a missing home holds 0 bytes."""
+    import shutil
+
+    home = Path(home or lab_home())
+    seen: set[tuple[int, int]] = set()
+
+    def size(path: Path) -> int:
+        total, stack = 0, [path]
+        while stack:
+            p = stack.pop()
+            try:
+                st = p.lstat()
+            except OSError:  # removed meanwhile, or unreadable
+                continue
+            if p.is_symlink():
+                continue
+            if p.is_dir():
+                try:
+                    stack.extend(p.iterdir())
+                except OSError:
+                    pass
+            elif (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
+        return total
+
+    folders = {}
+    if home.is_dir():
+        folders = {p.name: size(p) for p in home.iterdir()}
+    folders = dict(sorted(folders.items(), key=lambda kv: -kv[1]))
+    probe = home if home.exists() else next((p for p in home.parents if p.exists()), Path("/"))
+    return {
+        "home": str(home),
+        "folders": folders,
+        "total": sum(folders.values()),
+        "free": shutil.disk_usage(probe).free,
+    }
+
+
 def data_dir() -> Path:
     """The project's data/ folder ($LABLIB_DATA overrides)."""
     return Path(os.environ.get("LABLIB_DATA") or Path(__file__).resolve().parent.parent / "data")

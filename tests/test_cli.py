@@ -73,6 +73,49 @@ def test_doctor_finds_every_engine_usable_and_lists_the_devices():
     assert p.stdout.count(" usable:") == len(IN_PROCESS)
     assert f"devices the engines can compute on: {describe(found())}\n" in p.stdout
     assert ", on cpu: generated 2 tokens" in p.stdout or any(g in p.stdout for g in (", on cuda:", ", on metal:"))
+    from lablib.config import lab_home
+
+    assert f"lab home: {lab_home()}, " in p.stdout and " GiB free on its disk" in p.stdout
+
+
+def test_the_lab_homes_size_counts_each_file_once_and_follows_no_link(tmp_path):
+    """home_usage: bytes per top folder, largest first; a hard link is the same bytes, a symbolic link (to a big
+    file outside the home) is not the home's."""
+    import os
+
+    from lablib.config import home_usage
+
+    home = tmp_path / "home"
+    (home / "models" / "m" / "hf").mkdir(parents=True)
+    (home / "quant").mkdir()
+    (home / "models" / "m" / "hf" / "w.bin").write_bytes(b"x" * 1000)
+    os.link(home / "models" / "m" / "hf" / "w.bin", home / "models" / "m" / "same.bin")
+    (home / "quant" / "q.gguf").write_bytes(b"y" * 3000)
+    (tmp_path / "outside.bin").write_bytes(b"z" * 50_000)
+    (home / "quant" / "link.gguf").symlink_to(tmp_path / "outside.bin")
+    (home / "hashes.json").write_bytes(b"{}")
+    u = home_usage(home)
+    assert u["folders"] == {"quant": 3000, "models": 1000, "hashes.json": 2}
+    assert list(u["folders"]) == ["quant", "models", "hashes.json"] and u["total"] == 4002
+    assert u["home"] == str(home) and u["free"] > 0
+    missing = home_usage(tmp_path / "not-yet")
+    assert missing["folders"] == {} and missing["total"] == 0 and missing["free"] > 0
+
+
+def test_doctor_warns_when_the_lab_homes_disk_is_nearly_full():
+    from lablib.cli.doctor import home_lines
+    from lablib.config import LOW_DISK_BYTES
+
+    gib = 2**30
+    usage = {"home": "/h", "folders": {"models": 7 * gib, "quant": 3 * gib, "hashes.json": 10}, "total": 10 * gib}
+    low = home_lines(dict(usage, free=LOW_DISK_BYTES - gib))
+    assert (
+        low[0]
+        == f"lab home: /h, 10.0 GiB (models 7.0, quant 3.0 GiB); {(LOW_DISK_BYTES - gib) / gib:.1f} GiB free on its disk"
+    )
+    assert len(low) == 2 and low[1].startswith("WARNING: the disk holding the lab home has") and "LABLIB_HOME" in low[1]
+    high = home_lines(dict(usage, free=LOW_DISK_BYTES + gib))
+    assert len(high) == 1 and high[0].endswith(f"{(LOW_DISK_BYTES + gib) / gib:.1f} GiB free on its disk")
 
 
 def test_a_context_that_will_not_fit_in_memory_is_refused_before_llama_cpp_allocates():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from lablib._version import __version__
+from lablib.config import LOW_DISK_BYTES, home_usage
 from lablib.engines import NAMES
 from lablib.engines.doctor import check_engines, gpu_build_facts, gpu_build_warnings
 from lablib.errors import LabError
@@ -18,6 +19,24 @@ HELP = "is each engine usable here, and why not (exit 0: every default engine th
 
 def add_arguments(p) -> None:
     p.add_argument("--model", default=None)
+
+
+def home_lines(usage: dict | None = None) -> list[str]:
+    """What the lab home holds and the disk's free space, with a warning when that is low (:func:`home_usage`)."""
+    u = usage or home_usage()
+    gib = 2**30
+    big = ", ".join(f"{name} {b / gib:.1f}" for name, b in u["folders"].items() if b >= 0.05 * gib)
+    held = f" ({big} GiB)" if big else ""
+    lines = [f"lab home: {u['home']}, {u['total'] / gib:.1f} GiB{held}; {u['free'] / gib:.1f} GiB free on its disk"]
+    if u["free"] < LOW_DISK_BYTES:
+        lines.append(
+            f"WARNING: the disk holding the lab home has {u['free'] / gib:.1f} GiB free (less than "
+            f"{LOW_DISK_BYTES / gib:.0f} GiB): a quantization ladder, an ONNX export or vLLM's environment writes "
+            f"several GB, and a full disk fails them half way. Free space, or delete folders of {u['home']} you no "
+            "longer need (the lab makes models/, quant/, adapters/ and onnx/ again when asked, and downloads envs/ "
+            "and wheels/ again), or set LABLIB_HOME to a folder on a larger disk"
+        )
+    return lines
 
 
 def run(ns) -> int:
@@ -48,6 +67,8 @@ def run(ns) -> int:
             f"(load average {load_average()}). Timings will be slower and noisier than on a quiet machine; "
             "close what runs (a browser tab, a build) or measure with fewer threads (LABLIB_THREADS=1)"
         )
+    for line in home_lines():
+        print(line)
     try:
         rm = prepare(ns.model, log=lambda *_: None)
         print(f"model: {rm.name} ({rm.source_format}, {rm.quantization}, {rm.parameters / 1e6:.0f}M parameters)")
