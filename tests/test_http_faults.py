@@ -242,12 +242,12 @@ def test_a_stream_slower_than_the_read_timeout_in_all_is_never_cut_while_its_rea
 def test_the_body_schedules_no_timer_per_read(server, model):
     """The loop that stamps every stream schedules a timer per stream and per read_timeout_s, not per network
     read (aiohttp's sock_read re-scheduled one at every read: 13 % of that loop's time at 1,024 streams). On the
-    standard library's loop, whose call_later can be counted: 40 reads, a few timers."""
+    standard library's loop, whose call_later can be counted: 40 writes 20 ms apart, a few timers."""
     e = load_engine("http", model, base_url=server.base_url, server="openai", read_timeout_s=5, event_loop="asyncio")
     try:
         steps = []
         for i in range(40):
-            steps += [sse(cmpl("a", [i + 1])), 0.005]  # a write, a pause: one network read each
+            steps += [sse(cmpl("a", [i + 1])), 0.02]  # a write, a pause: one network read each, mostly
         server.script = steps + [sse(cmpl(None, finish="length")), DONE]
         scheduled = []
         real = e._loop.call_later
@@ -263,8 +263,8 @@ def test_the_body_schedules_no_timer_per_read(server, model):
             del e._loop.call_later
     finally:
         e.close()
-    assert tr.token_ids == list(range(1, 41)) and tr.reads >= 30
-    assert len(scheduled) <= 6, scheduled  # before: one per read (ResponseHandler._on_read_timeout)
+    assert tr.token_ids == list(range(1, 41)) and tr.reads >= 20  # a busy machine may join a few writes in a read
+    assert len(scheduled) <= 6, scheduled  # before: one per read (ResponseHandler._on_read_timeout); now 3
 
 
 def test_one_byte_a_second_is_bounded_by_the_read_timeout(server, model):
