@@ -34,6 +34,7 @@ def home_usage(home: Path | None = None) -> dict:
     ``free`` (bytes free on its disk, ``shutil.disk_usage``) and ``home``. Regular files only, each counted once
     (hard links share their bytes), symbolic links not followed; a missing home holds 0 bytes."""
     import shutil
+    import stat
 
     home = Path(home or lab_home())
     seen: set[tuple[int, int]] = set()
@@ -43,17 +44,12 @@ def home_usage(home: Path | None = None) -> dict:
         while stack:
             p = stack.pop()
             try:
-                st = p.lstat()
+                st = p.lstat()  # the link itself, never what it points to
+                if stat.S_ISDIR(st.st_mode):
+                    stack.extend(p.iterdir())
             except OSError:  # removed meanwhile, or unreadable
                 continue
-            if p.is_symlink():
-                continue
-            if p.is_dir():
-                try:
-                    stack.extend(p.iterdir())
-                except OSError:
-                    pass
-            elif (st.st_dev, st.st_ino) not in seen:
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
                 seen.add((st.st_dev, st.st_ino))
                 total += st.st_size
         return total
