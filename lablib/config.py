@@ -31,12 +31,14 @@ LOW_DISK_BYTES = 10 * 2**30
 
 def home_usage(home: Path | None = None) -> dict:
     """What the lab home holds: ``folders`` (each top-level entry's bytes, largest first), ``total`` (bytes),
-    ``free`` (bytes free on its disk, ``shutil.disk_usage``) and ``home``. Regular files only, each counted once
-    (hard links share their bytes), symbolic links not followed; a missing home holds 0 bytes."""
+    ``free`` (bytes free on its disk, ``shutil.disk_usage``; None when it cannot be read), ``home``, and
+    ``error``: why the home itself could not be read (a permission), else None. Apparent sizes of regular files,
+    each counted once (a hard link's bytes in the first folder that has it), symbolic links not followed; a
+    missing home holds 0 bytes, an unreadable folder inside it counts as 0."""
     import shutil
     import stat
 
-    home = Path(home or lab_home())
+    home = Path(lab_home() if home is None else home)
     seen: set[tuple[int, int]] = set()
 
     def size(path: Path) -> int:
@@ -54,17 +56,20 @@ def home_usage(home: Path | None = None) -> dict:
                 total += st.st_size
         return total
 
-    folders = {}
-    if home.is_dir():
-        folders = {p.name: size(p) for p in home.iterdir()}
+    folders, error, free = {}, None, None
+    try:
+        if home.is_dir():
+            folders = {p.name: size(p) for p in home.iterdir()}
+    except OSError as e:  # the home, or a folder above it, not readable by this user
+        error = f"{type(e).__name__}: {e.strerror or e}"
     folders = dict(sorted(folders.items(), key=lambda kv: -kv[1]))
-    probe = home if home.exists() else next((p for p in home.parents if p.exists()), Path("/"))
-    return {
-        "home": str(home),
-        "folders": folders,
-        "total": sum(folders.values()),
-        "free": shutil.disk_usage(probe).free,
-    }
+    for probe in (home, *home.parents):  # the home, or the nearest folder above it that exists
+        try:
+            free = shutil.disk_usage(probe).free
+            break
+        except OSError:
+            continue
+    return {"home": str(home), "folders": folders, "total": sum(folders.values()), "free": free, "error": error}
 
 
 def data_dir() -> Path:

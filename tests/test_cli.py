@@ -102,6 +102,33 @@ def test_the_lab_homes_size_counts_each_file_once_and_follows_no_link(tmp_path):
     assert missing["folders"] == {} and missing["total"] == 0 and missing["free"] > 0
 
 
+def test_a_lab_home_this_user_cannot_read_is_said_not_raised(tmp_path, monkeypatch):
+    """A home (or a folder above it) this user may not list: home_usage says why, doctor prints it in one line
+    (a helper found doctor ending in a PermissionError traceback). Root reads any folder, so the refusal is the
+    one the operating system gives a user without the permission, raised where the home is listed."""
+    import pathlib
+
+    from lablib.cli.doctor import home_lines
+    from lablib.config import home_usage
+
+    home = tmp_path / "home"
+    (home / "models").mkdir(parents=True)
+    listed = pathlib.Path.iterdir
+
+    def iterdir(self):
+        if self == home:
+            raise PermissionError(13, "Permission denied", str(home))
+        return listed(self)
+
+    monkeypatch.setattr(pathlib.Path, "iterdir", iterdir)
+    u = home_usage(home)
+    assert u["error"] == "PermissionError: Permission denied" and u["folders"] == {} and u["free"] > 0
+    (line,) = home_lines(u)
+    assert line.startswith(f"lab home: {home}, cannot read it (PermissionError: Permission denied)")
+    assert "set LABLIB_HOME to a folder you own" in line and "GiB free on its disk" in line
+    assert home_lines(dict(u, free=None))[0].endswith("; free space unknown")
+
+
 def test_doctor_warns_when_the_lab_homes_disk_is_nearly_full():
     from lablib.cli.doctor import home_lines
     from lablib.config import LOW_DISK_BYTES

@@ -239,6 +239,22 @@ def test_a_stream_slower_than_the_read_timeout_in_all_is_never_cut_while_its_rea
     assert tr.t_tokens[-1] - tr.t_tokens[0] > 1.4  # the stream really outlasted read_timeout_s (0.5 s) threefold
 
 
+def test_a_stall_of_the_clients_own_loop_is_not_the_servers_silence(short, server):
+    """A server that sends a token every 0.1 s never falls silent for read_timeout_s (0.5 s), even while the
+    client's loop is stalled for 0.8 s by other work: the bytes that came meanwhile count when the deadline comes
+    due, before the reading task has run (the deadline first went by the last read alone, and cut this stream
+    after 5-13 tokens)."""
+    steps = []
+    for i in range(20):
+        steps += [sse(cmpl("a", [i + 1])), 0.1]
+    server.script = steps + [sse(cmpl(None, finish="length")), DONE]
+    fut = short.submit(short.agenerate([5, 6], GenerationConfig(max_new_tokens=20)))
+    time.sleep(0.5)
+    short._loop.call_soon_threadsafe(time.sleep, 0.8)  # the loop's thread busy for 0.8 s
+    tr = fut.result(timeout=30)
+    assert tr.token_ids == list(range(1, 21)) and tr.error is None
+
+
 def test_the_body_schedules_no_timer_per_read(server, model):
     """The loop that stamps every stream schedules a timer per stream and per read_timeout_s, not per network
     read (aiohttp's sock_read re-scheduled one at every read: 13 % of that loop's time at 1,024 streams). On the

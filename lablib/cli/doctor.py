@@ -26,9 +26,12 @@ def home_lines(usage: dict | None = None) -> list[str]:
     u = usage or home_usage()
     gib = 2**30
     big = ", ".join(f"{name} {b / gib:.1f}" for name, b in u["folders"].items() if b >= 0.05 * gib)
-    held = f" ({big} GiB)" if big else ""
-    lines = [f"lab home: {u['home']}, {u['total'] / gib:.1f} GiB{held}; {u['free'] / gib:.1f} GiB free on its disk"]
-    if u["free"] < LOW_DISK_BYTES:
+    held = f"{u['total'] / gib:.1f} GiB" + (f" ({big} GiB)" if big else "")
+    if u.get("error"):
+        held = f"cannot read it ({u['error']}): the lab writes its models and caches there; set LABLIB_HOME to a folder you own"
+    free = "free space unknown" if u["free"] is None else f"{u['free'] / gib:.1f} GiB free on its disk"
+    lines = [f"lab home: {u['home']}, {held}; {free}"]
+    if u["free"] is not None and u["free"] < LOW_DISK_BYTES:
         lines.append(
             f"WARNING: the disk holding the lab home has {u['free'] / gib:.1f} GiB free (less than "
             f"{LOW_DISK_BYTES / gib:.0f} GiB): a quantization ladder, an ONNX export or vLLM's environment writes "

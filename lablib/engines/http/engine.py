@@ -181,21 +181,29 @@ class _ReadDeadline:
     connection (``ResponseHandler.read_timeout``, as aiohttp's own websocket client does after its handshake)
     and this one takes over; aiohttp's still bounds the wait for the headers. When silence passes
     ``timeout_s`` the body's stream gets the error aiohttp's timer sets (``ServerTimeoutError``), so the
-    request ends as it did before: an HTTPEngineError that keeps the tokens that arrived."""
+    request ends as it did before: an HTTPEngineError that keeps the tokens that arrived.
 
-    __slots__ = ("t_read", "_content", "_handle", "_loop", "_timeout")
+    Silence is the server's, never the client's: bytes that reached the stream's buffer but were not read yet
+    (the loop busy or stalled, so the reading task has not run) count as bytes, through the buffer's byte count
+    (``StreamReader.total_bytes``), as aiohttp's timer counted them at the socket."""
+
+    __slots__ = ("t_read", "_content", "_handle", "_loop", "_timeout", "_bytes", "_t_bytes")
 
     def __init__(self, resp, timeout_s: float):
         self.t_read = now()  # the last read of the body (perf_counter s): the caller sets it at each read
         self._content, self._timeout = resp.content, timeout_s
+        self._bytes, self._t_bytes = resp.content.total_bytes, self.t_read  # bytes in at the last look, and when
         self._loop = asyncio.get_running_loop()
         if resp.connection is not None:  # this connection's next read drops aiohttp's timer and sets none
             resp.connection.protocol.read_timeout = None
         self._handle = self._loop.call_later(timeout_s, self._due)
 
     def _due(self) -> None:
-        silent = now() - self.t_read
-        if silent < self._timeout:  # a read came since: due again read_timeout_s after it
+        t = now()
+        if self._content.total_bytes != self._bytes:  # bytes came in since the last look, read or not yet
+            self._bytes, self._t_bytes = self._content.total_bytes, t
+        silent = t - max(self.t_read, self._t_bytes)
+        if silent < self._timeout:  # bytes came since: due again read_timeout_s after them
             self._handle = self._loop.call_later(self._timeout - silent, self._due)
             return
         import aiohttp

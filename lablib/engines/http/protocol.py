@@ -152,8 +152,9 @@ def loads(text: str):
     chunk per token (18 % of the stamping loop's time at 1,024 streams with ``_scan``, py-spy).
 
     orjson where installed; what it refuses (NaN, Infinity, a lone surrogate, an error) goes to
-    ``json.loads``, which reads it or raises its own error. One difference: an integer past 64 bits (no
-    token id or count comes near) orjson reads as a float, where json.loads keeps it whole.
+    ``json.loads``, which reads it or raises its own error. Two differences, neither near a streamed chunk:
+    an integer past 64 bits orjson reads as a float, where json.loads keeps it whole; and arrays or objects
+    nested about 1,000 deep (Python's recursion limit) up to 1,024, which orjson reads and json.loads refuses.
 
     Without orjson, the C scanner reads a document that starts at the first character and fills the text;
     anything else (whitespace around it, trailing data, an error) goes to ``json.loads``."""
