@@ -839,12 +839,7 @@ def main(argv=None) -> int:
             variants = {  # lab-close: one connection per request (as for llama-server); lab-asyncio: the
                 # standard library's event loop where the lab's own (engine.event_loop "auto") is uvloop
                 name: load_engine("http", None, base_url=srv.base_url, server="vllm", **kw)
-                for name, kw in (
-                    ("lab-close", {"keep_alive": False}),
-                    ("lab-asyncio", {"event_loop": "asyncio"}),
-                    ("lab-sockread", {}),
-                    ("lab-stdjson", {}),
-                )
+                for name, kw in (("lab-close", {"keep_alive": False}), ("lab-asyncio", {"event_loop": "asyncio"}))
                 if name in clients
             }
             print(f"# the lab's event loop: {engine.event_loop}", flush=True)
@@ -865,9 +860,9 @@ def main(argv=None) -> int:
                     for client in order:
                         if client == "lab":
                             r = lab_level(engine, srv, c, n, max_s, manifest)
-                        elif client in ("lab-sockread", "lab-stdjson"):
-                            with aiohttp_read_timer() if client == "lab-sockread" else stdlib_json():
-                                r = lab_level(variants[client], srv, c, n, max_s, manifest)
+                        elif client in AS_BEFORE:  # the lab's engine with one of its paths as it was
+                            with AS_BEFORE[client]():
+                                r = lab_level(engine, srv, c, n, max_s, manifest)
                             r["client"] = client
                         elif client in variants:
                             r = lab_level(variants[client], srv, c, n, max_s, manifest)
@@ -933,6 +928,9 @@ def stdlib_json():
         yield
     finally:
         protocol._fast = own
+
+
+AS_BEFORE = {"lab-sockread": aiohttp_read_timer, "lab-stdjson": stdlib_json}  # client -> its swap
 
 
 def profile(engine, srv, c: int, n: int, max_s: float, out: str) -> None:
