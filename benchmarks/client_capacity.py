@@ -31,7 +31,10 @@ its ``output_throughput``). ``server_tok_s``: what the server sent during the le
 first to last send). ``delay_p99_ms``: a token's client stamp minus its send time, p99 over every token.
 ``added_itl_p50_ms`` / ``added_itl_p99_ms``: per token i >= 1 of a stream, the client's ITL minus the
 server's (``delay[i] - delay[i-1]``): what the client added to the ITL it reports; the limit is its p99
-above 0.1 ms (:data:`ADDED_ITL_LIMIT_S`). ``itl_p50_ms`` / ``itl_p99_ms``: the ITL the client reports
+above 0.1 ms (:data:`ADDED_ITL_LIMIT_S`). ``edge_p99_ms`` / ``mid_p99_ms``: that p99 over the tokens sent
+within 1.5 server steps (:data:`EDGE_STEPS`) of any request's first or last token (a request starting or
+ending: the client's own work for it runs then) and over the others: where a client's added delay comes
+from. ``itl_p50_ms`` / ``itl_p99_ms``: the ITL the client reports
 (the lab: ``itl_s`` of every token; vllm: ``median_itl_ms``, ``p99_itl_ms``). ``lag_p99_ms`` and
 ``near``: the lab's loop-lag probe (:func:`lablib.measure.headroom.client_headroom`). ``clock_ok``: every
 token's stamp came after its send time.
@@ -232,6 +235,46 @@ less CPU per token from 64 streams on; its added ITL p99 was lower in 9 of 14 pa
 (a scratch run, the same client): lab 0.43-0.76, vllm 0.31-0.52 ms, the lab's lower in 1 of 4; its delay p50
 lower in all 4 (0.24-0.35 against 0.37-0.46 ms). So at 16 streams the lab's stamps come sooner and its added ITL
 p99 is about 0.1 ms above vLLM's client's: left as it is.
+
+**A request's edges** (2026-12-05, the same 2-core AVX2 EPYC, quiet: load 0.1-1.5; server on core 0, clients on
+core 1). That 0.1 ms at 16 streams was not the stamping of tokens: matched token by token, the lab's largest added
+ITLs came in 3-4 server steps a level, each holding 7-15 of the 16 streams 1.2-1.5 ms late, all within 15 ms of
+some requests ending and their clients' next ones starting (``edge_p99_ms`` and ``mid_p99_ms`` since). A closed
+loop's client sent its next request in the same turn of the loop as its last ended, ahead of other streams'
+tokens already read: a send costs the loop about 0.4 ms (the lab's ``queue_s`` p50 at one client, mostly
+aiohttp's), and 8 clients ending at once cost the others' stamps milliseconds. Since then the client yields to the
+loop once before it sends (``lablib.measure.load._closed``) and the ended request's row is handed over in the same
+turn as the send, not before it. Before and after in one process (a scratch copy of this benchmark with the
+driver as before swapped in; ``--levels 16`` eight times, 3,168 added ITLs a level; medians over the levels of
+the p99 within 15 ms of a request's start or end / elsewhere / all)::
+
+    lab before             2.76 / 0.37 / 0.57      lab after (yield, row after)  1.03 / 0.42 / 0.61
+    lab (yield, row first) 0.83 / 0.46 / 0.57      vllm                          0.93 / 0.46 / 0.54
+
+(the same comparison another time: before 3.66 / 0.45 / 0.70, yield 1.02 / 0.39 / 0.50, vllm 0.92 / 0.47 / 0.53).
+Handing the row over first let the rows' thread take the GIL between the yield and the send: at one client
+(``queue_s`` p50 over 200 requests, 4 runs alternating) 417 us before, 547 yielding with the row first, 460 with
+the row after. With the change, ``--levels 16`` ten times, lab / vllm (medians; added_itl_p99_ms, edge_p99_ms,
+mid_p99_ms): 0.451 / 0.445, 1.20 / 0.93, 0.37 / 0.38; another ten: 0.451 / 0.474, 1.44 / 1.05, 0.36 / 0.40. The
+lab's edges are still later than vLLM's client's: with the rows made after the run instead (a scratch variant,
+not kept: rows must reach the disk as requests end) its edge p99 was 1.03 in that second run; the rows' thread
+holds the GIL through a burst of finished requests. The whole table (``--levels 1,16,64,128,256,512,1024
+--clients lab,vllm --no-parse --server-cpus 0 --client-cpus 1``, 2 runs of 62-66 s; added_itl_p99_ms lab / vllm,
+edge_p99_ms lab / vllm, tok_s lab / vllm)::
+
+    C      run 1                                          run 2
+    1      0.087 / 0.253   0.116 / 0.092    101 / 101     0.144 / 0.160   0.110 / 0.116    101 / 101
+    16     0.462 / 0.525   2.45 / 0.849    1594 / 1585    0.481 / 0.628   0.707 / 1.12    1594 / 1577
+    64     1.32 / 1.94     3.38 / 6.97     6278 / 6106    1.61 / 1.66     16.5 / 4.07     6210 / 6167
+    128    1.83 / 2.03     20.0 / 11.8    12223 / 11737   2.01 / 3.08     26.5 / 23.9    12124 / 11688
+    256    3.66 / 5.43     23.0 / 20.1    23648 / 22020   8.87 / 20.4     32.7 / 31.3    23196 / 19695
+    512    28.6 / 32.3     62.4 / 36.3    41859 / 36629   32.3 / 92.6     80.6 / 89.7    41075 / 33294
+    1024   123 / 158       216 / 82.7     65730 / 51380   229 / 110       240 / 110      53358 / 38473
+
+The lab's client delivered at least vLLM's client's tokens/s at every level of both runs (1.14-1.39x from 512
+streams on) at less CPU per token from 16 streams on, and its added ITL p99 was lower in 13 of 14 pairs: every
+level but 1,024 streams in run 2 (2.1x, where it delivered 1.39x the tokens/s; every client there is past its limit
+with stamps 60-370 ms late). At the edges its p99 was higher in 10 of 14 pairs: what is left to take.
 """
 
 from __future__ import annotations
@@ -259,6 +302,7 @@ QUICK = os.environ.get("LABLIB_QUICK") == "1"
 LEVELS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 LEVELS_QUICK = (1, 8, 64)
 ADDED_ITL_LIMIT_S = 1e-4  # the client's added ITL at p99 above this: past its limit
+EDGE_STEPS = 1.5  # a token within this many server steps of a request's first or last token: at its edge
 KEEP_UP = 0.95  # a client whose tokens/s is this much of the server's sent tokens/s kept up
 PROMPT_TOKENS = 8
 TAG = re.compile(r"<r(\d+)>")
@@ -281,17 +325,30 @@ def vllm_arrivals(result: dict, i: int) -> list[float]:
     return list(itertools.accumulate(result["itls"][i], initial=result["start_times"][i] + result["ttfts"][i]))
 
 
-def compare(pairs) -> dict:
+def compare(pairs, edge_s: float = 0.0) -> dict:
     """``pairs``: (client stamps, server send times) of each request. Delay = stamp - send per token;
-    added ITL = the client's ITL minus the server's, per token after the first."""
-    delays, added, mismatched = [], [], 0
-    for arr, sent in pairs:
-        if len(arr) != len(sent):
-            mismatched += 1
-            continue
+    added ITL = the client's ITL minus the server's, per token after the first. ``edge_s``: a token sent
+    within this many seconds of any request's first or last token (a request starting or ending: the
+    client's own work for it runs then) counts in ``added_itl_p99_edge_s``, the others in
+    ``added_itl_p99_mid_s`` (0: no split, both None)."""
+    import bisect
+
+    delays, added, edge, mid = [], [], [], []
+    ok = [(arr, sent) for arr, sent in pairs if len(arr) == len(sent)]
+    mismatched = len(pairs) - len(ok)
+    bounds = sorted(t for _, sent in ok if sent for t in (sent[0], sent[-1]))
+
+    def near(t: float) -> bool:
+        k = bisect.bisect_left(bounds, t - edge_s)
+        return k < len(bounds) and bounds[k] <= t + edge_s
+
+    for arr, sent in ok:
         d = [a - s for a, s in zip(arr, sent)]
         delays += d
-        added += [y - x for x, y in itertools.pairwise(d)]
+        for i in range(1, len(d)):
+            added.append(d[i] - d[i - 1])
+            if edge_s > 0:
+                (edge if near(sent[i]) else mid).append(d[i] - d[i - 1])
     return {
         "tokens_matched": len(delays),
         "mismatched": mismatched,
@@ -301,6 +358,9 @@ def compare(pairs) -> dict:
         "delay_p99_s": _pct(delays, 99),
         "added_itl_p50_s": _pct(added, 50),
         "added_itl_p99_s": _pct(added, 99),
+        "added_itl_p99_edge_s": _pct(edge, 99),
+        "added_itl_p99_mid_s": _pct(mid, 99),
+        "edge_tokens": len(edge),
     }
 
 
@@ -402,7 +462,7 @@ def lab_result(rows, srv, client: str, c: int, n: int, cpu_us_tok, head: dict, w
             pairs.append((lab_arrivals(r), log[int(m.group(1))]["t_send"]))
             matched.append(log[int(m.group(1))])
     s = run_summary(rows)
-    out = compare(pairs)
+    out = compare(pairs, EDGE_STEPS * srv.itl_s)
     out.update(
         client=client,
         c=c,
@@ -492,7 +552,7 @@ def vllm_level(anchor, python, srv, c: int, n: int, max_s: float, tokenizer: str
         if m and int(m.group(1)) in log and not res["errors"][i]:
             pairs.append((vllm_arrivals(res, i), log[int(m.group(1))]["t_send"]))
             matched.append(log[int(m.group(1))])  # its warm-up request left out
-    out = compare(pairs)
+    out = compare(pairs, EDGE_STEPS * srv.itl_s)
     ok = [i for i, e in enumerate(res["errors"]) if not e]
     ends = [res["start_times"][i] + res["ttfts"][i] + sum(res["itls"][i]) for i in ok]
     ms = 1e-3
@@ -697,6 +757,8 @@ COLS = (
     ("cpu_us_tok", "cpu_us_tok", "{:.1f}"),
     ("added_itl_p50_s", "added_itl_p50_ms", "{:.3f}"),
     ("added_itl_p99_s", "added_itl_p99_ms", "{:.3f}"),
+    ("added_itl_p99_edge_s", "edge_p99_ms", "{:.3f}"),
+    ("added_itl_p99_mid_s", "mid_p99_ms", "{:.3f}"),
     ("delay_p50_s", "delay_p50_ms", "{:.2f}"),
     ("delay_p99_s", "delay_p99_ms", "{:.2f}"),
     ("itl_p50_s", "itl_p50_ms", "{:.3f}"),
@@ -708,7 +770,17 @@ COLS = (
     ("clock_ok", "clock_ok", "{}"),
     ("wall_s", "wall_s", "{:.1f}"),
 )
-MS = {"added_itl_p50_s", "added_itl_p99_s", "delay_p50_s", "delay_p99_s", "itl_p50_s", "itl_p99_s", "lag_p99_s"}
+MS = {
+    "added_itl_p50_s",
+    "added_itl_p99_s",
+    "added_itl_p99_edge_s",
+    "added_itl_p99_mid_s",
+    "delay_p50_s",
+    "delay_p99_s",
+    "itl_p50_s",
+    "itl_p99_s",
+    "lag_p99_s",
+}
 
 
 def cells(r: dict) -> list[str]:

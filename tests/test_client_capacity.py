@@ -90,6 +90,28 @@ def test_every_token_is_stamped_after_the_server_sent_it(model, paced):
     assert m["clock_ok"] and m["tokens_matched"] == 36 and m["mismatched"] == 0
 
 
+def test_compare_splits_the_added_itl_at_requests_edges():
+    """A token sent within edge_s of any request's first or last token counts at the edges (the client's work
+    for a request starting or ending runs then), the others in the middle; by hand, 10 ms steps, edge 15 ms."""
+    a_sent = [0.00, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06]  # request A: tokens 1-6 after its first
+    a_arr = [s + 0.001 for s in a_sent]
+    a_arr[4] += 0.003  # token 4 (sent 0.04) stamped 3 ms late: +3 then -3 ms added at tokens 4 and 5
+    b_sent = [0.032, 0.042]  # request B starts and ends in A's middle: its edges are 0.032 and 0.042
+    b_arr = [s + 0.001 for s in b_sent]
+    m = capacity.compare([(a_arr, a_sent), (b_arr, b_sent)], edge_s=0.015)
+    # edges: 0.00 and 0.06 (A), 0.032 and 0.042 (B): A's tokens at 0.01 and 0.05-0.06 and 0.02-0.04 all lie within
+    # 15 ms of one: every added ITL is at an edge here, none in the middle
+    assert m["edge_tokens"] == 7 and m["added_itl_p99_mid_s"] is None
+    assert m["added_itl_p99_edge_s"] == pytest.approx(m["added_itl_p99_s"])
+    m = capacity.compare([(a_arr, a_sent)], edge_s=0.015)  # A alone: edges 0.00 and 0.06
+    # within 15 ms of 0.00: the token at 0.01; of 0.06: 0.05 and 0.06; the middle: 0.02, 0.03, 0.04 (+3 ms)
+    assert m["edge_tokens"] == 3
+    assert m["added_itl_p99_mid_s"] == pytest.approx(0.003 - 0.02 * 0.003, abs=1e-9)  # numpy's p99 of 0, 0, 3
+    assert m["added_itl_p99_edge_s"] == pytest.approx(0.0, abs=1e-9)  # 0, -3, 0 ms: p99 is 0
+    none = capacity.compare([(a_arr, a_sent)])
+    assert none["added_itl_p99_edge_s"] is None and none["added_itl_p99_mid_s"] is None
+
+
 def test_unpaced_streams_are_exact_too(model):
     """--itl-s 0: every stream written as fast as the socket takes it (drained past 64 KiB)."""
     with fast_server.FastServer(itl_s=0.0) as srv:

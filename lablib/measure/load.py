@@ -1,7 +1,8 @@
 """Load shapes over HTTP: a closed loop, an open loop from a seeded arrival schedule, goodput.
 
 - **closed loop** (``mode="closed"``): C clients; each sends its next request the moment
-  its previous one finished (``t_submit`` = that moment), until R requests are done;
+  its previous one finished (``t_submit`` = that moment), until R requests are done; the send
+  waits for the event loop to stamp the other streams' tokens already read (its ``queue_s``);
 - **open loop** (``mode="open"``): requests arrive on a precomputed schedule
   (:func:`arrival_schedule`: constant, Poisson or gamma inter-arrival times at ``rate``
   requests/s, seeded), whether or not earlier ones finished; an optional concurrency
@@ -438,10 +439,13 @@ async def _one(engine, ids, cfg, t_submit, manifest, labels, emit):
     if "adapter" in labels:  # a run that names adapters: the one this request used
         labels = dict(labels, adapter=cfg.adapter)
     box: dict = {}
-    # the row is made in the calling thread (_Rows.row), off this loop, which stamps the other streams' tokens
+    # the row is made in the calling thread (_Rows.row), off this loop, which stamps the other streams' tokens;
+    # handed over in the loop's next turn, with the client's next request (_closed): that thread takes the GIL
+    # once this loop next waits, after the request is sent, not in between (at 1 client: +43 us of queue_s for
+    # a yield before the next request, against +130 us with the row handed over before the yield)
     try:
         trace = await engine.agenerate(ids, cfg, t_submit=t_submit, _checked=True, box=box)
-        emit.request(trace, manifest, None, labels)
+        asyncio.get_running_loop().call_soon(emit.request, trace, manifest, None, labels)
     except asyncio.CancelledError:
         why = getattr(emit, "stopped", None)
         why = f"{why}: stopped in flight" if why else "cancelled at the run's time limit (max_duration_s)"
@@ -485,7 +489,13 @@ async def _closed(engine, prompts, clients, cfgs, max_duration_s, manifest, base
             if now() >= deadline or (stop is not None and stop.is_set()):
                 return
             await _one(engine, prompts[i], cfgs[i], t_submit, manifest, dict(base, request_index=i, client=c), emit)
-            t_submit = now()  # the client sends its next request the moment this one finished
+            t_submit = now()  # the client wants its next request the moment this one finished,
+            # and sends it after the loop has run what was already ready (other streams' tokens, read in the same
+            # poll): a request's send costs the loop 0.4 ms (queue_s p50 at 1 client, mostly aiohttp), which
+            # went into the stamps of those tokens, unseen (16 streams on the fast server, benchmarks/
+            # client_capacity.py: added ITL p99 2.8-3.7 ms within 15 ms of a request's start or end, 0.8-1.0
+            # with this; vllm bench's client 0.9), and now goes into this request's queue_s, where it is
+            await asyncio.sleep(0)
 
     await _bounded([asyncio.ensure_future(client(c)) for c in range(min(clients, len(prompts)))], deadline)
 
