@@ -202,6 +202,28 @@ def test_a_closed_loop_client_sends_its_next_request_after_what_already_arrived(
     ]
 
 
+def test_a_runs_rows_flatten_each_manifest_they_carry():
+    """The rows' thread flattens a run's manifest once for all its rows; a row carrying another manifest gets
+    that one's columns, and every row equals request_row's own (the columns made per row)."""
+    from lablib.measure.load import _Rows, request_row
+    from lablib.results.trace import RequestTrace
+
+    def trace():
+        t = RequestTrace(prompt_tokens=2, t_submit=0.0, t_start=0.0)
+        t.token(7, 0.5)
+        t.token(8, 0.75)
+        return t
+
+    a = {"engine": {"name": "http", "version": "1"}, "model": {"id": "m-a"}}
+    b = {"engine": {"name": "http", "version": "2"}, "model": {"id": "m-b"}}
+    rows_q = _Rows()
+    items = [(trace(), m, None, {"mode": "closed", "request_index": i}) for i, m in enumerate([a, a, b, a])]
+    rows = [rows_q.row(it) for it in items]
+    assert [(r["model"], r["engine_version"]) for r in rows] == [("m-a", "1"), ("m-a", "1"), ("m-b", "2"), ("m-a", "1")]
+    assert rows == [request_row(t, m, e, **lb) for t, m, e, lb in items]
+    assert rows[0]["itl_s"] == [0.25] and rows[0]["token_ids"] == [7, 8]
+
+
 def test_open_loop_with_a_cap_queues_in_the_lab(engine, server):
     server.script = OK
     rows = run_load(

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from lablib.checks import whole
 from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
+from lablib.results.schema import flatten_manifest
 from lablib.results.store import trace_row
 from lablib.results.tables import check_targets, run_summary
 from lablib.results.trace import RequestTrace, now
@@ -342,6 +343,7 @@ class _Rows(queue.Queue):
     why the run was stopped from outside (an interrupt), for the rows of the requests it cancels."""
 
     stopped: str | None = None
+    _columns: tuple[dict, dict] | None = None  # (a manifest, its flattened columns): a run's rows share one
 
     def __call__(self, row: dict) -> None:
         self.put(row)
@@ -349,13 +351,15 @@ class _Rows(queue.Queue):
     def request(self, trace, manifest: dict, error: str | None, labels: dict) -> None:
         self.put((trace, manifest, error, labels))
 
-    @staticmethod
-    def row(item) -> dict:
-        """An item of the queue as its row."""
+    def row(self, item) -> dict:
+        """An item of the queue as its row (the manifest's columns flattened once a run: the rows' thread holds
+        the GIL through a burst of finished requests, while the loop waits to stamp the next tokens)."""
         if isinstance(item, dict):
             return item
         trace, manifest, error, labels = item
-        return request_row(trace, manifest, error, **labels)
+        if self._columns is None or self._columns[0] is not manifest:
+            self._columns = (manifest, flatten_manifest(manifest))
+        return request_row(trace, manifest, error, manifest_columns=self._columns[1], **labels)
 
 
 def _jsonable(x):
@@ -413,11 +417,14 @@ def _manifest_columns(manifest: dict) -> dict:
     return {k: v for k, v in row.items() if k not in drop}
 
 
-def request_row(trace, manifest: dict, error: str | None = None, **labels) -> dict:
+def request_row(
+    trace, manifest: dict, error: str | None = None, *, manifest_columns: dict | None = None, **labels
+) -> dict:
     """One tidy row of an HTTP request: :func:`trace_row` when tokens arrived, else the manifest
-    columns and what is known (prompt tokens, t_submit, t_start, output tokens so far) with ``error``."""
+    columns and what is known (prompt tokens, t_submit, t_start, output tokens so far) with ``error``
+    (``manifest_columns``: :func:`trace_row`'s)."""
     if trace is not None and trace.t_tokens and trace.t_start is not None:
-        row = trace_row(trace, manifest, **labels)
+        row = trace_row(trace, manifest, manifest_columns=manifest_columns, **labels)
         row["token_ids"] = list(trace.token_ids)
     else:
         row = dict(labels)
