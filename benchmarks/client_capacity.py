@@ -334,6 +334,7 @@ def compare(pairs, edge_s: float = 0.0) -> dict:
     import bisect
 
     delays, added, edge, mid = [], [], [], []
+    pairs = list(pairs)
     ok = [(arr, sent) for arr, sent in pairs if len(arr) == len(sent)]
     mismatched = len(pairs) - len(ok)
     bounds = sorted(t for _, sent in ok if sent for t in (sent[0], sent[-1]))

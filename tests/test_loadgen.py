@@ -202,6 +202,57 @@ def test_a_closed_loop_client_sends_its_next_request_after_what_already_arrived(
     ]
 
 
+def test_a_run_ends_after_the_rows_it_handed_over(monkeypatch):
+    """A request whose last token is read in the same loop turn as the run's time limit: its row reaches the
+    rows' queue before the run says it ended (an interrupt then drains that queue: a row handed over after it
+    would be lost). Found by a helper: the run ended one turn before the row's call_soon. An engine stand-in
+    (the driver's scheduling): its loop busy 0.2 s from 0.05 s, past the last read (0.09 s) and the limit (0.1 s)."""
+    import asyncio
+    import threading
+    import types
+
+    from lablib.measure import load as L
+    from lablib.results.trace import RequestTrace, now
+
+    ran = []
+
+    class Engine:
+        def __init__(self):
+            self.loop = asyncio.new_event_loop()
+            threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+        def submit(self, coro):
+            return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+        async def agenerate(self, ids, cfg, t_submit=None, _checked=False, box=None):
+            t = RequestTrace(prompt_tokens=1, t_submit=t_submit, t_start=now())
+            asyncio.get_running_loop().call_later(0.05, time.sleep, 0.2)
+            await asyncio.sleep(0.09)
+            t.token(1, now())
+            return t
+
+    class Ended(threading.Event):
+        def set(self):
+            ran.append("run ended")
+            super().set()
+
+    handed = L._Rows.request
+
+    def request(self, *a):
+        ran.append("row handed over")
+        handed(self, *a)
+
+    monkeypatch.setattr(L, "threading", types.SimpleNamespace(Event=Ended))
+    monkeypatch.setattr(L._Rows, "request", request)
+    engine = Engine()
+    try:
+        rows = L._drive(engine, [[0]], "open", None, [0.0], [GenerationConfig()], 0.1, {}, {}, None)
+    finally:
+        engine.loop.call_soon_threadsafe(engine.loop.stop)
+    assert [(r["request_index"], r["error"], r["output_tokens"]) for r in rows] == [(0, None, 1)]
+    assert ran == ["row handed over", "run ended"]
+
+
 def test_a_runs_rows_flatten_each_manifest_they_carry():
     """The rows' thread flattens a run's manifest once for all its rows; a row carrying another manifest gets
     that one's columns, and every row equals request_row's own (the columns made per row)."""

@@ -301,7 +301,9 @@ def _drive(
         try:
             return await run
         finally:
-            ended.set()  # the run's tasks are all done: cancelled ones have emitted their rows
+            # the run's tasks are all done: cancelled ones have emitted their rows, finished ones have theirs queued
+            # on this loop (_one's call_soon), which run before this: an interrupt then finds every row in rows_q
+            asyncio.get_running_loop().call_soon(ended.set)
 
     fut = engine.submit(guarded())  # on the engine's event loop, which times the streams
     rows: list[dict] = []
