@@ -425,7 +425,9 @@ def cpu_us_per_token(sampler: CpuSampler, t0: float, t1: float, tokens: int) -> 
 
 
 # --- the two clients ------------------------------------------------------------------------------
-def lab_level(engine, srv, c: int, n: int, max_s: float, manifest: dict | None = None) -> dict:
+def lab_level(engine, srv, c: int, n: int, max_s: float, manifest: dict | None = None, out: Path | None = None) -> dict:
+    """One level of the lab's client; ``out``: a .jsonl file each row is written to as its request ends, as
+    ``lablib bench --out`` writes them (the ``lab-write`` client)."""
     from lablib.engines.base import GenerationConfig
     from lablib.measure.headroom import LoopLagProbe
     from lablib.measure.load import run_load
@@ -435,7 +437,14 @@ def lab_level(engine, srv, c: int, n: int, max_s: float, manifest: dict | None =
     cfg = GenerationConfig(max_new_tokens=n, ignore_eos=True)
     t0 = time.perf_counter()
     with CpuSampler(os.getpid()) as cpu, LoopLagProbe().on(engine) as probe:
-        rows = run_load(engine, prompts, "closed", concurrency=c, cfg=cfg, max_duration_s=max_s, manifest=manifest)
+        on_row = None
+        if out is not None:
+            from lablib.results.store import ResultsWriter
+
+            on_row = ResultsWriter(out).append
+        rows = run_load(
+            engine, prompts, "closed", concurrency=c, cfg=cfg, max_duration_s=max_s, manifest=manifest, on_row=on_row
+        )
         time.sleep(3 * cpu.interval_s)  # a read after the last token
     wall = time.perf_counter() - t0
     head = probe.headroom()
@@ -836,7 +845,8 @@ def main(argv=None) -> int:
         help="lab (pooled connections, as the lab's client talks to vLLM), lab-close (one connection per request, "
         "as to llama-server), lab-asyncio (the standard library's event loop, where the lab's is uvloop), lab-sockread "
         "(aiohttp's read timer re-armed at every read, as before the lab's own read deadline), lab-stdjson (chunks "
-        "read with the standard library's JSON scanner, not orjson), vllm (vLLM's "
+        "read with the standard library's JSON scanner, not orjson), lab-write (each row written to a .jsonl file "
+        "as its request ends, as lablib bench --out does; lab-write-stdjson: without orjson), vllm (vLLM's "
         "environment: lablib.build.vllm), lab@REV (the lab's parse path as of git REV), "
         "lab-pN (the lab's client from N processes on one clock: lablib.measure.processes)",
     )
@@ -933,6 +943,10 @@ def main(argv=None) -> int:
                     for client in order:
                         if client == "lab":
                             r = lab_level(engine, srv, c, n, max_s, manifest)
+                        elif client in ("lab-write", "lab-write-stdjson"):
+                            with stdlib_json() if client.endswith("stdjson") else contextlib.nullcontext():
+                                r = lab_level(engine, srv, c, n, max_s, manifest, work / f"{client}-{k}.jsonl")
+                            r["client"] = client
                         elif client in AS_BEFORE:  # the lab's engine with one of its paths as it was
                             with AS_BEFORE[client]():
                                 r = lab_level(engine, srv, c, n, max_s, manifest)
@@ -992,15 +1006,18 @@ def aiohttp_read_timer():
 
 @contextlib.contextmanager
 def stdlib_json():
-    """The lab's client reading each streamed chunk with the standard library's JSON scanner, as without the
-    serve extra's orjson (``lablib.engines.http.protocol.loads``). For ``lab-stdjson``."""
+    """The lab's client reading each streamed chunk with the standard library's JSON scanner, and writing each row
+    with ``json.dumps``, as without the serve extra's orjson (``lablib.engines.http.protocol.loads``,
+    ``lablib.results.store.row_line``). For ``lab-stdjson`` and ``lab-write-stdjson``."""
     import lablib.engines.http.protocol as protocol
+    import lablib.results.store as store
 
     own, protocol._fast = protocol._fast, None
+    own_rows, store._orjson = store._orjson, False
     try:
         yield
     finally:
-        protocol._fast = own
+        protocol._fast, store._orjson = own, own_rows
 
 
 AS_BEFORE = {"lab-sockread": aiohttp_read_timer, "lab-stdjson": stdlib_json}  # client -> its swap

@@ -24,6 +24,56 @@ def test_results_are_appended_and_earlier_rows_kept(tmp_path, suffix):
     assert list(df["itl_s"][0]) == [0.1, 0.2]
 
 
+@pytest.mark.parametrize("writer", ["orjson", "json.dumps"])
+def test_a_jsonl_row_reads_back_as_json_dumps_writes_it(tmp_path, monkeypatch, writer):
+    """The .jsonl writer's line (orjson's where installed and the row is plain, else json.dumps') reads back to
+    what json.dumps' line reads back to, value for value: a load run's kind of row, and the values orjson
+    writes otherwise (NaN and infinities, an int past 64 bits, keys that are not str, numpy values, nesting)."""
+    import math
+
+    import numpy as np
+
+    from lablib.results import store
+
+    if writer == "json.dumps":
+        monkeypatch.setattr(store, "_orjson", False)
+    else:
+        pytest.importorskip("orjson")  # the serve extra's (CI installs it)
+        monkeypatch.setattr(store, "_orjson", None)
+    rows = [
+        {"engine": "http", "ttft_s": 0.0123, "itl_s": [0.01, 0.0099, 1e-05], "token_ids": [1, 2], "error": None},
+        {"text": 'héllo \u2603 \\ "q"\n', "ok": True, "n": -3, "mixed": [1, "a", None, 2.5, True], "empty": []},
+        {"tpot_s": float("nan"), "e2e_s": math.inf, "itl_s": [0.1, -math.inf], "big": 2**70},
+        {"itl_s": [0.1, float("nan")]},  # one at a time, in a list only
+        {"gaps": [1, math.inf]},
+        {"words": ["a", -math.inf]},
+        {"tpot_s": float("nan")},
+        {"e2e_s": -math.inf, "n": 1},
+        {"server": {"load": float("nan")}},  # a NaN nested where orjson would write null
+        {"np": np.float64(0.5), "i": np.int64(7), "nested": {"a": [1, {"b": None}]}, "nested_list": [[1, 2]]},
+        {1: "int key"},
+    ]
+
+    def same(a, b):  # NaN equal to NaN
+        return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+    for row in rows:
+        line = store.row_line(row)
+        assert line.endswith("\n") and "\n" not in line[:-1]
+        assert same(json.loads(line), json.loads(json.dumps(row, default=store._jsonable)))
+    plain = store.row_line(rows[0])
+    if writer == "orjson":  # the plain rows are orjson's (no spaces), the others json.dumps'
+        assert plain.startswith('{"engine":"http"') and store.row_line(rows[2]).startswith('{"tpot_s": NaN')
+    else:
+        assert plain == json.dumps(rows[0]) + "\n"
+    path = tmp_path / "r.jsonl"
+    for row in rows[:3]:
+        ResultsWriter(path).append(row)
+    df = load_results(path)
+    assert list(df["itl_s"][0]) == [0.01, 0.0099, 1e-05] and df["text"][1] == rows[1]["text"]
+    assert math.isnan(df["tpot_s"][2]) and df["e2e_s"][2] == math.inf
+
+
 def test_load_merges_files_and_names_the_source(tmp_path):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.parquet"
     ResultsWriter(a).append({"engine": "x", "hostname": "laptop-1"})

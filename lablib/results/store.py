@@ -167,7 +167,7 @@ class ResultsWriter:
                     f.seek(f.tell() - 1)
                     if f.read(1) != "\n":
                         f.write("\n")
-                f.write(json.dumps(row, default=_jsonable) + "\n")
+                f.write(row_line(row))
                 f.flush()
                 os.fsync(f.fileno())
         else:
@@ -178,6 +178,54 @@ class ResultsWriter:
             pd.DataFrame(self._rows).to_parquet(tmp, index=False)
             os.replace(tmp, self.path)
         self.written += 1
+
+
+_orjson = None  # the serve extra's orjson, imported at the first row (None: not yet; False: not installed)
+_OK_ITEMS = (str, int, type(None))  # bool is an int
+
+
+def _plain(row: dict) -> bool:
+    """Every value a str, an int, a bool, None, a finite float, or a list of them: what orjson writes as
+    json.dumps does (values; not spacing). NaN and infinities (json.dumps' ``NaN``, orjson's ``null``), dicts,
+    numpy values and the rest are json.dumps'."""
+    import math
+
+    for v in row.values():
+        t = type(v)
+        if t is float:
+            if not math.isfinite(v):
+                return False
+        elif t is list:
+            try:
+                if math.isfinite(sum(v)):  # numbers: a non-finite one makes the sum so (an overflow: json.dumps)
+                    continue
+                return False
+            except TypeError:  # not all numbers
+                if not all(isinstance(x, _OK_ITEMS) or (type(x) is float and math.isfinite(x)) for x in v):
+                    return False
+        elif not isinstance(v, _OK_ITEMS):
+            return False
+    return True
+
+
+def row_line(row: dict) -> str:
+    """``row`` as one JSON line, its newline included: orjson's where installed (the serve extra) and the row is
+    plain (:func:`_plain`), else ``json.dumps``' (``_jsonable`` for numpy and other values). A load run's row
+    (86 columns, 100 ITLs, 7.8 KB) took 10 us with orjson against about 290 with json.dumps, on the rows'
+    thread, which holds the GIL meanwhile while the loop beside it waits to stamp tokens. Both read back
+    (json.loads) to the same values; orjson writes no spaces and non-ASCII text as UTF-8, not ``\\u`` escapes."""
+    global _orjson
+    if _orjson is None:
+        try:
+            import orjson as _orjson
+        except ImportError:
+            _orjson = False
+    if _orjson and _plain(row):
+        try:
+            return _orjson.dumps(row, option=_orjson.OPT_APPEND_NEWLINE).decode()
+        except TypeError:  # a key that is not a str, an int past 64 bits: json.dumps'
+            pass
+    return json.dumps(row, default=_jsonable) + "\n"
 
 
 def _check_jsonl_head(path: Path) -> None:
