@@ -38,7 +38,9 @@ def test_a_jsonl_row_reads_back_as_json_dumps_writes_it(tmp_path, monkeypatch, w
     if writer == "json.dumps":
         monkeypatch.setattr(store, "_orjson", False)
     else:
-        pytest.importorskip("orjson")  # the serve extra's (CI installs it)
+        import importlib.util
+
+        assert importlib.util.find_spec("orjson"), "the serve extra's orjson is missing: pip install 'lablib[serve]'"
         monkeypatch.setattr(store, "_orjson", None)
     rows = [
         {"engine": "http", "ttft_s": 0.0123, "itl_s": [0.01, 0.0099, 1e-05], "token_ids": [1, 2], "error": None},
