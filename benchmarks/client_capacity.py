@@ -275,6 +275,28 @@ The lab's client delivered at least vLLM's client's tokens/s at every level of b
 streams on) at less CPU per token from 16 streams on, and its added ITL p99 was lower in 13 of 14 pairs: every
 level but 1,024 streams in run 2 (2.1x, where it delivered 1.39x the tokens/s; every client there is past its limit
 with stamps 60-370 ms late). At the edges its p99 was higher in 10 of 14 pairs: what is left to take.
+
+**Rows written as ``lablib bench --out`` writes them** (the same machine and day, quiet, pinned as above). The ``lab``
+column makes each row but writes none; ``lablib bench`` appends each to its ``.jsonl`` file as its request ends
+(``lablib.results.store.ResultsWriter``: open, the row's JSON line, flush, fsync), in the rows' thread beside the
+stamping loop. ``lab-write`` does that; ``lab-write-stdjson`` writes each line with ``json.dumps`` (155 us for a row
+of 100 ITLs), as before the writer took orjson where installed (20 us). ``--levels 16,16,16,16,16,16,256,256,1024,1024
+--clients lab,lab-write,lab-write-stdjson,vllm --no-parse --server-cpus 0 --client-cpus 1`` (148 s; medians over the
+levels: added_itl_p99_ms, edge_p99_ms; tok_s)::
+
+    C      lab                   lab-write             lab-write-stdjson     vllm
+    16     0.491  0.894   1595   0.522  0.855   1596   0.438  1.34    1595   0.512  0.955   1584
+    256    6.30   28.1   23473   9.67   35.0   23424   21.5   52.3   23397   20.8   48.9   20802
+    1024   95.9   66.4   64137   161    88.1   55703   257    132    53558   136    123    42192
+
+and with the fsync left out (a scratch variant, not kept; ``--levels 256,256,1024,1024``, 80 s): lab 3.40 / 92.9,
+lab-write without fsync 3.60 / 109, lab-write 7.18 / 155, vllm 5.35 / 145 (added_itl_p99_ms at 256 / 1,024 streams).
+So writing the rows as bench does costs the stamping loop little at 16 streams and, at 256-1,024, doubles the added
+ITL p99 against rows not written, most of it the fsync per row (its kernel work on the clients' core, and the rows'
+thread taking the GIL back after it); orjson halved what writing cost before. Written so, the lab's client was at
+1.07-1.18x vLLM's client's p99 at 1,024 streams (delivering 1.27-1.38x its tokens/s) and below it at 256 in one run
+of two. An fsync per row is the results' durability (a dead machine loses at most the rows in flight); one fsync per
+burst of finished rows would keep it: left for a decision.
 """
 
 from __future__ import annotations
