@@ -293,7 +293,7 @@ and with the fsync left out (a scratch variant, not kept; ``--levels 256,256,102
 lab-write without fsync 3.60 / 109, lab-write 7.18 / 155, vllm 5.35 / 145 (added_itl_p99_ms at 256 / 1,024 streams).
 So writing the rows as bench does costs the stamping loop little at 16 streams and, at 256-1,024, raises the added
 ITL p99 1.5-2.1x against rows not written, most of it the fsync per row (its kernel work on the clients' core, and the rows'
-thread taking the GIL back after it); orjson halved what writing cost before. Written so, the lab's client was at
+thread taking the GIL back after it); orjson cut what writing added to it by 60-80 %. Written so, the lab's client was at
 1.07-1.18x vLLM's client's p99 at 1,024 streams (delivering 1.32-1.38x its tokens/s) and below it at 256 in one run
 of two. An fsync per row is the results' durability (a dead machine loses at most the rows in flight); one fsync per
 burst of finished rows would keep it: left for a decision.
