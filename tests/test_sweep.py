@@ -52,6 +52,7 @@ def test_a_jsonl_row_reads_back_as_json_dumps_writes_it(tmp_path, monkeypatch, w
         {"tpot_s": float("nan")},
         {"e2e_s": -math.inf, "n": 1},
         {"server": {"load": float("nan")}},  # a NaN nested where orjson would write null
+        {"ids": [1, 10**400]},  # an int no float holds
         {"np": np.float64(0.5), "i": np.int64(7), "nested": {"a": [1, {"b": None}]}, "nested_list": [[1, 2]]},
         {1: "int key"},
     ]
