@@ -53,6 +53,7 @@ def test_a_jsonl_row_reads_back_as_json_dumps_writes_it(tmp_path, monkeypatch, w
         {"e2e_s": -math.inf, "n": 1},
         {"server": {"load": float("nan")}},  # a NaN nested where orjson would write null
         {"ids": [1, 10**400]},  # an int no float holds
+        {"error": "bad\u2028request", "text": "caf\u00e9\u0085"},  # split by str.splitlines() unless escaped
         {"np": np.float64(0.5), "i": np.int64(7), "nested": {"a": [1, {"b": None}]}, "nested_list": [[1, 2]]},
         {1: "int key"},
     ]
@@ -62,7 +63,7 @@ def test_a_jsonl_row_reads_back_as_json_dumps_writes_it(tmp_path, monkeypatch, w
 
     for row in rows:
         line = store.row_line(row)
-        assert line.endswith("\n") and "\n" not in line[:-1]
+        assert line.endswith("\n") and len(line[:-1].splitlines()) == 1 and line.isascii()
         assert same(json.loads(line), json.loads(json.dumps(row, default=store._jsonable)))
     plain = store.row_line(rows[0])
     if writer == "orjson":  # the plain rows are orjson's (no spaces), the others json.dumps'
@@ -70,9 +71,10 @@ def test_a_jsonl_row_reads_back_as_json_dumps_writes_it(tmp_path, monkeypatch, w
     else:
         assert plain == json.dumps(rows[0]) + "\n"
     path = tmp_path / "r.jsonl"
-    for row in rows[:3]:
+    for row in rows[:3] + [rows[10]]:  # the last: U+2028 and U+0085 in its text
         ResultsWriter(path).append(row)
     df = load_results(path)
+    assert len(df) == 4 and df["error"][3] == "bad\u2028request"
     assert list(df["itl_s"][0]) == [0.01, 0.0099, 1e-05] and df["text"][1] == rows[1]["text"]
     assert math.isnan(df["tpot_s"][2]) and df["e2e_s"][2] == math.inf
 

@@ -213,8 +213,8 @@ def row_line(row: dict) -> str:
     plain (:func:`_plain`), else ``json.dumps``' (``_jsonable`` for numpy and other values). A load run's row
     (86 columns, 100 ITLs, 7.8 KB) took 20 us (orjson's 9, the plain check's 10) against 155 with json.dumps
     (2-core AMD EPYC, quiet), on the rows' thread, which holds the GIL meanwhile while the loop beside it waits
-    to stamp tokens. Both read back (json.loads) to the same values; orjson writes no spaces and non-ASCII text
-    as UTF-8, not ``\\u`` escapes."""
+    to stamp tokens. Both read back (json.loads) to the same values, and both lines are ASCII (a row whose
+    orjson line is not, with text beyond ASCII, is json.dumps', which escapes it); orjson writes no spaces."""
     global _orjson
     if _orjson is None:
         try:
@@ -223,9 +223,13 @@ def row_line(row: dict) -> str:
             _orjson = False
     if _orjson and _plain(row):
         try:
-            return _orjson.dumps(row, option=_orjson.OPT_APPEND_NEWLINE).decode()
+            line = _orjson.dumps(row, option=_orjson.OPT_APPEND_NEWLINE)
         except TypeError:  # a key that is not a str, an int past 64 bits: json.dumps'
-            pass
+            line = b""
+        # ASCII, as json.dumps' lines are, or json.dumps' (found by a helper: orjson's raw U+2028 split the line
+        # where load_results reads lines, and a row torn inside a UTF-8 character stopped the next append)
+        if line and line.isascii():
+            return line.decode()
     return json.dumps(row, default=_jsonable) + "\n"
 
 
