@@ -297,6 +297,25 @@ thread taking the GIL back after it); orjson cut what writing added to it by 60-
 1.07-1.18x vLLM's client's p99 at 1,024 streams (delivering 1.32-1.38x its tokens/s) and below it at 256 in one run
 of two. An fsync per row is the results' durability (a dead machine loses at most the rows in flight); one fsync per
 burst of finished rows would keep it: left for a decision.
+
+**Rows fsync'd at most once a second** (``ResultsWriter(sync_every_s=LOAD_SYNC_S)``, as bench and replay now write:
+each row still handed to the OS as its request ends, so a crash or kill of the lab loses none; the fsync, which only
+a crash of the machine itself would need, once a second and at the run's end). ``lab-write-fsync`` is the writer as
+before (an fsync per row). Two runs, ``--levels 16,16,16,16,256,256,1024,1024`` and ``--levels
+256,256,256,1024,1024,1024``, ``--clients lab,lab-write,lab-write-fsync,vllm --no-parse --server-cpus 0 --client-cpus
+1`` (the same machine, 2026-12-05; medians over the levels: added_itl_p99_ms, edge_p99_ms; tok_s)::
+
+    C      n  lab                   lab-write             lab-write-fsync       vllm
+    16     4  0.590  2.18    1596   0.499  1.34    1594   0.417  0.78    1595   0.508  0.93    1582
+    256    5  4.01   21.5   22916   6.35   44.9   23164   9.07   25.9   23617   13.1   23.2   21688
+    1024   5  102    96.9   63950   107    94.3   61887   160    112    50827   155    167    44652
+
+So at 256-1,024 streams the fsync per row was most of what writing the rows cost the added ITL p99 (and, at 1,024,
+the tokens/s): without it the rows written as bench writes them leave the p99 at 1.05-1.6x rows not written (before:
+1.6-2.3x), under vLLM's client's at every level (0.98, 0.48, 0.69x) while delivering 1.01-1.39x its tokens/s. At 16
+streams the four clients are within the levels' spread of each other (0.39-0.74 ms). Near the edges at 16 streams the
+fsync per row did better (0.78 ms against 1.34): it releases the GIL after each row, where the rows' thread otherwise
+holds it through a burst of finished requests while the loop waits to stamp.
 """
 
 from __future__ import annotations
@@ -447,9 +466,19 @@ def cpu_us_per_token(sampler: CpuSampler, t0: float, t1: float, tokens: int) -> 
 
 
 # --- the two clients ------------------------------------------------------------------------------
-def lab_level(engine, srv, c: int, n: int, max_s: float, manifest: dict | None = None, out: Path | None = None) -> dict:
+def lab_level(
+    engine,
+    srv,
+    c: int,
+    n: int,
+    max_s: float,
+    manifest: dict | None = None,
+    out: Path | None = None,
+    sync_every_s: float | None = None,
+) -> dict:
     """One level of the lab's client; ``out``: a .jsonl file each row is written to as its request ends, as
-    ``lablib bench --out`` writes them (the ``lab-write`` client)."""
+    ``lablib bench --out`` writes them (the ``lab-write`` client), made durable (fsync) at most every
+    ``sync_every_s`` seconds and at the run's end (None: as bench does, ``LOAD_SYNC_S``; 0: every row)."""
     from lablib.engines.base import GenerationConfig
     from lablib.measure.headroom import LoopLagProbe
     from lablib.measure.load import run_load
@@ -459,14 +488,23 @@ def lab_level(engine, srv, c: int, n: int, max_s: float, manifest: dict | None =
     cfg = GenerationConfig(max_new_tokens=n, ignore_eos=True)
     t0 = time.perf_counter()
     with CpuSampler(os.getpid()) as cpu, LoopLagProbe().on(engine) as probe:
-        on_row = None
+        writer = None
         if out is not None:
-            from lablib.results.store import ResultsWriter
+            from lablib.results.store import LOAD_SYNC_S, ResultsWriter
 
-            on_row = ResultsWriter(out).append
+            writer = ResultsWriter(out, sync_every_s=LOAD_SYNC_S if sync_every_s is None else sync_every_s)
         rows = run_load(
-            engine, prompts, "closed", concurrency=c, cfg=cfg, max_duration_s=max_s, manifest=manifest, on_row=on_row
+            engine,
+            prompts,
+            "closed",
+            concurrency=c,
+            cfg=cfg,
+            max_duration_s=max_s,
+            manifest=manifest,
+            on_row=None if writer is None else writer.append,
         )
+        if writer is not None:
+            writer.sync()  # as bench does at a run's end
         time.sleep(3 * cpu.interval_s)  # a read after the last token
     wall = time.perf_counter() - t0
     head = probe.headroom()
@@ -858,8 +896,8 @@ def main(argv=None) -> int:
         "as to llama-server), lab-asyncio (the standard library's event loop, where the lab's is uvloop), lab-sockread "
         "(aiohttp's read timer re-armed at every read, as before the lab's own read deadline), lab-stdjson (chunks "
         "read with the standard library's JSON scanner, not orjson), lab-write (each row written to a .jsonl file "
-        "as its request ends, as lablib bench --out does; lab-write-stdjson: without orjson), vllm (vLLM's "
-        "environment: lablib.build.vllm), lab@REV (the lab's parse path as of git REV), "
+        "as its request ends, as lablib bench --out does; lab-write-stdjson: without orjson; lab-write-fsync: each "
+        "row fsync'd, as bench did before), vllm (vLLM's environment: lablib.build.vllm), lab@REV (the lab's parse path as of git REV), "
         "lab-pN (the lab's client from N processes on one clock: lablib.measure.processes)",
     )
     ap.add_argument("--server-cpus", default=None, help="CPUs the server runs on, e.g. 0 (Linux: sched_setaffinity)")
@@ -955,9 +993,18 @@ def main(argv=None) -> int:
                     for client in order:
                         if client == "lab":
                             r = lab_level(engine, srv, c, n, max_s, manifest)
-                        elif client in ("lab-write", "lab-write-stdjson"):
+                        elif client in ("lab-write", "lab-write-stdjson", "lab-write-fsync"):
                             with stdlib_json() if client.endswith("stdjson") else contextlib.nullcontext():
-                                r = lab_level(engine, srv, c, n, max_s, manifest, work / f"{client}-{k}.jsonl")
+                                r = lab_level(
+                                    engine,
+                                    srv,
+                                    c,
+                                    n,
+                                    max_s,
+                                    manifest,
+                                    work / f"{client}-{k}.jsonl",
+                                    0.0 if client.endswith("fsync") else None,
+                                )
                             r["client"] = client
                         elif client in AS_BEFORE:  # the lab's engine with one of its paths as it was
                             with AS_BEFORE[client]():

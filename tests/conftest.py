@@ -53,6 +53,23 @@ def engine(request):
     return request.getfixturevalue(request.param)
 
 
+@pytest.fixture
+def fsynced(monkeypatch):
+    """A function of a path: that file's sizes at each fsync of it in this test (os.fsync recorded, and done)."""
+    import os
+
+    synced = []  # (inode, size) of each file fsync'd
+    real = os.fsync
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        synced.append((st.st_ino, st.st_size))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return lambda path: [size for ino, size in synced if ino == path.stat().st_ino]
+
+
 @pytest.fixture(scope="module")
 def server():
     """A scripted OpenAI-compatible SSE server on 127.0.0.1 (tests/sse_server.py), one per test module."""

@@ -364,12 +364,24 @@ def test_the_panel_refuses_a_bad_port_with_one_line(model, capsys):
     assert out.startswith("lablib: base_url='http://127.0.0.1:99999/v1'") and "Traceback" not in out
 
 
-def test_bench_rows_are_plain_json_lines(scripted, tmp_path):
-    """The happy path of the same fixtures, so a failure above is the case's, not the fixture's."""
+def test_bench_rows_are_plain_json_lines(scripted, tmp_path, fsynced):
+    """The happy path of the same fixtures, so a failure above is the case's, not the fixture's; and every row
+    is durable (fsync'd) when bench returns, though a load run's writer fsyncs at most once a second."""
     out = tmp_path / "ok.jsonl"
     assert main(bench_args(scripted.base_url, out, "--concurrency", "1", "--warmup", "0")) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 2 and all(r["error"] is None for r in rows)
+    assert fsynced(out)[-1:] == [out.stat().st_size]
+
+
+def test_replay_rows_are_durable_when_it_returns(scripted, tmp_path, fsynced):
+    """As bench's: a replay's writer fsyncs at most once a second, and its last rows when the replay ends."""
+    p = tmp_path / "t.csv"
+    p.write_text("arrival_s,prompt_tokens,output_tokens\n0,8,2\n0,8,2\n0,8,2\n")
+    out = tmp_path / "r.jsonl"
+    assert main(["replay", "--base-url", scripted.base_url, "--trace", str(p), "--out", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 3
+    assert fsynced(out)[-1:] == [out.stat().st_size]
 
 
 # --- a server named as another kind; requests a run did not send ---------------------------------------

@@ -24,6 +24,38 @@ def test_results_are_appended_and_earlier_rows_kept(tmp_path, suffix):
     assert list(df["itl_s"][0]) == [0.1, 0.2]
 
 
+def test_a_load_runs_writer_hands_each_row_over_and_makes_rows_durable_at_most_every_sync_every_s(tmp_path, fsynced):
+    """A row is in the file (handed to the OS: a crash of the lab loses none) as append returns; an fsync is
+    the first row's, then one once ``sync_every_s`` has passed since the last, and sync()'s for rows after it
+    (none when none are left). The default writer fsyncs every row."""
+    import time
+
+    path = tmp_path / "r.jsonl"
+    w = ResultsWriter(path, sync_every_s=3600)
+    for i in range(3):
+        w.append({"engine": "e", "i": i})
+        assert list(load_results(path)["i"]) == list(range(i + 1))
+    assert fsynced(path) == [len(path.read_text().splitlines()[0]) + 1]  # the first row's
+    w.sync()
+    assert fsynced(path)[1:] == [path.stat().st_size]
+    w.sync()  # nothing written since
+    assert len(fsynced(path)) == 2
+
+    w = ResultsWriter(path, sync_every_s=0.05)
+    w.append({"engine": "e", "i": 3})
+    w.append({"engine": "e", "i": 4})  # within 0.05 s of the last fsync (or not: then fsync'd, which is as right)
+    time.sleep(0.06)
+    w.append({"engine": "e", "i": 5})  # past it: fsync'd
+    assert fsynced(path)[-1] == path.stat().st_size and len(fsynced(path)) in (4, 5)
+
+    w, before = ResultsWriter(path), len(fsynced(path))
+    for i in range(3):
+        w.append({"engine": "e", "i": 6 + i})
+        assert fsynced(path)[-1] == path.stat().st_size
+    assert len(fsynced(path)) == before + 3
+    assert list(load_results(path)["i"]) == list(range(9))
+
+
 @pytest.mark.parametrize("writer", ["orjson", "json.dumps"])
 def test_a_jsonl_row_reads_back_as_json_dumps_writes_it(tmp_path, monkeypatch, writer):
     """The .jsonl writer's line (orjson's where installed and the row is plain, else json.dumps') reads back to

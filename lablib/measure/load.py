@@ -863,7 +863,7 @@ def bench(
     from lablib.measure.headroom import LoopLagProbe
     from lablib.measure.workload import PROMPT_KINDS, distinct_prompts, random_prompts
     from lablib.model.resolve import ResolvedModel, prepare
-    from lablib.results.store import ResultsWriter, _suffix
+    from lablib.results.store import LOAD_SYNC_S, ResultsWriter, _suffix
 
     _suffix(out)  # a bad file name is refused before any work
     if prompts not in PROMPT_KINDS:
@@ -904,7 +904,7 @@ def bench(
         prompts = warm + random_prompts(rm, prompt_tokens, requests, seed)
     else:
         prompts = distinct_prompts(rm, prompt_tokens, warmup + requests)  # a server's prefix cache stays cold
-    writer = ResultsWriter(out)  # a bad out is refused before any request
+    writer = ResultsWriter(out, sync_every_s=LOAD_SYNC_S)  # a bad out is refused before any request
     summaries, engine = [], None
     runs_file = Path(out).with_name(Path(out).stem + ".runs.jsonl")
     try:
@@ -975,6 +975,7 @@ def bench(
                         client_probe=probe,
                         start_at=start_at,
                     )
+            writer.sync()  # the run's last rows made durable before its summary is written
             counters = info = None
             if sampler is not None:
                 with open(server_file, "a") as f:
@@ -1016,6 +1017,8 @@ def bench(
         e.rows_written = writer.written
         raise
     finally:
+        with contextlib.suppress(OSError):  # rows of a run stopped midway made durable (a failure is the run's own)
+            writer.sync()
         if engine is not None:
             engine.close()
     return summaries

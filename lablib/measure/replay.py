@@ -30,6 +30,7 @@ starts), a results file, a summary.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
@@ -591,7 +592,7 @@ def run_replay(
     from lablib.engines.base import GenerationConfig
     from lablib.measure.workload import prompt_of_length
     from lablib.model.resolve import ResolvedModel, prepare
-    from lablib.results.store import ResultsWriter, _suffix
+    from lablib.results.store import LOAD_SYNC_S, ResultsWriter, _suffix
 
     _suffix(out)  # a bad file name is refused before any work
     if (base_url is None) == (server is None):
@@ -640,7 +641,7 @@ def run_replay(
         try:
             plan = scale(tr, time_scale, length_scale, output_scale, block_tokens, n_ctx=engine.n_ctx)
             prompts = build_prompts(rm, plan, corpus)
-            writer = ResultsWriter(out)
+            writer = ResultsWriter(out, sync_every_s=LOAD_SYNC_S)
             for i in range(warmup):
                 engine.generate(prompt_of_length(rm, 8, offset=3 * i), GenerationConfig(max_new_tokens=4))
             from lablib.measure.headroom import LoopLagProbe
@@ -648,10 +649,16 @@ def run_replay(
 
             probe, per_process = LoopLagProbe(), None
             run = dict(concurrency=concurrency, max_duration_s=max_duration_s, on_row=writer.append, corpus=corpus)
-            if client_processes > 1:
-                rows, per_process = replay_processes(engine, plan, prompts, processes=client_processes, **run)
-            else:
-                rows = replay(engine, plan, prompts, client_probe=probe, **run)
+            try:
+                if client_processes > 1:
+                    rows, per_process = replay_processes(engine, plan, prompts, processes=client_processes, **run)
+                else:
+                    rows = replay(engine, plan, prompts, client_probe=probe, **run)
+            except BaseException:  # rows of a replay stopped midway made durable (a failure is the replay's own)
+                with contextlib.suppress(OSError):
+                    writer.sync()
+                raise
+            writer.sync()
             s = {"server": engine.kind, **replay_summary(rows, plan, max_lag_s, ttft_s, tpot_s, e2e_s)}
             if per_process is None:
                 s["client_headroom"] = client_headroom_of(probe, s.get("itl_p50_s"))

@@ -341,7 +341,7 @@ class ReplayPanel(BackgroundRun):
         from lablib.measure.load import client_headroom_of
         from lablib.measure.replay import build_prompts, lag_warning, replay, replay_summary, scale
         from lablib.model.resolve import ResolvedModel, prepare
-        from lablib.results.store import ResultsWriter
+        from lablib.results.store import LOAD_SYNC_S, ResultsWriter
 
         self.rows, self.df, self.samples, self.summary, self.error = [], None, None, None, None
         self._sampler, self._draw_note = None, ""
@@ -357,7 +357,7 @@ class ReplayPanel(BackgroundRun):
         try:
             if not isinstance(self.model, ResolvedModel):
                 self.model = prepare(self.model, log=lambda *_: None)
-            writer = ResultsWriter(v["out"]) if v["out"] else None
+            writer = ResultsWriter(v["out"], sync_every_s=LOAD_SYNC_S) if v["out"] else None
             e, srv = self._engine(self.show_status)
             try:
                 plan = scale(
@@ -388,6 +388,8 @@ class ReplayPanel(BackgroundRun):
                     )
                 finally:
                     self._redrawer.close()
+                    if writer is not None:  # the replay's last rows made durable, stopped or not
+                        writer.sync()
             finally:
                 e.close()
         except Exception as ex:
