@@ -298,10 +298,10 @@ thread taking the GIL back after it); orjson cut what writing added to it by 60-
 of two. An fsync per row is the results' durability (a dead machine loses at most the rows in flight); one fsync per
 burst of finished rows would keep it: left for a decision.
 
-**Rows fsync'd at most once a second** (``ResultsWriter(sync_every_s=LOAD_SYNC_S)``, as bench and replay now write:
-each row still handed to the OS as its request ends, so a crash or kill of the lab loses none; the fsync, which only
-a crash of the machine itself would need, once a second and at the run's end). ``lab-write-fsync`` is the writer as
-before (an fsync per row). Two runs, ``--levels 16,16,16,16,256,256,1024,1024`` and ``--levels
+**Rows fsync'd at most about once a second** (``ResultsWriter(sync_every_s=LOAD_SYNC_S)``, as bench and replay now
+write: each row still handed to the OS as its request ends, so a crash or kill of the lab loses none; the fsync, which
+only a crash of the machine itself would need, with the first row a second or more after the last and at the run's
+end). ``lab-write-fsync`` is the writer as before (an fsync per row). Two runs, ``--levels 16,16,16,16,256,256,1024,1024`` and ``--levels
 256,256,256,1024,1024,1024``, ``--clients lab,lab-write,lab-write-fsync,vllm --no-parse --server-cpus 0 --client-cpus
 1`` (the same machine, 2026-12-05; medians over the levels: added_itl_p99_ms, edge_p99_ms; tok_s)::
 

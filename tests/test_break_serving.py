@@ -364,24 +364,57 @@ def test_the_panel_refuses_a_bad_port_with_one_line(model, capsys):
     assert out.startswith("lablib: base_url='http://127.0.0.1:99999/v1'") and "Traceback" not in out
 
 
-def test_bench_rows_are_plain_json_lines(scripted, tmp_path, fsynced):
-    """The happy path of the same fixtures, so a failure above is the case's, not the fixture's; and every row
-    is durable (fsync'd) when bench returns, though a load run's writer fsyncs at most once a second."""
+def test_bench_rows_are_plain_json_lines(scripted, tmp_path):
+    """The happy path of the same fixtures, so a failure above is the case's, not the fixture's."""
     out = tmp_path / "ok.jsonl"
     assert main(bench_args(scripted.base_url, out, "--concurrency", "1", "--warmup", "0")) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 2 and all(r["error"] is None for r in rows)
-    assert fsynced(out)[-1:] == [out.stat().st_size]
 
 
-def test_replay_rows_are_durable_when_it_returns(scripted, tmp_path, fsynced):
-    """As bench's: a replay's writer fsyncs at most once a second, and its last rows when the replay ends."""
+def test_bench_makes_each_runs_rows_durable_when_it_ends(scripted, tmp_path, fsynced, monkeypatch):
+    """A load run's writer fsyncs rows at most once a second (here once an hour): each rate's rows are fsync'd
+    when its run ends, before its summary, and so are those of a run stopped midway (a Ctrl-C: by bench's own
+    sync, and the writer's when it is let go)."""
+    from lablib.results import store
+
+    monkeypatch.setattr(store, "LOAD_SYNC_S", 3600.0)
+    out = tmp_path / "ok.jsonl"
+    assert main(bench_args(scripted.base_url, out, "--rate", "50,100", "--warmup", "0", requests=3)) == 0
+    lines = out.read_text().splitlines(keepends=True)
+    rates = [json.loads(x)["rate"] for x in lines]
+    assert rates == [50.0] * 3 + [100.0] * 3
+    first_run = sum(len(x) for x in lines[:3])  # the first rate's rows end there
+    assert first_run in fsynced(out) and fsynced(out)[-1] == out.stat().st_size
+
+    import _thread
+
+    stopped = tmp_path / "stopped.jsonl"
+    scripted.script = [OK[0], "hang"]  # a token, then nothing: requests in flight
+    scripted.queue = [list(OK)]  # the first request ends
+
+    def interrupt():  # Ctrl-C once the first row is on disk, the others in flight
+        while not (stopped.exists() and stopped.read_text().count("\n") >= 1):
+            time.sleep(0.01)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    assert main(bench_args(scripted.base_url, stopped, "--concurrency", "3", "--warmup", "0", requests=5)) != 0
+    assert len(stopped.read_text().splitlines()) >= 3  # the finished one and those stopped in flight
+    assert fsynced(stopped)[-1] == stopped.stat().st_size
+
+
+def test_replay_rows_are_durable_when_it_returns(scripted, tmp_path, fsynced, monkeypatch):
+    """As bench's: a replay's writer fsyncs rows at most once a second, and those since when the replay ends."""
+    from lablib.results import store
+
+    monkeypatch.setattr(store, "LOAD_SYNC_S", 3600.0)
     p = tmp_path / "t.csv"
     p.write_text("arrival_s,prompt_tokens,output_tokens\n0,8,2\n0,8,2\n0,8,2\n")
     out = tmp_path / "r.jsonl"
     assert main(["replay", "--base-url", scripted.base_url, "--trace", str(p), "--out", str(out)]) == 0
     assert len(out.read_text().splitlines()) == 3
-    assert fsynced(out)[-1:] == [out.stat().st_size]
+    assert fsynced(out)[-1:] == [out.stat().st_size] and len(fsynced(out)) == 2  # the first row's, the end's
 
 
 # --- a server named as another kind; requests a run did not send ---------------------------------------

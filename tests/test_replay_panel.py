@@ -29,14 +29,17 @@ def srv(model):
         s.stop()
 
 
-def test_run_sync_replays_the_slice_into_the_file_the_status_and_the_figure(srv, model, tmp_path, fsynced):
+def test_run_sync_replays_the_slice_into_the_file_the_status_and_the_figure(srv, model, tmp_path, fsynced, monkeypatch):
+    from lablib.results import store
+
+    monkeypatch.setattr(store, "LOAD_SYNC_S", 3600.0)  # an fsync the first row's, then the run's end's
     out = tmp_path / "results" / "replay.jsonl"
     panel = replay_panel(srv, model, start=26, count=5, time_scale=1 / 16, length_scale=1 / 128, out=str(out))
     line = panel.run_sync()
     assert panel.error is None, panel.error
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 5 and sorted(r["trace_index"] for r in rows) == [26, 27, 28, 29, 30]
-    assert fsynced(out)[-1:] == [out.stat().st_size]  # every row durable when the run ends (fsync'd once a second)
+    assert fsynced(out)[-1:] == [out.stat().st_size] and len(fsynced(out)) == 2  # every row durable at the end
     assert all(r["error"] is None for r in rows), [r["error"] for r in rows]
     assert {r["time_scale"] for r in rows} == {1 / 16} and {r["block_tokens"] for r in rows} == {4}  # 512 / 128
     assert line == panel.status_text and line.startswith("done: 5 of 5 requests")

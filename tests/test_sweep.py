@@ -26,8 +26,8 @@ def test_results_are_appended_and_earlier_rows_kept(tmp_path, suffix):
 
 def test_a_load_runs_writer_hands_each_row_over_and_makes_rows_durable_at_most_every_sync_every_s(tmp_path, fsynced):
     """A row is in the file (handed to the OS: a crash of the lab loses none) as append returns; an fsync is
-    the first row's, then one once ``sync_every_s`` has passed since the last, and sync()'s for rows after it
-    (none when none are left). The default writer fsyncs every row."""
+    the first row's, then the first row's ``sync_every_s`` or more after the last, and sync()'s for the rows
+    since (none when none are left). The default writer fsyncs every row."""
     import time
 
     path = tmp_path / "r.jsonl"
@@ -54,6 +54,28 @@ def test_a_load_runs_writer_hands_each_row_over_and_makes_rows_durable_at_most_e
         assert fsynced(path)[-1] == path.stat().st_size
     assert len(fsynced(path)) == before + 3
     assert list(load_results(path)["i"]) == list(range(9))
+
+
+def test_rows_of_a_file_renamed_before_its_fsync_are_still_made_durable(tmp_path, fsynced):
+    """sync() fsyncs the files the rows went to (found by a helper: it reopened the path, so a file renamed
+    meanwhile, as by log rotation, never had its last rows fsync'd, and an empty file appeared at the path)."""
+    path, moved = tmp_path / "r.jsonl", tmp_path / "r.1.jsonl"
+    w = ResultsWriter(path, sync_every_s=3600)
+    w.append({"engine": "e", "i": 0})
+    w.append({"engine": "e", "i": 1})
+    path.rename(moved)
+    w.sync()
+    assert fsynced(moved)[-1:] == [moved.stat().st_size] and not path.exists()
+    w.append({"engine": "e", "i": 2})  # a new file at the path: fsync'd at the next sync, the moved one not again
+    w.sync()
+    assert fsynced(path) == [path.stat().st_size] and len(fsynced(moved)) == 2
+    assert list(load_results(moved)["i"]) == [0, 1] and list(load_results(path)["i"]) == [2]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1, "1", True])
+def test_a_writer_refuses_a_sync_interval_that_is_not_seconds(tmp_path, bad):
+    with pytest.raises(LabError, match=r"sync_every_s=.*: expected seconds between fsyncs"):
+        ResultsWriter(tmp_path / "r.jsonl", sync_every_s=bad)
 
 
 @pytest.mark.parametrize("writer", ["orjson", "json.dumps"])

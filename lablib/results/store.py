@@ -8,6 +8,7 @@ version and time. The row's columns are declared in :mod:`lablib.results.schema`
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -102,13 +103,15 @@ def _suffix(path) -> str:
 class ResultsWriter:
     """Appends rows to a results file as each request finishes.
 
-    ``.jsonl``: one JSON object per line, handed to the operating system per row (a crash, a kill or Ctrl-C of
-    the lab loses no row written) and made durable (``fsync``, which a power loss or a crash of the machine
-    itself does not undo) per row, or with ``sync_every_s`` at most that often (seconds) and at :meth:`sync`.
-    A load run's rows take the latter (:data:`LOAD_SYNC_S`): an fsync cost 280 us a row (140 of CPU, in the
-    process whose event loop stamps the other streams' tokens; 2-core AMD EPYC, ext4), the whole row otherwise 40.
+    ``.jsonl``: one JSON object per line, handed to the operating system as it is written (a crash, a kill or
+    Ctrl-C of the lab loses no row written) and made durable with an fsync (which a crash of the machine itself or
+    a power loss does not undo): per row; with ``sync_every_s`` (seconds), with the first row written that long or
+    longer after the last fsync, and at :meth:`sync` (a run's end) for the rows since (the files written through
+    are held open until then: a file renamed meanwhile still gets its fsync). A load run's rows take the latter
+    (:data:`LOAD_SYNC_S`): an fsync cost 280 us a row (140 of CPU, in the process whose event loop stamps the other
+    streams' tokens; 2-core AMD EPYC, ext4), the rest of its writing 40-60.
     ``.parquet``: the whole file rewritten atomically (temporary file, then
-    rename) per row, so a crash leaves the previous complete file. Rows
+    rename) per row, so a crash leaves the previous complete file (no fsync). Rows
     already in the file are kept: a new sweep adds to them.
     """
 
@@ -118,9 +121,11 @@ class ResultsWriter:
         self.path = Path(path)
         self.suffix = _suffix(self.path)
         self.written = 0
+        if isinstance(sync_every_s, bool) or not isinstance(sync_every_s, (int, float)) or not sync_every_s >= 0:
+            raise LabError(f"sync_every_s={sync_every_s!r}: expected seconds between fsyncs, 0 (every row) or more")
         self.sync_every_s = float(sync_every_s)
         self._synced_at = None  # time.monotonic() of the last fsync; None: none yet
-        self._unsynced = False  # rows written since then
+        self._held = {}  # (device, inode) -> the file rows were last written through since the last fsync
         # refuse now, before any measurement, what would fail at the first row
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -169,19 +174,23 @@ class ResultsWriter:
 
     def append(self, row: dict) -> None:
         if self.suffix == ".jsonl":
-            with open(self.path, "a+", encoding="utf-8") as f:
+            line = row_line(row)
+            f = open(self.path, "a+", encoding="utf-8")
+            self._hold(f)  # from here sync() flushes, fsyncs and closes it, whatever stops the write (an interrupt)
+            try:
                 if f.tell() > 0:  # a file torn by a crash: start the row on its own line
                     f.seek(f.tell() - 1)
                     if f.read(1) != "\n":
                         f.write("\n")
-                f.write(row_line(row))
+                f.write(line)
                 f.flush()
-                t = time.monotonic()
-                if self._synced_at is None or t - self._synced_at >= self.sync_every_s:
-                    os.fsync(f.fileno())
-                    self._synced_at, self._unsynced = t, False
-                else:
-                    self._unsynced = True
+            except OSError:  # a full disk: the row's error is this one
+                self._held.pop(_file_key(f), None)
+                with contextlib.suppress(OSError):
+                    f.close()
+                raise
+            if self._synced_at is None or time.monotonic() - self._synced_at >= self.sync_every_s:
+                self.sync()
         else:
             import pandas as pd
 
@@ -191,15 +200,37 @@ class ResultsWriter:
             os.replace(tmp, self.path)
         self.written += 1
 
+    def _hold(self, f) -> None:
+        """Keep ``f`` open for the next fsync; a handle held on the same file is closed (one fsync covers both)."""
+        old = self._held.get(key := _file_key(f))
+        self._held[key] = f
+        if old is not None:
+            old.close()
+
     def sync(self) -> None:
         """Make the rows written since the last fsync durable (with ``sync_every_s``: at a run's end)."""
-        if self._unsynced:
-            with open(self.path, "ab") as f:
+        if not self._held:
+            return
+        while self._held:
+            _, f = self._held.popitem()
+            try:
+                f.flush()  # the rest of a row an interrupt stopped
                 os.fsync(f.fileno())
-            self._synced_at, self._unsynced = time.monotonic(), False
+            finally:
+                f.close()
+        self._synced_at = time.monotonic()
+
+    def __del__(self):  # a writer let go before a run's end: its last rows made durable (and their files closed)
+        with contextlib.suppress(Exception):
+            self.sync()
 
 
-LOAD_SYNC_S = 1.0  # a load run's rows are made durable (fsync) at most this often, and at the run's end (seconds)
+def _file_key(f) -> tuple[int, int]:
+    st = os.fstat(f.fileno())
+    return st.st_dev, st.st_ino
+
+
+LOAD_SYNC_S = 1.0  # a load run's rows: an fsync with the first row this long after the last, and at the run's end (s)
 _orjson = None  # the serve extra's orjson, imported at the first row (None: not yet; False: not installed)
 _OK_ITEMS = (str, int, type(None))  # bool is an int
 

@@ -25,6 +25,7 @@ The bounds keep a run small on two cores, and each says where it comes from:
 
 from __future__ import annotations
 
+import contextlib
 import html
 import math
 import threading
@@ -386,10 +387,15 @@ class ReplayPanel(BackgroundRun):
                         client_probe=probe,
                         stop=self.cancel_event,
                     )
+                except BaseException:  # the rows of a replay that failed made durable (the failure is its own)
+                    if writer is not None:
+                        with contextlib.suppress(OSError):
+                            writer.sync()
+                    raise
                 finally:
                     self._redrawer.close()
-                    if writer is not None:  # the replay's last rows made durable, stopped or not
-                        writer.sync()
+                if writer is not None:  # the replay's last rows made durable, cancelled or not
+                    writer.sync()
             finally:
                 e.close()
         except Exception as ex:
