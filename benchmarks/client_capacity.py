@@ -480,14 +480,16 @@ def lab_level(
     ``lablib bench --out`` writes them (the ``lab-write`` client), made durable (fsync) at most every
     ``sync_every_s`` seconds and at the run's end (None: as bench does, ``LOAD_SYNC_S``; 0: every row)."""
     from lablib.engines.base import GenerationConfig
-    from lablib.measure.headroom import LoopLagProbe
+    from lablib.measure.headroom import LoopLagProbe, frozen_heap
     from lablib.measure.load import run_load
 
     srv.sendlog(clear=True)
     prompts = [[1000 + (i % 1000), 1 + i // 1000] + [7] * (PROMPT_TOKENS - 2) for i in range(2 * c)]
     cfg = GenerationConfig(max_new_tokens=n, ignore_eos=True)
     t0 = time.perf_counter()
-    with CpuSampler(os.getpid()) as cpu, LoopLagProbe().on(engine) as probe:
+    # the heap frozen before the probe starts, as bench does: run_load's own full collection at its start (200 ms
+    # after a level that wrote rows) is then of what was made since, not a lag of the probe's first tick
+    with frozen_heap(), CpuSampler(os.getpid()) as cpu, LoopLagProbe().on(engine) as probe:
         writer = None
         if out is not None:
             from lablib.results.store import LOAD_SYNC_S, ResultsWriter
