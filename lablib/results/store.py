@@ -221,8 +221,10 @@ class ResultsWriter:
         self._synced_at = time.monotonic()
 
     def __del__(self):  # a writer let go before a run's end: its last rows made durable (and their files closed)
-        with contextlib.suppress(Exception):
+        try:  # no module global here: at the interpreter's exit they may be gone
             self.sync()
+        except Exception:  # noqa: BLE001 - nothing to tell in a collector's call
+            pass
 
 
 def _file_key(f) -> tuple[int, int]:
