@@ -72,6 +72,27 @@ def test_rows_of_a_file_renamed_before_its_fsync_are_still_made_durable(tmp_path
     assert list(load_results(moved)["i"]) == [0, 1] and list(load_results(path)["i"]) == [2]
 
 
+def test_with_a_writer_a_failed_run_keeps_its_own_error_and_a_failed_sync_is_said_otherwise(tmp_path, monkeypatch):
+    """``with writer:`` around a run syncs at its end; where the run failed, an fsync failing too is dropped (found by
+    a helper: the replay panel's sync replaced the run's error with its own), else it is the error."""
+    import errno
+    import os
+
+    w = ResultsWriter(tmp_path / "r.jsonl", sync_every_s=3600)
+    w.append({"engine": "e"})  # the first row: fsync'd
+    w.append({"engine": "e"})  # pending
+
+    def fails(fd):
+        raise OSError(errno.EIO, "input/output error")
+
+    monkeypatch.setattr(os, "fsync", fails)
+    with pytest.raises(LabError, match="the server died"), w:
+        raise LabError("the server died")
+    w.append({"engine": "e"})
+    with pytest.raises(OSError, match="input/output error"), w:
+        pass
+
+
 @pytest.mark.parametrize("bad", [float("nan"), -1, "1", True])
 def test_a_writer_refuses_a_sync_interval_that_is_not_seconds(tmp_path, bad):
     with pytest.raises(LabError, match=r"sync_every_s=.*: expected seconds between fsyncs"):

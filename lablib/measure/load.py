@@ -939,86 +939,85 @@ def bench(
                     f"start_at_unix={start_at_unix}: that time has passed ({_time.time() - float(start_at_unix):.1f} s "
                     "ago, after the warm-up); expected a moment still to come on every client machine"
                 )
-        for rate in rates:
-            labels = {"server": engine.kind, "mode": mode, "rate": rate, "concurrency": concurrency}
-            sampler = None if server_file is None else MetricsSampler(engine.root_url, metrics_interval_s, **labels)
-            probe = LoopLagProbe()
-            shape = dict(concurrency=concurrency, rate=rate, arrival=arrival, burstiness=burstiness, seed=seed)
-            per_process = None
-            # the heap frozen before the counters' window opens: its full collection is no part of the run's energy
-            # (run_load's own, nested, then collects only what was made since: headroom.frozen_heap)
-            with frozen_heap(), RunTelemetry() as gpu:  # the GPU's (NVML) and CPU's (RAPL) own counters, where read
-                if client_processes > 1:
-                    rows, per_process = _bench_processes(
-                        engine,
-                        rm,
-                        prompts[warmup:],
-                        mode,
-                        shape,
-                        cfg,
-                        max_duration_s,
-                        client_processes,
-                        writer,
-                        sampler,
-                        start_at,
+        with writer:  # the rows made durable at the end, whatever ends the runs (a failed run: its error, not a sync's)
+            for rate in rates:
+                labels = {"server": engine.kind, "mode": mode, "rate": rate, "concurrency": concurrency}
+                sampler = None if server_file is None else MetricsSampler(engine.root_url, metrics_interval_s, **labels)
+                probe = LoopLagProbe()
+                shape = dict(concurrency=concurrency, rate=rate, arrival=arrival, burstiness=burstiness, seed=seed)
+                per_process = None
+                # the heap frozen before the counters' window opens: its full collection is no part of the run's energy
+                # (run_load's own, nested, then collects only what was made since: headroom.frozen_heap)
+                with frozen_heap(), RunTelemetry() as gpu:  # the GPU's (NVML) and CPU's (RAPL) own counters, where read
+                    if client_processes > 1:
+                        rows, per_process = _bench_processes(
+                            engine,
+                            rm,
+                            prompts[warmup:],
+                            mode,
+                            shape,
+                            cfg,
+                            max_duration_s,
+                            client_processes,
+                            writer,
+                            sampler,
+                            start_at,
+                        )
+                    else:
+                        rows = run_load(
+                            engine,
+                            prompts[warmup:],
+                            mode,
+                            **shape,
+                            max_duration_s=max_duration_s,
+                            cfg=cfg,
+                            on_row=writer.append,
+                            server_metrics=sampler,
+                            client_probe=probe,
+                            start_at=start_at,
+                        )
+                writer.sync()  # the run's last rows made durable before its summary is written
+                counters = info = None
+                if sampler is not None:
+                    with open(server_file, "a") as f:
+                        f.writelines(json.dumps(r) + "\n" for r in sampler.rows())
+                    counters = dict(
+                        sampler.deltas(),
+                        scrapes=sampler.scrapes,
+                        scrape_failures=sampler.failures,
+                        scrape_s_max=max(sampler.scrape_s, default=None),
                     )
+                    info = sampler.info
+                s = {
+                    "server": engine.kind,
+                    "mode": mode,
+                    "rate": rate,
+                    "concurrency": concurrency,
+                    **run_summary(rows, ttft_s=ttft_s, tpot_s=tpot_s, e2e_s=e2e_s),
+                    "server_counters": counters,
+                    "server_info": info,
+                }
+                s.update(gpu.summary(s["output_tokens"]))
+                if price_per_hour is not None:
+                    s["price_per_hour"] = price_per_hour
+                    s["cost_per_mtok"] = cost_per_million_tokens(price_per_hour, s["makespan_s"], s["output_tokens"])
+                start_at = None  # the first run only: the next starts when this one ends
+                if per_process is None:
+                    s["client_headroom"] = client_headroom_of(probe, s.get("itl_p50_s"))
                 else:
-                    rows = run_load(
-                        engine,
-                        prompts[warmup:],
-                        mode,
-                        **shape,
-                        max_duration_s=max_duration_s,
-                        cfg=cfg,
-                        on_row=writer.append,
-                        server_metrics=sampler,
-                        client_probe=probe,
-                        start_at=start_at,
-                    )
-            writer.sync()  # the run's last rows made durable before its summary is written
-            counters = info = None
-            if sampler is not None:
-                with open(server_file, "a") as f:
-                    f.writelines(json.dumps(r) + "\n" for r in sampler.rows())
-                counters = dict(
-                    sampler.deltas(),
-                    scrapes=sampler.scrapes,
-                    scrape_failures=sampler.failures,
-                    scrape_s_max=max(sampler.scrape_s, default=None),
-                )
-                info = sampler.info
-            s = {
-                "server": engine.kind,
-                "mode": mode,
-                "rate": rate,
-                "concurrency": concurrency,
-                **run_summary(rows, ttft_s=ttft_s, tpot_s=tpot_s, e2e_s=e2e_s),
-                "server_counters": counters,
-                "server_info": info,
-            }
-            s.update(gpu.summary(s["output_tokens"]))
-            if price_per_hour is not None:
-                s["price_per_hour"] = price_per_hour
-                s["cost_per_mtok"] = cost_per_million_tokens(price_per_hour, s["makespan_s"], s["output_tokens"])
-            start_at = None  # the first run only: the next starts when this one ends
-            if per_process is None:
-                s["client_headroom"] = client_headroom_of(probe, s.get("itl_p50_s"))
-            else:
-                from lablib.measure.processes import merged_headroom
+                    from lablib.measure.processes import merged_headroom
 
-                s["client_headroom"] = merged_headroom(per_process)
-                s["client_processes"] = per_process
-            with open(runs_file, "a") as f:  # the run's summary on disk beside its rows, headroom included
-                f.write(json.dumps({**s, "out": str(out)}, default=_jsonable) + "\n")
-            summaries.append(s)
-            if on_summary is not None:
-                on_summary(s)
+                    s["client_headroom"] = merged_headroom(per_process)
+                    s["client_processes"] = per_process
+                with open(runs_file, "a") as f:  # the run's summary on disk beside its rows, headroom included
+                    f.write(json.dumps({**s, "out": str(out)}, default=_jsonable) + "\n")
+                summaries.append(s)
+                if on_summary is not None:
+                    on_summary(s)
     except KeyboardInterrupt as e:  # what is on disk, for the message (none while the server was first asked)
         e.rows_written = writer.written
         raise
     finally:
-        with contextlib.suppress(OSError):  # rows of a run stopped midway made durable (a failure is the run's own)
-            writer.sync()
         if engine is not None:
             engine.close()
     return summaries

@@ -30,7 +30,6 @@ starts), a results file, a summary.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
@@ -649,16 +648,11 @@ def run_replay(
 
             probe, per_process = LoopLagProbe(), None
             run = dict(concurrency=concurrency, max_duration_s=max_duration_s, on_row=writer.append, corpus=corpus)
-            try:
+            with writer:  # the rows made durable at the end, stopped or not
                 if client_processes > 1:
                     rows, per_process = replay_processes(engine, plan, prompts, processes=client_processes, **run)
                 else:
                     rows = replay(engine, plan, prompts, client_probe=probe, **run)
-            except BaseException:  # rows of a replay stopped midway made durable (a failure is the replay's own)
-                with contextlib.suppress(OSError):
-                    writer.sync()
-                raise
-            writer.sync()
             s = {"server": engine.kind, **replay_summary(rows, plan, max_lag_s, ttft_s, tpot_s, e2e_s)}
             if per_process is None:
                 s["client_headroom"] = client_headroom_of(probe, s.get("itl_p50_s"))

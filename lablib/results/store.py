@@ -220,6 +220,18 @@ class ResultsWriter:
                 f.close()
         self._synced_at = time.monotonic()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """``with writer:`` around a run: its rows made durable at the block's end, whatever ends it; where an
+        error ends it, a failed sync is dropped (the run's own error is what the caller sees)."""
+        if exc_type is None:
+            self.sync()
+        else:
+            with contextlib.suppress(OSError):
+                self.sync()
+
     def __del__(self):  # a writer let go before a run's end: its last rows made durable (and their files closed)
         try:  # no module global here: at the interpreter's exit they may be gone
             self.sync()

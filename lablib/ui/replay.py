@@ -376,26 +376,20 @@ class ReplayPanel(BackgroundRun):
                 probe = LoopLagProbe()
                 self._t0 = time.perf_counter()
                 self._redrawer = Redrawer(self._draw, self.draw_every_s, name="lablib-replay-redraw")
-                try:
-                    replay(
-                        e,
-                        plan,
-                        prompts,
-                        max_duration_s=MAX_DURATION_S,
-                        on_row=lambda row: self._on_row(row, writer),
-                        server_metrics=self._sampler,
-                        client_probe=probe,
-                        stop=self.cancel_event,
-                    )
-                except BaseException:  # the rows of a replay that failed made durable (the failure is its own)
-                    if writer is not None:
-                        with contextlib.suppress(OSError):
-                            writer.sync()
-                    raise
+                try:  # the rows made durable at the end, cancelled, failed or not
+                    with writer if writer is not None else contextlib.nullcontext():
+                        replay(
+                            e,
+                            plan,
+                            prompts,
+                            max_duration_s=MAX_DURATION_S,
+                            on_row=lambda row: self._on_row(row, writer),
+                            server_metrics=self._sampler,
+                            client_probe=probe,
+                            stop=self.cancel_event,
+                        )
                 finally:
                     self._redrawer.close()
-                if writer is not None:  # the replay's last rows made durable, cancelled or not
-                    writer.sync()
             finally:
                 e.close()
         except Exception as ex:
