@@ -125,7 +125,7 @@ class ResultsWriter:
             raise LabError(f"sync_every_s={sync_every_s!r}: expected seconds between fsyncs, 0 (every row) or more")
         self.sync_every_s = float(sync_every_s)
         self._synced_at = None  # time.monotonic() of the last fsync; None: none yet
-        self._held = {}  # (device, inode) -> the file rows were last written through since the last fsync
+        self._held = None  # the file the rows since the last fsync were last written through, open until it
         # refuse now, before any measurement, what would fail at the first row
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -185,7 +185,7 @@ class ResultsWriter:
                 f.write(line)
                 f.flush()
             except OSError:  # a full disk: the row's error is this one
-                self._held.pop(_file_key(f), None)
+                self._held = None
                 with contextlib.suppress(OSError):
                     f.close()
                 raise
@@ -201,24 +201,28 @@ class ResultsWriter:
         self.written += 1
 
     def _hold(self, f) -> None:
-        """Keep ``f`` open for the next fsync; a handle held on the same file is closed (one fsync covers both)."""
-        old = self._held.get(key := _file_key(f))
-        self._held[key] = f
+        """Keep ``f`` open for the next fsync. The handle held before is closed: on the same file, ``f``'s fsync
+        covers its rows; on another (the path renamed or replaced since), its rows are fsync'd now."""
+        old, self._held = self._held, f
         if old is not None:
-            old.close()
+            if os.path.sameopenfile(old.fileno(), f.fileno()):
+                old.close()
+            else:
+                self._sync(old)
 
     def sync(self) -> None:
         """Make the rows written since the last fsync durable (with ``sync_every_s``: at a run's end)."""
-        if not self._held:
-            return
-        while self._held:
-            _, f = self._held.popitem()
-            try:
-                f.flush()  # the rest of a row an interrupt stopped
-                os.fsync(f.fileno())
-            finally:
-                f.close()
-        self._synced_at = time.monotonic()
+        f, self._held = self._held, None
+        if f is not None:
+            self._sync(f)
+
+    def _sync(self, f) -> None:
+        try:
+            f.flush()  # the rest of a row an interrupt stopped
+            os.fsync(f.fileno())
+            self._synced_at = time.monotonic()
+        finally:
+            f.close()
 
     def __enter__(self):
         return self
@@ -237,11 +241,6 @@ class ResultsWriter:
             self.sync()
         except Exception:  # noqa: BLE001 - nothing to tell in a collector's call
             pass
-
-
-def _file_key(f) -> tuple[int, int]:
-    st = os.fstat(f.fileno())
-    return st.st_dev, st.st_ino
 
 
 LOAD_SYNC_S = 1.0  # a load run's rows: an fsync with the first row this long after the last, and at the run's end (s)
