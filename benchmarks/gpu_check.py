@@ -29,8 +29,10 @@ there), in at most 8 minutes. First, in the background, llama.cpp's CUDA build (
 9. ``llama.cpp``: once its build is done, llama-bench's tg128 and pp512 against the lab's llama.cpp on the GPU
    (:mod:`lablib.studies.anchors`).
 
-Rows go to ``DIR/gpu-*.jsonl`` (with their manifests), the table to ``DIR/gpu-check.txt``; copy the rows to
-``data/reference/`` only after reading them. ``--device cpu`` runs every step but 9 on this CPU (a dry run of
+Rows go to ``DIR/context-<gpu>.jsonl``, ``DIR/concurrency-<gpu>.jsonl`` and ``DIR/roofline-<gpu>.jsonl`` (with
+their manifests; ``<gpu>`` the device's name, ``nvidia-h200``), the table to ``DIR/gpu-check.txt``. Those three files
+are reference files as they stand (:mod:`lablib.results.reference`): copied into ``data/reference/`` after reading
+them, labs 02, 03 and 07 draw them beside a learner's own run. ``--device cpu`` runs every step but 9 on this CPU (a dry run of
 the script here: its numbers are the CPU's). ``LABLIB_QUICK=1``: smaller sweeps. Each step is timed and
 guarded: a failed step is a row of the table with its error, and the next step runs.
 """
@@ -112,9 +114,16 @@ def main(argv=None) -> int:
     from lablib.engines.base import GenerationConfig
     from lablib.machine.telemetry import GpuTelemetry, gpu_facts
     from lablib.measure.workload import prompt_of_length
+    from lablib.results.reference import file_name
 
     model = lablib.prepare(log=lambda *_: None)
     dev = ns.device
+    if dev == "cuda":
+        import torch
+
+        machine = torch.cuda.get_device_name(0)  # NVIDIA H200: the files' <gpu>
+    else:
+        machine = "cpu dry run"
 
     def doctor():
         r = subprocess.run([sys.executable, "-m", "lablib.cli", "doctor"], capture_output=True, text=True, timeout=300)
@@ -168,7 +177,7 @@ def main(argv=None) -> int:
                 prompt_tokens=lengths,
                 max_new_tokens=32,
                 reps=2 if QUICK else 3,
-                out=out / "gpu-context.jsonl",
+                out=out / file_name("context", machine),
                 progress=False,
             )
         frames.append(df)
@@ -188,7 +197,7 @@ def main(argv=None) -> int:
                 concurrency=levels,
                 prompt_tokens=64,
                 max_new_tokens=32,
-                out=out / "gpu-concurrency.jsonl",
+                out=out / file_name("concurrency", machine),
                 progress=False,
             )
         frames.append(df)
@@ -226,7 +235,7 @@ def main(argv=None) -> int:
         rows = pd.concat(frames, ignore_index=True)
         floors_for_rows(rows, model, log=lambda *_: None)  # the third line, per engine, device and threads
         df = add_bound_columns(rows, model)
-        df.to_json(out / "gpu-bound.jsonl", orient="records", lines=True)
+        df.to_json(out / file_name("roofline", machine), orient="records", lines=True)
         worst = df["decode_pct_of_bound"].max()
         by = df["decode_bound_by"].value_counts().to_dict()
         floor = df["launch_floor_s"].median()

@@ -272,7 +272,10 @@ def test_lab_05s_reference_sweep_is_shipped_and_drawn_beside_the_quick_one():
         good = next(t for t in fig.data if t.name == server)
         rows = rows.sort_values("rate")
         assert list(good.x) == list(rows["rate"]) and list(good.y) == list(rows["goodput_rps"])
-    with pytest.raises(LabError, match=r"no reference rate sweep of 'nowhere' .*serving-rates-"):
+    with pytest.raises(
+        LabError,
+        match=r"no serving-rates reference of 'nowhere' .*serving-rates-nowhere.jsonl, written by benchmarks/serving_reference",
+    ):
         serving.reference_rate_sweep("nowhere")
 
 

@@ -38,8 +38,9 @@ def concurrency_lines(df, facet_by: str | None = None, title: str | None = None)
     an equal ratio is an equal height for every engine, so each engine's lines are read by their slope.
 
     Needs: run_id, engine, mode, concurrency, output_tokens, t_submit, t_last_token, ttft_s
-    (concurrency rows: ``sweep == "concurrency"``). ``facet_by`` ("hostname" or "cpu_model") puts
-    each machine on its own row of panels, with matched y axes, so machines compare directly.
+    (concurrency rows: ``sweep == "concurrency"``). ``facet_by`` ("hostname", "cpu_model" or "machine": a
+    learner's rows beside a reference, :func:`lablib.results.reference.beside`) puts each machine on its own row
+    of panels, with matched y axes, so machines compare directly.
     """
     from plotly.subplots import make_subplots
 
@@ -50,7 +51,7 @@ def concurrency_lines(df, facet_by: str | None = None, title: str | None = None)
     )
     if facet_by is not None:
         if facet_by not in FACETS:
-            raise LabError(f"facet_by={facet_by!r}: expected None, 'hostname' or 'cpu_model'")
+            raise LabError(f"facet_by={facet_by!r}: expected None or one of {', '.join(map(repr, FACETS))}")
         need(d, [facet_by], "concurrency_lines(facet_by=...)")
     summ = concurrency_summary(d, facet_by)
     facets = list(dict.fromkeys(summ[facet_by])) if facet_by else [None]

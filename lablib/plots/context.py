@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lablib.errors import LabError
 from lablib.plots.phases import BOTTOM, TOP, shares, slot, slowest_note, split_layout, split_subplots
 from lablib.plots.style import PHASE_OPACITY, PHASE_PATTERN, color, engine_order, log_ticks
+from lablib.results.schema import FACETS
 from lablib.results.tables import context_medians
 
 if TYPE_CHECKING:
@@ -113,7 +115,7 @@ def context_bars(df, title: str | None = None) -> go.Figure:
     return fig
 
 
-def context_lines(df, title: str | None = None) -> go.Figure:
+def context_lines(df, facet_by: str | None = None, title: str | None = None) -> go.Figure:
     """Two panels against prompt length (log x): prefill tokens/s and TPOT in ms; one line per engine,
     medians with min-max error bars; both y axes logarithmic.
 
@@ -124,56 +126,75 @@ def context_lines(df, title: str | None = None) -> go.Figure:
     KV cache grows; the same ratio is the same height for every engine, so slopes compare directly.
 
     Needs: engine, prompt_tokens, prefill_tps, tpot_s (context rows). TPOT is None for
-    one-token outputs: such points are left out.
+    one-token outputs: such points are left out. ``facet_by`` (a column of
+    :data:`lablib.results.schema.FACETS`: "machine" for a learner's rows beside a reference,
+    :func:`lablib.results.reference.beside`) puts each machine on its own row of panels, each metric on one
+    scale across the rows, so a GPU's line and this machine's are read against the same gridlines.
     """
     from plotly.subplots import make_subplots
 
-    med = context_medians(df)
+    if facet_by is not None and facet_by not in FACETS:
+        raise LabError(f"facet_by={facet_by!r}: expected None or one of {', '.join(map(repr, FACETS))}")
+    med = context_medians(df, facet_by)
+    facets = list(dict.fromkeys(med[facet_by])) if facet_by else [None]
     fig = make_subplots(
-        rows=1,
+        rows=len(facets),
         cols=2,
         horizontal_spacing=0.1,
-        subplot_titles=("Prefill speed (compute-bound)", "Decode: time per output token"),
+        vertical_spacing=0.14 if len(facets) > 1 else 0.1,
+        subplot_titles=[t for _ in facets for t in ("Prefill speed (compute-bound)", "Decode: time per output token")],
+        row_titles=[str(f) for f in facets] if facet_by else None,
     )
-    for engine in engine_order(med):
-        m = med[med["engine"] == engine]
-        for col, (key, unit, fmt) in enumerate((("prefill_tps", "tokens/s", ".1f"), ("tpot_ms", "ms", ".2f")), 1):
-            y = m[key].to_numpy(dtype=float)
-            fig.add_scatter(
-                row=1,
-                col=col,
-                x=m["prompt_tokens"].to_numpy(),
-                y=y,
-                mode="lines+markers",
-                name=engine,
-                legendgroup=engine,
-                showlegend=col == 1,
-                line=dict(color=color(engine), width=2),
-                marker=dict(color=color(engine), size=8),
-                error_y=dict(
-                    type="data",
-                    symmetric=False,
-                    array=m[f"{key}_max"].to_numpy(dtype=float) - y,
-                    arrayminus=y - m[f"{key}_min"].to_numpy(dtype=float),
-                    thickness=1,
-                    width=3,
-                ),
-                customdata=m[["n"]].to_numpy(),
-                hovertemplate=(
-                    f"<b>{engine}</b><br>prompt %{{x}} tokens<br>%{{y:{fmt}}} {unit} "
-                    "(median of %{customdata[0]})<extra></extra>"
-                ),
-            )
+    shown = set()
+    for row, facet in enumerate(facets, 1):
+        rows = med[med[facet_by] == facet] if facet_by else med
+        for engine in engine_order(rows):
+            m = rows[rows["engine"] == engine]
+            for col, (key, unit, fmt) in enumerate((("prefill_tps", "tokens/s", ".1f"), ("tpot_ms", "ms", ".2f")), 1):
+                y = m[key].to_numpy(dtype=float)
+                fig.add_scatter(
+                    row=row,
+                    col=col,
+                    x=m["prompt_tokens"].to_numpy(),
+                    y=y,
+                    mode="lines+markers",
+                    name=engine,
+                    legendgroup=engine,
+                    showlegend=col == 1 and engine not in shown,
+                    line=dict(color=color(engine), width=2),
+                    marker=dict(color=color(engine), size=8),
+                    error_y=dict(
+                        type="data",
+                        symmetric=False,
+                        array=m[f"{key}_max"].to_numpy(dtype=float) - y,
+                        arrayminus=y - m[f"{key}_min"].to_numpy(dtype=float),
+                        thickness=1,
+                        width=3,
+                    ),
+                    customdata=m[["n"]].to_numpy(),
+                    hovertemplate=(
+                        f"<b>{engine}</b>{' · ' + str(facet) if facet_by else ''}<br>prompt %{{x}} tokens<br>"
+                        f"%{{y:{fmt}}} {unit} (median of %{{customdata[0]}})<extra></extra>"
+                    ),
+                )
+            shown.add(engine)
     lengths = sorted(med["prompt_tokens"].unique())
-    fig.update_xaxes(
-        type="log", title_text="prompt length (tokens)", tickvals=lengths, ticktext=[str(int(n)) for n in lengths]
-    )
+    fig.update_xaxes(type="log", tickvals=lengths, ticktext=[str(int(n)) for n in lengths])
+    fig.update_xaxes(title_text="prompt length (tokens)", row=len(facets))
+    # one set of ticks per metric, over every machine's values, and one scale: the rows of a metric match
     spans = {key: med[[key, f"{key}_min", f"{key}_max"]].to_numpy().ravel() for key in ("prefill_tps", "tpot_ms")}
-    fig.update_yaxes(title_text="prefill (tokens/s, log)", **log_ticks(spans["prefill_tps"]), row=1, col=1)
-    fig.update_yaxes(title_text="TPOT (ms, log)", **log_ticks(spans["tpot_ms"]), row=1, col=2)
+    for row in range(1, len(facets) + 1):
+        fig.update_yaxes(title_text="prefill (tokens/s, log)", **log_ticks(spans["prefill_tps"]), row=row, col=1)
+        fig.update_yaxes(title_text="TPOT (ms, log)", **log_ticks(spans["tpot_ms"]), row=row, col=2)
+        for col in (1, 2):
+            axis = fig.get_subplot(row, col).yaxis
+            first = fig.get_subplot(1, col).yaxis.plotly_name.replace("yaxis", "y")
+            if axis.plotly_name.replace("yaxis", "y") != first:
+                axis.matches = first
     fig.update_layout(
         template="plotly_white",
         legend_title_text="engine",
+        height=None if facet_by is None else 360 * len(facets) + 120,
         title=title
         or (
             "Prefill speed and decode time per token against prompt length (medians)"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from lablib.errors import LabError
 from lablib.plots.style import color, engine_order, log_ticks, titled
 from lablib.results.tables import need as _need, nonempty as _nonempty, ok_rows as _ok
 
@@ -52,6 +53,11 @@ def roofline(df, title: str | None = None):
         _ok(df), "roofline", "add the bound columns first: lablib.studies.roofline.add_bound_columns(df, model)"
     )
     _need(d, cols, "roofline")
+    if "machine" in d.columns and d["machine"].nunique() > 1:  # one machine's ceilings per figure
+        raise LabError(
+            f"roofline: rows of {d['machine'].nunique()} machines ({', '.join(map(str, d['machine'].unique()))}); "
+            "a roofline draws one machine's ceilings: give one machine's rows (df[df.machine == ...])"
+        )
     bw, roofs = _ceilings(d)
     keys = ["engine", "prompt_tokens"] + (["decode_batch"] if "decode_batch" in d.columns else [])
     med = d.groupby(keys, sort=False)[[c for c in cols[5:]]].median().reset_index()
@@ -127,7 +133,9 @@ def step_figure(df, title: str | None = None):
     """Where a decode step's time goes, per engine: the measured step (median TPOT, ms) beside the least time the
     roofline allows its bytes and FLOPs (``decode_roof_s``) and the engine's launch floor (``launch_floor_s``:
     :mod:`lablib.studies.launch_floor`), medians over the rows of each engine; horizontal bars. An engine whose
-    floor is near its measured step is bound by launches: more bandwidth would not make it faster.
+    floor is near its measured step is bound by launches: more bandwidth would not make it faster. Rows with a
+    ``machine`` column of several values (:func:`lablib.results.reference.beside`) get one group per engine and
+    machine, each against its own machine's roof and floor.
 
     Needs: engine, tpot_s, decode_roof_s, launch_floor_s (rows of
     :func:`lablib.studies.roofline.add_bound_columns`)."""
@@ -137,17 +145,24 @@ def step_figure(df, title: str | None = None):
         _ok(df), "step_figure", "add the bound columns first: lablib.studies.roofline.add_bound_columns(df, model)"
     )
     _need(d, ["engine", "tpot_s", "decode_roof_s", "launch_floor_s"], "step_figure")
-    med = d.groupby("engine", sort=False)[["tpot_s", "decode_roof_s", "launch_floor_s"]].median()
+    # rows of several machines (a learner's beside a reference: lablib.results.reference.beside): one bar group per
+    # engine and machine, each against its own machine's roof and floor
+    machines = list(dict.fromkeys(d["machine"])) if "machine" in d.columns else []
+    keys = ["engine", "machine"] if len(machines) > 1 else ["engine"]
+    med = d.groupby(keys, sort=False)[["tpot_s", "decode_roof_s", "launch_floor_s"]].median()
     med = 1e3 * med.rename(columns={"tpot_s": "tpot_ms", "decode_roof_s": "roof_ms", "launch_floor_s": "floor_ms"})
-    engines = [e for e in engine_order(med.reset_index()) if e in med.index][::-1]  # first engine on top
+    engines = [e for e in engine_order(med.reset_index()) if e in med.index.get_level_values("engine")]
+    groups = [(e, m) for m in machines for e in engines if (e, m) in med.index] if len(keys) > 1 else engines
+    groups = groups[::-1]  # the first on top
+    labels = [f"{g[0]}<br>{g[1]}" if len(keys) > 1 else g for g in groups]
     fig = go.Figure()
     for col, label, fixed in STEP_PARTS:
         fig.add_bar(
-            y=engines,
-            x=[med.loc[e, col] for e in engines],
+            y=labels,
+            x=[med.loc[g, col] for g in groups],
             orientation="h",
             name=label,
-            marker_color=[fixed or color(e) for e in engines],
+            marker_color=[fixed or color(g[0] if len(keys) > 1 else g) for g in groups],
             hovertemplate=f"%{{y}}<br>{label}<br>%{{x:.2f}} ms<extra></extra>",
         )
     titled(
@@ -156,10 +171,10 @@ def step_figure(df, title: str | None = None):
         x="milliseconds per decode step (less is faster)",
         y="",
         barmode="group",
-        height=200 + 90 * len(engines),
+        height=200 + 90 * len(groups),
         legend_title_text="",
     )
-    return fig.update_yaxes(categoryorder="array", categoryarray=engines)
+    return fig.update_yaxes(categoryorder="array", categoryarray=labels)
 
 
 def batch_figure(sweep_df, measured=None, title: str | None = None):

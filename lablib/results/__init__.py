@@ -3,7 +3,8 @@
 - :mod:`lablib.results.trace`: :class:`RequestTrace`, the one clock (``now``) and the metrics of a trace;
 - :mod:`lablib.results.schema`: every column a results row can carry, declared once;
 - :mod:`lablib.results.store`: the run manifest, rows on disk (appended as requests finish), reading and merging;
-- :mod:`lablib.results.tables`: medians, percentiles and per-run numbers from rows.
+- :mod:`lablib.results.tables`: medians, percentiles and per-run numbers from rows;
+- :mod:`lablib.results.reference`: rows measured on other machines (``data/reference/``), beside a learner's own.
 
 ``from lablib.results import load_results, ResultsWriter`` works as it did when this was one module:
 the names of :mod:`lablib.results.store` are reached here on first use (PEP 562), so importing the

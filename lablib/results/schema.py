@@ -308,8 +308,10 @@ ADAPTERS = (
 DEFAULTS = {"cached_tokens": 0}
 # present in some rows only: output ids, decoded text, an error message, the file a row came from
 OPTIONAL = ("token_ids", "text", "error", "source_file")
-# machines to facet figures by
-FACETS = ("hostname", "cpu_model")
+# machines to facet figures by; "machine": this machine or a reference's, in words (lablib.results.reference.beside)
+FACETS = ("hostname", "cpu_model", "machine")
+# the columns lablib.results.reference adds to rows it loads or puts beside a learner's: what each row ran on
+REFERENCE = ("machine",)
 
 COLUMNS = (
     LABELS
@@ -559,6 +561,7 @@ TABLE_COLUMNS = tuple(
     + SPECULATIVE_TABLES
     + STRUCTURED_TABLE
     + ADAPTER_TABLES
+    + REFERENCE
     if c not in COLUMNS
 )
 # what lablib.results.tables.need accepts: a column of a result row or of a table

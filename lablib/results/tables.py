@@ -238,10 +238,10 @@ def summary_table(df) -> pd.DataFrame:
     )
 
 
-def context_medians(df) -> pd.DataFrame:
-    """Per engine and prompt length of the context rows: medians (and min, max) of prefill_s,
-    decode_s, prefill_tps and TPOT in ms, the median output tokens, and ``n`` (repetitions);
-    sorted by prompt length."""
+def context_medians(df, facet_by: str | None = None) -> pd.DataFrame:
+    """Per engine and prompt length of the context rows (per ``facet_by`` value first, a machine column of
+    :data:`lablib.results.schema.FACETS`, where given): medians (and min, max) of prefill_s, decode_s,
+    prefill_tps and TPOT in ms, the median output tokens, and ``n`` (repetitions); sorted by prompt length."""
     d = nonempty(
         sweep_rows(df, "context"),
         "context figure",
@@ -252,8 +252,10 @@ def context_medians(df) -> pd.DataFrame:
         ["engine", "prompt_tokens", "output_tokens", "prefill_s", "decode_s", "prefill_tps", "tpot_s"],
         "context figure",
     )
+    if facet_by is not None:
+        need(d, [facet_by], "context figure (facet_by=...)")
     d = d.assign(tpot_ms=d["tpot_s"].astype(float) * 1000.0)
-    g = d.groupby(["engine", "prompt_tokens"], sort=False)
+    g = d.groupby(([facet_by] if facet_by else []) + ["engine", "prompt_tokens"], sort=False)
     med = g.agg(
         **_medians("prefill_s", "decode_s", "prefill_tps"),
         prefill_tps_min=("prefill_tps", "min"),
@@ -452,8 +454,11 @@ def bound_table(df) -> pd.DataFrame:
     """Per engine (and weight choice, where rows record one: ``weights``) and prompt length: medians of
     measured and bound tokens/s and % of bound, prefill and decode, of rows that carry the bound columns
     (:func:`lablib.studies.roofline.add_bound_columns`), and which line binds decode (``decode_bound_by``:
-    bandwidth, compute or the engine's launch floor) where the rows say."""
+    bandwidth, compute or the engine's launch floor) where the rows say. Per ``machine`` first where the rows
+    have that column (a learner's beside a reference: :func:`lablib.results.reference.beside`)."""
     keys = ["engine", "weights", "prompt_tokens"] if "weights" in df.columns else ["engine", "prompt_tokens"]
+    if "machine" in df.columns:  # rows of several machines (lablib.results.reference.beside), each its own bound
+        keys = ["machine", *keys]
     g = df.groupby(keys, sort=False, dropna=False)
     cols = [f"{phase}_{what}" for phase in ("prefill", "decode") for what in ("tps", "bound_tps", "pct_of_bound")]
     extra = {}

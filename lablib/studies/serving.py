@@ -435,30 +435,16 @@ def one_run(table, server: str, rate: float | None = None):
     return run.reset_index(drop=True), got.reset_index(drop=True)
 
 
-REFERENCE_RATES = "serving-rates-*.jsonl"  # data/reference/: lab 05's full rate sweep, one file per machine
-
-
 def reference_rate_sweep(machine: str | None = None):
     """Lab 05's full rate sweep as measured on a real machine (``data/reference/serving-rates-<machine>.jsonl``, written
     by ``benchmarks/serving_reference.py``): the rows of :func:`rate_sweep_table` (server, rate, goodput, TTFT and
     TPOT percentiles, the server's maxima) with the sweep's settings (requests per rate, prompt and output tokens,
-    the targets ``ttft_s`` and ``tpot_s``) and the machine (hostname, cpu_model, cores_logical, ram_bytes); every
-    machine's file, or the one named ``machine``. A DataFrame for :func:`lablib.plots.rate_sweep`. LabError when
-    no such file is there."""
-    import pandas as pd
+    the targets ``ttft_s`` and ``tpot_s``) and the machine (hostname, cpu_model, cores_logical, ram_bytes, and
+    :mod:`lablib.results.reference`'s ``machine``); every machine's file, or the one named ``machine``. A
+    DataFrame for :func:`lablib.plots.rate_sweep`. LabError when no such file is there."""
+    from lablib.results.reference import reference_rows
 
-    from lablib.config import data_dir
-    from lablib.errors import LabError
-
-    folder = data_dir() / "reference"
-    files = sorted(folder.glob(REFERENCE_RATES if machine is None else f"serving-rates-{machine}.jsonl"))
-    if not files:
-        have = ", ".join(p.name for p in sorted(folder.glob(REFERENCE_RATES))) or "none"
-        raise LabError(
-            f"no reference rate sweep {'of ' + repr(machine) + ' ' if machine else ''}in {folder} (there: {have}); "
-            "expected a file written by benchmarks/serving_reference.py"
-        )
-    return pd.concat([pd.read_json(f, lines=True) for f in files], ignore_index=True)
+    return reference_rows("serving-rates", machine)
 
 
 def _counters(engine) -> dict | None:

@@ -1,0 +1,125 @@
+"""Reference results: rows measured on other machines, shipped in ``data/reference/``, drawn beside a learner's own.
+
+A reference file is ``data/reference/<kind>-<machine>.jsonl``: the rows of one sweep on one real machine, each with
+its manifest (the engine and its device, the CPU, the GPU where there was one). Kinds, and what writes them:
+
+- ``context``: a context sweep (lab 02); ``concurrency``: a concurrency sweep (lab 03), both written by
+  ``benchmarks/concurrency.py`` on a CPU or by ``benchmarks/gpu_check.py`` on an NVIDIA GPU;
+- ``roofline``: context and concurrency rows with their bound columns (lab 07), by ``benchmarks/gpu_check.py``;
+- ``serving-rates``: lab 05's rate sweep, by ``benchmarks/serving_reference.py``.
+
+:func:`beside` puts a learner's rows and every reference of a kind in one frame with a ``machine`` column, for a
+figure's ``facet_by="machine"``: one row of panels per machine, on matched axes. :func:`reference_rows` loads the
+references alone. Nothing here measures; the rows are as their machines wrote them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from lablib.errors import LabError
+
+# kind -> what writes its files (named in the message when none is there)
+KINDS = {
+    "context": "benchmarks/concurrency.py or benchmarks/gpu_check.py",
+    "concurrency": "benchmarks/concurrency.py or benchmarks/gpu_check.py",
+    "roofline": "benchmarks/gpu_check.py",
+    "serving-rates": "benchmarks/serving_reference.py",
+}
+THIS_MACHINE = "this machine"
+
+
+def folder() -> Path:
+    """``data/reference/`` of the project (``$LABLIB_DATA/reference`` where set)."""
+    from lablib.config import data_dir
+
+    return data_dir() / "reference"
+
+
+def _kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise LabError(f"kind={kind!r}: expected one of {', '.join(map(repr, KINDS))}")
+    return kind
+
+
+def files(kind: str, machine: str | None = None) -> list[Path]:
+    """The reference files of ``kind`` (``<kind>-*.jsonl``), sorted by name; only ``<kind>-<machine>.jsonl`` when
+    ``machine`` is given. A kind's name never matches another's files (``context-`` is not ``concurrency-``)."""
+    pattern = f"{_kind(kind)}-{machine if machine is not None else '*'}.jsonl"
+    return sorted(folder().glob(pattern))
+
+
+def file_name(kind: str, machine: str) -> str:
+    """``<kind>-<slug>.jsonl``: where a reference of ``machine`` (free text: "NVIDIA H200", "gpu NVIDIA H200")
+    goes in ``data/reference/``; the slug is its words in lower case joined by dashes."""
+    slug = "-".join(re.findall(r"[a-z0-9]+", machine.lower()))
+    if not slug:
+        raise LabError(f"machine={machine!r}: expected a name with letters or digits (a GPU's or a CPU's)")
+    return f"{_kind(kind)}-{slug}.jsonl"
+
+
+def machine_label(row) -> str:
+    """What a row ran on, in a few words: the GPU's name where the engine computed on a GPU (``device`` other than
+    ``cpu`` and a ``gpu_name`` in the manifest), else the CPU's model and physical cores; the ``hostname``
+    where neither is recorded. ``row``: a mapping (a DataFrame row, a dict)."""
+
+    def get(key):
+        v = row.get(key)
+        return None if v is None or v != v else v  # NaN: a column other rows have
+
+    device, gpu = get("device"), get("gpu_name")
+    if gpu and device and str(device).lower() != "cpu":
+        return str(gpu)
+    cpu, cores = get("cpu_model"), get("cores")
+    if cpu:
+        return f"{cpu}, {int(cores)} cores" if cores else str(cpu)
+    return str(get("hostname") or "unknown machine")
+
+
+def reference_rows(kind: str, machine: str | None = None, missing_ok: bool = False):
+    """The rows of every reference file of ``kind`` (or of ``machine``'s only), in one DataFrame
+    (:func:`lablib.results.store.load_results`), with a ``machine`` column: "reference: " and the row's
+    :func:`machine_label`. LabError naming the folder, what is there and what writes such a file when none is
+    there; an empty DataFrame instead with ``missing_ok``."""
+    import pandas as pd
+
+    from lablib.results.store import load_results
+
+    found = files(kind, machine)
+    if not found:
+        if missing_ok:
+            return pd.DataFrame()
+        there = ", ".join(p.name for p in sorted(folder().glob("*.jsonl"))) or "none"
+        want = f"{kind}-{machine if machine is not None else '<machine>'}.jsonl"
+        raise LabError(
+            f"no {kind} reference {'of ' + repr(machine) + ' ' if machine else ''}in {folder()} (there: {there}); "
+            f"expected {want}, written by {KINDS[kind]}"
+        )
+    rows = load_results(*found)
+    rows["machine"] = ["reference: " + machine_label(r) for r in rows.to_dict("records")]
+    return rows
+
+
+def beside(df, kind: str, log=print):
+    """``df`` (a learner's rows) and every reference of ``kind`` under it, in one DataFrame with a ``machine``
+    column: "this machine: <its label>" for ``df``'s rows, "reference: <label>" for the others. For
+    ``facet_by="machine"`` (:func:`lablib.plots.context_lines`, :func:`lablib.plots.concurrency_lines`). Says
+    through ``log`` which references it added, or that there are none (then the frame is ``df``'s rows alone)."""
+    import pandas as pd
+
+    if not len(df):
+        raise LabError("beside(df, ...): df has no rows; run the sweep first")
+    own = df.assign(machine=[f"{THIS_MACHINE}: {machine_label(r)}" for r in df.to_dict("records")])
+    ref = reference_rows(kind, missing_ok=True)
+    if not len(ref):
+        log(
+            f"no {kind} reference in {folder()} ({kind}-<machine>.jsonl, written by {KINDS[kind]}): "
+            "only this machine is drawn"
+        )
+        return own
+    for name, n in ref.groupby("source_file", sort=False).size().items():
+        log(
+            f"reference: {n} rows from {Path(name).name} ({', '.join(ref.loc[ref.source_file == name, 'machine'].unique())})"
+        )
+    return pd.concat([own, ref], ignore_index=True)
