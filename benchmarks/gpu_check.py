@@ -29,8 +29,9 @@ there), in at most 8 minutes. First, in the background, llama.cpp's CUDA build (
 9. ``llama.cpp``: once its build is done, llama-bench's tg128 and pp512 against the lab's llama.cpp on the GPU
    (:mod:`lablib.studies.anchors`).
 
-Rows go to ``DIR/context-<gpu>.jsonl``, ``DIR/concurrency-<gpu>.jsonl`` and ``DIR/roofline-<gpu>.jsonl`` (with
-their manifests; ``<gpu>`` the device's name, ``nvidia-h200``), the table to ``DIR/gpu-check.txt``. Those three files
+Rows go to ``DIR/context-<gpu>.jsonl``, ``DIR/concurrency-<gpu>.jsonl`` and ``DIR/roofline-<gpu>.jsonl`` (the
+context rows with their bound columns; all with their manifests; ``<gpu>`` the device's name, ``nvidia-h200``;
+a rerun replaces them), the table to ``DIR/gpu-check.txt``. Those three files
 are reference files as they stand (:mod:`lablib.results.reference`): copied into ``data/reference/`` after reading
 them, labs 02, 03 and 07 draw them beside a learner's own run. ``--device cpu`` runs every step but 9 on this CPU (a dry run of
 the script here: its numbers are the CPU's). ``LABLIB_QUICK=1``: smaller sweeps. Each step is timed and
@@ -66,14 +67,33 @@ class Table:
 
 def script_line(name: str, args: list[str], prefix: str, timeout_s: float = 300) -> str:
     """Run the benchmark script ``name`` (beside this one) with ``args``; the first line of its output starting
-    with ``prefix`` (its summary line), or its exit code and the end of its stderr."""
+    with ``prefix`` (its summary line). RuntimeError with its exit code and the end of its stderr without one."""
     r = subprocess.run(
         [sys.executable, str(Path(__file__).resolve().parent / name), *args],
         capture_output=True,
         text=True,
         timeout=timeout_s,
     )
-    return next((ln for ln in r.stdout.splitlines() if ln.startswith(prefix)), f"rc {r.returncode}: {r.stderr[-200:]}")
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith(prefix)), None)
+    if line is None:  # a failed step of the table, not an "ok" with the script's error in it
+        raise RuntimeError(f"{name} exited {r.returncode} without its summary line: {r.stderr.strip()[-300:]}")
+    return line
+
+
+def gpu_name() -> str:
+    """The first GPU's name, through NVML, else torch; "cuda" where neither says (a torch without CUDA: the steps
+    then fail one by one, each saying why)."""
+    from lablib.machine.telemetry import gpu_facts
+
+    gpus = gpu_facts().get("gpus") or []
+    if gpus:
+        return gpus[0]["name"]
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001 - no CUDA torch, no driver: named by the steps that need them
+        return "cuda"
 
 
 def step(table: Table, name: str, fn, budget_end: float):
@@ -115,15 +135,14 @@ def main(argv=None) -> int:
     from lablib.machine.telemetry import GpuTelemetry, gpu_facts
     from lablib.measure.workload import prompt_of_length
     from lablib.results.reference import file_name
+    from lablib.results.store import runs_path
 
     model = lablib.prepare(log=lambda *_: None)
     dev = ns.device
-    if dev == "cuda":
-        import torch
-
-        machine = torch.cuda.get_device_name(0)  # NVIDIA H200: the files' <gpu>
-    else:
-        machine = "cpu dry run"
+    machine = "cpu dry run" if dev == "cpu" else gpu_name()  # the reference files' <gpu>: NVIDIA H200
+    for kind in ("context", "concurrency", "roofline"):  # a rerun's files are its own rows, not two runs' mixed
+        for p in (out / file_name(kind, machine), runs_path(out / file_name(kind, machine))):
+            p.unlink(missing_ok=True)
 
     def doctor():
         r = subprocess.run([sys.executable, "-m", "lablib.cli", "doctor"], capture_output=True, text=True, timeout=300)
@@ -235,7 +254,8 @@ def main(argv=None) -> int:
         rows = pd.concat(frames, ignore_index=True)
         floors_for_rows(rows, model, log=lambda *_: None)  # the third line, per engine, device and threads
         df = add_bound_columns(rows, model)
-        df.to_json(out / file_name("roofline", machine), orient="records", lines=True)
+        # lab 07's reference: the single-stream rows, as a learner's own roofline rows are (a context sweep)
+        df[df["sweep"] == "context"].to_json(out / file_name("roofline", machine), orient="records", lines=True)
         worst = df["decode_pct_of_bound"].max()
         by = df["decode_bound_by"].value_counts().to_dict()
         floor = df["launch_floor_s"].median()

@@ -910,6 +910,13 @@ NB03_FIGURES = (
         ),
     ),
     Drawn("llama.cpp batched decode: the lab against llama-batched-bench", traces=("lab", "llama-batched-bench")),
+    # the learner's run beside the shipped two-core reference (data/reference/concurrency-ci-2cpu-amd-epyc.jsonl):
+    # one row of panels each, the reference's three engines in both modes
+    Drawn(
+        "Concurrency: does batching raise throughput",
+        traces=lambda: [f"{e} · {m}" for e in ("llama.cpp", "transformers", "mlx") for m in ("serial", "batched")],
+        texts=("this machine: ", "reference: AMD EPYC, 2 cores"),
+    ),
 )
 
 

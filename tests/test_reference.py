@@ -4,6 +4,7 @@ them one machine per row of panels, each against its own machine. The shipped CP
 (data/reference/concurrency-ci-2cpu-amd-epyc.jsonl) is real; a real llama.cpp sweep is drawn beside it."""
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -35,6 +36,22 @@ def test_machine_label_names_the_device_a_row_computed_on():
     assert reference.machine_label({**gpu_box, "device": "cuda"}) == "NVIDIA H200"
     # the same machine's CPU row: its CPU, not the GPU beside it
     assert reference.machine_label({**gpu_box, "device": "cpu"}) == "Intel Xeon Platinum 8480+, 16 cores"
+    # a GPU row is never labelled with the CPU alone: without NVML (no gpu_name) the accelerator nvidia-smi or the
+    # OS lists, else the device on that CPU
+    no_nvml = {**gpu_box, "gpu_name": None, "accelerator": "NVIDIA H200"}
+    assert reference.machine_label({**no_nvml, "device": "cuda"}) == "NVIDIA H200"
+    assert reference.machine_label({**no_nvml, "device": "metal", "accelerator": "Apple M2 (Metal)"}) == (
+        "Apple M2 (Metal)"
+    )
+    assert reference.machine_label({**no_nvml, "device": "cuda", "accelerator": None}) == (
+        "cuda on Intel Xeon Platinum 8480+, 16 cores"
+    )
+    # a server's row: the server's device as the lab read it, not the client's; a server at any URL: unknown
+    server = {**gpu_box, "device": "cuda", "server_device": "NVIDIA L4, 22 GiB, 31/31 layers"}
+    assert reference.machine_label(server) == "NVIDIA L4, 22 GiB, 31/31 layers"
+    assert reference.machine_label({**server, "device": "unknown", "server_device": "unknown"}) == (
+        "a server (device unknown)"
+    )
     # a CPU machine's row (no GPU column, or NaN where other rows have one); the hostname when nothing else is known
     assert reference.machine_label({"cpu_model": "AMD EPYC", "cores": 2.0, "gpu_name": float("nan")}) == (
         "AMD EPYC, 2 cores"
@@ -57,14 +74,34 @@ def test_file_names_are_a_kinds_and_only_its():
     assert SHIPPED not in [p.name for p in reference.files("context")]
 
 
+def test_a_kinds_files_are_its_rows_only(ref_dir):
+    """Files as gpu_check and a sweep's --out leave them: a kind's rows, its run records beside them (not rows),
+    another kind's files; a machine named as free text finds its file."""
+    for name in (
+        "context-nvidia-h200.jsonl",
+        "context-nvidia-h200.runs.jsonl",
+        "context-a.jsonl",
+        "concurrency-nvidia-h200.jsonl",
+        "contextual-x.jsonl",
+        "roofline-nvidia-h200.jsonl",
+    ):
+        (ref_dir / name).write_text("")
+    assert [p.name for p in reference.files("context")] == ["context-a.jsonl", "context-nvidia-h200.jsonl"]
+    assert [p.name for p in reference.files("context", "NVIDIA H200")] == ["context-nvidia-h200.jsonl"]
+    assert reference.files("context", "NVIDIA H100") == []
+    assert [p.name for p in reference.files("concurrency")] == ["concurrency-nvidia-h200.jsonl"]
+    with pytest.raises(LabError, match=r"no context reference of 'NVIDIA H100' .*expected context-nvidia-h100.jsonl"):
+        reference.reference_rows("context", "NVIDIA H100")
+
+
 def test_no_reference_says_so_and_draws_this_machine_alone(ref_dir):
     said = []
     own = context_rows(lengths=(64,), reps=2)
     both = reference.beside(own, "context", log=said.append)
     assert len(both) == len(own) and set(both["machine"]) == {"this machine: unknown machine"}
     assert said == [
-        f"no context reference in {ref_dir} (context-<machine>.jsonl, written by benchmarks/concurrency.py or "
-        "benchmarks/gpu_check.py): only this machine is drawn"
+        f"no context reference in {ref_dir} (context-<machine>.jsonl, written by benchmarks/gpu_check.py, or "
+        "lablib sweep context --out data/reference/context-<machine>.jsonl): only this machine is drawn"
     ]
     with pytest.raises(LabError, match=r"no roofline reference in .*\(there: none\); expected roofline-<machine>"):
         reference.reference_rows("roofline")
@@ -100,6 +137,17 @@ def test_context_lines_draw_a_reference_on_its_own_row_on_the_same_scales(ref_di
     assert fig.layout.yaxis3.matches == "y" and fig.layout.yaxis4.matches == "y2"  # one scale per metric
     with pytest.raises(LabError, match=r"facet_by='engine': expected None or one of 'hostname', 'cpu_model'"):
         plots.context_lines(both, facet_by="engine")
+    with pytest.raises(
+        LabError, match=r"needs the columns machine; .*expected rows of lablib.results.reference.beside"
+    ):
+        plots.context_lines(own, facet_by="machine")
+    # the learner's machine on top whatever its prompt lengths: the rows' order, not the medians' sort
+    later = reference.beside(context_rows(lengths=(512, 2048)).assign(cpu_model="AMD EPYC", cores=2), "context")
+    fig = plots.context_lines(later, facet_by="machine")
+    assert [a.text for a in fig.layout.annotations if a.text.startswith(("this", "reference"))] == [
+        "this machine: AMD EPYC, 2 cores",
+        "reference: H200",
+    ]
 
 
 def test_a_real_sweep_beside_the_shipped_cpu_reference(model):
@@ -213,3 +261,20 @@ def test_concurrency_facets_by_machine_with_hand_built_rows(ref_dir):
         by_row.setdefault(t.yaxis, set()).update(int(x) for x in t.x)
     assert by_row["y"] == {1, 2} and by_row["y4"] == {1, 4}
     assert fig.layout.yaxis4.matches == "y"
+
+
+def test_machines_of_one_label_stay_apart_and_a_cpu_file_beside_a_gpu_one_keeps_its_label(ref_dir):
+    """The shipped two-core file beside a GPU's (NaN gpu_name in the CPU rows once concatenated) and beside another
+    two-core EPYC's: three machines, three labels, each file's rows under its own."""
+    shipped = pd.read_json(Path(__file__).resolve().parents[1] / "data" / "reference" / SHIPPED, lines=True)
+    write_rows(ref_dir / SHIPPED, shipped)
+    write_rows(ref_dir / "concurrency-other-epyc.jsonl", shipped.assign(hostname="other"))
+    gpu = concurrency_rows(levels=(1, 4)).assign(cpu_model="Xeon", cores=16, device="cuda", gpu_name="NVIDIA H200")
+    write_rows(ref_dir / "concurrency-nvidia-h200.jsonl", gpu)
+    rows = reference.reference_rows("concurrency")
+    assert rows.groupby("machine", sort=False).size().to_dict() == {
+        "reference: AMD EPYC, 2 cores (ci-2cpu-amd-epyc)": 180,
+        "reference: NVIDIA H200": len(gpu),
+        "reference: AMD EPYC, 2 cores (other-epyc)": 180,
+    }
+    assert set(rows.loc[rows.hostname == "other", "machine"]) == {"reference: AMD EPYC, 2 cores (other-epyc)"}

@@ -21,7 +21,15 @@ from lablib.plots.style import (
     mode_order,
 )
 from lablib.results.schema import CLOCKS, FACETS
-from lablib.results.tables import concurrency_summary, need, nonempty, ok_rows, sweep_rows, timeline_segments
+from lablib.results.tables import (
+    FACET_SOURCE,
+    concurrency_summary,
+    need,
+    nonempty,
+    ok_rows,
+    sweep_rows,
+    timeline_segments,
+)
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -52,14 +60,14 @@ def concurrency_lines(df, facet_by: str | None = None, title: str | None = None)
     if facet_by is not None:
         if facet_by not in FACETS:
             raise LabError(f"facet_by={facet_by!r}: expected None or one of {', '.join(map(repr, FACETS))}")
-        need(d, [facet_by], "concurrency_lines(facet_by=...)")
+        need(d, [facet_by], "concurrency_lines(facet_by=...)", FACET_SOURCE.get(facet_by))
     summ = concurrency_summary(d, facet_by)
     facets = list(dict.fromkeys(summ[facet_by])) if facet_by else [None]
     fig = make_subplots(
         rows=len(facets),
         cols=3,
         horizontal_spacing=0.09,
-        vertical_spacing=0.12 if len(facets) > 1 else 0.1,
+        vertical_spacing=min(0.12, 0.5 / len(facets)) if len(facets) > 1 else 0.1,  # plotly: at most 1/(rows-1)
         subplot_titles=[t for _ in facets for t in ("Output tokens/s of the run", "TTFT p50", "TTFT p95")],
         row_titles=[str(f) for f in facets] if facet_by else None,
     )

@@ -136,12 +136,13 @@ def context_lines(df, facet_by: str | None = None, title: str | None = None) -> 
     if facet_by is not None and facet_by not in FACETS:
         raise LabError(f"facet_by={facet_by!r}: expected None or one of {', '.join(map(repr, FACETS))}")
     med = context_medians(df, facet_by)
-    facets = list(dict.fromkeys(med[facet_by])) if facet_by else [None]
+    # the machines in the order the rows give them (a learner's first, then the references), not by prompt length
+    facets = [f for f in dict.fromkeys(df[facet_by]) if (med[facet_by] == f).any()] if facet_by else [None]
     fig = make_subplots(
         rows=len(facets),
         cols=2,
         horizontal_spacing=0.1,
-        vertical_spacing=0.14 if len(facets) > 1 else 0.1,
+        vertical_spacing=min(0.14, 0.5 / len(facets)) if len(facets) > 1 else 0.1,  # plotly: at most 1/(rows-1)
         subplot_titles=[t for _ in facets for t in ("Prefill speed (compute-bound)", "Decode: time per output token")],
         row_titles=[str(f) for f in facets] if facet_by else None,
     )

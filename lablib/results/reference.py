@@ -3,9 +3,11 @@
 A reference file is ``data/reference/<kind>-<machine>.jsonl``: the rows of one sweep on one real machine, each with
 its manifest (the engine and its device, the CPU, the GPU where there was one). Kinds, and what writes them:
 
-- ``context``: a context sweep (lab 02); ``concurrency``: a concurrency sweep (lab 03), both written by
-  ``benchmarks/concurrency.py`` on a CPU or by ``benchmarks/gpu_check.py`` on an NVIDIA GPU;
-- ``roofline``: context and concurrency rows with their bound columns (lab 07), by ``benchmarks/gpu_check.py``;
+- ``context``: a context sweep (lab 02), written by ``benchmarks/gpu_check.py`` on an NVIDIA GPU or by ``lablib sweep
+  context --out data/reference/context-<machine>.jsonl``;
+- ``concurrency``: a concurrency sweep (lab 03), by ``benchmarks/concurrency.py`` on a CPU or by
+  ``benchmarks/gpu_check.py`` on an NVIDIA GPU;
+- ``roofline``: single-stream context rows with their bound columns (lab 07), by ``benchmarks/gpu_check.py``;
 - ``serving-rates``: lab 05's rate sweep, by ``benchmarks/serving_reference.py``.
 
 :func:`beside` puts a learner's rows and every reference of a kind in one frame with a ``machine`` column, for a
@@ -22,7 +24,7 @@ from lablib.errors import LabError
 
 # kind -> what writes its files (named in the message when none is there)
 KINDS = {
-    "context": "benchmarks/concurrency.py or benchmarks/gpu_check.py",
+    "context": "benchmarks/gpu_check.py, or lablib sweep context --out data/reference/context-<machine>.jsonl",
     "concurrency": "benchmarks/concurrency.py or benchmarks/gpu_check.py",
     "roofline": "benchmarks/gpu_check.py",
     "serving-rates": "benchmarks/serving_reference.py",
@@ -44,10 +46,14 @@ def _kind(kind: str) -> str:
 
 
 def files(kind: str, machine: str | None = None) -> list[Path]:
-    """The reference files of ``kind`` (``<kind>-*.jsonl``), sorted by name; only ``<kind>-<machine>.jsonl`` when
-    ``machine`` is given. A kind's name never matches another's files (``context-`` is not ``concurrency-``)."""
-    pattern = f"{_kind(kind)}-{machine if machine is not None else '*'}.jsonl"
-    return sorted(folder().glob(pattern))
+    """The reference files of ``kind`` (``<kind>-*.jsonl``), sorted by name; only :func:`file_name` of ``machine``
+    when it is given. A kind's name never matches another's files (``context-`` is not ``concurrency-``), and a
+    sweep's run records beside its rows (``<kind>-<machine>.runs.jsonl``: :func:`lablib.results.store.runs_path`)
+    are not rows."""
+    if machine is not None:
+        p = folder() / file_name(kind, machine)
+        return [p] if p.is_file() else []
+    return sorted(p for p in folder().glob(f"{_kind(kind)}-*.jsonl") if not p.name.endswith(".runs.jsonl"))
 
 
 def file_name(kind: str, machine: str) -> str:
@@ -60,21 +66,25 @@ def file_name(kind: str, machine: str) -> str:
 
 
 def machine_label(row) -> str:
-    """What a row ran on, in a few words: the GPU's name where the engine computed on a GPU (``device`` other than
-    ``cpu`` and a ``gpu_name`` in the manifest), else the CPU's model and physical cores; the ``hostname``
-    where neither is recorded. ``row``: a mapping (a DataFrame row, a dict)."""
+    """What a row computed on, in a few words. A server's row: the server's device as the lab read it
+    (``server_device``: "NVIDIA H200, 140 GiB, 31/31 layers"), or "a server (device unknown)" for one at any
+    URL. A row computed on a GPU (``device`` other than ``cpu``): the GPU's name (NVML's ``gpu_name``, else the
+    ``accelerator`` the machine lists), else "<device> on <CPU>"; never the CPU alone. Else the CPU's model
+    and physical cores, the ``hostname`` where no CPU is recorded. ``row``: a mapping (a DataFrame row, a dict)."""
 
     def get(key):
         v = row.get(key)
         return None if v is None or v != v else v  # NaN: a column other rows have
 
-    device, gpu = get("device"), get("gpu_name")
-    if gpu and device and str(device).lower() != "cpu":
-        return str(gpu)
     cpu, cores = get("cpu_model"), get("cores")
-    if cpu:
-        return f"{cpu}, {int(cores)} cores" if cores else str(cpu)
-    return str(get("hostname") or "unknown machine")
+    on_cpu = f"{cpu}, {int(cores)} cores" if cpu and cores else cpu
+    server, device = get("server_device"), get("device")
+    if server:
+        return "a server (device unknown)" if str(server).lower() == "unknown" else str(server)
+    if device and str(device).lower() != "cpu":
+        found = get("gpu_name") or get("accelerator")
+        return str(found) if found else f"{device} on {on_cpu or get('hostname') or 'an unknown machine'}"
+    return str(on_cpu or get("hostname") or "unknown machine")
 
 
 def reference_rows(kind: str, machine: str | None = None, missing_ok: bool = False):
@@ -91,13 +101,21 @@ def reference_rows(kind: str, machine: str | None = None, missing_ok: bool = Fal
         if missing_ok:
             return pd.DataFrame()
         there = ", ".join(p.name for p in sorted(folder().glob("*.jsonl"))) or "none"
-        want = f"{kind}-{machine if machine is not None else '<machine>'}.jsonl"
+        want = file_name(kind, machine) if machine is not None else f"{kind}-<machine>.jsonl"
         raise LabError(
             f"no {kind} reference {'of ' + repr(machine) + ' ' if machine else ''}in {folder()} (there: {there}); "
             f"expected {want}, written by {KINDS[kind]}"
         )
     rows = load_results(*found)
-    rows["machine"] = ["reference: " + machine_label(r) for r in rows.to_dict("records")]
+    labels = ["reference: " + machine_label(r) for r in rows.to_dict("records")]
+    # two files of one label (two 2-core EPYCs, two H200 hosts) stay two machines: the file's <machine> added
+    files_of = {}
+    for label, name in zip(labels, rows["source_file"]):
+        files_of.setdefault(label, set()).add(name)
+    rows["machine"] = [
+        f"{label} ({Path(name).name[len(kind) + 1 : -len('.jsonl')]})" if len(files_of[label]) > 1 else label
+        for label, name in zip(labels, rows["source_file"])
+    ]
     return rows
 
 

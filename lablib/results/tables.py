@@ -238,6 +238,10 @@ def summary_table(df) -> pd.DataFrame:
     )
 
 
+# what makes a facet column where rows do not carry it (need's hint)
+FACET_SOURCE = {"machine": "lablib.results.reference.beside(df, kind), which adds each row's machine"}
+
+
 def context_medians(df, facet_by: str | None = None) -> pd.DataFrame:
     """Per engine and prompt length of the context rows (per ``facet_by`` value first, a machine column of
     :data:`lablib.results.schema.FACETS`, where given): medians (and min, max) of prefill_s, decode_s,
@@ -253,7 +257,7 @@ def context_medians(df, facet_by: str | None = None) -> pd.DataFrame:
         "context figure",
     )
     if facet_by is not None:
-        need(d, [facet_by], "context figure (facet_by=...)")
+        need(d, [facet_by], "context figure (facet_by=...)", FACET_SOURCE.get(facet_by))
     d = d.assign(tpot_ms=d["tpot_s"].astype(float) * 1000.0)
     g = d.groupby(([facet_by] if facet_by else []) + ["engine", "prompt_tokens"], sort=False)
     med = g.agg(
