@@ -48,7 +48,9 @@ def bytewise(raw: bytes, gap: float = 0.0) -> list:
     return steps
 
 
-def chat(content=None, role=None, finish=None, reasoning=None) -> dict:
+def chat(content=None, role=None, finish=None, reasoning=None, ids=None) -> dict:
+    """A /v1/chat/completions stream chunk; ``ids``: its generated token ids, as vLLM sends them with
+    ``return_token_ids`` (on every chunk, a reasoning chunk's too)."""
     delta = {}
     if role:
         delta["role"] = role
@@ -56,7 +58,10 @@ def chat(content=None, role=None, finish=None, reasoning=None) -> dict:
         delta["content"] = content
     if reasoning is not None:
         delta["reasoning_content"] = reasoning
-    return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    if ids is not None:
+        choice["token_ids"] = ids
+    return {"object": "chat.completion.chunk", "choices": [choice]}
 
 
 class ScriptedServer:

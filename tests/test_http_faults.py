@@ -72,16 +72,21 @@ def test_a_stream_without_done(engine, server):
     assert e.value.trace.token_ids == [1, 2] and e.value.trace.error
 
 
-def test_reasoning_before_the_answer_gives_both_first_token_times(server, model):
+@pytest.mark.parametrize("with_ids", [False, True], ids=["text only", "token ids on every chunk (vLLM)"])
+def test_reasoning_before_the_answer_gives_both_first_token_times(server, model, with_ids):
+    """A reasoning model's stream: the answer's first token is the first chunk with answer text, also where every
+    chunk carries its token ids (vLLM with return_token_ids, which the lab asks for: a reasoning chunk's ids are
+    not an answer's)."""
     e = load_engine("http", model, base_url=server.base_url, server="openai", api="chat", read_timeout_s=5)
+    ids = (lambda *i: list(i)) if with_ids else (lambda *i: None)
     server.script = [
         sse(chat(role="assistant")),
         0.1,
-        sse(chat(reasoning="Two plus")),
-        sse(chat(reasoning=" two is four.")),
+        sse(chat(reasoning="Two plus", ids=ids(11, 12))),
+        sse(chat(reasoning=" two is four.", ids=ids(13, 14, 15))),
         0.3,
-        sse(chat("4")),
-        sse(chat(".", finish="stop")),
+        sse(chat("4", ids=ids(16))),
+        sse(chat(".", finish="stop", ids=ids(17))),
         DONE,
     ]
     try:
@@ -99,6 +104,9 @@ def test_reasoning_before_the_answer_gives_both_first_token_times(server, model)
     m = t.metrics()
     assert m["ttft_s"] == t.ttft_s and m["ttft_answer_s"] == t.ttft_answer_s
     assert t.text == "Two plus two is four.4." and t.chunk_tokens[0] >= 1
+    if with_ids:
+        assert t.token_ids == [11, 12, 13, 14, 15, 16, 17] and t.chunk_tokens == [2, 3, 1, 1]
+        assert t.t_first_answer == t.t_tokens[5]  # id 16, "4"
 
 
 def test_without_reasoning_the_answer_is_the_first_token(engine, server):

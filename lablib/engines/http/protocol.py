@@ -362,8 +362,12 @@ class _StreamState:
     def _tokens(self, text: str, reasoning: str, ids, lp, usage, t: float) -> None:
         tr = self.trace
         tr.text += text
-        if tr.t_first_answer is None and (self.engine.api != "chat" or len(text) > len(reasoning) or ids):
-            tr.t_first_answer = t  # the first answer token (a chat model's reasoning comes before it)
+        # the first answer token (a chat model's reasoning comes before it): a chunk with answer text, or with ids and
+        # no reasoning (a token without text); not a reasoning chunk's ids (vLLM sends ids on every chunk)
+        if tr.t_first_answer is None and (
+            self.engine.api != "chat" or len(text) > len(reasoning) or (ids and not reasoning)
+        ):
+            tr.t_first_answer = t
         if ids:
             k, method, new_ids = len(ids), "token_ids", ids
         elif lp:
