@@ -114,6 +114,9 @@ def test_invalid_generation_parameters():
         GenerationConfig(max_new_tokens=0)
     with pytest.raises(LabError, match="temperature=-1"):
         GenerationConfig(temperature=-1)
+    for bad in ("nan", "inf"):  # logits / NaN or infinity: no distribution (a CLI's --temperature nan sampled junk)
+        with pytest.raises(LabError, match=rf"temperature={bad}: expected a finite number"):
+            GenerationConfig(temperature=float(bad))
     with pytest.raises(LabError, match="top_p=0"):
         GenerationConfig(top_p=0)
 

@@ -710,3 +710,108 @@ def test_run_plan_stops_on_cancel_and_closes_on_a_crash(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError):
         sweep.run_plan(None, plan, out=out, on_row=crash, progress=False)
     assert list(load_results(out)["step"]) == ["a1", "a1", "a2", "b1"] and log[-1] == ("close", "b")
+
+
+def test_a_torn_last_row_is_refused_before_rows_are_added_after_it(tmp_path):
+    """A crash mid-row leaves a torn last line: rows appended after it would leave a file load_results refuses
+    while the run said it wrote them. The writer refuses first, naming the line and how to remove it; without
+    that line it appends, and every row loads."""
+    import subprocess
+
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"engine": "a"}\n{"engine": "b"}\n{"engine": "c", "tt')
+    with pytest.raises(LabError, match=r"r.jsonl, line 3: a row torn by a crash .*sed -i '3d' "):
+        ResultsWriter(path)
+    path.write_text('{"engine": "a"}\n{"engine": "b"}\n{"engine": "c", "tt\n')  # torn, then a newline
+    with pytest.raises(LabError, match=r"line 3: a row torn"):
+        ResultsWriter(path)
+    subprocess.run(["sed", "-i", "3d", str(path)], check=True)  # the message's mend
+    ResultsWriter(path).append({"engine": "d"})
+    assert list(load_results(path)["engine"]) == ["a", "b", "d"]
+
+
+def test_a_full_disk_is_one_message_and_the_rows_before_it_stay(tmp_path):
+    full = tmp_path / "full.jsonl"
+    full.symlink_to("/dev/full")  # every write: ENOSPC
+    with pytest.raises(
+        LabError,
+        match=r"full.jsonl: a row could not be written \(No space left on device\); the rows "
+        r"written before it \(0\) are kept: free space, or choose another --out",
+    ):
+        ResultsWriter(full).append({"engine": "a"})
+
+
+def test_merge_and_report_refuse_files_that_are_not_rows(tmp_path):
+    """lablib merge and lablib report combine files the lab wrote; a foreign JSON file, an empty file, a sweep's
+    run records (.runs.jsonl) and an unwritable target are each one message, and nothing is written."""
+    from lablib.cli import main
+    from lablib.results.store import merge_results
+
+    rows = tmp_path / "sw.jsonl"
+    ResultsWriter(rows).append({"engine": "llama.cpp", "sweep": "context", "prompt_tokens": 8})
+    (tmp_path / "sw.runs.jsonl").write_text('{"point": 1, "requests": 1}\n')
+    (tmp_path / "obj.jsonl").write_text('{"a": 1}\n')
+    (tmp_path / "empty.jsonl").write_text("")
+    for bad, said in (
+        ("obj.jsonl", r"obj.jsonl is not a results file the lab wrote \(1 of 1 rows name no engine\)"),
+        ("empty.jsonl", r"empty.jsonl has no rows: leave it out"),
+        ("sw.runs.jsonl", r"sw.runs.jsonl is a sweep's run records .*give the results file beside it, .*sw.jsonl"),
+    ):
+        with pytest.raises(LabError, match=said):
+            merge_results([rows, tmp_path / bad], tmp_path / "m.jsonl")
+        assert main(["report", str(rows), str(tmp_path / bad), "--html", str(tmp_path / "r.html")]) == 2
+    assert not (tmp_path / "m.jsonl").exists() and not (tmp_path / "r.html").exists()
+    (tmp_path / "dir.html").mkdir()
+    with pytest.raises(LabError, match=r"--html .*dir.html is a folder"):
+        from lablib.results.store import writable_file
+
+        writable_file(tmp_path / "dir.html", "--html")
+    assert main(["report", str(rows), "--html", str(tmp_path / "dir.html")]) == 2
+    assert merge_results([rows], tmp_path / "ok.jsonl")["engine"].tolist() == ["llama.cpp"]
+
+
+def test_ctrl_c_in_a_sweep_is_one_line_and_its_rows_load(tmp_path):
+    """Ctrl-C (SIGINT) in the middle of `lablib sweep`: one line naming the file the rows are in, exit code 130,
+    and every row written before it loads."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "int.jsonl"
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lablib.cli",
+            "sweep",
+            "context",
+            "--engines",
+            "llama.cpp",
+            "--prompt-tokens",
+            "16",
+            "--max-new-tokens",
+            "4",
+            "--reps",
+            "500",
+            "--quiet",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "LABLIB_QUICK": "1"},
+    )
+    deadline = time.monotonic() + 120
+    while not (out.is_file() and out.read_text().count("\n") >= 2) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert (
+        err.strip().splitlines()[-1] == f"lablib sweep: interrupted (Ctrl-C); the rows written before it are in {out}"
+    )
+    assert "Traceback" not in err
+    assert len(load_results(out)) >= 2

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 from lablib.errors import LabError
 
@@ -80,6 +81,17 @@ def main(argv: list[str] | None = None) -> int:
     except LabError as e:
         print(f"lablib: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C (bench and serve say more, themselves): the rows written stay where they are
+        out = getattr(ns, "out", None)
+        kept = (
+            f"the rows written before it are in {out}"
+            if out and Path(out).is_file()
+            else "no results file was written"
+            if out
+            else "nothing was written"
+        )
+        print(f"lablib {ns.cmd}: interrupted (Ctrl-C); {kept}", file=sys.stderr, flush=True)
+        return 130
 
 
 if __name__ == "__main__":

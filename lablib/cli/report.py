@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lablib.errors import LabError
-from lablib.results.store import load_results
+from lablib.results.store import load_lab_rows, writable_file
 from lablib.ui.report import report_html
 
 HELP = "write the figures of results files to one self-contained HTML page"
@@ -22,7 +22,8 @@ def run(ns) -> int:
         raise LabError(f"--html {ns.html}: expected a file name ending in .html")
     if any(html.resolve() == Path(f).resolve() for f in ns.files):
         raise LabError(f"--html {ns.html} is one of the results files: name a new .html file")
-    df = load_results(*ns.files)
+    writable_file(html, "--html")  # before the figures are made
+    df = load_lab_rows(ns.files)
     path = report_html(df, ns.html)
     print(f"{len(df)} rows from {len(ns.files)} file(s) -> {path}")
     return 0

@@ -79,8 +79,8 @@ class GenerationConfig:
                     f"constraint {self.constraint.label} with ignore_eos=True: a constrained output ends where its "
                     "grammar ends (the only token then allowed is EOS); set ignore_eos=False"
                 )
-        if self.temperature < 0:
-            raise LabError(f"temperature={self.temperature}: expected 0 (greedy) or more")
+        if not 0 <= self.temperature < float("inf"):  # NaN and infinity too: logits / either are no distribution
+            raise LabError(f"temperature={self.temperature}: expected a finite number, 0 (greedy) or more")
         if not 0 < self.top_p <= 1:
             raise LabError(f"top_p={self.top_p}: expected a value in (0, 1]")
         self.top_k = whole(self.top_k, "top_k", "a whole number of tokens, 0 (off) or more", lo=0)

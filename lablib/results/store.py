@@ -152,6 +152,7 @@ class ResultsWriter:
             ) from None
         if self.suffix == ".jsonl" and self.path.is_file() and self.path.stat().st_size:
             _check_jsonl_head(self.path)  # rows appended to a foreign file could not be read back
+            _check_jsonl_tail(self.path)  # nor rows appended after a row a crash tore
         # parquet is rewritten whole per row: read what is there now (a corrupt or foreign file is
         # refused here, before a measurement whose row could not be written)
         self._rows = None
@@ -184,11 +185,14 @@ class ResultsWriter:
                         f.write("\n")
                 f.write(line)
                 f.flush()
-            except OSError:  # a full disk: the row's error is this one
+            except OSError as e:  # a full disk: the row's error is this one
                 self._held = None
                 with contextlib.suppress(OSError):
                     f.close()
-                raise
+                raise LabError(
+                    f"results file {self.path}: a row could not be written ({e.strerror or e}); the rows written "
+                    f"before it ({self.written}) are kept: free space, or choose another --out"
+                ) from None
             if self._synced_at is None or time.monotonic() - self._synced_at >= self.sync_every_s:
                 self.sync()
         else:
@@ -316,6 +320,75 @@ def _check_jsonl_head(path: Path) -> None:
         )
 
 
+def _check_jsonl_tail(path: Path) -> None:
+    """LabError when the last line of the existing file ``path`` is a row a crash tore (it starts as a row and
+    is no JSON): rows appended after it would make the whole file unreadable (:func:`load_results` names such
+    a line), while the run said it wrote them."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        f.seek(max(0, size - (1 << 20)))
+        tail = f.read()
+    lines = tail.rstrip(b"\n").split(b"\n")
+    last = lines[-1].strip()
+    if (len(lines) < 2 and size > len(tail)) or not last.startswith(b"{"):
+        return  # a line longer than what was read, or not a row's start (the head check names a foreign file)
+    try:
+        json.loads(last)
+    except ValueError:
+        with open(path, "rb") as f:
+            n = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b"")) + (tail[-1:] != b"\n")
+        raise LabError(
+            f"results file {path}, line {n}: a row torn by a crash (no complete JSON); rows added after it could "
+            f"not be read back: remove that line (sed -i '{n}d' {path}), then run again, or choose another --out"
+        ) from None
+
+
+def load_lab_rows(paths):
+    """:func:`load_results` of ``paths``, refusing a file that is no lab results (for the commands that combine
+    files: ``lablib merge``, ``lablib report``): a sweep's run records (``<out>.runs.jsonl``: one line per point),
+    a file without rows, rows without an engine's name. LabError naming the file and what to give instead."""
+    import pandas as pd
+
+    frames = []
+    for p in paths:
+        name = str(p)
+        if name.endswith(".runs.jsonl"):
+            raise LabError(
+                f"{name} is a sweep's run records (one line per point: what ran, its counters), not result rows: "
+                f"give the results file beside it, {name[: -len('.runs.jsonl')]}.jsonl"
+            )
+        df = load_results(p)
+        if not len(df):
+            raise LabError(f"{name} has no rows: leave it out, or give the file the run wrote its rows to")
+        engine = df["engine"] if "engine" in df.columns else None
+        bad = len(df) if engine is None else int((~engine.map(lambda v: isinstance(v, str))).sum())
+        if bad:
+            raise LabError(
+                f"{name} is not a results file the lab wrote ({bad} of {len(df)} rows name no engine); expected "
+                "the rows of a sweep, bench or replay (one per request): leave it out"
+            )
+        frames.append(df)
+    if not frames:
+        raise LabError("no results files given")
+    return pd.concat(frames, ignore_index=True)
+
+
+def writable_file(path, flag: str) -> Path:
+    """``path`` as a Path, its folder made; LabError naming ``flag`` (``--out``, ``--html``) when it is a folder
+    or its folder cannot be written, before the work whose output would be lost."""
+    path = Path(path)
+    if path.is_dir():
+        raise LabError(f"{flag} {path} is a folder; expected a file name: choose another {flag}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path.parent).close()
+    except OSError as e:
+        raise LabError(
+            f"{flag} {path}: cannot write there ({e.strerror or e}); expected a writable folder: choose another {flag}"
+        ) from None
+    return path
+
+
 def _jsonable(x):
     import numpy as np
 
@@ -408,9 +481,12 @@ def merge_results(paths, out, one_clock: bool = False):
     """
     out = Path(out)
     _suffix(out)
+    if out.is_dir():
+        raise LabError(f"--out {out} is a folder; expected a new file name ending in .jsonl or .parquet")
     if out.exists():
         raise LabError(f"{out} exists: merge writes a new file; remove it or name another")
-    df = load_results(*paths)
+    writable_file(out, "--out")
+    df = load_lab_rows(paths)
     key = [c for c in df.columns if c not in ("source_file",)]
     df = df.loc[~df[key].astype(str).duplicated()].reset_index(drop=True)
     if one_clock:
@@ -425,7 +501,6 @@ def merge_results(paths, out, one_clock: bool = False):
             if c in df:
                 df[c] = df[c] + off
         df["clock_unix_offset_s"] = 0.0
-    out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".parquet":
         tmp = out.with_name(out.name + ".tmp")
         try:
