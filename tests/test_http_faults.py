@@ -109,6 +109,31 @@ def test_reasoning_before_the_answer_gives_both_first_token_times(server, model,
         assert t.t_first_answer == t.t_tokens[5]  # id 16, "4"
 
 
+def test_a_qwen3_stream_over_vllm_stamps_the_answer_at_its_text(server, model):
+    """vLLM with a reasoning parser (Qwen3) and return_token_ids: <think> and </think> come as chunks with an empty
+    delta and their ids; reasoning chunks carry ids too. The first answer token is the first with answer text."""
+    e = load_engine("http", model, base_url=server.base_url, server="openai", api="chat", read_timeout_s=5)
+    empty = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": None}]}
+    server.script = [
+        sse(chat(role="assistant")),
+        sse({**empty, "choices": [{**empty["choices"][0], "token_ids": [151667]}]}),  # <think>
+        sse(chat(reasoning="Two plus two", ids=[11, 12])),
+        sse({**empty, "choices": [{**empty["choices"][0], "token_ids": [151668]}]}),  # </think>
+        0.3,
+        sse(chat("4", ids=[16])),
+        sse(chat(".", finish="stop", ids=[17])),
+        DONE,
+    ]
+    try:
+        t = e.generate(
+            [], GenerationConfig(max_new_tokens=32, ignore_eos=False), messages=[{"role": "user", "content": "2+2?"}]
+        )
+    finally:
+        e.close()
+    assert t.token_ids == [151667, 11, 12, 151668, 16, 17]
+    assert t.t_first_answer == t.t_tokens[4] and t.ttft_answer_s - t.ttft_s >= 0.15
+
+
 def test_without_reasoning_the_answer_is_the_first_token(engine, server):
     server.script = [sse(cmpl("a", [1])), sse(cmpl("b", [2], finish="length")), DONE]
     t = gen(engine, 2)

@@ -2,6 +2,7 @@
 
 import json
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -728,6 +729,23 @@ def test_a_torn_last_row_is_refused_before_rows_are_added_after_it(tmp_path):
     subprocess.run(["sed", "-i", "3d", str(path)], check=True)  # the message's mend
     ResultsWriter(path).append({"engine": "d"})
     assert list(load_results(path)["engine"]) == ["a", "b", "d"]
+    # what else a crash or a power loss leaves last, each named at its own line (blank lines after it not counted)
+    row = '{"engine": "a"}\n'
+    for tail, line, why in (
+        ('{"engine": "b", "x\n\n\n', 2, "a row torn by a crash"),
+        ('{"engine": "b", "x\n   \n', 2, "a row torn by a crash"),
+        ("\0" * 300, 2, "NUL bytes"),
+        ('{"engine": "b"}\n' + "\0" * 300 + "\n", 3, "NUL bytes"),
+        ("[1, 2]\n", 2, "a JSON value that is no row"),
+        ('{"engine": "b", "text": "' + "x" * (3 << 20) + "\n", 2, "a row torn by a crash"),  # longer than 1 MiB
+    ):
+        path.write_text(row + tail)
+        with pytest.raises(LabError, match=rf"r.jsonl, line {line}: {why}.*sed -i '{line}d' "):
+            ResultsWriter(path)
+    for fine in (row + "\n\n", row.replace("\n", "\r\n"), row + '{"engine": "b", "text": "' + "y" * (3 << 20) + '"}'):
+        path.write_text(fine)
+        ResultsWriter(path).append({"engine": "c"})
+        assert load_results(path)["engine"].tolist()[-1] == "c"
 
 
 def test_a_full_disk_is_one_message_and_the_rows_before_it_stay(tmp_path):
@@ -752,10 +770,19 @@ def test_merge_and_report_refuse_files_that_are_not_rows(tmp_path):
     (tmp_path / "sw.runs.jsonl").write_text('{"point": 1, "requests": 1}\n')
     (tmp_path / "obj.jsonl").write_text('{"a": 1}\n')
     (tmp_path / "empty.jsonl").write_text("")
+    # a glob picks up a run's companion records beside its rows (docs/workshop.md: report data/reference/*.jsonl):
+    # left out, said, and the rows merged
+    said = []
+    from lablib.results.store import load_lab_rows
+
+    assert load_lab_rows([rows, tmp_path / "sw.runs.jsonl"], log=said.append)["engine"].tolist() == ["llama.cpp"]
+    assert said == [f"left out {tmp_path / 'sw.runs.jsonl'}: a run's records beside its results file, not result rows"]
+    # a summary the lab wrote (lab 05's rate sweep: rows per server) merges, as data/reference/README.md says
+    shipped = sorted((Path(__file__).resolve().parents[1] / "data" / "reference").glob("serving-rates-*.jsonl"))
+    assert len(merge_results(shipped, tmp_path / "rates.jsonl")) == 15
     for bad, said in (
-        ("obj.jsonl", r"obj.jsonl is not a results file the lab wrote \(1 of 1 rows name no engine\)"),
+        ("obj.jsonl", r"obj.jsonl is not a results file the lab wrote \(1 of 1 rows name neither an engine nor"),
         ("empty.jsonl", r"empty.jsonl has no rows: leave it out"),
-        ("sw.runs.jsonl", r"sw.runs.jsonl is a sweep's run records .*give the results file beside it, .*sw.jsonl"),
     ):
         with pytest.raises(LabError, match=said):
             merge_results([rows, tmp_path / bad], tmp_path / "m.jsonl")
@@ -815,3 +842,36 @@ def test_ctrl_c_in_a_sweep_is_one_line_and_its_rows_load(tmp_path):
     )
     assert "Traceback" not in err
     assert len(load_results(out)) >= 2
+    # Ctrl-C before this run's first row: its earlier rows are said to be as they were, not to be this run's
+    before = out.read_bytes()
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lablib.cli",
+            "sweep",
+            "context",
+            "--engines",
+            "llama.cpp",
+            "--prompt-tokens",
+            "16",
+            "--max-new-tokens",
+            "4",
+            "--reps",
+            "1",
+            "--quiet",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "LABLIB_QUICK": "1"},
+    )
+    time.sleep(1.0)  # importing, before the model is loaded: no row yet
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and out.read_bytes() == before, err
+    assert err.strip().splitlines()[-1] == (
+        f"lablib sweep: interrupted (Ctrl-C); no rows were added to {out} (its earlier rows are as they were)"
+    )

@@ -74,22 +74,33 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _size(out) -> int | None:
+    """The size of results file ``out`` in bytes; None where there is none (or no --out)."""
+    try:
+        return Path(out).stat().st_size if out else None
+    except OSError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
+    out = getattr(ns, "out", None)
+    size_before = _size(out)
     try:
         return ns.func(ns)
     except LabError as e:
         print(f"lablib: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C (bench and serve say more, themselves): the rows written stay where they are
-        out = getattr(ns, "out", None)
-        kept = (
-            f"the rows written before it are in {out}"
-            if out and Path(out).is_file()
-            else "no results file was written"
-            if out
-            else "nothing was written"
-        )
+        size = _size(out)
+        if not out:
+            kept = "nothing was written"
+        elif size is None:
+            kept = f"no results file was written (it would be {out})"
+        elif size == size_before:
+            kept = f"no rows were added to {out} (its earlier rows are as they were)"
+        else:
+            kept = f"the rows written before it are in {out}"
         print(f"lablib {ns.cmd}: interrupted (Ctrl-C); {kept}", file=sys.stderr, flush=True)
         return 130
 

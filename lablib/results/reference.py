@@ -48,12 +48,14 @@ def _kind(kind: str) -> str:
 def files(kind: str, machine: str | None = None) -> list[Path]:
     """The reference files of ``kind`` (``<kind>-*.jsonl``), sorted by name; only :func:`file_name` of ``machine``
     when it is given. A kind's name never matches another's files (``context-`` is not ``concurrency-``), and a
-    sweep's run records beside its rows (``<kind>-<machine>.runs.jsonl``: :func:`lablib.results.store.runs_path`)
-    are not rows."""
+    run's records beside its rows (``<kind>-<machine>.runs.jsonl``, ``.server.jsonl``:
+    :data:`lablib.results.store.COMPANIONS`) are not rows."""
     if machine is not None:
         p = folder() / file_name(kind, machine)
         return [p] if p.is_file() else []
-    return sorted(p for p in folder().glob(f"{_kind(kind)}-*.jsonl") if not p.name.endswith(".runs.jsonl"))
+    from lablib.results.store import COMPANIONS
+
+    return sorted(p for p in folder().glob(f"{_kind(kind)}-*.jsonl") if not p.name.endswith(COMPANIONS))
 
 
 def file_name(kind: str, machine: str) -> str:

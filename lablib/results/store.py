@@ -320,56 +320,99 @@ def _check_jsonl_head(path: Path) -> None:
         )
 
 
+# what a run writes beside its results file <out>.jsonl: records that are not rows (run_records: one line per point
+# or run; the server's /metrics samples of lablib bench)
+COMPANIONS = (".runs.jsonl", ".server.jsonl")
+
+
+def _last_line(path: Path, size: int) -> tuple[bytes, int]:
+    """The last line of ``path`` that is not blank (whitespace only) and the number of newlines before it
+    (its line number - 1); read backwards in 1 MiB steps (a row can be longer)."""
+    step, tail = 1 << 20, b""
+    with open(path, "rb") as f:
+        pos = size
+        while pos > 0:
+            pos = max(0, pos - step)
+            f.seek(pos)
+            tail = f.read(size - pos)
+            body = tail.rstrip(b" \t\r\n")
+            if b"\n" in body or pos == 0:
+                break
+        start = body.rfind(b"\n") + 1
+        f.seek(0)
+        before = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b"")) - tail[start:].count(b"\n")
+    return body[start:], before
+
+
 def _check_jsonl_tail(path: Path) -> None:
-    """LabError when the last line of the existing file ``path`` is a row a crash tore (it starts as a row and
-    is no JSON): rows appended after it would make the whole file unreadable (:func:`load_results` names such
-    a line), while the run said it wrote them."""
+    """LabError when the last line of the existing file ``path`` is no row: a row a crash tore (no complete
+    JSON), NUL bytes (where a power loss left a row's blocks unwritten), a JSON value that is no object. Rows
+    appended after it would make the whole file unreadable (:func:`load_results` names such a line), while the
+    run said it wrote them. Only a torn file reads the whole file (for the line's number)."""
     size = path.stat().st_size
     with open(path, "rb") as f:
-        f.seek(max(0, size - (1 << 20)))
-        tail = f.read()
-    lines = tail.rstrip(b"\n").split(b"\n")
-    last = lines[-1].strip()
-    if (len(lines) < 2 and size > len(tail)) or not last.startswith(b"{"):
-        return  # a line longer than what was read, or not a row's start (the head check names a foreign file)
-    try:
-        json.loads(last)
-    except ValueError:
-        with open(path, "rb") as f:
-            n = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b"")) + (tail[-1:] != b"\n")
+        f.seek(max(0, size - (64 << 10)))  # a row of a thousand ITLs is about 25 KB
+        end = f.read()
+    last = end.rstrip(b" \t\r\n")
+    line = last[last.rfind(b"\n") + 1 :] if b"\n" in last else None
+    if line is not None and b"\0" not in end:  # the common case: a complete last row, read from 64 KiB
+        try:
+            if isinstance(json.loads(line), dict):
+                return
+        except ValueError:
+            pass
+    line, before = _last_line(path, size)
+    if not line.strip():
+        return  # blank to the end: nothing to be torn
+    why = None
+    if b"\0" in line or b"\0" in end:
+        why = "NUL bytes (a power loss leaves them where a row's blocks were not written)"
+    else:
+        try:
+            if not isinstance(json.loads(line), dict):
+                why = "a JSON value that is no row (an object)"
+        except ValueError:
+            why = "a row torn by a crash (no complete JSON)"
+    if why:
+        n = before + 1
         raise LabError(
-            f"results file {path}, line {n}: a row torn by a crash (no complete JSON); rows added after it could "
-            f"not be read back: remove that line (sed -i '{n}d' {path}), then run again, or choose another --out"
-        ) from None
+            f"results file {path}, line {n}: {why}; rows added after it could not be read back: remove that line "
+            f"(sed -i '{n}d' {path}; and what follows it), then run again, or choose another --out"
+        )
 
 
-def load_lab_rows(paths):
-    """:func:`load_results` of ``paths``, refusing a file that is no lab results (for the commands that combine
-    files: ``lablib merge``, ``lablib report``): a sweep's run records (``<out>.runs.jsonl``: one line per point),
-    a file without rows, rows without an engine's name. LabError naming the file and what to give instead."""
+def load_lab_rows(paths, log=print):
+    """:func:`load_results` of ``paths`` for the commands that combine files (``lablib merge``, ``lablib
+    report``). A run's companion records (``<out>.runs.jsonl``, ``<out>.server.jsonl``: not rows) are left out,
+    each said through ``log`` (a glob such as ``results/*.jsonl`` picks them up beside the rows). LabError for a
+    file without rows, or whose rows name neither an engine (rows per request) nor a server (a summary the lab
+    wrote: lab 05's rate sweep), naming the file."""
     import pandas as pd
 
     frames = []
     for p in paths:
         name = str(p)
-        if name.endswith(".runs.jsonl"):
-            raise LabError(
-                f"{name} is a sweep's run records (one line per point: what ran, its counters), not result rows: "
-                f"give the results file beside it, {name[: -len('.runs.jsonl')]}.jsonl"
-            )
+        if name.endswith(COMPANIONS):
+            log(f"left out {name}: a run's records beside its results file, not result rows")
+            continue
         df = load_results(p)
         if not len(df):
             raise LabError(f"{name} has no rows: leave it out, or give the file the run wrote its rows to")
-        engine = df["engine"] if "engine" in df.columns else None
-        bad = len(df) if engine is None else int((~engine.map(lambda v: isinstance(v, str))).sum())
-        if bad:
+        named = pd.Series(False, index=df.index)
+        for col in ("engine", "server"):
+            if col in df.columns:
+                named |= df[col].map(lambda v: isinstance(v, str))
+        if not named.all():
             raise LabError(
-                f"{name} is not a results file the lab wrote ({bad} of {len(df)} rows name no engine); expected "
-                "the rows of a sweep, bench or replay (one per request): leave it out"
+                f"{name} is not a results file the lab wrote ({int((~named).sum())} of {len(df)} rows name neither "
+                "an engine nor a server); expected the rows of a sweep, bench or replay, or a summary the lab "
+                "wrote: leave it out"
             )
         frames.append(df)
     if not frames:
-        raise LabError("no results files given")
+        raise LabError(
+            f"no results files among {', '.join(map(str, paths)) or 'none'}: give the .jsonl or .parquet files of a run"
+        )
     return pd.concat(frames, ignore_index=True)
 
 
@@ -485,8 +528,8 @@ def merge_results(paths, out, one_clock: bool = False):
         raise LabError(f"--out {out} is a folder; expected a new file name ending in .jsonl or .parquet")
     if out.exists():
         raise LabError(f"{out} exists: merge writes a new file; remove it or name another")
-    writable_file(out, "--out")
     df = load_lab_rows(paths)
+    writable_file(out, "--out")
     key = [c for c in df.columns if c not in ("source_file",)]
     df = df.loc[~df[key].astype(str).duplicated()].reset_index(drop=True)
     if one_clock:

@@ -362,11 +362,10 @@ class _StreamState:
     def _tokens(self, text: str, reasoning: str, ids, lp, usage, t: float) -> None:
         tr = self.trace
         tr.text += text
-        # the first answer token (a chat model's reasoning comes before it): a chunk with answer text, or with ids and
-        # no reasoning (a token without text); not a reasoning chunk's ids (vLLM sends ids on every chunk)
-        if tr.t_first_answer is None and (
-            self.engine.api != "chat" or len(text) > len(reasoning) or (ids and not reasoning)
-        ):
+        # the first answer token (a chat model's reasoning comes before it): in a chat, the first chunk with answer
+        # text (or a tool call). Not ids alone: vLLM sends ids on every chunk (return_token_ids), a reasoning chunk's
+        # and an empty delta's too (the <think> and </think> its reasoning parser takes out of the text)
+        if tr.t_first_answer is None and (self.engine.api != "chat" or len(text) > len(reasoning)):
             tr.t_first_answer = t
         if ids:
             k, method, new_ids = len(ids), "token_ids", ids
