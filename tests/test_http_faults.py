@@ -72,12 +72,22 @@ def test_a_stream_without_done(engine, server):
     assert e.value.trace.token_ids == [1, 2] and e.value.trace.error
 
 
+def chat_question(server, model):
+    """One chat request ("2+2?") to the scripted server, its script set: the trace (32 tokens at most, EOS ends)."""
+    e = load_engine("http", model, base_url=server.base_url, server="openai", api="chat", read_timeout_s=5)
+    try:
+        return e.generate(
+            [], GenerationConfig(max_new_tokens=32, ignore_eos=False), messages=[{"role": "user", "content": "2+2?"}]
+        )
+    finally:
+        e.close()
+
+
 @pytest.mark.parametrize("with_ids", [False, True], ids=["text only", "token ids on every chunk (vLLM)"])
 def test_reasoning_before_the_answer_gives_both_first_token_times(server, model, with_ids):
     """A reasoning model's stream: the answer's first token is the first chunk with answer text, also where every
     chunk carries its token ids (vLLM with return_token_ids, which the lab asks for: a reasoning chunk's ids are
     not an answer's)."""
-    e = load_engine("http", model, base_url=server.base_url, server="openai", api="chat", read_timeout_s=5)
     ids = (lambda *i: list(i)) if with_ids else (lambda *i: None)
     server.script = [
         sse(chat(role="assistant")),
@@ -89,12 +99,7 @@ def test_reasoning_before_the_answer_gives_both_first_token_times(server, model,
         sse(chat(".", finish="stop", ids=ids(17))),
         DONE,
     ]
-    try:
-        t = e.generate(
-            [], GenerationConfig(max_new_tokens=32, ignore_eos=False), messages=[{"role": "user", "content": "2+2?"}]
-        )
-    finally:
-        e.close()
+    t = chat_question(server, model)
     assert t.ttft_s >= 0.1  # the first token of either kind: the reasoning's
     # the answer's first token is stamped when "4" arrived, after the server's 0.3 s pause, not with the
     # reasoning: one of the token stamps, later than the first. A late read of the reasoning chunk on a busy
@@ -112,7 +117,6 @@ def test_reasoning_before_the_answer_gives_both_first_token_times(server, model,
 def test_a_qwen3_stream_over_vllm_stamps_the_answer_at_its_text(server, model):
     """vLLM with a reasoning parser (Qwen3) and return_token_ids: <think> and </think> come as chunks with an empty
     delta and their ids; reasoning chunks carry ids too. The first answer token is the first with answer text."""
-    e = load_engine("http", model, base_url=server.base_url, server="openai", api="chat", read_timeout_s=5)
     empty = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": None}]}
     server.script = [
         sse(chat(role="assistant")),
@@ -124,12 +128,7 @@ def test_a_qwen3_stream_over_vllm_stamps_the_answer_at_its_text(server, model):
         sse(chat(".", finish="stop", ids=[17])),
         DONE,
     ]
-    try:
-        t = e.generate(
-            [], GenerationConfig(max_new_tokens=32, ignore_eos=False), messages=[{"role": "user", "content": "2+2?"}]
-        )
-    finally:
-        e.close()
+    t = chat_question(server, model)
     assert t.token_ids == [151667, 11, 12, 151668, 16, 17]
     assert t.t_first_answer == t.t_tokens[4] and t.ttft_answer_s - t.ttft_s >= 0.15
 

@@ -797,7 +797,7 @@ def test_merge_and_report_refuse_files_that_are_not_rows(tmp_path):
     assert merge_results([rows], tmp_path / "ok.jsonl")["engine"].tolist() == ["llama.cpp"]
 
 
-def test_ctrl_c_in_a_sweep_is_one_line_and_its_rows_load(tmp_path):
+def test_ctrl_c_in_a_sweep_is_one_line_and_its_rows_load(tmp_path, monkeypatch, capsys):
     """Ctrl-C (SIGINT) in the middle of `lablib sweep`: one line naming the file the rows are in, exit code 130,
     and every row written before it loads."""
     import os
@@ -807,30 +807,18 @@ def test_ctrl_c_in_a_sweep_is_one_line_and_its_rows_load(tmp_path):
     import time
 
     out = tmp_path / "int.jsonl"
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "lablib.cli",
-            "sweep",
-            "context",
-            "--engines",
-            "llama.cpp",
-            "--prompt-tokens",
-            "16",
-            "--max-new-tokens",
-            "4",
-            "--reps",
-            "500",
-            "--quiet",
-            "--out",
-            str(out),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "LABLIB_QUICK": "1"},
-    )
+
+    def sweep(reps: int):
+        args = ["sweep", "context", "--engines", "llama.cpp", "--prompt-tokens", "16", "--max-new-tokens", "4"]
+        return subprocess.Popen(
+            [sys.executable, "-m", "lablib.cli", *args, "--reps", str(reps), "--quiet", "--out", str(out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "LABLIB_QUICK": "1"},
+        )
+
+    p = sweep(500)
     deadline = time.monotonic() + 120
     while not (out.is_file() and out.read_text().count("\n") >= 2) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -842,36 +830,22 @@ def test_ctrl_c_in_a_sweep_is_one_line_and_its_rows_load(tmp_path):
     )
     assert "Traceback" not in err
     assert len(load_results(out)) >= 2
-    # Ctrl-C before this run's first row: its earlier rows are said to be as they were, not to be this run's
+    # Ctrl-C before this run's first row (in-process: at once, whatever the machine's speed): its earlier rows are
+    # said to be as they were, not to be this run's
+    import lablib.cli.sweep
+    from lablib.cli import main
+
+    def interrupted(ns):
+        raise KeyboardInterrupt
+
     before = out.read_bytes()
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "lablib.cli",
-            "sweep",
-            "context",
-            "--engines",
-            "llama.cpp",
-            "--prompt-tokens",
-            "16",
-            "--max-new-tokens",
-            "4",
-            "--reps",
-            "1",
-            "--quiet",
-            "--out",
-            str(out),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "LABLIB_QUICK": "1"},
-    )
-    time.sleep(1.0)  # importing, before the model is loaded: no row yet
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=60)
-    assert p.returncode == 130 and out.read_bytes() == before, err
-    assert err.strip().splitlines()[-1] == (
+    monkeypatch.setattr(lablib.cli.sweep, "run", interrupted)
+    assert main(["sweep", "context", "--engines", "llama.cpp", "--out", str(out)]) == 130
+    assert out.read_bytes() == before
+    assert capsys.readouterr().err.strip() == (
         f"lablib sweep: interrupted (Ctrl-C); no rows were added to {out} (its earlier rows are as they were)"
+    )
+    assert main(["sweep", "context", "--engines", "llama.cpp", "--out", str(tmp_path / "new.jsonl")]) == 130
+    assert (
+        capsys.readouterr().err.strip().endswith(f"no results file was written (it would be {tmp_path / 'new.jsonl'})")
     )
