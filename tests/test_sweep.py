@@ -736,7 +736,7 @@ def test_a_torn_last_row_is_refused_before_rows_are_added_after_it(tmp_path):
         ('{"engine": "b", "x\n   \n', 2, "a row torn by a crash"),
         ("\0" * 300, 2, "NUL bytes"),
         ('{"engine": "b"}\n' + "\0" * 300 + "\n", 3, "NUL bytes"),
-        ("[1, 2]\n", 2, "a JSON value that is no row"),
+        ("[1, 2]\n", 2, "a JSON value that is not a row"),
         ('{"engine": "b", "text": "' + "x" * (3 << 20) + "\n", 2, "a row torn by a crash"),  # longer than 1 MiB
     ):
         path.write_text(row + tail)

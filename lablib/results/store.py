@@ -365,19 +365,19 @@ def _check_jsonl_tail(path: Path) -> None:
     if not line.strip():
         return  # blank to the end: nothing to be torn
     why = None
-    if b"\0" in line or b"\0" in end:
+    if b"\0" in line:
         why = "NUL bytes (a power loss leaves them where a row's blocks were not written)"
     else:
         try:
             if not isinstance(json.loads(line), dict):
-                why = "a JSON value that is no row (an object)"
+                why = "a JSON value that is not a row (a JSON object)"
         except ValueError:
             why = "a row torn by a crash (no complete JSON)"
     if why:
         n = before + 1
         raise LabError(
             f"results file {path}, line {n}: {why}; rows added after it could not be read back: remove that line "
-            f"(sed -i '{n}d' {path}; and what follows it), then run again, or choose another --out"
+            f"(sed -i '{n}d' {path}), then run again, or choose another --out"
         )
 
 
