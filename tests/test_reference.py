@@ -120,6 +120,15 @@ def test_context_lines_draw_a_reference_on_its_own_row_on_the_same_scales(ref_di
     said = []
     both = reference.beside(own, "context", log=said.append)
     assert said == ["reference: 6 rows from context-h200.jsonl (reference: H200)"]
+    # a reference without a column its figure draws is said, not drawn as an empty row of panels without a word
+    write_rows(ref_dir / "context-old.jsonl", gpu.drop(columns=["prefill_tps"]).assign(tpot_s=None))
+    said.clear()
+    reference.beside(own, "context", log=said.append)
+    assert said[-1] == (
+        "  context-old.jsonl has no values of prefill_tps, tpot_s: its panels stay empty (expected rows as "
+        f"{reference.KINDS['context']} writes them)"
+    )
+    (ref_dir / "context-old.jsonl").unlink()
     assert list(dict.fromkeys(both["machine"])) == ["this machine: AMD EPYC, 2 cores", "reference: H200"]
     fig = plots.context_lines(both, facet_by="machine")
     assert [a.text for a in fig.layout.annotations if a.text.startswith(("this", "reference"))] == [

@@ -30,6 +30,12 @@ KINDS = {
     "serving-rates": "benchmarks/serving_reference.py",
 }
 THIS_MACHINE = "this machine"
+# kind -> the columns its figures draw (a reference without one draws an empty row of panels: beside() says so)
+DRAWN = {
+    "context": ("engine", "prompt_tokens", "prefill_tps", "tpot_s"),
+    "concurrency": ("engine", "mode", "concurrency", "run_id", "t_submit", "t_last_token", "ttft_s"),
+    "roofline": ("engine", "tpot_s", "decode_roof_s", "launch_floor_s"),
+}
 
 
 def folder() -> Path:
@@ -138,8 +144,12 @@ def beside(df, kind: str, log=print):
             "only this machine is drawn"
         )
         return own
-    for name, n in ref.groupby("source_file", sort=False).size().items():
-        log(
-            f"reference: {n} rows from {Path(name).name} ({', '.join(ref.loc[ref.source_file == name, 'machine'].unique())})"
-        )
+    for name, rows in ref.groupby("source_file", sort=False):
+        log(f"reference: {len(rows)} rows from {Path(name).name} ({', '.join(rows['machine'].unique())})")
+        lacking = [c for c in DRAWN.get(kind, ()) if c not in rows.columns or rows[c].isna().all()]
+        if lacking:
+            log(
+                f"  {Path(name).name} has no values of {', '.join(lacking)}: its panels stay empty (expected rows "
+                f"as {KINDS[kind]} writes them)"
+            )
     return pd.concat([own, ref], ignore_index=True)
