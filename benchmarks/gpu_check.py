@@ -81,19 +81,12 @@ def script_line(name: str, args: list[str], prefix: str, timeout_s: float = 300)
 
 
 def gpu_name() -> str:
-    """The first GPU's name, through NVML, else torch; "cuda" where neither says (a torch without CUDA: the steps
-    then fail one by one, each saying why)."""
-    from lablib.machine.telemetry import gpu_facts
+    """The first NVIDIA GPU's name, as NVML or nvidia-smi gives it (:func:`lablib.machine.devices.nvidia_facts`);
+    "cuda" where neither sees one (the steps then fail one by one, each saying why)."""
+    from lablib.machine.devices import nvidia_facts
 
-    gpus = gpu_facts().get("gpus") or []
-    if gpus:
-        return gpus[0]["name"]
-    try:
-        import torch
-
-        return torch.cuda.get_device_name(0)
-    except Exception:  # noqa: BLE001 - no CUDA torch, no driver: named by the steps that need them
-        return "cuda"
+    gpus = nvidia_facts()["gpus"]
+    return gpus[0]["name"] if gpus else "cuda"
 
 
 def step(table: Table, name: str, fn, budget_end: float):

@@ -36,7 +36,7 @@ from lablib.checks import whole
 from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
 from lablib.results.schema import flatten_manifest
-from lablib.results.store import trace_row
+from lablib.results.store import runs_path, server_path, trace_row
 from lablib.results.tables import check_targets, run_summary
 from lablib.results.trace import RequestTrace, now
 
@@ -856,7 +856,6 @@ def bench(
     each process's streams, rows and ``client_headroom``, and its ``client_headroom`` is the worst of them.
     """
     import json
-    from pathlib import Path
 
     from lablib.engines import load_engine
     from lablib.engines.http.metrics import MetricsSampler, scrape
@@ -906,7 +905,7 @@ def bench(
         prompts = distinct_prompts(rm, prompt_tokens, warmup + requests)  # a server's prefix cache stays cold
     writer = ResultsWriter(out, sync_every_s=LOAD_SYNC_S)  # a bad out is refused before any request
     summaries, engine = [], None
-    runs_file = Path(out).with_name(Path(out).stem + ".runs.jsonl")
+    runs_file = runs_path(out)
     try:
         engine = load_engine(
             "http",
@@ -921,7 +920,7 @@ def bench(
         )
         try:
             scrape(engine.root_url)
-            server_file = Path(out).with_name(Path(out).stem + ".server.jsonl")
+            server_file = server_path(out)
         except LabError as e:
             log(f"no server counters: {e}")
             server_file = None

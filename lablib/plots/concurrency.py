@@ -16,7 +16,9 @@ from lablib.plots.style import (
     QUEUE_COLOR,
     color,
     engine_order,
+    facet_spacing,
     log_ticks,
+    match_y,
     mode_dash,
     mode_order,
 )
@@ -67,7 +69,7 @@ def concurrency_lines(df, facet_by: str | None = None, title: str | None = None)
         rows=len(facets),
         cols=3,
         horizontal_spacing=0.09,
-        vertical_spacing=min(0.12, 0.5 / len(facets)) if len(facets) > 1 else 0.1,  # plotly: at most 1/(rows-1)
+        vertical_spacing=facet_spacing(len(facets), 0.12),
         subplot_titles=[t for _ in facets for t in ("Output tokens/s of the run", "TTFT p50", "TTFT p95")],
         row_titles=[str(f) for f in facets] if facet_by else None,
     )
@@ -112,12 +114,8 @@ def concurrency_lines(df, facet_by: str | None = None, title: str | None = None)
         fig.update_yaxes(title_text="output (tokens/s, log)", **tps_ticks, row=row, col=1)
         fig.update_yaxes(title_text="TTFT (ms, log)", **ttft_ticks, row=row, col=2)
         fig.update_yaxes(**ttft_ticks, row=row, col=3)
-        # TTFT p50 and p95 on one scale; each metric on one scale across machines
-        for col in (1, 2, 3):
-            axis = fig.get_subplot(row, col).yaxis
-            ref = fig.get_subplot(1, 2 if col == 3 else col).yaxis.plotly_name.replace("yaxis", "y")
-            if axis.plotly_name.replace("yaxis", "y") != ref:
-                axis.matches = ref
+    # TTFT p50 and p95 on one scale; each metric on one scale across machines
+    match_y(fig, len(facets), 3, like=lambda col: 2 if col == 3 else col)
     # the legend below the panels: three panels need the whole width
     fig.update_layout(
         template="plotly_white",

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from lablib.errors import LabError
 from lablib.plots.phases import BOTTOM, TOP, shares, slot, slowest_note, split_layout, split_subplots
-from lablib.plots.style import PHASE_OPACITY, PHASE_PATTERN, color, engine_order, log_ticks
+from lablib.plots.style import PHASE_OPACITY, PHASE_PATTERN, color, engine_order, facet_spacing, log_ticks, match_y
 from lablib.results.schema import FACETS
 from lablib.results.tables import context_medians
 
@@ -142,7 +142,7 @@ def context_lines(df, facet_by: str | None = None, title: str | None = None) -> 
         rows=len(facets),
         cols=2,
         horizontal_spacing=0.1,
-        vertical_spacing=min(0.14, 0.5 / len(facets)) if len(facets) > 1 else 0.1,  # plotly: at most 1/(rows-1)
+        vertical_spacing=facet_spacing(len(facets), 0.14),
         subplot_titles=[t for _ in facets for t in ("Prefill speed (compute-bound)", "Decode: time per output token")],
         row_titles=[str(f) for f in facets] if facet_by else None,
     )
@@ -187,11 +187,7 @@ def context_lines(df, facet_by: str | None = None, title: str | None = None) -> 
     for row in range(1, len(facets) + 1):
         fig.update_yaxes(title_text="prefill (tokens/s, log)", **log_ticks(spans["prefill_tps"]), row=row, col=1)
         fig.update_yaxes(title_text="TPOT (ms, log)", **log_ticks(spans["tpot_ms"]), row=row, col=2)
-        for col in (1, 2):
-            axis = fig.get_subplot(row, col).yaxis
-            first = fig.get_subplot(1, col).yaxis.plotly_name.replace("yaxis", "y")
-            if axis.plotly_name.replace("yaxis", "y") != first:
-                axis.matches = first
+    match_y(fig, len(facets), 2)
     fig.update_layout(
         template="plotly_white",
         legend_title_text="engine",

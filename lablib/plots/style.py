@@ -95,3 +95,20 @@ def log_ticks(values, max_ticks: int = 8) -> dict:
     # round away float noise (3 * 0.1 is 0.30000000000000004) before the labels are written
     ticks = [float(f"{t:.6g}") for t in ticks]
     return {"type": "log", "tickvals": ticks, "ticktext": [_tick_text(t) for t in ticks]}
+
+
+def facet_spacing(rows: int, most: float) -> float:
+    """``make_subplots``' vertical spacing for ``rows`` rows of panels (one per machine): ``most``, less where
+    plotly's limit of 1 / (rows - 1) would refuse it."""
+    return min(most, 0.5 / rows) if rows > 1 else 0.1
+
+
+def match_y(fig, rows: int, cols: int, like=lambda col: col) -> None:
+    """Each panel's y axis on one scale with row 1's panel ``like(col)`` (its own column by default): a metric
+    read against the same gridlines on every machine's row of panels."""
+    for row in range(1, rows + 1):
+        for col in range(1, cols + 1):
+            axis = fig.get_subplot(row, col).yaxis
+            ref = fig.get_subplot(1, like(col)).yaxis.plotly_name.replace("yaxis", "y")
+            if axis.plotly_name.replace("yaxis", "y") != ref:
+                axis.matches = ref

@@ -81,10 +81,22 @@ def trace_row(trace: RequestTrace, manifest: dict, *, manifest_columns: dict | N
 FORMATS = (".jsonl", ".parquet")
 
 
+# what a run writes beside its results file <out>.jsonl, records that are not rows: run records (one line per
+# point or run), and lablib bench's samples of the server's /metrics
+RUNS_SUFFIX, SERVER_SUFFIX = ".runs.jsonl", ".server.jsonl"
+COMPANIONS = (RUNS_SUFFIX, SERVER_SUFFIX)
+
+
 def runs_path(out) -> Path:
     """Where the run records of results file ``out`` go: ``<out without suffix>.runs.jsonl`` beside it (a bench
     run's summary, a sweep point's telemetry: :data:`lablib.results.schema.TELEMETRY`)."""
-    return Path(out).with_name(Path(out).stem + ".runs.jsonl")
+    return Path(out).with_name(Path(out).stem + RUNS_SUFFIX)
+
+
+def server_path(out) -> Path:
+    """Where ``lablib bench`` puts its samples of the server's /metrics for results file ``out``:
+    ``<out without suffix>.server.jsonl`` beside it."""
+    return Path(out).with_name(Path(out).stem + SERVER_SUFFIX)
 
 
 def append_run(out, record: dict) -> None:
@@ -320,65 +332,46 @@ def _check_jsonl_head(path: Path) -> None:
         )
 
 
-# what a run writes beside its results file <out>.jsonl: records that are not rows (run_records: one line per point
-# or run; the server's /metrics samples of lablib bench)
-COMPANIONS = (".runs.jsonl", ".server.jsonl")
-
-
-def _last_line(path: Path, size: int) -> tuple[bytes, int]:
-    """The last line of ``path`` that is not blank (whitespace only) and the number of newlines before it
-    (its line number - 1); read backwards in 1 MiB steps (a row can be longer)."""
-    step, tail = 1 << 20, b""
+def _check_jsonl_tail(path: Path) -> None:
+    """LabError when the last line of the existing file ``path`` that is not blank is no row: a row a crash tore
+    (no complete JSON), NUL bytes (where a power loss left a row's blocks unwritten), a JSON value that is no
+    object. Rows appended after it would make the whole file unreadable (:func:`load_results` names such a
+    line), while the run said it wrote them. Reads backwards from the end in 64 KiB steps until that line is
+    whole; only a file refused is read through (for the line's number)."""
+    size, step = path.stat().st_size, 64 << 10
     with open(path, "rb") as f:
         pos = size
-        while pos > 0:
+        while True:
             pos = max(0, pos - step)
             f.seek(pos)
-            tail = f.read(size - pos)
-            body = tail.rstrip(b" \t\r\n")
+            body = f.read(size - pos).rstrip(b" \t\r\n")
             if b"\n" in body or pos == 0:
                 break
-        start = body.rfind(b"\n") + 1
+            step *= 2  # a row longer than what was read
+        start = pos + body.rfind(b"\n") + 1  # the line's first byte in the file
+        line = body[body.rfind(b"\n") + 1 :]
+        if not line.strip():
+            return  # blank to the end: nothing to be torn
+        why = None
+        if b"\0" in line:
+            why = "NUL bytes (a power loss leaves them where a row's blocks were not written)"
+        else:
+            try:
+                if not isinstance(json.loads(line), dict):
+                    why = "a JSON value that is not a row (a JSON object)"
+            except ValueError:
+                why = "a row torn by a crash (no complete JSON)"
+        if why is None:
+            return
         f.seek(0)
-        before = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b"")) - tail[start:].count(b"\n")
-    return body[start:], before
-
-
-def _check_jsonl_tail(path: Path) -> None:
-    """LabError when the last line of the existing file ``path`` is no row: a row a crash tore (no complete
-    JSON), NUL bytes (where a power loss left a row's blocks unwritten), a JSON value that is no object. Rows
-    appended after it would make the whole file unreadable (:func:`load_results` names such a line), while the
-    run said it wrote them. Only a torn file reads the whole file (for the line's number)."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        f.seek(max(0, size - (64 << 10)))  # a row of a thousand ITLs is about 25 KB
-        end = f.read()
-    last = end.rstrip(b" \t\r\n")
-    line = last[last.rfind(b"\n") + 1 :] if b"\n" in last else None
-    if line is not None and b"\0" not in end:  # the common case: a complete last row, read from 64 KiB
-        try:
-            if isinstance(json.loads(line), dict):
-                return
-        except ValueError:
-            pass
-    line, before = _last_line(path, size)
-    if not line.strip():
-        return  # blank to the end: nothing to be torn
-    why = None
-    if b"\0" in line:
-        why = "NUL bytes (a power loss leaves them where a row's blocks were not written)"
-    else:
-        try:
-            if not isinstance(json.loads(line), dict):
-                why = "a JSON value that is not a row (a JSON object)"
-        except ValueError:
-            why = "a row torn by a crash (no complete JSON)"
-    if why:
-        n = before + 1
-        raise LabError(
-            f"results file {path}, line {n}: {why}; rows added after it could not be read back: remove that line "
-            f"(sed -i '{n}d' {path}), then run again, or choose another --out"
-        )
+        n, left = 1, start
+        while left > 0:  # in 1 MiB pieces: a results file can be large
+            chunk = f.read(min(left, 1 << 20))
+            n, left = n + chunk.count(b"\n"), left - len(chunk)
+    raise LabError(
+        f"results file {path}, line {n}: {why}; rows added after it could not be read back: remove that line "
+        f"(sed -i '{n}d' {path}), then run again, or choose another --out"
+    )
 
 
 def load_lab_rows(paths, log=print):
