@@ -331,3 +331,85 @@ def test_a_failed_tools_build_says_which_and_shows_the_compilers_words(tools_tre
     assert "llama.cpp: building llama-bench, llama-batched-bench" in out.err
     with pytest.raises(llama_build.BuildError, match="unknown llama.cpp tool 'llama-cli'"):
         llama_build.llama_tools(("llama-server", "llama-cli"))
+
+
+# An in-tree PEP 517 backend (no requirement of its own) for the stand-in sdist below: pip reads its metadata
+# the way it reads llama-cpp-python's through scikit-build-core
+_BACKEND = """
+import os
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    import kitdep  # the build requirement, installed by pip into its isolated build environment
+
+    info = os.path.join(metadata_directory, "llama_cpp_python-0.3.36.dist-info")
+    os.makedirs(info)
+    with open(os.path.join(info, "METADATA"), "w") as f:
+        f.write("Metadata-Version: 2.1\\nName: llama-cpp-python\\nVersion: 0.3.36\\n")
+    return "llama_cpp_python-0.3.36.dist-info"
+"""
+
+
+def _wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
+    """A pure-Python wheel of ``files`` (path -> text), written by hand as the wheel format describes it."""
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    files = {
+        **files,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{p},,\n" for p in [*files, f"{info}/RECORD"])
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for p, text in files.items():
+            z.writestr(p, text)
+    return path
+
+
+def test_the_source_comes_from_a_wheel_folder_with_no_index(tmp_path, monkeypatch):
+    """A machine without network (a GPU box, an offline room): llama-cpp-python's sdist and the wheels its build
+    needs in one find-links folder serve :func:`_source`, since only llama-cpp-python itself is asked for as
+    source. Asking for everything as source (``--no-binary :all:``) refuses the build requirement's wheel."""
+    import tarfile
+
+    from lablib.build.llama import wheel
+
+    links = tmp_path / "links"
+    links.mkdir()
+    _wheel(links, "kitdep", "1.0", {"kitdep.py": "MARK = 1\n"})
+    top = tmp_path / "llama_cpp_python-0.3.36"
+    top.mkdir()
+    (top / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["kitdep"]\nbuild-backend = "backend"\nbackend-path = ["."]\n'
+    )
+    (top / "backend.py").write_text(_BACKEND)
+    (top / "CMakeLists.txt").write_text("project(stand_in)\n")
+    (top / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: llama-cpp-python\nVersion: 0.3.36\n")
+    with tarfile.open(links / "llama_cpp_python-0.3.36.tar.gz", "w:gz") as tar:
+        tar.add(top, arcname=top.name)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # this machine's own find-links and indexes left out
+
+    src = wheel._source(tmp_path / "cache", log=lambda *_: None)
+
+    assert src == tmp_path / "cache" / "src"
+    assert (src / "CMakeLists.txt").read_text() == "project(stand_in)\n"
+    assert (src / "backend.py").read_text() == _BACKEND
+
+
+def test_a_source_pip_cannot_fetch_is_named_with_what_to_do(tmp_path, monkeypatch):
+    from lablib.build.llama import wheel
+
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))  # an empty folder: no sdist
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    with pytest.raises(llama_build.BuildError) as e:
+        wheel._source(tmp_path / "cache", log=lambda *_: None)
+    assert "could not fetch the source distribution of llama-cpp-python==0.3.36" in str(e.value)
+    assert "PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR" in str(e.value)
+    assert not (tmp_path / "cache" / "src").exists()

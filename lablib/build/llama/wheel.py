@@ -77,13 +77,19 @@ def cached_wheel(folder: Path) -> Path | None:
 
 
 def _source(folder: Path, log) -> Path:
-    """llama-cpp-python's source distribution, unpacked in ``folder/src`` (kept for the tools)."""
+    """llama-cpp-python's source distribution, unpacked in ``folder/src`` (kept for the tools).
+
+    Only llama-cpp-python itself is asked for as source (``--no-binary llama-cpp-python``): the build
+    requirements pip installs to read its metadata (scikit-build-core, pathspec, packaging) come as wheels, so a
+    find-links folder of wheels and the sdist serves it with no index (``PIP_NO_INDEX=1
+    PIP_FIND_LINKS=DIR``: a machine without network, as ``benchmarks/gpu_kit.py`` sets one up).
+    ``--no-binary :all:`` would ask for those as source too, which no wheel folder holds."""
     src = folder / "src"
     if (src / "CMakeLists.txt").exists():
         return src
     with tempfile.TemporaryDirectory(prefix="lablib-sdist-") as tmp:
         log(f"llama-cpp-python: fetching the source distribution of {LLAMA_CPP_PYTHON}")
-        subprocess.run(
+        got = subprocess.run(
             [
                 sys.executable,
                 "-m",
@@ -91,14 +97,20 @@ def _source(folder: Path, log) -> Path:
                 "download",
                 "--no-deps",
                 "--no-binary",
-                ":all:",
+                "llama-cpp-python",
                 "--quiet",
                 "-d",
                 tmp,
                 LLAMA_CPP_PYTHON,
             ],
-            check=True,
         )
+        if got.returncode != 0:  # pip's own words are above; not a failed CUDA build (verified_build's fallback)
+            raise BuildError(
+                f"pip could not fetch the source distribution of {LLAMA_CPP_PYTHON} (exit {got.returncode}, "
+                "its message above). Without network: download it where there is one (`pip download --no-deps "
+                f"--no-binary llama-cpp-python {LLAMA_CPP_PYTHON} scikit-build-core pathspec packaging -d DIR`), "
+                "carry DIR here and run again with PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR"
+            )
         sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
         with tarfile.open(sdist) as tar:
             tar.extractall(tmp, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(tmp)
