@@ -33,12 +33,23 @@ def whole(value, what: str, expected: str, lo: int | None = 1, hi: int | None = 
     return n
 
 
-def csv_list(values) -> list:
-    """ "a,b, c" as ["a", "b", "c"] (empty items dropped); a list or tuple as a list; None as []."""
+def csv_list(values, what: str = "list", example: str = "a,b") -> list:
+    """The one reading of a comma-separated list a user gives (a CLI flag, a widget's text): "a,b, c" as
+    ["a", "b", "c"]; "" (or blanks) as []; a list or tuple as a list; None as []. An empty item ("a,,b", "a,b,")
+    is refused, never dropped: LabError ``"{what}='a,,b': an empty item ... e.g. {example}"`` (the CLI names the
+    flag)."""
     if values is None:
         return []
     if isinstance(values, str):
-        return [v.strip() for v in values.split(",") if v.strip()]
+        if not values.strip():
+            return []
+        items = [v.strip() for v in values.split(",")]
+        if "" in items:
+            raise LabError(
+                f"{what}={_shown(values)}: an empty item (two commas together, or one at an end); expected values "
+                f"separated by single commas, e.g. {example}"
+            )
+        return items
     return list(values)
 
 
@@ -50,7 +61,7 @@ def csv_text(values) -> str:
 def positive_ints(values, what: str) -> list[int]:
     """``values`` (a list, or "64,256" from a command line or widget) as a non-empty list of
     ints of at least 1; LabError otherwise."""
-    items = csv_list(values) if isinstance(values, str) else values
+    items = csv_list(values, what, "64,256") if isinstance(values, str) else values
     try:
         items = list(items)
     except TypeError:

@@ -73,7 +73,7 @@ def test_a_base_url_with_a_bad_port_or_no_host_is_one_lab_error(model, url, says
 def test_bench_with_a_bad_port_exits_2_with_one_line(tmp_path, capsys):
     assert main(bench_args("http://127.0.0.1:99999/v1", tmp_path / "x.jsonl", "--concurrency", "1")) == 2
     err = capsys.readouterr().err
-    assert err.startswith("lablib: base_url='http://127.0.0.1:99999/v1'") and "Traceback" not in err
+    assert err.startswith("lablib: --base-url 'http://127.0.0.1:99999/v1'") and "Traceback" not in err
 
 
 @pytest.mark.parametrize("knob", ["read_timeout_s", "connect_timeout_s"])
@@ -104,14 +104,29 @@ def test_an_engine_refused_after_its_probe_leaves_no_loop_running(model, scripte
 @pytest.mark.parametrize(
     "flags,says",
     [
-        (["--concurrency", "0"], "concurrency=0: expected"),
-        (["--rate", "inf", "--max-concurrency", "0"], "concurrency=0: expected"),
-        (["--rate", "1", "--arrival", "bursty"], "arrival='bursty': expected one of constant, poisson, gamma"),
-        (["--rate", "1", "--arrival", "gamma", "--burstiness", "0"], "burstiness=0.0: expected"),
-        (["--concurrency", "1", "--max-duration-s", "inf"], "max_duration_s=inf: expected a positive, finite"),
-        (["--concurrency", "1", "--ttft-target-s", "-1"], "ttft_s=-1.0: expected a positive number of seconds"),
-        (["--concurrency", "1", "--tpot-target-s", "nan"], "tpot_s=nan: expected a positive number of seconds"),
-        (["--concurrency", "1", "--e2e-target-s", "0"], "e2e_s=0.0: expected a positive number of seconds"),
+        (["--concurrency", "0"], "lablib: --concurrency 0: expected"),
+        (["--rate", "inf", "--max-concurrency", "0"], "lablib: --max-concurrency 0: expected"),
+        (
+            ["--rate", "1", "--arrival", "bursty"],
+            "lablib: --arrival 'bursty': expected one of constant, poisson, gamma",
+        ),
+        (["--rate", "1", "--arrival", "gamma", "--burstiness", "0"], "lablib: --burstiness 0.0: expected"),
+        (
+            ["--concurrency", "1", "--max-duration-s", "inf"],
+            "lablib: --max-duration-s inf: expected a positive, finite",
+        ),
+        (
+            ["--concurrency", "1", "--ttft-target-s", "-1"],
+            "lablib: --ttft-target-s -1.0: expected a positive number of seconds",
+        ),
+        (
+            ["--concurrency", "1", "--tpot-target-s", "nan"],
+            "lablib: --tpot-target-s nan: expected a positive number of seconds",
+        ),
+        (
+            ["--concurrency", "1", "--e2e-target-s", "0"],
+            "lablib: --e2e-target-s 0.0: expected a positive number of seconds",
+        ),
     ],
 )
 def test_bench_refuses_bad_run_flags_before_any_request(scripted, tmp_path, capsys, flags, says):
@@ -126,7 +141,7 @@ def test_bench_refuses_bad_run_flags_before_any_request(scripted, tmp_path, caps
 def test_bench_refuses_too_many_requests_before_making_their_prompts(scripted, tmp_path, capsys):
     t0 = time.perf_counter()
     assert main(bench_args(scripted.base_url, tmp_path / "x.jsonl", "--concurrency", "1", requests=10**6)) == 2
-    assert "requests=1000000: expected a whole number from 1 to 100000" in capsys.readouterr().err
+    assert "lablib: --requests 1000000: expected a whole number from 1 to 100000" in capsys.readouterr().err
     assert time.perf_counter() - t0 < 2 and scripted.requests == []
 
 
@@ -271,10 +286,10 @@ def test_replay_a_trace_that_is_a_folder_says_so(tmp_path):
 @pytest.mark.parametrize(
     "flags,says",
     [
-        (["--ttft-target-s", "-1"], "ttft_s=-1.0: expected a positive number of seconds"),
-        (["--max-lag-s", "-1"], "max_lag_s=-1.0: expected a finite number above 0"),
-        (["--max-concurrency", "0"], "concurrency=0: expected"),
-        (["--max-duration-s", "0"], "max_duration_s=0.0: expected a positive, finite"),
+        (["--ttft-target-s", "-1"], "lablib: --ttft-target-s -1.0: expected a positive number of seconds"),
+        (["--max-lag-s", "-1"], "lablib: --max-lag-s -1.0: expected a finite number above 0"),
+        (["--max-concurrency", "0"], "lablib: --max-concurrency 0: expected"),
+        (["--max-duration-s", "0"], "lablib: --max-duration-s 0.0: expected a positive, finite"),
     ],
 )
 def test_replay_refuses_bad_run_flags_before_any_request(scripted, tmp_path, capsys, flags, says):

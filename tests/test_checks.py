@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lablib import children
-from lablib.checks import positive_ints, whole
+from lablib.checks import csv_list, positive_ints, whole
 from lablib.engines import ENGINES, load_engine, servers as srv
 from lablib.engines.base import BatchStats, Engine, GenerationConfig
 from lablib.errors import EngineUnavailable, LabError
@@ -49,6 +49,24 @@ def test_positive_ints():
         positive_ints([8, 2.5], "prompt_tokens")
     with pytest.raises(LabError, match=r"every value must be at least 1 \(got \[0\]\)"):
         positive_ints("8,0", "prompt_tokens")
+
+
+def test_csv_list_refuses_an_empty_item_and_drops_none():
+    """The one reading of a comma list: "1,,2" was refused by --rate (its own parser) and read as [1, 2] by
+    --engines and every list csv_list read (empty items dropped without a word); now an empty item anywhere is
+    one refusal naming the list and the text given."""
+    assert csv_list(" a, b ,c", "engines") == ["a", "b", "c"]
+    assert csv_list("", "engines") == csv_list("  ", "engines") == csv_list(None) == []  # none at all: '' for none
+    assert csv_list(("x", "y")) == ["x", "y"]
+    for text in ("a,,b", "a,b,", ",a", "a, ,b"):
+        with pytest.raises(LabError) as e:
+            csv_list(text, "engines")
+        assert str(e.value) == (
+            f"engines={text!r}: an empty item (two commas together, or one at an end); expected values separated "
+            "by single commas, e.g. a,b"
+        )
+    with pytest.raises(LabError, match=r"^prompt_tokens='64,,256': an empty item .* e\.g\. 64,256$"):
+        positive_ints("64,,256", "prompt_tokens")
 
 
 # --- GenerationConfig ---------------------------------------------------------------------------

@@ -188,7 +188,84 @@ def test_bad_flags_are_refused_before_the_tokenizer_or_an_engine_loads():
 @pytest.mark.parametrize("n_ctx", ["0", "-5"])
 def test_a_zero_or_negative_context_is_refused_not_defaulted(n_ctx):
     p = lablib("run", "--engine", "transformers", f"--n-ctx={n_ctx}", "--max-new-tokens", "2")
-    assert p.returncode == 2 and f"n_ctx={n_ctx}: expected a positive whole number" in p.stderr
+    assert p.returncode == 2 and f"--n-ctx {n_ctx}: expected a positive whole number" in p.stderr
+
+
+@pytest.mark.parametrize(
+    "args,says",
+    [
+        (["run", "--engine", "llama.cpp", "--max-new-tokens", "0"], "--max-new-tokens 0: expected at least 1 token"),
+        (
+            ["run", "--engine", "transformers", "--max-new-tokens", "2", "--top-k", "-1"],
+            "--top-k -1: expected a whole number of tokens, 0 (off) or more",
+        ),
+        (
+            ["run", "--engine", "llama.cpp", "--max-new-tokens", "2", "--n-ctx", "0"],
+            "--n-ctx 0: expected a positive whole number of tokens (or leave it out for the default)",
+        ),
+        (
+            ["sweep", "concurrency", "--engines", "llama.cpp", "--mode", "fast", "--out", "OUT"],
+            "--mode ['fast']: expected one or more of serial, batched",
+        ),
+        (
+            ["bench", "--base-url", "http://127.0.0.1:9/v1", "--rate", "1", "--max-concurrency", "0"],
+            "--max-concurrency 0: expected a whole number of requests in flight, at least 1",
+        ),
+        (
+            ["bench", "--base-url", "http://127.0.0.1:9/v1", "--concurrency", "1", "--ttft-target-s", "0"],
+            "--ttft-target-s 0.0: expected a positive number of seconds (a goodput target; None or left out: no target)",
+        ),
+    ],
+)
+def test_a_refusal_names_the_flag_typed_not_the_python_keyword(args, says, tmp_path, capsys):
+    """The library's refusals name its keywords (max_new_tokens=0); the command line said them so too, though the
+    user typed --max-new-tokens 0. Now `lablib` says each as the flag, a keyword that differs from its flag's name
+    included (bench: concurrency= is --max-concurrency in an open loop, ttft_s= is --ttft-target-s)."""
+    from lablib.cli import main
+
+    if args[0] == "bench":
+        args = [*args, "--requests", "2", "--prompt-tokens", "8", "--max-new-tokens", "2", "--out", "OUT"]
+    args = [str(tmp_path / "x.jsonl") if a == "OUT" else a for a in args]
+    assert main(args) == 2
+    assert capsys.readouterr().err == f"lablib: {says}\n"
+
+
+def test_the_flags_rewording_touches_only_a_keyword_followed_by_equals():
+    from lablib.cli import in_flags
+
+    names = {"max_new_tokens": "--max-new-tokens", "server_model": "--model", "n_ctx": "--n-ctx"}
+    assert in_flags("max_new_tokens=0: expected", names) == "--max-new-tokens 0: expected"
+    assert in_flags("pass server_model= one of the ids", names) == "pass --model one of the ids"
+    # another keyword ending in a known one, a word without '=', and an attribute are left as they are
+    said = "short_max_new_tokens=3; max_new_tokens is set; engine.n_ctx=5"
+    assert in_flags(said, names) == said
+
+
+@pytest.mark.parametrize(
+    "args,flag,given",
+    [
+        (["bench", "--base-url", "http://127.0.0.1:9/v1", "--rate", "1,,2"], "--rate", "1,,2"),
+        (["sweep", "context", "--engines", "llama.cpp,,mlx"], "--engines", "llama.cpp,,mlx"),
+        (["sweep", "context", "--engines", "llama.cpp", "--prompt-tokens", "16,32,"], "--prompt-tokens", "16,32,"),
+        (["quantize", "--types", "Q8_0,,Q4_0", "--no-measure"], "--types", "Q8_0,,Q4_0"),
+        (["speculate", "--parallel", ",1"], "--parallel", ",1"),
+    ],
+)
+def test_an_empty_item_in_any_comma_list_is_one_refusal_naming_the_flag(args, flag, given, tmp_path, capsys):
+    """`--rate 1,,2` was refused ("rate ''") while `--engines a,,b` ran a and b: the lists had parsers of their own.
+    Now every comma list is read by lablib.checks.csv_list: an empty item is refused, naming the flag and the text."""
+    from lablib.cli import main
+
+    if args[0] == "bench":
+        args = [*args, "--requests", "2", "--prompt-tokens", "8", "--max-new-tokens", "2"]
+    if args[0] in ("bench", "sweep"):
+        args = [*args, "--out", str(tmp_path / "x.jsonl")]
+    assert main(args) == 2
+    example = {"--rate": "0.5,1,2", "--prompt-tokens": "64,256"}.get(flag, "a,b")
+    assert capsys.readouterr().err == (
+        f"lablib: {flag} {given!r}: an empty item (two commas together, or one at an end); expected values "
+        f"separated by single commas, e.g. {example}\n"
+    )
 
 
 def test_doctor_passes_when_only_an_optional_engine_is_not_installed(monkeypatch, capsys):

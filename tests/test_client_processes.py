@@ -246,4 +246,4 @@ def test_a_replay_from_two_processes_sends_each_request_once_on_its_one_schedule
         assert by_rid.pop(int(capacity.TAG.match(r["text"]).group(1)))["n"] == r["max_new_tokens"]
     assert sorted(s["n"] for s in by_rid.values()) == [2, 2]  # the processes' own, before the start; nothing else
     assert main([*argv, "--client-processes", "none", "--out", str(out)]) == 2
-    assert "client_processes='none': expected a whole number of client processes" in capsys.readouterr().err
+    assert "lablib: --client-processes 'none': expected a whole number of client processes" in capsys.readouterr().err

@@ -374,7 +374,7 @@ def test_lablib_replay_writes_rows_and_prints_the_lag(llama_server, tmp_path, ca
     assert len(df) == 3 and sorted(df["trace_index"]) == [26, 27, 28]
     assert (df["output_tokens"] == df["max_new_tokens"]).all() and df["schedule_lag_s"].notna().all()
     assert main(["replay", "--base-url", llama_server.base_url, "--length-scale", "0", "--out", str(out)]) == 2
-    assert "length_scale=0.0: expected a finite number above 0" in capsys.readouterr().err
+    assert "lablib: --length-scale 0.0: expected a finite number above 0" in capsys.readouterr().err
 
 
 def test_a_replay_whose_client_was_near_its_limit_says_so():

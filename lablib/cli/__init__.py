@@ -29,13 +29,17 @@ A subcommand is one module ``lablib/cli/<name>.py`` with ``HELP`` (its one-line 
 ``add_arguments(p)`` (its flags on an argparse parser) and ``run(ns) -> int`` (the exit code),
 listed in :data:`COMMANDS` in the order ``lablib --help`` shows them. A command module prints;
 what it computes lives in the library (pattern: mlx-lm's and vLLM's CLI subcommand modules).
-Errors the user can act on (LabError) print one message and exit 2.
+Errors the user can act on (LabError) print one message and exit 2. The library names what it refuses by its
+Python keyword (``max_new_tokens=0``); :func:`in_flags` rewrites each ``keyword=`` as the flag the user typed
+(``--max-new-tokens 0``): a flag's own name, or where the keyword differs from it, the command module's
+``keywords(ns)`` ({keyword: flag}).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -70,8 +74,37 @@ def build_parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(f"lablib.cli.{name}")
         p = sub.add_parser(name, help=mod.HELP)
         mod.add_arguments(p)
-        p.set_defaults(func=mod.run)
+        p.set_defaults(func=mod.run, flag_names=_flag_names(p))
     return ap
+
+
+def _flag_names(p: argparse.ArgumentParser) -> dict[str, str]:
+    """{dest: its long flag} of a subcommand's options (``max_new_tokens``: ``--max-new-tokens``)."""
+    out = {}
+    for action in p._actions:
+        long = [s for s in action.option_strings if s.startswith("--")]
+        if long and action.dest != "help":
+            out[action.dest] = long[0]
+    return out
+
+
+def in_flags(message: str, names: dict[str, str]) -> str:
+    """``message`` with each ``keyword=`` of ``names`` ({keyword: flag}) as the flag: "max_new_tokens=0: expected
+    at least 1 token" as "--max-new-tokens 0: expected at least 1 token" (a library's refusal, as the command line
+    says it); other words are left as they are."""
+    if not names:
+        return message
+    keys = "|".join(re.escape(k) for k in sorted(names, key=len, reverse=True))
+    return re.sub(rf"(?<![\w.-])({keys})=\s?", lambda m: f"{names[m.group(1)]} ", message)
+
+
+def _names(ns) -> dict[str, str]:
+    """The keyword -> flag names of ``ns``'s subcommand: its flags', then its module's ``keywords(ns)``."""
+    names = dict(getattr(ns, "flag_names", None) or {})
+    keywords = getattr(importlib.import_module(f"lablib.cli.{ns.cmd}"), "keywords", None)
+    if keywords is not None:
+        names.update(keywords(ns))
+    return names
 
 
 def _size(out) -> int | None:
@@ -89,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return ns.func(ns)
     except LabError as e:
-        print(f"lablib: {e}", file=sys.stderr)
+        print(f"lablib: {in_flags(str(e), _names(ns))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C (bench and serve say more, themselves): the rows written stay where they are
         size = _size(out)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from lablib.cli.common import add_goodput_targets, flags, goodput_targets
+from lablib.cli.common import GOODPUT_KEYWORDS, add_goodput_targets, flags, goodput_targets
 
 HELP = "measure an OpenAI-compatible server: closed or open loop, rows to --out"
 
@@ -80,6 +80,18 @@ def add_arguments(p) -> None:
         "outruns one); 'auto': one per 128 streams, at most the cores less one (default 1)",
     )
     p.add_argument("--out", required=True, help="results file, .jsonl or .parquet (appended)")
+
+
+def keywords(ns) -> dict:
+    """:func:`lablib.measure.load.bench`'s keywords that are not the flags' names, as the flags (its refusals
+    said as the command line says them, :func:`lablib.cli.in_flags`)."""
+    return {
+        "rates": "--rate",
+        "model": "--lab-model",
+        "server_model": "--model",
+        "concurrency": "--concurrency" if ns.rate is None else "--max-concurrency",
+        **GOODPUT_KEYWORDS,
+    }
 
 
 def _terminated(signum, frame):

@@ -26,6 +26,10 @@ def add_goodput_targets(p) -> None:
         p.add_argument(f"--{metric}-target-s", type=float, default=None)
 
 
+GOODPUT_KEYWORDS = {f"{metric}_s": f"--{metric}-target-s" for metric in ("ttft", "tpot", "e2e")}
+"""The keywords of :func:`goodput_targets` as their flags (a command's ``keywords(ns)``, :func:`lablib.cli.in_flags`)."""
+
+
 def goodput_targets(ns) -> dict:
     """The goodput targets of :func:`add_goodput_targets` as keywords ``ttft_s``, ``tpot_s``, ``e2e_s``
     (:func:`lablib.measure.load.bench`, :func:`lablib.measure.replay.run_replay`)."""

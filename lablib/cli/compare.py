@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from lablib.checks import csv_list
 from lablib.engines import NAMES
 from lablib.errors import LabError
 from lablib.studies.compare import REFERENCE, compare
@@ -67,7 +68,7 @@ def run(ns) -> int:
         engine_models[name] = path
     result = compare(
         ns.model,
-        engines=ns.engines.split(",") if ns.engines else None,
+        engines=csv_list(ns.engines, "engines") if ns.engines else None,
         reference=ns.reference,
         prompt=ns.prompt,
         messages=messages,

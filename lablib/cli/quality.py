@@ -24,6 +24,11 @@ def add_arguments(p) -> None:
     p.add_argument("--chunks", type=int, default=None)
 
 
+def keywords(ns) -> dict:
+    """The ladder's keywords that are not the flags' names, as the flags (:func:`lablib.cli.in_flags`)."""
+    return {"n_chunks": "--chunks"}
+
+
 def run(ns) -> int:
     import sys
 

@@ -25,6 +25,11 @@ def add_arguments(p) -> None:
     p.add_argument("--chunks", type=int, default=None, help="perplexity chunks of the shipped prose")
 
 
+def keywords(ns) -> dict:
+    """The ladder's keywords that are not the flags' names, as the flags (:func:`lablib.cli.in_flags`)."""
+    return {"n_chunks": "--chunks"}
+
+
 def run(ns) -> int:
     from lablib.results.store import _suffix
     from lablib.studies import quant

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import sys
 
-from lablib.cli.common import add_goodput_targets, flags, goodput_targets
+from lablib.cli.common import GOODPUT_KEYWORDS, add_goodput_targets, flags, goodput_targets
 
 HELP = "replay a request trace (default: Mooncake's, scaled) on an OpenAI-compatible server, rows to --out"
 
@@ -65,6 +65,17 @@ def add_arguments(p) -> None:
     )
     add_goodput_targets(p)
     p.add_argument("--out", required=True, help="results file, .jsonl or .parquet (appended)")
+
+
+def keywords(ns) -> dict:
+    """:func:`lablib.measure.replay.run_replay`'s keywords that are not the flags' names, as the flags."""
+    return {
+        "fmt": "--format",
+        "model": "--lab-model",
+        "server_model": "--model",
+        "concurrency": "--max-concurrency",
+        **GOODPUT_KEYWORDS,
+    }
 
 
 def replay_line(s: dict) -> str:

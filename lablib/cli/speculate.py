@@ -29,14 +29,22 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="the speedup table as JSON lines")
 
 
+def keywords(ns) -> dict:
+    """:func:`lablib.studies.decoding.speculative.run`'s keywords that are not the flags' names, as the flags."""
+    return {"engines": "--engine", "drafts": "--draft", "ks": "--k", "texts": "--text"}
+
+
 def run(ns) -> int:
-    from lablib.checks import whole
+    from lablib.checks import csv_list, whole
     from lablib.cli.common import flags
     from lablib.studies.decoding.speculative import format_table, run, speedup_table
 
     parallel = None
     if ns.parallel:
-        parallel = [whole(x, "--parallel", "whole numbers of streams, at least 1") for x in ns.parallel.split(",")]
+        parallel = [
+            whole(x, "parallel", "whole numbers of streams, at least 1", strings=True)
+            for x in csv_list(ns.parallel, "parallel")
+        ]
     rows = run(
         engines=ns.engine,
         drafts=ns.draft,

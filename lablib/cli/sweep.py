@@ -76,6 +76,11 @@ def add_arguments(p) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def keywords(ns) -> dict:
+    """The sweeps' keywords that are not the flags' names, as the flags (:func:`lablib.cli.in_flags`)."""
+    return {"modes": "--mode"}
+
+
 def run(ns) -> int:
     _suffix(ns.out)  # refuse a bad file name before any work
     common = dict(

@@ -32,7 +32,7 @@ import queue
 import threading
 from collections.abc import Callable
 
-from lablib.checks import whole
+from lablib.checks import csv_list, whole
 from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
 from lablib.results.schema import flatten_manifest
@@ -399,13 +399,16 @@ def rate_sweep(engine, prompts: list[list[int]], rates, **kw) -> list[dict]:
 def parse_rates(text) -> list[float]:
     """Rates from "0.5,1,2" (or "inf"), requests/s; LabError naming a bad one."""
     out = []
-    for part in str(text).split(","):
+    for part in csv_list(str(text), "rates", "0.5,1,2") or [""]:
         try:
             r = float(part)
         except ValueError:
             r = None
         if r is None or not r > 0:
-            raise LabError(f"rate {part.strip()!r}: expected requests per second above 0 (or inf), several as 0.5,1,2")
+            raise LabError(
+                f"rates={str(text)!r}: rate {part!r} is not a number above 0; expected requests per second (or inf), "
+                "several as 0.5,1,2"
+            )
         out.append(r)
     return out
 

@@ -8,7 +8,7 @@ check a form. Whole numbers and lists of them are :mod:`lablib.checks`' (``posit
 
 from __future__ import annotations
 
-from lablib.checks import positive_ints
+from lablib.checks import csv_list, positive_ints
 from lablib.config import budget
 from lablib.engines import NAMES, canonical, check_supported, engine_class, engines_for
 from lablib.engines.memory import check_fits
@@ -50,7 +50,7 @@ def engine_names(engines, model=None) -> list[str]:
     if engines is None:
         return engines_for(model) if model is not None else list(NAMES)
     if isinstance(engines, str):
-        engines = [e for e in engines.split(",") if e.strip()]
+        engines = csv_list(engines, "engines")
     names = [canonical(e) for e in engines]
     if not names:
         raise LabError(f"no engine given: expected one or more of {', '.join(NAMES)}")
@@ -64,7 +64,7 @@ def weights_load_kwargs(names, weights) -> dict[str, dict]:
     ``weights=``, onnxruntime-genai ``precision=``, transformers ``dtype=``). Raises LabError, before any
     work, for an engine the sweep does not run or a choice it does not have."""
     if isinstance(weights, str):
-        pairs = [w.split("=", 1) for w in weights.split(",") if w.strip()]
+        pairs = [w.split("=", 1) for w in csv_list(weights, "weights")]
         bad = [w for w in pairs if len(w) != 2 or not w[0].strip() or not w[1].strip()]
         if bad:
             raise LabError(f"weights {weights!r}: expected engine=choice pairs, such as openvino=source,ort=int4")
@@ -119,7 +119,7 @@ def scheduling_modes(modes) -> list[str]:
     """``modes`` (a list or "serial,batched") as a non-empty list of the scheduling modes of
     :data:`lablib.measure.closed_loop.SCHEDULING_MODES`; LabError otherwise."""
     if isinstance(modes, str):
-        modes = [m for m in modes.split(",") if m.strip()]
+        modes = csv_list(modes, "modes")
     modes = [m.strip() for m in modes]
     if not modes or any(m not in SCHEDULING_MODES for m in modes):
         raise LabError(f"modes={modes!r}: expected one or more of {', '.join(SCHEDULING_MODES)}")

@@ -312,8 +312,8 @@ def run(
     from lablib.model.resolve import resolve
 
     s = _settings(quick)
-    engines = [canonical(e) for e in csv_list(s["engines"] if engines is None else engines)]
-    servers = [canonical_server(x) for x in csv_list(s["servers"] if servers is None else servers)]
+    engines = [canonical(e) for e in csv_list(s["engines"] if engines is None else engines, "engines")]
+    servers = [canonical_server(x) for x in csv_list(s["servers"] if servers is None else servers, "servers")]
     writer = None
     if out:
         from lablib.results.store import ResultsWriter

@@ -25,6 +25,7 @@ import json
 import os
 from pathlib import Path
 
+from lablib.checks import csv_list
 from lablib.config import BUDGETS
 from lablib.errors import LabError
 from lablib.model.formats import gguf_facts, gguf_tensors
@@ -54,7 +55,7 @@ def parse_types(types) -> list[str]:
     """Type names (a list, or one comma-separated string) checked against :func:`known_types`;
     upper-cased, duplicates dropped. Raises LabError naming the unknown ones and the known list."""
     if isinstance(types, str):
-        types = [t for t in types.split(",")]
+        types = csv_list(types, "types")
     names = [str(t).strip().upper() for t in types if str(t).strip()]
     if not names:
         raise LabError(f"no quantization types given; expected a comma-separated list such as {','.join(LADDER[:4])}")

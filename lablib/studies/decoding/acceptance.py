@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 
-from lablib.checks import whole
+from lablib.checks import csv_list, whole
 from lablib.errors import LabError
 
 BURST_GAP_S = 1e-3  # token stamps closer than this (s) arrived together: one verified run (a decode step is >= 5 ms)
@@ -35,7 +35,7 @@ def check_k(k) -> int:
 def parse_ks(ks) -> list[int]:
     """Draft lengths from a list or a comma-separated string ("2,4"), each checked by :func:`check_k`."""
     if isinstance(ks, str):
-        ks = [x.strip() for x in ks.split(",") if x.strip()]
+        ks = csv_list(ks, "ks")
     if isinstance(ks, int):
         ks = [ks]
     out = [check_k(int(k) if isinstance(k, str) and k.lstrip("-").isdigit() else k) for k in (ks or [])]

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import statistics
 
-from lablib.checks import whole
+from lablib.checks import csv_list, whole
 from lablib.config import budgets
 from lablib.errors import LabError
 from lablib.studies.decoding.acceptance import (  # noqa: F401 - the lab's names, one module to import
@@ -103,7 +103,7 @@ def _settings(quick=None, **override) -> dict:
     s = budgets("speculative", quick)
     s.update({k: v for k, v in override.items() if v is not None})
     s["ks"] = parse_ks(s["ks"])
-    texts = s["texts"].split(",") if isinstance(s["texts"], str) else list(s["texts"])
+    texts = csv_list(s["texts"], "texts")
     bad = [t for t in texts if t not in TEXTS]
     if bad or not texts:
         raise LabError(f"text kinds {bad or texts}: expected some of {', '.join(TEXTS)}")
@@ -262,7 +262,7 @@ def server_rows(
     tm = _gguf_model(rm, target) if gguf else rm
     uses_draft = method == "draft model"
     drafts = (
-        [d.strip() for d in (drafts.split(",") if isinstance(drafts, str) else drafts or s["drafts"])]
+        [str(d).strip() for d in csv_list(drafts if isinstance(drafts, str) else drafts or s["drafts"], "drafts")]
         if uses_draft
         else [None]
     )
@@ -363,7 +363,7 @@ def run(
 
     s = _settings(quick)
     engines = engines or s["engines"]
-    engines = [e.strip() for e in (engines.split(",") if isinstance(engines, str) else engines) if e.strip()]
+    engines = [str(e).strip() for e in csv_list(engines, "engines") if str(e).strip()]
     writer = None
     if out:
         from lablib.results.store import ResultsWriter
