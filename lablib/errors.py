@@ -24,3 +24,26 @@ class TraceError(LabError, ValueError):
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message (at most 200 characters), for one-line errors."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
+def is_html(content_type: str, body: str = "") -> bool:
+    """Whether an answer is an HTML page: its content type says so, or its text starts as one does."""
+    kind = (content_type or "").split(";")[0].strip().lower()
+    return kind in ("text/html", "application/xhtml+xml") or body.lstrip()[:15].lower().startswith(
+        ("<!doctype html", "<html")
+    )
+
+
+def excerpt(body: str, content_type: str = "", limit: int = 100) -> str:
+    """Another program's answer as one short line for a message: an HTML page's text alone (tags, scripts, styles
+    and comments dropped, entities read), whitespace run together, at most ``limit`` characters ("..." where
+    cut); "" for an empty answer."""
+    import html
+    import re
+
+    text = body or ""
+    if is_html(content_type, text):
+        text = re.sub(r"(?is)<(script|style)\b.*?</\1\s*>|<!--.*?-->", " ", text)
+        text = html.unescape(re.sub(r"(?s)<[^>]*>", " ", text))
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."

@@ -192,3 +192,51 @@ class SilentServer:
         for c in self._conns:
             c.close()
         self._sock.close()
+
+
+WEB_PAGE = (
+    "<!DOCTYPE html>\n<html><head><title>Welcome to nginx!</title>\n<style>body { width: 35em; }</style></head>\n"
+    "<body>\n<h1>Welcome to nginx!</h1>\n<p>If you see this page, the nginx web server is successfully installed "
+    "and working.</p>\n" + "<p>Further configuration is required.</p>\n" * 20 + "</body></html>\n"
+)
+
+
+class WebPageServer:
+    """A plain web server on 127.0.0.1 (http.server in a thread, a free port): every GET and POST answers
+    ``page`` (an HTML page: a URL that answers, but is no OpenAI-compatible server) with ``status``."""
+
+    def __init__(self, page: str = WEB_PAGE, status: int = 200):
+        import http.server
+
+        body = page.encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(status)
+                self.send_header("Content-Type", "text/html; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)

@@ -11,7 +11,7 @@ from lablib.engines import load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.engines.http import HTTPEngineError
 from lablib.engines.http.protocol import retry_after_s
-from sse_server import SilentServer, bytewise, chat, cmpl, sse
+from sse_server import WEB_PAGE, SilentServer, WebPageServer, bytewise, chat, cmpl, sse
 
 DONE = sse("[DONE]")
 
@@ -209,6 +209,58 @@ def test_an_http_error_is_one_message_naming_the_server(engine, server, status, 
         assert s in msg, (s, msg)
     assert e.value.status == status and e.value.retry_after_s == wait and e.value.trace.error == msg
     assert len(server.requests) == 1  # no retry unless asked
+
+
+# a web page where the API should be: the first line of its text, never its HTML (the message quoted 300 characters
+# of raw HTML before: '<!DOCTYPE html>\n<html><head><title>...')
+PAGE_SAID = "text/html: 'Welcome to nginx! Welcome to nginx! If you see this page, the nginx web serve...'"
+
+
+@pytest.mark.parametrize("status", [404, 502, 200])
+def test_a_web_page_answering_a_request_is_said_in_one_line_without_its_html(engine, server, status):
+    server.script = [("status", status, WEB_PAGE, {"Content-Type": "text/html; charset=utf-8"})]
+    with pytest.raises(HTTPEngineError) as e:
+        gen(engine)
+    url = f"{server.base_url}/completions"
+    said = {
+        404: f"HTTP 404 from the openai server at {url}: an HTML page ({PAGE_SAID}), not the API's JSON; no such "
+        "model or endpoint: the request named model 'scripted'; pass server_model= one of the ids GET /v1/models "
+        "lists, and check the base URL (it ends in /v1) and the api ('completions' or 'chat')",
+        502: f"HTTP 502 from the openai server at {url}: an HTML page ({PAGE_SAID}), not the API's JSON; the server "
+        "failed the request: read its log",
+        200: f"{url} answered HTTP 200 with an HTML page ({PAGE_SAID}), not an event stream; expected an "
+        "OpenAI-compatible server's streamed answer: check the base URL (it ends in /v1) and the api ('completions' "
+        "or 'chat')",
+    }[status]
+    assert str(e.value) == said and e.value.status == status and e.value.trace.error == said
+
+
+@pytest.mark.parametrize("status", [200, 404])
+def test_a_url_serving_a_web_page_is_refused_at_load_without_its_html(model, status):
+    from lablib.errors import LabError
+
+    page = WebPageServer(status=status).start()
+    try:
+        with pytest.raises(LabError) as e:
+            load_engine("http", model, base_url=page.base_url)
+    finally:
+        page.stop()
+    assert str(e.value) == (
+        f"no OpenAI-compatible server answers at {page.base_url}: GET /models gave HTTP {status}, {PAGE_SAID[:9]} "
+        f"({PAGE_SAID[11:]}){', not JSON' if status == 200 else ''}; expected JSON listing the server's models "
+        '({"data": [{"id": ...}]}): check that the URL is an OpenAI-compatible server\'s base URL (it ends in /v1, '
+        "e.g. http://127.0.0.1:8080/v1), or start one with `lablib serve --server NAME`"
+    )
+
+
+def test_an_excerpt_is_one_short_line_of_a_pages_text():
+    from lablib.errors import excerpt
+
+    page = "<html><head><style>p{color:red}</style><script>var a = '<b>';</script></head><body><!-- x -->"
+    page += "<p>caf&eacute;\n\n  au   lait</p></body></html>"
+    assert excerpt(page, "text/html") == "café au lait"
+    assert excerpt("x" * 200, "text/plain", 20) == "x" * 17 + "..."
+    assert excerpt("", "text/html") == ""
 
 
 def test_retry_after_reads_seconds_and_http_dates():

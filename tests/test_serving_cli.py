@@ -12,7 +12,7 @@ import pytest
 
 from lablib.cli import main
 from lablib.results.store import load_results
-from sse_server import ScriptedServer, cmpl, sse
+from sse_server import ScriptedServer, WebPageServer, cmpl, sse
 
 
 def test_serve_then_bench_closed_and_open(tmp_path, model, capsys):
@@ -150,6 +150,27 @@ def test_bench_without_a_server_is_one_clear_error(tmp_path, capsys):
     assert rc == 2 and "no OpenAI-compatible server answers" in err and "lablib serve" in err
     assert main(["serve", "--server", "ollama"]) == 2
     assert "unknown server 'ollama'" in capsys.readouterr().err
+
+
+def test_bench_on_a_web_page_says_what_answered_in_one_line(tmp_path, capsys):
+    """A URL that answers with a web page: one line saying what answered (status, content type, a short line of
+    the page's text), what was expected and what to do; before, a server that also listed models had its raw HTML
+    (300 characters, tags and all) quoted in the message."""
+    page = WebPageServer().start()
+    out = tmp_path / "new" / "x.jsonl"
+    try:
+        args = ["bench", "--base-url", page.base_url, "--concurrency", "1", "--requests", "1"]
+        rc = main([*args, "--prompt-tokens", "8", "--max-new-tokens", "2", "--out", str(out)])
+    finally:
+        page.stop()
+    err = capsys.readouterr().err
+    assert rc == 2 and err == (
+        f"lablib: no OpenAI-compatible server answers at {page.base_url}: GET /models gave HTTP 200, text/html "
+        "('Welcome to nginx! Welcome to nginx! If you see this page, the nginx web serve...'), not JSON; expected "
+        'JSON listing the server\'s models ({"data": [{"id": ...}]}): check that the URL is an OpenAI-compatible '
+        "server's base URL (it ends in /v1, e.g. http://127.0.0.1:8080/v1), or start one with "
+        "`lablib serve --server NAME`\n"
+    )
 
 
 def test_serving_panel_runs_its_values_and_refuses_an_empty_url(model):

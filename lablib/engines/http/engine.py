@@ -60,7 +60,7 @@ from lablib.engines.http.protocol import (
     retry_after_s,
 )
 from lablib.engines.http.trace import HTTPTrace
-from lablib.errors import LabError
+from lablib.errors import LabError, excerpt, is_html
 from lablib.results.trace import now
 
 # cache_salt=SALT_PER_REQUEST: a salt of its own for every request (no request reuses another's blocks)
@@ -535,15 +535,23 @@ class HTTPEngine(Engine):
         return aiohttp.ClientTimeout(total=total, connect=self.connect_timeout_s, sock_read=self.read_timeout_s)
 
     async def _get_json(self, url, why: list | None = None):
-        """The JSON at ``url``, or None; ``why`` (a list) gets the reason of a None (a status, a timeout ...)."""
+        """The JSON at ``url``, or None; ``why`` (a list) gets the reason of a None (a timeout ...; where the
+        server answered, "HTTP <status>, <content type>" and an excerpt of what it sent: never a whole page)."""
         import aiohttp
 
         reason = None
         try:
             async with self._get_session().get(url, headers=self._headers(), timeout=self._timeout()) as r:
-                if r.status == 200:
-                    return await r.json(content_type=None)
-                reason = f"HTTP {r.status}"
+                text = await r.text(errors="replace")
+                said = excerpt(text, r.content_type, 80)
+                found = f"HTTP {r.status}, {r.content_type or 'no content type'}" + (f" ({said!r})" if said else "")
+                if r.status != 200:
+                    reason = found
+                else:
+                    try:
+                        return json.loads(text)
+                    except ValueError:
+                        reason = f"{found}, not JSON"
         except aiohttp.ConnectionTimeoutError:
             reason = f"no connection within {self.connect_timeout_s:g} s (connect_timeout_s)"
         except asyncio.TimeoutError:
@@ -553,8 +561,6 @@ class HTTPEngine(Engine):
             reason = "connection refused: nothing listens there" if refused else f"cannot connect: {e.os_error or e}"
         except aiohttp.ClientError as e:
             reason = f"{type(e).__name__}: {e}"
-        except ValueError:
-            reason = "an answer that is not JSON"
         if why is not None:
             why.append(reason)
         return None
@@ -566,6 +572,13 @@ class HTTPEngine(Engine):
         health_only = False
         if models is None and await self._get_json(f"{self.root_url}/health") is not None:
             models, health_only = {}, True  # a healthy server whose model list fails (mlx_lm.server, no hub cache)
+        if models is None and why[0].startswith("HTTP "):  # something answers there, but not as an OpenAI server
+            raise LabError(
+                f"no OpenAI-compatible server answers at {self.base_url}: GET /models gave {why[0]}; expected JSON "
+                'listing the server\'s models ({"data": [{"id": ...}]}): check that the URL is an OpenAI-compatible '
+                "server's base URL (it ends in /v1, e.g. http://127.0.0.1:8080/v1), or start one with "
+                "`lablib serve --server NAME`"
+            )
         if models is None:
             slow = "_timeout_s)" in why[0]
             raise LabError(
@@ -901,10 +914,19 @@ class HTTPEngine(Engine):
             ) as resp:
                 trace.start(box["t_start"] or t_post)
                 if resp.status != 200:
-                    text = (await resp.text(errors="replace"))[:300]
+                    text = await resp.text(errors="replace")
                     wait = retry_after_s(resp.headers.get("Retry-After"))
-                    msg = _status_message(resp.status, url, text, self.kind, self.server_model, wait)
+                    msg = _status_message(resp.status, url, text, self.kind, self.server_model, wait, resp.content_type)
                     raise HTTPEngineError(msg, trace, resp.status, retry_after_s=wait)
+                if is_html(resp.content_type):  # a web page, not an API: every request would fail the same way
+                    said = excerpt(await resp.text(errors="replace"), resp.content_type, 80)
+                    raise HTTPEngineError(
+                        f"{url} answered HTTP 200 with an HTML page ({resp.content_type}: {said!r}), not an event "
+                        "stream; expected an OpenAI-compatible server's streamed answer: check the base URL (it "
+                        "ends in /v1) and the api ('completions' or 'chat')",
+                        trace,
+                        resp.status,
+                    )
                 if resp.content_type == "application/json":  # an answer, not a stream: usually an error
                     text = (await resp.text(errors="replace"))[:300]
                     raise HTTPEngineError(

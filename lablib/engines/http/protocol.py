@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from lablib.engines.base import Engine
 from lablib.engines.http.trace import HTTPTrace
-from lablib.errors import LabError
+from lablib.errors import LabError, excerpt, is_html
 
 APIS = ("completions", "chat", "native")
 
@@ -268,10 +268,17 @@ def retry_after_s(value) -> float | None:
 
 
 def _status_message(
-    status: int, url: str, body: str, kind: str = "", model: str | None = None, retry_after: float | None = None
+    status: int,
+    url: str,
+    body: str,
+    kind: str = "",
+    model: str | None = None,
+    retry_after: float | None = None,
+    content_type: str = "",
 ) -> str:
     """One message for an HTTP error status: the server (its kind and the URL), the status, the
-    server's own words and what to do; the Retry-After value when the server gave one."""
+    server's own words (an HTML page, a proxy's or a web server's: its content type and a short line of its
+    text, never the page) and what to do; the Retry-After value when the server gave one."""
     wait = (
         f"the server asks to retry after {retry_after:g} s (Retry-After); the lab does not retry by itself"
         if retry_after is not None
@@ -297,7 +304,11 @@ def _status_message(
         else "the server refused the request: read its message",
     )
     who = f"the {kind} server at {url}" if kind else url
-    return f"HTTP {status} from {who}: {body.strip()!r}; {advice}"
+    if is_html(content_type, body):
+        said = f"an HTML page ({content_type or 'text/html'}: {excerpt(body, content_type, 80)!r}), not the API's JSON"
+    else:
+        said = repr(body.strip()[:300])
+    return f"HTTP {status} from {who}: {said}; {advice}"
 
 
 class _StreamState:
