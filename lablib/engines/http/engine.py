@@ -224,7 +224,9 @@ class HTTPEngine(Engine):
     text as one user message, or :meth:`agenerate`'s ``messages``), or "native"
     (llama-server's ``/completion``: token ids in every chunk). ``server``: a kind of
     :data:`KINDS`, or "auto" (asked from the server). ``server_model``: the model id sent
-    (default: the first of ``/v1/models``). ``read_timeout_s``: longest silence within a
+    (default: the first of ``/v1/models``; one the server does not list there is refused at load, where it
+    lists any: llama-server would answer it with its own model, vLLM with a 404 per request; rows record it as
+    ``server_model``). ``read_timeout_s``: longest silence within a
     response, and longest time without a complete line (a server trickling bytes);
     ``connect_timeout_s``: to open the connection; ``request_timeout_s``: the most one request may take
     from its POST to its stream's end (a wait for a free connection included), however busy the stream:
@@ -357,6 +359,14 @@ class HTTPEngine(Engine):
         self.kind = kind or probed or "openai"
         self.profile = PROFILES[self.kind]
         self.server_model = server_model or self.profile.model_id or self.server_info.get("model_id")
+        listed = self.server_info.get("model_ids") or []
+        if server_model and listed and server_model not in listed and server_model != self.profile.model_id:
+            self.close()  # the probe's event loop and HTTP session
+            shown = ", ".join(map(repr, listed[:10])) + (f" and {len(listed) - 10} more" if len(listed) > 10 else "")
+            raise LabError(
+                f"server_model={server_model!r}: the {self.kind} server at {self.base_url} lists no such model "
+                f"(GET /v1/models: {shown}); expected one of its ids, or none for its first ({listed[0]!r})"
+            )
         self.server_version = server_version or self.server_info.get("version") or "unknown"
         self.adapters = self._served_adapters()
         if api == "native" and self.kind != "llama-server":
@@ -592,6 +602,7 @@ class HTTPEngine(Engine):
         info["model_id"] = first.get("id")
         # LoRA modules a server lists beside its model, each naming the model it adapts (vLLM's ModelCard.parent)
         entries = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+        info["model_ids"] = [str(m["id"]) for m in entries if m.get("id") is not None]  # what requests may name
         info["adapters"] = [str(m["id"]) for m in entries if m.get("parent") and m.get("id") is not None]
         owner = str(first.get("owned_by", ""))
         props = await self._get_json(f"{self.root_url}/props")
