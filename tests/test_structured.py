@@ -67,6 +67,28 @@ def test_uncompilable_schema_names_engine_and_part(request, fixture, schema, par
     assert engine.name in str(e.value) and part in str(e.value)
 
 
+def test_a_pattern_llama_cpp_cannot_compile_is_said_first_its_converters_words_last(capsys):
+    """`lablib structured --regex '([a-z'` put llama-cpp-python's AssertionError text in the middle of the message
+    ("cannot compile regex '([a-z': AssertionError: Unbalanced square brackets; ... Expected a schema ..."): a
+    Python class name, and a schema where a pattern was given. Now: what was given, what was expected and what to
+    do, the converter's words a short trailing clause."""
+    import re
+
+    from lablib.cli import main
+
+    assert (
+        main(["structured", "--engine", "llama.cpp", "--regex", "([a-z", "--reps", "1", "--max-new-tokens", "4"]) == 2
+    )
+    err = capsys.readouterr().err
+    lab = (
+        "lablib: llama.cpp cannot compile regex '([a-z': expected a regular expression its grammar compiler "
+        "supports: check the pattern (lookarounds and backreferences have no grammar form) or use another engine "
+    )
+    assert err.startswith(lab), err
+    assert re.fullmatch(r"\(llama\.cpp says: [^\n]{1,240}\)\n", err[len(lab) :]), err
+    assert "Unbalanced square brackets" in err and "AssertionError" not in err and "schema" not in err
+
+
 def test_engine_without_constraints_refuses(mlx):
     cfg = GenerationConfig(max_new_tokens=4, ignore_eos=False, constraint=load_schema("person"))
     with pytest.raises(LabError, match="engine mlx cannot enforce a json_schema constraint"):

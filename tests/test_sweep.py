@@ -428,7 +428,7 @@ def test_a_results_file_that_cannot_be_written_is_refused_before_any_measurement
     if kind == "corrupt parquet":
         out = tmp_path / "old.parquet"
         out.write_bytes(b"not parquet at all")
-        want = r"old\.parquet: not a readable parquet file"
+        want = r"old\.parquet: not a readable parquet file; expected a results file the lab wrote"
     else:
         (tmp_path / "a-file").write_text("x")
         out = tmp_path / "a-file" / "results.jsonl"  # a folder that cannot exist
@@ -519,6 +519,22 @@ def test_merge_into_parquet_names_a_type_clash_and_writes_nothing(tmp_path):
         merge_results([a, b], out)
     assert list(tmp_path.glob("all.parquet*")) == []
     assert len(merge_results([a, b], tmp_path / "all.jsonl")) == 2  # JSON lines hold both
+
+
+def test_a_file_that_is_not_parquet_is_said_first_pyarrows_words_last(tmp_path, capsys):
+    """`lablib report bad.parquet` quoted pyarrow's exception in the middle ("not a readable parquet file
+    (ArrowInvalid: Could not open Parquet input source '<the path again>': Parquet file size is 5 bytes, ...);
+    expected ..."). Now the file, what was expected and what to do, then pyarrow's reason as a short clause."""
+    from lablib.cli import main
+
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"hello")
+    assert main(["report", str(bad), "--html", str(tmp_path / "r.html")]) == 2
+    assert capsys.readouterr().err == (
+        f"lablib: {bad}: not a readable parquet file; expected a results file the lab wrote (rows in Parquet): "
+        "restore it, or write to a new file (pyarrow says: Parquet file size is 5 bytes, smaller than the minimum "
+        "file footer (8 bytes))\n"
+    )
 
 
 def test_a_mode_an_engine_lacks_is_refused_before_any_work(model, tmp_path):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from lablib.errors import LabError
+from lablib.errors import LabError, excerpt
 
 
 @dataclass
@@ -62,16 +62,22 @@ class Constraint:
 
 
 class ConstraintError(LabError):
-    """An engine could not compile a constraint: names the engine, the part of the schema that failed
-    (``part``, a path such as ``properties.password.pattern``) and the engine's own message."""
+    """An engine could not compile a constraint: names the engine, the constraint and the part of the schema that
+    failed (``part``, a path such as ``properties.password.pattern``), what it expected and what to do; the
+    engine's own message (``engine_message``, whole) only as a short trailing clause."""
 
     def __init__(self, engine: str, constraint: Constraint, message: str, part: str | None = None):
         self.engine, self.constraint, self.part, self.engine_message = engine, constraint, part, message
         where = f" at {part}" if part else ""
+        if constraint.kind == "regex":
+            expected = "a regular expression its grammar compiler supports: check the pattern (lookarounds and "
+            expected += "backreferences have no grammar form) or use another engine"
+        else:
+            expected = "a JSON schema its grammar compiler supports: rewrite or drop that part (lookarounds, "
+            expected += "backreferences and some keywords have no grammar form) or use another engine"
         super().__init__(
-            f"{engine} cannot compile {constraint.label}{where}: {message.strip()}. Expected a schema the engine's "
-            "grammar compiler supports; rewrite or drop that part (lookarounds, backreferences and some keywords have "
-            "no grammar form) or use another engine"
+            f"{engine} cannot compile {constraint.label}{where}: expected {expected} "
+            f"({engine} says: {excerpt(message, limit=240) or 'no reason'})"
         )
 
 

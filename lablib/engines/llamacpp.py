@@ -754,7 +754,7 @@ class LlamaCppEngine(Engine):
                 part = None
                 if constraint.kind == "json_schema":
                     part = schema_part(constraint.spec, lambda sub: not _converts(sub))
-                raise ConstraintError(self.name, constraint, f"{type(e).__name__}: {e}", part) from e
+                raise ConstraintError(self.name, constraint, str(e) or type(e).__name__, part) from e
         return cache[constraint.key]
 
     def _grammar_sampler(self, constraint):

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from lablib._version import __version__
-from lablib.errors import LabError, first_line
+from lablib.errors import LabError, excerpt, first_line
 from lablib.machine.device_ceilings import measured_summary
 from lablib.machine.identity import hardware_info, load_average
 from lablib.machine.telemetry import gpu_manifest
@@ -495,9 +495,8 @@ def _read_file(p):
         return pd.read_parquet(p)
     except Exception as e:  # pyarrow's ArrowInvalid and friends
         raise LabError(
-            f"{p}: not a readable parquet file ({type(e).__name__}: "
-            f"{first_line(e)}); expected a results file the lab "
-            "wrote: restore it, or write to a new file"
+            f"{p}: not a readable parquet file; expected a results file the lab wrote (rows in Parquet): restore it, "
+            f"or write to a new file (pyarrow says: {_last_clause(e)})"
         ) from None
 
 
@@ -544,9 +543,9 @@ def merge_results(paths, out, one_clock: bool = False):
         except Exception as e:  # pyarrow: a column mixing numbers and text across the files
             tmp.unlink(missing_ok=True)
             raise LabError(
-                f"cannot write {out}: the files disagree on a column's type ({type(e).__name__}: "
-                f"{first_line(e)}); merge into a .jsonl instead, or "
-                "repair the file whose rows differ"
+                f"cannot write {out}: the files disagree on a column's type; expected one type per column in "
+                f"Parquet: merge into a .jsonl instead, or repair the file whose rows differ (pyarrow says: "
+                f"{_last_clause(e)})"
             ) from None
         tmp.replace(out)
     else:  # full float precision, as ResultsWriter writes
@@ -554,6 +553,12 @@ def merge_results(paths, out, one_clock: bool = False):
             for row in df.to_dict("records"):
                 f.write(json.dumps({k: v for k, v in row.items() if not _missing(v)}, default=_jsonable) + "\n")
     return df
+
+
+def _last_clause(e: BaseException, limit: int = 120) -> str:
+    """A library's error as a short clause for the end of a message: the last part of its first line (pyarrow
+    repeats the path and the call before it: "Could not open Parquet input source '<path>': <the reason>")."""
+    return excerpt(first_line(e).rsplit(": ", 1)[-1], limit=limit)
 
 
 def _missing(v) -> bool:

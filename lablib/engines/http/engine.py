@@ -58,6 +58,7 @@ from lablib.engines.http.protocol import (
     _status_message,
     _StreamState,
     retry_after_s,
+    server_words,
 )
 from lablib.engines.http.trace import HTTPTrace
 from lablib.errors import LabError, excerpt, is_html
@@ -782,7 +783,7 @@ class HTTPEngine(Engine):
             return False
 
         part = schema_part(c.spec, fails) if c.kind == "json_schema" else None
-        return ConstraintError(f"{self.kind} server (http engine)", c, str(err), part)
+        return ConstraintError(f"{self.kind} server (http engine)", c, err.server_said or str(err), part)
 
     def _request(self, ids: list[int], cfg: GenerationConfig, messages=None) -> tuple[str, dict, int]:
         """(url, JSON body, prompt tokens as the lab counts them) for one request."""
@@ -928,7 +929,9 @@ class HTTPEngine(Engine):
                     text = await resp.text(errors="replace")
                     wait = retry_after_s(resp.headers.get("Retry-After"))
                     msg = _status_message(resp.status, url, text, self.kind, self.server_model, wait, resp.content_type)
-                    raise HTTPEngineError(msg, trace, resp.status, retry_after_s=wait)
+                    err = HTTPEngineError(msg, trace, resp.status, retry_after_s=wait)
+                    err.server_said = None if is_html(resp.content_type, text) else server_words(text)
+                    raise err
                 if is_html(resp.content_type):  # a web page, not an API: every request would fail the same way
                     said = excerpt(await resp.text(errors="replace"), resp.content_type, 80)
                     raise HTTPEngineError(

@@ -24,6 +24,20 @@ class HTTPEngineError(LabError):
     def __init__(self, message: str, trace=None, status: int | None = None, retry_after_s: float | None = None):
         super().__init__(message)
         self.trace, self.status, self.retry_after_s = trace, status, retry_after_s
+        self.server_said = None  # the server's own words, where it said any (an error body's message)
+
+
+def server_words(body: str) -> str:
+    """What an error body says: its JSON ``error.message`` (or ``error``, ``message``, ``detail``) where it is
+    OpenAI-style JSON, else the body itself."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return body
+    err = obj.get("error", obj) if isinstance(obj, dict) else obj
+    if isinstance(err, dict):
+        err = err.get("message") or err.get("detail") or err
+    return err if isinstance(err, str) else body
 
 
 @dataclass(frozen=True)
@@ -351,6 +365,7 @@ class _StreamState:
             msg = err.get("message", err) if isinstance(err, dict) else err
             err = HTTPEngineError(f"the server sent an error mid-stream after {tr.output_tokens} tokens: {msg}", tr)
             err.server_error = True  # the server's own error event (vLLM's grammar errors arrive so)
+            err.server_said = str(msg)
             raise err
         text, reasoning, ids, lp, finish, usage, timings, _ = _read_chunk(obj, self.engine.api)
         if timings:
