@@ -171,11 +171,12 @@ def test_bench_without_a_server_is_one_clear_error(tmp_path, capsys):
             "--max-new-tokens",
             "2",
             "--out",
-            str(tmp_path / "x.jsonl"),
+            str(tmp_path / "new" / "x.jsonl"),
         ]
     )
     err = capsys.readouterr().err
     assert rc == 2 and "no OpenAI-compatible server answers" in err and "lablib serve" in err
+    assert not (tmp_path / "new").exists()  # refused before any row: no empty folder left behind
     assert main(["serve", "--server", "ollama"]) == 2
     assert "unknown server 'ollama'" in capsys.readouterr().err
 

@@ -813,6 +813,35 @@ def test_merge_and_report_refuse_files_that_are_not_rows(tmp_path):
     assert merge_results([rows], tmp_path / "ok.jsonl")["engine"].tolist() == ["llama.cpp"]
 
 
+def test_a_refused_or_failed_command_leaves_no_empty_folder(tmp_path, capsys):
+    """writable_file and ResultsWriter made the output's folder when they checked it, before the rows loaded or the
+    work ran: `lablib merge --one-clock` refused after it and left new/ empty behind, and so did every refused
+    bench or sweep (ResultsWriter is made before the server is asked anything). Now they check the nearest existing
+    folder without making one; the first write makes it."""
+    from lablib.cli import main
+    from lablib.results.store import writable_file
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"engine": "llama.cpp", "ttft_s": 0.1}\n')  # no clock_unix_offset_s: --one-clock refuses it
+    new = tmp_path / "new"
+    assert main(["merge", str(rows), "--out", str(new / "deeper" / "m.jsonl"), "--one-clock"]) == 2
+    assert "one_clock: 1 rows have no clock_unix_offset_s" in capsys.readouterr().err
+    assert not new.exists()
+    assert writable_file(new / "r.html", "--html") == new / "r.html" and not new.exists()
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(LabError, match=r"--html .*a-file/r\.html: cannot write there \(.*a-file is not a folder\)"):
+        writable_file(tmp_path / "a-file" / "r.html", "--html")
+    # a results file: its folder made with the first row, not before
+    w = ResultsWriter(new / "deeper" / "r.jsonl")
+    assert not new.exists()
+    w.append({"engine": "llama.cpp", "ttft_s": 0.1})
+    w.sync()
+    assert load_results(new / "deeper" / "r.jsonl")["engine"].tolist() == ["llama.cpp"]
+    # and the commands still write into a folder not there yet
+    assert main(["merge", str(rows), "--out", str(tmp_path / "m" / "all.jsonl")]) == 0
+    assert load_results(tmp_path / "m" / "all.jsonl")["engine"].tolist() == ["llama.cpp"]
+
+
 def test_ctrl_c_in_a_sweep_is_one_line_and_its_rows_load(tmp_path, monkeypatch, capsys):
     """Ctrl-C (SIGINT) in the middle of `lablib sweep`: one line naming the file the rows are in, exit code 130,
     and every row written before it loads."""

@@ -980,6 +980,7 @@ def bench(
                         )
                 writer.sync()  # the run's last rows made durable before its summary is written
                 counters = info = None
+                writer.make_folder()  # a run with no rows (none sent in time) writes its records too
                 if sampler is not None:
                     with open(server_file, "a") as f:
                         f.writelines(json.dumps(r) + "\n" for r in sampler.rows())

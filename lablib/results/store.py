@@ -100,9 +100,25 @@ def server_path(out) -> Path:
 
 
 def append_run(out, record: dict) -> None:
-    """One run record (a dict, ``out`` added) appended as a JSON line to :func:`runs_path` of ``out``."""
+    """One run record (a dict, ``out`` added) appended as a JSON line to :func:`runs_path` of ``out`` (its folder
+    made here where no row made it)."""
+    runs_path(out).parent.mkdir(parents=True, exist_ok=True)
     with open(runs_path(out), "a", encoding="utf-8") as f:
         f.write(json.dumps({**record, "out": str(out)}, default=_jsonable) + "\n")
+
+
+def check_folder(folder) -> None:
+    """Raise OSError unless files can be written in ``folder``, which need not exist yet (the first write makes
+    it): its nearest existing parent must be a folder this process can write in. Nothing is created, so a refusal
+    or a failure before the first write leaves no empty folder behind."""
+    import errno
+
+    p = Path(folder).absolute()
+    while not os.path.lexists(p) and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, f"{p} is not a folder", str(p))
+    tempfile.TemporaryFile(dir=p).close()
 
 
 def _suffix(path) -> str:
@@ -138,9 +154,9 @@ class ResultsWriter:
         self.sync_every_s = float(sync_every_s)
         self._synced_at = None  # time.monotonic() of the last fsync; None: none yet
         self._held = None  # the file the rows since the last fsync were last written through, open until it
+        self._folder_made = False  # made at the first row (make_folder): a run refused before it leaves none
         # refuse now, before any measurement, what would fail at the first row
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.path.is_dir():
                 raise LabError(
                     f"results file {self.path} is a folder; expected a file name ending in .jsonl or .parquet"
@@ -156,7 +172,7 @@ class ResultsWriter:
                     )
                 tempfile.TemporaryFile(dir=target.parent).close()
             else:
-                tempfile.TemporaryFile(dir=self.path.parent).close()
+                check_folder(self.path.parent)
         except OSError as e:
             raise LabError(
                 f"results file {self.path}: cannot write there ({e.strerror or e}); expected a "
@@ -185,7 +201,16 @@ class ResultsWriter:
                     )
             self._rows = [] if old is None else old.to_dict("records")
 
+    def make_folder(self) -> Path:
+        """The results file's folder, made (with its parents) where it is not there yet: at the first row, or
+        before a run's records are written beside the rows. Returns it."""
+        if not self._folder_made:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._folder_made = True
+        return self.path.parent
+
     def append(self, row: dict) -> None:
+        self.make_folder()
         if self.suffix == ".jsonl":
             line = row_line(row)
             f = open(self.path, "a+", encoding="utf-8")
@@ -410,14 +435,14 @@ def load_lab_rows(paths, log=print):
 
 
 def writable_file(path, flag: str) -> Path:
-    """``path`` as a Path, its folder made; LabError naming ``flag`` (``--out``, ``--html``) when it is a folder
-    or its folder cannot be written, before the work whose output would be lost."""
+    """``path`` as a Path; LabError naming ``flag`` (``--out``, ``--html``) when it is a folder or its folder cannot
+    be written, before the work whose output would be lost. Its folder is not made here (the write makes it):
+    work refused or failed after this check leaves no empty folder behind."""
     path = Path(path)
     if path.is_dir():
         raise LabError(f"{flag} {path} is a folder; expected a file name: choose another {flag}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=path.parent).close()
+        check_folder(path.parent)
     except OSError as e:
         raise LabError(
             f"{flag} {path}: cannot write there ({e.strerror or e}); expected a writable folder: choose another {flag}"
@@ -536,6 +561,7 @@ def merge_results(paths, out, one_clock: bool = False):
             if c in df:
                 df[c] = df[c] + off
         df["clock_unix_offset_s"] = 0.0
+    out.parent.mkdir(parents=True, exist_ok=True)  # only now: a refusal above leaves no folder behind
     if out.suffix == ".parquet":
         tmp = out.with_name(out.name + ".tmp")
         try:
