@@ -1,10 +1,11 @@
 """The lab's GPU paths in one go (issue 37's GPU check): a table of what ran, what it measured, and the rows.
 
-    python benchmarks/gpu_check.py [--device cuda] [--out DIR] [--budget-s 480] [--no-llama]
+    python benchmarks/gpu_check.py [--device cuda] [--out DIR] [--budget-s 480] [--no-llama | --llama-build DIR]
 
 Made for a machine with one NVIDIA GPU, 16 cores and no network (the default model and the packages already
-there), in at most 8 minutes. First, in the background, llama.cpp's CUDA build (``python -m lablib.build.llama
---install``: the wheel and its tools, for the GPU's compute capability; minutes). Meanwhile, in this process:
+there; ``benchmarks/gpu_kit.py`` carries them where they are not), in at most 8 minutes. First, in the
+background, llama.cpp's CUDA build (``python -m lablib.build.llama --install``: the wheel and its tools, for the
+GPU's compute capability; minutes). Meanwhile, in this process:
 
 1. ``doctor``: ``lablib doctor`` (exit code, its device line, its GPU warnings);
 2. ``facts``: NVML's GPU, driver and CUDA version (:func:`lablib.machine.telemetry.gpu_facts`), torch's CUDA;
@@ -36,6 +37,10 @@ are reference files as they stand (:mod:`lablib.results.reference`): copied into
 them, labs 02, 03 and 07 draw them beside a learner's own run. ``--device cpu`` runs every step but 9 on this CPU (a dry run of
 the script here: its numbers are the CPU's). ``LABLIB_QUICK=1``: smaller sweeps. Each step is timed and
 guarded: a failed step is a row of the table with its error, and the next step runs.
+
+``--llama-build DIR``: llama.cpp's build was started before this script (``benchmarks/gpu_kit.py start``, in the
+device call before, so that it builds while this one measures); step 9 waits for ``DIR/llama-build.rc`` (its
+exit code, written when it ends) instead of starting one, and names ``DIR/llama-build.log``.
 """
 
 from __future__ import annotations
@@ -53,9 +58,31 @@ QUICK = os.environ.get("LABLIB_QUICK") == "1"
 T0 = time.monotonic()
 
 
+class StartedBuild:
+    """llama.cpp's build started before this script: its log, and its exit code in ``llama-build.rc`` once it
+    ends. ``wait`` as :meth:`subprocess.Popen.wait` (polling the file every 2 s)."""
+
+    def __init__(self, folder: Path):
+        self.log, self.rc_file, self.returncode = folder / "llama-build.log", folder / "llama-build.rc", None
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while not self.rc_file.is_file():
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"llama.cpp's build ({self.log})", timeout)
+            time.sleep(2)
+        text = self.rc_file.read_text().strip()
+        self.returncode = int(text) if text.lstrip("-").isdigit() else 1
+        return self.returncode
+
+    def kill(self) -> None:  # not ours to stop: it may still finish for the next call
+        pass
+
+
 class Table:
     def __init__(self, path: Path):
         self.path, self.rows = path, []
+        path.write_text("")  # this run's table: a rerun's rows not under an earlier run's
 
     def add(self, step: str, ok: bool, seconds: float, what: str) -> None:
         self.rows.append((step, "ok" if ok else "FAILED", f"{seconds:.0f}", what))
@@ -109,15 +136,24 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--out", default="results/gpu-check")
     ap.add_argument("--budget-s", type=float, default=480.0)
-    ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp's CUDA build and its check")
+    llama_opts = ap.add_mutually_exclusive_group()
+    llama_opts.add_argument("--no-llama", action="store_true", help="skip llama.cpp's CUDA build and its check")
+    llama_opts.add_argument(
+        "--llama-build",
+        metavar="DIR",
+        help="wait for the llama.cpp build started before (DIR/llama-build.rc once it ends; gpu_kit.py start)",
+    )
     ns = ap.parse_args(argv)
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     end = T0 + ns.budget_s
     table = Table(out / "gpu-check.txt")
-    build = None
-    if ns.device == "cuda" and not ns.no_llama:  # minutes: started first, waited for last
-        log = open(out / "llama-build.log", "w")  # noqa: SIM115 - the child writes it until the end
+    build, build_log = None, out / "llama-build.log"
+    if ns.llama_build:  # started before this script, on any device
+        build = StartedBuild(Path(ns.llama_build))
+        build_log = build.log
+    elif ns.device == "cuda" and not ns.no_llama:  # minutes: started first, waited for last
+        log = open(build_log, "w")  # noqa: SIM115 - the child writes it until the end
         build = subprocess.Popen(
             [sys.executable, "-m", "lablib.build.llama", "--install"], stdout=log, stderr=subprocess.STDOUT
         )
@@ -263,13 +299,9 @@ def main(argv=None) -> int:
             build.wait(timeout=left)
         except subprocess.TimeoutExpired:
             build.kill()
-            raise TimeoutError(
-                f"llama.cpp's CUDA build was not done within the budget (log {out / 'llama-build.log'})"
-            ) from None
+            raise TimeoutError(f"llama.cpp's build was not done within the budget (log {build_log})") from None
         if build.returncode != 0:
-            raise RuntimeError(
-                f"llama.cpp's CUDA build failed (exit {build.returncode}; log {out / 'llama-build.log'})"
-            )
+            raise RuntimeError(f"llama.cpp's build failed (exit {build.returncode}; log {build_log})")
         r = subprocess.run(
             [sys.executable, str(Path(__file__).resolve().parent / "anchors.py"), "--rounds", "2"],
             capture_output=True,
