@@ -203,9 +203,10 @@ WEB_PAGE = (
 
 class WebPageServer:
     """A plain web server on 127.0.0.1 (http.server in a thread, a free port): every GET and POST answers
-    ``page`` (an HTML page: a URL that answers, but is no OpenAI-compatible server) with ``status``."""
+    ``page`` (an HTML page: a URL that answers, but is no OpenAI-compatible server) with ``status``; another
+    ``content_type`` with its body: a server that answers every path alike (a 401 without a key, a 503 loading)."""
 
-    def __init__(self, page: str = WEB_PAGE, status: int = 200):
+    def __init__(self, page: str = WEB_PAGE, status: int = 200, content_type: str = "text/html; charset=utf-8"):
         import http.server
 
         body = page.encode()
@@ -214,7 +215,7 @@ class WebPageServer:
             def _answer(self):
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 self.send_response(status)
-                self.send_header("Content-Type", "text/html; charset=utf-8")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

@@ -239,6 +239,9 @@ def test_the_flags_rewording_touches_only_a_keyword_followed_by_equals():
     # another keyword ending in a known one, a word without '=', and an attribute are left as they are
     said = "short_max_new_tokens=3; max_new_tokens is set; engine.n_ctx=5"
     assert in_flags(said, names) == said
+    # a path or a quoted value holding one is shown as typed (a folder per setting: runs/n_ctx=512/)
+    said = "results file runs/server_model=smol/n_ctx=2.txt: expected a name ending in .jsonl; 'n_ctx=3'"
+    assert in_flags(said, names) == said
 
 
 @pytest.mark.parametrize(

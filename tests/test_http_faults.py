@@ -253,6 +253,32 @@ def test_a_url_serving_a_web_page_is_refused_at_load_without_its_html(model, sta
     )
 
 
+@pytest.mark.parametrize(
+    "status, body, advice",
+    [
+        # vLLM started with --api-key, asked without one
+        (401, '{"error": "Unauthorized"}', "the server wants an API key: put it in the environment variable named by "
+         "api_key_env (LABLIB_API_KEY by default)"),
+        # llama-server while it loads its model (/v1/models and /health alike)
+        (503, '{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}',
+         "the server is unavailable (503: overloaded, or still loading its model): wait for it or lower the load; the "
+         "server gave no Retry-After; the lab does not retry by itself"),
+    ],
+)  # fmt: skip
+def test_a_server_that_refuses_its_model_list_is_said_as_such_not_as_no_server(model, status, body, advice):
+    """A server that answers /v1/models with 401 or 503 is an OpenAI-compatible server wanting a key or still
+    loading: its status's advice, not "no OpenAI-compatible server answers"."""
+    from lablib.errors import LabError
+
+    srv = WebPageServer(body, status, "application/json").start()
+    try:
+        with pytest.raises(LabError) as e:
+            load_engine("http", model, base_url=srv.base_url)
+    finally:
+        srv.stop()
+    assert str(e.value) == f"HTTP {status} from {srv.base_url}/models: {body!r}; {advice}"
+
+
 def test_an_excerpt_is_one_short_line_of_a_pages_text():
     from lablib.errors import excerpt
 

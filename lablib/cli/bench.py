@@ -95,6 +95,7 @@ def keywords(ns) -> dict:
         "model": "--lab-model",
         "server_model": "--model",
         "concurrency": "--concurrency" if ns.rate is None else "--max-concurrency",
+        "start_at_unix": "--start-at",
         **GOODPUT_KEYWORDS,
     }
 

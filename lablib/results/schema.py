@@ -71,7 +71,9 @@ MANIFEST_FIELDS = {
     # cache space, prefix caching, threads ...), as JSON text; None for in-process engines
     "server_settings": ("engine", "flags", "server_settings"),
     # the model id an http engine's requests named (its "model" field: lablib bench --model, default the first of the
-    # server's /v1/models); ``model`` is the lab's model, whose tokenizer made and counted the prompts
+    # server's /v1/models; None for llama-server's native /completion, whose requests name none; a LoRA request
+    # names its adapter instead: the row's ``adapter``); ``model`` is the lab's model, whose tokenizer made and
+    # counted the prompts
     "server_model": ("engine", "flags", "server_model"),
     # the device a server computes on, in words ("NVIDIA H200, 140 GiB, 31/31 layers", "AMD EPYC, 2 threads"),
     # as the lab read it when it started the server; "unknown" for a server at any other URL (rows' ``device``

@@ -582,9 +582,12 @@ def merge_results(paths, out, one_clock: bool = False):
 
 
 def _last_clause(e: BaseException, limit: int = 120) -> str:
-    """A library's error as a short clause for the end of a message: the last part of its first line (pyarrow
-    repeats the path and the call before it: "Could not open Parquet input source '<path>': <the reason>")."""
-    return excerpt(first_line(e).rsplit(": ", 1)[-1], limit=limit)
+    """A library's error as a short clause for the end of a message: its first line, without the path and the
+    call pyarrow repeats before the reason ("Could not open Parquet input source '<path>': <the reason>");
+    anything else whole (a type clash's "Could not convert 'x' with type str: ..." is the useful part)."""
+    import re
+
+    return excerpt(re.sub(r"^Could not open Parquet input source '.*?': ", "", first_line(e)), limit=limit)
 
 
 def _missing(v) -> bool:

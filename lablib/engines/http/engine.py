@@ -225,8 +225,8 @@ class HTTPEngine(Engine):
     text as one user message, or :meth:`agenerate`'s ``messages``), or "native"
     (llama-server's ``/completion``: token ids in every chunk). ``server``: a kind of
     :data:`KINDS`, or "auto" (asked from the server). ``server_model``: the model id sent
-    (default: the first of ``/v1/models``; one the server does not list there is refused at load, where it
-    lists any: llama-server would answer it with its own model, vLLM with a 404 per request; rows record it as
+    (default: the first of ``/v1/models``; on vLLM, one it does not list there is refused at load, as vLLM would
+    answer each request with a 404; other servers take ids they do not list; rows record it as
     ``server_model``). ``read_timeout_s``: longest silence within a
     response, and longest time without a complete line (a server trickling bytes);
     ``connect_timeout_s``: to open the connection; ``request_timeout_s``: the most one request may take
@@ -361,7 +361,10 @@ class HTTPEngine(Engine):
         self.profile = PROFILES[self.kind]
         self.server_model = server_model or self.profile.model_id or self.server_info.get("model_id")
         listed = self.server_info.get("model_ids") or []
-        if server_model and listed and server_model not in listed and server_model != self.profile.model_id:
+        # vLLM answers an id it does not serve with a 404 per request: refused here, at once. Other servers take
+        # ids they do not list (llama-server: any, its one model; Ollama: "llama3.2" for "llama3.2:latest";
+        # mlx_lm.server and transformers serve load another model on request): sent as given, recorded in rows
+        if self.kind == "vllm" and server_model and listed and server_model not in listed:
             self.close()  # the probe's event loop and HTTP session
             shown = ", ".join(map(repr, listed[:10])) + (f" and {len(listed) - 10} more" if len(listed) > 10 else "")
             raise LabError(
@@ -545,9 +548,10 @@ class HTTPEngine(Engine):
 
         return aiohttp.ClientTimeout(total=total, connect=self.connect_timeout_s, sock_read=self.read_timeout_s)
 
-    async def _get_json(self, url, why: list | None = None):
-        """The JSON at ``url``, or None; ``why`` (a list) gets the reason of a None (a timeout ...; where the
-        server answered, "HTTP <status>, <content type>" and an excerpt of what it sent: never a whole page)."""
+    async def _get_json(self, url, why: dict | None = None):
+        """The JSON at ``url``, or None; ``why`` (a dict) gets the reason of a None as ``reason`` (a timeout ...;
+        where the server answered, "HTTP <status>, <content type>" and an excerpt of what it sent: never a whole
+        page) and, where it answered, ``status``, ``body`` and ``content_type``."""
         import aiohttp
 
         reason = None
@@ -556,6 +560,8 @@ class HTTPEngine(Engine):
                 text = await r.text(errors="replace")
                 said = excerpt(text, r.content_type, 80)
                 found = f"HTTP {r.status}, {r.content_type or 'no content type'}" + (f" ({said!r})" if said else "")
+                if why is not None:
+                    why.update(status=r.status, body=text, content_type=r.content_type)
                 if r.status != 200:
                     reason = found
                 else:
@@ -573,27 +579,33 @@ class HTTPEngine(Engine):
         except aiohttp.ClientError as e:
             reason = f"{type(e).__name__}: {e}"
         if why is not None:
-            why.append(reason)
+            why["reason"] = reason
         return None
 
     async def _probe(self) -> None:
         info = self.server_info
-        why: list = []
+        why: dict = {}
         models = await self._get_json(f"{self.base_url}/models", why)
         health_only = False
         if models is None and await self._get_json(f"{self.root_url}/health") is not None:
             models, health_only = {}, True  # a healthy server whose model list fails (mlx_lm.server, no hub cache)
-        if models is None and why[0].startswith("HTTP "):  # something answers there, but not as an OpenAI server
+        status = why.get("status")
+        if models is None and status is not None and (status in (401, 403, 429) or status >= 500):
+            # a server that answers, but not yet or not to this client: an API key, its load, its own failure
             raise LabError(
-                f"no OpenAI-compatible server answers at {self.base_url}: GET /models gave {why[0]}; expected JSON "
+                _status_message(status, f"{self.base_url}/models", why["body"], "", None, None, why["content_type"])
+            )
+        if models is None and status is not None:  # something answers there, but not as an OpenAI server
+            raise LabError(
+                f"no OpenAI-compatible server answers at {self.base_url}: GET /models gave {why['reason']}; expected JSON "
                 'listing the server\'s models ({"data": [{"id": ...}]}): check that the URL is an OpenAI-compatible '
                 "server's base URL (it ends in /v1, e.g. http://127.0.0.1:8080/v1), or start one with "
                 "`lablib serve --server NAME`"
             )
         if models is None:
-            slow = "_timeout_s)" in why[0]
+            slow = "_timeout_s)" in why["reason"]
             raise LabError(
-                f"no OpenAI-compatible server answers at {self.base_url} (GET /models failed: {why[0]}); "
+                f"no OpenAI-compatible server answers at {self.base_url} (GET /models failed: {why['reason']}); "
                 "expected a running server: start one with `lablib serve --server NAME`, or check "
                 "the URL (it ends in /v1)"
                 + ("; for a slow server raise connect_timeout_s / read_timeout_s" if slow else "")
@@ -728,7 +740,8 @@ class HTTPEngine(Engine):
                 "server_device": self.server_settings.get("device_name") or "unknown",
                 "server": self.kind,
                 "server_version": self.server_version,
-                "server_model": self.server_model,
+                # the id requests name (native /completion requests name none); a LoRA request names its adapter
+                "server_model": None if self.api == "native" else self.server_model,
                 "base_url": self.base_url,
                 "fixed_length": self.profile.fixed,
                 "prompt_as": self._prompt_as(),

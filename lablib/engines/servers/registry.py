@@ -205,7 +205,7 @@ def _command(
             raise LabError(
                 f"prefix_caching={prefix_caching!r}: {name} has no server-wide prefix cache switch "
                 "(llama-server's prompt cache is per request: the http engine turns it off); "
-                "expected prefix_caching=None for this server"
+                "expected it left out for this server"
             )
         options["prefix_caching"] = bool(prefix_caching)
     if extra:
