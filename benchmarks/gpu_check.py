@@ -66,6 +66,8 @@ class StartedBuild:
         self.log, self.rc_file, self.returncode = folder / "llama-build.log", folder / "llama-build.rc", None
 
     def wait(self, timeout: float) -> int:
+        if not self.log.is_file():  # never started, not "still running"
+            raise RuntimeError(f"no llama.cpp build was started here: {self.log} is missing (gpu_kit.py start)")
         deadline = time.monotonic() + timeout
         while not self.rc_file.is_file():
             if time.monotonic() > deadline:
@@ -135,6 +137,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--out", default="results/gpu-check")
+    ap.add_argument("--table", default=None, help="the table's file (default: OUT/gpu-check.txt), row by row")
     ap.add_argument("--budget-s", type=float, default=480.0)
     llama_opts = ap.add_mutually_exclusive_group()
     llama_opts.add_argument("--no-llama", action="store_true", help="skip llama.cpp's CUDA build and its check")
@@ -147,7 +150,7 @@ def main(argv=None) -> int:
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     end = T0 + ns.budget_s
-    table = Table(out / "gpu-check.txt")
+    table = Table(Path(ns.table) if ns.table else out / "gpu-check.txt")
     build, build_log = None, out / "llama-build.log"
     if ns.llama_build:  # started before this script, on any device
         build = StartedBuild(Path(ns.llama_build))
@@ -302,13 +305,21 @@ def main(argv=None) -> int:
             raise TimeoutError(f"llama.cpp's build was not done within the budget (log {build_log})") from None
         if build.returncode != 0:
             raise RuntimeError(f"llama.cpp's build failed (exit {build.returncode}; log {build_log})")
-        r = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve().parent / "anchors.py"), "--rounds", "2"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        return " | ".join(r.stdout.splitlines()[-4:])
+        from lablib.build.llama import build_report
+
+        built = build_report() or {}
+        log = out / "anchors.log"  # every line as it comes: a stop at the budget keeps what ran
+        with open(log, "w") as f:
+            r = subprocess.run(
+                [sys.executable, str(Path(__file__).resolve().parent / "anchors.py"), "--rounds", "2",
+                 "--only", "tg128@d0,pp512,B4"],
+                stdout=f, stderr=subprocess.STDOUT, text=True, timeout=max(60.0, end + 60 - time.monotonic()),
+            )  # fmt: skip
+        said = [ln for ln in log.read_text().splitlines() if ln.startswith("anchor=")]
+        if r.returncode != 0 or not said:
+            raise RuntimeError(f"anchors.py exited {r.returncode} with {len(said)} results (log {log})")
+        beside = "; built beside the steps above" if isinstance(build, StartedBuild) else ""
+        return f"{' | '.join(said)} (CUDA: {built.get('cuda', 'unknown')}{beside})"
 
     step(table, "doctor", doctor, end)
     step(table, "facts", facts, end)

@@ -19,12 +19,15 @@ On the device (a plain ``python3`` there holds torch with CUDA, transformers and
 
 1. ``python3 benchmarks/gpu_kit.py start`` (carry ``.gpukit/a``): copies the kit to ``/tmp/gpukit``, installs
    its wheels there with no index, and starts llama.cpp's build (``python -m lablib.build.llama --install``: the
-   CUDA build for the GPU present, about 4.5 minutes on 16 cores) in a session of its own, so that it runs on
-   after the call returns; its log and, once it ends, its exit code go to ``/tmp/gpukit/build/``.
+   CUDA build for the GPU present, about 4.5 minutes on 16 cores; then ``--tool`` llama-bench and
+   llama-batched-bench) in a session of its own, so that it runs on after the call returns, at nice 19 on all
+   cores but two (the measurements of call 2 run beside it: the table's last row says so); its log and, once it
+   ends, its exit code go to ``/tmp/gpukit/build/``.
 2. ``python3 benchmarks/gpu_kit.py check`` (carry ``.gpukit/b``; sent while the machine is still warm, within
    30 s): joins the GGUF and checks its SHA-256, runs ``gpu_check.py --llama-build /tmp/gpukit/build`` (which
-   waits for that build at its last step), and leaves ``$OUT/gpu-check.txt`` (the table) and
-   ``$OUT/gpu-check.tar.gz`` (the table, the reference rows with their run records, both logs).
+   waits for that build at its last step; its budget 100 s less than the call's deadline, 560 s, when it is
+   stopped whatever it does), and leaves ``$OUT/gpu-check.txt`` (the table, row by row) and
+   ``$OUT/gpu-check.tar.gz`` (the reference rows with their run records, the anchors' and the build's logs).
    Arguments after ``--`` go to ``gpu_check.py`` (``-- --budget-s 420``).
 
 Both run here too, as a rehearsal: ``start --work DIR`` and ``check --work DIR -- --device cpu`` with a Python
@@ -95,11 +98,8 @@ def split_sizes(gguf: int, a_rest: int, tree: int, limit: int = LIMIT, margin: i
 
 
 def sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _pip(*args: str) -> None:
@@ -166,18 +166,53 @@ def prepare(kit: Path) -> dict:
     return record
 
 
+def real_tool_dirs() -> list[str]:
+    """Folders of the real ``cmake`` and ``ninja`` programs inside pip's ``cmake`` and ``ninja`` packages, where this
+    Python has them. The device's image has both from pip, and its venv's ``bin/cmake`` is a Python script that
+    imports its package: inside pip's isolated build environment (llama-cpp-python's metadata, its wheel) that
+    import fails, so scikit-build-core would ask for cmake and ninja wheels the kit does not hold
+    (scikit-build/cmake-python-distributions#586). Their folders first on PATH, the programs run as themselves."""
+    import importlib
+
+    found = []
+    for module, attr in (("cmake", "CMAKE_BIN_DIR"), ("ninja", "BIN_DIR")):
+        try:
+            folder = getattr(importlib.import_module(module), attr, None)
+        except Exception:  # noqa: BLE001 - not installed, or a package of that name without the folder
+            continue
+        if folder and os.path.isdir(folder):
+            found.append(str(folder))
+    return found
+
+
+def cores() -> int:
+    """The cores this process may run on (what the machine lends it, not the host's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
+
+
 def kit_env(work: Path) -> dict:
     """The environment every step on the device runs in: the checkout and the kit's packages on the path, the
-    lab's home in the kit, pip with no index and the kit's wheels as its only source."""
+    lab's home in the kit, pip with no index and the kit's wheels as its only source, the real cmake and ninja
+    first on PATH (:func:`real_tool_dirs`), the hub offline, and llama.cpp's build on all cores but two (the
+    measurements beside it keep those)."""
     path = os.pathsep.join([str(REPO), str(work / "site"), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return dict(
+    bins = os.pathsep.join([*real_tool_dirs(), os.environ.get("PATH", "")])
+    env = dict(
         os.environ,
+        PATH=bins,
         PYTHONPATH=path,
         LABLIB_HOME=str(work / "home"),
         PIP_NO_INDEX="1",
         PIP_FIND_LINKS=str(work / "wheels"),
         PYTHONUNBUFFERED="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        CMAKE_BUILD_PARALLEL_LEVEL=str(max(1, cores() - 2)),
     )
+    cmake = shutil.which("cmake", path=bins)
+    if cmake:  # scikit-build-core's own choice of cmake, for its requirements and its build
+        env["CMAKE_EXECUTABLE"] = cmake
+    return env
 
 
 def facts(env: dict) -> None:
@@ -194,12 +229,29 @@ def facts(env: dict) -> None:
     subprocess.run([sys.executable, "-c", probe], env=env, cwd=REPO)
     if shutil.which("nvidia-smi"):
         subprocess.run(["nvidia-smi", "-L"])
-    print("nvcc:", shutil.which("nvcc") or "not on PATH", "| cores:", os.cpu_count(), flush=True)
+    tools = {
+        t: shutil.which(t, path=env["PATH"]) or "missing" for t in ("make", "gcc", "g++", "cmake", "ninja", "nvcc")
+    }
+    print("tools:", ", ".join(f"{t} {w}" for t, w in tools.items()), "| cores:", cores(), flush=True)
+
+
+def _stop_earlier_build(work: Path) -> None:
+    """A build an earlier ``start`` left running on this machine (its process group): stopped, so that two builds
+    never share one CMake tree."""
+    pid_file = work / "build" / "llama-build.pid"
+    try:
+        pgid = int(pid_file.read_text())
+        os.killpg(pgid, signal.SIGKILL)
+        print(f"gpu_kit: stopped the build an earlier start left running (process group {pgid})", flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def start(kit: Path, work: Path) -> int:
-    """Device call 1: the kit into ``work``, its wheels installed, llama.cpp's build started in its own session."""
+    """Device call 1: the kit into ``work``, its wheels installed, llama.cpp's build started in its own session
+    (at the lowest priority: the measurements of call 2 run beside it), then what the machine has."""
     record = json.loads((kit / "a" / "kit.json").read_text())
+    _stop_earlier_build(work)
     shutil.rmtree(work, ignore_errors=True)
     (work / "build").mkdir(parents=True)
     shutil.copytree(kit / "a" / "wheels", work / "wheels")
@@ -221,18 +273,29 @@ def start(kit: Path, work: Path) -> int:
         check=True,
     )  # fmt: skip
     env = kit_env(work)
-    facts(env)
     gguf = work / "site" / DEFAULT_MODEL_PACKAGE / record["gguf"]  # there once `check` has joined it
     log, rc = work / "build" / "llama-build.log", work / "build" / "llama-build.rc"
-    # its own session: it builds on after this call returns; the smoke test at its end reads the joined GGUF
+    # the wheel (its smoke test at the end reads the GGUF `check` joins minutes before), then the tools
+    # gpu_check's last step runs, in the same CMake tree; the exit code written whole (a reader never sees it half)
+    script = (
+        'nice -n 19 "$0" -m lablib.build.llama --install --model "$1" > "$2" 2>&1 && '
+        'nice -n 19 "$0" -m lablib.build.llama --tool llama-bench >> "$2" 2>&1 && '
+        'nice -n 19 "$0" -m lablib.build.llama --tool llama-batched-bench >> "$2" 2>&1; '
+        'echo $? > "$3.tmp" && mv "$3.tmp" "$3"'
+    )
     build = subprocess.Popen(
-        ["sh", "-c", '"$0" -m lablib.build.llama --install --model "$1" > "$2" 2>&1; echo $? > "$3"',
-         sys.executable, str(gguf), str(log), str(rc)],
-        cwd=REPO, env=env, start_new_session=True,
+        ["sh", "-c", script, sys.executable, str(gguf), str(log), str(rc)],
+        cwd=REPO, env=env, start_new_session=True,  # its own session: it builds on after this call returns
         # none of this call's own streams: a reader of its output (the device tool) would wait for the build
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    print(f"llama.cpp's build started (pid {build.pid}); log {log}, its exit code in {rc} when it ends", flush=True)
+    (work / "build" / "llama-build.pid").write_text(str(build.pid))
+    print(
+        f"llama.cpp's build started (process group {build.pid}, nice 19, {env['CMAKE_BUILD_PARALLEL_LEVEL']} jobs); "
+        f"log {log}, its exit code in {rc} when it ends",
+        flush=True,
+    )
+    facts(env)
     return 0
 
 
@@ -270,15 +333,26 @@ def run_until(cmd: list[str], deadline_s: float, **kw) -> int:
 
 
 def check(kit: Path, work: Path, out: Path | None, extra: list[str], deadline_s: float = 560) -> int:
-    """Device call 2: the GGUF joined, the GPU check run (stopped ``deadline_s`` after this call began, so that
-    its files are packed before the device's 600 s limit of a call ends it), its files packed into ``out``."""
+    """Device call 2: the GGUF joined, the GPU check run (its budget ``deadline_s`` less 100 s, stopped at
+    ``deadline_s`` after this call began whatever it does, so that its files are packed before the device's limit
+    of a call ends it), its table written into ``out`` row by row, its files packed there at the end."""
     began = time.monotonic()
+    if not (work / "kit.json").is_file() or not (work / "build" / "llama-build.log").is_file():
+        raise SystemExit(
+            f"gpu_kit: {work} holds no kit: this is a fresh machine (the call came after the warm machine's 30 s, "
+            "or it was given back), or `start` did not run here; run `start` (carry .gpukit/a), then `check` at once"
+        )
     model = join_model(kit, work)
     print(f"model: {model} ({model.stat().st_size} bytes, SHA-256 as recorded)", flush=True)
     results = work / "out"
+    given = {a.split("=")[0] for a in extra if a.startswith("--")}
+    own = [] if "--budget-s" in given else ["--budget-s", f"{max(60.0, deadline_s - 100):.0f}"]
+    if out is not None and "--table" not in given:
+        out.mkdir(parents=True, exist_ok=True)
+        own += ["--table", str(out / "gpu-check.txt")]  # there row by row: what ran comes back, stopped or not
     rc = run_until(
         [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--out", str(results),
-         "--llama-build", str(work / "build"), *extra],
+         "--llama-build", str(work / "build"), *own, *extra],
         deadline_s - (time.monotonic() - began), cwd=REPO, env=kit_env(work),
     )  # fmt: skip
     if out is None:
@@ -290,17 +364,20 @@ def check(kit: Path, work: Path, out: Path | None, extra: list[str], deadline_s:
             tar.add(p, arcname=f"gpu-check/{p.name}")
         for p in sorted((work / "build").iterdir()):
             tar.add(p, arcname=f"gpu-check/build/{p.name}")
-    if (results / "gpu-check.txt").is_file():
+    if (results / "gpu-check.txt").is_file() and not (out / "gpu-check.txt").is_file():
         shutil.copy2(results / "gpu-check.txt", out / "gpu-check.txt")
     print(f"gpu_kit: {out / 'gpu-check.tar.gz'} ({(out / 'gpu-check.tar.gz').stat().st_size} bytes)", flush=True)
     return rc
 
 
-CALLS = """device call 1 (timeout_s 120):
-  run(command="python3 benchmarks/gpu_kit.py start", carry=[".gpukit/a"], timeout_s=120)
-device call 2, at once (the machine stays warm 30 s; timeout_s leaves time for gpu_check's 480 s and the build):
-  run(command="python3 benchmarks/gpu_kit.py check", carry=[".gpukit/b"], timeout_s=600)
-then read $OUT's gpu-check.txt; its reference files are in gpu-check.tar.gz (gpu-check/*.jsonl)."""
+CALLS = """device calls (one session's 15 minutes: a machine start, about 1 minute, then both calls):
+  1. run(command="python3 benchmarks/gpu_kit.py start", carry=[".gpukit/a"], timeout_s=120)
+     (no kind: an H100 or an H200, either does; the reference files are named for the GPU)
+  2. at once, without reading call 1 first (the machine stays warm 30 s), the same kind (none named):
+     run(command="python3 benchmarks/gpu_kit.py check", carry=[".gpukit/b"], timeout_s=600)
+  then give_back. $OUT holds gpu-check.txt (the table, written row by row) and gpu-check.tar.gz (gpu-check/*.jsonl:
+  the reference rows; anchors.log; build/llama-build.log). A rerun on a fresh machine needs both calls again, with
+  a shorter `check --deadline-s` if less than 10 minutes of device time is left."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -155,7 +155,19 @@ class ScriptedServer:
         self._thread.join(timeout=5)
 
 
-class SilentServer:
+class _ThreadServer:
+    """A server on 127.0.0.1 whose ``_thread`` serves ``port``: ``start`` (returns self), ``base_url`` (ends in /v1)."""
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self):
+        self._thread.start()
+        return self
+
+
+class SilentServer(_ThreadServer):
     """A TCP socket on 127.0.0.1 that accepts every connection and never sends a byte (a stuck server)."""
 
     def __init__(self):
@@ -168,14 +180,6 @@ class SilentServer:
         self._conns: list = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._accept, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def start(self):
-        self._thread.start()
-        return self
 
     def _accept(self):
         self._sock.settimeout(0.1)
@@ -201,7 +205,7 @@ WEB_PAGE = (
 )
 
 
-class WebPageServer:
+class WebPageServer(_ThreadServer):
     """A plain web server on 127.0.0.1 (http.server in a thread, a free port): every GET and POST answers
     ``page`` (an HTML page: a URL that answers, but is no OpenAI-compatible server) with ``status``; another
     ``content_type`` with its body: a server that answers every path alike (a 401 without a key, a 503 loading)."""
@@ -228,14 +232,6 @@ class WebPageServer:
         self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def start(self):
-        self._thread.start()
-        return self
 
     def stop(self):
         self._httpd.shutdown()

@@ -80,6 +80,7 @@ def test_the_travelling_files_are_the_tracked_and_the_untracked_not_ignored(tmp_
 
 
 def test_gpu_check_waits_for_a_build_started_before_it(tmp_path):
+    (tmp_path / "llama-build.log").write_text("building\n")
     build = gpu_check.StartedBuild(tmp_path)
     threading.Timer(0.2, lambda: (tmp_path / "llama-build.rc").write_text("0\n")).start()
     assert build.wait(timeout=30) == 0
@@ -87,7 +88,10 @@ def test_gpu_check_waits_for_a_build_started_before_it(tmp_path):
     assert build.log == tmp_path / "llama-build.log"
 
 
-def test_gpu_check_names_a_build_that_failed_or_is_not_done(tmp_path):
+def test_gpu_check_names_a_build_that_failed_or_is_not_done_or_never_started(tmp_path):
+    with pytest.raises(RuntimeError, match="no llama.cpp build was started here: .*llama-build.log is missing"):
+        gpu_check.StartedBuild(tmp_path).wait(timeout=60)  # at once, not after the minute
+    (tmp_path / "llama-build.log").write_text("building\n")
     (tmp_path / "llama-build.rc").write_text("2\n")
     assert gpu_check.StartedBuild(tmp_path).wait(timeout=1) == 2
     (tmp_path / "llama-build.rc").unlink()
@@ -127,3 +131,29 @@ def test_a_rerun_of_the_check_writes_its_own_table(tmp_path):
     gpu_check.Table(path).add("doctor", True, 3.2, "first run")
     gpu_check.Table(path).add("doctor", False, 1.0, "second run")
     assert path.read_text().splitlines() == [f"{'doctor':<12} {'FAILED':<7} {1:>5} s  second run"]
+
+
+def test_a_check_on_a_fresh_machine_says_so_and_what_to_do(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        kit.check(tmp_path / "kit", tmp_path / "work", None, [])
+    assert str(e.value).startswith(f"gpu_kit: {tmp_path / 'work'} holds no kit: this is a fresh machine")
+    assert str(e.value).endswith("run `start` (carry .gpukit/a), then `check` at once")
+
+
+def test_the_real_cmake_and_ninja_come_first_on_the_builds_path(tmp_path, monkeypatch):
+    """pip's cmake and ninja packages put Python scripts in a venv's bin/ that fail inside pip's isolated build
+    environment; the folders of their real programs go first on PATH, and scikit-build-core is told which cmake."""
+    import sys
+    import types
+
+    real = tmp_path / "cmake-data" / "bin"
+    real.mkdir(parents=True)
+    (real / "cmake").write_text("#!/bin/sh\n")
+    (real / "cmake").chmod(0o755)
+    monkeypatch.setitem(sys.modules, "cmake", types.SimpleNamespace(CMAKE_BIN_DIR=str(real)))
+    monkeypatch.setitem(sys.modules, "ninja", types.SimpleNamespace(BIN_DIR=str(tmp_path / "no-such-folder")))
+    env = kit.kit_env(tmp_path / "work")
+    assert env["PATH"].split(":")[0] == str(real)
+    assert env["CMAKE_EXECUTABLE"] == str(real / "cmake")
+    assert env["PIP_NO_INDEX"] == "1" and env["HF_HUB_OFFLINE"] == "1"
+    assert int(env["CMAKE_BUILD_PARALLEL_LEVEL"]) == max(1, kit.cores() - 2)

@@ -271,6 +271,30 @@ def test_llama_cpp_is_built_for_the_compute_capability_of_one_gpu():
     assert blackwell["archs"] == "120"  # llama.cpp's CMakeLists makes it 120a itself
 
 
+def test_an_nvcc_off_path_is_named_to_cmake():
+    """nvcc found in /usr/local/cuda/bin but not on PATH (an image's toolkit): CMake looks only on PATH and would
+    find no CUDA compiler, so the build names it."""
+    facts = {**_cuda(H200, nvcc_version="13.0"), "nvcc_on_path": False}
+    assert flags.cuda_flags(facts)["args"] == (
+        "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc"
+    )
+    on_path = {**facts, "nvcc_on_path": True}
+    assert flags.cuda_flags(on_path)["args"] == "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90"
+
+
+def test_the_wheels_build_uses_make_or_ninja_where_make_is_missing(tmp_path, monkeypatch):
+    """An image with CMake and Ninja from pip and no make: the Makefile generator would fail the build."""
+    from lablib.build.llama import wheel
+
+    for tool in ("make", "ninja"):
+        (tmp_path / tool).write_text("#!/bin/sh\n")
+        (tmp_path / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert wheel._build_env("-DX=1")["CMAKE_GENERATOR"] == "Unix Makefiles"
+    (tmp_path / "make").unlink()
+    assert wheel._build_env("-DX=1")["CMAKE_GENERATOR"] == "Ninja"
+
+
 def test_llama_cpp_is_built_for_every_gpu_of_several():
     assert flags.cuda_flags(_cuda(H200, T4))["args"] == "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=75;90"
     assert flags.cuda_flags(_cuda(H200, H200))["archs"] == "90"  # each capability once

@@ -88,8 +88,9 @@ def _tool_version(cmd: list[str], pattern: str) -> str | None:
 def cuda_facts() -> dict:
     """What :func:`cuda_flags` needs of this machine: the NVIDIA GPUs with their compute capability
     (:func:`lablib.machine.devices.nvidia_facts`; where it lists none, the GPUs ``nvidia-smi`` names, capability
-    unknown), ``nvcc`` (its path or None) and its version, ``cmake``'s version (None: not on PATH; the wheel's build
-    then fetches a recent one), and ``disabled`` (``LABLIB_LLAMA_GPU=0``)."""
+    unknown), ``nvcc`` (its path or None), whether it is the one on PATH (``nvcc_on_path``; CMake finds only that
+    one by itself) and its version, ``cmake``'s version (None: not on PATH; the wheel's build then fetches a recent
+    one), and ``disabled`` (``LABLIB_LLAMA_GPU=0``)."""
     from lablib.machine.devices import nvidia_facts, nvidia_gpus
 
     found = nvidia_facts()
@@ -98,6 +99,7 @@ def cuda_facts() -> dict:
     return {
         "gpus": gpus,
         "nvcc": nvcc,
+        "nvcc_on_path": bool(nvcc) and shutil.which("nvcc") == nvcc,
         "nvcc_version": _tool_version([nvcc, "--version"], r"release (\d+\.\d+)") if nvcc else None,
         "cmake_version": _tool_version(["cmake", "--version"], r"version (\d+\.\d+(?:\.\d+)?)") if gpus else None,
         "disabled": os.environ.get("LABLIB_LLAMA_GPU", "1") == "0",
@@ -178,6 +180,8 @@ def cuda_flags(facts: dict, portable: bool = False) -> dict:
             "CUDA for llama.cpp's default list of architectures (slower to build; PTX only for some GPUs)"
         )
     args = "-DGGML_CUDA=ON" + (f" -DCMAKE_CUDA_ARCHITECTURES={archs}" if archs else "")
+    if facts.get("nvcc_on_path") is False:  # /usr/local/cuda/bin/nvcc, not on PATH: CMake would find no CUDA compiler
+        args += f" -DCMAKE_CUDA_COMPILER={facts['nvcc']}"
     return {"args": args, "archs": archs, "reason": why}
 
 

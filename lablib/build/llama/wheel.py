@@ -106,8 +106,9 @@ def _source(folder: Path, log) -> Path:
         )
         if got.returncode != 0:  # pip's own words are above; not a failed CUDA build (verified_build's fallback)
             raise BuildError(
-                f"pip could not fetch the source distribution of {LLAMA_CPP_PYTHON} (exit {got.returncode}, "
-                "its message above). Without network: download it where there is one (`pip download --no-deps "
+                f"pip could not fetch the source distribution of {LLAMA_CPP_PYTHON} or read its metadata (exit "
+                f"{got.returncode}, its message above: a build requirement it could not get, cmake or ninja, is "
+                "named there). Without network: download it where there is one (`pip download --no-deps "
                 f"--no-binary llama-cpp-python {LLAMA_CPP_PYTHON} scikit-build-core pathspec packaging -d DIR`), "
                 "carry DIR here and run again with PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR"
             )
@@ -120,7 +121,11 @@ def _source(folder: Path, log) -> Path:
 
 
 def _build_env(args: str) -> dict:
-    env = dict(os.environ, CMAKE_ARGS=args, CMAKE_GENERATOR="Unix Makefiles")
+    """The wheel's build environment: ``CMAKE_ARGS``; make's generator (the tools are built later in the same
+    tree, :func:`llama_tool`), or Ninja where there is no ``make`` (an image with CMake and Ninja from pip);
+    ``CMAKE_BUILD_PARALLEL_LEVEL`` every core unless set."""
+    generator = "Unix Makefiles" if shutil.which("make") or not shutil.which("ninja") else "Ninja"
+    env = dict(os.environ, CMAKE_ARGS=args, CMAKE_GENERATOR=generator)
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))  # an existing value wins (Binder)
     return env
 
