@@ -271,6 +271,16 @@ def test_an_empty_item_in_any_comma_list_is_one_refusal_naming_the_flag(args, fl
     )
 
 
+def test_an_empty_draft_list_is_refused_not_a_run_without_drafts(capsys):
+    """`--draft ''` reads as no items; a draft-model run with none would have measured nothing drafted."""
+    from lablib.cli import main
+
+    assert main(["speculate", "--engine", "llama-server", "--draft", ""]) == 2
+    assert capsys.readouterr().err == (
+        "lablib: --draft '': expected at least one draft GGUF kind or path, e.g. Q4_0,Q2_K\n"
+    )
+
+
 def test_doctor_passes_when_only_an_optional_engine_is_not_installed(monkeypatch, capsys):
     """An engine outside the default set whose package is absent is listed, not a failure; a
     default engine that is absent fails."""

@@ -261,11 +261,14 @@ def server_rows(
     target = (target or s["target"]) if gguf else None
     tm = _gguf_model(rm, target) if gguf else rm
     uses_draft = method == "draft model"
+    drafts_given = drafts
     drafts = (
         [str(d).strip() for d in csv_list(drafts if isinstance(drafts, str) else drafts or s["drafts"], "drafts")]
         if uses_draft
         else [None]
     )
+    if not drafts:  # "" reads as no items: a draft-model run with no draft would measure nothing drafted
+        raise LabError(f"drafts={drafts_given!r}: expected at least one draft GGUF kind or path, e.g. Q4_0,Q2_K")
     draft_paths = {d: gguf_file(rm, d) for d in drafts if d is not None}  # checked before any server starts
     prompts = {t: text_ids(rm, TEXTS[t]) for t in s["texts"]}
     cfg = GenerationConfig(max_new_tokens=s["max_new_tokens"])
