@@ -8,6 +8,7 @@ import sys
 from lablib.engines import IN_PROCESS, check_load_args, check_supported, engine_class, load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.machine.threads import default_threads
+from lablib.measure.plan import check_warmup
 from lablib.measure.sweep import measured_traces
 from lablib.measure.workload import DEFAULT_MESSAGES, chat_ids, prompt_of_length, question_ids, text_ids
 from lablib.model.resolve import prepare
@@ -52,6 +53,7 @@ def run(ns) -> int:
     # the flags and LABLIB_THREADS checked before the model's tokenizer and weights load (seconds)
     cls.check_generation(cfg)
     check_load_args({"n_ctx": ns.n_ctx})
+    check_warmup(ns.warmup)  # -1 ran as 0 without a word
     if cls.in_process:
         default_threads()
     rm = prepare(ns.model, log=lambda m: print(m, file=sys.stderr))
