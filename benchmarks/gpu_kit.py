@@ -31,8 +31,9 @@ On the device (a plain ``python3`` there holds torch with CUDA, transformers and
    Arguments after ``--`` go to ``gpu_check.py`` (``-- --budget-s 420``).
 
 Both run here too, as a rehearsal: ``start --work DIR`` and ``check --work DIR -- --device cpu`` with a Python
-whose environment lacks what the image lacks, and ``PIP_NO_INDEX=1`` (the CPU build then comes from the kit's
-source, offline).
+whose environment lacks what the image lacks (its own venv or a full copy, never hard links to another's: the
+build's ``--install`` rewrites the venv's ``lablib-llama-build.json`` in place), and ``PIP_NO_INDEX=1`` (the CPU
+build then comes from the kit's source, offline).
 
 Standard library only: on the device it runs before anything is installed.
 """
@@ -364,8 +365,6 @@ def check(kit: Path, work: Path, out: Path | None, extra: list[str], deadline_s:
             tar.add(p, arcname=f"gpu-check/{p.name}")
         for p in sorted((work / "build").iterdir()):
             tar.add(p, arcname=f"gpu-check/build/{p.name}")
-    if (results / "gpu-check.txt").is_file() and not (out / "gpu-check.txt").is_file():
-        shutil.copy2(results / "gpu-check.txt", out / "gpu-check.txt")
     print(f"gpu_kit: {out / 'gpu-check.tar.gz'} ({(out / 'gpu-check.tar.gz').stat().st_size} bytes)", flush=True)
     return rc
 

@@ -123,9 +123,8 @@ def scrape(root_url: str, timeout_s: float = 2.0, only_view: bool = False) -> li
     status, ctype, body = _get(url, timeout_s)
     if status != 200:
         raise LabError(
-            f"GET {url}: HTTP {status} ({ctype or 'no content type'}: {excerpt(body, ctype, 80) or 'no body'}); expected "
-            "the server's Prometheus "
-            "metrics: start llama-server with --metrics (lablib's start_server does), vLLM serves them by default; "
+            f"GET {url}: HTTP {status} ({ctype or 'no content type'}: {excerpt(body, ctype, 80) or 'no body'}); "
+            "expected the server's Prometheus metrics: start llama-server with --metrics (lablib's start_server does), vLLM serves them by default; "
             "other servers may have none"
         )
     what = f"GET {url} answered {ctype or 'no content type'}"
