@@ -182,6 +182,76 @@ def test_cancel_sets_the_event_and_stops_between_requests(quick, monkeypatch):
     assert "cancelled after" in p.message.value and p.progress.bar_style == "warning"
 
 
+def overlap_counting_sweep(rows, delay):
+    """A fake context sweep that counts how many of its calls run at once (``calls["most"]``)."""
+    calls = {"now": 0, "most": 0, "runs": 0}
+    lock = threading.Lock()
+    inner = fake_context_sweep(rows, delay=delay)
+
+    def fake(**kw):
+        with lock:
+            calls["now"] += 1
+            calls["runs"] += 1
+            calls["most"] = max(calls["most"], calls["now"])
+        try:
+            return inner(**kw)
+        finally:
+            with lock:
+                calls["now"] -= 1
+
+    return fake, calls
+
+
+def test_a_panel_made_again_waits_for_the_earlier_panels_run(quick, monkeypatch):
+    """A learner runs the panel's cell again while its sweep goes on (the old panel keeps running, out of sight)
+    and presses Run on the new one: it waits for the old run, saying so, instead of a second sweep at once
+    (which shared the two cores and skewed both without a word); its Cancel stops both."""
+    rows = context_df(reps=4).to_dict("records")
+    fake, calls = overlap_counting_sweep(rows, delay=0.1)
+    monkeypatch.setattr(sweep, "context_sweep", fake)
+    old = widgets.sweep_panel(out="")
+    old.reps.value = 4
+    old.start()
+    new = widgets.sweep_panel(out="")
+    new.reps.value = 4
+    assert new.start() is not None
+    time.sleep(0.05)
+    assert "waiting for the run already going on to end" in new.message.value
+    assert new.run_button.disabled and not new.cancel_button.disabled
+    new.wait(30)
+    old.wait(30)
+    assert calls == {"now": 0, "most": 1, "runs": 2}
+    assert len(old.rows) == len(new.rows) == len(rows) and "done:" in new.message.value
+
+    # Cancel on the waiting panel stops the run it waits for, and its own never starts
+    fake, calls = overlap_counting_sweep(rows, delay=0.2)
+    monkeypatch.setattr(sweep, "context_sweep", fake)
+    old.start()
+    new.start()
+    time.sleep(0.1)
+    new.cancel_button.click()
+    new.wait(30)
+    old.wait(30)
+    assert calls["runs"] == 1 and 0 < len(old.rows) < len(rows), calls
+    assert "cancelled after" in old.message.value
+    assert new.message.value.count("cancelled: the run going on was stopped") == 1
+    assert not new.run_button.disabled and new.cancel_button.disabled
+
+
+def test_run_sync_waits_for_the_run_going_on(quick, monkeypatch):
+    """Run pressed, then the lab's next cell (``panel.run_sync()``) run meanwhile: it waits for the Run's sweep
+    (before, both ran at once on the same panel: rows of both mixed in one list, "done: 12 requests" of 6)."""
+    rows = context_df(reps=3).to_dict("records")
+    fake, calls = overlap_counting_sweep(rows, delay=0.1)
+    monkeypatch.setattr(sweep, "context_sweep", fake)
+    p = widgets.sweep_panel(out="")
+    p.reps.value = 3
+    p.start()
+    df = p.run_sync()
+    assert calls == {"now": 0, "most": 1, "runs": 2}
+    assert len(df) == len(p.rows) == len(rows) and f"done: {len(rows)} requests" in p.message.value
+
+
 def test_live_concurrency_figure(quick, monkeypatch):
     rows = concurrency_df(levels=(1, 2), requests=2).to_dict("records")
 

@@ -7,8 +7,14 @@ from __future__ import annotations
 import html
 import threading
 import time
+import weakref
 
 DRAW_EVERY_S = 1.0  # a panel's live figure is redrawn at most this often while a run goes on (seconds)
+WAIT_POLL_S = 0.2  # how often a run waiting for another checks for Cancel (seconds)
+
+# every panel that started a run in this process: a run waits for the ones going on when it was asked for (a
+# panel whose cell was run again keeps running, out of sight; two runs at once would share the CPU and skew both)
+_PANELS: weakref.WeakSet = weakref.WeakSet()
 
 
 def status_html(text: str, error: bool = False, details: str | None = None) -> str:
@@ -22,7 +28,12 @@ def status_html(text: str, error: bool = False, details: str | None = None) -> s
 
 class BackgroundRun:
     """``running``, :meth:`wait` and :meth:`_start_background` for a panel with an ``_execute(values,
-    raise_errors)`` method (its run, in the calling thread when ``raise_errors`` is True)."""
+    raise_errors)`` method (its run, in the calling thread when ``raise_errors`` is True), a ``cancel_event``,
+    ``run_button`` and ``cancel_button``, and ``_show(text, error=False)`` (its status line).
+
+    One run at a time in a process: a run asked for while another panel's is going on (a panel whose cell was run
+    again keeps running, out of sight) first waits for it, saying so; Cancel then stops both. ``run_sync`` (the
+    calling thread) waits for the panel's own background run too (:meth:`_wait_for_runs`)."""
 
     _thread: threading.Thread | None = None
 
@@ -30,19 +41,61 @@ class BackgroundRun:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def _runs_going(self, include_self: bool = False) -> list:
+        """The panels whose run is going on now (this one's too when ``include_self``)."""
+        return [p for p in list(_PANELS) if p.running and (include_self or p is not self)]
+
     def _start_background(self, values, name: str, busy) -> threading.Thread | None:
         """``_execute(values(), False)`` in a daemon thread called ``name``, started, or None: when a run is
         going on (``busy()`` then says so in the panel) or ``values()`` refused the form (None: its message is
-        already shown)."""
+        already shown). Another panel's run going on now is waited for first, in that thread."""
         if self.running:
             busy()
             return None
         v = values()
         if v is None:
             return None
-        self._thread = threading.Thread(target=self._execute, args=(v, False), daemon=True, name=name)
+        before = self._runs_going()  # the runs going on now, never one asked for later (no two wait for each other)
+        _PANELS.add(self)
+        self._thread = threading.Thread(target=self._run_after, args=(before, v), daemon=True, name=name)
         self._thread.start()
         return self._thread
+
+    def _run_after(self, before: list, v) -> None:
+        if self._wait_for_runs(before, cancellable=True):
+            self._execute(v, False)
+
+    def _wait_for_runs(self, runs: list, cancellable: bool = False) -> bool:
+        """Wait for ``runs`` (panels) to end, saying so in this panel; True when this run may start. A
+        ``cancellable`` wait (a background run's: Run disabled, Cancel enabled meanwhile) returns False when Cancel
+        (this panel's ``cancel_event``) was pressed: it stops them too, and this run does not start. Else (the
+        calling thread's, ``run_sync``: no click is handled until it returns) it waits until they end."""
+        runs = [p for p in runs if p.running]
+        if not runs:
+            return True
+        _PANELS.add(self)
+        self._show(
+            "waiting for the run already going on to end (a panel of this notebook, perhaps from before its cell "
+            "was run again): two runs at once would share the CPU and skew both"
+            + ("; Cancel stops it and this one" if cancellable else "")
+        )
+        if cancellable:
+            self.run_button.disabled, self.cancel_button.disabled = True, False
+        try:
+            while any(p.running for p in runs):
+                if cancellable and self.cancel_event.is_set():
+                    for p in runs:
+                        p.cancel_event.set()
+                for p in runs:
+                    p.wait(WAIT_POLL_S)
+        finally:
+            if cancellable:
+                self.run_button.disabled, self.cancel_button.disabled = False, True
+        if cancellable and self.cancel_event.is_set():
+            self._show("cancelled: the run going on was stopped (its finished rows are kept), and this one not started")
+            return False
+        self._show("")
+        return True
 
     def _say(self, widget, text: str, error: bool = False, details: str | None = None) -> None:
         """``text`` in the status ``widget`` (an HTML widget; :func:`status_html`); an error also sets ``error``."""

@@ -282,6 +282,9 @@ class ReplayPanel(BackgroundRun):
             lambda: self.show_status("a replay is running: wait for it, or press Cancel"),
         )
 
+    def _show(self, text: str, error: bool = False) -> None:
+        self.show_status(text, error)
+
     def cancel(self) -> None:
         """Send no further request; the ones in flight finish, then the run ends (what Cancel does)."""
         self.cancel_event.set()  # run_load's stop: it sends nothing more, the requests in flight finish
@@ -291,7 +294,9 @@ class ReplayPanel(BackgroundRun):
     def run_sync(self) -> str | None:
         """Run the form's current values in the calling thread and draw the figure. Returns the status line,
         or None when a value is refused (its message is the status line, and nothing is sent). A failed run
-        is shown in the status line, then raised."""
+        is shown in the status line, then raised. A run going on (Run pressed, another panel's) is waited for
+        first: two at once would skew both."""
+        self._wait_for_runs(self._runs_going(include_self=True))
         v = self._values_or_status()
         if v is None:
             return None

@@ -278,6 +278,9 @@ class SweepPanel(BackgroundRun):
             lambda: self.show_message("a sweep is already running: wait for it or press Cancel"),
         )
 
+    def _show(self, text: str, error: bool = False) -> None:
+        self.show_message(text, error)
+
     def cancel(self) -> None:
         """Ask the sweep to stop after the request in flight (what Cancel does)."""
         self.cancel_event.set()
@@ -288,8 +291,10 @@ class SweepPanel(BackgroundRun):
         """Run the sweep of the form's current values in the calling thread and draw its figure.
 
         Returns the DataFrame of the rows, or None when the input is invalid (the LabError message is
-        shown in the panel). Errors from the sweep itself are shown, then raised.
+        shown in the panel). Errors from the sweep itself are shown, then raised. A run going on (Run pressed,
+        another panel's) is waited for first: two at once would skew both.
         """
+        self._wait_for_runs(self._runs_going(include_self=True))
         plan = self._plan_or_message()
         if plan is None:
             return None
