@@ -3,6 +3,7 @@ tidy rows on disk; failures are rows and a non-zero exit, bad input one clear er
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -223,6 +224,40 @@ def test_serving_panel_runs_its_values_and_refuses_an_empty_url(model):
         srv.stop()
     assert line.startswith("server=openai mode=closed rate=- c=2 ") and "errors=0/3" in line
     assert len(panel.rows) == 3 and panel.summary["requests"] == 3
+
+
+def test_serving_panel_checks_its_fields_before_sending_and_says_why_requests_failed(model, capsys):
+    """Lab 05's panel as a learner met it: a TTFT target of -1 was refused only after the whole run (its requests
+    sent, its rows thrown away) as ``ttft_s=-1.0``; every request failing (a base URL missing /v1: streams cut at 0
+    tokens) printed ``errors=2/2`` and no reason; Run stayed clickable while its run held the kernel, so a second
+    click queued a second whole run with nothing on screen."""
+    from lablib.errors import LabError
+    from lablib.ui.serving import ServingPanel
+
+    srv = ScriptedServer().start()
+    srv.script = [sse(cmpl("a", [1]))]  # no finish_reason, no [DONE]: each stream ends early, an error row
+    try:
+        panel = ServingPanel(model, base_url=srv.base_url, requests=2, max_new_tokens=2)
+        for field, value, said in (
+            ("ttft", -1.0, "TTFT target (s)=-1: expected a number above 0"),
+            ("tpot", 0.0, "TPOT target (s)=0: expected a number above 0"),
+            ("rate", 0.0, "rate (requests/s)=0: expected a number above 0 (untick open loop"),
+        ):
+            old = getattr(panel, field).value
+            getattr(panel, field).value = value
+            with pytest.raises(LabError, match=re.escape(said)):
+                panel.run_sync()
+            getattr(panel, field).value = old
+        assert srv.requests == []  # nothing sent for a refused field
+        states = []
+        real_run_sync = panel.run_sync
+        panel.run_sync = lambda: states.append((panel.button.disabled, panel.button.description)) or real_run_sync()
+        panel._click()
+    finally:
+        srv.stop()
+    assert states == [(True, "Running ...")] and not panel.button.disabled and panel.button.description == "Run"
+    printed = capsys.readouterr().out  # the panel's Output, outside a kernel
+    assert "errors=2/2" in printed and "2 of 2 requests failed; the first: the stream from" in printed, printed
 
 
 def test_serve_refuses_a_switch_the_server_lacks_in_words_one_can_type(capsys):

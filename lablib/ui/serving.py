@@ -9,7 +9,9 @@ from lablib.errors import LabError
 class ServingPanel:
     """Widgets for a load run on any server: base URL, rate (empty: closed loop), concurrency, TTFT and
     TPOT targets, requests. ``run_sync()`` runs the current values here (headless notebooks) and returns
-    the one-line summary; the Run button does the same and prints it."""
+    the one-line summary (and, when requests failed, a line with the first one's error); the Run button does the
+    same and prints it (greyed, "Running ...", until the run ends). ``model``: the lab's model (None: the
+    default)."""
 
     def __init__(
         self,
@@ -72,21 +74,43 @@ class ServingPanel:
         display(self.widget)
 
     def _click(self):
-        with self.output:
-            try:
-                print(self.run_sync())
-            except LabError as e:
-                print(f"lablib: {e}")
+        # the run holds the kernel until it ends: Run greyed and saying so meanwhile (a second click queued a
+        # second whole run, and nothing showed that the first had started)
+        self.button.disabled, self.button.description = True, "Running ..."
+        try:
+            with self.output:
+                try:
+                    print(self.run_sync())
+                except LabError as e:
+                    print(f"lablib: {e}")
+        finally:
+            self.button.disabled, self.button.description = False, "Run"
+
+    def _check(self) -> None:
+        """The form's values a run needs, before any request; LabError naming the field and what it expects."""
+        import math
+
+        if not self.base_url.value.strip():
+            raise LabError("base URL is empty: expected a server's OpenAI URL such as http://127.0.0.1:8080/v1")
+        checks = [("TTFT target (s)", self.ttft.value), ("TPOT target (s)", self.tpot.value)]
+        if self.open_loop.value:
+            checks.insert(0, ("rate (requests/s)", self.rate.value))
+        for what, v in checks:
+            if not (math.isfinite(v) and v > 0):
+                hint = "untick open loop for C clients instead" if what.startswith("rate") else "a goodput target"
+                raise LabError(f"{what}={v:g}: expected a number above 0 ({hint})")
 
     def run_sync(self) -> str:
         from lablib.engines import load_engine
         from lablib.engines.base import GenerationConfig
         from lablib.measure.load import run_load, summarize
         from lablib.measure.workload import distinct_prompts
+        from lablib.model.resolve import ResolvedModel, prepare
         from lablib.ui.text import summary_line
 
-        if not self.base_url.value.strip():
-            raise LabError("base URL is empty: expected a server's OpenAI URL such as http://127.0.0.1:8080/v1")
+        self._check()
+        if not isinstance(self.model, ResolvedModel):  # None: the lab's model, as the other panels take it
+            self.model = prepare(self.model, log=lambda *_: None)
         n = self.requests.value
         prompts = distinct_prompts(self.model, self.prompt_tokens, n)
         cfg = GenerationConfig(max_new_tokens=self.max_new_tokens)
@@ -105,6 +129,10 @@ class ServingPanel:
         finally:
             e.close()
         self.summary = summarize(self.rows, ttft_s=self.ttft.value, tpot_s=self.tpot.value)
-        return summary_line(
+        line = summary_line(
             e.kind, mode, self.rate.value if mode == "open" else None, self.concurrency.value, self.summary
         )
+        failed = [r["error"] for r in self.rows if r.get("error")]
+        if failed:  # errors=N/M alone did not say why (a base URL without /v1: every stream cut, 0 tokens)
+            line += f"\n  {len(failed)} of {len(self.rows)} requests failed; the first: {str(failed[0]).strip()[:300]}"
+        return line
