@@ -252,6 +252,18 @@ def test_run_sync_waits_for_the_run_going_on(quick, monkeypatch):
     assert len(df) == len(p.rows) == len(rows) and f"done: {len(rows)} requests" in p.message.value
 
 
+def test_cancel_before_the_first_row_names_no_results_file(quick, monkeypatch, tmp_path):
+    """Cancel pressed while the model loads: the panel said "cancelled after 0 of 18 requests; rows in
+    results/x.jsonl", of a file that was never written."""
+    out = tmp_path / "x.jsonl"
+    monkeypatch.setattr(sweep, "context_sweep", fake_context_sweep(context_df().to_dict("records")))
+    p = widgets.sweep_panel(out=str(out))
+    p._plan_or_message = lambda plan=p.plan(): (p.cancel_event.set(), plan)[1]  # Cancel before the first row
+    p.start()
+    p.wait(30)
+    assert "cancelled after 0 of" in p.message.value and "rows in" not in p.message.value and not out.exists()
+
+
 def test_live_concurrency_figure(quick, monkeypatch):
     rows = concurrency_df(levels=(1, 2), requests=2).to_dict("records")
 

@@ -334,7 +334,8 @@ class SweepPanel(BackgroundRun):
             self.df = df if df is not None and len(df) else pd.DataFrame(self.rows)
             self._draw(self.df, final=True)
             done, total = len(self.rows), plan["total"]
-            where = f"; rows in {plan['kwargs']['out']}" if plan["kwargs"].get("out") else ""
+            # no row: no "rows in FILE" (a Cancel during the model's load said so of a file never written)
+            where = f"; rows in {plan['kwargs']['out']}" if plan["kwargs"].get("out") and self.rows else ""
             if self.cancel_event.is_set() and done < total:
                 self.show_message(f"cancelled after {done} of {total} requests{where}")
                 self.progress.bar_style = "warning"
