@@ -73,6 +73,19 @@ def test_a_value_out_of_bounds_is_one_message_and_no_run(model, tmp_path, field,
     assert not out.exists() and panel.rows == [] and not panel.run_button.disabled
 
 
+def test_a_refusal_leaves_the_status_line_when_run_again_with_good_values(model, monkeypatch):
+    """requests=50 refused (red), then 3 typed and Run pressed: the red refusal stayed on screen while the model
+    and the server got ready, as if 3 were refused too."""
+    panel = ReplayPanel("http://127.0.0.1:9/v1", model, start=0, count=10, out="")
+    panel.count.value = 50
+    assert panel.start_run() is None and "requests=50" in panel.status_text
+    seen = []
+    monkeypatch.setattr(panel, "_execute", lambda v, raise_errors: seen.append((panel.status_text, panel.error)))
+    panel.count.value = 3
+    panel.start_run().join(10)
+    assert seen == [("starting the run ...", None)] and "#B00020" not in panel.status.value
+
+
 def test_the_sliders_keep_their_bounds_and_the_constructor_refuses_others(model):
     panel = ReplayPanel("http://127.0.0.1:9/v1", model, out="")
     panel.time_scale.value, panel.length_scale.value = 100.0, 1e-6

@@ -311,6 +311,9 @@ class ReplayPanel(BackgroundRun):
             self.show_status(str(e), error=True)
             return None
         self.cancel_event = threading.Event()
+        # the values pass: a refusal of earlier ones is off the screen (it stayed, red, while the model and server
+        # got ready, up to a second or more, as if the new values were refused too)
+        self.show_status("starting the run ...")
         return v
 
     def _engine(self, log):
