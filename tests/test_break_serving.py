@@ -370,13 +370,14 @@ def test_a_stopped_server_is_named_as_stopped(model):
             call()
 
 
-def test_the_panel_refuses_a_bad_port_with_one_line(model, capsys):
+def test_the_panel_refuses_a_bad_port_with_one_line(model, tmp_path):
     from lablib.ui.serving import ServingPanel
 
-    panel = ServingPanel(model, base_url="http://127.0.0.1:99999/v1", requests=1, max_new_tokens=2)
-    panel._click()  # the Run button: a LabError is one printed line
-    out = capsys.readouterr().out
-    assert out.startswith("lablib: base_url='http://127.0.0.1:99999/v1'") and "Traceback" not in out
+    out = tmp_path / "p.jsonl"
+    panel = ServingPanel(model, base_url="http://127.0.0.1:99999/v1", requests=1, max_new_tokens=2, out=str(out))
+    panel.start().join()  # the Run button: a LabError is one line in the status line, in red
+    assert panel.status_text.startswith("base_url='http://127.0.0.1:99999/v1'") and panel.error == panel.status_text
+    assert "Traceback" not in panel.status.value and "\n" not in panel.status_text and not out.exists()
 
 
 def test_bench_rows_are_plain_json_lines(scripted, tmp_path):

@@ -358,7 +358,7 @@ def test_serving_panel_labels_are_not_cut():
     from lablib.ui.serving import ServingPanel
 
     p = ServingPanel(None, base_url="http://127.0.0.1:1/v1")
-    for widget in (p.base_url, p.rate, p.concurrency, p.requests, p.ttft, p.tpot):
+    for widget in (p.base_url, p.rate, p.concurrency, p.requests, p.ttft, p.tpot, p.out):
         assert widget.style.description_width == "150px", widget.description  # the default cuts at ~90 px
     assert p.ttft.description == "TTFT target (s)" and p.tpot.description == "TPOT target (s)"
     assert p.open_loop.style.description_width == "initial" and p.open_loop.indent is False

@@ -206,14 +206,17 @@ def test_bench_on_a_web_page_says_what_answered_in_one_line(tmp_path, capsys):
     )
 
 
-def test_serving_panel_runs_its_values_and_refuses_an_empty_url(model):
+def test_serving_panel_runs_its_values_and_refuses_an_empty_url(model, tmp_path):
+    """The panel's run is bench's: a warm-up request, then its rows on disk as each finishes, the run's summary
+    beside them; run_sync returns the summary line."""
     from lablib.errors import LabError
     from lablib.ui.serving import ServingPanel
 
     srv = ScriptedServer().start()
     srv.script = [sse(cmpl("a", [1])), sse(cmpl("b", [2], finish="length")), sse("[DONE]")]
+    out = tmp_path / "panel" / "serving.jsonl"
     try:
-        panel = ServingPanel(model, base_url="", requests=3, max_new_tokens=2)
+        panel = ServingPanel(model, base_url="", requests=3, max_new_tokens=2, out=str(out))
         with pytest.raises(LabError, match="base URL is empty"):
             panel.run_sync()
         panel.base_url.value = srv.base_url
@@ -223,41 +226,86 @@ def test_serving_panel_runs_its_values_and_refuses_an_empty_url(model):
     finally:
         srv.stop()
     assert line.startswith("server=openai mode=closed rate=- c=2 ") and "errors=0/3" in line
-    assert len(panel.rows) == 3 and panel.summary["requests"] == 3
+    assert len(panel.rows) == 3 and panel.summary["requests"] == 3 and len(srv.requests) == 1 + 3  # the warm-up
+    on_disk = load_results(out)
+    assert len(on_disk) == 3 and sorted(on_disk["request_index"]) == sorted(r["request_index"] for r in panel.rows)
+    runs = [json.loads(x) for x in out.with_suffix(".runs.jsonl").read_text().splitlines()]
+    assert len(runs) == 1 and runs[0]["requests"] == 3 and runs[0]["out"] == str(out)
+    assert panel.status_text == f"done: 3 requests; rows in {out}"
 
 
-def test_serving_panel_checks_its_fields_before_sending_and_says_why_requests_failed(model, capsys):
+def test_serving_panel_checks_its_fields_before_sending_and_says_why_requests_failed(model, tmp_path):
     """Lab 05's panel as a learner met it: a TTFT target of -1 was refused only after the whole run (its requests
     sent, its rows thrown away) as ``ttft_s=-1.0``; every request failing (a base URL missing /v1: streams cut at 0
     tokens) printed ``errors=2/2`` and no reason; Run stayed clickable while its run held the kernel, so a second
-    click queued a second whole run with nothing on screen."""
+    click queued a second whole run with nothing on screen. Run now runs in the background: Run greyed and
+    Cancel live meanwhile, a second Run refused, the lines printed in the panel's output."""
     from lablib.errors import LabError
     from lablib.ui.serving import ServingPanel
 
     srv = ScriptedServer().start()
     srv.script = [sse(cmpl("a", [1]))]  # no finish_reason, no [DONE]: each stream ends early, an error row
     try:
-        panel = ServingPanel(model, base_url=srv.base_url, requests=2, max_new_tokens=2)
+        panel = ServingPanel(model, base_url=srv.base_url, requests=2, max_new_tokens=2, out=str(tmp_path / "s.jsonl"))
         for field, value, said in (
             ("ttft", -1.0, "TTFT target (s)=-1: expected a number above 0"),
             ("tpot", 0.0, "TPOT target (s)=0: expected a number above 0"),
             ("rate", 0.0, "rate (requests/s)=0: expected a number above 0 (untick open loop"),
+            ("out", "results/serving.txt", "results/serving.txt"),
         ):
             old = getattr(panel, field).value
             getattr(panel, field).value = value
             with pytest.raises(LabError, match=re.escape(said)):
                 panel.run_sync()
+            assert panel.start() is None and said in panel.status_text and panel.error  # Run: said in red
             getattr(panel, field).value = old
         assert srv.requests == []  # nothing sent for a refused field
-        states = []
-        real_run_sync = panel.run_sync
-        panel.run_sync = lambda: states.append((panel.button.disabled, panel.button.description)) or real_run_sync()
-        panel._click()
+        states, real_measure = [], panel._measure
+
+        def measure(v):  # while the run goes on: the buttons, and what a second Run does
+            states.append((panel.run_button.disabled, panel.cancel_button.disabled))
+            states.append((panel.start(), panel.status_text))
+            real_measure(v)
+
+        panel._measure = measure
+        srv.queue = [[sse(cmpl("a", [1])), sse(cmpl("b", [2], finish="length")), sse("[DONE]")]]  # the warm-up's
+        panel.start().join()
+        printed = "".join(o["text"] for o in panel.output.outputs)  # the panel's Output
+        # a server that breaks even the warm-up: its reason in the status line, in red, nothing printed
+        panel._measure = real_measure
+        panel.start().join()
     finally:
         srv.stop()
-    assert states == [(True, "Running ...")] and not panel.button.disabled and panel.button.description == "Run"
-    printed = capsys.readouterr().out  # the panel's Output, outside a kernel
+    assert states == [(True, False), (None, "a run is going on: wait for it, or press Cancel")]
+    assert not panel.run_button.disabled and panel.cancel_button.disabled
     assert "errors=2/2" in printed and "2 of 2 requests failed; the first: the stream from" in printed, printed
+    assert panel.status_text.startswith("the stream from") and panel.error == panel.status_text
+    assert "".join(o["text"] for o in panel.output.outputs) == printed
+
+
+def test_serving_panel_cancel_sends_no_further_request_and_keeps_the_rows(model, tmp_path):
+    """Cancel (a run of 200 requests at 2 requests/s, about 100 s): no request is sent after it, the ones
+    finished are on disk, the status line says so."""
+    from lablib.ui.serving import ServingPanel
+
+    srv = ScriptedServer().start()
+    srv.script = [sse(cmpl("a", [1])), sse(cmpl("b", [2], finish="length")), sse("[DONE]")]
+    out = tmp_path / "c.jsonl"
+    try:
+        panel = ServingPanel(model, base_url=srv.base_url, rate=2.0, requests=200, max_new_tokens=2, out=str(out))
+        thread = panel.start()
+        deadline = time.monotonic() + 60
+        while len(panel.rows) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        panel.cancel()
+        thread.join(30)
+        sent = len(srv.requests)
+    finally:
+        srv.stop()
+    assert not thread.is_alive() and 2 <= len(panel.rows) < 200
+    assert sent == 1 + len(panel.rows)  # the warm-up and each measured request, none after Cancel
+    assert len(load_results(out)) == len(panel.rows)
+    assert panel.status_text == f"cancelled after {len(panel.rows)} of 200 requests; rows in {out}"
 
 
 def test_serve_refuses_a_switch_the_server_lacks_in_words_one_can_type(capsys):

@@ -808,6 +808,8 @@ def bench(
     client_processes: int | str = 1,
     start_at_unix: float | None = None,
     price_per_hour: float | None = None,
+    on_row: Callable[[dict], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> list[dict]:
     """Load on the OpenAI-compatible server at ``base_url`` (``lablib bench``): one summary per run.
 
@@ -841,7 +843,9 @@ def bench(
     ``rows_written`` set on it: the rows of this call on disk in ``out`` (0 when it came before the first).
     Every summary also gets ``client_headroom`` (:func:`client_headroom_of`: how late the loop that stamped the
     tokens was, and whether that makes the client the limit) and is appended, with ``out``, to
-    ``<out without suffix>.runs.jsonl`` as its run ends.
+    ``<out without suffix>.runs.jsonl`` as its run ends. ``on_row(row)``: each measured row too, as it is written
+    (the warm-up's are neither). ``stop`` (one client process; lab 05's panel's Cancel): once set, no further
+    request is sent (the ones in flight finish, their rows are kept) and no further run starts.
 
     ``client_processes``: how many client processes share each run's streams (:mod:`lablib.measure.processes`:
     one start on the machine's one clock, the rows merged into ``out``); ``"auto"``: one per
@@ -941,8 +945,16 @@ def bench(
                     f"start_at_unix={start_at_unix}: that time has passed ({_time.time() - float(start_at_unix):.1f} s "
                     "ago, after the warm-up); expected a moment still to come on every client machine"
                 )
+
+        def keep(row: dict) -> None:
+            writer.append(row)
+            if on_row is not None:
+                on_row(row)
+
         with writer:  # the rows made durable at the end, whatever ends the runs (a failed run: its error, not a sync's)
             for rate in rates:
+                if stop is not None and stop.is_set():
+                    break
                 labels = {"server": engine.kind, "mode": mode, "rate": rate, "concurrency": concurrency}
                 sampler = None if server_file is None else MetricsSampler(engine.root_url, metrics_interval_s, **labels)
                 probe = LoopLagProbe()
@@ -961,7 +973,7 @@ def bench(
                             cfg,
                             max_duration_s,
                             client_processes,
-                            writer,
+                            keep,
                             sampler,
                             start_at,
                         )
@@ -973,10 +985,11 @@ def bench(
                             **shape,
                             max_duration_s=max_duration_s,
                             cfg=cfg,
-                            on_row=writer.append,
+                            on_row=keep,
                             server_metrics=sampler,
                             client_probe=probe,
                             start_at=start_at,
+                            stop=stop,
                         )
                 writer.sync()  # the run's last rows made durable before its summary is written
                 counters = info = None
@@ -1045,7 +1058,7 @@ def process_engine_kw(engine, model) -> dict:
     )
 
 
-def _bench_processes(engine, rm, prompts, mode, shape, cfg, max_duration_s, processes, writer, sampler, start_at=None):
+def _bench_processes(engine, rm, prompts, mode, shape, cfg, max_duration_s, processes, on_row, sampler, start_at=None):
     """One of :func:`bench`'s runs from ``processes`` client processes (:func:`lablib.measure.processes.run_load_processes`),
     each with an http engine like ``engine``, every row with ``engine``'s manifest; (rows, per process)."""
     from lablib.results.store import engine_manifest
@@ -1075,7 +1088,7 @@ def _bench_processes(engine, rm, prompts, mode, shape, cfg, max_duration_s, proc
             max_duration_s=max_duration_s,
             cfg=cfg,
             manifest=manifest,
-            on_row=writer.append,
+            on_row=on_row,
             start_at=start_at,
         )
     finally:

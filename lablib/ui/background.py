@@ -26,6 +26,13 @@ def status_html(text: str, error: bool = False, details: str | None = None) -> s
     return f"<div style='color:{color};white-space:pre-wrap'>{body}</div>"
 
 
+def status_plain(value: str) -> str:
+    """A status line's text (:func:`status_html`'s ``text``), without its markup and folded details."""
+    import re
+
+    return html.unescape(re.sub(r"<[^>]+>", "", value.split("<details>")[0]))
+
+
 class BackgroundRun:
     """``running``, :meth:`wait` and :meth:`_start_background` for a panel with an ``_execute(values,
     raise_errors)`` method (its run, in the calling thread when ``raise_errors`` is True), a ``cancel_event``,

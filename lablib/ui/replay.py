@@ -26,14 +26,13 @@ The bounds keep a run small on two cores, and each says where it comes from:
 from __future__ import annotations
 
 import contextlib
-import html
 import math
 import threading
 import time
 import traceback
 
 from lablib.errors import LabError, first_line
-from lablib.ui.background import DRAW_EVERY_S, BackgroundRun, Redrawer
+from lablib.ui.background import DRAW_EVERY_S, BackgroundRun, Redrawer, status_plain
 
 COUNT = (1, 40)  # requests per run: lab 09's full-mode slice (BUDGETS["scheduler"]["replay_count"])
 TIME_SCALE = (1 / 16, 4.0)  # x the trace's times: 40 requests' 18 s at most -> 72 s of schedule
@@ -243,9 +242,7 @@ class ReplayPanel(BackgroundRun):
     @property
     def status_text(self) -> str:
         """The status line as text."""
-        import re
-
-        return html.unescape(re.sub(r"<[^>]+>", "", self.status.value.split("<details>")[0]))
+        return status_plain(self.status.value)
 
     # --- the run's values ---------------------------------------------------------------------
     def values(self) -> dict:
