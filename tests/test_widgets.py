@@ -182,6 +182,14 @@ def test_cancel_sets_the_event_and_stops_between_requests(quick, monkeypatch):
     assert "cancelled after" in p.message.value and p.progress.bar_style == "warning"
 
 
+def until(ok, timeout_s: float = 30.0) -> None:
+    """Wait (polling) until ``ok()`` holds; fail after ``timeout_s`` (a loaded machine schedules threads late)."""
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        assert time.monotonic() < deadline, "still not so after 30 s"
+        time.sleep(0.01)
+
+
 def overlap_counting_sweep(rows, delay):
     """A fake context sweep that counts how many of its calls run at once (``calls["most"]``)."""
     calls = {"now": 0, "most": 0, "runs": 0}
@@ -215,8 +223,7 @@ def test_a_panel_made_again_waits_for_the_earlier_panels_run(quick, monkeypatch)
     new = widgets.sweep_panel(out="")
     new.reps.value = 4
     assert new.start() is not None
-    time.sleep(0.05)
-    assert "waiting for the run already going on to end" in new.message.value
+    until(lambda: "waiting for the run already going on to end" in new.message.value)
     assert new.run_button.disabled and not new.cancel_button.disabled
     new.wait(30)
     old.wait(30)
@@ -228,7 +235,7 @@ def test_a_panel_made_again_waits_for_the_earlier_panels_run(quick, monkeypatch)
     monkeypatch.setattr(sweep, "context_sweep", fake)
     old.start()
     new.start()
-    time.sleep(0.1)
+    until(lambda: old.rows and "waiting for the run" in new.message.value)
     new.cancel_button.click()
     new.wait(30)
     old.wait(30)
