@@ -308,6 +308,37 @@ def test_serving_panel_cancel_sends_no_further_request_and_keeps_the_rows(model,
     assert panel.status_text == f"cancelled after {len(panel.rows)} of 200 requests; rows in {out}"
 
 
+def test_serving_panel_cancel_during_a_warm_up_the_server_holds_ends_the_run_at_once(model, tmp_path):
+    """A server that holds the warm-up request (busy with another learner's, or stuck): Cancel left the panel
+    'cancelling' with Run greyed until the warm-up's read timeout (60 s and more), for a request whose answer is
+    no row. Now the warm-up is abandoned at Cancel: nothing measured, nothing more sent, the buttons back."""
+    from lablib.ui.serving import ServingPanel
+
+    srv = ScriptedServer().start()
+    srv.queue = [["hang"]]  # the warm-up: no answer for 60 s
+    srv.script = [sse(cmpl("a", [1])), sse(cmpl("b", [2], finish="length")), sse("[DONE]")]
+    out = tmp_path / "w.jsonl"
+    try:
+        panel = ServingPanel(model, base_url=srv.base_url, requests=3, max_new_tokens=2, out=str(out))
+        thread = panel.start()
+        deadline = time.monotonic() + 30
+        while not srv.requests and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        panel.cancel()
+        thread.join(10)
+        alive, sent = thread.is_alive(), len(srv.requests)
+    finally:
+        srv.stop()
+    assert not alive and sent == 1  # ended within 10 s, the warm-up the only request
+    assert (
+        "".join(o["text"] for o in panel.output.outputs) == "cancelled during the warm-up request: nothing measured\n"
+    )
+    assert panel.status_text == "cancelled after 0 of 3 requests" and panel.error is None
+    assert not panel.run_button.disabled and panel.cancel_button.disabled
+    assert not out.exists() and not out.with_suffix(".runs.jsonl").exists()
+
+
 def test_serve_refuses_a_switch_the_server_lacks_in_words_one_can_type(capsys):
     """`serve --server llama-server --prefix-caching` said "expected --prefix-caching None", which no one can type."""
     assert main(["serve", "--server", "llama-server", "--prefix-caching"]) == 2

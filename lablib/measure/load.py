@@ -845,7 +845,8 @@ def bench(
     tokens was, and whether that makes the client the limit) and is appended, with ``out``, to
     ``<out without suffix>.runs.jsonl`` as its run ends. ``on_row(row)``: each measured row too, as it is written
     (the warm-up's are neither). ``stop`` (one client process; lab 05's panel's Cancel): once set, no further
-    request is sent (the ones in flight finish, their rows are kept) and no further run starts.
+    request is sent (the ones in flight finish, their rows are kept; a warm-up request is cancelled) and no further
+    run starts.
 
     ``client_processes``: how many client processes share each run's streams (:mod:`lablib.measure.processes`:
     one start on the machine's one clock, the rows merged into ``out``); ``"auto"``: one per
@@ -932,7 +933,8 @@ def bench(
             log(f"no server counters: {e}")
             server_file = None
         for ids in prompts[:warmup]:
-            engine.generate(ids, cfg)
+            if not _warm_up(engine, ids, cfg, stop):
+                break  # stopped: no run starts (below)
         start_at = None
         if start_at_unix is not None:
             import time as _time
@@ -1037,6 +1039,28 @@ def bench(
         if engine is not None:
             engine.close()
     return summaries
+
+
+def _warm_up(engine, ids, cfg, stop: threading.Event | None) -> bool:
+    """One of :func:`bench`'s warm-up requests (its answer is no row); True when it ended. With ``stop``, it is
+    cancelled once ``stop`` is set (lab 05's Cancel), within :data:`STOP_POLL_S`, and False returned: a server that
+    holds it (busy, stuck) kept a cancelled panel waiting for the read timeout, 60 s and more."""
+    if stop is None:
+        engine.generate(ids, cfg)
+        return True
+    import concurrent.futures
+
+    engine.check_context(len(ids), cfg.max_new_tokens)
+    fut = engine.submit(engine.agenerate(ids, cfg))
+    try:
+        while not fut.done():
+            if stop.is_set():
+                return False
+            concurrent.futures.wait([fut], timeout=STOP_POLL_S)
+        fut.result()  # its error, as generate raises it
+        return True
+    finally:
+        fut.cancel()  # stopped or interrupted: the request stops on the engine's loop (done: no-op)
 
 
 def process_engine_kw(engine, model) -> dict:
