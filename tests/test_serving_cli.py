@@ -339,6 +339,30 @@ def test_serving_panel_cancel_during_a_warm_up_the_server_holds_ends_the_run_at_
     assert not out.exists() and not out.with_suffix(".runs.jsonl").exists()
 
 
+def test_serving_panel_says_when_its_time_bound_left_requests_unsent(model, tmp_path, monkeypatch):
+    """The panel's run is bounded (MAX_DURATION_S, 120 s): 200 requests at 1/s sent about 120 and the status line
+    said 'done: 120 requests', as if that were what was asked. Now it says how many of them, and why."""
+    from lablib.ui import serving
+
+    monkeypatch.setattr(serving, "MAX_DURATION_S", 2.0)
+    srv = ScriptedServer().start()
+    srv.script = [sse(cmpl("a", [1])), sse(cmpl("b", [2], finish="length")), sse("[DONE]")]
+    out = tmp_path / "b.jsonl"
+    try:
+        panel = serving.ServingPanel(
+            model, base_url=srv.base_url, rate=1.0, requests=20, max_new_tokens=2, out=str(out)
+        )
+        panel.run_sync()
+    finally:
+        srv.stop()
+    n = len(panel.rows)
+    assert 0 < n < 20 and len(load_results(out)) == n
+    assert panel.status_text == (
+        f"done: {n} of 20 requests: the run's bound of 2 s came before the rest were sent (fewer requests or a "
+        f"higher rate fit in it); rows in {out}"
+    )
+
+
 def test_serve_refuses_a_switch_the_server_lacks_in_words_one_can_type(capsys):
     """`serve --server llama-server --prefix-caching` said "expected --prefix-caching None", which no one can type."""
     assert main(["serve", "--server", "llama-server", "--prefix-caching"]) == 2

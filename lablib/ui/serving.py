@@ -16,9 +16,10 @@ class ServingPanel(BackgroundRun):
     """Widgets for a load run on any server: base URL, rate (empty: closed loop), concurrency, TTFT and
     TPOT targets, requests, results file. A run is :func:`lablib.measure.load.bench`'s (what ``lablib bench``
     runs: one warm-up request, then the measured ones, each row appended to the results file as it finishes, the
-    run's summary beside them in ``<file>.runs.jsonl``). Run starts it in the background (the notebook stays
-    live; Cancel sends no further request, the ones in flight finish and their rows are kept) and prints its
-    one-line summary in the panel (and, when requests failed, a line with the first one's error);
+    run's summary beside them in ``<file>.runs.jsonl``; at most :data:`MAX_DURATION_S`, the status line saying how
+    many were sent when that bound came first). Run starts it in the background (the notebook stays live; Cancel
+    sends no further request, the ones in flight finish and their rows are kept) and prints its one-line summary
+    in the panel (and, when requests failed, a line with the first one's error);
     ``run_sync()`` runs the current values in the calling thread (headless notebooks) and returns those lines.
     ``model``: the lab's model (None: the default); ``out``: the results file (default:
     ``results/serving-<time>.jsonl``, beside the notebook)."""
@@ -197,6 +198,12 @@ class ServingPanel(BackgroundRun):
         where = f"; rows in {v['out']}" if self.rows else ""
         if self.cancel_event.is_set() and len(self.rows) < v["requests"]:
             self._show(f"cancelled after {len(self.rows)} of {v['requests']} requests{where}")
+        elif self.summary is not None and len(self.rows) < v["requests"]:  # the run's time bound came first
+            fit = "fewer requests or a higher rate" if v["mode"] == "open" else "fewer requests"
+            self._show(
+                f"done: {len(self.rows)} of {v['requests']} requests: the run's bound of {MAX_DURATION_S:g} s came "
+                f"before the rest were sent ({fit} fit in it){where}"
+            )
         else:
             self._show(f"done: {len(self.rows)} requests{where}")
         if not raise_errors:
