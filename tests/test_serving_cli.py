@@ -339,6 +339,27 @@ def test_serving_panel_cancel_during_a_warm_up_the_server_holds_ends_the_run_at_
     assert not out.exists() and not out.with_suffix(".runs.jsonl").exists()
 
 
+def test_serving_panel_run_sync_shows_a_refused_value_in_its_status_line(model, tmp_path):
+    """Lab 05's next cell runs the panel's values (``panel.run_sync()``): a value refused there raised in the cell,
+    and the panel above kept its last run's 'done: 2 requests' in black, as if the new values had run. Now the
+    refusal is the status line, in red, as Run shows it (and as run_sync's docstring said)."""
+    from lablib.errors import LabError
+    from lablib.ui.serving import ServingPanel
+
+    srv = ScriptedServer().start()
+    srv.script = [sse(cmpl("a", [1])), sse(cmpl("b", [2], finish="length")), sse("[DONE]")]
+    try:
+        panel = ServingPanel(model, base_url=srv.base_url, requests=2, max_new_tokens=2, out=str(tmp_path / "s.jsonl"))
+        panel.run_sync()
+        panel.ttft.value = -1.0
+        with pytest.raises(LabError, match=re.escape("TTFT target (s)=-1")):
+            panel.run_sync()
+    finally:
+        srv.stop()
+    assert panel.status_text.startswith("TTFT target (s)=-1: expected a number above 0")
+    assert panel.error == panel.status_text and len(srv.requests) == 1 + 2  # nothing sent for the refused values
+
+
 def test_serving_panel_says_when_its_time_bound_left_requests_unsent(model, tmp_path, monkeypatch):
     """The panel's run is bounded (MAX_DURATION_S, 120 s): 200 requests at 1/s sent about 120 and the status line
     said 'done: 120 requests', as if that were what was asked. Now it says how many of them, and why."""

@@ -172,7 +172,11 @@ class ServingPanel(BackgroundRun):
         line with the first one's error). A refused value or a failed run: LabError (also in the status line).
         A run going on (Run pressed, another panel's) is waited for first: two at once would skew both."""
         self._wait_for_runs(self._runs_going(include_self=True))
-        v = self.values()
+        try:
+            v = self.values()
+        except LabError as e:
+            self._show(str(e), error=True)
+            raise
         self.cancel_event = threading.Event()
         self._execute(v, True)
         return self.line
