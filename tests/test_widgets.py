@@ -245,6 +245,60 @@ def test_a_panel_made_again_waits_for_the_earlier_panels_run(quick, monkeypatch)
     assert not new.run_button.disabled and new.cancel_button.disabled
 
 
+def test_a_run_waits_for_the_runs_going_on_when_asked_not_their_panels_next_ones(quick, monkeypatch):
+    """Three panels (lab 03's two sweep panels and one made again): A runs, Q's Run waits for A, B's for A and Q.
+    A ends, Q runs, and Run is pressed on A again: its new run waits for Q and B. B waited for the panels A and
+    Q, not for the runs going on when it was asked, so it then waited for A's new run too: A and B each waiting for
+    the other, 'waiting for the run already going on' for ever once Q ended. Now a run waits for the runs going
+    on when it was asked for: B runs after Q, A's new run after B, one at a time."""
+    rows = context_df(reps=1).to_dict("records")
+    inner = fake_context_sweep(rows)
+    gates = [threading.Event(), threading.Event()]  # the first two sweeps (A's, Q's) end when let go
+    calls = {"now": 0, "most": 0, "order": []}
+    lock = threading.Lock()
+
+    def fake(**kw):
+        with lock:
+            calls["now"] += 1
+            calls["most"] = max(calls["most"], calls["now"])
+            n = len(calls["order"])
+            calls["order"].append(threading.current_thread())
+        try:
+            if n < len(gates):
+                assert gates[n].wait(30)
+            return inner(**kw)
+        finally:
+            with lock:
+                calls["now"] -= 1
+
+    monkeypatch.setattr(sweep, "context_sweep", fake)
+    a, q, b = (widgets.sweep_panel(out="") for _ in range(3))
+    for p in (a, q, b):
+        p.reps.value = 1
+    try:
+        a_first = a.start()
+        until(lambda: len(calls["order"]) == 1)
+        q.start()
+        until(lambda: "waiting for the run" in q.message.value)
+        b.start()
+        until(lambda: "waiting for the run" in b.message.value)
+        gates[0].set()  # A ends, Q runs
+        until(lambda: len(calls["order"]) == 2 and not a.running)
+        a.start()  # A again: waits for Q and B
+        until(lambda: "waiting for the run" in a.message.value)
+        gates[1].set()  # Q ends: B runs, then A
+        until(lambda: not a.running and not b.running)
+    finally:
+        for g in gates:
+            g.set()
+        for p in (a, q, b):
+            p.cancel()
+            p.wait(30)
+    assert calls["most"] == 1 and calls["order"][0] is a_first and len(calls["order"]) == 4
+    assert calls["order"][2] is b._thread and calls["order"][3] is a._thread
+    assert all("done:" in p.message.value for p in (a, q, b))
+
+
 def test_run_sync_waits_for_the_run_going_on(quick, monkeypatch):
     """Run pressed, then the lab's next cell (``panel.run_sync()``) run meanwhile: it waits for the Run's sweep
     (before, both ran at once on the same panel: rows of both mixed in one list, "done: 12 requests" of 6)."""

@@ -49,8 +49,10 @@ class BackgroundRun:
         return self._thread is not None and self._thread.is_alive()
 
     def _runs_going(self, include_self: bool = False) -> list:
-        """The panels whose run is going on now (this one's too when ``include_self``)."""
-        return [p for p in list(_PANELS) if p.running and (include_self or p is not self)]
+        """The runs going on now (this panel's too when ``include_self``): (panel, its run's thread) pairs. The
+        thread, not the panel: a panel whose run ends and that runs again is a run asked for later, which may be
+        waiting for this one (waiting for the panel, each of two waited for the other's next run, for ever)."""
+        return [(p, p._thread) for p in list(_PANELS) if p.running and (include_self or p is not self)]
 
     def _start_background(self, values, name: str, busy) -> threading.Thread | None:
         """``_execute(values(), False)`` in a daemon thread called ``name``, started, or None: when a run is
@@ -73,11 +75,11 @@ class BackgroundRun:
             self._execute(v, False)
 
     def _wait_for_runs(self, runs: list, cancellable: bool = False) -> bool:
-        """Wait for ``runs`` (panels) to end, saying so in this panel; True when this run may start. A
+        """Wait for ``runs`` (:meth:`_runs_going`) to end, saying so in this panel; True when this run may start. A
         ``cancellable`` wait (a background run's: Run disabled, Cancel enabled meanwhile) returns False when Cancel
         (this panel's ``cancel_event``) was pressed: it stops them too, and this run does not start. Else (the
         calling thread's, ``run_sync``: no click is handled until it returns) it waits until they end."""
-        runs = [p for p in runs if p.running]
+        runs = [(p, t) for p, t in runs if t.is_alive()]
         if not runs:
             return True
         _PANELS.add(self)
@@ -89,12 +91,13 @@ class BackgroundRun:
         if cancellable:
             self.run_button.disabled, self.cancel_button.disabled = True, False
         try:
-            while any(p.running for p in runs):
+            while any(t.is_alive() for _, t in runs):
                 if cancellable and self.cancel_event.is_set():
-                    for p in runs:
-                        p.cancel_event.set()
-                for p in runs:
-                    p.wait(WAIT_POLL_S)
+                    for p, t in runs:
+                        if t is p._thread:  # the run waited for, not one the panel started since
+                            p.cancel_event.set()
+                for _, t in runs:
+                    t.join(WAIT_POLL_S)
         finally:
             if cancellable:
                 self.run_button.disabled, self.cancel_button.disabled = False, True
