@@ -7,7 +7,10 @@ from __future__ import annotations
 import html
 import threading
 import time
+import traceback
 import weakref
+
+from lablib.errors import LabError
 
 DRAW_EVERY_S = 1.0  # a panel's live figure is redrawn at most this often while a run goes on (seconds)
 WAIT_POLL_S = 0.2  # how often a run waiting for another checks for Cancel (seconds)
@@ -69,6 +72,25 @@ class BackgroundRun:
         self._thread = threading.Thread(target=self._run_after, args=(before, v), daemon=True, name=name)
         self._thread.start()
         return self._thread
+
+    def _checked(self, read):
+        """``read()`` (the form's values or plan) with a fresh ``cancel_event`` for the run it is for; None after
+        showing its LabError in the status line, in red."""
+        try:
+            v = read()
+        except LabError as e:
+            self._show(str(e), error=True)
+            return None
+        self.cancel_event = threading.Event()
+        return v
+
+    def _show_failure(self, e: BaseException) -> None:
+        """A failed run in the status line, in red: a LabError's message; anything else (a bug, an engine's crash)
+        its type and message, the traceback folded below."""
+        if isinstance(e, LabError):
+            self._show(str(e), error=True)
+        else:
+            self._show(f"{type(e).__name__}: {e}", error=True, details=traceback.format_exc())
 
     def _run_after(self, before: list, v) -> None:
         if self._wait_for_runs(before, cancellable=True):

@@ -29,7 +29,6 @@ import contextlib
 import math
 import threading
 import time
-import traceback
 
 from lablib.errors import LabError, first_line
 from lablib.ui.background import DRAW_EVERY_S, BackgroundRun, Redrawer, status_plain
@@ -279,8 +278,8 @@ class ReplayPanel(BackgroundRun):
             lambda: self.show_status("a replay is running: wait for it, or press Cancel"),
         )
 
-    def _show(self, text: str, error: bool = False) -> None:
-        self.show_status(text, error)
+    def _show(self, text: str, error: bool = False, details: str | None = None) -> None:
+        self.show_status(text, error, details)
 
     def cancel(self) -> None:
         """Send no further request; the ones in flight finish, then the run ends (what Cancel does)."""
@@ -302,12 +301,9 @@ class ReplayPanel(BackgroundRun):
 
     def _values_or_status(self) -> dict | None:
         self.error = None
-        try:
-            v = self.values()
-        except LabError as e:
-            self.show_status(str(e), error=True)
+        v = self._checked(self.values)
+        if v is None:
             return None
-        self.cancel_event = threading.Event()
         # the values pass: a refusal of earlier ones is off the screen (it stayed, red, while the model and server
         # got ready, up to a second or more, as if the new values were refused too)
         self.show_status("starting the run ...")
@@ -400,10 +396,7 @@ class ReplayPanel(BackgroundRun):
         except Exception as ex:
             self.df = pd.DataFrame(self.rows)
             self.progress.bar_style = "danger"
-            if isinstance(ex, LabError):
-                self.show_status(str(ex), error=True)
-            else:  # a bug or a crash: say what, the traceback folded
-                self.show_status(f"{type(ex).__name__}: {ex}", error=True, details=traceback.format_exc())
+            self._show_failure(ex)
             if raise_errors:
                 raise
             return

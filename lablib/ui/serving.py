@@ -4,7 +4,6 @@ concurrency, goodput targets, requests, results file), its summary line printed 
 from __future__ import annotations
 
 import threading
-import traceback
 
 from lablib.errors import LabError
 from lablib.ui.background import BackgroundRun, status_plain
@@ -132,16 +131,6 @@ class ServingPanel(BackgroundRun):
             "out": out,
         }
 
-    def _values_or_status(self) -> dict | None:
-        """The form's values with a fresh cancel event, or None after showing why one is refused."""
-        try:
-            v = self.values()
-        except LabError as e:
-            self._show(str(e), error=True)
-            return None
-        self.cancel_event = threading.Event()
-        return v
-
     def _show(self, text: str, error: bool = False, details: str | None = None) -> None:
         self._say(self.status, text, error, details)
 
@@ -156,7 +145,7 @@ class ServingPanel(BackgroundRun):
         """Run in a background thread (what Run does). Returns the thread, or None when a value is refused
         (the message is in the status line) or a run is going on."""
         return self._start_background(
-            self._values_or_status,
+            lambda: self._checked(self.values),
             "lablib-serving",
             lambda: self._show("a run is going on: wait for it, or press Cancel"),
         )
@@ -190,10 +179,7 @@ class ServingPanel(BackgroundRun):
         try:
             self._measure(v)
         except Exception as e:
-            if isinstance(e, LabError):
-                self._show(str(e), error=True)
-            else:  # a bug or a crash: say what, the traceback folded
-                self._show(f"{type(e).__name__}: {e}", error=True, details=traceback.format_exc())
+            self._show_failure(e)
             if raise_errors:
                 raise
             return

@@ -15,7 +15,6 @@ import datetime as _dt
 import json
 import threading
 import time
-import traceback
 
 from lablib import plots
 from lablib.checks import csv_text
@@ -278,8 +277,8 @@ class SweepPanel(BackgroundRun):
             lambda: self.show_message("a sweep is already running: wait for it or press Cancel"),
         )
 
-    def _show(self, text: str, error: bool = False) -> None:
-        self.show_message(text, error)
+    def _show(self, text: str, error: bool = False, details: str | None = None) -> None:
+        self.show_message(text, error, details)
 
     def cancel(self) -> None:
         """Ask the sweep to stop after the request in flight (what Cancel does)."""
@@ -303,13 +302,7 @@ class SweepPanel(BackgroundRun):
 
     def _plan_or_message(self) -> dict | None:
         """The form's plan with a fresh cancel event, or None after showing why the input is invalid."""
-        try:
-            plan = self.plan()
-        except LabError as e:
-            self.show_message(str(e), error=True)
-            return None
-        self.cancel_event = threading.Event()
-        return plan
+        return self._checked(self.plan)
 
     def _execute(self, plan: dict, raise_errors: bool) -> None:
         import pandas as pd
@@ -342,16 +335,10 @@ class SweepPanel(BackgroundRun):
             else:
                 self.show_message(f"done: {done} requests in {time.perf_counter() - self._t0:.1f} s{where}")
                 self.progress.bar_style = "success"
-        except LabError as e:
+        except Exception as e:  # a LabError's message; an engine crash: what, the traceback folded
             self.df = pd.DataFrame(self.rows)
             self.progress.bar_style = "danger"
-            self.show_message(str(e), error=True)
-            if raise_errors:
-                raise
-        except Exception as e:  # an engine crash: say what, keep the traceback folded
-            self.df = pd.DataFrame(self.rows)
-            self.progress.bar_style = "danger"
-            self.show_message(f"{type(e).__name__}: {e}", error=True, details=traceback.format_exc())
+            self._show_failure(e)
             if raise_errors:
                 raise
         finally:
