@@ -271,6 +271,7 @@ def test_serving_panel_checks_its_fields_before_sending_and_says_why_requests_fa
         srv.queue = [[sse(cmpl("a", [1])), sse(cmpl("b", [2], finish="length")), sse("[DONE]")]]  # the warm-up's
         panel.start().join()
         printed = "".join(o["text"] for o in panel.output.outputs)  # the panel's Output
+        said = panel.status_text
         # a server that breaks even the warm-up: its reason in the status line, in red, nothing printed
         panel._measure = real_measure
         panel.start().join()
@@ -279,6 +280,7 @@ def test_serving_panel_checks_its_fields_before_sending_and_says_why_requests_fa
     assert states == [(True, False), (None, "a run is going on: wait for it, or press Cancel")]
     assert not panel.run_button.disabled and panel.cancel_button.disabled
     assert "errors=2/2" in printed and "2 of 2 requests failed; the first: the stream from" in printed, printed
+    assert said == f"done: 2 requests, 2 failed; rows in {tmp_path / 's.jsonl'}", said
     assert panel.status_text.startswith("the stream from") and panel.error == panel.status_text
     assert "".join(o["text"] for o in panel.output.outputs) == printed
 

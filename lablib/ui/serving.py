@@ -185,7 +185,8 @@ class ServingPanel(BackgroundRun):
             return
         finally:
             self.run_button.disabled, self.cancel_button.disabled = False, True
-        where = f"; rows in {v['out']}" if self.rows else ""
+        failed = sum(1 for r in self.rows if r.get("error"))  # said here too, as the replay panel does
+        where = (f", {failed} failed" if failed else "") + (f"; rows in {v['out']}" if self.rows else "")
         if self.cancel_event.is_set() and len(self.rows) < v["requests"]:
             self._show(f"cancelled after {len(self.rows)} of {v['requests']} requests{where}")
         elif self.summary is not None and len(self.rows) < v["requests"]:  # the run's time bound came first
