@@ -772,7 +772,7 @@ def test_a_full_disk_is_one_message_and_the_rows_before_it_stay(tmp_path):
     with pytest.raises(
         LabError,
         match=r"full.jsonl: a row could not be written \(No space left on device\); the rows "
-        r"written before it \(0\) are kept: free space, or choose another --out",
+        r"written before it \(0\) are kept: free space, or choose another results file",
     ):
         ResultsWriter(full).append({"engine": "a"})
 

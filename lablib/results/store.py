@@ -168,7 +168,7 @@ class ResultsWriter:
                 if not target.parent.is_dir():
                     raise LabError(
                         f"results file {self.path} links to {target}, whose folder does not exist; "
-                        "expected a writable place: create the folder or choose another --out"
+                        "expected a writable place: create the folder or choose another results file"
                     )
                 tempfile.TemporaryFile(dir=target.parent).close()
             else:
@@ -176,7 +176,7 @@ class ResultsWriter:
         except OSError as e:
             raise LabError(
                 f"results file {self.path}: cannot write there ({e.strerror or e}); expected a "
-                "writable folder: choose another --out"
+                "writable folder: choose another results file"
             ) from None
         if self.suffix == ".jsonl" and self.path.is_file() and self.path.stat().st_size:
             _check_jsonl_head(self.path)  # rows appended to a foreign file could not be read back
@@ -228,7 +228,7 @@ class ResultsWriter:
                     f.close()
                 raise LabError(
                     f"results file {self.path}: a row could not be written ({e.strerror or e}); the rows written "
-                    f"before it ({self.written}) are kept: free space, or choose another --out"
+                    f"before it ({self.written}) are kept: free space, or choose another results file"
                 ) from None
             if self._synced_at is None or time.monotonic() - self._synced_at >= self.sync_every_s:
                 self.sync()
@@ -353,7 +353,7 @@ def _check_jsonl_head(path: Path) -> None:
     if not ok:
         raise LabError(
             f"results file {path} is not a JSON lines file the lab wrote (its first line is no JSON object); "
-            "expected lab rows to add to, one JSON object a line: write to a new file (another --out)"
+            "expected lab rows to add to, one JSON object a line: write to a new results file"
         )
 
 
@@ -395,7 +395,7 @@ def _check_jsonl_tail(path: Path) -> None:
             n, left = n + chunk.count(b"\n"), left - len(chunk)
     raise LabError(
         f"results file {path}, line {n}: {why}; rows added after it could not be read back: remove that line "
-        f"(sed -i '{n}d' {path}), then run again, or choose another --out"
+        f"(sed -i '{n}d' {path}), then run again, or choose another results file"
     )
 
 
