@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from lablib.checks import csv_text
 from lablib.config import budget
 
@@ -34,3 +36,32 @@ def goodput_targets(ns) -> dict:
     """The goodput targets of :func:`add_goodput_targets` as keywords ``ttft_s``, ``tpot_s``, ``e2e_s``
     (:func:`lablib.measure.load.bench`, :func:`lablib.measure.replay.run_replay`)."""
     return {f"{metric}_s": getattr(ns, f"{metric}_target_s") for metric in ("ttft", "tpot", "e2e")}
+
+
+@contextmanager
+def ctrl_c_also_cancels():
+    """``with ctrl_c_also_cancels() as cancel:`` Ctrl-C (SIGINT) raises KeyboardInterrupt, as Python's own handler
+    does, and sets ``cancel`` (a threading.Event), which a sweep checks before every request: Python prints and drops
+    a KeyboardInterrupt that lands in a finalizer or a ctypes callback ("Exception ignored in ..."), and the sweep
+    went on (a CI run's `lablib sweep --reps 500` still running 60 s after its SIGINT). Leaving with ``cancel`` set
+    (the sweep stopped at it) raises KeyboardInterrupt there: the same way out, one line, exit 130. Outside the
+    main thread (where no handler can be set) ``cancel`` is only an event."""
+    import signal
+    import threading
+
+    cancel = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield cancel
+        return
+
+    def on_int(signum, frame):
+        cancel.set()
+        raise KeyboardInterrupt
+
+    prior = signal.signal(signal.SIGINT, on_int)
+    try:
+        yield cancel
+    finally:
+        signal.signal(signal.SIGINT, prior)
+    if cancel.is_set():
+        raise KeyboardInterrupt

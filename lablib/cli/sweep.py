@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lablib.checks import csv_text
-from lablib.cli.common import flags, quick_full
+from lablib.cli.common import ctrl_c_also_cancels, flags, quick_full
 from lablib.config import budget
 from lablib.engines import NAMES
 from lablib.errors import LabError
@@ -88,16 +88,23 @@ def run(ns) -> int:
         **flags(ns, "model", "engines", "max_new_tokens", "warmup", "out", "weights", "price_per_hour"),
     )
     if ns.kind == "context":
-        df = sweep.context_sweep(prompt_tokens=ns.prompt_tokens, reps=ns.reps, **common)
+        with ctrl_c_also_cancels() as cancel:
+            df = sweep.context_sweep(prompt_tokens=ns.prompt_tokens, reps=ns.reps, cancel=cancel, **common)
         cols = ["engine", "prompt_tokens", "repetition", *(m for m in METRICS if m != "queue_s")]
         table = df[cols] if len(df) else df
     else:
         n_prompt = sweep.positive_ints(ns.prompt_tokens, "prompt_tokens") if ns.prompt_tokens else [None]
         if len(n_prompt) != 1:
             raise LabError(f"--prompt-tokens {ns.prompt_tokens}: a concurrency sweep takes one prompt length")
-        df = sweep.concurrency_sweep(
-            concurrency=ns.concurrency, modes=ns.mode, requests=ns.requests, prompt_tokens=n_prompt[0], **common
-        )
+        with ctrl_c_also_cancels() as cancel:
+            df = sweep.concurrency_sweep(
+                concurrency=ns.concurrency,
+                modes=ns.mode,
+                requests=ns.requests,
+                prompt_tokens=n_prompt[0],
+                cancel=cancel,
+                **common,
+            )
         table = run_table(df) if len(df) else df
     print(table.to_string(index=False) if len(table) else "no rows")
     print(f"{len(df)} rows appended to {ns.out}; each point's counters and cost in {runs_path(ns.out)}")
