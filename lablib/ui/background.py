@@ -29,6 +29,13 @@ def status_html(text: str, error: bool = False, details: str | None = None) -> s
     return f"<div style='color:{color};white-space:pre-wrap'>{body}</div>"
 
 
+def default_out(kind: str) -> str:
+    """A fresh results file name for a panel, relative to the notebook's folder: results/<kind>-<time>.jsonl."""
+    import datetime
+
+    return f"results/{kind}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.jsonl"
+
+
 def status_plain(value: str) -> str:
     """A status line's text (:func:`status_html`'s ``text``), without its markup and folded details."""
     import re
@@ -39,7 +46,7 @@ def status_plain(value: str) -> str:
 class BackgroundRun:
     """``running``, :meth:`wait` and :meth:`_start_background` for a panel with an ``_execute(values,
     raise_errors)`` method (its run, in the calling thread when ``raise_errors`` is True), a ``cancel_event``,
-    ``run_button`` and ``cancel_button``, and ``_show(text, error=False)`` (its status line).
+    ``run_button`` and ``cancel_button``, and ``_show(text, error=False, details=None)`` (its status line).
 
     One run at a time in a process: a run asked for while another panel's is going on (a panel whose cell was run
     again keeps running, out of sight) first waits for it, saying so; Cancel then stops both. ``run_sync`` (the

@@ -31,7 +31,7 @@ import threading
 import time
 
 from lablib.errors import LabError, first_line
-from lablib.ui.background import DRAW_EVERY_S, BackgroundRun, Redrawer, status_plain
+from lablib.ui.background import DRAW_EVERY_S, BackgroundRun, Redrawer, default_out as panel_out, status_plain
 
 COUNT = (1, 40)  # requests per run: lab 09's full-mode slice (BUDGETS["scheduler"]["replay_count"])
 TIME_SCALE = (1 / 16, 4.0)  # x the trace's times: 40 requests' 18 s at most -> 72 s of schedule
@@ -43,9 +43,7 @@ SERVER_DEFAULTS = {"parallel": 2, "n_ctx": 1024, "threads": 1}  # a server the p
 
 def default_out() -> str:
     """A fresh results file name, relative to the notebook's folder: results/replay-<time>.jsonl."""
-    from lablib.ui.widgets import default_out as out
-
-    return out("replay")
+    return panel_out("replay")
 
 
 def _fraction(x: float) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from lablib.errors import LabError
-from lablib.ui.background import BackgroundRun, status_plain
+from lablib.ui.background import BackgroundRun, default_out, status_plain
 
 MAX_DURATION_S = 120.0  # a run's bound (seconds): a workshop's panel never holds a server for long
 
@@ -37,8 +37,6 @@ class ServingPanel(BackgroundRun):
         out: str | None = None,
     ):
         import ipywidgets as w
-
-        from lablib.ui.widgets import default_out
 
         self.model = model
         # the descriptions in one column of 150 px (ipywidgets' default cut them at about 90 px: "TTFT targ..."),

@@ -11,7 +11,6 @@ click.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import threading
 import time
@@ -23,7 +22,7 @@ from lablib.engines import IN_PROCESS, NAMES as ENGINE_NAMES
 from lablib.errors import LabError
 from lablib.measure import sweep
 from lablib.measure.closed_loop import SCHEDULING_MODES
-from lablib.ui.background import DRAW_EVERY_S, BackgroundRun, Redrawer
+from lablib.ui.background import DRAW_EVERY_S, BackgroundRun, Redrawer, default_out
 
 KINDS = ("context", "concurrency")
 
@@ -51,11 +50,6 @@ def defaults(kind: str = "context", quick: bool | None = None) -> dict:
         requests=0,
         max_new_tokens=budget("concurrency", "max_new_tokens", quick),
     )
-
-
-def default_out(kind: str) -> str:
-    """A fresh results file name, relative to the notebook's folder: results/<kind>-<time>.jsonl."""
-    return f"results/{kind}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}.jsonl"
 
 
 def _figure_widget():
