@@ -28,12 +28,16 @@ call (a server from ``Popen``) must be forked by a thread that lives as long as 
 and otherwise on one daemon thread kept for this (``lablib-children``), so a server started
 from a worker thread is not killed when that thread ends (measured: a llama-server started by a
 plain tied Popen on a worker thread died with the thread).
+
+:class:`interrupts_held` keeps a Ctrl-C or SIGTERM that comes while such a child is forked until the
+caller's ``try`` that stops it (else the interrupt could land inside ``Popen`` and lose the child).
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -138,3 +142,50 @@ def _fork_forever(q: queue.SimpleQueue) -> None:
             done.set_result(subprocess.Popen(argv, **kwargs))
         except BaseException as e:  # handed to the caller
             done.set_exception(e)
+
+
+class interrupts_held:
+    """``with interrupts_held() as held:`` a Ctrl-C (SIGINT) or SIGTERM that comes inside is kept, not
+    handled, until :meth:`release`, which restores the handlers and raises what came there, in the
+    caller's ``try``; leaving the block without ``release`` restores the handlers and drops what came.
+
+    For a child that outlives the call (a server): ``Popen`` returns it only once it runs, and an
+    interrupt inside ``Popen`` or before the caller's ``try`` lost it, running on (found by CI: a
+    SIGTERM sent as ``lablib serve``'s llama-server appeared left it running after the lab had said
+    "it was stopped"). Held: only signals whose handler is Python's (a callable: ``default_int_handler``,
+    ``lablib serve``'s); SIG_DFL and SIG_IGN act as before. Only on the main thread, the one Python
+    runs signal handlers on; elsewhere it holds nothing (no handler can interrupt that thread)."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __enter__(self) -> interrupts_held:
+        self.came: list[int] = []
+        self._prior: dict[int, object] = {}
+        if threading.current_thread() is threading.main_thread():
+            for name in self.SIGNALS:
+                sig = getattr(signal, name, None)
+                handler = None if sig is None else signal.getsignal(sig)
+                if callable(handler):
+                    self._prior[sig] = handler
+                    signal.signal(sig, self._keep)
+        return self
+
+    def _keep(self, signum, frame) -> None:
+        self.came.append(signum)
+
+    def _restore(self) -> None:
+        while self._prior:
+            sig, handler = self._prior.popitem()
+            signal.signal(sig, handler)
+
+    def release(self) -> None:
+        """Restore the handlers, then raise each signal that came (its handler runs here: Ctrl-C's raises
+        KeyboardInterrupt)."""
+        self._restore()
+        came, self.came = self.came, []
+        for sig in came:
+            signal.raise_signal(sig)
+
+    def __exit__(self, *exc) -> bool:
+        self._restore()
+        return False

@@ -258,6 +258,41 @@ def test_serve_interrupted_while_its_server_starts_is_one_line_and_no_process(si
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
 
 
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_the_moment_the_server_is_forked_stops_it(model, monkeypatch, sig):
+    """The test above failed once in CI: its SIGTERM came, most likely, while Popen returned the new server
+    (before start_server's try), and the server ran on after 'it was stopped'. Here the signal comes exactly
+    there, every time: raised in the main thread the moment the real llama-server is forked."""
+    from lablib import children
+    from lablib.engines.servers import start_server
+
+    forked, real_popen = [], children.popen
+
+    def popen_then_signal(cmd, **kw):
+        proc = real_popen(cmd, **kw)
+        forked.append(proc)
+        signal.raise_signal(getattr(signal, sig))  # its handler runs here, inside what returns the process
+        return proc
+
+    def terminated(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")  # as lablib serve's
+
+    prior = signal.signal(signal.SIGTERM, terminated)
+    monkeypatch.setattr(children, "popen", popen_then_signal)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            start_server("llama-server", model, threads=1, n_ctx=128)
+    finally:
+        signal.signal(signal.SIGTERM, prior)
+        for proc in forked:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+                pytest.fail(f"{sig}: the forked llama-server (pid {proc.pid}) was still running")
+    assert len(forked) == 1 and forked[0].returncode is not None
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler and signal.getsignal(signal.SIGTERM) is prior
+
+
 # --- lablib replay: trace files ------------------------------------------------------------------------
 def test_replay_a_trace_that_is_not_text_is_one_error(tmp_path, capsys):
     bad = tmp_path / "trace.jsonl"

@@ -227,49 +227,53 @@ def start_server(
             hub.mkdir(exist_ok=True)
             child_env["HF_HUB_CACHE"] = str(hub)
     t0 = time.perf_counter()
-    with open(log_path, "ab") as log_file:
-        shown_env = " ".join(f"{k}={v}" for k, v in launch.env.items())
-        log_file.write(f"# lablib: {shown_env + ' ' if shown_env else ''}{' '.join(argv)}\n".encode())
-        log_file.flush()
-        # tied: it dies with this process; forked by a thread that outlives it (children.popen)
-        proc = children.popen(
+    # a Ctrl-C or SIGTERM that comes while it is forked is held until the try below, which stops it: raised
+    # inside Popen or before the try it lost the server, which ran on (children.interrupts_held)
+    with children.interrupts_held() as held:
+        with open(log_path, "ab") as log_file:
+            shown_env = " ".join(f"{k}={v}" for k, v in launch.env.items())
+            log_file.write(f"# lablib: {shown_env + ' ' if shown_env else ''}{' '.join(argv)}\n".encode())
+            log_file.flush()
+            # tied: it dies with this process; forked by a thread that outlives it (children.popen)
+            proc = children.popen(
+                argv,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=child_env,
+                start_new_session=True,
+            )
+        srv = RunningServer(
+            name,
+            name,
+            proc.pid,
+            port,
+            log_path,
             argv,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=child_env,
-            start_new_session=True,
+            version,
+            proc,
+            server_model=server_model,
+            n_ctx=n_ctx,
+            threads=threads or default_threads(),
+            settings=dict(launch.settings, env=dict(launch.env)),
         )
-    srv = RunningServer(
-        name,
-        name,
-        proc.pid,
-        port,
-        log_path,
-        argv,
-        version,
-        proc,
-        server_model=server_model,
-        n_ctx=n_ctx,
-        threads=threads or default_threads(),
-        settings=dict(launch.settings, env=dict(launch.env)),
-    )
-    try:  # an interrupt anywhere until the card is written stops the server (it is not the caller's yet)
-        _wait_ready(srv, ready, timeout_s, log)
-        srv.startup_s = time.perf_counter() - t0
-        srv.settings["startup_s"] = round(srv.startup_s, 1)
-        # what it computes on, read once it is ready (its log says where its weights went): every row's device
-        try:
-            log_text = log_path.read_text(errors="replace")
-        except OSError:
-            log_text = ""
-        srv.settings.update(server_device(name, srv.settings, log_text))
-        # for a run in another process (lablib bench, a notebook): what this server was started with
-        cards.write_card(name, srv.pid, port, version, argv, log_path, srv.settings)
-    except BaseException:
-        srv.stop(grace_s=5)
-        raise
-    return srv
+        try:  # an interrupt anywhere until the card is written stops the server (it is not the caller's yet)
+            held.release()  # one that came while it was forked is raised here
+            _wait_ready(srv, ready, timeout_s, log)
+            srv.startup_s = time.perf_counter() - t0
+            srv.settings["startup_s"] = round(srv.startup_s, 1)
+            # what it computes on, read once it is ready (its log says where its weights went): every row's device
+            try:
+                log_text = log_path.read_text(errors="replace")
+            except OSError:
+                log_text = ""
+            srv.settings.update(server_device(name, srv.settings, log_text))
+            # for a run in another process (lablib bench, a notebook): what this server was started with
+            cards.write_card(name, srv.pid, port, version, argv, log_path, srv.settings)
+        except BaseException:
+            srv.stop(grace_s=5)
+            raise
+        return srv
 
 
 # a log line's prefix that says nothing to a learner: vLLM's "(Worker pid=1) INFO 12-01 14:16:16 [file.py:87] "
