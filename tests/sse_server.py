@@ -71,6 +71,7 @@ class ScriptedServer:
         self.script: list = []
         self.queue: list[list] = []  # per-request scripts, used first (one per POST), then `script`
         self.requests: list[tuple[str, dict, dict]] = []
+        self.in_flight = self.most_in_flight = 0  # POSTs being answered now, and the most at once
         self.props = props  # GET /props answers this when set (llama-server's info endpoint)
         self.models = models if models is not None else [{"id": "scripted", "object": "model", "owned_by": "lab"}]
         self._loop = asyncio.new_event_loop()
@@ -114,6 +115,14 @@ class ScriptedServer:
         return web.json_response(self.props)
 
     async def _post(self, request):
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            return await self._answer(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, request):
         from aiohttp import web
 
         body = await request.json()

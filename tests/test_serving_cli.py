@@ -234,6 +234,31 @@ def test_serving_panel_runs_its_values_and_refuses_an_empty_url(model, tmp_path)
     assert panel.status_text == f"done: 3 requests; rows in {out}"
 
 
+def test_serving_panel_open_loop_caps_nothing_in_flight(model, tmp_path):
+    """The panel's open loop passed its concurrency field (1 by default, greyed nowhere) to bench as a cap: at
+    20 requests/s on a server that takes 3 s a request, the server never had more than one request, the others
+    waited in the lab's client, and a server with slots for all of them was measured as a one-slot one. Now an
+    open loop sends at the rate alone (c=-), and the field of the loop not chosen is greyed."""
+    from lablib.ui.serving import ServingPanel
+
+    srv = ScriptedServer().start()
+    srv.queue = [[sse(cmpl("a", [1], finish="length")), sse("[DONE]")]]  # the warm-up, at once
+    srv.script = [sse(cmpl("a", [1])), 3.0, sse(cmpl("b", [2], finish="length")), sse("[DONE]")]
+    try:
+        panel = ServingPanel(
+            model, base_url=srv.base_url, rate=20.0, requests=3, max_new_tokens=2, out=str(tmp_path / "o.jsonl")
+        )
+        greyed_open = (panel.rate.disabled, panel.concurrency.disabled)
+        line = panel.run_sync()
+        panel.open_loop.value = False
+        greyed_closed = (panel.rate.disabled, panel.concurrency.disabled)
+    finally:
+        srv.stop()
+    assert line.startswith("server=openai mode=open rate=20 c=- ") and "errors=0/3" in line, line
+    assert srv.most_in_flight == 3 and len(srv.requests) == 1 + 3  # the three at once (seeded arrivals within 0.1 s)
+    assert greyed_open == (False, True) and greyed_closed == (True, False)
+
+
 def test_serving_panel_checks_its_fields_before_sending_and_says_why_requests_failed(model, tmp_path):
     """Lab 05's panel as a learner met it: a TTFT target of -1 was refused only after the whole run (its requests
     sent, its rows thrown away) as ``ttft_s=-1.0``; every request failing (a base URL missing /v1: streams cut at 0

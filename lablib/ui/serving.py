@@ -12,7 +12,8 @@ MAX_DURATION_S = 120.0  # a run's bound (seconds): a workshop's panel never hold
 
 
 class ServingPanel(BackgroundRun):
-    """Widgets for a load run on any server: base URL, rate (empty: closed loop), concurrency, TTFT and
+    """Widgets for a load run on any server: base URL; an open loop at a rate (requests/s, nothing capping the
+    requests in flight) or a closed loop of C clients (the field of the other loop greyed); TTFT and
     TPOT targets, requests, results file. A run is :func:`lablib.measure.load.bench`'s (what ``lablib bench``
     runs: one warm-up request, then the measured ones, each row appended to the results file as it finishes, the
     run's summary beside them in ``<file>.runs.jsonl``; at most :data:`MAX_DURATION_S`, the status line saying how
@@ -56,6 +57,10 @@ class ServingPanel(BackgroundRun):
         self.concurrency = w.BoundedIntText(
             value=concurrency, min=1, max=64, description="concurrency (C)", style=label, layout=box()
         )
+        # an open loop has no C: a cap on the requests in flight kept them waiting in the lab, not in the server's
+        # queue (a 4-slot server, capped at 1, measured as a one-slot one); greyed there, as the rate is in a closed one
+        self.open_loop.observe(lambda _: self._loop_fields(), names="value")
+        self._loop_fields()
         self.requests = w.BoundedIntText(
             value=requests, min=1, max=1000, description="requests", style=label, layout=box()
         )
@@ -90,6 +95,10 @@ class ServingPanel(BackgroundRun):
         self.line: str | None = None
         self.error: str | None = None
 
+    def _loop_fields(self) -> None:
+        """The rate is the open loop's field, the concurrency the closed loop's: the other one greyed."""
+        self.rate.disabled, self.concurrency.disabled = not self.open_loop.value, self.open_loop.value
+
     def _ipython_display_(self):
         from IPython.display import display
 
@@ -121,8 +130,8 @@ class ServingPanel(BackgroundRun):
         return {
             "base_url": url,
             "mode": "open" if self.open_loop.value else "closed",
-            "rate": float(self.rate.value),
-            "concurrency": int(self.concurrency.value),
+            "rate": float(self.rate.value) if self.open_loop.value else None,
+            "concurrency": None if self.open_loop.value else int(self.concurrency.value),
             "requests": int(self.requests.value),
             "ttft_s": float(self.ttft.value),
             "tpot_s": float(self.tpot.value),
@@ -211,7 +220,7 @@ class ServingPanel(BackgroundRun):
             requests=v["requests"],
             prompt_tokens=self.prompt_tokens,
             max_new_tokens=self.max_new_tokens,
-            rates=[v["rate"]] if v["mode"] == "open" else None,
+            rates=None if v["rate"] is None else [v["rate"]],
             concurrency=v["concurrency"],
             model=self.model,
             ttft_s=v["ttft_s"],
