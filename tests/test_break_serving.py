@@ -4,11 +4,13 @@ what to do, refused before any work; nothing hangs; nothing is left running. Rea
 the scripted SSE server of tests/sse_server.py, a real llama-server where a case needs a server the lab starts.
 """
 
+import contextlib
 import http.server
 import json
 import math
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -220,9 +222,10 @@ sys.exit(main(["serve", "--server", "llama-server", "--threads", "1", "--n-ctx",
 """
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_serve_interrupted_while_its_server_starts_is_one_line_and_no_process(sig):
-    """Ctrl-C before the server was ready printed a KeyboardInterrupt traceback (SIGTERM: no word at all)."""
+@contextlib.contextmanager
+def _serving():
+    """`lablib serve --server llama-server` in a child Python (its output read as text), killed if still running
+    at the end of the block."""
     proc = subprocess.Popen(
         [sys.executable, "-c", _SERVE],
         stdout=subprocess.PIPE,
@@ -231,8 +234,19 @@ def test_serve_interrupted_while_its_server_starts_is_one_line_and_no_process(si
         text=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
     )
-    child = None
     try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_serve_interrupted_while_its_server_starts_is_one_line_and_no_process(sig):
+    """Ctrl-C before the server was ready printed a KeyboardInterrupt traceback (SIGTERM: no word at all)."""
+    child = None
+    with _serving() as proc:
         deadline = time.monotonic() + 60
         while child is None and time.monotonic() < deadline and proc.poll() is None:
             for c in psutil.Process(proc.pid).children(recursive=True):
@@ -245,10 +259,6 @@ def test_serve_interrupted_while_its_server_starts_is_one_line_and_no_process(si
         assert child is not None, f"no llama-server started: {proc.communicate(timeout=30)}"
         proc.send_signal(getattr(signal, sig))
         out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert "Traceback" not in err, err
     if "ready at" in out:  # the signal came after it was ready: the ordinary stop
         assert proc.returncode == 0 and "stopped" in out
@@ -259,8 +269,24 @@ def test_serve_interrupted_while_its_server_starts_is_one_line_and_no_process(si
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_serve_stopped_while_it_serves_stops_its_server_and_exits_0(sig):
+    """After 'ready at', Ctrl-C or SIGTERM (a workshop's `kill`, a container's stop): the server stopped by its pid
+    and reaped (not left to its death signal at the lab's exit), 'stopped' printed, exit 0."""
+    with _serving() as proc:
+        assert select.select([proc.stdout], [], [], 120)[0], "lablib serve printed nothing within 120 s"
+        first = proc.stdout.readline()  # "... ready at URL (pid P, ...)"
+        pid = int(re.search(r"\(pid (\d+),", first).group(1))
+        server = psutil.Process(pid)
+        proc.send_signal(getattr(signal, sig))
+        out, err = proc.communicate(timeout=60)
+    assert "ready at" in first and "Traceback" not in err, err
+    assert proc.returncode == 0 and out.splitlines()[-1] == f"llama-server stopped (pid {pid})", (out, err)
+    assert not server.is_running()  # reaped by the lab before it exited: not even a zombie
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_an_interrupt_the_moment_the_server_is_forked_stops_it(model, monkeypatch, sig):
-    """The test above failed once in CI: its SIGTERM came, most likely, while Popen returned the new server
+    """test_serve_interrupted_while_its_server_starts_... failed once in CI: its SIGTERM came, most likely, while Popen returned the new server
     (before start_server's try), and the server ran on after 'it was stopped'. Here the signal comes exactly
     there, every time: raised in the main thread the moment the real llama-server is forked."""
     from lablib import children

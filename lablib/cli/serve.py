@@ -38,17 +38,28 @@ def add_arguments(p) -> None:
 
 
 def _terminated(signum, frame):
-    raise KeyboardInterrupt("SIGTERM")  # while the server starts: the same way out as Ctrl-C
+    raise KeyboardInterrupt("SIGTERM")  # the same way out as Ctrl-C, while the server starts and while it serves
 
 
 def run(ns) -> int:
-    from lablib.engines.servers import start_server
-
     if ns.duration_s is not None and not ns.duration_s > 0:
         raise LabError(f"--duration-s {ns.duration_s}: expected a positive number of seconds")
-    # Ctrl-C or SIGTERM while it starts (vLLM: minutes): start_server stops it; one line, no traceback
+    # Ctrl-C or SIGTERM while it starts (vLLM: minutes): start_server stops it; one line, no traceback. Then, while
+    # it serves, either one stops it. One handler all along: restoring one between the two left a moment (its
+    # ready lines) where a Ctrl-C was a traceback and a SIGTERM killed the lab, leaving the server to its death
+    # signal and vLLM's workers to themselves.
     main = threading.current_thread() is threading.main_thread()  # a handler can only be set there
     prior = signal.signal(signal.SIGTERM, _terminated) if main else None
+    try:
+        return _serve(ns)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, prior if prior is not None else signal.SIG_DFL)
+
+
+def _serve(ns) -> int:
+    from lablib.engines.servers import start_server
+
     try:
         srv = start_server(
             ns.server,
@@ -64,49 +75,40 @@ def run(ns) -> int:
         name = e.args[0] if e.args and isinstance(e.args[0], str) else "SIGINT"
         print(f"lablib serve: interrupted by {name} while {ns.server} started; it was stopped", file=sys.stderr)
         return 128 + int(getattr(signal, name, signal.SIGINT))
-    finally:
-        if main:
-            signal.signal(signal.SIGTERM, prior if prior is not None else signal.SIG_DFL)
-    print(
-        f"{srv.name} {srv.version} ready at {srv.base_url} (pid {srv.pid}, {srv.startup_s:.1f} s; log {srv.log_path})",
-        flush=True,
-    )
-    device = ("device", "device_name", "device_source")
-    print(f"runs on: {srv.settings.get('device_name')} ({srv.settings.get('device_source')})", flush=True)
-    shown = {k: v for k, v in srv.settings.items() if k not in ("env", "startup_s", *device)}
-    print("started with: " + ", ".join(f"{k}={v}" for k, v in shown.items()), flush=True)
-    print(
-        f"measure it: lablib bench --base-url {srv.base_url} --concurrency 1 --requests 4 --prompt-tokens 64 "
-        "--max-new-tokens 32 --out serving.jsonl",
-        flush=True,
-    )
-    stop = {"now": False}
-
-    def on_signal(signum, frame):
-        stop["now"] = True
-
-    old = signal.signal(signal.SIGTERM, on_signal)
-    deadline = math.inf if ns.duration_s is None else time.monotonic() + ns.duration_s
-    try:
-        while not stop["now"] and srv.alive() and time.monotonic() < deadline:
+    try:  # nothing between the server's return and this try: an interrupt there lost it
+        deadline = math.inf if ns.duration_s is None else time.monotonic() + ns.duration_s
+        print(
+            f"{srv.name} {srv.version} ready at {srv.base_url} (pid {srv.pid}, {srv.startup_s:.1f} s; log "
+            f"{srv.log_path})",
+            flush=True,
+        )
+        device = ("device", "device_name", "device_source")
+        print(f"runs on: {srv.settings.get('device_name')} ({srv.settings.get('device_source')})", flush=True)
+        shown = {k: v for k, v in srv.settings.items() if k not in ("env", "startup_s", *device)}
+        print("started with: " + ", ".join(f"{k}={v}" for k, v in shown.items()), flush=True)
+        print(
+            f"measure it: lablib bench --base-url {srv.base_url} --concurrency 1 --requests 4 --prompt-tokens 64 "
+            "--max-new-tokens 32 --out serving.jsonl",
+            flush=True,
+        )
+        while srv.alive() and time.monotonic() < deadline:
             time.sleep(0.2)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (_terminated)
         pass
     finally:
-        signal.signal(signal.SIGTERM, old)
         died = not srv.alive()
-        # a second Ctrl-C while the server stops (or one sent to the whole process group, as `timeout` passes
-        # it on) would break the stop with a traceback and leave the server's group to the exit hook
-        prior_int = (
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # a second Ctrl-C or SIGTERM while the server stops (one sent to the whole process group, as `timeout`
+        # passes it on) would break the stop with a traceback and leave the server's group to the exit hook
+        held = (
+            {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
             if threading.current_thread() is threading.main_thread()
-            else None
+            else {}
         )
         try:
             code = srv.stop()
         finally:
-            if prior_int is not None:
-                signal.signal(signal.SIGINT, prior_int)
+            for s, h in held.items():
+                signal.signal(s, h)
     if died:
         print(f"{srv.name} exited by itself (code {code}); its log ends:\n{srv.log_tail()}", file=sys.stderr)
         return 1
