@@ -303,20 +303,24 @@ def test_an_interrupt_the_moment_the_server_is_forked_stops_it(model, monkeypatc
     def terminated(signum, frame):
         raise KeyboardInterrupt("SIGTERM")  # as lablib serve's
 
-    prior = signal.signal(signal.SIGTERM, terminated)
+    # Ctrl-C's handler set here: pytest's workers, run as a background job (CI), inherit SIGINT ignored
+    prior = {signal.SIGTERM: signal.signal(signal.SIGTERM, terminated)}
+    prior[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     monkeypatch.setattr(children, "popen", popen_then_signal)
     try:
         with pytest.raises(KeyboardInterrupt):
             start_server("llama-server", model, threads=1, n_ctx=128)
+        after = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
     finally:
-        signal.signal(signal.SIGTERM, prior)
+        for s, h in prior.items():
+            signal.signal(s, h)
         for proc in forked:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
                 pytest.fail(f"{sig}: the forked llama-server (pid {proc.pid}) was still running")
     assert len(forked) == 1 and forked[0].returncode is not None
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler and signal.getsignal(signal.SIGTERM) is prior
+    assert after == (signal.default_int_handler, terminated)  # the handlers start_server found, back in place
 
 
 # --- lablib replay: trace files ------------------------------------------------------------------------
