@@ -247,3 +247,31 @@ def test_a_replay_from_two_processes_sends_each_request_once_on_its_one_schedule
     assert sorted(s["n"] for s in by_rid.values()) == [2, 2]  # the processes' own, before the start; nothing else
     assert main([*argv, "--client-processes", "none", "--out", str(out)]) == 2
     assert "lablib: --client-processes 'none': expected a whole number of client processes" in capsys.readouterr().err
+
+
+def test_a_ctrl_c_while_the_second_process_starts_leaves_no_process(model, paced, monkeypatch):
+    """A Ctrl-C while the client processes were started (spawn: a second or so each) came before the run's try: the
+    processes already started waited for their start for ever, out of sight (daemons, ended only with the lab's
+    process). Here it comes the moment the second one is started: every started process ends with the run."""
+    import signal
+    from multiprocessing.context import SpawnProcess
+
+    import psutil
+
+    started, real_start = [], SpawnProcess.start
+
+    def start_then_ctrl_c(self):
+        real_start(self)
+        started.append(self.pid)
+        if len(started) == 2:
+            signal.raise_signal(signal.SIGINT)  # its handler runs here, inside what starts the process
+
+    monkeypatch.setattr(SpawnProcess, "start", start_then_ctrl_c)
+    prior = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job (CI) inherits it ignored
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_load_processes(_kw(model, paced), [[1, 2, 3]] * 4, "closed", processes=2, concurrency=2)
+    finally:
+        signal.signal(signal.SIGINT, prior)
+    alive = [pid for pid in started if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert len(started) == 2 and alive == []

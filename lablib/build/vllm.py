@@ -731,19 +731,19 @@ class _Pip:
         cmd = [str(self.python), "-m", "pip", *args[:1], *PIP_FLAGS, *bar, *args[1:]]
         self.logfile.write(f"\n$ {' '.join(cmd)}\n")
         self.logfile.flush()
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_child_env(), bufsize=1
-        )
-        lines: queue.Queue = queue.Queue()
+        lines: queue.Queue = queue.Queue()  # made before pip starts: from its start on, all is in the try
 
         def read():
             for line in proc.stdout:
                 lines.put(line)
             lines.put(None)
 
-        threading.Thread(target=read, daemon=True).start()
-        start = last = time.monotonic()
-        try:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_child_env(), bufsize=1
+        )
+        try:  # a Ctrl-C while its reader started left pip installing, out of sight
+            threading.Thread(target=read, daemon=True).start()
+            start = last = time.monotonic()
             while True:
                 try:
                     line = lines.get(timeout=1.0)

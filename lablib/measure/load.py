@@ -675,6 +675,7 @@ def run_load_processes(
     import signal
     import time
 
+    from lablib.children import interrupts_held
     from lablib.measure.processes import DONE_GRACE_S, START_MARGIN_S, _collect, _plan, _wait_ready
 
     processes = whole(processes, "processes", "a whole number of client processes, at least 1")
@@ -687,38 +688,42 @@ def run_load_processes(
     ctx = multiprocessing.get_context("spawn")
     to_parent = ctx.Queue()
     workers = []
-    for p, plan in enumerate(plans):
-        idx = plan["requests"]
-        job = {
-            "prompts": [prompts[i] for i in idx],
-            "requests": idx,
-            "clients": plan["clients"],
-            "mode": mode,
-            "concurrency": plan["concurrency"],
-            # the open loop's send times of this process's requests, on the run's time line (from the shared start)
-            "schedule": [schedule[i] for i in idx] if mode == "open" else None,
-            "max_duration_s": max_duration_s,
-            "cfg": cfg,
-            "manifest": manifest,
-            "max_new_tokens": [max_new_tokens[i] for i in idx] if max_new_tokens is not None else None,
-            "adapters": [adapters[i] for i in idx] if adapters is not None else None,
-            "labels": labels,
-            # the run's own labels on every row, not this process's share (its concurrency, its sub-schedule)
-            "run_labels": {"concurrency": concurrency}
-            if mode == "closed"
-            else {
-                "concurrency": concurrency,
-                "rate": rate,
-                "arrival": arrival if rate is not None else "schedule",
-                "burstiness": burstiness if rate is not None else None,
-            },
-        }
-        to_worker = ctx.Queue()
-        proc = ctx.Process(target=_process_worker, args=(p, engine_kw, job, to_worker, to_parent), daemon=True)
-        proc.start()
-        workers.append({"proc": proc, "to": to_worker, "plan": plan, "rows": 0, "done": None})
     rows: list[dict] = []
-    try:
+    try:  # from the first process started: an interrupt while the others start stops it too
+        for p, plan in enumerate(plans):
+            idx = plan["requests"]
+            job = {
+                "prompts": [prompts[i] for i in idx],
+                "requests": idx,
+                "clients": plan["clients"],
+                "mode": mode,
+                "concurrency": plan["concurrency"],
+                # the open loop's send times of this process's requests, on the run's time line (from the shared start)
+                "schedule": [schedule[i] for i in idx] if mode == "open" else None,
+                "max_duration_s": max_duration_s,
+                "cfg": cfg,
+                "manifest": manifest,
+                "max_new_tokens": [max_new_tokens[i] for i in idx] if max_new_tokens is not None else None,
+                "adapters": [adapters[i] for i in idx] if adapters is not None else None,
+                "labels": labels,
+                # the run's own labels on every row, not this process's share (its concurrency, its sub-schedule)
+                "run_labels": {"concurrency": concurrency}
+                if mode == "closed"
+                else {
+                    "concurrency": concurrency,
+                    "rate": rate,
+                    "arrival": arrival if rate is not None else "schedule",
+                    "burstiness": burstiness if rate is not None else None,
+                },
+            }
+            to_worker = ctx.Queue()
+            proc = ctx.Process(target=_process_worker, args=(p, engine_kw, job, to_worker, to_parent), daemon=True)
+            # a Ctrl-C inside start() lost the started process (it waited for its start for ever): held until the
+            # process is among the workers, which the except below interrupts and the finally joins
+            with interrupts_held() as held:
+                proc.start()
+                workers.append({"proc": proc, "to": to_worker, "plan": plan, "rows": 0, "done": None})
+                held.release()
         _wait_ready(workers, to_parent)
         if start_at is None:
             start_at = now() + START_MARGIN_S
