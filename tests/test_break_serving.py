@@ -284,11 +284,15 @@ def test_serve_stopped_while_it_serves_stops_its_server_and_exits_0(sig):
     assert not server.is_running()  # reaped by the lab before it exited: not even a zombie
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_an_interrupt_the_moment_the_server_is_forked_stops_it(model, monkeypatch, sig):
-    """test_serve_interrupted_while_its_server_starts_... failed once in CI: its SIGTERM came, most likely, while Popen returned the new server
-    (before start_server's try), and the server ran on after 'it was stopped'. Here the signal comes exactly
-    there, every time: raised in the main thread the moment the real llama-server is forked."""
+def _terminated(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")  # as lablib serve's
+
+
+def _start_server_interrupted_at_its_fork(model, monkeypatch, sig: str) -> None:
+    """start_server('llama-server') with ``sig`` raised in the main thread the moment the real server is forked
+    (its handler runs inside what returns the process), Ctrl-C's and SIGTERM's handlers raising KeyboardInterrupt:
+    it must raise KeyboardInterrupt, having stopped and reaped the one server it forked, with the handlers it found
+    back in place."""
     from lablib import children
     from lablib.engines.servers import start_server
 
@@ -300,11 +304,8 @@ def test_an_interrupt_the_moment_the_server_is_forked_stops_it(model, monkeypatc
         signal.raise_signal(getattr(signal, sig))  # its handler runs here, inside what returns the process
         return proc
 
-    def terminated(signum, frame):
-        raise KeyboardInterrupt("SIGTERM")  # as lablib serve's
-
     # Ctrl-C's handler set here: pytest's workers, run as a background job (CI), inherit SIGINT ignored
-    prior = {signal.SIGTERM: signal.signal(signal.SIGTERM, terminated)}
+    prior = {signal.SIGTERM: signal.signal(signal.SIGTERM, _terminated)}
     prior[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     monkeypatch.setattr(children, "popen", popen_then_signal)
     try:
@@ -320,7 +321,36 @@ def test_an_interrupt_the_moment_the_server_is_forked_stops_it(model, monkeypatc
                 proc.wait()
                 pytest.fail(f"{sig}: the forked llama-server (pid {proc.pid}) was still running")
     assert len(forked) == 1 and forked[0].returncode is not None
-    assert after == (signal.default_int_handler, terminated)  # the handlers start_server found, back in place
+    assert after == (signal.default_int_handler, _terminated)  # the handlers start_server found, back in place
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_the_moment_the_server_is_forked_stops_it(model, monkeypatch, sig):
+    """test_serve_interrupted_while_its_server_starts_... failed once in CI: its SIGTERM came, most likely, while Popen returned the new server
+    (before start_server's try), and the server ran on after 'it was stopped'. Here the signal comes exactly
+    there, every time: raised in the main thread the moment the real llama-server is forked."""
+    _start_server_interrupted_at_its_fork(model, monkeypatch, sig)
+
+
+def test_a_second_interrupt_as_start_server_stops_its_server_does_not_leave_it_running(model, monkeypatch):
+    """Ctrl-C, then SIGTERM at once (or Ctrl-C pressed twice: a notebook's Interrupt clicked twice while vLLM stops
+    for seconds): the second one's KeyboardInterrupt came as start_server's except began to stop the server, the
+    stop never ran, and the server ran on after start_server had raised (a fuzz of both signals at once, in a
+    process with both handlers raising: 2 in 25 tries; in a notebook the server runs until the kernel ends). Here
+    the second comes exactly there: raised as the first stop() begins."""
+    from lablib.engines.servers import RunningServer
+
+    real_stop, stops = RunningServer.stop, []
+
+    def stop_then_sigterm(self, grace_s=10.0):
+        stops.append(grace_s)
+        if len(stops) == 1:
+            signal.raise_signal(signal.SIGTERM)  # its handler runs here, as the stop begins
+        return real_stop(self, grace_s)
+
+    monkeypatch.setattr(RunningServer, "stop", stop_then_sigterm)
+    _start_server_interrupted_at_its_fork(model, monkeypatch, "SIGINT")
+    assert len(stops) == 2  # the stop the SIGTERM broke, then the one that stopped it
 
 
 # --- lablib replay: trace files ------------------------------------------------------------------------
