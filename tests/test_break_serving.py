@@ -223,11 +223,11 @@ sys.exit(main(["serve", "--server", "llama-server", "--threads", "1", "--n-ctx",
 
 
 @contextlib.contextmanager
-def _serving():
-    """`lablib serve --server llama-server` in a child Python (its output read as text), killed if still running
-    at the end of the block."""
+def _serving(code: str = _SERVE):
+    """`lablib serve --server llama-server` (or another ``code``) in a child Python (its output read as text), killed
+    if still running at the end of the block."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", _SERVE],
+        [sys.executable, "-c", code],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -284,15 +284,30 @@ def test_serve_stopped_while_it_serves_stops_its_server_and_exits_0(sig):
     assert not server.is_running()  # reaped by the lab before it exited: not even a zombie
 
 
-def _terminated(signum, frame):
-    raise KeyboardInterrupt("SIGTERM")  # as lablib serve's
+def _its_llama_server(proc) -> psutil.Process:
+    """``proc``'s llama-server child once it is exec'd (start_server is then past its fork, waiting for it)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        for c in psutil.Process(proc.pid).children():
+            with contextlib.suppress(psutil.Error):
+                if "llama-server" in (c.cmdline() or [""])[0]:
+                    return c
+        time.sleep(0.005)
+    raise AssertionError(f"no llama-server started: {proc.communicate(timeout=30)}")
 
 
-def _start_server_interrupted_at_its_fork(model, monkeypatch, sig: str) -> None:
-    """start_server('llama-server') with ``sig`` raised in the main thread the moment the real server is forked
-    (its handler runs inside what returns the process), Ctrl-C's and SIGTERM's handlers raising KeyboardInterrupt:
-    it must raise KeyboardInterrupt, having stopped and reaped the one server it forked, with the handlers it found
-    back in place."""
+def _ctrl_c_and_sigterm_at_once(proc) -> None:
+    """SIGINT and SIGTERM both pending in ``proc`` as it next runs (Python then runs SIGINT's handler, and SIGTERM's
+    at its next check): sent while it is stopped (SIGSTOP), then SIGCONT."""
+    for sig in (signal.SIGSTOP, signal.SIGINT, signal.SIGTERM, signal.SIGCONT):
+        proc.send_signal(sig)
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_the_moment_the_server_is_forked_stops_it(model, monkeypatch, sig):
+    """test_serve_interrupted_while_its_server_starts_... failed once in CI: its SIGTERM came, most likely, while Popen returned the new server
+    (before start_server's try), and the server ran on after 'it was stopped'. Here the signal comes exactly
+    there, every time: raised in the main thread the moment the real llama-server is forked."""
     from lablib import children
     from lablib.engines.servers import start_server
 
@@ -304,8 +319,11 @@ def _start_server_interrupted_at_its_fork(model, monkeypatch, sig: str) -> None:
         signal.raise_signal(getattr(signal, sig))  # its handler runs here, inside what returns the process
         return proc
 
+    def terminated(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")  # as lablib serve's
+
     # Ctrl-C's handler set here: pytest's workers, run as a background job (CI), inherit SIGINT ignored
-    prior = {signal.SIGTERM: signal.signal(signal.SIGTERM, _terminated)}
+    prior = {signal.SIGTERM: signal.signal(signal.SIGTERM, terminated)}
     prior[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     monkeypatch.setattr(children, "popen", popen_then_signal)
     try:
@@ -321,36 +339,41 @@ def _start_server_interrupted_at_its_fork(model, monkeypatch, sig: str) -> None:
                 proc.wait()
                 pytest.fail(f"{sig}: the forked llama-server (pid {proc.pid}) was still running")
     assert len(forked) == 1 and forked[0].returncode is not None
-    assert after == (signal.default_int_handler, _terminated)  # the handlers start_server found, back in place
+    assert after == (signal.default_int_handler, terminated)  # the handlers start_server found, back in place
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_an_interrupt_the_moment_the_server_is_forked_stops_it(model, monkeypatch, sig):
-    """test_serve_interrupted_while_its_server_starts_... failed once in CI: its SIGTERM came, most likely, while Popen returned the new server
-    (before start_server's try), and the server ran on after 'it was stopped'. Here the signal comes exactly
-    there, every time: raised in the main thread the moment the real llama-server is forked."""
-    _start_server_interrupted_at_its_fork(model, monkeypatch, sig)
+# start_server in a process whose Ctrl-C and SIGTERM both raise KeyboardInterrupt (as lablib serve's, a caller's);
+# prints what it raised and the children it left, each with its status
+_START = """\
+import json, signal, psutil
+def terminated(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGTERM, terminated)
+from lablib.engines.servers import start_server
+try:
+    start_server("llama-server", threads=1, n_ctx=128).stop()
+    said = "ready"
+except KeyboardInterrupt as e:
+    said = repr(e)
+kids = [(c.pid, c.status()) for c in psutil.Process().children()]
+print(json.dumps({"said": said, "children": kids}))
+"""
 
 
-def test_a_second_interrupt_as_start_server_stops_its_server_does_not_leave_it_running(model, monkeypatch):
-    """Ctrl-C, then SIGTERM at once (or Ctrl-C pressed twice: a notebook's Interrupt clicked twice while vLLM stops
-    for seconds): the second one's KeyboardInterrupt came as start_server's except began to stop the server, the
-    stop never ran, and the server ran on after start_server had raised (a fuzz of both signals at once, in a
-    process with both handlers raising: 2 in 25 tries; in a notebook the server runs until the kernel ends). Here
-    the second comes exactly there: raised as the first stop() begins."""
-    from lablib.engines.servers import RunningServer
-
-    real_stop, stops = RunningServer.stop, []
-
-    def stop_then_sigterm(self, grace_s=10.0):
-        stops.append(grace_s)
-        if len(stops) == 1:
-            signal.raise_signal(signal.SIGTERM)  # its handler runs here, as the stop begins
-        return real_stop(self, grace_s)
-
-    monkeypatch.setattr(RunningServer, "stop", stop_then_sigterm)
-    _start_server_interrupted_at_its_fork(model, monkeypatch, "SIGINT")
-    assert len(stops) == 2  # the stop the SIGTERM broke, then the one that stopped it
+def test_ctrl_c_and_sigterm_at_once_while_start_server_waits_leave_no_server():
+    """Ctrl-C and SIGTERM together (or Ctrl-C pressed twice: a notebook's Interrupt clicked twice while vLLM stops
+    for seconds): Python runs the first one's handler, and the second one's at its next check, as the stop in
+    start_server's except began; its KeyboardInterrupt broke that stop, and the server ran on after start_server had
+    raised (a fuzz of both signals at once: 2 in 25 tries; in a notebook the server runs until the kernel ends). Here
+    both are pending at once, every time (_ctrl_c_and_sigterm_at_once), as it waits for the server."""
+    with _serving(_START) as proc:
+        _its_llama_server(proc)
+        _ctrl_c_and_sigterm_at_once(proc)
+        out, err = proc.communicate(timeout=60)
+    said = json.loads(out)
+    assert "Traceback" not in err and said["children"] == [], (said, err)  # stopped and reaped before it raised
+    assert said["said"] in ("KeyboardInterrupt()", "ready"), said  # the first one (SIGINT: its handler runs first)
 
 
 # --- lablib replay: trace files ------------------------------------------------------------------------

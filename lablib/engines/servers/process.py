@@ -271,22 +271,19 @@ def start_server(
             # for a run in another process (lablib bench, a notebook): what this server was started with
             cards.write_card(name, srv.pid, port, version, argv, log_path, srv.settings)
         except BaseException:
-            _stop_through_interrupts(srv)
+            # the stop carried to its end through a second Ctrl-C or SIGTERM (pressed twice, a notebook's Interrupt
+            # clicked twice while vLLM stops; SIGINT and SIGTERM sent together, the second one's handler running as
+            # the stop begins): it broke the stop, and the server ran on after this raised (found by a fuzz). The
+            # interrupt raised is the first. Inline, not a helper: a pending handler runs as a function is entered,
+            # before any try inside it
+            while True:
+                try:
+                    srv.stop(grace_s=5)
+                    break
+                except KeyboardInterrupt:
+                    continue  # the stop again from its start: each step of it does nothing once done
             raise
         return srv
-
-
-def _stop_through_interrupts(srv: RunningServer) -> None:
-    """``srv.stop(grace_s=5)`` carried to its end through a Ctrl-C or SIGTERM (KeyboardInterrupt) that comes while it
-    runs: the interrupt start_server is already raising stays the one raised. A second one (Ctrl-C pressed twice, a
-    notebook's Interrupt clicked twice while vLLM stops; SIGINT and SIGTERM at once: the second one's handler runs as
-    the stop begins) broke the stop, and the server ran on after start_server had raised (found by a fuzz)."""
-    while True:
-        try:
-            srv.stop(grace_s=5)
-            return
-        except KeyboardInterrupt:
-            continue  # the stop again from its start: each step of it does nothing once done
 
 
 # a log line's prefix that says nothing to a learner: vLLM's "(Worker pid=1) INFO 12-01 14:16:16 [file.py:87] "
