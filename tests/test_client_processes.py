@@ -11,6 +11,7 @@
 """
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -249,10 +250,10 @@ def test_a_replay_from_two_processes_sends_each_request_once_on_its_one_schedule
     assert "lablib: --client-processes 'none': expected a whole number of client processes" in capsys.readouterr().err
 
 
-def test_a_ctrl_c_while_the_second_process_starts_leaves_no_process(model, paced, monkeypatch):
-    """A Ctrl-C while the client processes were started (spawn: a second or so each) came before the run's try: the
-    processes already started waited for their start for ever, out of sight (daemons, ended only with the lab's
-    process). Here it comes the moment the second one is started: every started process ends with the run."""
+def _ctrl_c_as_the_second_process_starts(model, paced, monkeypatch, before=None) -> None:
+    """run_load_processes from two client processes on ``paced``, Ctrl-C raised in this process the moment the
+    second one is started (after ``before(pids)``, when given): it must raise KeyboardInterrupt and leave no
+    process running."""
     import signal
     from multiprocessing.context import SpawnProcess
 
@@ -264,6 +265,8 @@ def test_a_ctrl_c_while_the_second_process_starts_leaves_no_process(model, paced
         real_start(self)
         started.append(self.pid)
         if len(started) == 2:
+            if before is not None:
+                before(started)
             signal.raise_signal(signal.SIGINT)  # its handler runs here, inside what starts the process
 
     monkeypatch.setattr(SpawnProcess, "start", start_then_ctrl_c)
@@ -275,3 +278,39 @@ def test_a_ctrl_c_while_the_second_process_starts_leaves_no_process(model, paced
         signal.signal(signal.SIGINT, prior)
     alive = [pid for pid in started if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert len(started) == 2 and alive == []
+
+
+def test_a_ctrl_c_while_the_second_process_starts_leaves_no_process(model, paced, monkeypatch):
+    """A Ctrl-C while the client processes were started (spawn: a second or so each) came before the run's try: the
+    processes already started waited for their start for ever, out of sight (daemons, ended only with the lab's
+    process). Here it comes the moment the second one is started: every started process ends with the run."""
+    _ctrl_c_as_the_second_process_starts(model, paced, monkeypatch)
+
+
+def _catches_ctrl_c(pid: int) -> bool:
+    """Whether process ``pid`` has a handler for SIGINT (Linux: /proc/PID/status, SigCgt): a new Python sets its
+    own at its start, before it imports anything."""
+    import signal
+
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    return bool(caught & (1 << (signal.SIGINT - 1)))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status")
+def test_a_ctrl_c_while_the_client_processes_import_prints_no_traceback(model, paced, monkeypatch, capfd):
+    """`lablib bench --client-processes 2` sent Ctrl-C or SIGTERM while its processes started (the terminal's Ctrl-C
+    reaches them too): the lab passed SIGINT on to each one, which was still importing (spawn: a second or more), so
+    each printed a KeyboardInterrupt traceback from the middle of its imports, or "Fatal Python error:
+    init_import_site" (a fuzz of `kill -INT` / `kill -TERM` on bench: 2 in 30 tries). Here the Ctrl-C comes, every
+    time, once both processes run Python (it has set its Ctrl-C handler) and before either runs the lab's worker."""
+    import time
+
+    def both_importing(pids):
+        deadline = time.monotonic() + 60
+        while not all(_catches_ctrl_c(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    _ctrl_c_as_the_second_process_starts(model, paced, monkeypatch, before=both_importing)
+    err = capfd.readouterr().err  # the processes' own stderr is this one's
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and "Fatal Python error" not in err, err

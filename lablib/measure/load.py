@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import math
 import queue
+import signal
 import threading
 from collections.abc import Callable
 
@@ -564,6 +565,10 @@ async def _open(engine, prompts, schedule, cap, cfgs, max_duration_s, manifest, 
 
 
 # --- one run from several client processes (lablib.measure.processes) ----------------------------
+# Ctrl-C blocked while a client process is born, where signal masks exist (POSIX; not Windows): see run_load_processes
+_MASKS = hasattr(signal, "pthread_sigmask")
+
+
 def _process_worker(index: int, engine_kw: dict, job: dict, to_worker, to_parent) -> None:
     """One client process: an http engine, ready; then run_load from the shared start, rows to the parent."""
     import os
@@ -580,6 +585,8 @@ def _process_worker(index: int, engine_kw: dict, job: dict, to_worker, to_parent
     engine = headroom = error = None
     frozen = contextlib.ExitStack()
     try:
+        if _MASKS:  # born with Ctrl-C blocked (run_load_processes): one that came since is raised here
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         from lablib.engines import load_engine
         from lablib.measure.headroom import LoopLagProbe, frozen_heap
 
@@ -721,7 +728,16 @@ def run_load_processes(
             # a Ctrl-C inside start() lost the started process (it waited for its start for ever): held until the
             # process is among the workers, which the except below interrupts and the finally joins
             with interrupts_held() as held:
-                proc.start()
+                # born with Ctrl-C blocked (a signal mask survives fork and exec; multiprocessing's resource tracker
+                # starts so too), unblocked by _process_worker once its handler is set: a Ctrl-C before (the
+                # terminal's, or the one the except below passes on) waits for it. Else it came while the new
+                # Python imported: a KeyboardInterrupt traceback, or "Fatal Python error: init_import_site"
+                blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if _MASKS else None
+                try:
+                    proc.start()
+                finally:
+                    if blocked is not None:
+                        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
                 workers.append({"proc": proc, "to": to_worker, "plan": plan, "rows": 0, "done": None})
                 held.release()
         _wait_ready(workers, to_parent)
