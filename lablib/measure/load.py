@@ -748,6 +748,10 @@ def run_load_processes(
         _collect(workers, to_parent, rows, on_row)
     except KeyboardInterrupt:
         for w in workers:
+            # no start is coming: a process whose own Ctrl-C was dropped (raised inside a finalizer: "Exception
+            # ignored in ...") went on, got ready and waited for it, and this run for the process (DONE_GRACE_S, then
+            # the finally's join: lablib bench exited 41 s after its Ctrl-C)
+            w["to"].put(None)
             if w["proc"].is_alive() and w["done"] is None:
                 os.kill(w["proc"].pid, signal.SIGINT)
         try:
