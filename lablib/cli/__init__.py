@@ -125,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     except LabError as e:
         print(f"lablib: {in_flags(str(e), _names(ns))}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C (bench and serve say more, themselves): the rows written stay where they are
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM a command turned into one (cli.common.first_interrupt_only;
+        # bench and serve say more, themselves): the rows written stay where they are
+        name = "SIGTERM" if e.args == ("SIGTERM",) else "SIGINT"
         size = _size(out)
         if not out:
             kept = "nothing was written"
@@ -135,8 +137,12 @@ def main(argv: list[str] | None = None) -> int:
             kept = f"no rows were added to {out} (its earlier rows are as they were)"
         else:
             kept = f"the rows written before it are in {out}"
-        print(f"lablib {ns.cmd}: interrupted (Ctrl-C); {kept}", file=sys.stderr, flush=True)
-        return 130
+        print(
+            f"lablib {ns.cmd}: interrupted ({'Ctrl-C' if name == 'SIGINT' else name}); {kept}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 130 if name == "SIGINT" else 143
 
 
 if __name__ == "__main__":

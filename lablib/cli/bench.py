@@ -23,9 +23,8 @@ stops it: the requests in flight are written as error rows, one line says how ma
 from __future__ import annotations
 
 import sys
-import threading
 
-from lablib.cli.common import GOODPUT_KEYWORDS, add_goodput_targets, flags, goodput_targets
+from lablib.cli.common import GOODPUT_KEYWORDS, add_goodput_targets, first_interrupt_only, flags, goodput_targets
 
 HELP = "measure an OpenAI-compatible server: closed or open loop, rows to --out"
 
@@ -100,37 +99,30 @@ def keywords(ns) -> dict:
     }
 
 
-def _terminated(signum, frame):
-    raise KeyboardInterrupt("SIGTERM")  # the same way out as Ctrl-C: the rows in flight written, then a message
-
-
 def run(ns) -> int:
     """The run; on SIGINT (Ctrl-C) or SIGTERM the rows of the requests in flight are written (as errors)
-    and one message counts the rows of the run on disk: exit code 128 + the signal's number (130, 143)."""
+    and one message counts the rows of the run on disk: exit code 128 + the signal's number (130, 143). Only the
+    first one: a second one broke the writing of those rows (first_interrupt_only)."""
     import signal
     from pathlib import Path
 
-    main = threading.current_thread() is threading.main_thread()  # a handler can only be set there
-    old = signal.signal(signal.SIGTERM, _terminated) if main else None
-    try:
-        return _run(ns)
-    except KeyboardInterrupt as e:
-        name = e.args[0] if e.args and isinstance(e.args[0], str) else "SIGINT"
-        n = getattr(e, "rows_written", 0)  # lablib.measure.load.bench counts them; none before it wrote one
-        if n:
-            said = (
-                f"{n} rows of this run are in {ns.out}: those of the requests that finished, and of those in "
-                "flight (as errors)"
-            )
-        elif Path(ns.out).exists():
-            said = f"no rows were written to {ns.out} (its earlier rows are as they were)"
-        else:
-            said = f"no rows were written (the results file would be {ns.out}: it was not created)"
-        print(f"lablib bench: interrupted by {name}; {said}: run it again to measure", file=sys.stderr, flush=True)
-        return 128 + int(getattr(signal, name, signal.SIGINT))
-    finally:
-        if main:
-            signal.signal(signal.SIGTERM, old if old is not None else signal.SIG_DFL)
+    with first_interrupt_only():
+        try:
+            return _run(ns)
+        except KeyboardInterrupt as e:
+            name = e.args[0] if e.args and isinstance(e.args[0], str) else "SIGINT"
+            n = getattr(e, "rows_written", 0)  # lablib.measure.load.bench counts them; none before it wrote one
+            if n:
+                said = (
+                    f"{n} rows of this run are in {ns.out}: those of the requests that finished, and of those in "
+                    "flight (as errors)"
+                )
+            elif Path(ns.out).exists():
+                said = f"no rows were written to {ns.out} (its earlier rows are as they were)"
+            else:
+                said = f"no rows were written (the results file would be {ns.out}: it was not created)"
+            print(f"lablib bench: interrupted by {name}; {said}: run it again to measure", file=sys.stderr, flush=True)
+            return 128 + int(getattr(signal, name, signal.SIGINT))
 
 
 def _run(ns) -> int:

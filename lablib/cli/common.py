@@ -65,3 +65,40 @@ def ctrl_c_also_cancels():
         signal.signal(signal.SIGINT, prior)
     if cancel.is_set():
         raise KeyboardInterrupt
+
+
+@contextmanager
+def first_interrupt_only():
+    """``with first_interrupt_only():`` Ctrl-C (SIGINT) and SIGTERM raise KeyboardInterrupt named after the signal
+    ("SIGINT", "SIGTERM": SIGTERM the same way out as Ctrl-C) the first time; later ones are dropped until the block
+    ends, so they cannot break what the first one began: stopping a server, writing the rows of the requests in
+    flight (as a client process's own handler does, :func:`lablib.measure.load._process_worker`). Raised too, a
+    second one (Ctrl-C pressed twice; SIGINT and SIGTERM sent together, both pending at once: Python runs the second
+    handler at its next check, in the middle of the first one's way out) broke it. Found by fuzzing `lablib serve`,
+    `bench` and `replay`: serve exited 130 with its server left to its death signal; bench and replay printed a
+    RuntimeError traceback ("release unlocked lock": the second KeyboardInterrupt inside a queue's Condition.wait as
+    it unwound from the first) and exited 1, the rows of the requests in flight not written. Only on the main thread
+    (no handler can be set elsewhere); SIGINT only where a Python handler is set (ignored in a background job, it
+    stays ignored)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came = []
+
+    def first_only(signum, frame):
+        if not came:
+            came.append(signum)
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    prior = {}
+    for s in (signal.SIGTERM, signal.SIGINT):
+        if s == signal.SIGTERM or callable(signal.getsignal(s)):
+            prior[s] = signal.signal(s, first_only)
+    try:
+        yield
+    finally:
+        for s, h in prior.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)

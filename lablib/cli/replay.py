@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import sys
 
-from lablib.cli.common import GOODPUT_KEYWORDS, add_goodput_targets, flags, goodput_targets
+from lablib.cli.common import GOODPUT_KEYWORDS, add_goodput_targets, first_interrupt_only, flags, goodput_targets
 
 HELP = "replay a request trace (default: Mooncake's, scaled) on an OpenAI-compatible server, rows to --out"
 
@@ -104,6 +104,14 @@ def replay_line(s: dict) -> str:
 
 
 def run(ns) -> int:
+    # SIGTERM the same way out as Ctrl-C (lablib.cli.main says which came and what is on disk), and only the first
+    # one: before, a SIGTERM killed the lab outright, its server (--server) left to its death signal (vLLM's workers
+    # to themselves), and a second signal broke the writing of the rows in flight and the server's stop
+    with first_interrupt_only():
+        return _run(ns)
+
+
+def _run(ns) -> int:
     from lablib.cli.bench import _whole_arg
     from lablib.errors import LabError
     from lablib.measure.replay import run_replay

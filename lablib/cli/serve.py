@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+from lablib.cli.common import first_interrupt_only
 from lablib.errors import LabError
 
 HELP = "start a real OpenAI-compatible server on the lab's model (Ctrl-C stops it)"
@@ -37,45 +38,15 @@ def add_arguments(p) -> None:
     p.add_argument("--duration-s", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")
 
 
-class _FirstInterrupt:
-    """SIGINT's and SIGTERM's handler all through ``lablib serve``: the first one raises KeyboardInterrupt named
-    after it (SIGTERM the same way out as Ctrl-C, while the server starts and while it serves); later ones are
-    dropped, so they cannot break the stop the first one began. Raised too, a second one (Ctrl-C pressed twice;
-    SIGINT and SIGTERM sent together, both pending at once: Python runs the second handler at its next check, as
-    the stop begins) broke that stop. Found by a fuzz of two signals close together (6 in 40 tries as it started,
-    1 in 30 as it served): while it served, exit 130 and "interrupted (Ctrl-C); nothing was written" instead of
-    "stopped"; while it started, "it was stopped" after a stop cut short. Both times the server was left to its
-    death signal at the lab's exit."""
-
-    def __init__(self):
-        self.came = None
-
-    def __call__(self, signum, frame):
-        if self.came is None:
-            self.came = signal.Signals(signum).name
-            raise KeyboardInterrupt(self.came)
-
-
 def run(ns) -> int:
     if ns.duration_s is not None and not ns.duration_s > 0:
         raise LabError(f"--duration-s {ns.duration_s}: expected a positive number of seconds")
     # Ctrl-C or SIGTERM while it starts (vLLM: minutes): start_server stops it; one line, no traceback. Then, while
     # it serves, either one stops it. One handler all along: restoring one between the two left a moment (its
     # ready lines) where a Ctrl-C was a traceback and a SIGTERM killed the lab, leaving the server to its death
-    # signal and vLLM's workers to themselves. Ctrl-C's only where Python's (or a caller's) handler is set: one
-    # ignored (a background job) stays ignored.
-    main = threading.current_thread() is threading.main_thread()  # a handler can only be set there
-    prior = {}
-    if main:
-        first = _FirstInterrupt()
-        for s in (signal.SIGTERM, signal.SIGINT):
-            if s == signal.SIGTERM or callable(signal.getsignal(s)):
-                prior[s] = signal.signal(s, first)
-    try:
+    # signal and vLLM's workers to themselves. Only the first one: a second one broke the stop (first_interrupt_only).
+    with first_interrupt_only():
         return _serve(ns)
-    finally:
-        for s, h in prior.items():
-            signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
 def _serve(ns) -> int:
@@ -114,7 +85,7 @@ def _serve(ns) -> int:
         )
         while srv.alive() and time.monotonic() < deadline:
             time.sleep(0.2)
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (_FirstInterrupt)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (first_interrupt_only)
         pass
     finally:
         died = not srv.alive()
