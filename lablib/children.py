@@ -162,21 +162,29 @@ class interrupts_held:
         self.came: list[int] = []
         self._prior: dict[int, object] = {}
         if threading.current_thread() is threading.main_thread():
-            for name in self.SIGNALS:
-                sig = getattr(signal, name, None)
-                handler = None if sig is None else signal.getsignal(sig)
-                if callable(handler):
-                    self._prior[sig] = handler
-                    signal.signal(sig, self._keep)
+            try:
+                for name in self.SIGNALS:
+                    sig = getattr(signal, name, None)
+                    handler = None if sig is None else signal.getsignal(sig)
+                    if callable(handler):
+                        self._prior[sig] = handler
+                        signal.signal(sig, self._keep)
+            except BaseException:  # a SIGTERM between the two swaps, its own handler raising: no block, no exit
+                self._restore()
+                raise
         return self
 
     def _keep(self, signum, frame) -> None:
         self.came.append(signum)
 
     def _restore(self) -> None:
-        while self._prior:
-            sig, handler = self._prior.popitem()
-            signal.signal(sig, handler)
+        try:
+            while self._prior:
+                sig, handler = self._prior.popitem()
+                signal.signal(sig, handler)
+        finally:
+            if self._prior:  # a handler just put back raised (its signal came between two restores): the rest too
+                self._restore()
 
     def release(self) -> None:
         """Restore the handlers, then raise each signal that came (its handler runs here: Ctrl-C's raises

@@ -277,3 +277,42 @@ def test_the_program_gets_exactly_the_environment_it_was_given_even_a_c_locale()
             == sorted(untied.stdout.splitlines())
             == sorted(f"{k}={v}" for k, v in env.items())
         ), (env, r.stdout)
+
+
+def test_interrupts_held_puts_ctrl_c_back_when_a_sigterm_comes_between_its_two_swaps(monkeypatch):
+    """interrupts_held swaps SIGINT's handler, then SIGTERM's: a SIGTERM between the two ran its own handler (it
+    raises, as lablib serve's does) inside __enter__, so no block was entered, nothing restored, and Ctrl-C's handler
+    stayed the holder's (Ctrl-C then did nothing for the rest of the process). Found by reading (a helper's pass)."""
+    import signal
+
+    from lablib import children
+
+    class Terminated(BaseException):
+        pass
+
+    def terminated(signum, frame):
+        raise Terminated
+
+    real_signal, swaps = signal.signal, []
+
+    def signal_then_sigterm(sig, handler):
+        old = real_signal(sig, handler)
+        swaps.append(sig)
+        if sig == signal.SIGINT and len(swaps) == 1:
+            signal.raise_signal(signal.SIGTERM)  # SIGTERM's handler is still its own: it raises here
+        return old
+
+    prior = {signal.SIGINT: real_signal(signal.SIGINT, signal.default_int_handler)}
+    prior[signal.SIGTERM] = real_signal(signal.SIGTERM, terminated)
+    try:
+        monkeypatch.setattr(children.signal, "signal", signal_then_sigterm)
+        with pytest.raises(Terminated):
+            with children.interrupts_held():
+                pass
+        monkeypatch.undo()
+        after = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    finally:
+        monkeypatch.undo()
+        for sig, handler in prior.items():
+            real_signal(sig, handler)
+    assert after == (signal.default_int_handler, terminated)
