@@ -42,6 +42,7 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import Future
+from contextlib import contextmanager
 
 from lablib.checks import whole
 from lablib.errors import LabError
@@ -197,3 +198,44 @@ class interrupts_held:
     def __exit__(self, *exc) -> bool:
         self._restore()
         return False
+
+
+def first_interrupt_handler():
+    """A signal handler that raises KeyboardInterrupt named after its signal ("SIGINT", "SIGTERM") the first
+    time it runs and drops every later signal: a second Ctrl-C (pressed twice; SIGINT and SIGTERM sent together,
+    both pending at once, Python running the second handler at its next check, in the middle of the first one's
+    way out) cannot break what the first began: stopping a server, writing the rows of the requests in flight.
+    Raised too, it did (found by fuzzing `lablib serve`, `bench` and `replay`: a server left to its death signal;
+    "RuntimeError: release unlocked lock" from a queue's Condition.wait, exit 1, the rows in flight not written).
+    One handler may serve several signals: the first of any of them is the one raised. Used by
+    :func:`first_interrupt_only` and by each client process of :func:`lablib.measure.load.run_load_processes`."""
+    came: list[int] = []
+
+    def first_only(signum, frame):
+        if not came:
+            came.append(signum)
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    return first_only
+
+
+@contextmanager
+def first_interrupt_only():
+    """``with first_interrupt_only():`` Ctrl-C (SIGINT) and SIGTERM raise KeyboardInterrupt named after the signal
+    (SIGTERM the same way out as Ctrl-C) the first time; later ones are dropped until the block ends
+    (:func:`first_interrupt_handler`). For `lablib serve`, `bench` and `replay`. Only on the main thread (no
+    handler can be set elsewhere); SIGINT only where a Python handler is set (ignored in a background job, it
+    stays ignored)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = first_interrupt_handler()
+    prior = {}
+    for s in (signal.SIGTERM, signal.SIGINT):
+        if s == signal.SIGTERM or callable(signal.getsignal(s)):
+            prior[s] = signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in prior.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)

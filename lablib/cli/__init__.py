@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     except LabError as e:
         print(f"lablib: {in_flags(str(e), _names(ns))}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM a command turned into one (cli.common.first_interrupt_only;
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM a command turned into one (children.first_interrupt_only;
         # bench and serve say more, themselves): the rows written stay where they are
         name = "SIGTERM" if e.args == ("SIGTERM",) else "SIGINT"
         size = _size(out)

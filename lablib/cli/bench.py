@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import sys
 
-from lablib.cli.common import GOODPUT_KEYWORDS, add_goodput_targets, first_interrupt_only, flags, goodput_targets
+from lablib.children import first_interrupt_only
+from lablib.cli.common import GOODPUT_KEYWORDS, add_goodput_targets, flags, goodput_targets
 
 HELP = "measure an OpenAI-compatible server: closed or open loop, rows to --out"
 

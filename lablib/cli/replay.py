@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import sys
 
-from lablib.cli.common import GOODPUT_KEYWORDS, add_goodput_targets, first_interrupt_only, flags, goodput_targets
+from lablib.children import first_interrupt_only
+from lablib.cli.common import GOODPUT_KEYWORDS, add_goodput_targets, flags, goodput_targets
 
 HELP = "replay a request trace (default: Mooncake's, scaled) on an OpenAI-compatible server, rows to --out"
 

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from lablib.cli.common import first_interrupt_only
+from lablib.children import first_interrupt_only
 from lablib.errors import LabError
 
 HELP = "start a real OpenAI-compatible server on the lab's model (Ctrl-C stops it)"

@@ -574,14 +574,11 @@ def _process_worker(index: int, engine_kw: dict, job: dict, to_worker, to_parent
     import os
     import signal
 
-    state = {"interrupted": False}
+    from lablib.children import first_interrupt_handler
 
-    def once(signum, frame):  # the first SIGINT stops the run (its rows in flight recorded), later ones wait
-        if not state["interrupted"]:
-            state["interrupted"] = True
-            raise KeyboardInterrupt("SIGINT")
-
-    signal.signal(signal.SIGINT, once)
+    # the first SIGINT stops the run (its rows in flight recorded), later ones are dropped; set even where SIGINT
+    # came ignored (a background job): the lab's process stops this one by SIGINT
+    signal.signal(signal.SIGINT, first_interrupt_handler())
     engine = headroom = error = None
     frozen = contextlib.ExitStack()
     try:
