@@ -68,3 +68,32 @@ def test_requests_one_after_another_on_one_client_all_succeed(llama_server, mode
         e.close()
     assert [r["error"] for r in rows] == [None] * 4
     assert [r["output_tokens"] for r in rows] == [4] * 4
+
+
+def test_bench_through_a_proxy_that_buffers_says_the_decode_was_not_seen(llama_server, model, tmp_path, capsys):
+    """llama-server behind a reverse proxy that buffers each answer whole (nginx's proxy_buffering, its default):
+    every token arrives in one read, at one instant. The rows said TPOT 0 (an instant decode) and TTFT the whole
+    answer's time, with nothing else said; tpot_p50_s was 0. Now each such row has no TPOT and says
+    decode_unseen, the summary counts them, and bench says in a sentence what that means and what to do."""
+    from buffering_proxy import BufferingProxy
+    from lablib.cli import main
+    from lablib.results.store import load_results
+
+    proxy = BufferingProxy(llama_server.base_url.removesuffix("/v1")).start()
+    out = tmp_path / "proxied.jsonl"
+    args = ["bench", "--base-url", proxy.base_url, "--server", "llama-server", "--concurrency", "1"]
+    args += ["--requests", "3", "--prompt-tokens", "16", "--max-new-tokens", "8", "--warmup", "0", "--out", str(out)]
+    try:
+        assert main(args) == 0
+    finally:
+        proxy.stop()
+    printed = capsys.readouterr()
+    # the streams went through the proxy (3 POSTs answered whole), and came as one read each
+    assert [a[:3] for a in proxy.answers if a[0] == "POST"] == [("POST", "/v1/completions", 200)] * 3
+    df = load_results(out)
+    assert len(df) == 3 and df["error"].isna().all() and (df["output_tokens"] == 8).all()
+    assert (df["reads"] == 1).all() and df["decode_unseen"].all() and df["tpot_s"].isna().all()
+    assert (df["ttft_s"] == df["e2e_s"]).all()  # the first token came with the last
+    assert "tpot_p50_s=- " in printed.out and "decode_unseen_requests=3" in printed.out
+    assert "lablib bench: 3 of 3 requests got all their tokens at one instant" in printed.err
+    assert "proxy" in printed.err and "TTFT holds their decode" in printed.err

@@ -71,3 +71,18 @@ def test_output_tps_over_makespan():
 def test_percentile_interpolates_linearly():
     assert percentile([1, 2, 3, 4], 50) == 2.5
     assert percentile([1, 2, 3, 4, 5], 95) == pytest.approx(4.8)
+
+
+def test_tokens_at_one_instant_have_no_tpot_and_the_run_counts_them():
+    """A stream that came whole (every token in one network read: a proxy that buffers, or a client that read it
+    late) stamps every token at one instant: its TPOT was 0, read as an instant decode, and it pulled the run's
+    TPOT p50 down. The decode is inside its TTFT: no TPOT, and the run summary counts such requests."""
+    whole = make([12.0, 12.0, 12.0, 12.0])  # 4 tokens, one instant
+    assert whole.ttft_s == whole.e2e_s == 2.0 and whole.itl_s == [0.0, 0.0, 0.0]
+    assert whole.tpot_s is None and whole.decode_tps is None and whole.decode_unseen
+    assert whole.metrics()["decode_unseen"] is True and make([11.0, 11.5]).metrics()["decode_unseen"] is False
+    streamed = make([11.0, 11.5, 12.0])  # TPOT 0.5 s
+    one = make([11.0])  # one token: no decode phase, not an unseen one
+    assert not streamed.decode_unseen and not one.decode_unseen
+    s = run_summary([trace_row(t, {}) for t in (whole, streamed, one)])
+    assert s["decode_unseen_requests"] == 1 and s["tpot_p50_s"] == 0.5  # before: 0.25, the median of 0 and 0.5

@@ -129,7 +129,7 @@ def run(ns) -> int:
 def _run(ns) -> int:
     from lablib.errors import LabError
     from lablib.measure.load import bench
-    from lablib.ui.text import processes_line, server_line, summary_line
+    from lablib.ui.text import decode_unseen_note, processes_line, server_line, summary_line
 
     if ns.rate is None and ns.max_concurrency is not None:
         raise LabError(
@@ -139,6 +139,8 @@ def _run(ns) -> int:
 
     def show(s):
         print(summary_line(s["server"], s["mode"], s["rate"], s["concurrency"], s), flush=True)
+        if note := decode_unseen_note(s):
+            print(f"lablib bench: {note}", file=sys.stderr, flush=True)
         if s["requests"] < ns.requests:  # the run's time limit came before the rest were sent: no rows of theirs
             print(
                 f"lablib bench: {ns.requests - s['requests']} of {ns.requests} requests were not sent: the run reached "

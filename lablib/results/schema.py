@@ -19,8 +19,9 @@ LABELS = ("sweep", "mode", "concurrency", "repetition", "run_id", "request_index
 # the metrics of DESIGN.md (RequestTrace's properties), seconds unless named otherwise, in the
 # order tables show them (the JSON keys of `lablib run --json`)
 METRICS = ("queue_s", "ttft_s", "prefill_s", "prefill_tps", "tpot_s", "decode_tps", "e2e_s")
-# the rest of RequestTrace.metrics(): token counts, decode time, why generation stopped
-COUNTS = ("prompt_tokens", "cached_tokens", "output_tokens", "decode_s", "finish_reason")
+# the rest of RequestTrace.metrics(): token counts, decode time, why generation stopped, and whether two or more
+# tokens all came at one instant (no decode seen, so no TPOT: a stream that came whole, buffered or read late)
+COUNTS = ("prompt_tokens", "cached_tokens", "output_tokens", "decode_s", "finish_reason", "decode_unseen")
 # raw clock readings, perf_counter seconds (comparable within one process and run): timelines
 CLOCKS = ("t_submit", "t_start", "t_first_token", "t_last_token")
 # lists per row: inter-token latencies, seconds
@@ -356,7 +357,8 @@ def percentile_column(metric: str, q) -> str:
 # one run in numbers (lablib.results.tables.run_summary): requests sent and failed, output tokens of the
 # successful ones, the makespan (first t_submit to last token, seconds), output tokens/s and successful
 # requests/s over it, goodput (requests/s meeting every target; their fraction of all), the percentiles of
-# DISTRIBUTIONS, and the open loop's largest schedule lag (seconds)
+# DISTRIBUTIONS, the open loop's largest schedule lag (seconds), and the successful requests of two or more tokens
+# whose tokens all arrived at one instant (no TPOT: their decode is inside their TTFT; the rows' decode_unseen)
 SUMMARY = (
     "requests",
     "errors",
@@ -368,6 +370,7 @@ SUMMARY = (
     "goodput_fraction",
     *(percentile_column(m, q) for m in DISTRIBUTIONS for q in PERCENTILES),
     "schedule_lag_max_s",
+    "decode_unseen_requests",
 )
 # a batch sweep of the roofline (lablib.studies.roofline.batch_sweep; with decode_tps): the batch size, one
 # decode step's seconds, tokens/s of all sequences, intensity (FLOP/byte), FLOP/s and what bounds it

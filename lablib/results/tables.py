@@ -178,8 +178,11 @@ def run_summary(
     ``tpot_s``, ``e2e_s`` (seconds; None: no target; :func:`goodput`); ``<metric>_p<q>_s`` for each ``q``
     of ``percentiles`` and each metric of :data:`lablib.results.schema.DISTRIBUTIONS` (``ttft_p50_s``,
     ``itl_p99_s``: every inter-token gap of every request; ``chunk_gaps_p50_s``: every gap between
-    content chunks; None without values, as chunk gaps without HTTP rows); and ``schedule_lag_max_s``
-    (an open loop's latest dispatch; None otherwise)."""
+    content chunks; None without values, as chunk gaps without HTTP rows); ``schedule_lag_max_s``
+    (an open loop's latest dispatch; None otherwise); and ``decode_unseen_requests``: the successful requests of two or
+    more tokens without a TPOT, every token at one instant (a stream that came whole: buffered by a proxy or the
+    server, or read late by a busy client; :attr:`lablib.results.trace.RequestTrace.decode_unseen`), so the TPOT
+    percentiles are of the others only."""
     rows = _records(rows)
     ok = [r for r in rows if _succeeded(r)]
     dur = makespan_s(ok)
@@ -202,6 +205,7 @@ def run_summary(
     lags = [_value(r.get("schedule_lag_s")) for r in rows]
     lags = [x for x in lags if x is not None]
     out["schedule_lag_max_s"] = max(lags) if lags else None
+    out["decode_unseen_requests"] = sum(int(r["output_tokens"]) >= 2 and _value(r.get("tpot_s")) is None for r in ok)
     return out
 
 
@@ -311,7 +315,9 @@ def run_table(df, ttft_s: float | None = None, tpot_s: float | None = None, e2e_
     numbers = [c for c in table.columns if c.endswith("_s") and c in SUMMARY]  # None (no values) as NaN
     table[numbers] = table[numbers].apply(pd.to_numeric)
     http_only = [c for c in table.columns if c.startswith("chunk_gaps_p") or c == "schedule_lag_max_s"]
-    return table.drop(columns=[c for c in http_only if table[c].isna().all()])
+    table = table.drop(columns=[c for c in http_only if table[c].isna().all()])
+    # every run's decode seen (in process, always): no column of zeros
+    return table.drop(columns=["decode_unseen_requests"]) if not table["decode_unseen_requests"].any() else table
 
 
 def concurrency_summary(df, facet_by: str | None = None) -> pd.DataFrame:

@@ -13,7 +13,12 @@ Metrics (seconds unless the name says otherwise):
 prefill_s``; ``itl_s[i] = t_tokens[i] - t_tokens[i-1]``;
 ``tpot_s = (t_tokens[-1] - t_tokens[0]) / (n - 1)``; ``decode_tps = 1 / tpot_s``;
 ``e2e_s = t_tokens[-1] - t_submit``. With one output token there is no decode
-phase: ``tpot_s`` and ``decode_tps`` are ``None``.
+phase: ``tpot_s`` and ``decode_tps`` are ``None``. Nor is one seen when every
+token has one timestamp (a stream over HTTP that came in one network read:
+buffered by a proxy or the server, or read late by a busy client): the decode
+was spent before the first token arrived, inside ``ttft_s``, and ``tpot_s`` and
+``decode_tps`` are ``None`` there too, not 0 (which would pass for an instant
+decode and pull a run's TPOT percentiles down).
 """
 
 from __future__ import annotations
@@ -110,8 +115,15 @@ class RequestTrace:
 
     @property
     def tpot_s(self) -> float | None:
+        """``decode_s / (n - 1)``; None with one token, or with every token at one instant (no decode seen)."""
         n = self.output_tokens
-        return None if n < 2 else self.decode_s / (n - 1)
+        return None if n < 2 or self.decode_s == 0 else self.decode_s / (n - 1)
+
+    @property
+    def decode_unseen(self) -> bool:
+        """Two or more tokens, all at one instant: the decode was not seen (it is inside ``ttft_s``), so the
+        request has no ``tpot_s`` (a buffered stream over HTTP, or one read late)."""
+        return self.output_tokens >= 2 and self.decode_s == 0
 
     @property
     def decode_tps(self) -> float | None:
@@ -132,5 +144,6 @@ class RequestTrace:
             output_tokens=self.output_tokens,
             decode_s=self.decode_s,
             finish_reason=self.finish_reason,
+            decode_unseen=self.decode_unseen,
         )
         return out

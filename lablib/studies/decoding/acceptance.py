@@ -59,6 +59,13 @@ def predicted_speedup(alpha, k, c) -> float:
     return expected_tokens_per_pass(alpha, k) / (check_k(k) * float(c) + 1)
 
 
+def _median_tpot(rows) -> float | None:
+    """The median TPOT (s) of the ``rows`` that have one: a request whose tokens all came at one instant (one
+    verified run holding every token) has none (:attr:`lablib.results.trace.RequestTrace.decode_unseen`)."""
+    vals = [r["tpot_s"] for r in rows if r.get("tpot_s") is not None and r["tpot_s"] == r["tpot_s"]]
+    return statistics.median(vals) if vals else None
+
+
 # --- rows ----------------------------------------------------------------------------------------------------
 def arrivals(t_tokens) -> tuple[int, int]:
     """(arrivals, most tokens in one): token stamps less than :data:`BURST_GAP_S` apart are one arrival."""
@@ -160,7 +167,7 @@ def speedup_table(rows) -> list[dict]:
         drafted = [r["draft_n"] for r in g if r.get("draft_n") is not None]
         accepted = [r["draft_n_accepted"] for r in g if r.get("draft_n_accepted") is not None]
         alpha = sum(accepted) / sum(drafted) if drafted and sum(drafted) else None
-        tpot = statistics.median(r["tpot_s"] for r in g)
+        tpot = _median_tpot(g)  # None: every request's tokens came in one verified run (no decode seen)
         e2e = statistics.median(r["e2e_s"] for r in g)
         cost = g[0].get("draft_cost")
         tpp = [r["tokens_per_pass"] for r in g if r.get("tokens_per_pass") is not None]
@@ -175,9 +182,10 @@ def speedup_table(rows) -> list[dict]:
             same_as_plain=all(r.get("same_as_plain") is not False for r in g),
         )
         if base:
-            rec["plain_tpot_s"] = statistics.median(r["tpot_s"] for r in base)
+            rec["plain_tpot_s"] = _median_tpot(base)
             rec["plain_e2e_s"] = statistics.median(r["e2e_s"] for r in base)
-            rec["tpot_speedup"] = rec["plain_tpot_s"] / tpot
+            if tpot and rec["plain_tpot_s"]:
+                rec["tpot_speedup"] = rec["plain_tpot_s"] / tpot
             rec["e2e_speedup"] = rec["plain_e2e_s"] / e2e
         if alpha is not None and key[4] and cost is not None:
             rec["predicted_tokens_per_pass"] = expected_tokens_per_pass(alpha, key[4])
