@@ -6,13 +6,12 @@ headers). A real proxy in front of a real server, for the lab's account of a str
 
 from __future__ import annotations
 
-import asyncio
-import threading
+from sse_server import AppServer
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "content-encoding"}
 
 
-class BufferingProxy:
+class BufferingProxy(AppServer):
     """``BufferingProxy(upstream).start()`` (returns self); ``stop()``. ``upstream``: the server's origin
     (``http://127.0.0.1:PORT``, no path); ``base_url``: the proxy's, ending in /v1. ``answers``: the answers
     sent on (method, path, status, bytes)."""
@@ -20,30 +19,13 @@ class BufferingProxy:
     def __init__(self, upstream: str):
         self.upstream = upstream.rstrip("/")
         self.answers: list[tuple[str, str, int, int]] = []
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self.port = None
+        super().__init__()
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def start(self):
-        self._thread.start()
-        self.port = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
-        return self
-
-    async def _start(self):
+    async def _routes(self, app) -> None:
         import aiohttp
-        from aiohttp import web
 
         self._client = aiohttp.ClientSession(auto_decompress=False)
-        app = web.Application()
         app.router.add_route("*", "/{path:.*}", self._pass)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        return self._runner.addresses[0][1]
 
     async def _pass(self, request):
         from aiohttp import web
@@ -57,11 +39,5 @@ class BufferingProxy:
         self.answers.append((request.method, request.path, up.status, len(body)))
         return web.Response(status=up.status, body=body, headers=kept)
 
-    def stop(self) -> None:
-        async def down():
-            await self._runner.cleanup()
-            await self._client.close()
-
-        asyncio.run_coroutine_threadsafe(down(), self._loop).result(timeout=10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+    async def _close(self) -> None:
+        await self._client.close()
