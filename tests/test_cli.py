@@ -320,3 +320,28 @@ def test_doctor_passes_when_only_an_optional_engine_is_not_installed(monkeypatch
     monkeypatch.setattr(doctor, "check_engines", checks(None, unsupported=NAMES))
     assert cli.main(["doctor"]) == 1
     assert "no engine of the lab's default set" in capsys.readouterr().out
+
+
+def test_a_ctrl_c_while_the_flags_are_read_is_one_line_not_a_traceback(monkeypatch, capsys):
+    """Ctrl-C in a command's first quarter second (its parser imports every command's flags) printed a
+    KeyboardInterrupt traceback. Here a real SIGINT comes while the parser is built: one line, exit 130."""
+    import signal
+
+    import lablib.cli
+
+    real = lablib.cli.build_parser
+
+    def interrupted():
+        signal.raise_signal(signal.SIGINT)  # Python's handler raises KeyboardInterrupt here, as on a terminal
+        return real()
+
+    monkeypatch.setattr(lablib.cli, "build_parser", interrupted)
+    prior = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job (CI) inherits it ignored
+    try:
+        rc = lablib.cli.main(["bench", "--base-url", "http://127.0.0.1:9/v1", "--out", "x.jsonl"])
+    except KeyboardInterrupt:  # else pytest takes it for its own Ctrl-C and stops the session
+        pytest.fail("KeyboardInterrupt escaped lablib.cli.main: the user saw a traceback")
+    finally:
+        signal.signal(signal.SIGINT, prior)
+    err = capsys.readouterr().err
+    assert rc == 130 and err == "lablib: interrupted (Ctrl-C) before the command began; nothing was done\n"

@@ -117,7 +117,11 @@ def _size(out) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+    try:  # the commands' flags: a quarter of a second of imports, where a Ctrl-C printed a traceback
+        ns = build_parser().parse_args(argv)
+    except KeyboardInterrupt:
+        print("lablib: interrupted (Ctrl-C) before the command began; nothing was done", file=sys.stderr, flush=True)
+        return 130
     out = getattr(ns, "out", None)
     size_before = _size(out)
     try:
