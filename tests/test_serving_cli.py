@@ -335,6 +335,52 @@ def test_serving_panel_cancel_sends_no_further_request_and_keeps_the_rows(model,
     assert panel.status_text == f"cancelled after {len(panel.rows)} of 200 requests; rows in {out}"
 
 
+@pytest.mark.parametrize("after", ["the run's last status", "the run's end"])
+def test_cancel_as_the_run_ends_leaves_the_runs_last_status(model, tmp_path, after):
+    """Cancel looked at ``running`` and then wrote "cancelling"; a run that wrote its last status ("done: ...")
+    between the two was left saying "cancelling" for good (all three panels: the window is microseconds, so here
+    Cancel is pressed inside it, the run's thread held there). Now the run's last status stays, whether Cancel's
+    line comes after it or after the run's end (its thread not yet gone)."""
+    import threading
+
+    from lablib.ui.serving import ServingPanel
+
+    srv = ScriptedServer().start()
+    srv.script = [sse(cmpl("a", [1])), sse(cmpl("b", [2], finish="length")), sse("[DONE]")]
+    out = tmp_path / "c.jsonl"
+    at_status, pressed = threading.Event(), threading.Event()
+    try:
+        panel = ServingPanel(model, base_url=srv.base_url, concurrency=1, requests=2, max_new_tokens=2, out=str(out))
+        if after == "the run's last status":
+            real = panel._execute
+
+            def held_after_its_last_status(v, raise_errors):
+                real(v, raise_errors)
+                at_status.set()
+                pressed.wait(30)
+
+            panel._execute = held_after_its_last_status
+        else:
+            real_run_after = panel._run_after
+
+            def held_after_its_end(before, v):  # its last status written and the run's end marked
+                real_run_after(before, v)
+                at_status.set()
+                pressed.wait(30)
+
+            panel._run_after = held_after_its_end
+        thread = panel.start()
+        assert at_status.wait(60), panel.status_text
+        assert thread.is_alive() and panel.running  # Cancel sees a run going on
+        panel.cancel()
+        pressed.set()
+        thread.join(30)
+    finally:
+        srv.stop()
+    assert not thread.is_alive() and len(panel.rows) == 2
+    assert panel.status_text == f"done: 2 requests; rows in {out}"
+
+
 def test_serving_panel_cancel_during_a_warm_up_the_server_holds_ends_the_run_at_once(model, tmp_path):
     """A server that holds the warm-up request (busy with another learner's, or stuck): Cancel left the panel
     'cancelling' with Run greyed until the warm-up's read timeout (60 s and more), for a request whose answer is

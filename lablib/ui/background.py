@@ -15,6 +15,9 @@ from lablib.errors import LabError
 DRAW_EVERY_S = 1.0  # a panel's live figure is redrawn at most this often while a run goes on (seconds)
 WAIT_POLL_S = 0.2  # how often a run waiting for another checks for Cancel (seconds)
 
+# one lock for every panel's status line: Cancel's "cancelling" and a run's last status, written from two threads
+_STATUS = threading.RLock()
+
 # every panel that started a run in this process: a run waits for the ones going on when it was asked for (a
 # panel whose cell was run again keeps running, out of sight; two runs at once would share the CPU and skew both)
 _PANELS: weakref.WeakSet = weakref.WeakSet()
@@ -53,10 +56,25 @@ class BackgroundRun:
     calling thread) waits for the panel's own background run too (:meth:`_wait_for_runs`)."""
 
     _thread: threading.Thread | None = None
+    _ended = True  # the background run wrote its last status (or none runs): Cancel has nothing to say
+    _said: tuple | None = None  # (widget, value): the last status written (:meth:`_say`)
+    _replaced: tuple | None = None  # the status Cancel's line replaced, while no later one was written
 
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    def _cancel(self, say, text: str) -> None:
+        """Cancel: set ``cancel_event``, and while a background run goes on ``say(text)`` ("cancelling: ..."). A
+        run that ends meanwhile keeps its last status: a "cancelling" written over it (the run's thread wrote
+        "done" between Cancel's look at ``running`` and its line) is taken back as the run ends
+        (:meth:`_run_after`), and none is written once it ended."""
+        with _STATUS:
+            self.cancel_event.set()
+            if self.running and not self._ended:
+                before = self._said
+                say(text)
+                self._replaced = before
 
     def _runs_going(self, include_self: bool = False) -> list:
         """The runs going on now (this panel's too when ``include_self``): (panel, its run's thread) pairs. The
@@ -76,6 +94,7 @@ class BackgroundRun:
             return None
         before = self._runs_going()  # the runs going on now, never one asked for later (no two wait for each other)
         _PANELS.add(self)
+        self._ended = False
         self._thread = threading.Thread(target=self._run_after, args=(before, v), daemon=True, name=name)
         self._thread.start()
         return self._thread
@@ -100,8 +119,16 @@ class BackgroundRun:
             self._show(f"{type(e).__name__}: {e}", error=True, details=traceback.format_exc())
 
     def _run_after(self, before: list, v) -> None:
-        if self._wait_for_runs(before, cancellable=True):
-            self._execute(v, False)
+        try:
+            if self._wait_for_runs(before, cancellable=True):
+                self._execute(v, False)
+        finally:
+            with _STATUS:  # the run's last status stays: a "cancelling" written over it is taken back
+                if self._replaced is not None:
+                    widget, value = self._replaced
+                    widget.value = value
+                    self._said, self._replaced = self._replaced, None
+                self._ended = True
 
     def _wait_for_runs(self, runs: list, cancellable: bool = False) -> bool:
         """Wait for ``runs`` (:meth:`_runs_going`) to end, saying so in this panel; True when this run may start. A
@@ -138,9 +165,11 @@ class BackgroundRun:
 
     def _say(self, widget, text: str, error: bool = False, details: str | None = None) -> None:
         """``text`` in the status ``widget`` (an HTML widget; :func:`status_html`); an error also sets ``error``."""
-        widget.value = status_html(text, error, details)
-        if error:
-            self.error = text
+        with _STATUS:
+            widget.value = status_html(text, error, details)
+            self._said, self._replaced = (widget, widget.value), None
+            if error:
+                self.error = text
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait (at most ``timeout`` seconds; None: as long as it takes) for a background run to end."""

@@ -281,9 +281,10 @@ class ReplayPanel(BackgroundRun):
 
     def cancel(self) -> None:
         """Send no further request; the ones in flight finish, then the run ends (what Cancel does)."""
-        self.cancel_event.set()  # run_load's stop: it sends nothing more, the requests in flight finish
-        if self.running:
-            self.show_status("cancelling: the requests in flight finish, no other is sent; finished rows are kept")
+        # run_load's stop: it sends nothing more, the requests in flight finish
+        self._cancel(
+            self.show_status, "cancelling: the requests in flight finish, no other is sent; finished rows are kept"
+        )
 
     def run_sync(self) -> str | None:
         """Run the form's current values in the calling thread and draw the figure. Returns the status line,

@@ -159,9 +159,7 @@ class ServingPanel(BackgroundRun):
 
     def cancel(self) -> None:
         """Send no further request; the ones in flight finish, then the run ends (what Cancel does)."""
-        self.cancel_event.set()
-        if self.running:
-            self._show("cancelling: the requests in flight finish, no other is sent; finished rows are kept")
+        self._cancel(self._show, "cancelling: the requests in flight finish, no other is sent; finished rows are kept")
 
     def run_sync(self) -> str:
         """Run the form's current values in the calling thread; the summary line (and, when requests failed, a

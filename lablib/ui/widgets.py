@@ -276,9 +276,9 @@ class SweepPanel(BackgroundRun):
 
     def cancel(self) -> None:
         """Ask the sweep to stop after the request in flight (what Cancel does)."""
-        self.cancel_event.set()
-        if self.running:
-            self.show_message("cancelling: the sweep stops after the request in flight; finished rows are kept")
+        self._cancel(
+            self.show_message, "cancelling: the sweep stops after the request in flight; finished rows are kept"
+        )
 
     def run_sync(self):
         """Run the sweep of the form's current values in the calling thread and draw its figure.
