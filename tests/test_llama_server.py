@@ -71,25 +71,24 @@ def test_requests_one_after_another_on_one_client_all_succeed(llama_server, mode
 
 
 def test_bench_through_a_proxy_that_buffers_says_the_decode_was_not_seen(llama_server, model, tmp_path, capsys):
-    """llama-server behind a reverse proxy that buffers each answer whole (nginx's proxy_buffering, its default):
-    every token arrives in one read, at one instant. The rows said TPOT 0 (an instant decode) and TTFT the whole
-    answer's time, with nothing else said; tpot_p50_s was 0. Now each such row has no TPOT and says
-    decode_unseen, the summary counts them, and bench says in a sentence what that means and what to do."""
-    from buffering_proxy import BufferingProxy
+    """llama-server behind a reverse proxy that buffers each answer whole (nginx's proxy_buffering, its default;
+    lablib.engines.servers.proxy, a process of its own): every token arrives in one read, at one instant. The rows
+    said TPOT 0 (an instant decode) and TTFT the whole answer's time, with nothing else said; tpot_p50_s was 0. Now
+    each such row has no TPOT and says decode_unseen, the summary counts them, and bench says in a sentence what
+    that means and what to do."""
     from lablib.cli import main
+    from lablib.engines.servers import start_buffering_proxy
     from lablib.results.store import load_results
 
-    proxy = BufferingProxy(llama_server.base_url.removesuffix("/v1")).start()
+    proxy = start_buffering_proxy(llama_server)
     out = tmp_path / "proxied.jsonl"
     args = ["bench", "--base-url", proxy.base_url, "--server", "llama-server", "--concurrency", "1"]
     args += ["--requests", "3", "--prompt-tokens", "16", "--max-new-tokens", "8", "--warmup", "0", "--out", str(out)]
     try:
         assert main(args) == 0
     finally:
-        proxy.stop()
+        assert proxy.stop() == 0 and llama_server.alive()  # the proxy stopped by its pid; the server runs on
     printed = capsys.readouterr()
-    # the streams went through the proxy (3 POSTs answered whole), and came as one read each
-    assert [a[:3] for a in proxy.answers if a[0] == "POST"] == [("POST", "/v1/completions", 200)] * 3
     df = load_results(out)
     assert len(df) == 3 and df["error"].isna().all() and (df["output_tokens"] == 8).all()
     assert (df["reads"] == 1).all() and df["decode_unseen"].all() and df["tpot_s"].isna().all()
@@ -97,3 +96,39 @@ def test_bench_through_a_proxy_that_buffers_says_the_decode_was_not_seen(llama_s
     assert "tpot_p50_s=- " in printed.out and "decode_unseen_requests=3" in printed.out
     assert "lablib bench: 3 of 3 requests got all their tokens at one instant" in printed.err
     assert "proxy" in printed.err and "TTFT holds their decode" in printed.err
+
+
+def test_a_proxy_that_sends_on_in_pieces_delivers_the_tokens_in_bursts(llama_server, model):
+    """With chunk_bytes the proxy sends the answer on as each piece fills (nginx's 4-8 KiB buffers): the tokens come
+    in bursts, fewer arrivals than tokens, but more than one (the decode is seen, coarsely: a TPOT), and the ids are
+    the server's own, exactly."""
+    from lablib.engines.servers import start_buffering_proxy
+
+    ids = prompt_of_length(model, 24)
+    cfg = GenerationConfig(max_new_tokens=16)
+    proxy = start_buffering_proxy(llama_server, chunk_bytes=2048)
+    try:
+        assert proxy.settings["proxy"]["buffering"] == "answers sent on in pieces of 2048 bytes"
+        e = proxy.engine(model)
+        try:
+            t = e.generate(ids, cfg)
+        finally:
+            e.close()
+    finally:
+        proxy.stop()
+    direct = llama_server.engine(model)
+    try:
+        ref = direct.generate(ids, cfg)
+    finally:
+        direct.close()
+    assert t.token_ids == ref.token_ids and t.count_method == "token_ids"
+    assert 1 < len(set(t.t_tokens)) < t.output_tokens and t.tpot_s > 0 and not t.decode_unseen
+
+
+@pytest.mark.parametrize("chunk_bytes", [0, -1, 2.5, "4k"])
+def test_a_proxy_of_a_bad_piece_size_is_refused_before_it_starts(llama_server, chunk_bytes):
+    from lablib.engines.servers import start_buffering_proxy
+    from lablib.errors import LabError
+
+    with pytest.raises(LabError, match=r"chunk_bytes.*expected a whole number of bytes, at least 1"):
+        start_buffering_proxy(llama_server, chunk_bytes=chunk_bytes)

@@ -46,7 +46,9 @@ The package, one concern per module (the public names below are re-exported here
   :data:`LLAMA_SERVER_UBATCH`;
 - :mod:`lablib.engines.servers.vllm`: vLLM's command, :data:`VLLM_BLOCK_TOKENS`, :func:`vllm_dtype`,
   :func:`vllm_kv_space_gib`, :func:`vllm_lora_args` (its LoRA flags);
-- :mod:`lablib.engines.servers.python_servers`: llama-cpp-python's server, mlx_lm.server, ``transformers serve``.
+- :mod:`lablib.engines.servers.python_servers`: llama-cpp-python's server, mlx_lm.server, ``transformers serve``;
+- :mod:`lablib.engines.servers.proxy`: :func:`start_buffering_proxy`, a reverse proxy that buffers (as nginx does
+  by default) in front of a server started here: a stream that arrives whole, its decode hidden in TTFT.
 
 A test that replaces a private name (``_wait_ready``, ``_vllm``, ...) patches the module that defines it.
 """
@@ -56,6 +58,7 @@ from __future__ import annotations
 from lablib.engines.servers.launch import Launch, Server  # noqa: F401
 from lablib.engines.servers.llama_server import LLAMA_SERVER_BATCH, LLAMA_SERVER_UBATCH  # noqa: F401
 from lablib.engines.servers.process import KILLED_EXIT_S, RunningServer, changed_steps, free_port, start_server  # noqa: F401
+from lablib.engines.servers.proxy import start_buffering_proxy  # noqa: F401
 from lablib.engines.servers.registry import (  # noqa: F401
     ADAPTER_SERVERS,
     ALIAS_OPTIONS,

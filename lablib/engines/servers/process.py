@@ -226,13 +226,52 @@ def start_server(
             hub = logs / "empty-hf-hub"
             hub.mkdir(exist_ok=True)
             child_env["HF_HUB_CACHE"] = str(hub)
+
+    def ready_then(srv: RunningServer) -> None:
+        # what it computes on, read once it is ready (its log says where its weights went): every row's device
+        try:
+            log_text = log_path.read_text(errors="replace")
+        except OSError:
+            log_text = ""
+        srv.settings.update(server_device(name, srv.settings, log_text))
+        # for a run in another process (lablib bench, a notebook): what this server was started with
+        cards.write_card(name, srv.pid, port, version, argv, log_path, srv.settings)
+
+    return _launch(
+        dict(
+            name=name,
+            kind=name,
+            port=port,
+            log_path=log_path,
+            argv=argv,
+            version=version,
+            server_model=server_model,
+            n_ctx=n_ctx,
+            threads=threads or default_threads(),
+            settings=dict(launch.settings, env=dict(launch.env)),
+        ),
+        child_env,
+        launch.env,
+        ready,
+        timeout_s,
+        log,
+        ready_then,
+    )
+
+
+def _launch(fields: dict, child_env: dict, shown_env: dict, ready: list[str], timeout_s: float, log, ready_then=None):
+    """Run ``fields["argv"]`` as a server (a :class:`RunningServer` of ``fields``): its output to
+    ``fields["log_path"]`` (its command line first, with ``shown_env``), in a session of its own, tied to this
+    process; return it once a URL of ``ready`` answers 200 (:func:`_wait_ready`) and ``ready_then(srv)`` ran. Stopped
+    when anything fails or interrupts before then (LabError, KeyboardInterrupt raised)."""
+    argv, log_path = fields["argv"], fields["log_path"]
     t0 = time.perf_counter()
     # a Ctrl-C or SIGTERM that comes while it is forked is held until the try below, which stops it: raised
     # inside Popen or before the try it lost the server, which ran on (children.interrupts_held)
     with children.interrupts_held() as held:
         with open(log_path, "ab") as log_file:
-            shown_env = " ".join(f"{k}={v}" for k, v in launch.env.items())
-            log_file.write(f"# lablib: {shown_env + ' ' if shown_env else ''}{' '.join(argv)}\n".encode())
+            said = " ".join(f"{k}={v}" for k, v in shown_env.items())
+            log_file.write(f"# lablib: {said + ' ' if said else ''}{' '.join(argv)}\n".encode())
             log_file.flush()
             # tied: it dies with this process; forked by a thread that outlives it (children.popen)
             proc = children.popen(
@@ -243,33 +282,14 @@ def start_server(
                 env=child_env,
                 start_new_session=True,
             )
-        srv = RunningServer(
-            name,
-            name,
-            proc.pid,
-            port,
-            log_path,
-            argv,
-            version,
-            proc,
-            server_model=server_model,
-            n_ctx=n_ctx,
-            threads=threads or default_threads(),
-            settings=dict(launch.settings, env=dict(launch.env)),
-        )
+        srv = RunningServer(pid=proc.pid, proc=proc, **fields)
         try:  # an interrupt anywhere until the card is written stops the server (it is not the caller's yet)
             held.release()  # one that came while it was forked is raised here
             _wait_ready(srv, ready, timeout_s, log)
             srv.startup_s = time.perf_counter() - t0
             srv.settings["startup_s"] = round(srv.startup_s, 1)
-            # what it computes on, read once it is ready (its log says where its weights went): every row's device
-            try:
-                log_text = log_path.read_text(errors="replace")
-            except OSError:
-                log_text = ""
-            srv.settings.update(server_device(name, srv.settings, log_text))
-            # for a run in another process (lablib bench, a notebook): what this server was started with
-            cards.write_card(name, srv.pid, port, version, argv, log_path, srv.settings)
+            if ready_then is not None:
+                ready_then(srv)
         except BaseException:
             # the stop carried to its end through a second Ctrl-C or SIGTERM (pressed twice, a notebook's Interrupt
             # clicked twice while vLLM stops; SIGINT and SIGTERM sent together, the second one's handler running as
