@@ -115,6 +115,7 @@ def test_logprob_entries_count_multi_token_chunks(engine, server):
     assert m["chunks"] == 3 and m["count_method"] == "logprobs"
     # the scripted chunks come at once: in one read (one stamp: no decode seen, no TPOT) or in more (a TPOT)
     assert (m["tpot_s"] is None) == m["decode_unseen"] == (len(set(t.t_tokens)) == 1)
+    assert m["first_arrival_tokens"] == sum(x == t.t_tokens[0] for x in t.t_tokens) >= 1  # 5 when in one read
 
 
 def test_cumulative_usage_per_chunk_counts_exactly(server, model):

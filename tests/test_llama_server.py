@@ -92,7 +92,7 @@ def test_bench_through_a_proxy_that_buffers_says_the_decode_was_not_seen(llama_s
     df = load_results(out)
     assert len(df) == 3 and df["error"].isna().all() and (df["output_tokens"] == 8).all()
     assert (df["reads"] == 1).all() and df["decode_unseen"].all() and df["tpot_s"].isna().all()
-    assert (df["ttft_s"] == df["e2e_s"]).all()  # the first token came with the last
+    assert (df["ttft_s"] == df["e2e_s"]).all() and (df["first_arrival_tokens"] == 8).all()  # first came with last
     assert "tpot_p50_s=- " in printed.out and "decode_unseen_requests=3" in printed.out
     assert "lablib bench: 3 of 3 requests got all their tokens at one instant" in printed.err
     assert "proxy" in printed.err and "TTFT holds their decode" in printed.err
@@ -123,6 +123,8 @@ def test_a_proxy_that_sends_on_in_pieces_delivers_the_tokens_in_bursts(llama_ser
         direct.close()
     assert t.token_ids == ref.token_ids and t.count_method == "token_ids"
     assert 1 < len(set(t.t_tokens)) < t.output_tokens and t.tpot_s > 0 and not t.decode_unseen
+    # the first piece held the first token back until more came: they arrived with it, and TTFT holds their decode
+    assert t.first_arrival_tokens > 1 and t.metrics()["first_arrival_tokens"] == t.first_arrival_tokens
 
 
 @pytest.mark.parametrize("chunk_bytes", [0, -1, 2.5, "4k"])

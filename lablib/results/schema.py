@@ -155,7 +155,8 @@ BOUND_COLUMNS = (
 PREFIX = ("reuse", "shared_tokens", "question", "turn", "evaluated_tokens", "kept_cache_bytes")
 # what a request over HTTP adds (lablib.engines.http.HTTPTrace.metrics): the server kind and API, the output
 # budget asked, how output tokens were counted, the stream's content chunks (count, tokens in each, the gaps
-# between them: ICL, seconds), network reads, SSE events (most in one read) and pings, the server's own usage
+# between them: ICL, seconds), network reads, the tokens that arrived with the first (more than 1: their decode is
+# in TTFT), SSE events (most in one read) and pings, the server's own usage
 # counts and the checks against the lab's counts, the fixed-length method and whether the count came out as
 # asked, the server's own timings (prompt seconds, decode tokens/s, the raw JSON) and what HTTP and the
 # server's queue add to the first token (seconds); the lab's tokenizer's own count of the streamed text where
@@ -174,6 +175,7 @@ HTTP = (
     "chunk_tokens",
     "chunk_gaps_s",
     "reads",
+    "first_arrival_tokens",
     "events",
     "max_events_per_read",
     "pings",

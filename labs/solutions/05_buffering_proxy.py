@@ -17,6 +17,8 @@
 #   rest come in bursts. Worse than the first case in a way: nothing
 #   looks wrong (decode_unseen_requests 0), yet TPOT comes out at half the
 #   server's real one (the first-to-last span is shorter than the decode).
+#   Each row's first_arrival_tokens (table.attrs["rows"]) counts the tokens
+#   that came with the first: more than 1 says TTFT holds their decode.
 #
 # So: measure the server itself, or a path you know streams (nginx:
 # proxy_buffering off, or the X-Accel-Buffering: no header from the

@@ -70,6 +70,15 @@ class HTTPTrace(RequestTrace):
         return n == self.max_new_tokens and self.output_tokens == self.max_new_tokens
 
     @property
+    def first_arrival_tokens(self) -> int:
+        """Tokens that arrived with the first one (in its network read; 0 without tokens): 1 for a stream read token
+        by token. More: the ones after the first were decoded before it arrived, so TTFT holds their decode and
+        TPOT, over a shorter span, comes out low (a proxy that buffers in pieces; a client that read late); all of
+        them: :attr:`decode_unseen`."""
+        ts = self.t_tokens
+        return sum(t == ts[0] for t in ts) if ts else 0
+
+    @property
     def chunk_gaps_s(self) -> list[float]:
         """Gaps between content chunks (ICL), seconds: their own distribution, next to ITL."""
         a = self.chunk_arrivals
@@ -107,6 +116,7 @@ class HTTPTrace(RequestTrace):
             chunk_tokens=list(self.chunk_tokens),
             chunk_gaps_s=self.chunk_gaps_s,
             reads=self.reads,
+            first_arrival_tokens=self.first_arrival_tokens,
             events=self.events,
             max_events_per_read=self.max_events_per_read,
             pings=self.pings,
