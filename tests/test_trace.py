@@ -86,3 +86,31 @@ def test_tokens_at_one_instant_have_no_tpot_and_the_run_counts_them():
     assert not streamed.decode_unseen and not one.decode_unseen
     s = run_summary([trace_row(t, {}) for t in (whole, streamed, one)])
     assert s["decode_unseen_requests"] == 1 and s["tpot_p50_s"] == 0.5  # before: 0.25, the median of 0 and 0.5
+
+
+def test_requests_whose_first_token_came_with_others_are_counted_and_said_when_most():
+    """A first token that arrived with others (an HTTP row's first_arrival_tokens above 1, not all of them): its
+    TTFT holds their decode and its TPOT is low. The run counts such requests; the note says it when they are most
+    of the run (one or two happen on a busy machine), and says nothing of a run read token by token."""
+    from lablib.ui.text import stream_note, summary_line
+
+    def row(first, n=8):
+        return {
+            "ttft_s": 0.1,
+            "e2e_s": 0.2,
+            "tpot_s": 0.01,
+            "output_tokens": n,
+            "first_arrival_tokens": first,
+            "t_submit": 0.0,
+            "t_last_token": 0.2,
+            "error": None,
+        }
+
+    bunched = run_summary([row(4), row(3), row(1)])
+    assert bunched["first_bunched_requests"] == 2 and bunched["decode_unseen_requests"] == 0
+    assert "2 of 3 requests got their first token together with others" in stream_note(bunched)
+    assert " first_bunched_requests=2" in summary_line("llama-server", "closed", None, 1, bunched)
+    few = run_summary([row(4), row(1), row(1)])  # one of three: a busy machine's read, not said
+    assert few["first_bunched_requests"] == 1 and stream_note(few) is None
+    plain = run_summary([row(1), row(1), row(8)])  # 8 of 8 at once is decode_unseen's (no TPOT), not this
+    assert plain["first_bunched_requests"] == 0

@@ -129,7 +129,7 @@ def run(ns) -> int:
 def _run(ns) -> int:
     from lablib.errors import LabError
     from lablib.measure.load import bench
-    from lablib.ui.text import decode_unseen_note, processes_line, server_line, summary_line
+    from lablib.ui.text import processes_line, server_line, stream_note, summary_line
 
     if ns.rate is None and ns.max_concurrency is not None:
         raise LabError(
@@ -139,7 +139,7 @@ def _run(ns) -> int:
 
     def show(s):
         print(summary_line(s["server"], s["mode"], s["rate"], s["concurrency"], s), flush=True)
-        if note := decode_unseen_note(s):
+        if note := stream_note(s):
             print(f"lablib bench: {note}", file=sys.stderr, flush=True)
         if s["requests"] < ns.requests:  # the run's time limit came before the rest were sent: no rows of theirs
             print(

@@ -116,7 +116,7 @@ def _run(ns) -> int:
     from lablib.cli.bench import _whole_arg
     from lablib.errors import LabError
     from lablib.measure.replay import run_replay
-    from lablib.ui.text import decode_unseen_note, processes_line, summary_line
+    from lablib.ui.text import processes_line, stream_note, summary_line
 
     given = [
         f"--{k.replace('_', '-')} {v}" for k in ("parallel", "threads", "n_ctx") if (v := getattr(ns, k)) is not None
@@ -141,7 +141,7 @@ def _run(ns) -> int:
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     print(summary_line(s["server"], "open", None, ns.max_concurrency, s), flush=True)
-    if note := decode_unseen_note(s):
+    if note := stream_note(s):
         print(f"lablib replay: {note}", file=sys.stderr, flush=True)
     print(replay_line(s), flush=True)
     if s.get("client_processes"):

@@ -360,7 +360,8 @@ def percentile_column(metric: str, q) -> str:
 # successful ones, the makespan (first t_submit to last token, seconds), output tokens/s and successful
 # requests/s over it, goodput (requests/s meeting every target; their fraction of all), the percentiles of
 # DISTRIBUTIONS, the open loop's largest schedule lag (seconds), and the successful requests of two or more tokens
-# whose tokens all arrived at one instant (no TPOT: their decode is inside their TTFT; the rows' decode_unseen)
+# whose tokens all arrived at one instant (no TPOT: their decode is inside their TTFT; the rows' decode_unseen), and
+# those whose first token came with others but not all (first_arrival_tokens > 1: TTFT holds some decode, TPOT is low)
 SUMMARY = (
     "requests",
     "errors",
@@ -373,6 +374,7 @@ SUMMARY = (
     *(percentile_column(m, q) for m in DISTRIBUTIONS for q in PERCENTILES),
     "schedule_lag_max_s",
     "decode_unseen_requests",
+    "first_bunched_requests",
 )
 # a batch sweep of the roofline (lablib.studies.roofline.batch_sweep; with decode_tps): the batch size, one
 # decode step's seconds, tokens/s of all sequences, intensity (FLOP/byte), FLOP/s and what bounds it

@@ -182,7 +182,9 @@ def run_summary(
     (an open loop's latest dispatch; None otherwise); and ``decode_unseen_requests``: the successful requests of two or
     more tokens without a TPOT, every token at one instant (a stream that came whole: buffered by a proxy or the
     server, or read late by a busy client; :attr:`lablib.results.trace.RequestTrace.decode_unseen`), so the TPOT
-    percentiles are of the others only."""
+    percentiles are of the others only; ``first_bunched_requests``: those whose first token came with others, not
+    all (an HTTP row's ``first_arrival_tokens`` above 1: a proxy that sends on in pieces, a client that read late),
+    whose TTFT holds the decode of the ones that came with it and whose TPOT, over a shorter span, is low."""
     rows = _records(rows)
     ok = [r for r in rows if _succeeded(r)]
     dur = makespan_s(ok)
@@ -206,6 +208,9 @@ def run_summary(
     lags = [x for x in lags if x is not None]
     out["schedule_lag_max_s"] = max(lags) if lags else None
     out["decode_unseen_requests"] = sum(int(r["output_tokens"]) >= 2 and _value(r.get("tpot_s")) is None for r in ok)
+    out["first_bunched_requests"] = sum(
+        1 < (_value(r.get("first_arrival_tokens")) or 0) < int(r["output_tokens"]) for r in ok
+    )
     return out
 
 
@@ -316,8 +321,8 @@ def run_table(df, ttft_s: float | None = None, tpot_s: float | None = None, e2e_
     table[numbers] = table[numbers].apply(pd.to_numeric)
     http_only = [c for c in table.columns if c.startswith("chunk_gaps_p") or c == "schedule_lag_max_s"]
     table = table.drop(columns=[c for c in http_only if table[c].isna().all()])
-    # every run's decode seen (in process, always): no column of zeros
-    return table.drop(columns=["decode_unseen_requests"]) if not table["decode_unseen_requests"].any() else table
+    # every run's decode seen, token by token (in process, always): no columns of zeros
+    return table.drop(columns=[c for c in ("decode_unseen_requests", "first_bunched_requests") if not table[c].any()])
 
 
 def concurrency_summary(df, facet_by: str | None = None) -> pd.DataFrame:

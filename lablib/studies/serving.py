@@ -296,7 +296,8 @@ def rate_sweep_table(
     """A Poisson rate sweep on each server of ``servers`` (RunningServer objects, or one; ``arrival``: another
     process of :data:`lablib.measure.load.ARRIVALS`) at each of ``rates`` (requests/s: a list, or "0.5,1,2";
     every argument is checked before a request is sent); one row per (server, rate): output_tps, ttft
-    p50/p95/p99, tpot p50 (and the requests without one: every token at one instant, ``decode_unseen_requests``),
+    p50/p95/p99, tpot p50 (and the requests without one: every token at one instant, ``decode_unseen_requests``;
+    those whose first token came with others: ``first_bunched_requests``),
     e2e p50, goodput (requests/s meeting ``ttft_s``
     and ``tpot_s``) and its fraction, errors; and, from the server's own ``/metrics`` sampled every
     ``metrics_interval_s`` during the run (:class:`lablib.engines.http.metrics.MetricsSampler`; None for a
@@ -375,6 +376,7 @@ def rate_sweep_table(
                         "ttft_p99_s": s["ttft_p99_s"],
                         "tpot_p50_s": s["tpot_p50_s"],
                         "decode_unseen_requests": s["decode_unseen_requests"],
+                        "first_bunched_requests": s["first_bunched_requests"],
                         "e2e_p50_s": s["e2e_p50_s"],
                         "goodput_rps": s["goodput_rps"],
                         "goodput_fraction": s["goodput_fraction"],

@@ -208,7 +208,7 @@ class ServingPanel(BackgroundRun):
     def _measure(self, v: dict) -> None:
         from lablib.measure.load import bench
         from lablib.model.resolve import ResolvedModel, prepare
-        from lablib.ui.text import decode_unseen_note, summary_line
+        from lablib.ui.text import stream_note, summary_line
 
         if not isinstance(self.model, ResolvedModel):  # None: the lab's model, as the other panels take it
             self.model = prepare(self.model, log=lambda *_: None)
@@ -233,7 +233,7 @@ class ServingPanel(BackgroundRun):
             return
         self.summary = s = summaries[0]
         line = summary_line(s["server"], s["mode"], s["rate"], s["concurrency"], s)
-        if note := decode_unseen_note(s):
+        if note := stream_note(s):
             line += f"\n  {note}"
         failed = [r["error"] for r in self.rows if r.get("error")]
         if failed:  # errors=N/M alone did not say why (a base URL without /v1: every stream cut, 0 tokens)

@@ -19,23 +19,37 @@ def summary_line(server: str, mode: str, rate, c, s: dict) -> str:
         f"output_tps={f(s['output_tps'], 2)} ttft_p50_s={f(s['ttft_p50_s'])} goodput={f(s['goodput_rps'], 3)} "
         f"ttft_p99_s={f(s['ttft_p99_s'])} tpot_p50_s={f(s['tpot_p50_s'], 4)} e2e_p99_s={f(s['e2e_p99_s'])} "
         f"errors={s['errors']}/{s['requests']}{_client_note(s.get('client_headroom'))}{_cost_note(s)}"
-        + (f" decode_unseen_requests={s['decode_unseen_requests']}" if s.get("decode_unseen_requests") else "")
+        + "".join(f" {k}={s[k]}" for k in ("decode_unseen_requests", "first_bunched_requests") if s.get(k))
     )
 
 
-def decode_unseen_note(s: dict) -> str | None:
-    """What ``decode_unseen_requests=N`` of a run summary ``s`` means, in a sentence (None when it is 0): N requests got every
-    token at one instant (:attr:`lablib.results.trace.RequestTrace.decode_unseen`), so their TTFT holds their decode
-    too and they have no TPOT."""
-    n = s.get("decode_unseen_requests")
-    if not n:
-        return None
+def stream_note(s: dict) -> str | None:
+    """What ``decode_unseen_requests=N`` and ``first_bunched_requests=M`` of a run summary ``s`` mean, in a sentence
+    each (None when both are 0): N requests got every token at one instant
+    (:attr:`lablib.results.trace.RequestTrace.decode_unseen`), so their TTFT holds their decode too and they have no
+    TPOT; M got their first token with others, so their TTFT holds some decode and their TPOT is low. Said for M only
+    when it is most of the requests (one or two such reads happen on a busy machine)."""
+    n, m = s.get("decode_unseen_requests") or 0, s.get("first_bunched_requests") or 0
     ok = s["requests"] - s["errors"]
+    said = []
+    if n:
+        said.append(
+            f"{n} of {ok} requests got all their tokens at one instant (one network read): the stream came whole, "
+            "buffered by a proxy or by the server, or read late by this client (a busy machine); their TTFT holds "
+            "their decode too, and they have no TPOT (left out of tpot_p50_s)"
+        )
+    if m and 2 * m > ok:
+        said.append(
+            f"{m} of {ok} requests got their first token together with others (first_arrival_tokens above 1): "
+            "something held it back, a proxy that sends on in pieces or this client reading late; their TTFT holds "
+            "the decode of the ones that came with it, and their TPOT, over a shorter span, is lower than the "
+            "server's"
+        )
+    if not said:
+        return None
     return (
-        f"{n} of {ok} requests got all their tokens at one instant (one network read): the stream came whole, "
-        "buffered by a proxy or by the server, or read late by this client (a busy machine); their TTFT holds their "
-        "decode too, and they have no TPOT (left out of tpot_p50_s): to see the decode, measure the server directly "
-        "(not through a proxy that buffers, such as nginx's proxy_buffering) on a machine with cores to spare"
+        "; ".join(said) + ": to see the decode, measure the server directly (not through a proxy that buffers, "
+        "such as nginx's proxy_buffering) on a machine with cores to spare"
     )
 
 
