@@ -107,10 +107,10 @@ def test_a_proxy_that_sends_on_in_pieces_delivers_the_tokens_in_bursts(llama_ser
     from lablib.engines.servers import start_buffering_proxy
 
     ids = prompt_of_length(model, 24)
-    cfg = GenerationConfig(max_new_tokens=16)
+    cfg = GenerationConfig(max_new_tokens=32)  # about 0.5 s of decode: a client late by less still sees bursts
     out = tmp_path / "pieces.jsonl"
     args = ["--server", "llama-server", "--concurrency", "1", "--requests", "3", "--prompt-tokens", "16"]
-    args += ["--max-new-tokens", "16", "--warmup", "0", "--out", str(out)]
+    args += ["--max-new-tokens", "32", "--warmup", "0", "--out", str(out)]
     proxy = start_buffering_proxy(llama_server, chunk_bytes=2048)
     try:
         assert proxy.settings["proxy"]["buffering"] == "answers sent on in pieces of 2048 bytes"
