@@ -143,3 +143,34 @@ def test_a_proxy_of_a_bad_piece_size_is_refused_before_it_starts(llama_server, c
 
     with pytest.raises(LabError, match=r"chunk_bytes.*expected a whole number of bytes, at least 1"):
         start_buffering_proxy(llama_server, chunk_bytes=chunk_bytes)
+
+
+def test_a_proxy_whose_server_is_gone_says_so_in_one_line(model):
+    """The server behind a proxy stopped: the proxy answered aiohttp's bare 500 ("Server got itself in trouble") and
+    the lab said "the server failed the request: read its log", naming no log; the proxy's engine was made as if all
+    were well. Now the proxy's engine is refused naming the server that is gone, and a request through the proxy
+    gets a 502 that says it; a proxy asked of something that is not a started server is refused in words."""
+    from lablib.engines import load_engine
+    from lablib.engines.servers import start_buffering_proxy
+    from lablib.errors import LabError
+
+    srv = start_server("llama-server", model, threads=1, n_ctx=512)
+    proxy = start_buffering_proxy(srv)
+    try:
+        srv.stop()
+        with pytest.raises(
+            LabError,
+            match=r"behind a proxy \(whole answers\): the server behind it \(llama-server, pid \d+, .*\) is not running",
+        ):
+            proxy.engine(model)
+        with pytest.raises(LabError) as e:  # the proxy's URL as any URL: its own answer, a 502 in words
+            load_engine("http", model, base_url=proxy.base_url, server="llama-server").close()
+        said = str(e.value)
+        assert "502" in said and f"the server behind this proxy, {srv.base_url.removesuffix('/v1')}" in said
+        assert "does not answer" in said and "Server got itself in trouble" not in said
+    finally:
+        proxy.stop()
+        srv.stop()
+    for wrong in (srv.base_url, None):
+        with pytest.raises(LabError, match=r"expected a server the lab started, what start_server\(\.\.\.\) returns"):
+            start_buffering_proxy(wrong)

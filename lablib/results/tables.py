@@ -133,7 +133,9 @@ def goodput(
 ) -> dict:
     """Requests that met every given target (seconds; None: no target), of ``rows`` (dicts or a
     DataFrame): DistServe's goodput, as ``vllm bench serve --goodput``. A failed request never counts;
-    a one-token request has no TPOT and meets a TPOT target. Returns ``good`` (count), ``fraction`` (of
+    a one-token request has no TPOT and meets a TPOT target, and so does one whose tokens all came at one
+    instant (``decode_unseen``: after its first token its user waited for no other; its TTFT, which holds the whole
+    answer's time, meets the TTFT target or not). Returns ``good`` (count), ``fraction`` (of
     all rows) and ``rps`` (good / ``duration_s``, default the run's :func:`makespan_s`). LabError for a
     target that is not a positive number (:func:`check_targets`)."""
     check_targets(ttft_s, tpot_s, e2e_s)

@@ -73,6 +73,7 @@ class RunningServer:
     n_ctx: int = 0  # context per slot, tokens
     threads: int = 0  # CPU threads the server was given
     settings: dict = field(default_factory=dict)  # what it was started with (Launch.settings)
+    behind: RunningServer | None = field(repr=False, default=None)  # a proxy's server (lablib.engines.servers.proxy)
 
     def engine(self, model=None, api: str = "completions", **kw):
         """An http engine on this server (``lablib.engines.http.HTTPEngine``), ``model`` the lab's model."""
@@ -82,6 +83,12 @@ class RunningServer:
             raise LabError(
                 f"{self.name} (pid {self.pid}) is not running: it was stopped, or exited with code "
                 f"{self.proc.returncode} (its log: {self.log_path}); start it again with start_server({self.name!r}, ...)"
+            )
+        if self.behind is not None and not self.behind.alive():  # else every request: the proxy's 502
+            raise LabError(
+                f"{self.name}: the server behind it ({self.behind.name}, pid {self.behind.pid}, "
+                f"{self.behind.base_url}) is not running: it was stopped, or exited with code {self.behind.proc.returncode} (its log: "
+                f"{self.behind.log_path}); start it again, then a proxy in front of it"
             )
         kw.setdefault("server_version", self.version)
         kw.setdefault("n_ctx", self.n_ctx or None)

@@ -40,6 +40,18 @@ def _app(upstream: str, chunk_bytes: int | None):
         await app["client"].close()
 
     async def pass_on(request):
+        try:
+            return await relay(request)
+        except aiohttp.ClientError as e:  # the server is gone, or closed the connection: a gateway's 502, in words
+            if request.get("sent"):  # pieces already sent on: the connection is cut, as the server's was
+                raise
+            if isinstance(e, aiohttp.ClientConnectorError):
+                why = "does not answer (nothing listens there: it was stopped, or it exited)"
+            else:
+                why = f"closed the connection before its answer's end ({type(e).__name__})"
+            return web.Response(status=502, text=f"bad gateway: the server behind this proxy, {upstream}, {why}")
+
+    async def relay(request):
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         async with request.app["client"].request(
             request.method, upstream + request.path_qs, headers=headers, data=await request.read()
@@ -49,6 +61,7 @@ def _app(upstream: str, chunk_bytes: int | None):
                 return web.Response(status=up.status, body=await up.read(), headers=kept)
             resp = web.StreamResponse(status=up.status, headers=kept)
             await resp.prepare(request)
+            request["sent"] = True
             held = b""
             async for data in up.content.iter_any():
                 held += data
@@ -99,8 +112,13 @@ def start_buffering_proxy(server, chunk_bytes: int | None = None, timeout_s: flo
 
     from lablib.checks import whole
     from lablib.config import lab_home
-    from lablib.engines.servers.process import _launch, free_port
+    from lablib.engines.servers.process import RunningServer, _launch, free_port
 
+    if not isinstance(server, RunningServer):
+        raise LabError(
+            f"start_buffering_proxy({server!r}): expected a server the lab started, what start_server(...) returns "
+            "(a proxy in front of any URL is not built in: put one there yourself)"
+        )
     if chunk_bytes is not None:
         chunk_bytes = whole(chunk_bytes, "chunk_bytes", "a whole number of bytes, at least 1 (None: each answer whole)")
     if not server.alive():
@@ -128,6 +146,7 @@ def start_buffering_proxy(server, chunk_bytes: int | None = None, timeout_s: flo
             n_ctx=server.n_ctx,
             threads=server.threads,
             settings=dict(server.settings, proxy=proxy),
+            behind=server,
         ),
         dict(os.environ),
         {},
