@@ -64,26 +64,23 @@ def chat(content=None, role=None, finish=None, reasoning=None, ids=None) -> dict
     return {"object": "chat.completion.chunk", "choices": [choice]}
 
 
-class _ThreadServer:
-    """A server on 127.0.0.1 whose ``_thread`` serves ``port``: ``start`` (returns self), ``base_url`` (ends in /v1)."""
+class ScriptedServer:
+    """Start with :meth:`start` (returns self), stop with :meth:`stop`. ``base_url`` ends in /v1."""
+
+    def __init__(self, props: dict | None = None, models: list | None = None):
+        self.script: list = []
+        self.queue: list[list] = []  # per-request scripts, used first (one per POST), then `script`
+        self.requests: list[tuple[str, dict, dict]] = []
+        self.in_flight = self.most_in_flight = 0  # POSTs being answered now, and the most at once
+        self.props = props  # GET /props answers this when set (llama-server's info endpoint)
+        self.models = models if models is not None else [{"id": "scripted", "object": "model", "owned_by": "lab"}]
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self.port = None
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
-
-    def start(self):
-        self._thread.start()
-        return self
-
-
-class AppServer(_ThreadServer):
-    """An aiohttp.web application on 127.0.0.1, a free port, served by its own event loop in a thread: a
-    subclass adds its routes in ``_routes(app)`` and may close more in ``_close()``; ``stop`` ends it."""
-
-    def __init__(self):
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self.port = None
 
     def start(self):
         self._thread.start()
@@ -94,43 +91,16 @@ class AppServer(_ThreadServer):
         from aiohttp import web
 
         app = web.Application()
-        await self._routes(app)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        return self._runner.addresses[0][1]
-
-    async def _routes(self, app) -> None:
-        raise NotImplementedError
-
-    async def _close(self) -> None:
-        """What a subclass closes after the server (a client session, handlers still running)."""
-
-    def stop(self):
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
-        asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-
-
-class ScriptedServer(AppServer):
-    """Start with :meth:`start` (returns self), stop with :meth:`stop`. ``base_url`` ends in /v1."""
-
-    def __init__(self, props: dict | None = None, models: list | None = None):
-        self.script: list = []
-        self.queue: list[list] = []  # per-request scripts, used first (one per POST), then `script`
-        self.requests: list[tuple[str, dict, dict]] = []
-        self.in_flight = self.most_in_flight = 0  # POSTs being answered now, and the most at once
-        self.props = props  # GET /props answers this when set (llama-server's info endpoint)
-        self.models = models if models is not None else [{"id": "scripted", "object": "model", "owned_by": "lab"}]
-        super().__init__()
-
-    async def _routes(self, app) -> None:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/props", self._props)
         app.router.add_post("/v1/completions", self._post)
         app.router.add_post("/v1/chat/completions", self._post)
         app.router.add_post("/completion", self._post)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        return self._runner.addresses[0][1]
 
     async def _models(self, request):
         from aiohttp import web
@@ -180,12 +150,30 @@ class ScriptedServer(AppServer):
         await resp.write_eof()
         return resp
 
-    async def _close(self):
+    async def _cancel_rest(self):
         """Cancel handlers still running (a "hang" step), so none is left pending at exit."""
         rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for t in rest:
             t.cancel()
         await asyncio.gather(*rest, return_exceptions=True)
+
+    def stop(self):
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+        asyncio.run_coroutine_threadsafe(self._cancel_rest(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+
+class _ThreadServer:
+    """A server on 127.0.0.1 whose ``_thread`` serves ``port``: ``start`` (returns self), ``base_url`` (ends in /v1)."""
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self):
+        self._thread.start()
+        return self
 
 
 class SilentServer(_ThreadServer):
