@@ -765,6 +765,32 @@ def test_context_overflow_names_the_knob_of_the_engine_kind(llama_server, model,
         llama.check_context(2040, 16)
 
 
+def test_context_overflow_through_a_proxy_names_the_server_behind_it(llama_server, model):
+    """Through a proxy the lab started, the overflow said "restart the llama-server at <the proxy's URL>": the proxy
+    holds no context; the server behind it does, and a restarted server needs a proxy in front of it again."""
+    from lablib.engines.base import GenerationConfig
+    from lablib.engines.servers import start_buffering_proxy
+    from lablib.errors import ContextOverflowError
+
+    proxy = start_buffering_proxy(llama_server)
+    try:
+        e = proxy.engine(model)
+        try:
+            with pytest.raises(ContextOverflowError) as err:
+                e.generate(list(range(10, 310)), GenerationConfig(max_new_tokens=16))
+        finally:
+            e.close()
+    finally:
+        proxy.stop()
+    msg = str(err.value)
+    assert "prompt 300 + output 16 = 316 tokens, but the context holds 128" in msg, msg
+    assert (
+        f"restart the llama-server at {llama_server.base_url}, behind the proxy at {proxy.base_url}, with a larger "
+        "context (the lab started it with n_ctx=128 tokens per slot)" in msg
+    ), msg
+    assert msg.endswith("then start_buffering_proxy in front of it again."), msg
+
+
 def test_replay_with_base_url_refuses_the_flags_of_a_server_it_would_start(scripted, tmp_path, capsys):
     """--parallel, --threads and --n-ctx set up the server `lablib replay --server NAME` starts: with
     --base-url they were dropped without a word (the run measured the server as it was)."""

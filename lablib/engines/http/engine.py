@@ -715,14 +715,17 @@ class HTTPEngine(Engine):
         from lablib.engines.http.protocol import larger_context
 
         started = self.server_settings.get("n_ctx") and {"name": self.kind, "settings": self.server_settings}
-        return larger_context(
+        # a proxy the lab started (lablib.engines.servers.proxy) holds no context: the server behind it does
+        upstream = (self.server_settings.get("proxy") or {}).get("upstream")
+        hint = larger_context(
             self.kind,
-            self.base_url,
+            f"{upstream}/v1, behind the proxy at {self.base_url}," if upstream else self.base_url,
             self.n_ctx,
             self.server_info.get("n_ctx"),
             card_for(self.base_url) or started or None,
             getattr(self.model, "max_position_embeddings", None),
         )
+        return f"{hint}; then start_buffering_proxy in front of it again" if upstream else hint
 
     def info(self) -> EngineInfo:
         return EngineInfo(
