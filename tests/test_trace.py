@@ -88,6 +88,45 @@ def test_tokens_at_one_instant_have_no_tpot_and_the_run_counts_them():
     assert s["decode_unseen_requests"] == 1 and s["tpot_p50_s"] == 0.5  # before: 0.25, the median of 0 and 0.5
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_older_files_read_a_tpot_of_0_as_a_decode_not_seen(tmp_path, suffix):
+    """Rows written before the decode_unseen column gave a stream that came whole a TPOT of 0; read back, they
+    pulled an old file's TPOT p50 down as new rows no longer do. Read now as new rows are written (a TPOT of 0 over
+    2 or more tokens is exactly every token at one instant); a failed row, a one-token row and a streamed row keep
+    their values, and a file with the column is read as written."""
+    import math
+
+    import pandas as pd
+
+    from lablib.results.store import load_results
+
+    whole, streamed, one = make([12.0, 12.0, 12.0, 12.0]), make([11.0, 11.5, 12.0]), make([11.0])
+    rows = [trace_row(t, {"engine": "http"}) for t in (whole, streamed, one)]
+    rows.append({"engine": "http", "error": "the server failed the request", "output_tokens": 0})
+    old = [dict(r, tpot_s=0.0) if r.get("decode_unseen") else dict(r) for r in rows]
+    for r in old:
+        r.pop("decode_unseen", None)
+    assert old[0]["tpot_s"] == 0.0  # as the older code wrote it
+    path = tmp_path / f"old{suffix}"
+    (
+        pd.DataFrame(old).to_parquet(path)
+        if suffix == ".parquet"
+        else pd.DataFrame(old).to_json(path, orient="records", lines=True)
+    )
+    df = load_results(path)
+    assert df["decode_unseen"].tolist() == [True, False, False, False]
+    assert math.isnan(df["tpot_s"][0]) and df["tpot_s"][1] == 0.5 and math.isnan(df["tpot_s"][2])
+    s = run_summary(df.to_dict("records"))
+    assert s["decode_unseen_requests"] == 1 and s["tpot_p50_s"] == 0.5  # before: 0.25, the median of 0 and 0.5
+    new = tmp_path / f"new{suffix}"
+    (
+        pd.DataFrame(rows).to_parquet(new)
+        if suffix == ".parquet"
+        else pd.DataFrame(rows).to_json(new, orient="records", lines=True)
+    )
+    assert load_results(new)["decode_unseen"].tolist()[:3] == [True, False, False]
+
+
 def test_requests_whose_first_token_came_with_others_are_counted_and_said_when_most():
     """A first token that arrived with others (an HTTP row's first_arrival_tokens above 1, not all of them): its
     TTFT holds their decode and its TPOT is low. The run counts such requests; the note says it when they are most

@@ -484,10 +484,35 @@ def load_results(*paths):
         for col, value in DEFAULTS.items():  # files written before a column existed
             if col not in df.columns:
                 df[col] = value
+        _decode_unseen_of_older_rows(df)
         frames.append(df)
     if not frames:
         raise LabError("no results files given")
     return pd.concat(frames, ignore_index=True)
+
+
+def _decode_unseen_of_older_rows(df) -> None:
+    """Rows written before the ``decode_unseen`` column (2026-12, :attr:`lablib.results.trace.RequestTrace.decode_unseen`)
+    gave a request whose tokens all came at one instant (a buffered stream, or one read late) a ``tpot_s`` of exactly
+    0, as if its decode took no time; read now as such rows are written: ``decode_unseen`` True and no ``tpot_s``
+    (nor ``decode_tps``), so a summary of an old file leaves them out of its TPOT as it does for a new one. In place;
+    rows that have the column, and files of summaries (no ``tpot_s``), are left as they are."""
+    import pandas as pd
+
+    if "tpot_s" not in df.columns or "output_tokens" not in df.columns:
+        return
+    old = df["decode_unseen"].isna() if "decode_unseen" in df.columns else pd.Series(True, index=df.index)
+    if not old.any():
+        return
+    tpot = pd.to_numeric(df["tpot_s"], errors="coerce")
+    unseen = old & (tpot == 0) & (pd.to_numeric(df["output_tokens"], errors="coerce") >= 2)
+    if "decode_unseen" in df.columns:  # older rows beside newer ones (a merged file), or a new file's failed rows
+        df.loc[unseen, "decode_unseen"] = True
+    else:
+        df["decode_unseen"] = unseen
+    for col in ("tpot_s", "decode_tps"):  # NaN: a missing value, as a new file's null reads
+        if col in df.columns:
+            df.loc[unseen, col] = float("nan")
 
 
 def _read_file(p):
