@@ -87,6 +87,8 @@ def quick_mode() -> bool:
 BUDGETS = {
     # lab 01: the same prompt through each engine
     "side_by_side": {"max_new_tokens": (16, 64), "reps": (2, 5)},
+    # lab 01: the first requests after each load, each engine in a fresh process (lablib.studies.first_requests)
+    "first_requests": {"loads": (2, 2), "requests": (4, 6)},
     # context sweep; prompt_tokens None: log-spaced from 64 up to the trained context
     "context": {"max_new_tokens": (8, 32), "reps": (1, 3), "prompt_tokens": ((64, 256), None)},
     # the sweep panel's first context run: short enough to watch

@@ -1,7 +1,8 @@
 """Figures: pure functions of tidy rows (or of what a comparison stored), one module per subject.
 
 - :mod:`lablib.plots.style`: the one style (engine colours, phase and mode looks, engine order);
-- :mod:`lablib.plots.phases`: lab 01 (where one prompt's time goes: the prefill/decode split);
+- :mod:`lablib.plots.phases`, ``.first_requests``: lab 01 (where one prompt's time goes: the prefill/decode split;
+  the first requests after a load, what a warm-up throws away);
 - :mod:`lablib.plots.context`, ``.concurrency``: labs 02, 03 (the context sweep; the concurrency sweep and a
   run's request timeline);
 - :mod:`lablib.plots.anchors`: lab 03 (the lab beside llama.cpp's own benchmarks);
@@ -28,6 +29,7 @@ from lablib.plots.anchors import anchor_bars
 from lablib.plots.compare import kl_per_position, topk_at_divergence
 from lablib.plots.concurrency import concurrency_lines, timeline
 from lablib.plots.context import context_bars, context_lines
+from lablib.plots.first_requests import first_request_lines
 from lablib.plots.phases import prefill_decode_bars
 from lablib.plots.scheduler import hol_timeline, knee_plot, reuse_bars, turn_lines
 from lablib.plots.serving import rate_sweep, server_timeline
@@ -68,6 +70,7 @@ __all__ = [
     "concurrency_lines",
     "context_bars",
     "context_lines",
+    "first_request_lines",
     "hol_timeline",
     "kl_per_position",
     "knee_plot",

@@ -312,6 +312,10 @@ ADAPTERS = (
     "adapter_mix",
     "adapters_loaded",
 )
+# the first requests after a load (lablib.studies.first_requests, lab 01; with LADDER's load_s, the seconds of that
+# load): which load of the engine in its fresh process (1: the process's first) and which request after it (1: the
+# first)
+FIRST_REQUESTS = ("load_number", "request_number")
 # what a row written before a column existed means by its absence (lablib.results.store.load_results)
 DEFAULTS = {"cached_tokens": 0}
 # present in some rows only: output ids, decoded text, an error message, the file a row came from
@@ -341,6 +345,7 @@ COLUMNS = (
     + SPECULATIVE
     + STRUCTURED
     + ADAPTERS
+    + FIRST_REQUESTS
 )
 
 # --- the columns of tables (lablib.results.tables, lablib.studies): what rows become ------------------------
@@ -559,6 +564,16 @@ ADAPTER_TABLES = (
     "bytes_f16",
     "flops_share",
 )
+# lablib.studies.first_requests.first_request_table (lab 01), one row per engine x load: the first request's TTFT and
+# TPOT (s), the median of the later requests' (s), and the first over that median
+FIRST_REQUEST_TABLE = (
+    "first_ttft_s",
+    "steady_ttft_s",
+    "first_over_steady_ttft",
+    "first_tpot_s",
+    "steady_tpot_s",
+    "first_over_steady_tpot",
+)
 # the columns of tables that no row carries (a summary's output_tokens is the run's sum of the rows' own)
 TABLE_COLUMNS = tuple(
     c
@@ -573,6 +588,7 @@ TABLE_COLUMNS = tuple(
     + SPECULATIVE_TABLES
     + STRUCTURED_TABLE
     + ADAPTER_TABLES
+    + FIRST_REQUEST_TABLE
     + REFERENCE
     if c not in COLUMNS
 )

@@ -1,0 +1,201 @@
+"""The first requests after a load: what a warm-up request throws away, engine by engine (lab 01).
+
+Every measurement of the lab starts after an unrecorded warm-up request, as the field's tools do (``vllm bench
+latency --num-iters-warmup``, llama-bench's warm-up run): the first request after a load can pay for work done once,
+and a TTFT that holds it says nothing of the engine's steady speed. What that work is, and when it comes back,
+differs by engine; this study measures it instead of assuming it.
+
+Each engine runs in a Python process of its own, started fresh for it (a new interpreter, as a learner's first
+cell, a script or a server's first request after its start), so nothing the
+calling process did before (a torch already imported and used) hides the cost. In that process the engine loads the
+model ``loads`` times (each load closed before the next) and after each load sends ``requests`` greedy requests of
+``prompt_tokens`` prompt tokens and ``max_new_tokens`` output tokens (EOS ignored), each prompt a different stretch
+of the lab's prose (no prefix a cache could reuse). Rows: one per request, ``load_number`` (1: the process's first
+load, whose ``load_s`` also holds the import of the engine's library) and ``request_number`` (1: the first request
+after that load), with the metrics of DESIGN.md and the manifest. :func:`first_request_table` puts each load's first
+request beside the median of the later ones.
+
+What it showed on the lab's 2-core machine (SmolLM2, 64 + 16 tokens, four runs): the cost lands in TTFT (the first
+request's TPOT is like the later ones'); OpenVINO's first request after *every* load took 2.7-3.2 times the TTFT of
+the later ones (about 0.1 s more: the cost belongs to the loaded model, not the process); transformers' 1.2-2.1
+times, after every load too; llama.cpp's 0.9-1.2 times and ONNX Runtime GenAI's 1.0-1.05 (within the noise: llama.cpp
+allocates its KV cache and compute buffers when it loads). From the second request on, each engine was steady.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from lablib.errors import LabError
+
+PROMPT_TOKENS = 64
+NEW_TOKENS = 16
+TIMEOUT_S = 900.0  # one engine's process: imports, loads and requests
+
+
+def first_requests(
+    model=None,
+    engines=None,
+    loads: int | None = None,
+    requests: int | None = None,
+    prompt_tokens: int = PROMPT_TOKENS,
+    max_new_tokens: int = NEW_TOKENS,
+    progress: bool = True,
+    timeout_s: float = TIMEOUT_S,
+):
+    """The first ``requests`` requests after each of ``loads`` loads of each engine of ``engines`` (default: the
+    model's default set), each engine in a fresh process of its own; a pandas DataFrame, one row per request
+    (``load_number``, ``request_number``, ``load_s``, the metrics, the manifest; ``sweep`` "first_requests").
+    Budgets default to ``lablib.config.BUDGETS["first_requests"]``. LabError, before any process starts, for a
+    budget that is not a whole number in range (``requests`` at least 2: a first request and a later one to hold
+    it against) or a request the model's context cannot hold; and naming the engine, for an engine that cannot load
+    here or a process that ended without its rows (a crash, or killed for memory) or ran past ``timeout_s``."""
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    from lablib.checks import whole
+    from lablib.config import budget
+    from lablib.measure.plan import engine_names
+    from lablib.model.resolve import resolve
+
+    loads = whole(budget("first_requests", "loads") if loads is None else loads, "loads", "a whole number, at least 1")
+    requests = whole(
+        budget("first_requests", "requests") if requests is None else requests,
+        "requests",
+        "a whole number, at least 2 (the first request, and later ones to hold it against)",
+        lo=2,
+    )
+    prompt_tokens = whole(prompt_tokens, "prompt_tokens", "a whole number of tokens, at least 1")
+    max_new_tokens = whole(max_new_tokens, "max_new_tokens", "a whole number of tokens, at least 1")
+    rm = resolve(model)
+    trained = rm.max_position_embeddings
+    if trained and prompt_tokens + max_new_tokens > int(trained):
+        raise LabError(
+            f"prompt_tokens={prompt_tokens} + max_new_tokens={max_new_tokens} = {prompt_tokens + max_new_tokens} "
+            f"tokens: more than {rm.name} was trained on ({trained}); expected a shorter request"
+        )
+    rows = []
+    for name in tqdm(engine_names(engines, rm), desc="engines, each in a fresh process", disable=not progress):
+        rows += _in_fresh_process(name, rm, loads, requests, prompt_tokens, max_new_tokens, timeout_s)
+    return pd.DataFrame(rows)
+
+
+def _in_fresh_process(name, model, loads, requests, prompt_tokens, max_new_tokens, timeout_s) -> list[dict]:
+    """:func:`_measure` of one engine in a fresh interpreter (``python -m lablib.studies.first_requests FOLDER``, tied
+    to this process: :func:`lablib.children.tied`); its rows, or LabError naming the engine. A child command, not
+    multiprocessing's spawn, which runs the caller's script again in the child (a script without an
+    ``if __name__ == "__main__":`` guard would start the study again there)."""
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from lablib.children import tied
+
+    with tempfile.TemporaryDirectory(prefix="lablib-first-requests-") as folder:
+        job = dict(name=name, model=model, loads=loads, requests=requests)
+        job.update(prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens)
+        (Path(folder) / "job.pkl").write_bytes(pickle.dumps(job))
+        cmd = [sys.executable, "-m", "lablib.studies.first_requests", folder]
+        try:  # run() kills the child on any exception: the timeout, a Ctrl-C
+            p = subprocess.run(tied(cmd), capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise LabError(
+                f"{name}: its process gave no rows within {timeout_s:g} s (it imports the engine, loads the model "
+                f"{loads} time{'s' * (loads != 1)} and sends {loads * requests} requests); give a larger timeout_s, or "
+                "fewer requests"
+            ) from None
+        out = Path(folder) / "rows.pkl"
+        if not out.is_file():
+            said = [line for line in (p.stderr or "").splitlines() if line.strip()]
+            raise LabError(
+                f"{name}: its process ended without its rows (exit code {p.returncode}: a crash, or killed for "
+                f"memory; its last line: {said[-1] if said else 'none'}); run the engine alone "
+                f"(lablib run --engine {name}) to see why"
+            )
+        kind, payload = pickle.loads(out.read_bytes())
+    if kind == "error":
+        raise LabError(f"{name}: {payload}")
+    return payload
+
+
+def main(argv: list[str]) -> int:
+    """The fresh process: the job in ``argv[0]``/job.pkl measured (:func:`_measure`), its rows or a LabError's
+    message (a LabError subclass need not survive pickling) written to rows.pkl beside it."""
+    import pickle
+    from pathlib import Path
+
+    folder = Path(argv[0])
+    job = pickle.loads((folder / "job.pkl").read_bytes())
+    try:
+        out = ("rows", _measure(**job))
+    except LabError as e:
+        out = ("error", str(e))
+    (folder / "rows.pkl").write_bytes(pickle.dumps(out))
+    return 0
+
+
+def _measure(name, model, loads, requests, prompt_tokens, max_new_tokens) -> list[dict]:
+    """In this process: ``loads`` loads of engine ``name``, each followed by ``requests`` requests of distinct
+    prompts (the k-th request of the process starts k prompts' length into the lab's prose); one row each."""
+    from lablib.engines import load_engine
+    from lablib.engines.base import GenerationConfig
+    from lablib.measure.workload import prompt_of_length
+    from lablib.results.store import engine_manifest, flatten_manifest, trace_row
+
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens)
+    workload = {"prompt_tokens": prompt_tokens, "max_new_tokens": max_new_tokens, "warmup": 0, "reps": requests}
+    prompts = [prompt_of_length(model, prompt_tokens, offset=k * prompt_tokens) for k in range(loads * requests)]
+    rows = []
+    for load in range(1, loads + 1):
+        t0 = time.perf_counter()
+        engine = load_engine(name, model)
+        load_s = time.perf_counter() - t0
+        try:
+            engine.check_context(prompt_tokens, max_new_tokens)
+            # nothing between the load and the first request: the manifest (which may measure the machine) after
+            traces = [engine.generate(prompts[(load - 1) * requests + r], cfg) for r in range(requests)]
+            manifest = engine_manifest(engine, workload)
+        finally:
+            engine.close()
+        columns = flatten_manifest(manifest)
+        for r, trace in enumerate(traces, 1):
+            labels = dict(sweep="first_requests", load_number=load, request_number=r, load_s=load_s)
+            rows.append(trace_row(trace, manifest, manifest_columns=columns, **labels))
+    return rows
+
+
+def first_request_table(rows):
+    """Per engine and load: the load's seconds, the first request's TTFT and TPOT, the median TTFT and TPOT of the
+    later requests (``steady_*``), and how many times the steady value the first one is (``first_over_steady_*``).
+    Needs the rows of :func:`first_requests` (engine, load_number, request_number, load_s, ttft_s, tpot_s)."""
+    import pandas as pd
+
+    from lablib.results.tables import need
+
+    df = pd.DataFrame(rows)
+    need(df, ["engine", "load_number", "request_number", "load_s", "ttft_s", "tpot_s"], "first_request_table")
+    out = []
+    for (engine, load), part in df.groupby(["engine", "load_number"], sort=False):
+        first = part[part["request_number"] == 1]
+        later = part[part["request_number"] > 1]
+        if first.empty or later.empty:
+            continue
+        row = {"engine": engine, "load_number": int(load), "load_s": float(first["load_s"].iloc[0])}
+        for m in ("ttft_s", "tpot_s"):
+            f = first[m].iloc[0]
+            steady = [v for v in later[m] if v == v and v is not None]
+            row[f"first_{m}"] = f
+            row[f"steady_{m}"] = statistics.median(steady) if steady else None
+            ok = f == f and f is not None and row[f"steady_{m}"]
+            row[f"first_over_steady_{m.removesuffix('_s')}"] = f / row[f"steady_{m}"] if ok else None
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,122 @@
+"""The first requests after a load (lablib.studies.first_requests, lab 01): real engines, each in a fresh process
+of its own, its rows back in this one; the table and the figure of those rows; bad budgets refused before any
+process starts."""
+
+import os
+import re
+
+import pandas as pd
+import pytest
+
+from lablib.errors import LabError
+from lablib.studies.first_requests import first_request_table, first_requests
+
+
+@pytest.fixture(scope="module")
+def rows(model):
+    return first_requests(
+        model, engines=["llama.cpp", "transformers"], loads=2, requests=3, prompt_tokens=8, max_new_tokens=3
+    )
+
+
+def test_each_engine_is_loaded_twice_in_a_fresh_process_and_measured_from_its_first_request(rows):
+    assert list(rows["engine"]) == ["llama.cpp"] * 6 + ["transformers"] * 6
+    assert list(rows["load_number"]) == [1, 1, 1, 2, 2, 2] * 2
+    assert list(rows["request_number"]) == [1, 2, 3] * 4
+    assert set(rows["sweep"]) == {"first_requests"}
+    assert set(rows["prompt_tokens"]) == {8} and set(rows["output_tokens"]) == {3}
+    # one load time per load, the same on each of its requests; each engine's two loads timed apart
+    loads = rows.groupby(["engine", "load_number"])["load_s"].nunique()
+    assert (loads == 1).all() and (rows["load_s"] > 0).all()
+    assert rows.groupby("engine")["load_s"].nunique().eq(2).all()
+    # the requests ran in other processes: their clocks are CLOCK_MONOTONIC (one clock for the machine), so each
+    # engine's requests come in order on this process's time line, llama.cpp's before transformers'
+    t = rows["t_submit"].to_list()
+    assert t == sorted(t)
+    assert rows["ttft_s"].gt(0).all() and rows["e2e_s"].ge(rows["ttft_s"]).all()
+    # the manifest of the engine that ran each row
+    assert list(rows["engine_version"].map(bool)) == [True] * 12
+
+
+def test_the_table_holds_each_loads_first_request_against_the_median_of_the_later_ones(rows):
+    table = first_request_table(rows)
+    assert list(zip(table["engine"], table["load_number"])) == [
+        ("llama.cpp", 1),
+        ("llama.cpp", 2),
+        ("transformers", 1),
+        ("transformers", 2),
+    ]
+    for _, t in table.iterrows():
+        part = rows[(rows["engine"] == t["engine"]) & (rows["load_number"] == t["load_number"])]
+        first, later = part[part["request_number"] == 1], part[part["request_number"] > 1]
+        assert t["first_ttft_s"] == first["ttft_s"].iloc[0]
+        assert t["steady_ttft_s"] == pytest.approx(later["ttft_s"].median())
+        assert t["first_over_steady_ttft"] == pytest.approx(t["first_ttft_s"] / t["steady_ttft_s"])
+        assert t["steady_tpot_s"] == pytest.approx(later["tpot_s"].median())
+        assert t["load_s"] == part["load_s"].iloc[0]
+
+
+def test_the_figure_draws_one_line_per_engine_and_load_in_milliseconds(rows):
+    from lablib import plots
+
+    fig = plots.first_request_lines(rows)
+    assert [tr.name for tr in fig.data] == [
+        "llama.cpp, load 1 (fresh process)",
+        "llama.cpp, load 2",
+        "transformers, load 1 (fresh process)",
+        "transformers, load 2",
+    ]
+    first = rows[(rows["engine"] == "llama.cpp") & (rows["load_number"] == 1)]
+    assert list(fig.data[0].x) == [1, 2, 3]
+    assert list(fig.data[0].y) == pytest.approx(list(1000.0 * first["ttft_s"]))
+    assert [tr.line.dash for tr in fig.data] == ["solid", "dash"] * 2
+    assert fig.data[0].line.color == plots.color("llama.cpp") != fig.data[2].line.color
+    assert fig.layout.yaxis.type == "log"
+
+
+@pytest.mark.parametrize(
+    "kw, said",
+    [
+        ({"requests": 1}, "requests=1: expected a whole number, at least 2"),
+        ({"loads": 0}, "loads=0: expected a whole number, at least 1"),
+        ({"prompt_tokens": 8190, "max_new_tokens": 16}, "= 8206 tokens: more than"),
+        ({"engines": ["vllm"]}, "vllm"),
+    ],
+)
+def test_a_bad_budget_is_refused_before_any_process_starts(model, kw, said):
+    with pytest.raises(LabError, match=re.escape(said)):
+        first_requests(model, **{"engines": ["llama.cpp"], **kw}, progress=False)
+
+
+def test_an_engine_that_cannot_load_in_its_process_is_named_in_one_line(model):
+    """The http engine without a server's URL refuses to load inside the child process: its LabError comes back as
+    one line naming the engine, not a traceback of the child."""
+    with pytest.raises(LabError) as err:
+        first_requests(model, engines=["http"], loads=1, requests=2, progress=False)
+    msg = str(err.value)
+    assert msg.startswith("http: ") and "Traceback" not in msg and "\n" not in msg, msg
+
+
+def test_a_process_past_its_time_is_stopped_and_said(model):
+    with pytest.raises(LabError, match=r"llama.cpp: its process gave no rows within 0.5 s"):
+        first_requests(model, engines=["llama.cpp"], loads=1, requests=2, progress=False, timeout_s=0.5)
+    # the child was killed, not left running (it would be this process's child, tied to it)
+    import psutil
+
+    left = [
+        p for p in psutil.Process(os.getpid()).children(recursive=True) if "first_requests" in " ".join(p.cmdline())
+    ]
+    assert left == []
+
+
+def test_rows_round_trip_through_a_results_file(rows, tmp_path):
+    """The rows' columns are declared (lablib.results.schema) and read back as written."""
+    from lablib.results.schema import COLUMNS
+    from lablib.results.store import load_results
+
+    assert set(rows.columns) - set(COLUMNS) == set()
+    path = tmp_path / "first.jsonl"
+    rows.to_json(path, orient="records", lines=True)
+    back = load_results(path)
+    assert list(back["load_number"]) == list(rows["load_number"])
+    pd.testing.assert_series_equal(back["ttft_s"], rows["ttft_s"])
