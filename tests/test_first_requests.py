@@ -120,3 +120,22 @@ def test_rows_round_trip_through_a_results_file(rows, tmp_path):
     back = load_results(path)
     assert list(back["load_number"]) == list(rows["load_number"])
     pd.testing.assert_series_equal(back["ttft_s"], rows["ttft_s"])
+
+
+def test_the_view_a_learner_reads_has_the_tables_numbers_with_units(rows):
+    from lablib.ui.tables import first_request_view
+
+    table, view = first_request_table(rows), first_request_view(rows)
+    shown = view.data
+    assert list(shown.columns) == [
+        "engine",
+        "load",
+        "load (s)",
+        "first TTFT (ms)",
+        "later TTFT (ms)",
+        "first / later TTFT",
+        "first / later TPOT",
+    ]
+    assert list(shown["first TTFT (ms)"]) == pytest.approx(list(1000.0 * table["first_ttft_s"]))
+    assert list(shown["first / later TTFT"]) == pytest.approx(list(table["first_over_steady_ttft"]))
+    assert "the median of the 2 requests after the first" in view.to_html()

@@ -15,9 +15,9 @@ load, whose ``load_s`` also holds the import of the engine's library) and ``requ
 after that load), with the metrics of DESIGN.md and the manifest. :func:`first_request_table` puts each load's first
 request beside the median of the later ones.
 
-What it showed on the lab's 2-core machine (SmolLM2, 64 + 16 tokens, four runs): the cost lands in TTFT (the first
-request's TPOT is like the later ones'); OpenVINO's first request after *every* load took 2.7-3.2 times the TTFT of
-the later ones (about 0.1 s more: the cost belongs to the loaded model, not the process); transformers' 1.2-2.1
+What it showed on the lab's 2-core machine (SmolLM2, 64 + 16 tokens, six runs): the cost lands in TTFT (the first
+request's TPOT is like the later ones'); OpenVINO's first request after *every* load took 2.7-3.4 times the TTFT of
+the later ones (about 0.1 s more: the cost belongs to the loaded model, not the process); transformers' 1.2-2.2
 times, after every load too; llama.cpp's 0.9-1.2 times and ONNX Runtime GenAI's 1.0-1.05 (within the noise: llama.cpp
 allocates its KV cache and compute buffers when it loads). From the second request on, each engine was steady.
 """

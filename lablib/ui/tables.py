@@ -56,3 +56,37 @@ def summary_view(df):
         .set_caption(caption)
         .set_table_styles(SCROLLS, overwrite=False)
     )
+
+
+# lablib.studies.first_requests.first_request_table's columns a reader looks at: (column, header, scale, format)
+FIRST_REQUEST_VIEW = (
+    ("load_s", "load (s)", 1.0, "{:.2f}"),
+    ("first_ttft_s", "first TTFT (ms)", 1000.0, "{:.0f}"),
+    ("steady_ttft_s", "later TTFT (ms)", 1000.0, "{:.0f}"),
+    ("first_over_steady_ttft", "first / later TTFT", 1.0, "{:.2f}×"),
+    ("first_over_steady_tpot", "first / later TPOT", 1.0, "{:.2f}×"),
+)
+
+
+def first_request_view(rows):
+    """Lab 01's first requests after a load, one row per engine and load: the load's seconds, the first request's
+    TTFT beside the median of the later requests' (ms) and the first over the later for TTFT and TPOT, from
+    :func:`lablib.studies.first_requests.first_request_table` of ``rows``. Returns a pandas Styler; the numbers
+    themselves stay in that table."""
+    import pandas as pd
+
+    from lablib.studies.first_requests import first_request_table
+
+    t = first_request_table(rows)
+    view = pd.DataFrame({"engine": t["engine"], "load": t["load_number"].astype(int)})
+    formats = {}
+    for col, header, scale, fmt in FIRST_REQUEST_VIEW:
+        view[header] = t[col].astype(float) * scale
+        formats[header] = fmt
+    later = int(pd.DataFrame(rows)["request_number"].max()) - 1
+    return (
+        view.style.hide(axis="index")
+        .format(formats, na_rep="–")
+        .set_caption(f"later: the median of the {later} requests after the first; load 1 in a fresh process")
+        .set_table_styles(SCROLLS, overwrite=False)
+    )
