@@ -27,6 +27,9 @@ GPU's compute capability; minutes). Meanwhile, in this process:
    (``benchmarks/step_profile.py``);
 8. ``roofline``: every row of 6 and 7 against the device's own ceilings and its engine's launch floor (which of
    the three lines binds); the largest share of a bound;
+8b. ``first``: transformers' first requests after a load on the device, each load in a fresh process
+   (:mod:`lablib.studies.first_requests`: what a warm-up throws away on a GPU; rows to
+   ``DIR/first-requests.jsonl``);
 9. ``llama.cpp``: once its build is done, llama-bench's tg128 and pp512 against the lab's llama.cpp on the GPU
    (:mod:`lablib.studies.anchors`).
 
@@ -172,6 +175,7 @@ def main(argv=None) -> int:
     model = lablib.prepare(log=lambda *_: None)
     dev = ns.device
     machine = "cpu dry run" if dev == "cpu" else gpu_name()  # the reference files' <gpu>: NVIDIA H200
+    (out / "first-requests.jsonl").unlink(missing_ok=True)
     for kind in ("context", "concurrency", "roofline"):  # a rerun's files are its own rows, not two runs' mixed
         for p in (out / file_name(kind, machine), runs_path(out / file_name(kind, machine))):
             p.unlink(missing_ok=True)
@@ -296,6 +300,26 @@ def main(argv=None) -> int:
             f"bound by {by}; floor {1e3 * floor:.2f} ms a step; bound {df['bound_bytes_per_s'].iloc[0] / 1e9:.0f} GB/s"
         )
 
+    def first():
+        from lablib.studies.first_requests import first_request_table, first_requests
+
+        rows = first_requests(
+            model,
+            engines=["transformers"],
+            loads=2,
+            requests=4,
+            progress=False,
+            load_kw={"device": dev},
+            timeout_s=max(30.0, end - time.monotonic()),
+        )
+        rows.to_json(out / "first-requests.jsonl", orient="records", lines=True)  # read, not a reference kind
+        said = [
+            f"load {r.load_number} {r.load_s:.1f} s: first TTFT {1e3 * r.first_ttft_s:.1f} ms, later "
+            f"{1e3 * r.steady_ttft_s:.1f} ms ({r.first_over_steady_ttft:.2f}x; TPOT {r.first_over_steady_tpot:.2f}x)"
+            for r in first_request_table(rows).itertuples()
+        ]
+        return f"transformers on {rows['device'].iloc[0]}, loaded twice in a fresh process: " + "; ".join(said)
+
     def llama():
         left = max(1.0, end - time.monotonic())
         try:
@@ -333,6 +357,7 @@ def main(argv=None) -> int:
     step(table, "steps", steps, end)
     if frames:
         step(table, "roofline", roofline, end)
+    step(table, "first", first, end)  # while llama.cpp's build runs on, if it still does
     if build is not None:
         step(table, "llama.cpp", llama, end + 60)
     print(f"# {time.monotonic() - T0:.0f} s in all; table in {table.path}", flush=True)

@@ -15,7 +15,13 @@ from lablib.studies.first_requests import first_request_table, first_requests
 @pytest.fixture(scope="module")
 def rows(model):
     return first_requests(
-        model, engines=["llama.cpp", "transformers"], loads=2, requests=3, prompt_tokens=8, max_new_tokens=3
+        model,
+        engines=["llama.cpp", "transformers"],
+        loads=2,
+        requests=3,
+        prompt_tokens=8,
+        max_new_tokens=3,
+        load_kw={"threads": 1},
     )
 
 
@@ -34,8 +40,9 @@ def test_each_engine_is_loaded_twice_in_a_fresh_process_and_measured_from_its_fi
     t = rows["t_submit"].to_list()
     assert t == sorted(t)
     assert rows["ttft_s"].gt(0).all() and rows["e2e_s"].ge(rows["ttft_s"]).all()
-    # the manifest of the engine that ran each row
+    # the manifest of the engine that ran each row, loaded with the keywords given
     assert list(rows["engine_version"].map(bool)) == [True] * 12
+    assert set(rows["threads"]) == {1}
 
 
 def test_the_table_holds_each_loads_first_request_against_the_median_of_the_later_ones(rows):
@@ -81,6 +88,7 @@ def test_the_figure_draws_one_line_per_engine_and_load_in_milliseconds(rows):
         ({"loads": 0}, "loads=0: expected a whole number, at least 1"),
         ({"prompt_tokens": 8190, "max_new_tokens": 16}, "= 8206 tokens: more than"),
         ({"engines": ["vllm"]}, "vllm"),
+        ({"load_kw": "cuda"}, "load_kw='cuda': expected a dict of load_engine's keywords"),
     ],
 )
 def test_a_bad_budget_is_refused_before_any_process_starts(model, kw, said):

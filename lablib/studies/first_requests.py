@@ -15,10 +15,10 @@ load, whose ``load_s`` also holds the import of the engine's library) and ``requ
 after that load), with the metrics of DESIGN.md and the manifest. :func:`first_request_table` puts each load's first
 request beside the median of the later ones.
 
-What it showed on the lab's 2-core machine (SmolLM2, 64 + 16 tokens, six runs): the cost lands in TTFT (the first
+What it showed on the lab's 2-core machine (SmolLM2, 64 + 16 tokens, seven runs): the cost lands in TTFT (the first
 request's TPOT is like the later ones'); OpenVINO's first request after *every* load took 2.7-3.4 times the TTFT of
-the later ones (about 0.1 s more: the cost belongs to the loaded model, not the process); transformers' 1.2-2.2
-times, after every load too; llama.cpp's 0.9-1.2 times and ONNX Runtime GenAI's 1.0-1.05 (within the noise: llama.cpp
+the later ones (about 0.1 s more: the cost belongs to the loaded model, not the process); transformers' 1.0-2.2
+times, after either load; llama.cpp's 0.9-1.2 times and ONNX Runtime GenAI's 1.0-1.05 (within the noise: llama.cpp
 allocates its KV cache and compute buffers when it loads). From the second request on, each engine was steady.
 """
 
@@ -43,6 +43,7 @@ def first_requests(
     max_new_tokens: int = NEW_TOKENS,
     progress: bool = True,
     timeout_s: float = TIMEOUT_S,
+    load_kw: dict | None = None,
 ):
     """The first ``requests`` requests after each of ``loads`` loads of each engine of ``engines`` (default: the
     model's default set), each engine in a fresh process of its own; a pandas DataFrame, one row per request
@@ -50,7 +51,9 @@ def first_requests(
     Budgets default to ``lablib.config.BUDGETS["first_requests"]``. LabError, before any process starts, for a
     budget that is not a whole number in range (``requests`` at least 2: a first request and a later one to hold
     it against) or a request the model's context cannot hold; and naming the engine, for an engine that cannot load
-    here or a process that ended without its rows (a crash, or killed for memory) or ran past ``timeout_s``."""
+    here or a process that ended without its rows (a crash, or killed for memory) or ran past ``timeout_s``.
+    ``load_kw``: keywords of every load (:func:`lablib.engines.load_engine`: ``device="cuda"``, ``threads=2``), the
+    same for each engine; each row's manifest records what the engine ran with."""
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -68,6 +71,8 @@ def first_requests(
     )
     prompt_tokens = whole(prompt_tokens, "prompt_tokens", "a whole number of tokens, at least 1")
     max_new_tokens = whole(max_new_tokens, "max_new_tokens", "a whole number of tokens, at least 1")
+    if load_kw is not None and not isinstance(load_kw, dict):
+        raise LabError(f"load_kw={load_kw!r}: expected a dict of load_engine's keywords, such as {{'device': 'cuda'}}")
     rm = resolve(model)
     trained = rm.max_position_embeddings
     if trained and prompt_tokens + max_new_tokens > int(trained):
@@ -77,11 +82,11 @@ def first_requests(
         )
     rows = []
     for name in tqdm(engine_names(engines, rm), desc="engines, each in a fresh process", disable=not progress):
-        rows += _in_fresh_process(name, rm, loads, requests, prompt_tokens, max_new_tokens, timeout_s)
+        rows += _in_fresh_process(name, rm, loads, requests, prompt_tokens, max_new_tokens, timeout_s, load_kw or {})
     return pd.DataFrame(rows)
 
 
-def _in_fresh_process(name, model, loads, requests, prompt_tokens, max_new_tokens, timeout_s) -> list[dict]:
+def _in_fresh_process(name, model, loads, requests, prompt_tokens, max_new_tokens, timeout_s, load_kw) -> list[dict]:
     """:func:`_measure` of one engine in a fresh interpreter (``python -m lablib.studies.first_requests FOLDER``, tied
     to this process: :func:`lablib.children.tied`); its rows, or LabError naming the engine. A child command, not
     multiprocessing's spawn, which runs the caller's script again in the child (a script without an
@@ -96,7 +101,7 @@ def _in_fresh_process(name, model, loads, requests, prompt_tokens, max_new_token
 
     with tempfile.TemporaryDirectory(prefix="lablib-first-requests-") as folder:
         job = dict(name=name, model=model, loads=loads, requests=requests)
-        job.update(prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens)
+        job.update(prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, load_kw=load_kw)
         (Path(folder) / "job.pkl").write_bytes(pickle.dumps(job))
         cmd = [sys.executable, "-m", "lablib.studies.first_requests", folder]
         try:  # run() kills the child on any exception: the timeout, a Ctrl-C
@@ -137,7 +142,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _measure(name, model, loads, requests, prompt_tokens, max_new_tokens) -> list[dict]:
+def _measure(name, model, loads, requests, prompt_tokens, max_new_tokens, load_kw=None) -> list[dict]:
     """In this process: ``loads`` loads of engine ``name``, each followed by ``requests`` requests of distinct
     prompts (the k-th request of the process starts k prompts' length into the lab's prose); one row each."""
     from lablib.engines import load_engine
@@ -151,7 +156,7 @@ def _measure(name, model, loads, requests, prompt_tokens, max_new_tokens) -> lis
     rows = []
     for load in range(1, loads + 1):
         t0 = time.perf_counter()
-        engine = load_engine(name, model)
+        engine = load_engine(name, model, **(load_kw or {}))
         load_s = time.perf_counter() - t0
         try:
             engine.check_context(prompt_tokens, max_new_tokens)
