@@ -244,3 +244,23 @@ def test_numpy_integers_are_whole_numbers_and_long_contexts_default_to_8192(mode
         assert e.n_ctx == 8192  # not a KV cache reserved for a million tokens
     finally:
         e.close()
+
+
+def test_a_keyword_an_engine_does_not_take_is_refused_in_words_before_loading(model):
+    """load_engine passed its keywords to the engine's class: one it does not take (llama.cpp has no device=; a
+    typo) raised Python's TypeError from inside the class. Now one LabError names it and the keywords the engine
+    takes, before anything loads; an engine name or model that is not text is refused in words too."""
+    from lablib.engines import load_engine
+
+    with pytest.raises(
+        LabError, match=r"engine llama.cpp takes no device=, n_ctxx=: expected its own keywords, n_ctx,"
+    ):
+        load_engine("llama.cpp", model, device="cuda", n_ctxx=64)
+    with pytest.raises(
+        LabError, match=r"engine onnxruntime-genai takes no dtype=: expected its own keywords, precision"
+    ):
+        load_engine("ort", model, dtype="float32")
+    with pytest.raises(LabError, match=r"engine None: expected an engine's name, one of transformers, llama.cpp"):
+        load_engine(None, model)
+    with pytest.raises(LabError, match=r"model=\[1\]: expected a model's name"):
+        load_engine("llama.cpp", [1])

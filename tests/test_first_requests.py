@@ -84,25 +84,72 @@ def test_the_figure_draws_one_line_per_engine_and_load_in_milliseconds(rows):
 @pytest.mark.parametrize(
     "kw, said",
     [
-        ({"requests": 1}, "requests=1: expected a whole number, at least 2"),
-        ({"loads": 0}, "loads=0: expected a whole number, at least 1"),
+        ({"requests": 1}, "requests=1: expected a whole number from 2 to 50"),
+        ({"loads": 0}, "loads=0: expected a whole number from 1 to 10"),
         ({"prompt_tokens": 8190, "max_new_tokens": 16}, "= 8206 tokens: more than"),
         ({"engines": ["vllm"]}, "vllm"),
+        ({"engines": [3]}, "engine 3: expected an engine's name"),
+        ({"engines": ["http"]}, "engine http: first_requests loads an engine in a process of its own"),
+        ({"model": 3}, "model=3: expected a model's name"),
+        ({"loads": 11}, "loads=11: expected a whole number from 1 to 10"),
+        ({"requests": 51}, "requests=51: expected a whole number from 2 to 50"),
+        ({"loads": 10, "requests": 50}, "= 32000 tokens of distinct prompts, more than the lab's prose holds"),
         ({"load_kw": "cuda"}, "load_kw='cuda': expected a dict of load_engine's keywords"),
+        ({"load_kw": {"device": "cpu"}}, "engine llama.cpp takes no device=: expected its own keywords, n_ctx,"),
+        ({"load_kw": {"threads": 0}}, "threads=0"),
+        ({"timeout_s": "10"}, "timeout_s='10': expected a positive number of seconds (None: no limit)"),
+        ({"timeout_s": float("nan")}, "timeout_s=nan: expected a positive number"),
+        ({"timeout_s": 0}, "timeout_s=0: expected a positive number"),
     ],
 )
 def test_a_bad_budget_is_refused_before_any_process_starts(model, kw, said):
     with pytest.raises(LabError, match=re.escape(said)):
-        first_requests(model, **{"engines": ["llama.cpp"], **kw}, progress=False)
+        first_requests(**{"model": model, "engines": ["llama.cpp"], **kw}, progress=False)
 
 
-def test_an_engine_that_cannot_load_in_its_process_is_named_in_one_line(model):
-    """The http engine without a server's URL refuses to load inside the child process: its LabError comes back as
-    one line naming the engine, not a traceback of the child."""
+def test_engines_that_fail_in_their_process_are_named_in_one_line_each(model):
+    """A context too small for the request is refused inside each child (after its load): each engine's LabError
+    comes back as one line naming it, not a traceback of the child, and with every engine failed, one LabError."""
+    said = []
     with pytest.raises(LabError) as err:
-        first_requests(model, engines=["http"], loads=1, requests=2, progress=False)
+        first_requests(
+            model,
+            engines=["llama.cpp", "transformers"],
+            loads=1,
+            requests=2,
+            prompt_tokens=8,
+            max_new_tokens=16,
+            load_kw={"n_ctx": 20},
+            progress=False,
+            log=said.append,
+        )
     msg = str(err.value)
-    assert msg.startswith("http: ") and "Traceback" not in msg and "\n" not in msg, msg
+    assert msg.startswith("every engine failed: llama.cpp: ") and "; transformers: " in msg, msg
+    assert "Traceback" not in msg and "\n" not in msg and "the context holds 20" in msg, msg
+    assert [line.split(":")[0] for line in said] == ["left out", "left out"] and "llama.cpp: " in said[0]
+
+
+def test_an_engine_that_fails_leaves_the_rows_of_the_others(model, monkeypatch):
+    """One engine's failure (here its process's launch, made to fail for transformers alone) no longer throws away
+    the rows of the engines that finished: they come back, and the failure is said and kept in attrs["failed"]."""
+    from lablib.studies import first_requests as study
+
+    real = study._in_fresh_process
+
+    def launch(name, *args):
+        if name == "transformers":
+            raise LabError("transformers: its process ended without its rows (exit code -9)")
+        return real(name, *args)
+
+    monkeypatch.setattr(study, "_in_fresh_process", launch)
+    said = []
+    got = first_requests(
+        model, engines=["transformers", "llama.cpp"], loads=1, requests=2, prompt_tokens=8, max_new_tokens=2,
+        progress=False, log=said.append,
+    )  # fmt: skip
+    assert list(got["engine"]) == ["llama.cpp", "llama.cpp"] and list(got["request_number"]) == [1, 2]
+    assert got.attrs["failed"] == {"transformers": "transformers: its process ended without its rows (exit code -9)"}
+    assert said == ["left out: transformers: its process ended without its rows (exit code -9)"]
 
 
 def test_a_process_past_its_time_is_stopped_and_said(model):
@@ -147,3 +194,40 @@ def test_the_view_a_learner_reads_has_the_tables_numbers_with_units(rows):
     assert list(shown["first TTFT (ms)"]) == pytest.approx(list(1000.0 * table["first_ttft_s"]))
     assert list(shown["first / later TTFT"]) == pytest.approx(list(table["first_over_steady_ttft"]))
     assert "the median of the 2 requests after the first" in view.to_html()
+
+
+def test_two_runs_put_together_are_refused_not_mixed(rows):
+    """Two runs' rows concatenated: the table took the first TTFT of one run and the median of both for the later
+    ones (a ratio of 0.21 where each run had its own), and the figure drew zig-zags; both now refuse them."""
+    from lablib import plots
+
+    both = pd.concat([rows, rows.assign(ttft_s=10 * rows["ttft_s"])], ignore_index=True)
+    for what in (first_request_table, plots.first_request_lines):
+        with pytest.raises(
+            LabError, match=r"2 rows have engine='llama.cpp', load_number=1, request_number=1; expected"
+        ):
+            what(both)
+
+
+def test_rows_without_a_first_or_a_later_request_are_refused_in_words(rows):
+    from lablib.ui.tables import first_request_view
+
+    firsts = rows[rows["request_number"] == 1]
+    with pytest.raises(LabError, match=r"llama.cpp load 1 has no later request; .* has no later request"):
+        first_request_table(firsts)
+    with pytest.raises(LabError, match=r"llama.cpp load 1 has no first request"):
+        first_request_view(rows[rows["request_number"] > 1])
+    with pytest.raises(LabError, match=r"first_request_table: no rows"):
+        first_request_table(rows.iloc[:0])
+    # numbers read back from a file as text are numbers
+    as_text = rows.assign(
+        request_number=rows["request_number"].astype(str), load_number=rows["load_number"].astype(str)
+    )
+    pd.testing.assert_frame_equal(first_request_table(as_text), first_request_table(rows))
+
+
+def test_the_views_caption_says_how_many_later_requests_each_load_had(rows):
+    from lablib.ui.tables import first_request_view
+
+    fewer = rows[~((rows["engine"] == "transformers") & (rows["request_number"] == 3))]
+    assert "the median of the 1 to 2 requests after the first" in first_request_view(fewer).to_html()

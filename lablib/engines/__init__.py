@@ -52,6 +52,8 @@ NAMES = tuple(name for name in IN_PROCESS if ENGINES[name].lab_default)
 
 def canonical(name: str) -> str:
     """The engine's canonical name; LabError naming the choices otherwise."""
+    if not isinstance(name, str):
+        raise LabError(f"engine {name!r}: expected an engine's name, one of {', '.join(ENGINES)}")
     key = ALIASES.get(name.strip().lower(), name.strip().lower())
     if key not in ENGINES:
         raise LabError(f"unknown engine {name!r}: expected one of {', '.join(ENGINES)}")
@@ -88,6 +90,22 @@ def engines_for(model, names=NAMES) -> list[str]:
     return kept
 
 
+def check_load_keywords(name: str, kw: dict) -> None:
+    """LabError naming each keyword of ``kw`` that engine ``name`` does not take (its class's own keywords, and
+    ``adapter`` only where it loads adapters), and the keywords it takes: before anything is loaded, in words,
+    where the engine's class would raise Python's TypeError."""
+    import inspect
+
+    cls = engine_class(name)
+    takes = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "model")]
+    unknown = [k for k in kw if k not in takes]
+    if unknown:
+        raise LabError(
+            f"engine {cls.name} takes no {', '.join(f'{k}=' for k in unknown)}: expected its own keywords, "
+            f"{', '.join(takes)}"
+        )
+
+
 def check_load_args(kw: dict) -> dict:
     """``kw`` without its None values, ``n_ctx`` and ``n_batch`` checked as positive whole numbers (tokens) and
     ``threads`` as :func:`lablib.machine.threads.check_threads` wants it; cheap, so a command checks its flags
@@ -120,6 +138,7 @@ def load_engine(name: str, model=None, adapter=None, merge_adapter: bool = False
     threads or an engine that will not fit in the memory available (:func:`lablib.engines.memory.check_fits`).
     """
     cls = engine_class(name)
+    check_load_keywords(cls.name, kw)
     if (adapter is not None or merge_adapter) and not cls.adapter_form:
         raise LabError(
             f"engine {cls.name} takes no LoRA adapter in the lab (adapter=, merge_adapter=); the engines that do: "

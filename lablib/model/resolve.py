@@ -187,6 +187,11 @@ def _resolve_source(model: str | Path | None, log=print) -> tuple[str, Path]:
     """(display name, local path) for a model name; downloads hub ids when online."""
     if model is None or str(model) in ("", "default"):
         return DEFAULT_ID, default_gguf_path()
+    if not isinstance(model, (str, Path)):
+        raise LabError(
+            f"model={model!r}: expected a model's name (a packaged one, a Hugging Face id), a path to its GGUF file or "
+            "folder, or None for the lab's default"
+        )
     from lablib.model.packaged import PACKAGED, packaged_path
 
     p = Path(model).expanduser()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lablib.plots.style import color, engine_order, log_ticks, titled
-from lablib.results.tables import need
+from lablib.results.tables import need, one_row_each
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -23,13 +23,9 @@ def first_request_lines(rows, title: str | None = None) -> go.Figure:
     import pandas as pd
     import plotly.graph_objects as go
 
-    df = pd.DataFrame(rows)
-    need(
-        df,
-        ["engine", "load_number", "request_number", "ttft_s"],
-        "first_request_lines",
-        "lablib.studies.first_requests.first_requests",
-    )
+    source = "lablib.studies.first_requests.first_requests"
+    df = one_row_each(pd.DataFrame(rows), ["engine", "load_number", "request_number"], "first_request_lines", source)
+    need(df, ["ttft_s"], "first_request_lines", source)
     fig = go.Figure()
     for engine in engine_order(df):
         for load, part in df[df["engine"] == engine].groupby("load_number", sort=True):

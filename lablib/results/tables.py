@@ -43,6 +43,32 @@ def need(df, columns, what: str, source: str | None = None) -> None:
         raise LabError(f"{what} needs the columns {', '.join(missing)}; the data has {has}{hint}")
 
 
+def one_row_each(df, keys, what: str, source: str | None = None):
+    """A copy of ``df`` (after :func:`need` of ``keys``), a key column of digit strings read as whole numbers (a
+    file's "2" as 2); LabError naming the first combination of ``keys`` that two or more rows share: two runs'
+    rows put together, which a table would mix and a line would draw as a zig-zag."""
+    import pandas as pd
+
+    need(df, list(keys), what, source)
+    df = df.copy()
+    for k in keys:
+        digits = df[k].map(lambda v: isinstance(v, str) and v.strip().lstrip("-").isdigit())
+        if len(df) and (pd.api.types.is_string_dtype(df[k]) or df[k].dtype == object) and digits.all():
+            df[k] = df[k].astype(int)
+    repeated = df[df.duplicated(list(keys), keep=False)]
+    if len(repeated):
+        first = repeated.iloc[0]
+        plain = {k: first[k].item() if hasattr(first[k], "item") else first[k] for k in keys}  # 1, not np.int64(1)
+        at = ", ".join(f"{k}={v!r}" for k, v in plain.items())
+        n = int((repeated[list(keys)] == first[list(keys)]).all(axis=1).sum())
+        raise LabError(
+            f"{what}: {n} rows have {at}; expected one row each (the rows of one run"
+            + (f" of {source}" if source else "")
+            + "): give one run's rows at a time"
+        )
+    return pd.DataFrame(df)
+
+
 def ok_rows(df):
     """Rows without an error."""
     if "error" in df.columns:

@@ -11,15 +11,16 @@ calling process did before (a torch already imported and used) hides the cost. I
 model ``loads`` times (each load closed before the next) and after each load sends ``requests`` greedy requests of
 ``prompt_tokens`` prompt tokens and ``max_new_tokens`` output tokens (EOS ignored), each prompt a different stretch
 of the lab's prose (no prefix a cache could reuse). Rows: one per request, ``load_number`` (1: the process's first
-load, whose ``load_s`` also holds the import of the engine's library) and ``request_number`` (1: the first request
-after that load), with the metrics of DESIGN.md and the manifest. :func:`first_request_table` puts each load's first
+load, whose ``load_s`` also holds the import of the engine's own library; the prompts are made before each load, so
+the lab's tokenizer, and with it transformers and torch, are imported before the first) and ``request_number`` (1:
+the first request after that load), with the metrics of DESIGN.md and the manifest. :func:`first_request_table` puts each load's first
 request beside the median of the later ones.
 
-What it showed on the lab's 2-core machine (SmolLM2, 64 + 16 tokens, seven runs): the cost lands in TTFT (the first
-request's TPOT is like the later ones'); OpenVINO's first request after *every* load took 2.7-3.4 times the TTFT of
-the later ones (about 0.1 s more: the cost belongs to the loaded model, not the process); transformers' 1.0-2.2
-times, after either load; llama.cpp's 0.9-1.2 times and ONNX Runtime GenAI's 1.0-1.05 (within the noise: llama.cpp
-allocates its KV cache and compute buffers when it loads). From the second request on, each engine was steady.
+What it showed on the lab's 2-core machine (SmolLM2, 64 + 16 tokens, nine runs): OpenVINO's first request after
+*every* load took 2.5-3.4 times the TTFT of the later ones (about 0.1 s more: the cost belongs to the loaded model,
+not the process) and 1.0-1.15 times their TPOT (the cost is in the prefill); transformers' 1.0-2.2 times, after
+either load; llama.cpp's 0.9-1.25 times and ONNX Runtime GenAI's 1.0-1.1 (within the noise: llama.cpp allocates its
+KV cache and compute buffers when it loads). From the second request on, each engine was steady.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from lablib.errors import LabError
 PROMPT_TOKENS = 64
 NEW_TOKENS = 16
 TIMEOUT_S = 900.0  # one engine's process: imports, loads and requests
+MAX_LOADS = 10  # loads of one engine in its process
+MAX_REQUESTS = 50  # requests after each load
 
 
 def first_requests(
@@ -42,37 +45,59 @@ def first_requests(
     prompt_tokens: int = PROMPT_TOKENS,
     max_new_tokens: int = NEW_TOKENS,
     progress: bool = True,
-    timeout_s: float = TIMEOUT_S,
+    timeout_s: float | None = TIMEOUT_S,
     load_kw: dict | None = None,
+    log=None,
 ):
     """The first ``requests`` requests after each of ``loads`` loads of each engine of ``engines`` (default: the
-    model's default set), each engine in a fresh process of its own; a pandas DataFrame, one row per request
-    (``load_number``, ``request_number``, ``load_s``, the metrics, the manifest; ``sweep`` "first_requests").
-    Budgets default to ``lablib.config.BUDGETS["first_requests"]``. LabError, before any process starts, for a
-    budget that is not a whole number in range (``requests`` at least 2: a first request and a later one to hold
-    it against) or a request the model's context cannot hold; and naming the engine, for an engine that cannot load
-    here or a process that ended without its rows (a crash, or killed for memory) or ran past ``timeout_s``.
-    ``load_kw``: keywords of every load (:func:`lablib.engines.load_engine`: ``device="cuda"``, ``threads=2``), the
-    same for each engine; each row's manifest records what the engine ran with."""
+    model's default set; engines that load the model in process only), each engine in a fresh process of its own; a
+    pandas DataFrame, one row per request (``load_number``, ``request_number``, ``load_s``, the metrics, the
+    manifest; ``sweep`` "first_requests"). Budgets default to ``lablib.config.BUDGETS["first_requests"]``.
+    ``load_kw``: keywords of every load (:func:`lablib.engines.load_engine`: ``threads=2``; ``device="cuda"`` for
+    transformers), checked against each engine before any process starts; each row's manifest records what the
+    engine ran with. ``timeout_s``: seconds one engine's process may take (None: no limit).
+
+    LabError, before any process starts, for a budget that is not a whole number in range (``loads`` 1 to
+    :data:`MAX_LOADS`, ``requests`` 2 to :data:`MAX_REQUESTS`: a first request and later ones to hold it against;
+    prompts that the lab's prose cannot give distinct), a request longer than the model's context, an engine that
+    is not in-process, or a keyword an engine does not take. An engine that fails in its process (not installed
+    here, a crash, past ``timeout_s``) is said in one line through ``log`` (default: stderr) and left out, and the
+    engines that finished keep their rows (the DataFrame's ``attrs["failed"]``: {engine: why}); LabError when every
+    engine failed. A Ctrl-C stops the run (the running engine's process is stopped with it)."""
+    import sys
+
     import pandas as pd
     from tqdm.auto import tqdm
 
     from lablib.checks import whole
     from lablib.config import budget
+    from lablib.engines import IN_PROCESS, check_load_args, check_load_keywords
     from lablib.measure.plan import engine_names
+    from lablib.measure.workload import corpus_ids
     from lablib.model.resolve import resolve
 
-    loads = whole(budget("first_requests", "loads") if loads is None else loads, "loads", "a whole number, at least 1")
+    loads = whole(
+        budget("first_requests", "loads") if loads is None else loads,
+        "loads",
+        f"a whole number from 1 to {MAX_LOADS}",
+        hi=MAX_LOADS,
+    )
     requests = whole(
         budget("first_requests", "requests") if requests is None else requests,
         "requests",
-        "a whole number, at least 2 (the first request, and later ones to hold it against)",
+        f"a whole number from 2 to {MAX_REQUESTS} (the first request, and later ones to hold it against)",
         lo=2,
+        hi=MAX_REQUESTS,
     )
     prompt_tokens = whole(prompt_tokens, "prompt_tokens", "a whole number of tokens, at least 1")
     max_new_tokens = whole(max_new_tokens, "max_new_tokens", "a whole number of tokens, at least 1")
+    if timeout_s is not None and not (
+        isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool) and 0 < timeout_s < float("inf")
+    ):
+        raise LabError(f"timeout_s={timeout_s!r}: expected a positive number of seconds (None: no limit)")
     if load_kw is not None and not isinstance(load_kw, dict):
-        raise LabError(f"load_kw={load_kw!r}: expected a dict of load_engine's keywords, such as {{'device': 'cuda'}}")
+        raise LabError(f"load_kw={load_kw!r}: expected a dict of load_engine's keywords, such as {{'threads': 2}}")
+    load_kw = check_load_args(dict(load_kw or {}))
     rm = resolve(model)
     trained = rm.max_position_embeddings
     if trained and prompt_tokens + max_new_tokens > int(trained):
@@ -80,10 +105,34 @@ def first_requests(
             f"prompt_tokens={prompt_tokens} + max_new_tokens={max_new_tokens} = {prompt_tokens + max_new_tokens} "
             f"tokens: more than {rm.name} was trained on ({trained}); expected a shorter request"
         )
-    rows = []
-    for name in tqdm(engine_names(engines, rm), desc="engines, each in a fresh process", disable=not progress):
-        rows += _in_fresh_process(name, rm, loads, requests, prompt_tokens, max_new_tokens, timeout_s, load_kw or {})
-    return pd.DataFrame(rows)
+    prose = len(corpus_ids(rm))
+    if loads * requests * prompt_tokens > prose:  # the prompts would repeat, and a cache could reuse them
+        raise LabError(
+            f"loads={loads} x requests={requests} x prompt_tokens={prompt_tokens} = "
+            f"{loads * requests * prompt_tokens} tokens of distinct prompts, more than the lab's prose holds "
+            f"({prose}); expected fewer loads, requests or prompt tokens"
+        )
+    names = engine_names(engines, rm)
+    for name in names:
+        if name not in IN_PROCESS:
+            raise LabError(
+                f"engine {name}: first_requests loads an engine in a process of its own, expected one of "
+                f"{', '.join(IN_PROCESS)}; a server's first request: `lablib bench --warmup 0`"
+            )
+        check_load_keywords(name, load_kw)
+    say = log or (lambda m: print(m, file=sys.stderr))
+    rows, failed = [], {}
+    for name in tqdm(names, desc="engines, each in a fresh process", disable=not progress):
+        try:
+            rows += _in_fresh_process(name, rm, loads, requests, prompt_tokens, max_new_tokens, timeout_s, load_kw)
+        except LabError as e:
+            failed[name] = str(e)
+            say(f"left out: {e}")
+    if not rows:
+        raise LabError("every engine failed: " + "; ".join(failed.values()))
+    df = pd.DataFrame(rows)
+    df.attrs["failed"] = failed
+    return df
 
 
 def _in_fresh_process(name, model, loads, requests, prompt_tokens, max_new_tokens, timeout_s, load_kw) -> list[dict]:
@@ -118,7 +167,7 @@ def _in_fresh_process(name, model, loads, requests, prompt_tokens, max_new_token
             raise LabError(
                 f"{name}: its process ended without its rows (exit code {p.returncode}: a crash, or killed for "
                 f"memory; its last line: {said[-1] if said else 'none'}); run the engine alone "
-                f"(lablib run --engine {name}) to see why"
+                f"(lablib.load_engine({name!r}, model, ...) in a cell) to see why"
             )
         kind, payload = pickle.loads(out.read_bytes())
     if kind == "error":
@@ -127,8 +176,9 @@ def _in_fresh_process(name, model, loads, requests, prompt_tokens, max_new_token
 
 
 def main(argv: list[str]) -> int:
-    """The fresh process: the job in ``argv[0]``/job.pkl measured (:func:`_measure`), its rows or a LabError's
-    message (a LabError subclass need not survive pickling) written to rows.pkl beside it."""
+    """The fresh process: the job in ``argv[0]``/job.pkl measured (:func:`_measure`), its rows or why not (a
+    LabError's message, or another exception's type and message: a LabError subclass or a library's exception
+    need not survive pickling) written to rows.pkl beside it."""
     import pickle
     from pathlib import Path
 
@@ -138,6 +188,8 @@ def main(argv: list[str]) -> int:
         out = ("rows", _measure(**job))
     except LabError as e:
         out = ("error", str(e))
+    except Exception as e:  # the engine's library failed: its exception in one line, not a traceback
+        out = ("error", f"failed in its process: {type(e).__name__}: {e}")
     (folder / "rows.pkl").write_bytes(pickle.dumps(out))
     return 0
 
@@ -152,16 +204,21 @@ def _measure(name, model, loads, requests, prompt_tokens, max_new_tokens, load_k
 
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
     workload = {"prompt_tokens": prompt_tokens, "max_new_tokens": max_new_tokens, "warmup": 0, "reps": requests}
-    prompts = [prompt_of_length(model, prompt_tokens, offset=k * prompt_tokens) for k in range(loads * requests)]
     rows = []
     for load in range(1, loads + 1):
+        # the k-th request of the process starts k prompts into the lab's prose; made before the load, so that
+        # nothing but the load comes between it and the first request
+        first_k = (load - 1) * requests
+        prompts = [
+            prompt_of_length(model, prompt_tokens, offset=k * prompt_tokens) for k in range(first_k, first_k + requests)
+        ]
         t0 = time.perf_counter()
         engine = load_engine(name, model, **(load_kw or {}))
         load_s = time.perf_counter() - t0
         try:
             engine.check_context(prompt_tokens, max_new_tokens)
             # nothing between the load and the first request: the manifest (which may measure the machine) after
-            traces = [engine.generate(prompts[(load - 1) * requests + r], cfg) for r in range(requests)]
+            traces = [engine.generate(ids, cfg) for ids in prompts]
             manifest = engine_manifest(engine, workload)
         finally:
             engine.close()
@@ -172,31 +229,46 @@ def _measure(name, model, loads, requests, prompt_tokens, max_new_tokens, load_k
     return rows
 
 
+SOURCE = "lablib.studies.first_requests.first_requests"
+
+
 def first_request_table(rows):
     """Per engine and load: the load's seconds, the first request's TTFT and TPOT, the median TTFT and TPOT of the
     later requests (``steady_*``), and how many times the steady value the first one is (``first_over_steady_*``).
-    Needs the rows of :func:`first_requests` (engine, load_number, request_number, load_s, ttft_s, tpot_s)."""
+    Needs the rows of one :func:`first_requests` run (engine, load_number, request_number, load_s, ttft_s,
+    tpot_s); LabError for rows that repeat an (engine, load, request), or a load without its first request or
+    without one after it."""
     import pandas as pd
 
-    from lablib.results.tables import need
+    from lablib.results.tables import need, one_row_each
 
-    df = pd.DataFrame(rows)
-    need(df, ["engine", "load_number", "request_number", "load_s", "ttft_s", "tpot_s"], "first_request_table")
-    out = []
+    keys = ["engine", "load_number", "request_number"]
+    df = one_row_each(pd.DataFrame(rows), keys, "first_request_table", SOURCE)
+    need(df, ["load_s", "ttft_s", "tpot_s"], "first_request_table", SOURCE)
+    for k in ("load_number", "request_number"):
+        if not pd.api.types.is_integer_dtype(df[k]):
+            raise LabError(f"first_request_table: {k} holds {df[k].iloc[0]!r}, expected whole numbers (1: the first)")
+    out, lacking = [], []
     for (engine, load), part in df.groupby(["engine", "load_number"], sort=False):
         first = part[part["request_number"] == 1]
         later = part[part["request_number"] > 1]
         if first.empty or later.empty:
+            lacking.append(f"{engine} load {load} has {'no first request' if first.empty else 'no later request'}")
             continue
         row = {"engine": engine, "load_number": int(load), "load_s": float(first["load_s"].iloc[0])}
         for m in ("ttft_s", "tpot_s"):
             f = first[m].iloc[0]
-            steady = [v for v in later[m] if v == v and v is not None]
+            steady = [v for v in later[m] if v is not None and v == v]
             row[f"first_{m}"] = f
             row[f"steady_{m}"] = statistics.median(steady) if steady else None
-            ok = f == f and f is not None and row[f"steady_{m}"]
+            ok = f is not None and f == f and row[f"steady_{m}"]
             row[f"first_over_steady_{m.removesuffix('_s')}"] = f / row[f"steady_{m}"] if ok else None
         out.append(row)
+    if lacking or not out:
+        raise LabError(
+            f"first_request_table: {'; '.join(lacking) or 'no rows'}; expected each load's first request and at "
+            f"least one after it (the rows of {SOURCE}, requests >= 2)"
+        )
     return pd.DataFrame(out)
 
 

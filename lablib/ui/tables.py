@@ -83,7 +83,9 @@ def first_request_view(rows):
     for col, header, scale, fmt in FIRST_REQUEST_VIEW:
         view[header] = t[col].astype(float) * scale
         formats[header] = fmt
-    later = int(pd.DataFrame(rows)["request_number"].max()) - 1
+    df = pd.DataFrame(rows)
+    counts = sorted(set(df[df["request_number"].astype(int) > 1].groupby(["engine", "load_number"]).size()))
+    later = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
     return (
         view.style.hide(axis="index")
         .format(formats, na_rep="–")
