@@ -143,3 +143,16 @@ def test_start_server_refuses_what_cannot_run(model):
     with pytest.raises(LabError, match="port=0"):
         start_server("mlx", model, port=0)
     assert _port_closed(free_port())
+
+
+def test_free_port_never_gives_one_process_the_same_port_twice():
+    """Two servers started at once from two threads (lab 05's vLLM pair) could be given the same port, the OS handing
+    it out again once the first probe closed it; the second found it in use and lab 05 stopped (a fresh clone's CI).
+    Ports from free_port in one process are distinct, from any thread."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lablib.engines.servers.process import free_port
+
+    with ThreadPoolExecutor(4) as pool:
+        ports = list(pool.map(lambda _: free_port(), range(400)))
+    assert len(set(ports)) == 400 and all(1024 <= p <= 65535 for p in ports)

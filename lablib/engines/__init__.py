@@ -97,7 +97,10 @@ def check_load_keywords(name: str, kw: dict) -> None:
     import inspect
 
     cls = engine_class(name)
-    takes = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "model")]
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):  # a class that takes any keyword checks its own
+        return
+    takes = [p for p in params if p not in ("self", "model")]
     unknown = [k for k in kw if k not in takes]
     if unknown:
         raise LabError(

@@ -19,6 +19,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,12 +32,23 @@ from lablib.engines.servers.device import server_device
 from lablib.engines.servers.registry import SERVERS, _command, canonical_server
 from lablib.errors import LabError
 
+_HANDED_OUT: set[int] = set()  # the ports free_port gave in this process
+_HANDED_OUT_LOCK = threading.Lock()
+
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 now (the OS picks it), never one this process was given before: two servers
+    started at once from two threads (lab 05's vLLM pair) could otherwise be given the same one, the OS handing out
+    a port again once the first probe closed it, and the second then found it in use."""
+    with _HANDED_OUT_LOCK:
+        for _ in range(100):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _HANDED_OUT:
+                break
+        _HANDED_OUT.add(port)
+        return port
 
 
 def _check_port_free(port: int) -> None:
@@ -209,12 +221,19 @@ def start_server(
     from lablib.model.resolve import ResolvedModel, prepare
 
     rm = model if isinstance(model, ResolvedModel) else prepare(model, log=lambda *_: None)
-    if port is None:
-        port = free_port()
+    given, name = name, canonical_server(name)
+    if port is None:  # a port the lab chooses: another process may take it first (CI's other worker): choose again
+        for tries_left in range(4, -1, -1):
+            port = free_port()
+            try:
+                _check_port_free(port)
+                break
+            except LabError:
+                if not tries_left:
+                    raise
     else:
         port = whole(port, "port", "a TCP port from 1 to 65535 (or leave it out for a free one)", hi=65535)
-    given, name = name, canonical_server(name)
-    _check_port_free(port)  # else a server already there that answers the readiness path looks like this one
+        _check_port_free(port)  # else a server already there that answers the readiness path looks like this one
     launch = _command(given, rm, port, parallel, threads, n_ctx, prefix_caching, options)  # an alias's choice kept
     argv, version, ready, server_model = launch.argv, launch.version, launch.ready, launch.model_id
     if timeout_s is None:
