@@ -16,9 +16,9 @@ the lab's tokenizer, and with it transformers and torch, are imported before the
 the first request after that load), with the metrics of DESIGN.md and the manifest. :func:`first_request_table` puts each load's first
 request beside the median of the later ones.
 
-What it showed on the lab's 2-core machine (SmolLM2, 64 + 16 tokens, nine runs): OpenVINO's first request after
-*every* load took 2.5-3.4 times the TTFT of the later ones (about 0.1 s more: the cost belongs to the loaded model,
-not the process) and 1.0-1.15 times their TPOT (the cost is in the prefill); transformers' 1.0-2.2 times, after
+What it showed on the lab's 2-core machine (SmolLM2, 64 + 16 tokens, ten runs, one beside a test run): OpenVINO's first request after
+*every* load took 2.5-4.5 times the TTFT of the later ones (0.1-0.3 s more: the cost belongs to the loaded model,
+not the process) and 0.9-1.15 times their TPOT (the cost is in the prefill); transformers' 1.0-2.2 times, after
 either load; llama.cpp's 0.9-1.25 times and ONNX Runtime GenAI's 1.0-1.1 (within the noise: llama.cpp allocates its
 KV cache and compute buffers when it loads). From the second request on, each engine was steady.
 """
