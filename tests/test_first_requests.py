@@ -231,3 +231,22 @@ def test_the_views_caption_says_how_many_later_requests_each_load_had(rows):
 
     fewer = rows[~((rows["engine"] == "transformers") & (rows["request_number"] == 3))]
     assert "the median of the 1 to 2 requests after the first" in first_request_view(fewer).to_html()
+
+
+def test_on_the_second_model_an_engine_that_cannot_read_it_is_left_out_without_a_process(monkeypatch):
+    """Gemma 3 270M (the lab's second model): OpenVINO's GGUF reader cannot build gemma3, said in one line before any
+    process of its own starts; llama.cpp measures it."""
+    from lablib.model.resolve import prepare
+    from lablib.studies import first_requests as study
+
+    started = []
+    real = study._in_fresh_process
+    monkeypatch.setattr(study, "_in_fresh_process", lambda name, *a: started.append(name) or real(name, *a))
+    said = []
+    got = first_requests(
+        prepare("gemma-3-270m", log=lambda *_: None), engines=["openvino", "llama.cpp"], loads=1, requests=2,
+        prompt_tokens=8, max_new_tokens=2, progress=False, log=said.append,
+    )  # fmt: skip
+    assert started == ["llama.cpp"] and list(got["engine"]) == ["llama.cpp"] * 2
+    assert set(got["model"]) == {"gemma-3-270m"}
+    assert said == [f"left out: {got.attrs['failed']['openvino']}"] and "gemma3" in said[0]

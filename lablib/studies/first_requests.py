@@ -60,10 +60,10 @@ def first_requests(
     LabError, before any process starts, for a budget that is not a whole number in range (``loads`` 1 to
     :data:`MAX_LOADS`, ``requests`` 2 to :data:`MAX_REQUESTS`: a first request and later ones to hold it against;
     prompts that the lab's prose cannot give distinct), a request longer than the model's context, an engine that
-    is not in-process, or a keyword an engine does not take. An engine that fails in its process (not installed
-    here, a crash, past ``timeout_s``) is said in one line through ``log`` (default: stderr) and left out, and the
-    engines that finished keep their rows (the DataFrame's ``attrs["failed"]``: {engine: why}); LabError when every
-    engine failed. A Ctrl-C stops the run (the running engine's process is stopped with it)."""
+    is not in-process, or a keyword an engine does not take. An engine that cannot read the model (said without
+    starting its process) or fails in its process (not installed here, a crash, past ``timeout_s``) is said in one
+    line through ``log`` (default: stderr) and left out, and the engines that finished keep their rows (the
+    DataFrame's ``attrs["failed"]``: {engine: why}); LabError when every engine failed. A Ctrl-C stops the run (the running engine's process is stopped with it)."""
     import sys
 
     import pandas as pd
@@ -71,7 +71,7 @@ def first_requests(
 
     from lablib.checks import whole
     from lablib.config import budget
-    from lablib.engines import IN_PROCESS, check_load_args, check_load_keywords
+    from lablib.engines import IN_PROCESS, check_load_args, check_load_keywords, check_supported
     from lablib.measure.plan import engine_names
     from lablib.measure.workload import corpus_ids
     from lablib.model.resolve import resolve
@@ -124,6 +124,7 @@ def first_requests(
     rows, failed = [], {}
     for name in tqdm(names, desc="engines, each in a fresh process", disable=not progress):
         try:
+            check_supported(name, rm)  # an engine that cannot read the model: said without starting its process
             rows += _in_fresh_process(name, rm, loads, requests, prompt_tokens, max_new_tokens, timeout_s, load_kw)
         except LabError as e:
             failed[name] = str(e)
