@@ -91,9 +91,9 @@ def engines_for(model, names=NAMES) -> list[str]:
 
 
 def check_load_keywords(name: str, kw: dict) -> None:
-    """LabError naming each keyword of ``kw`` that engine ``name`` does not take (its class's own keywords, and
-    ``adapter`` only where it loads adapters), and the keywords it takes: before anything is loaded, in words,
-    where the engine's class would raise Python's TypeError."""
+    """LabError naming each keyword of ``kw`` that engine ``name`` does not take (the keywords of its class's
+    ``__init__``; a class that takes ``**kw`` checks its own), and the keywords it takes: before anything is
+    loaded, in words, where the engine's class would raise Python's TypeError."""
     import inspect
 
     cls = engine_class(name)

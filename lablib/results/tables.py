@@ -66,7 +66,7 @@ def one_row_each(df, keys, what: str, source: str | None = None):
             + (f" of {source}" if source else "")
             + "): give one run's rows at a time"
         )
-    return pd.DataFrame(df)
+    return df
 
 
 def ok_rows(df):

@@ -10,7 +10,7 @@ cell, a script or a server's first request after its start), so nothing the
 calling process did before (a torch already imported and used) hides the cost. In that process the engine loads the
 model ``loads`` times (each load closed before the next) and after each load sends ``requests`` greedy requests of
 ``prompt_tokens`` prompt tokens and ``max_new_tokens`` output tokens (EOS ignored), each prompt a different stretch
-of the lab's prose (no prefix a cache could reuse). Rows: one per request, ``load_number`` (1: the process's first
+of the lab's prose (:func:`lablib.measure.workload.distinct_prompts`: no prefix a cache could reuse). Rows: one per request, ``load_number`` (1: the process's first
 load, whose ``load_s`` also holds the import of the engine's own library; the prompts are made before each load, so
 the lab's tokenizer, and with it transformers and torch, are imported before the first) and ``request_number`` (1:
 the first request after that load), with the metrics of DESIGN.md and the manifest. :func:`first_request_table` puts each load's first
@@ -73,7 +73,7 @@ def first_requests(
     from lablib.config import budget
     from lablib.engines import IN_PROCESS, check_load_args, check_load_keywords, check_supported
     from lablib.measure.plan import engine_names
-    from lablib.measure.workload import corpus_ids
+    from lablib.measure.workload import DISTINCT_GAP, corpus_ids
     from lablib.model.resolve import resolve
 
     loads = whole(
@@ -105,12 +105,13 @@ def first_requests(
             f"prompt_tokens={prompt_tokens} + max_new_tokens={max_new_tokens} = {prompt_tokens + max_new_tokens} "
             f"tokens: more than {rm.name} was trained on ({trained}); expected a shorter request"
         )
-    prose = len(corpus_ids(rm))
-    if loads * requests * prompt_tokens > prose:  # the prompts would repeat, and a cache could reuse them
+    prose, span = len(corpus_ids(rm)), loads * requests * (prompt_tokens + DISTINCT_GAP)
+    if span > prose:  # distinct_prompts would wrap around the prose: prompts would repeat, and a cache reuse them
         raise LabError(
             f"loads={loads} x requests={requests} x prompt_tokens={prompt_tokens} = "
-            f"{loads * requests * prompt_tokens} tokens of distinct prompts, more than the lab's prose holds "
-            f"({prose}); expected fewer loads, requests or prompt tokens"
+            f"{loads * requests * prompt_tokens} tokens of distinct prompts, more than the lab's prose holds with "
+            f"{DISTINCT_GAP} tokens between two prompts ({span} of its {prose}); expected fewer loads, requests or "
+            "prompt tokens"
         )
     names = engine_names(engines, rm)
     for name in names:
@@ -197,22 +198,19 @@ def main(argv: list[str]) -> int:
 
 def _measure(name, model, loads, requests, prompt_tokens, max_new_tokens, load_kw=None) -> list[dict]:
     """In this process: ``loads`` loads of engine ``name``, each followed by ``requests`` requests of distinct
-    prompts (the k-th request of the process starts k prompts' length into the lab's prose); one row each."""
+    prompts (:func:`lablib.measure.workload.distinct_prompts`, every one of the process its own); one row each."""
     from lablib.engines import load_engine
     from lablib.engines.base import GenerationConfig
-    from lablib.measure.workload import prompt_of_length
+    from lablib.measure.workload import distinct_prompts
     from lablib.results.store import engine_manifest, flatten_manifest, trace_row
 
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
     workload = {"prompt_tokens": prompt_tokens, "max_new_tokens": max_new_tokens, "warmup": 0, "reps": requests}
+    # made before the first load, so that nothing but a load comes between it and its first request
+    every = distinct_prompts(model, prompt_tokens, loads * requests)
     rows = []
     for load in range(1, loads + 1):
-        # the k-th request of the process starts k prompts into the lab's prose; made before the load, so that
-        # nothing but the load comes between it and the first request
-        first_k = (load - 1) * requests
-        prompts = [
-            prompt_of_length(model, prompt_tokens, offset=k * prompt_tokens) for k in range(first_k, first_k + requests)
-        ]
+        prompts = every[(load - 1) * requests : load * requests]
         t0 = time.perf_counter()
         engine = load_engine(name, model, **(load_kw or {}))
         load_s = time.perf_counter() - t0

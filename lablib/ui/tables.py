@@ -23,6 +23,14 @@ SPREAD = "e2e min–max (s)"
 SCROLLS = [{"selector": "", "props": [("display", "block"), ("overflow-x", "auto"), ("max-width", "100%")]}]
 
 
+def _scaled(view, table, columns) -> dict:
+    """Each (column, header, scale, format) of ``columns``: ``table``'s column times its scale as ``view``'s
+    column ``header``; the formats by header, for the Styler."""
+    for col, header, scale, _ in columns:
+        view[header] = table[col].astype(float) * scale
+    return {header: fmt for _, header, _, fmt in columns}
+
+
 def summary_view(df):
     """Lab 01's metrics, one row per engine (and prompt length): the medians of
     :func:`lablib.results.tables.summary_table` as seven columns with their units (prefill, TTFT and TPOT
@@ -41,10 +49,7 @@ def summary_view(df):
             shared[label] = int(t[col].iloc[0])
         else:
             view[label] = t[col].astype(int)
-    formats = {}
-    for col, header, scale, fmt in SUMMARY_VIEW:
-        view[header] = t[col].astype(float) * scale
-        formats[header] = fmt
+    formats = _scaled(view, t, SUMMARY_VIEW)
     view[SPREAD] = [f"{lo:.2f}–{hi:.2f}" for lo, hi in zip(t["e2e_min_s"], t["e2e_max_s"])]
     reps = shared.pop("repetitions", None)
     caption = (f"medians of {reps} repetitions" if reps else "medians") + "".join(
@@ -79,10 +84,7 @@ def first_request_view(rows):
 
     t = first_request_table(rows)
     view = pd.DataFrame({"engine": t["engine"], "load": t["load_number"].astype(int)})
-    formats = {}
-    for col, header, scale, fmt in FIRST_REQUEST_VIEW:
-        view[header] = t[col].astype(float) * scale
-        formats[header] = fmt
+    formats = _scaled(view, t, FIRST_REQUEST_VIEW)
     df = pd.DataFrame(rows)
     counts = sorted(set(df[df["request_number"].astype(int) > 1].groupby(["engine", "load_number"]).size()))
     later = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
