@@ -470,6 +470,52 @@ def test_rate_sweep_takes_one_server_and_rates_as_text(llama_server, model):
     assert table["client_lag_p99_ms"].iloc[0] >= 0 and table["client_near_limit"].iloc[0] in (True, False)
 
 
+def test_a_rate_sweep_writes_each_row_as_it_finishes_and_a_ctrl_c_keeps_the_runs_before_it(
+    llama_server, model, tmp_path
+):
+    """``out``: every request's row on disk as the table's rows hold it, each run's line of the table (with its
+    rows' run_id) in ``<out>.runs.jsonl``. Then a real SIGINT (what Ctrl-C sends), once the first rate's run is on
+    disk, while the second waits to send its next request (0.2 requests/s): the first run stays whole on disk."""
+    import pandas as pd
+
+    from lablib.results.store import load_results, runs_path
+    from lablib.studies import serving
+
+    out = tmp_path / "rates.jsonl"
+    table = serving.rate_sweep_table(
+        llama_server, model, [math.inf, 50.0], requests=2, prompt_tokens=8, max_new_tokens=2, out=out
+    )
+    back, rows = load_results(out), pd.DataFrame(table.attrs["rows"])
+    assert list(back["rate"]) == list(rows["rate"]) == [math.inf] * 2 + [50.0] * 2
+    assert list(back["ttft_s"]) == list(rows["ttft_s"]) and back["error"].isna().all()
+    records = [json.loads(line) for line in runs_path(out).read_text().splitlines()]
+    assert [(r["server"], r["rate"], r["output_tps"]) for r in records] == list(
+        zip(table["server"], table["rate"], table["output_tps"])
+    )
+    assert [r["run_id"] for r in records] == list(dict.fromkeys(back["run_id"]))
+
+    cut = tmp_path / "cut.jsonl"
+
+    def interrupt_once_the_first_run_is_on_disk():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if runs_path(cut).is_file():
+                time.sleep(0.5)  # the second run has begun: its second request waits 5 s on average
+                signal.raise_signal(signal.SIGINT)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=interrupt_once_the_first_run_is_on_disk, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        serving.rate_sweep_table(
+            llama_server, model, [math.inf, 0.2], requests=2, prompt_tokens=8, max_new_tokens=2, seed=3, out=cut
+        )
+    (record,) = [json.loads(line) for line in runs_path(cut).read_text().splitlines()]
+    kept = load_results(cut)
+    first = kept[kept["run_id"] == record["run_id"]]
+    assert record["rate"] == math.inf and len(first) == 2 and first["error"].isna().all()
+
+
 @pytest.mark.parametrize(
     "kw,says",
     [

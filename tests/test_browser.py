@@ -538,10 +538,21 @@ def assert_screen_ok(page, notebook: str, run: dict) -> dict:
 # --- the tests -------------------------------------------------------------------------------------------
 def test_notebook_01_runs_in_the_browser(browser, lab_server):
     page = open_notebook(browser, lab_server, NB01)
+    started = time.time()
     try:
         run = run_all(page, NB01, 300)
         full_screenshot(page, NB01, "01_one_model_three_engines.png")
         assert_screen_ok(page, NB01, run)
+        # each study's rows written where the text says, by this run (a file of earlier runs is added to)
+        from lablib.results.store import load_results
+
+        for name, engines in [
+            ("01_engines.jsonl", {"transformers", "llama.cpp", "mlx"}),
+            ("01_first_requests.jsonl", {"transformers", "llama.cpp", "openvino"}),
+        ]:
+            path = LABS / "results" / name
+            assert path.is_file() and path.stat().st_mtime >= started, path
+            assert engines <= set(load_results(path)["engine"]), (name, set(load_results(path)["engine"]))
     finally:
         page.close()
         lab_server.shutdown_kernels()  # its engines' memory back before notebook 02

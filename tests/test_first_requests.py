@@ -250,3 +250,53 @@ def test_on_the_second_model_an_engine_that_cannot_read_it_is_left_out_without_a
     assert started == ["llama.cpp"] and list(got["engine"]) == ["llama.cpp"] * 2
     assert set(got["model"]) == {"gemma-3-270m"}
     assert said == [f"left out: {got.attrs['failed']['openvino']}"] and "gemma3" in said[0]
+
+
+def test_a_ctrl_c_keeps_the_rows_of_the_engines_that_finished_on_disk(model, tmp_path):
+    """``out``: each engine's rows are appended as its process returns them. A real SIGINT to this process while
+    the second engine's process runs (sent once the first engine's rows are on disk) stops the run with
+    KeyboardInterrupt, stops that process, and leaves the first engine's rows in the file, whole."""
+    import signal
+    import threading
+    import time
+
+    import psutil
+
+    from lablib.results.store import load_results
+
+    out = tmp_path / "first.jsonl"
+    sent = threading.Event()
+
+    def interrupt_once_the_first_engine_is_on_disk():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if out.is_file() and len(out.read_text().splitlines()) == 2:
+                sent.set()
+                signal.raise_signal(signal.SIGINT)  # what Ctrl-C (a notebook's interrupt) sends
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=interrupt_once_the_first_engine_is_on_disk, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        first_requests(
+            model, engines=["llama.cpp", "transformers"], loads=1, requests=2, prompt_tokens=8, max_new_tokens=2,
+            progress=False, out=out,
+        )  # fmt: skip
+    assert sent.is_set()
+    back = load_results(out)
+    assert list(back["engine"]) == ["llama.cpp"] * 2 and list(back["request_number"]) == [1, 2]
+    assert set(back["output_tokens"]) == {2} and back["ttft_s"].gt(0).all()
+    time.sleep(2)  # the interrupted engine's process: stopped with the run
+    left = [
+        p for p in psutil.Process(os.getpid()).children(recursive=True) if "first_requests" in " ".join(p.cmdline())
+    ]
+    assert left == []
+
+
+def test_a_results_file_that_cannot_be_written_is_refused_before_any_process_starts(model, tmp_path, monkeypatch):
+    from lablib.studies import first_requests as study
+
+    monkeypatch.setattr(study, "_in_fresh_process", lambda *a: pytest.fail("a process started"))
+    (tmp_path / "folder.jsonl").mkdir()
+    with pytest.raises(LabError, match="is a folder; expected a file name ending in .jsonl or .parquet"):
+        first_requests(model, engines=["llama.cpp"], progress=False, out=tmp_path / "folder.jsonl")

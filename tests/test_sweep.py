@@ -955,3 +955,52 @@ def test_ctrl_c_in_a_sweep_is_one_line_and_its_rows_load(tmp_path, monkeypatch, 
     assert (
         capsys.readouterr().err.strip().endswith(f"no results file was written (it would be {tmp_path / 'new.jsonl'})")
     )
+
+
+def test_side_by_side_writes_each_row_as_it_finishes_and_a_crash_keeps_the_engines_before_it(model, tmp_path):
+    """``out``: every measured row on disk as the frame holds it, each engine's record in ``<out>.runs.jsonl``;
+    a failure in the second engine (its telemetry window, made to fail) leaves the first engine's rows on disk."""
+    from lablib.results.store import runs_path
+
+    class Window:  # a telemetry window that counts nothing
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def summary(self, output_tokens):
+            return {}
+
+    out = tmp_path / "sbs.jsonl"
+    df = sweep.side_by_side(model, engines=["llama.cpp"], max_new_tokens=2, reps=2, progress=False, out=out)
+    back = load_results(out)
+    assert list(back["engine"]) == ["llama.cpp"] * 2 and list(back["repetition"]) == [0, 1]
+    assert list(back["ttft_s"]) == list(df["ttft_s"]) and [list(x) for x in back["token_ids"]] == list(df["token_ids"])
+    (rec,) = [json.loads(line) for line in runs_path(out).read_text().splitlines()]
+    assert (rec["engine"], rec["sweep"], rec["run_id"]) == ("llama.cpp", "side_by_side", df["run_id"][0])
+
+    windows = []
+
+    def telemetry():
+        windows.append(1)
+        if len(windows) == 2:
+            raise RuntimeError("the counters died")
+        return Window()
+
+    crashed = tmp_path / "crashed.jsonl"
+    with pytest.raises(RuntimeError, match="the counters died"):
+        sweep.side_by_side(
+            model, engines=["llama.cpp", "transformers"], max_new_tokens=2, reps=2, progress=False, out=crashed,
+            telemetry=telemetry,
+        )  # fmt: skip
+    assert list(load_results(crashed)["engine"]) == ["llama.cpp"] * 2
+
+
+def test_side_by_side_refuses_a_results_file_it_cannot_write_before_any_engine_loads(model, tmp_path, monkeypatch):
+    loaded = []
+    monkeypatch.setattr(sweep, "load_engine", lambda *a, **k: loaded.append(a) or pytest.fail("loaded"))
+    (tmp_path / "folder.jsonl").mkdir()
+    with pytest.raises(LabError, match="is a folder; expected a file name ending in .jsonl or .parquet"):
+        sweep.side_by_side(model, engines=["llama.cpp"], progress=False, out=tmp_path / "folder.jsonl")
+    assert loaded == []

@@ -208,6 +208,7 @@ def side_by_side(
     progress: bool = True,
     price_per_hour: float | None = None,
     telemetry: Callable | None = None,
+    out=None,
 ):
     """The same prompt ids through each engine: one row per measured request.
 
@@ -218,7 +219,10 @@ def side_by_side(
     x 5 repetitions, 16 x 2 in quick mode). Each engine is loaded, measured and closed in
     turn (one in memory at a time). Returns a pandas DataFrame with the metrics, ``text``
     and the manifest fields; each engine's measured requests (warm-up left out) are one point of
-    :class:`RunRecords` (``price_per_hour``, ``telemetry``): its record in ``df.attrs["runs"]``.
+    :class:`RunRecords` (``price_per_hour``, ``telemetry``): its record in ``df.attrs["runs"]``. ``out``
+    (.jsonl or .parquet, checked before any engine loads): each row appended as its request finishes (an error or
+    a Ctrl-C later keeps the engines and requests before it on disk), each engine's record to
+    ``<out>.runs.jsonl``, as a sweep's.
     """
     import sys
 
@@ -234,7 +238,8 @@ def side_by_side(
     max_new_tokens = max_new_tokens or budget("side_by_side", "max_new_tokens")
     reps = reps or budget("side_by_side", "reps")
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
-    records = RunRecords(None, telemetry, price_per_hour)
+    records = RunRecords(out, telemetry, price_per_hour)
+    writer = ResultsWriter(out) if out else None
     rows = []
     for name in tqdm(engine_names(engines, rm), desc="engines", disable=not progress):
         engine = load_engine(name, rm)
@@ -248,6 +253,8 @@ def side_by_side(
                     row["text"] = engine.detokenize(row["token_ids"])
                     row["prompt_format"] = prompt_format
                     rows.append(point.append(row))
+                    if writer:
+                        writer.append(row)
         finally:
             engine.close()
     return records.attach(pd.DataFrame(rows))

@@ -48,6 +48,7 @@ def first_requests(
     timeout_s: float | None = TIMEOUT_S,
     load_kw: dict | None = None,
     log=None,
+    out=None,
 ):
     """The first ``requests`` requests after each of ``loads`` loads of each engine of ``engines`` (default: the
     model's default set; engines that load the model in process only), each engine in a fresh process of its own; a
@@ -63,7 +64,9 @@ def first_requests(
     is not in-process, or a keyword an engine does not take. An engine that cannot read the model (said without
     starting its process) or fails in its process (not installed here, a crash, past ``timeout_s``) is said in one
     line through ``log`` (default: stderr) and left out, and the engines that finished keep their rows (the
-    DataFrame's ``attrs["failed"]``: {engine: why}); LabError when every engine failed. A Ctrl-C stops the run (the running engine's process is stopped with it)."""
+    DataFrame's ``attrs["failed"]``: {engine: why}); LabError when every engine failed. A Ctrl-C stops the run (the running engine's process is stopped with it).
+    ``out`` (.jsonl or .parquet, checked before any process starts): each engine's rows appended as its process
+    returns them, so a Ctrl-C or an error later keeps the engines that finished on disk."""
     import sys
 
     import pandas as pd
@@ -75,6 +78,7 @@ def first_requests(
     from lablib.measure.plan import engine_names
     from lablib.measure.workload import DISTINCT_GAP, corpus_ids
     from lablib.model.resolve import resolve
+    from lablib.results.store import ResultsWriter
 
     loads = whole(
         budget("first_requests", "loads") if loads is None else loads,
@@ -121,15 +125,20 @@ def first_requests(
                 f"{', '.join(IN_PROCESS)}; a server's first request: `lablib bench --warmup 0`"
             )
         check_load_keywords(name, load_kw)
+    writer = ResultsWriter(out) if out else None
     say = log or (lambda m: print(m, file=sys.stderr))
     rows, failed = [], {}
     for name in tqdm(names, desc="engines, each in a fresh process", disable=not progress):
         try:
             check_supported(name, rm)  # an engine that cannot read the model: said without starting its process
-            rows += _in_fresh_process(name, rm, loads, requests, prompt_tokens, max_new_tokens, timeout_s, load_kw)
+            done = _in_fresh_process(name, rm, loads, requests, prompt_tokens, max_new_tokens, timeout_s, load_kw)
         except LabError as e:
             failed[name] = str(e)
             say(f"left out: {e}")
+            continue
+        rows += done
+        for row in done if writer else ():
+            writer.append(row)
     if not rows:
         raise LabError("every engine failed: " + "; ".join(failed.values()))
     df = pd.DataFrame(rows)

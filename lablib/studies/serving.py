@@ -8,6 +8,8 @@ pandas DataFrame.
 
 from __future__ import annotations
 
+import uuid
+
 from lablib.engines.base import GenerationConfig
 from lablib.engines.servers import SERVERS, VLLM_BLOCK_TOKENS
 
@@ -292,6 +294,7 @@ def rate_sweep_table(
     seed: int = 0,
     metrics_interval_s: float = 0.1,
     arrival: str = "poisson",
+    out=None,
 ):
     """A Poisson rate sweep on each server of ``servers`` (RunningServer objects, or one; ``arrival``: another
     process of :data:`lablib.measure.load.ARRIVALS`) at each of ``rates`` (requests/s: a list, or "0.5,1,2";
@@ -308,7 +311,12 @@ def rate_sweep_table(
 
     The raw request rows are in the result's ``attrs["rows"]``, the server's samples (t_s on the lab's
     clock, metric, value, with the run's ``server`` and ``rate``) in ``attrs["server_rows"]``:
-    :func:`one_run` picks one run of both for :func:`lablib.plots.server_timeline`."""
+    :func:`one_run` picks one run of both for :func:`lablib.plots.server_timeline`.
+
+    ``out`` (.jsonl or .parquet, checked before the first request): each request's row appended as it finishes,
+    as ``lablib bench`` writes them (rows of one run share a ``run_id``), and each run's line of the table, with
+    that ``run_id``, to ``<out>.runs.jsonl`` as the run ends: an error or a Ctrl-C later keeps the runs before it
+    (and the requests of the run in flight that finished) on disk."""
 
     from lablib.checks import whole
     from lablib.engines.http.metrics import MetricsSampler, run_maxima
@@ -324,6 +332,7 @@ def rate_sweep_table(
         summarize,
     )
     from lablib.measure.workload import distinct_prompts
+    from lablib.results.store import LOAD_SYNC_S, ResultsWriter, append_run
     from lablib.results.tables import check_targets
 
     # every argument checked before a request is sent (a bad rate was refused after the warm-up)
@@ -338,6 +347,7 @@ def rate_sweep_table(
     check_targets(ttft_s, tpot_s)
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
     prompts = distinct_prompts(model, prompt_tokens, requests + 1)
+    writer = ResultsWriter(out, sync_every_s=LOAD_SYNC_S) if out else None  # refused before any request
     table, raw, server_rows = [], [], []
     for srv in servers:
         e = srv.engine(model)
@@ -347,6 +357,7 @@ def rate_sweep_table(
             for r in rates:
                 sampler = None if root is None else MetricsSampler(root, metrics_interval_s, server=srv.name, rate=r)
                 probe = LoopLagProbe()
+                run_id = uuid.uuid4().hex[:12]
                 rows = run_load(
                     e,
                     prompts[:-1],
@@ -358,6 +369,8 @@ def rate_sweep_table(
                     max_duration_s=max_duration_s,
                     server_metrics=sampler,
                     client_probe=probe,
+                    on_row=writer.append if writer else None,
+                    run_id=run_id,
                 )
                 raw += rows
                 seen = sampler.deltas() if sampler is not None else {}
@@ -386,8 +399,15 @@ def rate_sweep_table(
                         "client_near_limit": head.get("near_limit"),
                     }
                 )
+                if writer:
+                    writer.sync()  # the run's rows made durable before its line is written
+                    append_run(out, {**table[-1], "run_id": run_id})
         finally:
-            e.close()
+            try:
+                if writer:
+                    writer.sync()  # an interrupted run's finished rows too
+            finally:
+                e.close()
     from lablib.results.tables import table_with_rows
 
     return table_with_rows(table, raw, server_rows)
