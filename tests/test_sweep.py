@@ -1004,3 +1004,29 @@ def test_side_by_side_refuses_a_results_file_it_cannot_write_before_any_engine_l
     with pytest.raises(LabError, match="is a folder; expected a file name ending in .jsonl or .parquet"):
         sweep.side_by_side(model, engines=["llama.cpp"], progress=False, out=tmp_path / "folder.jsonl")
     assert loaded == []
+
+
+def test_json_lines_of_something_else_are_refused_as_a_results_file_and_left_as_they_were(model, tmp_path):
+    """A trace to replay (the Mooncake trace's first lines) or a dataset of prompts named as the results file: rows
+    appended to it would spoil it for what it is. Refused before any measurement, the file unchanged; a file of
+    lab rows (an engine's, or lab 05's summary naming a server) is still added to."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(
+        '{"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2]}\n'
+        '{"timestamp": 0, "input_length": 7322, "output_length": 490, "hash_ids": [0, 14]}\n'
+    )
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "What is the capital of France?", "engine": null}\n')
+    for path, keys in ((trace, "timestamp, input_length, output_length, hash_ids"), (prompts, "prompt, engine")):
+        before = path.read_bytes()
+        with pytest.raises(LabError) as err:
+            sweep.side_by_side(model, engines=["llama.cpp"], max_new_tokens=2, reps=1, progress=False, out=path)
+        assert str(err.value) == (
+            f"results file {path} is not one the lab wrote (its first line is a JSON object of {keys}: no engine or "
+            "server named); expected lab rows to add to: write to a new results file"
+        )
+        assert path.read_bytes() == before
+    summary = tmp_path / "rates.jsonl"
+    summary.write_text('{"server": "vllm", "rate": 1.0}\n')
+    ResultsWriter(summary).append({"server": "llama-server", "rate": 2.0})
+    assert list(load_results(summary)["server"]) == ["vllm", "llama-server"]

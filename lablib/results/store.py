@@ -187,7 +187,8 @@ class ResultsWriter:
         if self.suffix == ".parquet":
             old = _read_file(self.path) if self.path.exists() else None
             if old is not None and len(old):
-                engine_ok = "engine" in old.columns and old["engine"].map(lambda v: isinstance(v, str)).all()
+                named = [old[c].map(lambda v: isinstance(v, str)) for c in NAMING if c in old.columns]
+                engine_ok = bool(named) and pd.concat(named, axis=1).any(axis=1).all()  # each row names one
                 wrong = [
                     c
                     for c in METRICS
@@ -195,7 +196,7 @@ class ResultsWriter:
                 ]  # all-null: e.g. TPOT of 1-token runs
                 if not engine_ok or wrong:
                     raise LabError(
-                        f"{self.path} is not a results file the lab wrote (engine names "
+                        f"{self.path} is not a results file the lab wrote (engine or server names "
                         f"{'fine' if engine_ok else 'missing or not text'}, non-numeric metric "
                         f"columns {wrong}); expected lab results to add to: write to a new file"
                     )
@@ -341,9 +342,13 @@ def row_line(row: dict) -> str:
     return json.dumps(row, default=_jsonable) + "\n"
 
 
+NAMING = ("engine", "server")  # a lab row names its engine (a row per request) or its server (lab 05's summary)
+
+
 def _check_jsonl_head(path: Path) -> None:
     """LabError when the existing file ``path`` does not start as the lab's JSON lines do (one JSON object a
-    line, UTF-8): a parquet file or a CSV named .jsonl, say."""
+    line, UTF-8, naming its ``engine``): a parquet file or a CSV named .jsonl, or JSON lines of something else (a
+    trace to replay, a dataset of prompts), which rows appended to it would spoil."""
     with open(path, "rb") as f:
         head = f.read(1 << 20)
     line, newline, _ = head.lstrip().partition(b"\n")
@@ -357,6 +362,16 @@ def _check_jsonl_head(path: Path) -> None:
         raise LabError(
             f"results file {path} is not a JSON lines file the lab wrote (its first line is no JSON object); "
             "expected lab rows to add to, one JSON object a line: write to a new results file"
+        )
+    try:
+        first = json.loads(line) if newline else None  # a torn first row: the tail's check names it
+    except ValueError:
+        first = None
+    if isinstance(first, dict) and not any(isinstance(first.get(k), str) for k in NAMING):
+        keys = ", ".join(list(first)[:6]) + (", ..." if len(first) > 6 else "")
+        raise LabError(
+            f"results file {path} is not one the lab wrote (its first line is a JSON object of {keys or 'no keys'}: "
+            "no engine or server named); expected lab rows to add to: write to a new results file"
         )
 
 
@@ -420,7 +435,7 @@ def load_lab_rows(paths, log=print):
         if not len(df):
             raise LabError(f"{name} has no rows: leave it out, or give the file the run wrote its rows to")
         named = pd.Series(False, index=df.index)
-        for col in ("engine", "server"):
+        for col in NAMING:
             if col in df.columns:
                 named |= df[col].map(lambda v: isinstance(v, str))
         if not named.all():
