@@ -216,6 +216,7 @@ def first_interrupt_handler():
             came.append(signum)
             raise KeyboardInterrupt(signal.Signals(signum).name)
 
+    first_only.first_interrupt_only = True  # what first_interrupt_only finds set by an outer block
     return first_only
 
 
@@ -223,10 +224,14 @@ def first_interrupt_handler():
 def first_interrupt_only():
     """``with first_interrupt_only():`` Ctrl-C (SIGINT) and SIGTERM raise KeyboardInterrupt named after the signal
     (SIGTERM the same way out as Ctrl-C) the first time; later ones are dropped until the block ends
-    (:func:`first_interrupt_handler`). For `lablib serve`, `bench` and `replay`. Only on the main thread (no
-    handler can be set elsewhere); SIGINT only where a Python handler is set (ignored in a background job, it
-    stays ignored)."""
-    if threading.current_thread() is not threading.main_thread():
+    (:func:`first_interrupt_handler`). Around every command of ``lablib`` (:func:`lablib.cli.main`), its message
+    included; a block inside one (`lablib serve`, `bench` and `replay` hold their own, for their functions' callers
+    too) keeps the outer one's handler, so a signal the outer block already took is not raised again. Only on the
+    main thread (no handler can be set elsewhere); SIGINT only where a Python handler is set (ignored in a
+    background job, it stays ignored)."""
+    if threading.current_thread() is not threading.main_thread() or getattr(
+        signal.getsignal(signal.SIGTERM), "first_interrupt_only", False
+    ):
         yield
         return
     handler = first_interrupt_handler()
@@ -238,4 +243,5 @@ def first_interrupt_only():
         yield
     finally:
         for s, h in prior.items():
-            signal.signal(s, h if h is not None else signal.SIG_DFL)
+            if signal.getsignal(s) is handler:  # one the block set meanwhile (an exit's SIG_IGN) is left as it is
+                signal.signal(s, h if h is not None else signal.SIG_DFL)

@@ -167,3 +167,56 @@ def test_an_adapter_of_the_second_model_from_its_shape_and_in_two_engines():
             finally:
                 engine.close()
         assert ad.first_difference(*outs) is not None, f"{name}: the adapter did not move the output"
+
+
+def test_sigterm_to_a_command_with_a_server_stops_the_server_itself_and_says_so(tmp_path):
+    """`lablib lora` with llama-server, sent SIGTERM after its first row: the lab stops its server (the server's
+    log ends with its own "cleaning up before exit", the way a stop by SIGTERM ends; was: the lab died at once and
+    the server by its death signal, mid-request), one line names the rows' file, exit code 143."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    from procs import wait_gone
+
+    out = tmp_path / "lora.jsonl"
+    args = ["lora", "--engines", "", "--servers", "llama-server", "--ranks", "8", "--concurrency", "1,2"]
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lablib.cli",
+            *args,
+            "--prompt-tokens",
+            "32",
+            "--max-new-tokens",
+            "8",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "LABLIB_QUICK": "1"},
+    )
+    deadline = time.monotonic() + 300
+    while not (out.is_file() and out.read_text().count("\n") >= 1) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (server,) = [c for c in psutil.Process(p.pid).children() if c.name() == "llama-server"]
+    port = server.cmdline()[server.cmdline().index("--port") + 1]
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    wait_gone(server)
+    assert p.returncode == 143, (p.returncode, err[-2000:])
+    assert (
+        err.strip().splitlines()[-1] == f"lablib lora: interrupted (SIGTERM); the rows written before it are in {out}"
+    )
+    from lablib.config import lab_home
+
+    (log,) = sorted((lab_home() / "servers").glob(f"llama-server-{port}-*.log"))[-1:]
+    assert "cleaning up before exit" in log.read_text(errors="replace"), log.read_text(errors="replace")[-2000:]
+    from lablib.results.store import load_results
+
+    assert len(load_results(out)) >= 1

@@ -219,3 +219,33 @@ def test_the_ladder_finds_its_gguf_engine_by_the_class_fact(monkeypatch):
     monkeypatch.setitem(ENGINES, "openvino", Second)
     with pytest.raises(LabError, match=r"\['llama.cpp', 'openvino'\]; expected exactly one"):
         gguf_engine()
+
+
+def test_an_interrupted_reference_leaves_no_half_file_and_the_next_run_makes_it_whole(model, tmp_path):
+    """A Ctrl-C while the reference's log-probs are written (here after the first of two chunks, on the real
+    engine) leaves no ``.tmp`` of them in the cache (an interrupted `lablib quality` left 161 MB); the next call
+    writes the whole file."""
+    from lablib.engines import load_engine
+
+    eng = load_engine("llama.cpp", model, n_ctx=128)
+    try:
+        chunks = quality.text_chunks(eng, 128, 2)
+        real, calls = eng.logits, []
+
+        def interrupted_after_one(ids):
+            calls.append(1)
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            return real(ids)
+
+        eng.logits = interrupted_after_one
+        with pytest.raises(KeyboardInterrupt):
+            quality.reference_logprobs(eng, chunks, tmp_path, key="shipped")
+        assert list(tmp_path.iterdir()) == [] and len(calls) == 2
+        eng.logits = real
+        ref = quality.reference_logprobs(eng, chunks, tmp_path, key="shipped")
+    finally:
+        eng.close()
+    assert [p.name for p in tmp_path.iterdir()] == [ref.path.name]
+    # float32 log-probs of SmolLM2's 49,152 tokens at each scored position, [64, 127) of each of the 2 chunks
+    assert ref.n_vocab == 49152 and ref.path.stat().st_size == 4 * 2 * 63 * 49152

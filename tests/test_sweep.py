@@ -957,6 +957,55 @@ def test_ctrl_c_in_a_sweep_is_one_line_and_its_rows_load(tmp_path, monkeypatch, 
     )
 
 
+@pytest.mark.parametrize(
+    "signals,code,said",
+    [
+        (["SIGTERM"], 143, "SIGTERM"),  # was: killed by it, exit code -15, not a word
+        (["SIGINT", "SIGINT", "SIGINT"], 130, "Ctrl-C"),  # was: a later one killed it by SIGINT on its way out
+        (["SIGINT", "SIGTERM"], 130, "Ctrl-C"),
+    ],
+)
+def test_every_command_takes_sigterm_as_ctrl_c_and_one_signal_only(tmp_path, signals, code, said):
+    """`lablib sweep` (a command that holds no handler of its own, as bench, replay and serve do) stopped by SIGTERM
+    says so in one line and exits 143, its rows on disk; signals after the first (0.2 s apart: during its way out)
+    change nothing: one line, exit code 130, no traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "sig.jsonl"
+    args = ["sweep", "context", "--engines", "llama.cpp", "--prompt-tokens", "16", "--max-new-tokens", "4"]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "lablib.cli", *args, "--reps", "500", "--quiet", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "LABLIB_QUICK": "1"},
+    )
+    deadline = time.monotonic() + 120
+    while not (out.is_file() and out.read_text().count("\n") >= 2) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for i, name in enumerate(signals):
+        if i:
+            time.sleep(0.2)
+        if p.poll() is None:
+            p.send_signal(getattr(signal, name))
+    try:
+        _, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+        raise AssertionError(f"still running 60 s after {signals}; its stderr ended: {err[-3000:]}") from None
+    assert p.returncode == code, (p.returncode, err[-2000:])
+    assert (
+        err.strip().splitlines()[-1] == f"lablib sweep: interrupted ({said}); the rows written before it are in {out}"
+    )
+    assert "Traceback" not in err and err.count("interrupted") == 1, err[-2000:]
+    assert len(load_results(out)) >= 2
+
+
 def test_side_by_side_writes_each_row_as_it_finishes_and_a_crash_keeps_the_engines_before_it(model, tmp_path):
     """``out``: every measured row on disk as the frame holds it, each engine's record in ``<out>.runs.jsonl``;
     a failure in the second engine (its telemetry window, made to fail) leaves the first engine's rows on disk."""

@@ -40,9 +40,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import re
+import signal
 import sys
 from pathlib import Path
 
+from lablib.children import first_interrupt_only
 from lablib.errors import LabError
 
 COMMANDS = (
@@ -124,13 +126,32 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     out = getattr(ns, "out", None)
     size_before = _size(out)
+    # every command: SIGTERM the same way out as Ctrl-C (the servers it started stopped by the lab, the line below;
+    # was: a silent death, its servers left to their death signal), and a second signal dropped until the line
+    # is printed (was: a second Ctrl-C during the first one's way out killed the process by SIGINT)
+    with first_interrupt_only():
+        rc = _run(ns, out, size_before)
+        if argv is None and rc in (130, 143):  # the command of a process, interrupted: the process's own way out
+            # too (its servers' stops at exit, the interpreter's teardown) is not broken by a later signal
+            ignore_interrupts_from_now()
+    return rc
+
+
+def ignore_interrupts_from_now() -> None:
+    """SIGINT and SIGTERM ignored for the rest of this process (its exit), past the end of the
+    :func:`lablib.children.first_interrupt_only` block this is called in (which leaves a handler set inside it)."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
+
+
+def _run(ns, out, size_before) -> int:
     try:
         return ns.func(ns)
     except LabError as e:
         print(f"lablib: {in_flags(str(e), _names(ns))}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM a command turned into one (children.first_interrupt_only;
-        # bench and serve say more, themselves): the rows written stay where they are
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (children.first_interrupt_only; bench, replay and serve
+        # say more, themselves): the rows written stay where they are
         name = "SIGTERM" if e.args == ("SIGTERM",) else "SIGINT"
         size = _size(out)
         if not out:

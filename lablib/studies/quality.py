@@ -141,11 +141,15 @@ def reference_logprobs(engine, chunks, cache_dir, key: str) -> ReferenceLogProbs
     n_scored = sl.stop - sl.start
     if not path.is_file():
         tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            for c in chunks:
-                lp = log_softmax(engine.logits(c)[sl]).astype(np.float32)
-                f.write(lp.tobytes())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                for c in chunks:
+                    lp = log_softmax(engine.logits(c)[sl]).astype(np.float32)
+                    f.write(lp.tobytes())
+            os.replace(tmp, path)
+        except BaseException:  # a Ctrl-C or a failure: no half file (a vocabulary per scored position) left behind
+            tmp.unlink(missing_ok=True)
+            raise
     n_vocab = path.stat().st_size // (4 * n_scored * len(chunks))
     return ReferenceLogProbs(path=path, chunks=[list(c) for c in chunks], n_ctx=n_ctx, n_vocab=int(n_vocab))
 
