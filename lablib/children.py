@@ -208,24 +208,52 @@ def first_interrupt_handler():
     Raised too, it did (found by fuzzing `lablib serve`, `bench` and `replay`: a server left to its death signal;
     "RuntimeError: release unlocked lock" from a queue's Condition.wait, exit 1, the rows in flight not written).
     One handler may serve several signals: the first of any of them is the one raised. Used by
-    :func:`first_interrupt_only` and by each client process of :func:`lablib.measure.load.run_load_processes`."""
-    came: list[int] = []
+    :func:`first_interrupt_only` and by each client process of :func:`lablib.measure.load.run_load_processes`.
+
+    ``handler.swallowed(exc)``: True when ``exc`` is the interrupt it raised, which never reached the code it
+    was meant for (Python printed it as "Exception ignored in ...": raised inside a callback of C code, such as
+    llama.cpp's log callback while it loads a model, or of the garbage collector); the signal counts as not
+    taken: it is sent again ``REDELIVER_S`` later (from another thread: the main thread takes it at its next
+    check, in Python code of its own once the C code returns), and a later signal raises too. Without it, such a
+    first signal left the command deaf to every later one (found by fuzzing: Ctrl-C and SIGTERM ignored while a
+    sweep ran to its end)."""
+    state = {"taken": None, "raised": None}  # the signal taken and the interrupt it raised; None: none yet
 
     def first_only(signum, frame):
-        if not came:
-            came.append(signum)
-            raise KeyboardInterrupt(signal.Signals(signum).name)
+        if state["taken"] is None:
+            state["taken"] = signum
+            state["raised"] = KeyboardInterrupt(signal.Signals(signum).name)
+            raise state["raised"]
+
+    def swallowed(exc) -> bool:
+        if exc is None or exc is not state["raised"]:
+            return False
+        signum, state["taken"], state["raised"] = state["taken"], None, None
+
+        def again():
+            if state["taken"] is None:  # no other signal came meanwhile
+                signal.raise_signal(signum)
+
+        t = threading.Timer(REDELIVER_S, again)
+        t.daemon = True
+        t.start()
+        return True
 
     first_only.first_interrupt_only = True  # what first_interrupt_only finds set by an outer block
+    first_only.swallowed = swallowed
     return first_only
+
+
+REDELIVER_S = 0.05  # a swallowed interrupt sent again this much later (seconds): past the hook that reported it
 
 
 @contextmanager
 def first_interrupt_only():
     """``with first_interrupt_only():`` Ctrl-C (SIGINT) and SIGTERM raise KeyboardInterrupt named after the signal
     (SIGTERM the same way out as Ctrl-C) the first time; later ones are dropped until the block ends
-    (:func:`first_interrupt_handler`). Around every command of ``lablib`` (:func:`lablib.cli.main`), its message
-    included; a block inside one (`lablib serve`, `bench` and `replay` hold their own, for their functions' callers
+    (:func:`first_interrupt_handler`), unless Python could only print the first (raised in a callback of C code:
+    then it is sent again, and a later one raises too). Around every command of a ``lablib`` process
+    (:func:`lablib.cli.main`), its message included; a block inside one (`lablib serve`, `bench` and `replay` hold their own, for their functions' callers
     too) keeps the outer one's handler, so a signal the outer block already took is not raised again. Only on the
     main thread (no handler can be set elsewhere); SIGINT only where a Python handler is set (ignored in a
     background job, it stays ignored)."""
@@ -239,9 +267,18 @@ def first_interrupt_only():
     for s in (signal.SIGTERM, signal.SIGINT):
         if s == signal.SIGTERM or callable(signal.getsignal(s)):
             prior[s] = signal.signal(s, handler)
+    prior_hook = sys.unraisablehook
+
+    def hook(unraisable):  # an interrupt Python could only print ("Exception ignored in ..."): not taken
+        if not handler.swallowed(unraisable.exc_value):
+            prior_hook(unraisable)
+
+    sys.unraisablehook = hook
     try:
         yield
     finally:
+        if sys.unraisablehook is hook:
+            sys.unraisablehook = prior_hook
         for s, h in prior.items():
             if signal.getsignal(s) is handler:  # one the block set meanwhile (an exit's SIG_IGN) is left as it is
                 signal.signal(s, h if h is not None else signal.SIG_DFL)

@@ -316,3 +316,53 @@ def test_interrupts_held_puts_ctrl_c_back_when_a_sigterm_comes_between_its_two_s
         for sig, handler in prior.items():
             real_signal(sig, handler)
     assert after == (signal.default_int_handler, terminated)
+
+
+def _interrupt_swallowed_in_a_callback(sig) -> None:
+    """``sig`` taken while Python runs a callback whose exceptions it can only print ("Exception ignored in ..."),
+    as llama.cpp's log callback while it loads a model, or a weakref's or the garbage collector's callback: here a
+    weakref's (signal.raise_signal runs the handler before it returns)."""
+    import weakref
+
+    class Thing:
+        pass
+
+    thing = Thing()
+    ref = weakref.ref(thing, lambda _: signal.raise_signal(sig))
+    del thing  # the callback runs here; its KeyboardInterrupt goes to sys.unraisablehook, not to this frame
+    assert ref() is None
+
+
+def test_an_interrupt_python_could_only_print_is_sent_again_and_a_later_one_still_raises(capsys):
+    """first_interrupt_only drops signals after the first: the first must have reached the code. One swallowed
+    in a callback (found by fuzzing: SIGTERM while llama.cpp loaded a model, then Ctrl-C, SIGTERM, Ctrl-C: all
+    ignored, the sweep ran to its end) is sent again a moment later, where it raises, and nothing is printed."""
+    from lablib.children import first_interrupt_only
+
+    hook_before = sys.unraisablehook
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with first_interrupt_only():
+            _interrupt_swallowed_in_a_callback(sig)
+            t0 = time.monotonic()
+            with pytest.raises(KeyboardInterrupt) as got:
+                while time.monotonic() - t0 < 5:
+                    time.sleep(0.01)
+            assert got.value.args == (signal.Signals(sig).name,) and time.monotonic() - t0 < 2
+            # taken now: a later one is dropped, as ever
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(0.2)
+        assert "Exception ignored" not in capsys.readouterr().err
+    assert sys.unraisablehook is hook_before  # the hook put back: another callback's exception is printed as before
+
+
+def test_lablib_main_called_from_python_leaves_the_callers_signal_handlers(monkeypatch, tmp_path):
+    """Only a lablib process takes SIGTERM as Ctrl-C for its command; a script calling lablib.cli.main([...]) keeps
+    its own handlers (a SIGTERM ends the script, as before)."""
+    import lablib.cli.sweep
+    from lablib.cli import main
+
+    seen = []
+    monkeypatch.setattr(lablib.cli.sweep, "run", lambda ns: seen.append(signal.getsignal(signal.SIGTERM)) or 0)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["sweep", "context", "--engines", "llama.cpp", "--out", str(tmp_path / "x.jsonl")]) == 0
+    assert seen == [before] and signal.getsignal(signal.SIGTERM) is before

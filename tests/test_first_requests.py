@@ -300,3 +300,30 @@ def test_a_results_file_that_cannot_be_written_is_refused_before_any_process_sta
     (tmp_path / "folder.jsonl").mkdir()
     with pytest.raises(LabError, match="is a folder; expected a file name ending in .jsonl or .parquet"):
         first_requests(model, engines=["llama.cpp"], progress=False, out=tmp_path / "folder.jsonl")
+
+
+def test_a_file_of_two_runs_names_them_and_one_run_of_a_file_shared_with_another_study_reads(model, tmp_path):
+    """Two runs into one results file (a notebook run twice): the table names the two runs by run_id and how to
+    pick one (was: rows without a run_id, told apart only by the second of their manifest's time). A file that
+    holds side_by_side's rows too: the table takes the first_requests rows (was: "0 rows have ... load_number=nan")."""
+    from lablib.measure.sweep import side_by_side
+    from lablib.results.store import load_results
+
+    out = tmp_path / "first.jsonl"
+    small = dict(engines=["llama.cpp"], loads=1, requests=2, prompt_tokens=8, max_new_tokens=2, progress=False)
+    one = first_requests(model, **small, out=out)
+    two = first_requests(model, **small, out=out)
+    (a,), (b,) = set(one["run_id"]), set(two["run_id"])
+    assert a != b
+    both = load_results(out)
+    with pytest.raises(LabError) as err:
+        first_request_table(both)
+    assert str(err.value).endswith(
+        f"and these are of 2 runs (run_id {a}, {b}): give one run's rows at a time, such as rows[rows['run_id'] == '{a}']"
+    )
+    assert first_request_table(both[both["run_id"] == b])["first_ttft_s"].tolist() == [two["ttft_s"].iloc[0]]
+    mixed = tmp_path / "mixed.jsonl"
+    side_by_side(model, engines=["llama.cpp"], max_new_tokens=2, reps=2, progress=False, out=mixed)
+    first_requests(model, **small, out=mixed)
+    table = first_request_table(load_results(mixed))
+    assert list(table["engine"]) == ["llama.cpp"] and list(table["load_number"]) == [1]

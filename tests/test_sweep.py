@@ -1006,20 +1006,14 @@ def test_every_command_takes_sigterm_as_ctrl_c_and_one_signal_only(tmp_path, sig
     assert len(load_results(out)) >= 2
 
 
-def test_side_by_side_writes_each_row_as_it_finishes_and_a_crash_keeps_the_engines_before_it(model, tmp_path):
-    """``out``: every measured row on disk as the frame holds it, each engine's record in ``<out>.runs.jsonl``;
-    a failure in the second engine (its telemetry window, made to fail) leaves the first engine's rows on disk."""
+def test_side_by_side_writes_each_row_as_it_finishes_and_a_crash_keeps_the_requests_before_it(
+    model, tmp_path, monkeypatch
+):
+    """``out``: every measured row on disk as the frame holds it, each engine's record in ``<out>.runs.jsonl``.
+    A failure in the second engine's second measured request (the real engine's generate, made to fail there)
+    leaves the first engine's rows and the second engine's first request on disk (was: an engine's rows were
+    written only once all its requests had finished)."""
     from lablib.results.store import runs_path
-
-    class Window:  # a telemetry window that counts nothing
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def summary(self, output_tokens):
-            return {}
 
     out = tmp_path / "sbs.jsonl"
     df = sweep.side_by_side(model, engines=["llama.cpp"], max_new_tokens=2, reps=2, progress=False, out=out)
@@ -1029,21 +1023,30 @@ def test_side_by_side_writes_each_row_as_it_finishes_and_a_crash_keeps_the_engin
     (rec,) = [json.loads(line) for line in runs_path(out).read_text().splitlines()]
     assert (rec["engine"], rec["sweep"], rec["run_id"]) == ("llama.cpp", "side_by_side", df["run_id"][0])
 
-    windows = []
+    real_load = sweep.load_engine
 
-    def telemetry():
-        windows.append(1)
-        if len(windows) == 2:
-            raise RuntimeError("the counters died")
-        return Window()
+    def load(name, *a, **kw):
+        engine = real_load(name, *a, **kw)
+        if name == "transformers":
+            real, calls = engine.generate, []
 
+            def generate(*ga, **gk):  # the warm-up, the first measured request, then a crash
+                calls.append(1)
+                if len(calls) == 3:
+                    raise RuntimeError("kernel died")
+                return real(*ga, **gk)
+
+            engine.generate = generate
+        return engine
+
+    monkeypatch.setattr(sweep, "load_engine", load)
     crashed = tmp_path / "crashed.jsonl"
-    with pytest.raises(RuntimeError, match="the counters died"):
+    with pytest.raises(RuntimeError, match="kernel died"):
         sweep.side_by_side(
-            model, engines=["llama.cpp", "transformers"], max_new_tokens=2, reps=2, progress=False, out=crashed,
-            telemetry=telemetry,
-        )  # fmt: skip
-    assert list(load_results(crashed)["engine"]) == ["llama.cpp"] * 2
+            model, engines=["llama.cpp", "transformers"], max_new_tokens=2, reps=3, progress=False, out=crashed
+        )
+    kept = load_results(crashed)
+    assert list(kept["engine"]) == ["llama.cpp"] * 3 + ["transformers"] and list(kept["repetition"]) == [0, 1, 2, 0]
 
 
 def test_side_by_side_refuses_a_results_file_it_cannot_write_before_any_engine_loads(model, tmp_path, monkeypatch):
@@ -1079,3 +1082,43 @@ def test_json_lines_of_something_else_are_refused_as_a_results_file_and_left_as_
     summary.write_text('{"server": "vllm", "rate": 1.0}\n')
     ResultsWriter(summary).append({"server": "llama-server", "rate": 2.0})
     assert list(load_results(summary)["server"]) == ["vllm", "llama-server"]
+
+
+def test_a_foreign_file_of_one_line_without_its_newline_or_of_a_long_first_line_is_refused_too(tmp_path):
+    """The two shapes the first check let through (found by a helper): the trace's one line without a final
+    newline (a replay with --out the trace appended to it), and a first line longer than the 1 MiB read first.
+    A lab row of one line without its newline, or longer than 1 MiB, is still added to."""
+    one = tmp_path / "one.jsonl"
+    one.write_text('{"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1]}')
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"prompt": "x" * (2 << 20)}) + "\n")
+    for path in (one, long):
+        before = path.read_bytes()
+        with pytest.raises(LabError, match=r"is not one the lab wrote \(its first line is a JSON object of "):
+            ResultsWriter(path)
+        assert path.read_bytes() == before
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("\n" + json.dumps({"engine": "llama.cpp", "text": "x" * (2 << 20)}))
+    ResultsWriter(mine).append({"engine": "transformers"})
+    assert list(load_results(mine)["engine"]) == ["llama.cpp", "transformers"]
+
+
+def test_a_companion_name_is_refused_as_a_results_file(tmp_path):
+    """lablib report and merge leave a run's records (.runs.jsonl) and samples (.server.jsonl) out: rows written
+    to such a name could not be read back by them."""
+    for name, plain in (("a.runs.jsonl", "a.jsonl"), ("b.server.jsonl", "b.jsonl")):
+        with pytest.raises(LabError) as err:
+            ResultsWriter(tmp_path / name)
+        assert f"expected a results file name, such as {plain}" in str(err.value)
+        assert not (tmp_path / name).exists()
+
+
+def test_a_parquet_results_file_through_a_link_adds_to_its_target_and_keeps_the_link(tmp_path):
+    target = tmp_path / "data" / "t.parquet"
+    target.parent.mkdir()
+    ResultsWriter(target).append({"engine": "a", "e2e_s": 1.0})
+    link = tmp_path / "link.parquet"
+    link.symlink_to(target)
+    ResultsWriter(link).append({"engine": "b", "e2e_s": 2.0})
+    assert link.is_symlink() and list(load_results(target)["engine"]) == ["a", "b"]
+    assert sorted(p.name for p in target.parent.iterdir()) == ["t.parquet"]  # no .tmp left

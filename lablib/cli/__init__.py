@@ -119,20 +119,21 @@ def _size(out) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:  # the commands' flags: a quarter of a second of imports, where a Ctrl-C printed a traceback
-        ns = build_parser().parse_args(argv)
-    except KeyboardInterrupt:
-        print("lablib: interrupted (Ctrl-C) before the command began; nothing was done", file=sys.stderr, flush=True)
-        return 130
-    out = getattr(ns, "out", None)
-    size_before = _size(out)
-    # every command: SIGTERM the same way out as Ctrl-C (the servers it started stopped by the lab, the line below;
-    # was: a silent death, its servers left to their death signal), and a second signal dropped until the line
-    # is printed (was: a second Ctrl-C during the first one's way out killed the process by SIGINT)
+    """``lablib ...``: the command of ``argv`` (None: this process's own arguments), its exit code. As a process's
+    command (``argv`` None), SIGTERM is taken as Ctrl-C from the start (one line, the servers it started stopped by
+    the lab; was: a silent death, its servers left to their death signal) and a second signal is dropped until that
+    line is printed, and past it when the command was interrupted (its process's exit: servers' stops, the
+    interpreter's teardown; was: a second Ctrl-C on the way out killed the process by SIGINT):
+    :func:`lablib.children.first_interrupt_only`. Called from Python with ``argv``, the caller's handlers are left
+    as they are (a script's SIGTERM still ends the script)."""
+    if argv is not None:
+        return _main(argv)
     with first_interrupt_only():
-        rc = _run(ns, out, size_before)
-        if argv is None and rc in (130, 143):  # the command of a process, interrupted: the process's own way out
-            # too (its servers' stops at exit, the interpreter's teardown) is not broken by a later signal
+        try:
+            rc = _main(argv)
+        except KeyboardInterrupt as e:  # the first signal in the instant the command ended, past its own handling
+            rc = 143 if e.args == ("SIGTERM",) else 130
+        if rc in (130, 143):
             ignore_interrupts_from_now()
     return rc
 
@@ -142,6 +143,17 @@ def ignore_interrupts_from_now() -> None:
     :func:`lablib.children.first_interrupt_only` block this is called in (which leaves a handler set inside it)."""
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)
+
+
+def _main(argv) -> int:
+    try:  # the commands' flags: a quarter of a second of imports, where a Ctrl-C printed a traceback
+        ns = build_parser().parse_args(argv)
+    except KeyboardInterrupt as e:
+        name = "SIGTERM" if e.args == ("SIGTERM",) else "Ctrl-C"
+        print(f"lablib: interrupted ({name}) before the command began; nothing was done", file=sys.stderr, flush=True)
+        return 143 if name == "SIGTERM" else 130
+    out = getattr(ns, "out", None)
+    return _run(ns, out, _size(out))
 
 
 def _run(ns, out, size_before) -> int:

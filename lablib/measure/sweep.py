@@ -249,7 +249,7 @@ def side_by_side(
             for _ in measured_traces(engine, [], cfg, [ids] * warmup):  # warm-up: outside the point's counters
                 pass
             with records.point(sweep="side_by_side", mode="single", concurrency=1) as point:
-                for row in measure(engine, ids, cfg, warmup=0, reps=reps, workload=workload):
+                for row in iter_measure(engine, ids, cfg, warmup=0, reps=reps, workload=workload):  # as each ends
                     row["text"] = engine.detokenize(row["token_ids"])
                     row["prompt_format"] = prompt_format
                     rows.append(point.append(row))

@@ -148,6 +148,13 @@ class ResultsWriter:
 
         self.path = Path(path)
         self.suffix = _suffix(self.path)
+        if self.path.name.endswith(COMPANIONS):  # lablib report and merge leave such files out, rows and all
+            companion = next(c for c in COMPANIONS if self.path.name.endswith(c))
+            raise LabError(
+                f"results file {self.path}: a name ending in {companion} is that of a run's records beside its "
+                f"results file, which lablib report and merge leave out; expected a results file name, such as "
+                f"{self.path.name[: -len(companion)]}.jsonl"
+            )
         self.written = 0
         if isinstance(sync_every_s, bool) or not isinstance(sync_every_s, (int, float)) or not sync_every_s >= 0:
             raise LabError(f"sync_every_s={sync_every_s!r}: expected seconds between fsyncs, 0 (every row) or more")
@@ -240,9 +247,10 @@ class ResultsWriter:
             import pandas as pd
 
             self._rows.append(row)
-            tmp = self.path.with_name(self.path.name + ".tmp")
+            target = self.path.resolve()  # a link's target is rewritten, the link kept (was: a file replaced it)
+            tmp = target.with_name(target.name + ".tmp")
             pd.DataFrame(self._rows).to_parquet(tmp, index=False)
-            os.replace(tmp, self.path)
+            os.replace(tmp, target)
             self.written += 1
 
     def _hold(self, f) -> None:
@@ -347,11 +355,19 @@ NAMING = ("engine", "server")  # a lab row names its engine (a row per request) 
 
 def _check_jsonl_head(path: Path) -> None:
     """LabError when the existing file ``path`` does not start as the lab's JSON lines do (one JSON object a
-    line, UTF-8, naming its ``engine``): a parquet file or a CSV named .jsonl, or JSON lines of something else (a
+    line, UTF-8, the first naming its ``engine`` or ``server``: :data:`NAMING`): a parquet file or a CSV named .jsonl, or JSON lines of something else (a
     trace to replay, a dataset of prompts), which rows appended to it would spoil."""
     with open(path, "rb") as f:
         head = f.read(1 << 20)
-    line, newline, _ = head.lstrip().partition(b"\n")
+        line, newline, _ = head.lstrip().partition(b"\n")
+        if not newline and len(head) == 1 << 20:  # a first line longer than 1 MiB (a long row): up to 64 MiB of it
+            f.seek(0)
+            line = f.readline(64 << 20)
+            while line and not line.strip():  # blank lines before it, as lstrip skips them above
+                line = f.readline(64 << 20)
+            line, newline = line.lstrip(), b"\n" if line.endswith(b"\n") else b""
+        elif not newline and f.read(1) == b"":  # the whole file, one line without its newline: read as a row
+            newline = b"end"
     ok = line.startswith(b"{")  # a row torn by a crash still starts so (load_results names such a line)
     if ok and newline:
         try:

@@ -44,8 +44,8 @@ def need(df, columns, what: str, source: str | None = None) -> None:
 
 
 def one_row_each(df, keys, what: str, source: str | None = None):
-    """A copy of ``df`` (after :func:`need` of ``keys``), a key column of digit strings read as whole numbers (a
-    file's "2" as 2); LabError naming the first combination of ``keys`` that two or more rows share: two runs'
+    """A copy of ``df`` (after :func:`need` of ``keys``), a key column of digit strings or of whole floats read as
+    whole numbers (a file's "2" as 2; 2.0 where other rows of the file had no value); LabError naming the first combination of ``keys`` that two or more rows share: two runs'
     rows put together, which a table would mix and a line would draw as a zig-zag."""
     import pandas as pd
 
@@ -55,16 +55,28 @@ def one_row_each(df, keys, what: str, source: str | None = None):
         digits = df[k].map(lambda v: isinstance(v, str) and v.strip().lstrip("-").isdigit())
         if len(df) and (pd.api.types.is_string_dtype(df[k]) or df[k].dtype == object) and digits.all():
             df[k] = df[k].astype(int)
+        elif len(df) and pd.api.types.is_float_dtype(df[k]) and df[k].notna().all() and (df[k] % 1 == 0).all():
+            df[k] = df[k].astype(int)  # whole numbers a file read as floats (other rows of it had none)
     repeated = df[df.duplicated(list(keys), keep=False)]
     if len(repeated):
         first = repeated.iloc[0]
         plain = {k: first[k].item() if hasattr(first[k], "item") else first[k] for k in keys}  # 1, not np.int64(1)
         at = ", ".join(f"{k}={v!r}" for k, v in plain.items())
-        n = int((repeated[list(keys)] == first[list(keys)]).all(axis=1).sum())
+        same = pd.Series(True, index=repeated.index)
+        for k in keys:  # a missing value is the same as another missing one here, as duplicated() took it
+            same &= (repeated[k] == first[k]) | (repeated[k].isna() & pd.isna(first[k]))
+        runs = list(dict.fromkeys(map(str, df["run_id"].dropna()))) if "run_id" in df.columns else []
+        if len(runs) > 1:  # the runs named, and how to pick one
+            shown = ", ".join(runs[:4]) + (", ..." if len(runs) > 4 else "")
+            tail = (
+                f"), and these are of {len(runs)} runs (run_id {shown}): give one run's rows at a time, such as "
+                f"rows[rows['run_id'] == {runs[0]!r}]"
+            )
+        else:
+            tail = "): give one run's rows at a time"
+        of = f" of {source}" if source else ""
         raise LabError(
-            f"{what}: {n} rows have {at}; expected one row each (the rows of one run"
-            + (f" of {source}" if source else "")
-            + "): give one run's rows at a time"
+            f"{what}: {int(same.sum())} rows have {at}; expected one row each (the rows of one run{of}{tail}"
         )
     return df
 

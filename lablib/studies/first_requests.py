@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import uuid
 
 from lablib.errors import LabError
 
@@ -127,7 +128,7 @@ def first_requests(
         check_load_keywords(name, load_kw)
     writer = ResultsWriter(out) if out else None
     say = log or (lambda m: print(m, file=sys.stderr))
-    rows, failed = [], {}
+    rows, failed, run_id = [], {}, uuid.uuid4().hex[:12]  # one run's rows, told apart from another's in a file
     for name in tqdm(names, desc="engines, each in a fresh process", disable=not progress):
         try:
             check_supported(name, rm)  # an engine that cannot read the model: said without starting its process
@@ -136,6 +137,8 @@ def first_requests(
             failed[name] = str(e)
             say(f"left out: {e}")
             continue
+        for row in done:
+            row["run_id"] = run_id
         rows += done
         for row in done if writer else ():
             writer.append(row)
@@ -244,14 +247,18 @@ def first_request_table(rows):
     """Per engine and load: the load's seconds, the first request's TTFT and TPOT, the median TTFT and TPOT of the
     later requests (``steady_*``), and how many times the steady value the first one is (``first_over_steady_*``).
     Needs the rows of one :func:`first_requests` run (engine, load_number, request_number, load_s, ttft_s,
-    tpot_s); LabError for rows that repeat an (engine, load, request), or a load without its first request or
-    without one after it."""
+    tpot_s; of a file holding other studies' rows too, those of ``sweep`` "first_requests"); LabError for rows
+    that repeat an (engine, load, request) (two runs' rows: the message names their ``run_id``), or a load without
+    its first request or without one after it."""
     import pandas as pd
 
     from lablib.results.tables import need, one_row_each
 
     keys = ["engine", "load_number", "request_number"]
-    df = one_row_each(pd.DataFrame(rows), keys, "first_request_table", SOURCE)
+    df = pd.DataFrame(rows)
+    if "sweep" in df.columns and (df["sweep"] == "first_requests").any():  # a file of other studies' rows too
+        df = df[df["sweep"] == "first_requests"]
+    df = one_row_each(df, keys, "first_request_table", SOURCE)
     need(df, ["load_s", "ttft_s", "tpot_s"], "first_request_table", SOURCE)
     for k in ("load_number", "request_number"):
         if not pd.api.types.is_integer_dtype(df[k]):
