@@ -1,5 +1,6 @@
 """Waiting for a killed process's child to be gone (tests of lablib.children and its users)."""
 
+import contextlib
 import os
 import time
 
@@ -28,3 +29,17 @@ def wait_gone(p: psutil.Process, t0: float | None = None, bound_s: float = BOUND
         time.sleep(0.01)
     assert gone(p), f"pid {p.pid} ({p.name()}) still runs {bound_s} s after its parent was killed"
     return time.monotonic() - t0
+
+
+@contextlib.contextmanager
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt in this process for the block (Python's own handler, as in a terminal or a
+    notebook's kernel), its handler before put back after: a pytest-xdist worker ignores SIGINT (SIG_IGN), and a
+    test that sends itself a Ctrl-C would see nothing there."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)

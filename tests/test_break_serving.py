@@ -505,8 +505,10 @@ def test_a_rate_sweep_writes_each_row_as_it_finishes_and_a_ctrl_c_keeps_the_runs
                 return
             time.sleep(0.05)
 
-    threading.Thread(target=interrupt_once_the_first_run_is_on_disk, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
+    from procs import ctrl_c_raises
+
+    with ctrl_c_raises(), pytest.raises(KeyboardInterrupt):
+        threading.Thread(target=interrupt_once_the_first_run_is_on_disk, daemon=True).start()
         serving.rate_sweep_table(
             llama_server, model, [math.inf, 0.2], requests=2, prompt_tokens=8, max_new_tokens=2, seed=3, out=cut
         )

@@ -338,10 +338,11 @@ def test_an_interrupt_python_could_only_print_is_sent_again_and_a_later_one_stil
     in a callback (found by fuzzing: SIGTERM while llama.cpp loaded a model, then Ctrl-C, SIGTERM, Ctrl-C: all
     ignored, the sweep ran to its end) is sent again a moment later, where it raises, and nothing is printed."""
     from lablib.children import first_interrupt_only
+    from procs import ctrl_c_raises
 
     hook_before = sys.unraisablehook
     for sig in (signal.SIGTERM, signal.SIGINT):
-        with first_interrupt_only():
+        with ctrl_c_raises(), first_interrupt_only():  # ctrl_c_raises: a background job (CI) inherits SIGINT ignored
             _interrupt_swallowed_in_a_callback(sig)
             t0 = time.monotonic()
             with pytest.raises(KeyboardInterrupt) as got:

@@ -263,6 +263,7 @@ def test_a_ctrl_c_keeps_the_rows_of_the_engines_that_finished_on_disk(model, tmp
     import psutil
 
     from lablib.results.store import load_results
+    from procs import ctrl_c_raises
 
     out = tmp_path / "first.jsonl"
     sent = threading.Event()
@@ -276,8 +277,8 @@ def test_a_ctrl_c_keeps_the_rows_of_the_engines_that_finished_on_disk(model, tmp
                 return
             time.sleep(0.05)
 
-    threading.Thread(target=interrupt_once_the_first_engine_is_on_disk, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
+    with ctrl_c_raises(), pytest.raises(KeyboardInterrupt):
+        threading.Thread(target=interrupt_once_the_first_engine_is_on_disk, daemon=True).start()
         first_requests(
             model, engines=["llama.cpp", "transformers"], loads=1, requests=2, prompt_tokens=8, max_new_tokens=2,
             progress=False, out=out,
