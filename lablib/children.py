@@ -253,10 +253,10 @@ def first_interrupt_only():
     (SIGTERM the same way out as Ctrl-C) the first time; later ones are dropped until the block ends
     (:func:`first_interrupt_handler`), unless Python could only print the first (raised in a callback of C code:
     then it is sent again, and a later one raises too). Around every command of a ``lablib`` process
-    (:func:`lablib.cli.main`), its message included; a block inside one (`lablib serve`, `bench` and `replay` hold their own, for their functions' callers
-    too) keeps the outer one's handler, so a signal the outer block already took is not raised again. Only on the
-    main thread (no handler can be set elsewhere); SIGINT only where a Python handler is set (ignored in a
-    background job, it stays ignored)."""
+    (:func:`lablib.cli.main`), its message included; a block inside one (`lablib serve`, `bench` and `replay`
+    hold their own, for their functions' callers too) keeps the outer one's handler, so a signal the outer block
+    already took is not raised again. Only on the main thread (no handler can be set elsewhere); SIGINT only where
+    a Python handler is set (ignored in a background job, it stays ignored)."""
     if threading.current_thread() is not threading.main_thread() or getattr(
         signal.getsignal(signal.SIGTERM), "first_interrupt_only", False
     ):
