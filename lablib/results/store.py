@@ -355,8 +355,9 @@ NAMING = ("engine", "server")  # a lab row names its engine (a row per request) 
 
 def _check_jsonl_head(path: Path) -> None:
     """LabError when the existing file ``path`` does not start as the lab's JSON lines do (one JSON object a
-    line, UTF-8, the first naming its ``engine`` or ``server``: :data:`NAMING`): a parquet file or a CSV named .jsonl, or JSON lines of something else (a
-    trace to replay, a dataset of prompts), which rows appended to it would spoil."""
+    line, UTF-8, the first naming its ``engine`` or ``server``: :data:`NAMING`): a parquet file or a CSV named
+    .jsonl, or JSON lines of something else (a trace to replay, a dataset of prompts), which rows appended to it
+    would spoil."""
     with open(path, "rb") as f:
         head = f.read(1 << 20)
         line, newline, _ = head.lstrip().partition(b"\n")
