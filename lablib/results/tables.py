@@ -45,8 +45,9 @@ def need(df, columns, what: str, source: str | None = None) -> None:
 
 def one_row_each(df, keys, what: str, source: str | None = None):
     """A copy of ``df`` (after :func:`need` of ``keys``), a key column of digit strings or of whole floats read as
-    whole numbers (a file's "2" as 2; 2.0 where other rows of the file had no value); LabError naming the first combination of ``keys`` that two or more rows share: two runs'
-    rows put together, which a table would mix and a line would draw as a zig-zag."""
+    whole numbers (a file's "2" as 2; 2.0 where other rows of the file had no value); LabError naming the first
+    combination of ``keys`` that two or more rows share: two runs' rows put together, which a table would mix and
+    a line would draw as a zig-zag (the runs named by ``run_id`` where the rows have one)."""
     import pandas as pd
 
     need(df, list(keys), what, source)

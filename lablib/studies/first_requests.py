@@ -65,9 +65,10 @@ def first_requests(
     is not in-process, or a keyword an engine does not take. An engine that cannot read the model (said without
     starting its process) or fails in its process (not installed here, a crash, past ``timeout_s``) is said in one
     line through ``log`` (default: stderr) and left out, and the engines that finished keep their rows (the
-    DataFrame's ``attrs["failed"]``: {engine: why}); LabError when every engine failed. A Ctrl-C stops the run (the running engine's process is stopped with it).
-    ``out`` (.jsonl or .parquet, checked before any process starts): each engine's rows appended as its process
-    returns them, so a Ctrl-C or an error later keeps the engines that finished on disk."""
+    DataFrame's ``attrs["failed"]``: {engine: why}); LabError when every engine failed. A Ctrl-C stops the run
+    (the running engine's process is stopped with it). ``out`` (.jsonl or .parquet, checked before any process
+    starts): each engine's rows appended as its process returns them, so a Ctrl-C or an error later keeps the
+    engines that finished on disk."""
     import sys
 
     import pandas as pd
@@ -139,9 +140,9 @@ def first_requests(
             continue
         for row in done:
             row["run_id"] = run_id
+            if writer:
+                writer.append(row)
         rows += done
-        for row in done if writer else ():
-            writer.append(row)
     if not rows:
         raise LabError("every engine failed: " + "; ".join(failed.values()))
     df = pd.DataFrame(rows)
