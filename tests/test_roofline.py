@@ -353,6 +353,32 @@ def test_cli_roofline_json_from_a_results_file(model, llama, tmp_path, monkeypat
     assert main(["roofline", "--results", str(tmp_path / "none.jsonl")]) == 2
 
 
+def test_cli_roofline_keeps_what_it_measured_now_and_reads_it_back(model, tmp_path, monkeypatch, capsys):
+    """An engine with no rows here is measured now: its rows go to results/roofline.jsonl, where the next run
+    finds them (before, they were measured again each time and never kept); an --out it could not write is
+    refused before anything is measured."""
+    from lablib.cli import main
+
+    monkeypatch.setattr(hardware.ceilings, "measurement_path", lambda: tmp_path / "m.json")
+    hardware.measure_machine(quick=True)
+    monkeypatch.chdir(tmp_path)
+    args = ["roofline", "--json", "--engines", "llama.cpp"]
+    (tmp_path / "folder.jsonl").mkdir()
+    assert main([*args, "--out", "folder.jsonl"]) == 2
+    assert "folder.jsonl is a folder" in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)["engines"]["llama.cpp"]
+    kept = pd.read_json(tmp_path / "results" / "roofline.jsonl", lines=True)
+    assert first["source"].startswith("measured now") and first["source"].endswith("written to results/roofline.jsonl)")
+    assert len(kept) == first["rows"] == 3 and set(kept["engine"]) == {"llama.cpp"}
+    assert first["decode_tps"] == pytest.approx(kept["decode_tps"].median())
+    assert main(args) == 0
+    second = json.loads(capsys.readouterr().out)["engines"]["llama.cpp"]
+    assert second["source"] == "results: results/roofline.jsonl" and second["decode_tps"] == first["decode_tps"]
+    assert len(pd.read_json(tmp_path / "results" / "roofline.jsonl", lines=True)) == 3  # nothing measured again
+
+
 def test_each_row_is_held_against_its_own_device(model):
     """A row computed on a GPU is held against that GPU's ceilings, a CPU row against this CPU's, and a row of
     an unknown device (a server at a URL the lab did not start) against none: issue 37 found a transformers row

@@ -6,6 +6,7 @@ import json
 
 from lablib.engines import NAMES
 
+OUT = "results/roofline.jsonl"  # under results/, where report() looks by default: measured once, read back after
 HELP = "this machine's bandwidth and FLOP/s, each engine's decode against its bound"
 
 
@@ -24,13 +25,19 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--model", default=None)
     p.add_argument("--refresh", action="store_true", help="measure the machine again (else the cached measurement)")
+    p.add_argument(
+        "--out",
+        default=OUT,
+        help=f"where the rows of engines measured now go, .jsonl or .parquet (default: {OUT}, which the next "
+        "lablib roofline run here reads back; '' keeps none)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object")
 
 
 def run(ns) -> int:
     from lablib.studies.roofline import report
 
-    out = report(results=ns.results, engines=ns.engines, model=ns.model, refresh=ns.refresh)
+    out = report(results=ns.results, engines=ns.engines, model=ns.model, refresh=ns.refresh, out=ns.out or None)
     if ns.json:
         print(json.dumps(out, default=str))
         return 0

@@ -494,7 +494,7 @@ def _last_rows(files, model, engines):
     return d[d["time"] == last] if last is not None else d
 
 
-def report(results=None, engines=None, model=None, refresh: bool = False) -> dict:
+def report(results=None, engines=None, model=None, refresh: bool = False, out=None) -> dict:
     """{machine: {cpu_model, threads, bandwidth_gbps (the read kernel's best repetition: the roofline's),
     bandwidth_spread_gbps [min, max], copy_gbps, triad_gbps (STREAM's kernels, medians),
     gflops {dtype: best GFLOP/s (int8: GOP/s), the roofline's}, measured}, engines: {engine: {decode_tps,
@@ -504,17 +504,20 @@ def report(results=None, engines=None, model=None, refresh: bool = False) -> dic
 
     ``results``: results files (None: those under results/ and labs/results/; [] : none); an engine
     without rows from this machine and model is measured now (one warm-up, then the requests of
-    :data:`lablib.config.BUDGETS` ``"roofline"``: 3 of 64 prompt and 32 output tokens)."""
+    :data:`lablib.config.BUDGETS` ``"roofline"``: 3 of 64 prompt and 32 output tokens). ``out`` (.jsonl or
+    .parquet, checked before the machine or any engine is measured; only where an engine is to be measured now):
+    those rows appended as each request finishes, as :func:`lablib.measure.sweep.side_by_side` writes them; a
+    file under results/ is read back by the next report, which then measures them no more."""
     from lablib.config import budget
     from lablib.machine.ceilings import measure_machine
     from lablib.measure.sweep import engine_names, side_by_side
     from lablib.measure.workload import prompt_of_length
     from lablib.model.resolve import prepare
+    from lablib.results.store import ResultsWriter
     from lablib.studies.launch_floor import floors_for_rows
 
     rm = prepare(model, log=lambda *_: None)
     names = engine_names(engines, rm)
-    m = measure_machine(refresh=refresh)
     files = results_files() if results is None else [Path(f) for f in results]
     missing = [f for f in files if not f.is_file()]
     if missing:
@@ -524,12 +527,16 @@ def report(results=None, engines=None, model=None, refresh: bool = False) -> dic
 
     frames = [rows.assign(source="results: " + rows["source_file"].astype(str))] if len(rows) else []
     todo = [e for e in names if not len(rows) or e not in set(rows["engine"])]
+    if todo and out:
+        ResultsWriter(out)  # refused now, before minutes of measuring whose rows could not be kept
+    m = measure_machine(refresh=refresh)
     if todo:
         n, new, reps = (budget("roofline", k) for k in ("prompt_tokens", "max_new_tokens", "reps"))
         fresh = side_by_side(
-            rm, engines=todo, ids=prompt_of_length(rm, n), max_new_tokens=new, reps=reps, progress=False
+            rm, engines=todo, ids=prompt_of_length(rm, n), max_new_tokens=new, reps=reps, progress=False, out=out
         )
-        frames.append(fresh.assign(source=f"measured now ({n} prompt + {new} output tokens, {reps} requests)"))
+        kept = f", written to {out}" if out else ""
+        frames.append(fresh.assign(source=f"measured now ({n} prompt + {new} output tokens, {reps} requests{kept})"))
     rows_all = pd.concat(frames, ignore_index=True)
     # the third line: each engine's launch floor at the threads and device its rows ran with, measured now (beside
     # rows measured now; rows read from files were measured at their own time)
