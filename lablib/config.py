@@ -158,10 +158,11 @@ BUDGETS = {
         "chat_think_s": (3.0, 4.0),
     },
     # lab 06 (lablib.studies.ladder): the quantization types, the perplexity text (n_ctx tokens x
-    # n_chunks) and the speed request of each rung
+    # n_chunks) and the speed request of each rung; the quick ladder keeps Q4_1, the source's own type, whose KL
+    # floor the lab's question (1) holds against Q8_0's
     "ladder": {
         "types": (
-            ("Q8_0", "Q5_0", "Q4_K_M", "Q4_0", "Q2_K"),
+            ("Q8_0", "Q5_0", "Q4_K_M", "Q4_1", "Q4_0", "Q2_K"),
             ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_1", "Q5_0", "Q4_K_M", "Q4_1", "Q4_0", "IQ4_NL", "Q3_K_M", "Q2_K"),
         ),
         "n_ctx": (128, 512),
