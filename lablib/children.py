@@ -229,14 +229,7 @@ def first_interrupt_handler():
         if exc is None or exc is not state["raised"]:
             return False
         signum, state["taken"], state["raised"] = state["taken"], None, None
-
-        def again():
-            if state["taken"] is None:  # no other signal came meanwhile
-                signal.raise_signal(signum)
-
-        t = threading.Timer(REDELIVER_S, again)
-        t.daemon = True
-        t.start()
+        _send_again(signum, unless=lambda: state["taken"] is not None)  # unless another signal came meanwhile
         return True
 
     first_only.first_interrupt_only = True  # what first_interrupt_only finds set by an outer block
@@ -245,6 +238,53 @@ def first_interrupt_handler():
 
 
 REDELIVER_S = 0.05  # a swallowed interrupt sent again this much later (seconds): past the hook that reported it
+
+
+def _send_again(signum: int, unless=lambda: False) -> None:
+    """``signum`` sent to this process again :data:`REDELIVER_S` from now, from a timer thread (the main thread
+    takes it at its next check of its own), unless ``unless()`` is then true."""
+
+    def again():
+        if not unless():
+            signal.raise_signal(signum)
+
+    t = threading.Timer(REDELIVER_S, again)
+    t.daemon = True
+    t.start()
+
+
+@contextmanager
+def swallowed_interrupts_sent_again():
+    """``with swallowed_interrupts_sent_again():`` around C code that calls back into Python (llama.cpp's log
+    callback, called per line while it loads or quantizes a model): a Ctrl-C that Python raised inside such a
+    callback can only be printed ("Exception ignored on calling ctypes callback function ... KeyboardInterrupt")
+    and the C code goes on; here it is sent again :data:`REDELIVER_S` later, until it lands in Python code of
+    the caller's own (at the latest once the C code returns). Without it, a Ctrl-C in a notebook's kernel or a
+    script during a quantization was lost: lab 06's ladder ran on (found by tests/test_staging.py). For the
+    Python handler that raises KeyboardInterrupt (a terminal's, a kernel's); inside :func:`first_interrupt_only`
+    (every ``lablib`` command), whose own hook sends its interrupt again, and off the main thread, it does
+    nothing."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        or getattr(signal.getsignal(signal.SIGTERM), "first_interrupt_only", False)
+    ):
+        yield
+        return
+    prior_hook = sys.unraisablehook
+
+    def hook(unraisable):
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            _send_again(signal.SIGINT)
+        else:
+            prior_hook(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        if sys.unraisablehook is hook:
+            sys.unraisablehook = prior_hook
 
 
 @contextmanager

@@ -84,8 +84,16 @@ LAYERS = (
     ),
     Row(
         "base",
-        ("lablib.config", "lablib.checks", "lablib.errors", "lablib.children", "lablib._version", "lablib._compat"),
-        "folders, quick mode, BUDGETS; checks; errors; child processes",
+        (
+            "lablib.config",
+            "lablib.checks",
+            "lablib.errors",
+            "lablib.children",
+            "lablib.staging",
+            "lablib._version",
+            "lablib._compat",
+        ),
+        "folders, quick mode, BUDGETS; checks; errors; child processes; files written whole",
     ),
     # python -m lablib.build.llama runs before the lab's dependencies are installed (Makefile, binder/postBuild)
     Row(

@@ -36,6 +36,7 @@ import functools
 from typing import TYPE_CHECKING
 
 from lablib.checks import whole
+from lablib.children import swallowed_interrupts_sent_again
 from lablib.engines.base import BatchStats, Engine, EngineInfo, GenerationConfig, PrefixCache
 from lablib.engines.sampling import DEFINITION
 from lablib.errors import ContextOverflowError, LabError
@@ -393,7 +394,8 @@ class LlamaCppEngine(Engine):
         self.n_gpu_layers = (-1 if offload else 0) if n_gpu_layers is None else int(n_gpu_layers)
         self.device = _offload_device(llama_cpp) if offload and self.n_gpu_layers != 0 else "cpu"
         self.swa_full = bool(swa_full)
-        with _LoadLog(llama_cpp, echo=verbose) as log:  # what llama.cpp says it built: effective_config, kv_report
+        # what llama.cpp says it built (effective_config, kv_report); a Ctrl-C raised in its log callback, sent again
+        with swallowed_interrupts_sent_again(), _LoadLog(llama_cpp, echo=verbose) as log:
             self.llm = _load_or_say_why(
                 log,
                 path,

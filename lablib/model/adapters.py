@@ -39,6 +39,7 @@ from pathlib import Path
 from lablib.config import lab_home
 from lablib.errors import FormatError, LabError, first_line
 from lablib.model.derive import run_program
+from lablib.staging import staged
 
 # the projections a lab adapter changes: every attention and MLP projection of a llama-like decoder layer (PEFT's
 # target_modules names; the same names in mlx-lm's keys, under self_attn. and mlx.)
@@ -243,15 +244,12 @@ def _make_peft(ad: Adapter, model, out: Path, log) -> None:
             params += a.numel() + b.numel()
             layers.update(p for p in name.split(".") if p.isdigit())
     ad.parameters, ad.layers = params, len(layers)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    peft_model.save_pretrained(str(tmp))
-    cfg_path = tmp / "adapter_config.json"
-    cfg_json = json.loads(cfg_path.read_text())
-    cfg_json["base_model_name_or_path"] = str(hf)  # a local folder, never a hub id (offline rooms)
-    cfg_path.write_text(json.dumps(cfg_json, indent=2))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    with staged(out) as tmp:
+        peft_model.save_pretrained(str(tmp))
+        cfg_path = tmp / "adapter_config.json"
+        cfg_json = json.loads(cfg_path.read_text())
+        cfg_json["base_model_name_or_path"] = str(hf)  # a local folder, never a hub id (offline rooms)
+        cfg_path.write_text(json.dumps(cfg_json, indent=2))
 
 
 def _make_gguf(ad: Adapter, model, out: Path, log) -> None:
@@ -263,24 +261,23 @@ def _make_gguf(ad: Adapter, model, out: Path, log) -> None:
     except BuildError as e:
         raise FormatError(f"llama.cpp's LoRA converter is not here ({e})") from None
     peft = ad.path_for("peft", log=log)
-    tmp = out.with_name(out.name + ".tmp")
     log(f"converting LoRA adapter {ad.name} to GGUF (llama.cpp's {script.name})")
-    run_program(
-        [
-            sys.executable,
-            str(script),
-            "--base",
-            model.path_for("hf", "a GGUF LoRA"),
-            "--outtype",
-            "f32",
-            "--outfile",
-            str(tmp),
-            peft,
-        ],
-        tmp,
-        f"llama.cpp's LoRA converter ({script.name}) could not convert adapter {ad.name}",
-    )
-    tmp.rename(out)
+    with staged(out) as tmp:
+        run_program(
+            [
+                sys.executable,
+                str(script),
+                "--base",
+                model.path_for("hf", "a GGUF LoRA"),
+                "--outtype",
+                "f32",
+                "--outfile",
+                str(tmp),
+                peft,
+            ],
+            tmp,
+            f"llama.cpp's LoRA converter ({script.name}) could not convert adapter {ad.name}",
+        )
 
 
 def _make_mlx(ad: Adapter, model, out: Path, log) -> None:
@@ -312,12 +309,9 @@ def _make_mlx(ad: Adapter, model, out: Path, log) -> None:
             "keys": [_MLX_KEYS[t] for t in ad.targets if any(f".{t}." in k for k in weights)],
         },
     }
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(out_w, str(tmp / "adapters.safetensors"))
-    (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    tmp.rename(out)
+    with staged(out, make_folder=True) as tmp:
+        save_file(out_w, str(tmp / "adapters.safetensors"))
+        (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2))
 
 
 def _num_layers(model) -> int:
@@ -337,14 +331,11 @@ def _merge_hf(ad: Adapter, model, out: Path, log) -> None:
     base = AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32)
     with _quiet_peft():
         merged = PeftModel.from_pretrained(base, ad.path_for("peft", log=log)).merge_and_unload()
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    merged.save_pretrained(str(tmp))
-    for f in hf.iterdir():  # tokenizer, chat template, generation settings: as the base has them
-        if f.is_file() and not (tmp / f.name).exists() and not f.name.endswith((".safetensors", ".bin")):
-            shutil.copy2(f, tmp / f.name)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    with staged(out) as tmp:
+        merged.save_pretrained(str(tmp))
+        for f in hf.iterdir():  # tokenizer, chat template, generation settings: as the base has them
+            if f.is_file() and not (tmp / f.name).exists() and not f.name.endswith((".safetensors", ".bin")):
+                shutil.copy2(f, tmp / f.name)
 
 
 def _merge_gguf(ad: Adapter, model, out: Path, log) -> None:
@@ -356,14 +347,13 @@ def _merge_gguf(ad: Adapter, model, out: Path, log) -> None:
     except BuildError as e:
         raise LabError(f"llama.cpp's llama-export-lora could not be built here ({first_line(e)})") from None
     lora = ad.path_for("gguf", log=log)
-    tmp = out.with_name(out.name + ".tmp")
     log(f"merging LoRA adapter {ad.name} into {ad.model_name} (llama-export-lora)")
-    run_program(
-        [str(tool), "-m", model.path_for("gguf", "a merged adapter"), "--lora", lora, "-o", str(tmp)],
-        tmp,
-        f"llama-export-lora could not merge adapter {ad.name}",
-    )
-    tmp.rename(out)
+    with staged(out) as tmp:
+        run_program(
+            [str(tool), "-m", model.path_for("gguf", "a merged adapter"), "--lora", lora, "-o", str(tmp)],
+            tmp,
+            f"llama-export-lora could not merge adapter {ad.name}",
+        )
 
 
 def _merge_mlx(ad: Adapter, model, out: Path, log) -> None:
@@ -377,15 +367,12 @@ def _merge_mlx(ad: Adapter, model, out: Path, log) -> None:
     m, tok, config = mlx_lm.load(str(src), adapter_path=ad.path_for("mlx", log=log), return_config=True)
     fused = [(n, mod.fuse()) for n, mod in m.named_modules() if hasattr(mod, "fuse")]
     m.update_modules(tree_unflatten(fused))
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save(tmp, str(src), m, tok, config)
-    for f in src.iterdir():  # the lab's normalized config and anything else the folder carried
-        if f.is_file() and not (tmp / f.name).exists() and not f.name.endswith(".safetensors"):
-            shutil.copy2(f, tmp / f.name)
-    shutil.copy2(src / "config.json", tmp / "config.json")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    with staged(out) as tmp:
+        save(tmp, str(src), m, tok, config)
+        for f in src.iterdir():  # the lab's normalized config and anything else the folder carried
+            if f.is_file() and not (tmp / f.name).exists() and not f.name.endswith(".safetensors"):
+                shutil.copy2(f, tmp / f.name)
+        shutil.copy2(src / "config.json", tmp / "config.json")
 
 
 @contextlib.contextmanager
@@ -416,9 +403,8 @@ def _write_facts(ad: Adapter) -> None:
     d["targets"] = list(ad.targets)
     d["version"] = ADAPTER_VERSION
     p = Path(ad.folder) / "adapter.json"
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(d, indent=2))
-    tmp.replace(p)
+    with staged(p) as tmp:
+        tmp.write_text(json.dumps(d, indent=2))
 
 
 def _read_facts(folder: Path) -> Adapter | None:

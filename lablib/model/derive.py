@@ -14,11 +14,11 @@ import io
 import json
 import math
 import os
-import shutil
 from pathlib import Path
 
 from lablib.errors import FormatError, LabError, first_line
 from lablib.model.formats import gguf_facts, normalize_config, restore_pre_tokenizer, write_normalized_config
+from lablib.staging import staged
 
 
 @contextlib.contextmanager
@@ -81,36 +81,32 @@ def derive_hf_from_gguf(gguf_path: Path, out: Path, read_once: bool = True) -> N
 
     transformers.utils.logging.disable_progress_bar()
 
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    folder, fname = str(gguf_path.parent), gguf_path.name
-    with gguf_read_once() if read_once else contextlib.nullcontext():
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
-        restore_pre_tokenizer(tok, gguf_facts(gguf_path)["pre_tokenizer"])
-        config = transformers.AutoConfig.from_pretrained(folder, gguf_file=fname)
-        restore_gguf_settings(config, gguf_path)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, config=config, dtype="float32")
-    state = model.state_dict()
-    if getattr(model.config, "tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)
-    save_file(
-        {k: v.detach().contiguous() for k, v in state.items()},
-        str(tmp / "model.safetensors"),
-        metadata={"format": "pt"},
-    )
-    cfg = model.config.to_dict()
-    cfg.pop("quantization_config", None)
-    cfg["architectures"] = [type(model).__name__]
-    cfg["dtype"] = "float32"
-    cfg.update(normalize_config(cfg))
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    if model.generation_config is not None:
-        model.generation_config.save_pretrained(str(tmp))
-    tok.save_pretrained(str(tmp))
-    keep_tokenizer_as_saved(tok, tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    with staged(out, make_folder=True) as tmp:
+        folder, fname = str(gguf_path.parent), gguf_path.name
+        with gguf_read_once() if read_once else contextlib.nullcontext():
+            tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+            restore_pre_tokenizer(tok, gguf_facts(gguf_path)["pre_tokenizer"])
+            config = transformers.AutoConfig.from_pretrained(folder, gguf_file=fname)
+            restore_gguf_settings(config, gguf_path)
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, config=config, dtype="float32")
+        state = model.state_dict()
+        if getattr(model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        save_file(
+            {k: v.detach().contiguous() for k, v in state.items()},
+            str(tmp / "model.safetensors"),
+            metadata={"format": "pt"},
+        )
+        cfg = model.config.to_dict()
+        cfg.pop("quantization_config", None)
+        cfg["architectures"] = [type(model).__name__]
+        cfg["dtype"] = "float32"
+        cfg.update(normalize_config(cfg))
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        if model.generation_config is not None:
+            model.generation_config.save_pretrained(str(tmp))
+        tok.save_pretrained(str(tmp))
+        keep_tokenizer_as_saved(tok, tmp)
 
 
 GENERIC_TOKENIZER = "TokenizersBackend"  # transformers 5's tokenizer class that takes tokenizer.json as it is
@@ -163,13 +159,9 @@ def derive_mlx_from_hf(hf_path: Path, out: Path, dtype: str = "float32") -> None
     normalize its config so mlx-lm reads the RoPE base and scaling correctly."""
     from mlx_lm import convert
 
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    with contextlib.redirect_stdout(io.StringIO()):
+    with staged(out) as tmp, contextlib.redirect_stdout(io.StringIO()):
         convert(str(hf_path), mlx_path=str(tmp), dtype=dtype)
-    write_normalized_config(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+        write_normalized_config(tmp)
 
 
 def run_derivation(what: str, source: Path, work):
@@ -229,17 +221,13 @@ def derive_gguf_from_hf(hf_path: Path, out: Path) -> Path:
     except BuildError as e:
         raise FormatError(f"llama.cpp's converter is not here ({e})") from None
     outtype = gguf_outtype(hf_path)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    target = tmp / f"model-{outtype}.gguf"
-    run_program(
-        [sys.executable, str(script), str(hf_path), "--outfile", str(target), "--outtype", outtype],
-        target,
-        f"llama.cpp's converter ({script.name}) could not convert it",
-    )
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    with staged(out, make_folder=True) as tmp:
+        target = tmp / f"model-{outtype}.gguf"
+        run_program(
+            [sys.executable, str(script), str(hf_path), "--outfile", str(target), "--outtype", outtype],
+            target,
+            f"llama.cpp's converter ({script.name}) could not convert it",
+        )
     return out / target.name
 
 

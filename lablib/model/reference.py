@@ -8,11 +8,11 @@ OpenVINO reads its F16 version (:mod:`lablib.engines.openvino`).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from lablib.errors import LabError
 from lablib.model.formats import open_gguf
+from lablib.staging import staged
 
 REFERENCE_TYPES = ("F32", "F16", "BF16")  # what write_reference writes (gguf package only)
 
@@ -46,38 +46,37 @@ def write_reference(src, out, dtype: str = "F32") -> Path:
     r, _ = open_gguf(src)
     arch = r.fields["general.architecture"].contents()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    w = gguf.GGUFWriter(str(tmp), arch=arch, endianess=r.endianess)
-    align = r.fields.get("general.alignment")
-    if align is not None:
-        w.data_alignment = align.contents()
-    for field in r.fields.values():
-        if field.name == "general.architecture" or field.name.startswith("GGUF."):
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        value = FILE_TYPE[dtype] if field.name == "general.file_type" else field.contents()
-        w.add_key_value(field.name, value, vtype, sub_type=sub)
-    if "general.file_type" not in r.fields:
-        w.add_file_type(FILE_TYPE[dtype])
-    F32, F16, BF16 = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
-    for t in r.tensors:
-        if t.tensor_type in (F32, F16, BF16):
-            data = t.data if t.tensor_type != BF16 else dequantize(t.data, BF16)
-            data = np.asarray(data, dtype=np.float32)
-        else:
-            data = dequantize(t.data, t.tensor_type)  # float32, numpy shape (ne[1], ne[0])
-        if data.ndim == 1 or dtype == "F32":
-            w.add_tensor(t.name, np.ascontiguousarray(data, dtype=np.float32))
-        elif dtype == "F16":
-            w.add_tensor(t.name, data.astype(np.float16))
-        else:
-            w.add_tensor(t.name, quantize(data, BF16), raw_dtype=BF16)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(tmp, out)
+    with staged(out) as tmp:
+        w = gguf.GGUFWriter(str(tmp), arch=arch, endianess=r.endianess)
+        align = r.fields.get("general.alignment")
+        if align is not None:
+            w.data_alignment = align.contents()
+        for field in r.fields.values():
+            if field.name == "general.architecture" or field.name.startswith("GGUF."):
+                continue
+            vtype = field.types[0]
+            sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+            value = FILE_TYPE[dtype] if field.name == "general.file_type" else field.contents()
+            w.add_key_value(field.name, value, vtype, sub_type=sub)
+        if "general.file_type" not in r.fields:
+            w.add_file_type(FILE_TYPE[dtype])
+        F32, F16, BF16 = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
+        for t in r.tensors:
+            if t.tensor_type in (F32, F16, BF16):
+                data = t.data if t.tensor_type != BF16 else dequantize(t.data, BF16)
+                data = np.asarray(data, dtype=np.float32)
+            else:
+                data = dequantize(t.data, t.tensor_type)  # float32, numpy shape (ne[1], ne[0])
+            if data.ndim == 1 or dtype == "F32":
+                w.add_tensor(t.name, np.ascontiguousarray(data, dtype=np.float32))
+            elif dtype == "F16":
+                w.add_tensor(t.name, data.astype(np.float16))
+            else:
+                w.add_tensor(t.name, quantize(data, BF16), raw_dtype=BF16)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
     return out
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from lablib.config import lab_home
 from lablib.errors import LabError
+from lablib.staging import staged
 
 HEAD_DIM = 8  # elements per attention head in the skeleton (SmolLM2: 64)
 MLP_WIDTH = 32  # the skeleton's MLP width (SmolLM2: 1,536)
@@ -74,15 +75,17 @@ def make_skeleton(model, log=print) -> Path:
             f"({type(e).__name__}: {str(e)[:200]}); its launch floor cannot be measured, its rows keep the "
             "two-line roofline"
         ) from None
-    tmp = out.with_name(out.name + ".tmp")
     try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        skel.save_pretrained(tmp)
-        for f in src.iterdir():  # the tokenizer, its template, the generation config: everything but weights
-            if f.is_file() and f.name != "config.json" and not f.name.endswith(WEIGHT_FILES) and "index" not in f.name:
-                shutil.copy(f, tmp / f.name)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
+        with staged(out) as tmp:
+            skel.save_pretrained(tmp)
+            for f in src.iterdir():  # the tokenizer, its template, the generation config: everything but weights
+                if (
+                    f.is_file()
+                    and f.name != "config.json"
+                    and not f.name.endswith(WEIGHT_FILES)
+                    and "index" not in f.name
+                ):
+                    shutil.copy(f, tmp / f.name)
     except OSError as e:
         raise LabError(
             f"cannot write {model.name}'s skeleton ({e.filename or out}: {e.strerror}); expected a writable lab "

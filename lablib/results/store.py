@@ -23,6 +23,7 @@ from lablib.machine.identity import hardware_info, load_average
 from lablib.machine.telemetry import gpu_manifest
 from lablib.results.schema import CLOCKS, DEFAULTS, METRICS, flatten_manifest
 from lablib.results.trace import RequestTrace, now
+from lablib.staging import staged
 
 
 def run_manifest(engine_info: dict, model: dict, workload: dict | None = None) -> dict:
@@ -248,9 +249,8 @@ class ResultsWriter:
 
             self._rows.append(row)
             target = self.path.resolve()  # a link's target is rewritten, the link kept (was: a file replaced it)
-            tmp = target.with_name(target.name + ".tmp")
-            pd.DataFrame(self._rows).to_parquet(tmp, index=False)
-            os.replace(tmp, target)
+            with staged(target) as tmp:
+                pd.DataFrame(self._rows).to_parquet(tmp, index=False)
             self.written += 1
 
     def _hold(self, f) -> None:
@@ -622,22 +622,20 @@ def merge_results(paths, out, one_clock: bool = False):
                 df[c] = df[c] + off
         df["clock_unix_offset_s"] = 0.0
     out.parent.mkdir(parents=True, exist_ok=True)  # only now: a refusal above leaves no folder behind
-    if out.suffix == ".parquet":
-        tmp = out.with_name(out.name + ".tmp")
-        try:
-            df.to_parquet(tmp, index=False)
-        except Exception as e:  # pyarrow: a column mixing numbers and text across the files
-            tmp.unlink(missing_ok=True)
-            raise LabError(
-                f"cannot write {out}: the files disagree on a column's type; expected one type per column in "
-                f"Parquet: merge into a .jsonl instead, or repair the file whose rows differ (pyarrow says: "
-                f"{_last_clause(e)})"
-            ) from None
-        tmp.replace(out)
-    else:  # full float precision, as ResultsWriter writes
-        with open(out, "w", encoding="utf-8") as f:
-            for row in df.to_dict("records"):
-                f.write(json.dumps({k: v for k, v in row.items() if not _missing(v)}, default=_jsonable) + "\n")
+    with staged(out) as tmp:  # whole or not at all: a file merged into before is kept until the new one is done
+        if out.suffix == ".parquet":
+            try:
+                df.to_parquet(tmp, index=False)
+            except Exception as e:  # pyarrow: a column mixing numbers and text across the files
+                raise LabError(
+                    f"cannot write {out}: the files disagree on a column's type; expected one type per column in "
+                    f"Parquet: merge into a .jsonl instead, or repair the file whose rows differ (pyarrow says: "
+                    f"{_last_clause(e)})"
+                ) from None
+        else:  # full float precision, as ResultsWriter writes
+            with open(tmp, "w", encoding="utf-8") as f:
+                for row in df.to_dict("records"):
+                    f.write(json.dumps({k: v for k, v in row.items() if not _missing(v)}, default=_jsonable) + "\n")
     return df
 
 

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from lablib.errors import LabError
 from lablib.results.schema import QUALITY
+from lablib.staging import staged
 from lablib.studies.logits import log_softmax
 
 STATS = QUALITY  # the statistics of a comparison, declared with the row's columns (lablib.results.schema)
@@ -140,16 +140,10 @@ def reference_logprobs(engine, chunks, cache_dir, key: str) -> ReferenceLogProbs
     sl = scored_positions(n_ctx)
     n_scored = sl.stop - sl.start
     if not path.is_file():
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            with open(tmp, "wb") as f:
-                for c in chunks:
-                    lp = log_softmax(engine.logits(c)[sl]).astype(np.float32)
-                    f.write(lp.tobytes())
-            os.replace(tmp, path)
-        except BaseException:  # a Ctrl-C or a failure: no half file (a vocabulary per scored position) left behind
-            tmp.unlink(missing_ok=True)
-            raise
+        with staged(path) as tmp, open(tmp, "wb") as f:  # a Ctrl-C or a failure: no half file left behind
+            for c in chunks:
+                lp = log_softmax(engine.logits(c)[sl]).astype(np.float32)  # a vocabulary per scored position
+                f.write(lp.tobytes())
     n_vocab = path.stat().st_size // (4 * n_scored * len(chunks))
     return ReferenceLogProbs(path=path, chunks=[list(c) for c in chunks], n_ctx=n_ctx, n_vocab=int(n_vocab))
 

@@ -22,14 +22,15 @@ keeps its K type. :func:`tensor_types` shows what each file really holds.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from lablib.checks import csv_list
+from lablib.children import swallowed_interrupts_sent_again
 from lablib.config import BUDGETS
 from lablib.errors import LabError
 from lablib.model.formats import gguf_facts, gguf_tensors
 from lablib.model.reference import FILE_TYPE, REFERENCE_TYPES, quant_home, reference, write_reference  # noqa: F401
+from lablib.staging import staged
 
 # ladder rungs: llama.cpp ftype names (llama_cpp.LLAMA_FTYPE_MOSTLY_<name>; F32 is LLAMA_FTYPE_ALL_F32)
 QUICK_LADDER, LADDER = BUDGETS["ladder"]["types"]  # the quick and the full ladder (lablib.config.BUDGETS)
@@ -136,20 +137,18 @@ def quantize_file(src, out, qtype: str, threads: int | None = None, verbose: boo
     qtype = parse_types([qtype])[0]
     src, out = Path(src), Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = known_types()[qtype]
     params.nthread = int(threads or default_threads())
     params.allow_requantize = True
-    with suppress_stdout_stderr(disable=verbose):
-        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
-    if rc != 0 or not tmp.is_file():
-        tmp.unlink(missing_ok=True)
-        raise LabError(
-            f"llama.cpp's quantizer failed on {src.name} -> {qtype} (code {rc}); expected a "
-            "readable GGUF source and a type this build supports: run with another --types"
-        )
-    os.replace(tmp, out)
+    with staged(out) as tmp:
+        with swallowed_interrupts_sent_again(), suppress_stdout_stderr(disable=verbose):  # it logs per tensor
+            rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
+        if rc != 0 or not tmp.is_file():
+            raise LabError(
+                f"llama.cpp's quantizer failed on {src.name} -> {qtype} (code {rc}); expected a "
+                "readable GGUF source and a type this build supports: run with another --types"
+            )
     return out
 
 
@@ -173,9 +172,8 @@ def rung(source, qtype: str, home: Path, source_sha: str, log=print) -> dict:
     t0 = time.perf_counter()
     quantize_file(source, out, qtype)
     rec = {"type": qtype, "path": str(out), **key, "quantize_s": round(time.perf_counter() - t0, 2), **file_facts(out)}
-    tmp = rec_path.with_name(rec_path.name + ".tmp")
-    tmp.write_text(json.dumps(rec, indent=1) + "\n")
-    os.replace(tmp, rec_path)
+    with staged(rec_path) as tmp:
+        tmp.write_text(json.dumps(rec, indent=1) + "\n")
     return {**rec, "cached": False}
 
 
