@@ -241,12 +241,16 @@ REDELIVER_S = 0.05  # a swallowed interrupt sent again this much later (seconds)
 
 
 def _send_again(signum: int, unless=lambda: False) -> None:
-    """``signum`` sent to this process again :data:`REDELIVER_S` from now, from a timer thread (the main thread
-    takes it at its next check of its own), unless ``unless()`` is then true."""
+    """``signum`` sent again :data:`REDELIVER_S` from now to the main thread, from a timer thread, unless
+    ``unless()`` is then true. To the main thread itself (``pthread_kill``): a signal raised in the timer thread
+    (``raise_signal``) left a main thread blocked in a system call (``time.sleep``, a socket's read) blocked to
+    its end: measured in a notebook's kernel, a Ctrl-C during a quantization landed only after the 3 s sleep that
+    followed it."""
+    main = threading.main_thread().ident
 
     def again():
         if not unless():
-            signal.raise_signal(signum)
+            signal.pthread_kill(main, signum)
 
     t = threading.Timer(REDELIVER_S, again)
     t.daemon = True
