@@ -275,12 +275,26 @@ def swallowed_interrupts_sent_again():
     ):
         yield
         return
+
+    def sent_again(exc) -> bool:
+        if isinstance(exc, KeyboardInterrupt):
+            _send_again(signal.SIGINT)
+            return True
+        return False
+
+    with _unraisable_taken_by(sent_again):
+        yield
+
+
+@contextmanager
+def _unraisable_taken_by(take):
+    """For the block, an exception Python can only print ("Exception ignored in ...": raised in a callback of C
+    code, a ``__del__``, the garbage collector) goes first to ``take(exc)``; what it does not take (False) goes on
+    to the hook before. That hook is put back after, unless the block set another meanwhile."""
     prior_hook = sys.unraisablehook
 
     def hook(unraisable):
-        if isinstance(unraisable.exc_value, KeyboardInterrupt):
-            _send_again(signal.SIGINT)
-        else:
+        if not take(unraisable.exc_value):
             prior_hook(unraisable)
 
     sys.unraisablehook = hook
@@ -311,18 +325,10 @@ def first_interrupt_only():
     for s in (signal.SIGTERM, signal.SIGINT):
         if s == signal.SIGTERM or callable(signal.getsignal(s)):
             prior[s] = signal.signal(s, handler)
-    prior_hook = sys.unraisablehook
-
-    def hook(unraisable):  # an interrupt Python could only print ("Exception ignored in ..."): not taken
-        if not handler.swallowed(unraisable.exc_value):
-            prior_hook(unraisable)
-
-    sys.unraisablehook = hook
     try:
-        yield
+        with _unraisable_taken_by(handler.swallowed):  # an interrupt Python could only print: not taken
+            yield
     finally:
-        if sys.unraisablehook is hook:
-            sys.unraisablehook = prior_hook
         for s, h in prior.items():
             if signal.getsignal(s) is handler:  # one the block set meanwhile (an exit's SIG_IGN) is left as it is
                 signal.signal(s, h if h is not None else signal.SIG_DFL)

@@ -2,7 +2,7 @@
 conversion stopped by a real Ctrl-C (llama.cpp's quantizer, 100 MB written as it goes), and a merge that fails
 after an earlier merge: no ``.tmp`` is left and what was there before stays."""
 
-import os
+import contextlib
 import signal
 import threading
 import time
@@ -57,20 +57,27 @@ def test_a_link_left_as_the_tmp_is_removed_not_what_it_points_to(tmp_path):
     assert out.read_text() == "new" and (keep / "file").read_text() == "mine"
 
 
-def _ctrl_c_once(path, done):
-    """A thread that sends this process a Ctrl-C as soon as ``path`` exists (unless ``done`` is set first)."""
-    sent = []
+@contextlib.contextmanager
+def ctrl_c_once_there(path):
+    """A Ctrl-C sent to this process (Python's handler: a script's, a notebook kernel's) as soon as ``path``
+    exists, from a thread, unless the block ends first. Yields the list that gets the file's size then."""
+    sent, done, main = [], threading.Event(), threading.main_thread().ident
 
     def watch():
         while not path.exists() and not done.is_set():
             time.sleep(0.002)
         if not done.is_set():
             sent.append(path.stat().st_size)
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.pthread_kill(main, signal.SIGINT)  # as a terminal's Ctrl-C reaches the main thread
 
-    t = threading.Thread(target=watch)
-    t.start()
-    return t, sent
+    with ctrl_c_raises():
+        t = threading.Thread(target=watch)
+        t.start()
+        try:
+            yield sent
+        finally:
+            done.set()
+            t.join()
 
 
 def test_a_ctrl_c_while_a_reference_gguf_is_written_leaves_no_half_file(model, tmp_path):
@@ -81,16 +88,10 @@ def test_a_ctrl_c_while_a_reference_gguf_is_written_leaves_no_half_file(model, t
     from lablib.model.reference import write_reference
 
     out = tmp_path / "F16.gguf"
-    tmp, done = staging_path(out), threading.Event()
-    with ctrl_c_raises():
-        t, sent = _ctrl_c_once(tmp, done)
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                write_reference(model.gguf_path, out, "F16")
-                time.sleep(5)  # a write that ended before the Ctrl-C: it lands here (the test fails below)
-        finally:
-            done.set()
-            t.join()
+    tmp = staging_path(out)
+    with ctrl_c_once_there(tmp) as sent, pytest.raises(KeyboardInterrupt):
+        write_reference(model.gguf_path, out, "F16")
+        time.sleep(5)  # a write that ended before the Ctrl-C: it lands here (the test fails below)
     assert sent, "write_reference never wrote its .tmp"
     assert not tmp.exists() and not out.exists()
     assert write_reference(model.gguf_path, out, "F16") == out and not tmp.exists()
@@ -107,16 +108,10 @@ def test_a_ctrl_c_during_a_real_quantization_is_not_lost(model, tmp_path):
     from lablib.studies.quant import quantize_file
 
     src, out = model.gguf_path, tmp_path / "Q8_0.gguf"
-    tmp, done = staging_path(out), threading.Event()
-    with ctrl_c_raises():
-        t, sent = _ctrl_c_once(tmp, done)
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                quantize_file(src, out, "Q8_0")
-                time.sleep(5)  # where an interrupt sent again after the call's end lands; a lost one never does
-        finally:
-            done.set()
-            t.join()
+    tmp = staging_path(out)
+    with ctrl_c_once_there(tmp) as sent, pytest.raises(KeyboardInterrupt):
+        quantize_file(src, out, "Q8_0")
+        time.sleep(5)  # where an interrupt sent again after the call's end lands; a lost one never does
     assert sent, "the quantizer never wrote its .tmp"
     assert not tmp.exists()
     if out.exists():  # the Ctrl-C landed after the last tensor: the file was complete and kept
@@ -132,15 +127,9 @@ def test_a_ctrl_c_during_a_merge_leaves_no_half_file_to_refuse_the_next(tmp_path
     line = '{{"engine": "llama.cpp", "model": "m", "ttft_s": {}, "tpot_s": 0.01, "decode_tps": 100.0}}\n'
     rows.write_text("".join(line.format(i / 1e6) for i in range(100_000)))  # 100,000 different rows
     out = tmp_path / "room.jsonl"
-    tmp, done = staging_path(out), threading.Event()
-    with ctrl_c_raises():
-        t, sent = _ctrl_c_once(tmp, done)
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                merge_results([rows], out)
-                time.sleep(5)  # a merge that ended before the Ctrl-C: it lands here (the test fails below)
-        finally:
-            done.set()
-            t.join()
+    tmp = staging_path(out)
+    with ctrl_c_once_there(tmp) as sent, pytest.raises(KeyboardInterrupt):
+        merge_results([rows], out)
+        time.sleep(5)  # a merge that ended before the Ctrl-C: it lands here (the test fails below)
     assert sent and not tmp.exists() and not out.exists()
     assert len(merge_results([rows], out)) == 100_000 and len(out.read_text().splitlines()) == 100_000
