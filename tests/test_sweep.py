@@ -836,6 +836,22 @@ def test_merge_and_report_refuse_files_that_are_not_rows(tmp_path):
     assert merge_results([rows], tmp_path / "ok.jsonl")["engine"].tolist() == ["llama.cpp"]
 
 
+def test_the_shipped_reference_files_make_one_report(tmp_path, capsys):
+    """docs/workshop.md's check of the reference files, as a facilitator runs it: `lablib report
+    data/reference/*.jsonl`. The glob takes lab 05's rate-sweep summary (rows per server, no engine) beside the
+    concurrency sweep's requests; the roofline's bound columns met a row with no engine and raised
+    AttributeError ('float' object has no attribute 'info'), a traceback (found by a helper following the docs)."""
+    from lablib.cli import main
+
+    shipped = sorted((Path(__file__).resolve().parents[1] / "data" / "reference").glob("*.jsonl"))
+    assert {p.name.split("-")[0] for p in shipped} >= {"concurrency", "serving"}
+    html = tmp_path / "reference.html"
+    assert main(["report", *map(str, shipped), "--html", str(html)]) == 0
+    n = sum(len(p.read_text().splitlines()) for p in shipped)
+    assert f"{n} rows from {len(shipped)} file(s)" in capsys.readouterr().out
+    assert "Concurrency" in html.read_text()
+
+
 def test_a_refused_or_failed_command_leaves_no_empty_folder(tmp_path, capsys):
     """writable_file and ResultsWriter made the output's folder when they checked it, before the rows loaded or the
     work ran: `lablib merge --one-clock` refused after it and left new/ empty behind, and so did every refused

@@ -323,8 +323,8 @@ def add_bound_columns(df, model, machine_name=None):
     engine computed on), else ``machine_name`` (:func:`machine`), else the ceilings of the row's own ``device``
     (:func:`lablib.machine.device_ceilings.ceilings_for`: this machine's CPU, measured now if never before; a
     GPU's measured through torch where it is here, else the published peaks of the GPU its ``accelerator``
-    names; a device nothing bounds, as a server's ``unknown``: its bound columns stay empty, never the CPU's).
-    Needs: engine, prompt_tokens, output_tokens, prefill_s, prefill_tps, decode_tps.
+    names; a device nothing bounds, as a server's ``unknown``: its bound columns stay empty, never the CPU's; so
+    do they for a row that names no engine, a server's summary merged beside the requests). Needs: engine, prompt_tokens, output_tokens, prefill_s, prefill_tps, decode_tps.
     """
     import math
 
@@ -343,6 +343,9 @@ def add_bound_columns(df, model, machine_name=None):
     sha = getattr(model, "sha256", None)  # a prepared model's floors (a preset shape has none)
     out = []
     for row in df.to_dict("records"):
+        if not isinstance(row["engine"], str):  # a summary of a server's run (lab 05's rate sweep): no engine's bound
+            out.append({**row, **dict.fromkeys(BOUND_COLUMNS)})
+            continue
         key = (row["engine"], _given(row.get("weights")), _given(row.get("compute_dtype")))
         if key not in profiles:
             profiles[key] = engine_profile(model, *key)
