@@ -556,7 +556,7 @@ def lab_result(rows, srv, client: str, c: int, n: int, cpu_us_tok, head: dict, w
 
 
 def lab_procs_level(srv, c: int, n: int, max_s: float, manifest: dict | None, processes: int) -> dict:
-    """:func:`lab_level` from ``processes`` client processes (:func:`lablib.measure.processes.run_load_processes`:
+    """:func:`lab_level` from ``processes`` client processes (:func:`lablib.measure.load.run_load_processes`:
     one start, one clock); ``lag_p99_s`` / ``near`` the worst process's, ``cpu_us_tok`` not measured (the
     sampler reads one process)."""
     from lablib.engines.base import GenerationConfig

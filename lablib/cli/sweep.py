@@ -70,7 +70,7 @@ def add_arguments(p) -> None:
         type=float,
         default=None,
         help="the machine's price for one hour (any currency): each point's cost per million output tokens, in "
-        "<out>.runs.jsonl beside the machine's own counters (GPU through NVML, CPU energy through RAPL)",
+        "the run records beside --out (name.runs.jsonl for name.jsonl), with the machine's own counters (GPU through NVML, CPU energy through RAPL)",
     )
     p.add_argument("--out", required=True, help="results file, .jsonl or .parquet (appended)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -1105,7 +1105,7 @@ def process_engine_kw(engine, model) -> dict:
 
 
 def _bench_processes(engine, rm, prompts, mode, shape, cfg, max_duration_s, processes, on_row, sampler, start_at=None):
-    """One of :func:`bench`'s runs from ``processes`` client processes (:func:`lablib.measure.processes.run_load_processes`),
+    """One of :func:`bench`'s runs from ``processes`` client processes (:func:`lablib.measure.load.run_load_processes`),
     each with an http engine like ``engine``, every row with ``engine``'s manifest; (rows, per process)."""
     from lablib.results.store import engine_manifest
 

@@ -68,7 +68,7 @@ def _cost_note(s: dict) -> str:
 
 def processes_line(per_process: list[dict]) -> str:
     """``  client processes=2: #0 streams=64 rows=128 lag_p99_ms=0.8 | #1 ...``: each client process of a bench
-    run (:func:`lablib.measure.processes.run_load_processes`), its share and how late its stamping loop was
+    run (:func:`lablib.measure.load.run_load_processes`), its share and how late its stamping loop was
     (``near`` where that loop was near its limit)."""
     parts = []
     for p in per_process:
