@@ -123,9 +123,12 @@ def test_a_failing_build_names_the_command(monkeypatch, tmp_path, model):
     broken = tmp_path / "hf"
     broken.mkdir()
     (broken / "config.json").write_text("{}")  # no weights, no model type: the builder fails
-    with pytest.raises(LabError, match=r"building the ONNX model failed .*onnxruntime_genai\.models\.builder -i "):
+    with pytest.raises(LabError, match=r"building the ONNX model failed .*onnxruntime_genai\.models\.builder -i ") as e:
         onnx_folder(replace(model, hf_path=str(broken)), "fp32", log=lambda *_: None)
-    assert not [p for p in (tmp_path / "home" / "onnx").iterdir() if not p.name.endswith((".tmp", ".lock"))]
+    # no half-built model is left (its .tmp folder went too); the builder's log is kept where the message says
+    left = [p for p in (tmp_path / "home" / "onnx").iterdir() if not p.name.endswith(".lock")]
+    assert [p.name for p in left] == [f"{left[0].name.removesuffix('.build.log')}.build.log"]
+    assert f"Last lines of its output ({left[0]}): " in str(e.value) and left[0].stat().st_size > 0
 
 
 def test_a_context_beyond_the_models_is_capped_and_refused_before_work(model):

@@ -61,6 +61,7 @@ from lablib.engines.base import Engine, EngineInfo, GenerationConfig
 from lablib.engines.sampling import DEFINITION
 from lablib.errors import LabError
 from lablib.results.trace import RequestTrace
+from lablib.staging import staged
 
 if TYPE_CHECKING:
     import numpy as np
@@ -173,37 +174,36 @@ def onnx_folder(model, precision: str = "fp32", log=print) -> Path:
 
 
 def _build(hf: Path, out: Path, precision: str, log) -> None:
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    cmd = builder_command(hf, tmp, precision, tmp / "cache_dir")
-    log(f"building an ONNX model ({precision}) from {hf} with onnxruntime-genai's model builder (~10 s for 135M)...")
-    t0 = time.perf_counter()
-    with open(tmp / BUILD_LOG, "w") as f:
-        p = subprocess.run(tied(cmd), stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp)
-    seconds = time.perf_counter() - t0
-    if p.returncode != 0 or not (tmp / "genai_config.json").is_file():
-        tail = [ln for ln in (tmp / BUILD_LOG).read_text(errors="replace").splitlines() if ln.strip()][-3:]
-        hint = (
-            " (install the builder's packages: pip install -e '.[onnxruntime-genai]')"
-            if "No module" in str(tail)
-            else ""
+    with staged(out, make_folder=True) as tmp:  # an error or a Ctrl-C: no half-built model left
+        cmd = builder_command(hf, tmp, precision, tmp / "cache_dir")
+        log(
+            f"building an ONNX model ({precision}) from {hf} with onnxruntime-genai's model builder (~10 s for 135M)..."
         )
-        raise LabError(
-            f"building the ONNX model failed (exit code {p.returncode}): {' '.join(cmd)}{hint}. "
-            f"Last lines of its output ({tmp / BUILD_LOG}): " + " | ".join(ln.strip()[:300] for ln in tail)
-        )
-    shutil.rmtree(tmp / "cache_dir", ignore_errors=True)
-    record = {
-        "command": cmd,
-        "precision": precision,
-        "source": str(hf),
-        "onnxruntime_genai": builder_version(),
-        "seconds": round(seconds, 1),
-    }
-    (tmp / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+        t0 = time.perf_counter()
+        with open(tmp / BUILD_LOG, "w") as f:
+            p = subprocess.run(tied(cmd), stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp)
+        seconds = time.perf_counter() - t0
+        if p.returncode != 0 or not (tmp / "genai_config.json").is_file():
+            tail = [ln for ln in (tmp / BUILD_LOG).read_text(errors="replace").splitlines() if ln.strip()][-3:]
+            hint = (
+                " (install the builder's packages: pip install -e '.[onnxruntime-genai]')"
+                if "No module" in str(tail)
+                else ""
+            )
+            kept = shutil.copy(tmp / BUILD_LOG, out.with_name(f"{out.name}.{BUILD_LOG}"))  # the half build goes
+            raise LabError(
+                f"building the ONNX model failed (exit code {p.returncode}): {' '.join(cmd)}{hint}. "
+                f"Last lines of its output ({kept}): " + " | ".join(ln.strip()[:300] for ln in tail)
+            )
+        shutil.rmtree(tmp / "cache_dir", ignore_errors=True)
+        record = {
+            "command": cmd,
+            "precision": precision,
+            "source": str(hf),
+            "onnxruntime_genai": builder_version(),
+            "seconds": round(seconds, 1),
+        }
+        (tmp / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     log(f"built {out} in {seconds:.1f} s")
 
 
