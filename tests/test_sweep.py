@@ -845,11 +845,18 @@ def test_the_shipped_reference_files_make_one_report(tmp_path, capsys):
 
     shipped = sorted((Path(__file__).resolve().parents[1] / "data" / "reference").glob("*.jsonl"))
     assert {p.name.split("-")[0] for p in shipped} >= {"concurrency", "serving"}
+    rates = [p for p in shipped if p.name.startswith("serving-rates-")]
     html = tmp_path / "reference.html"
     assert main(["report", *map(str, shipped), "--html", str(html)]) == 0
     n = sum(len(p.read_text().splitlines()) for p in shipped)
     assert f"{n} rows from {len(shipped)} file(s)" in capsys.readouterr().out
-    assert "Concurrency" in html.read_text()
+    summaries = sum(len(p.read_text().splitlines()) for p in rates)  # one per server and rate
+    text = html.read_text()
+    # the summaries are drawn as lab 05 draws them, and not counted as requests
+    assert f"{n - summaries} measured requests and {summaries} rate-sweep summaries" in text
+    assert "Concurrency" in text and "Servers under a rate sweep (lab 05)" in text
+    assert main(["report", *map(str, rates), "--html", str(tmp_path / "rates.html")]) == 0  # the summaries alone
+    assert "Servers under a rate sweep (lab 05)" in (tmp_path / "rates.html").read_text()
 
 
 def test_a_refused_or_failed_command_leaves_no_empty_folder(tmp_path, capsys):

@@ -67,21 +67,49 @@ def report_figures(df) -> list:  # of plotly Figures
     return figs
 
 
+def rate_sweep_summaries(df):
+    """(requests, summaries): ``df``'s rows apart from lab 05's rate-sweep summaries among them (a row per server
+    and rate, naming a ``server`` and no ``engine``: :func:`lablib.studies.serving.rate_sweep_table`'s lines, as
+    ``data/reference/serving-rates-*.jsonl`` ships them), which are no request's."""
+    if "server" not in df.columns or "rate" not in df.columns:
+        return df, df.iloc[0:0]
+    named = df["engine"].map(lambda v: isinstance(v, str)) if "engine" in df.columns else False
+    summary = df["server"].map(lambda v: isinstance(v, str)) & ~named & df["rate"].notna()
+    return df[~summary], df[summary]
+
+
+def _one(df, column):
+    """The one value ``column`` holds in ``df`` (a target the rows share), else None."""
+    values = df[column].dropna().unique() if column in df.columns else []
+    return float(values[0]) if len(values) == 1 else None
+
+
 def report_html(df, path, title: str = "Inference Engine Lab results") -> Path:
-    """Write every figure the data supports (see :func:`report_figures`) and a table of the manifest
-    basics into ONE self-contained HTML file (plotly.js embedded once); returns the path.
+    """Write every figure the data supports (see :func:`report_figures`; lab 05's rate sweep from its summary
+    rows, :func:`rate_sweep_summaries`) and a table of the manifest basics into ONE self-contained HTML file
+    (plotly.js embedded once); returns the path.
 
     Needs: the columns of the figures it draws; the manifest fields when present."""
-    d = ok_rows(df)
-    if len(d) == 0:
+    d, summaries = rate_sweep_summaries(ok_rows(df))
+    if len(d) == 0 and len(summaries) == 0:
         raise LabError("report_html: no rows to report; run a sweep or load a results file first")
-    d, bounds, no_bound = bounds_for_report(d)  # "% of the machine's bound" columns and table, or why not
-    figs = report_figures(d)
+    bounds, no_bound, figs = None, None, []
+    if len(d):
+        d, bounds, no_bound = bounds_for_report(d)  # "% of the machine's bound" columns and table, or why not
+        figs = report_figures(d)
+    if len(summaries):
+        targets = {"ttft_s": _one(summaries, "ttft_s"), "tpot_s": _one(summaries, "tpot_s")}
+        figs.append(plots.rate_sweep(summaries, **targets, title="Servers under a rate sweep (lab 05)"))
     if not figs:
         raise LabError("report_html: no context or concurrency rows in the data (column 'sweep')")
+    models = ", ".join(map(str, d["model"].dropna().unique())) if "model" in d.columns else ""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = manifest_table(d).to_html(index=False, border=0, classes="manifest", na_rep="–")
+    manifest = manifest_table(d) if len(d) else manifest_table(summaries).drop(columns="requests", errors="ignore")
+    table = manifest.to_html(index=False, border=0, classes="manifest", na_rep="–")
+    counted = f"{len(d)} measured requests" + (
+        f" and {len(summaries)} rate-sweep summaries (a server at one arrival rate each)" if len(summaries) else ""
+    )
     parts = [
         "<!DOCTYPE html>",
         "<html><head><meta charset='utf-8'>",
@@ -91,8 +119,7 @@ def report_html(df, path, title: str = "Inference Engine Lab results") -> Path:
         "table.manifest td,table.manifest th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:left}"
         "</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
-        f"<p>{len(d)} measured requests; models: {html.escape(', '.join(map(str, d.get('model', ['?']).unique())))}."
-        "</p><h2>Run manifest</h2>",
+        f"<p>{counted}; models: {html.escape(models or 'not named in the rows')}.</p><h2>Run manifest</h2>",
         table,
     ]
     if bounds is not None:
