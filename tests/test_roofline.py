@@ -253,6 +253,19 @@ def test_bound_columns_of_rows_by_hand(model):
     r3 = roofline.add_bound_columns(slow, model)
     r3 = r3[(r3["engine"] == "llama.cpp") & (r3["prompt_tokens"] == 64)].iloc[0]
     assert r3["bound_flop_per_s"] == 111e9 and r3["prefill_bound_tps"] == pytest.approx(64 / (pre / 111e9))
+    # and torch's slow bfloat16 kernel (0.84 GFLOP/s beside float32's 54, measured on a 2-core AVX-512 EPYC): a
+    # 16-bit model is held at float32's rate, so its decode stays bandwidth-bound there, as llama.cpp runs it
+    from lablib.machine.ceilings import peak_flops
+
+    slow16 = {
+        "name": "slow16",
+        "bytes_per_s": 20e9,
+        "flop_per_s": {"float32": 54e9, "bfloat16": 0.84e9, "int8": 0.95e9},
+    }
+    assert peak_flops(slow16, "bfloat16") == peak_flops(slow16, "int8") == 54e9
+    assert peak_flops({"flop_per_s": {"float32": 54e9, "bfloat16": 900e9}}, "bfloat16") == 900e9  # AMX: its own
+    p16 = roofline.predict("SmolLM2-135M", fmt="F16", prompt_tokens=1024, machine_name=slow16)
+    assert p16["compute_dtype"] == "bfloat16" and p16["decode_bound"] == "bandwidth"
     with pytest.raises(LabError, match="decode_tps"):
         roofline.add_bound_columns(rows(model).drop(columns=["decode_tps"]), model, mach)
 

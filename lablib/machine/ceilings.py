@@ -313,12 +313,16 @@ def machine(name=None) -> dict:
 
 def peak_flops(mach: dict, dtype: str) -> float:
     """The machine's FLOP/s for ``dtype``, float32's when it has none for that type, inf when it has neither
-    (then only bandwidth bounds). int8 is at least float32's: torch's int8 product (``torch._int_mm``) has a fast
-    kernel only with VNNI or AMX, and without them it measured 2 GOP/s on an AVX2-only AMD EPYC whose float32
-    product ran at 111 GFLOP/s, while llama.cpp's int8 dot products there (AVX2 ``maddubs``: 32 multiply-adds an
-    instruction, a float32 FMA 8) ran its Q4_K_M decode 15 times past that int8 figure: the slow kernel is
-    torch's, not the machine's roof."""
+    (then only bandwidth bounds). int8 and bfloat16 are at least float32's: a narrower product can always be
+    widened to float32 and run at its rate, and torch's own narrow kernels are often far slower than the machine.
+    torch's int8 product (``torch._int_mm``) has a fast kernel only with VNNI or AMX, and without them it measured
+    2 GOP/s on an AVX2-only AMD EPYC whose float32 product ran at 111 GFLOP/s, while llama.cpp's int8 dot products
+    there (AVX2 ``maddubs``: 32 multiply-adds an instruction, a float32 FMA 8) ran its Q4_K_M decode 15 times past
+    that int8 figure. On a 2-core AMD EPYC with AVX-512 (avx512_bf16, VNNI), torch's bfloat16 product measured
+    0.84 GFLOP/s and its int8 0.95 GOP/s beside float32's 54 GFLOP/s: held to them, a 16-bit model's decode read
+    as compute-bound there, where llama.cpp computes F16 weights in float32 and is bound by bandwidth. The slow
+    kernel is torch's, not the machine's roof."""
     f = mach.get("flop_per_s") or {}
-    if dtype == "int8" and f.get("int8") and f.get("float32"):
-        return max(f["int8"], f["float32"])
+    if dtype in ("int8", "bfloat16") and f.get(dtype) and f.get("float32"):
+        return max(f[dtype], f["float32"])
     return f.get(dtype) or f.get("float32") or float("inf")
