@@ -126,6 +126,27 @@ def test_start_progress_lines_pass_only_when_the_step_changes():
     assert len(every) == 2
 
 
+def test_a_start_progress_line_names_a_step_not_a_fragment():
+    """vLLM's log while it starts, as lab 05 showed it (lines from a real vLLM 0.32 CPU start here): the progress
+    line named a warning's source line (``wrapper = lookup(...)``) or one line of a record spread over several
+    (``reserved_cpus=[]``), which a learner reads as an error. llama-server's lines keep their step."""
+    from lablib.engines.servers.process import _last_step
+
+    vllm_tail = "\n".join(
+        [
+            "(EngineCore pid=26208) INFO 12-06 22:12:41 [ompmultiprocessing.py:185] OpenMP thread binding info: ",
+            "(EngineCore pid=26208) INFO 12-06 22:12:41 [ompmultiprocessing.py:185] \tlocal_rank=0, core ids=[0]",
+            "(EngineCore pid=26208) INFO 12-06 22:12:41 [ompmultiprocessing.py:185] \treserved_cpus=[]",
+            "/x/vllm/triton_utils/dispatcher.py:139: FutureWarning: `torch.distributed.reduce_op` is deprecated",
+            '  wrapper = lookup(vars(value).get("kernel"))',
+        ]
+    )
+    assert _last_step(vllm_tail) == "OpenMP thread binding info:"
+    llama_tail = "0.00.003.900 I srv  llama_server: initializing ...\n0.00.005.995 I srv  load_model: loading model"
+    assert _last_step(llama_tail) == "0.00.005.995 I srv  load_model: loading model"
+    assert _last_step("  only an indented line\n") == "(nothing in its log yet)"
+
+
 def test_vllm_ngram_speculation_lossless_and_counted(vllm_server, vllm_cached, model):
     """Lab 10 on vLLM: greedy output with n-gram speculation equals the same vLLM's without it, token for
     token, on a repetitive text (prompt lookup finds its continuation); vLLM's own counters say what was drafted

@@ -337,9 +337,14 @@ _LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\) )?(INFO|WARNING|DEBUG)?\s*(\d\d-\d\
 
 
 def _last_step(tail: str) -> str:
-    """The last line of a starting server's log that says what it is doing (its prefix cut, 120 chars)."""
-    for line in reversed(tail.splitlines()):
-        line = _LOG_PREFIX.sub("", line.strip())
+    """The last line of a starting server's log that says what it is doing (its prefix cut, 120 chars). Left
+    out: indented lines, before or after the prefix (a warning's source line, a traceback's, a record spread
+    over lines: lab 05 showed vLLM's ``wrapper = lookup(vars(value).get("kernel"))`` and ``reserved_cpus=[]``
+    as its step), a warning's location line and vLLM's shared-memory chatter."""
+    for raw in reversed(tail.splitlines()):
+        line = _LOG_PREFIX.sub("", raw.rstrip())
+        if raw[:1].isspace() or line[:1].isspace():
+            continue
         if line and "shared memory broadcast" not in line and not line.startswith(("warnings.warn", "/")):
             return line[:120]
     return "(nothing in its log yet)"
