@@ -214,22 +214,27 @@ def first_interrupt_handler():
     was meant for (Python printed it as "Exception ignored in ...": raised inside a callback of C code, such as
     llama.cpp's log callback while it loads a model, or of the garbage collector); the signal counts as not
     taken: it is sent again ``REDELIVER_S`` later (from another thread: the main thread takes it at its next
-    check, in Python code of its own once the C code returns), and a later signal raises too. Without it, such a
+    check, in Python code of its own once the C code returns), and a later signal raises too, named after the
+    first (Ctrl-C then SIGTERM: "SIGINT", exit code 130, whichever lands in Python code first). Without it, such a
     first signal left the command deaf to every later one (found by fuzzing: Ctrl-C and SIGTERM ignored while a
-    sweep ran to its end)."""
-    state = {"taken": None, "raised": None}  # the signal taken and the interrupt it raised; None: none yet
+    sweep ran to its end); named after itself, a SIGTERM 0.2 s after a swallowed Ctrl-C made a sweep say
+    "interrupted (SIGTERM)" and exit 143 (CI, stop 52, once in 500 llama.cpp requests: not in llama.cpp's log
+    callback, silent between requests, so in a ``__del__`` or the garbage collector's callback)."""
+    state = {"first": None, "taken": None, "raised": None}  # the first signal, the one taken, the interrupt raised
 
     def first_only(signum, frame):
+        if state["first"] is None:
+            state["first"] = signum
         if state["taken"] is None:
             state["taken"] = signum
-            state["raised"] = KeyboardInterrupt(signal.Signals(signum).name)
+            state["raised"] = KeyboardInterrupt(signal.Signals(state["first"]).name)
             raise state["raised"]
 
     def swallowed(exc) -> bool:
         if exc is None or exc is not state["raised"]:
             return False
-        signum, state["taken"], state["raised"] = state["taken"], None, None
-        _send_again(signum, unless=lambda: state["taken"] is not None)  # unless another signal came meanwhile
+        state["taken"], state["raised"] = None, None
+        _send_again(state["first"], unless=lambda: state["taken"] is not None)  # unless another came meanwhile
         return True
 
     first_only.first_interrupt_only = True  # what first_interrupt_only finds set by an outer block

@@ -356,6 +356,23 @@ def test_an_interrupt_python_could_only_print_is_sent_again_and_a_later_one_stil
     assert sys.unraisablehook is hook_before  # the hook put back: another callback's exception is printed as before
 
 
+def test_a_signal_after_a_swallowed_first_one_is_named_after_the_first(capsys):
+    """A Ctrl-C swallowed in a callback, then a SIGTERM before the Ctrl-C is sent again: the command was stopped
+    by Ctrl-C (KeyboardInterrupt "SIGINT": exit code 130), as when the first was taken at once; the Ctrl-C sent
+    again is then dropped. Was: "SIGTERM", exit code 143 (CI, stop 52: tests/test_sweep.py's Ctrl-C then SIGTERM
+    0.2 s later, the Ctrl-C swallowed in a ``__del__`` or a callback)."""
+    from lablib.children import REDELIVER_S, first_interrupt_only
+    from procs import ctrl_c_raises
+
+    with ctrl_c_raises(), first_interrupt_only():
+        _interrupt_swallowed_in_a_callback(signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt) as got:
+            signal.raise_signal(signal.SIGTERM)  # at once: well before REDELIVER_S
+        assert got.value.args == ("SIGINT",)
+        time.sleep(REDELIVER_S * 4)  # the Ctrl-C sent again, if it were, would raise here
+    assert "Exception ignored" not in capsys.readouterr().err
+
+
 def test_lablib_main_called_from_python_leaves_the_callers_signal_handlers(monkeypatch, tmp_path):
     """Only a lablib process takes SIGTERM as Ctrl-C for its command; a script calling lablib.cli.main([...]) keeps
     its own handlers (a SIGTERM ends the script, as before)."""
