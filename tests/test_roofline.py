@@ -187,6 +187,7 @@ def test_measurement_is_cached_per_machine_and_enters_the_manifest(tmp_path, mon
     assert hardware.cached_measurement() is None and hardware.measured_summary() == {}
     m = hardware.measure_machine(quick=True)
     assert json.loads(path.read_text()) == json.loads(json.dumps(m))
+    assert list(path.parent.iterdir()) == [path]  # written whole: no staging file left beside it
     assert set(m["bandwidth"]) == {"read", "copy", "triad"} and m["bytes_per_s"] == m["bandwidth"]["read"]["max"]
     # the roofline's ceilings are the best repetitions (a median ceiling put rows above 100 % of their bound)
     assert m["flop_per_s"] == {k: v["max"] for k, v in m["matmul"].items()}

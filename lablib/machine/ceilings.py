@@ -253,15 +253,16 @@ def measure_machine(refresh: bool = False, quick: bool | None = None) -> dict:
 
 
 def save_measurement(path: Path, m: dict) -> dict:
-    """Write a measurement to ``path`` (a temporary file, then renamed); ``m`` either way (a read-only lab home:
-    the measurement is still returned)."""
+    """Write a measurement to ``path``, whole or not at all (:func:`lablib.staging.staged`); ``m`` either way (a
+    read-only lab home: the measurement is still returned)."""
     import json
+
+    from lablib.staging import staged
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(m, indent=1))
-        tmp.replace(path)
+        with staged(path) as tmp:
+            tmp.write_text(json.dumps(m, indent=1))
     except OSError:
         pass
     return m
