@@ -238,6 +238,12 @@ def test_step_figure_and_bound_table_hold_each_machine_against_its_own_lines():
     assert list(next(iter(one.data)).y) == ["transformers", "llama.cpp"]
     table = bound_table(df)
     assert list(table.columns[:3]) == ["machine", "engine", "prompt_tokens"]
+    # rows that record a weights choice (transformers') and rows of an engine with one (llama.cpp's: none)
+    chosen = df.assign(weights=df.engine.map({"transformers": "bfloat16"}), dtype=df.engine.map({"llama.cpp": "Q4_1"}))
+    assert bound_table(chosen).groupby("engine")["weights"].unique().map(list).to_dict() == {
+        "llama.cpp": ["Q4_1"],  # the type it computes its weights in: was an empty cell
+        "transformers": ["bfloat16"],
+    }
     assert table.set_index(["machine", "engine"])["decode_pct_of_bound"].round(3).to_dict() == {
         ("this machine: CPU", "llama.cpp"): round(100 * 0.006 / 0.0099, 3),
         ("this machine: CPU", "transformers"): round(100 * 0.006 / 0.0099, 3),

@@ -511,8 +511,13 @@ def bound_table(df) -> pd.DataFrame:
     measured and bound tokens/s and % of bound, prefill and decode, of rows that carry the bound columns
     (:func:`lablib.studies.roofline.add_bound_columns`), and which line binds decode (``decode_bound_by``:
     bandwidth, compute or the engine's launch floor) where the rows say. Per ``machine`` first where the rows
-    have that column (a learner's beside a reference: :func:`lablib.results.reference.beside`)."""
+    have that column (a learner's beside a reference: :func:`lablib.results.reference.beside`). ``weights`` of an
+    engine with one choice (llama.cpp, MLX: rows record none) is the type its weights are computed in, the rows'
+    ``dtype`` ("Q4_1", "float32"): was an empty cell beside transformers' "float32" (lab 07)."""
     keys = ["engine", "weights", "prompt_tokens"] if "weights" in df.columns else ["engine", "prompt_tokens"]
+    if "weights" in df.columns and "dtype" in df.columns:
+        chosen = df["weights"].notna() & (df["weights"] != "")
+        df = df.assign(weights=df["weights"].where(chosen, df["dtype"]))
     if "machine" in df.columns:  # rows of several machines (lablib.results.reference.beside), each its own bound
         keys = ["machine", *keys]
     g = df.groupby(keys, sort=False, dropna=False)
