@@ -291,6 +291,17 @@ def swallowed_interrupts_sent_again():
         yield
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (``kill(pid, 0)``; one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @contextmanager
 def _unraisable_taken_by(take):
     """For the block, an exception Python can only print ("Exception ignored in ...": raised in a callback of C

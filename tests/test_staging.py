@@ -3,6 +3,7 @@ conversion stopped by a real Ctrl-C (llama.cpp's quantizer, 100 MB written as it
 after an earlier merge: no ``.tmp`` is left and what was there before stays."""
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -25,7 +26,7 @@ def test_a_file_replaces_the_old_one_only_when_complete(tmp_path):
         raise KeyboardInterrupt
     assert out.read_text() == "old" and not staging_path(out).exists()
     with staged(out) as tmp:
-        assert tmp == tmp_path / "facts.json.tmp" and not tmp.exists()
+        assert tmp == tmp_path / f"facts.json.{os.getpid()}.tmp" and not tmp.exists()
         tmp.write_text("new")
     assert out.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["facts.json"]
 
@@ -55,6 +56,66 @@ def test_a_link_left_as_the_tmp_is_removed_not_what_it_points_to(tmp_path):
     with staged(out) as tmp:
         tmp.write_text("new")
     assert out.read_text() == "new" and (keep / "file").read_text() == "mine"
+
+
+# a process that stages `out` (a file, or a folder with "made_by"), says so in `ready`, waits for `go`, finishes
+_WRITER = """
+import sys, time
+from pathlib import Path
+from lablib.staging import staged
+out, folder = Path(sys.argv[1]), sys.argv[2] == "folder"
+with staged(out, make_folder=folder) as tmp:
+    (tmp / "made_by" if folder else tmp).write_text("child")
+    (out.parent / "ready").touch()
+    while not (out.parent / "go").exists():
+        time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_two_processes_making_the_same_file_at_once_each_finish_whole(tmp_path, kind):
+    """Two processes convert the same thing at once (two kernels quantizing the Q4_0 rung: lab 06 and lab 10's
+    draft): each writes its own staging file, the last rename wins, whole, and neither fails. Was (one
+    ``<out>.tmp`` for all): the second cleared the first's file as it began, and the first failed
+    (FileNotFoundError) or renamed the second's half-written file into place."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "Q4_0.gguf"
+    child = subprocess.Popen([sys.executable, "-c", _WRITER, str(out), kind], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "ready").exists():
+            assert child.poll() is None and time.monotonic() < deadline, child.stderr.read()
+            time.sleep(0.01)
+        with staged(out, make_folder=kind == "folder") as tmp:  # while the child's is half-written
+            (tmp / "made_by" if kind == "folder" else tmp).write_text("parent")
+        made = (out / "made_by") if kind == "folder" else out
+        assert made.read_text() == "parent"
+        assert (tmp_path / f"{out.name}.{child.pid}.tmp").exists()  # the child's, still being written: left alone
+        (tmp_path / "go").touch()
+        assert child.wait(60) == 0, child.stderr.read()
+    finally:
+        child.kill()
+        child.wait()
+    assert made.read_text() == "child"  # the last one in place, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Q4_0.gguf", "go", "ready"]  # nothing else left
+
+
+def test_what_a_killed_writer_left_is_cleared_and_a_running_ones_kept(tmp_path):
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead, running = gone.stdout.strip(), os.getppid()
+    out = tmp_path / "reference-F32.gguf"
+    for name in (f"{dead}.tmp", f"{dead}.old", f"{running}.tmp", "copy.tmp"):
+        (tmp_path / f"{out.name}.{name}").write_text("half")
+    (tmp_path / f"{out.name}.tmp").mkdir()  # an earlier version's one name, a folder
+    with staged(out) as tmp:
+        tmp.write_text("whole")
+    # a living writer's kept, and a file of another name
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name, f"{out.name}.{running}.tmp", f"{out.name}.copy.tmp"]
 
 
 @contextlib.contextmanager

@@ -109,7 +109,7 @@ def builder_architectures() -> tuple:
 
 # The builder runs tied to the lab process (:func:`lablib.children.tied`): a killed lab process
 # (kill -9, an out-of-memory kill, a restarted kernel) takes the build with it instead of leaving
-# an orphan that burns CPU and writes into <folder>.tmp. The signal fires when the *thread* that
+# an orphan that burns CPU and writes into <folder>.<pid>.tmp. The signal fires when the *thread* that
 # forked exits; :func:`_build` forks from the thread that calls it and blocks there in
 # ``subprocess.run`` until the child has exited (on an exception too: run kills the child first),
 # so the forking thread outlives the child even when the load runs in a worker thread (the
@@ -152,7 +152,7 @@ def onnx_folder(model, precision: str = "fp32", log=print) -> Path:
     ``$LABLIB_HOME/onnx/<precision>-<key>/`` (:func:`onnx_key`).
 
     The builder runs in a child process under a lock (two processes never build the same folder),
-    writing into ``<folder>.tmp`` that is renamed into place when complete; its output goes to
+    writing into ``<folder>.<pid>.tmp`` that is renamed into place when complete; its output goes to
     ``build.log`` in the folder, ``lab_build.json`` records the command, versions and seconds.
     Raises LabError for an unknown precision, or naming the command and the builder's last lines
     when it fails; FormatError when ``model`` has no Hugging Face folder.

@@ -24,7 +24,7 @@ llama.cpp's ``llama-export-lora`` (a GGUF whose merged tensors are F16, as that 
 
 Cached in ``<lab home>/adapters/<model sha256[:16]>/<name>/`` with ``adapter.json`` (rank, alpha, targets,
 seed, strength, parameters, bytes on disk per form). Two processes making the same adapter wait for each other
-(a file lock), and a half-written form is never left in place (written to ``<form>.tmp``, renamed when done).
+(a file lock), and a half-written form is never left in place (written to ``<form>.<pid>.tmp``, renamed when done).
 """
 
 from __future__ import annotations

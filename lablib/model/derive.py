@@ -1,6 +1,6 @@
 """Derived formats: a Hugging Face folder from a GGUF file, an MLX folder from a Hugging Face folder.
 
-Each derivation writes into ``<out>.tmp`` and renames it into place when complete, so an
+Each derivation writes into ``<out>.<pid>.tmp`` (:mod:`lablib.staging`) and renames it into place when complete, so an
 interrupted derivation leaves no half folder. :func:`lablib.model.resolve.prepare` calls these
 once per source file and caches the result.
 """

@@ -25,6 +25,7 @@ import shutil
 from pathlib import Path
 
 from lablib.errors import FormatError, LabError, first_line
+from lablib.staging import staged
 
 FORMATS = ("gguf", "hf", "mlx")
 CONVERT_HINT = {
@@ -484,12 +485,10 @@ def _gguf_header(path: str, size: int, mtime_ns: int) -> dict:
             fields[name] = value.tolist() if hasattr(value, "tolist") else value
     tensors = [(t.name, t.tensor_type.name, int(t.n_elements), int(t.n_bytes)) for t in r.tensors]
     try:
+        text = json.dumps({"path": path, "size": size, "mtime_ns": mtime_ns, "fields": fields, "tensors": tensors})
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-        tmp.write_text(
-            json.dumps({"path": path, "size": size, "mtime_ns": mtime_ns, "fields": fields, "tensors": tensors})
-        )
-        os.replace(tmp, cache)
+        with staged(cache) as tmp:
+            tmp.write_text(text)
     except (OSError, TypeError, ValueError):
         pass  # a read-only lab home, or a value JSON cannot hold: read again next time
     return {"fields": fields, "tensors": tensors}

@@ -33,7 +33,7 @@ def write_reference(src, out, dtype: str = "F32") -> Path:
     Metadata and tokenizer are copied key by key (the pattern of gguf's gguf_new_metadata.py);
     ``general.file_type`` becomes 0/1/32; 1-D tensors (norms) stay F32 as llama.cpp keeps them.
     Dequantization is ``gguf.quants.dequantize`` (numpy, float32); BF16 is ``gguf.quants.quantize``.
-    Written to ``out.tmp`` then renamed. Returns ``out``. Memory: about 2 x the F32 size.
+    Written to ``<out>.<pid>.tmp`` then renamed (:func:`lablib.staging.staged`). Returns ``out``. Memory: about 2 x the F32 size.
     """
     import gguf
     import numpy as np

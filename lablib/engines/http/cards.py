@@ -11,9 +11,11 @@ Card: {"name", "pid", "port", "version", "argv", "log", "settings"} (settings: t
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from urllib.parse import urlparse
+
+from lablib.children import pid_alive
+from lablib.staging import staged
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -32,9 +34,8 @@ def write_card(name: str, pid: int, port: int, version: str, argv, log, settings
     path = folder / f"{int(port)}.json"
     card = {"name": name, "pid": int(pid), "port": int(port), "version": version, "argv": list(argv)}
     card.update(log=str(log), settings=settings)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(card, default=str))
-    os.replace(tmp, path)
+    with staged(path) as tmp:
+        tmp.write_text(json.dumps(card, default=str))
     return path
 
 
@@ -48,26 +49,16 @@ def remove_card(port: int, pid: int) -> None:
         pass
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def prune_cards() -> list[Path]:
     """Remove the cards of servers whose process is gone (a lab process killed before it could stop its
-    server leaves one); the paths removed. A card being written (``*.tmp``) or unreadable is left alone."""
+    server leaves one); the paths removed. A card being written (``*.<pid>.tmp``) or unreadable is left alone."""
     gone = []
     for path in cards_dir().glob("*.json"):
         try:
             pid = json.loads(path.read_text()).get("pid")
         except (OSError, ValueError, AttributeError):
             continue
-        if isinstance(pid, int) and not _alive(pid):
+        if isinstance(pid, int) and not pid_alive(pid):
             try:
                 path.unlink()
                 gone.append(path)
@@ -86,6 +77,6 @@ def card_for(base_url: str) -> dict | None:
         card = json.loads((cards_dir() / f"{u.port}.json").read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(card, dict) or not isinstance(card.get("pid"), int) or not _alive(card["pid"]):
+    if not isinstance(card, dict) or not isinstance(card.get("pid"), int) or not pid_alive(card["pid"]):
         return None
     return card
