@@ -203,6 +203,35 @@ def test_truncated_gguf_is_named_as_such(model, tmp_path, monkeypatch):
         models.prepare(str(torn))
 
 
+def test_a_gguf_of_a_tokenizer_alone_is_refused_before_anything_is_derived(model, tmp_path, monkeypatch):
+    """A GGUF with the default model's metadata (its tokenizer, its shape) and no tensors, as llama.cpp's
+    ggml-vocab-*.gguf test files are: refused, and nothing made in the lab home. Was: derived into Hugging Face
+    and MLX folders of randomly initialised weights (15 GB each from ggml-vocab-phi-3.gguf), then refused by
+    llama.cpp."""
+    import gguf
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("LABLIB_HOME", str(home))
+    reader = gguf.GGUFReader(str(model.gguf_path))
+    vocab = tmp_path / "ggml-vocab-smollm2.gguf"
+    w = gguf.GGUFWriter(str(vocab), arch=str(reader.fields["general.architecture"].contents()))
+    for name, f in reader.fields.items():
+        if not name.startswith(("GGUF.", "general.architecture")):
+            kind = f.types[0]
+            if kind == gguf.GGUFValueType.ARRAY:
+                w.add_array(name, f.contents())
+            else:
+                w.add_key_value(name, f.contents(), kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert vocab.stat().st_size > 1_000_000  # the tokenizer's 49,152 tokens and merges are there
+    with pytest.raises(FormatError, match=r"ggml-vocab-smollm2\.gguf holds no weights: a GGUF with a tokenizer"):
+        models.prepare(str(vocab))
+    assert not (home / "models").exists() or not any((home / "models").iterdir())
+
+
 def test_corrupt_safetensors_and_config_are_named(tmp_path):
     folder = tmp_path / "broken"
     folder.mkdir()
