@@ -205,6 +205,29 @@ def test_token_ids_outside_the_vocabulary_are_one_clear_error(engine):
         engine.generate([1, 999999], GenerationConfig(max_new_tokens=2))
     with pytest.raises(LabError, match="token id -1"):
         engine.logits([1, -1])
+    # and to render: llama.cpp's std::out_of_range aborted the process; transformers and MLX gave ""
+    with pytest.raises(LabError, match="token id 1000000000 is outside .* vocabulary of 49152"):
+        engine.detokenize([1, 10**9])
+
+
+@pytest.mark.parametrize("name", ["llama.cpp", "transformers"])
+def test_a_closed_engine_refuses_a_request_in_one_message(model, name):
+    """After close() (its model and context freed): one LabError saying so and what to do. Was: llama.cpp's
+    generate read its freed context and the process died by SIGSEGV (a notebook's kernel with it); transformers
+    raised AttributeError on None."""
+    from lablib.engines import load_engine
+
+    e = load_engine(name, model, n_ctx=256)
+    ids = e.tokenize("Hello there")
+    with e:
+        assert e.generate(ids, GenerationConfig(max_new_tokens=2)).output_tokens == 2 and not e.closed
+    assert e.closed
+    calls = [lambda: e.generate(ids, GenerationConfig(max_new_tokens=2)), lambda: e.cache_prefix(ids)]
+    if name == "llama.cpp":  # each of these read the freed model
+        calls += [lambda: e.tokenize("Hello"), lambda: e.detokenize(ids), lambda: e.logits(ids)]
+    for call in calls:
+        with pytest.raises(LabError, match=rf"the {name} engine was closed .* load it again \(lablib.load_engine"):
+            call()
 
 
 @pytest.mark.parametrize(

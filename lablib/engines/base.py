@@ -22,6 +22,7 @@ KV cache (DESIGN.md, "no hidden cache reuse").
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -274,6 +275,35 @@ class Engine:
     adapter_merged: bool = False
     adapter_load_s: float | None = None
     adapter_bytes: int = 0
+
+    # True once close() ran: a request then raises LabError (check_open). Was: llama.cpp's generate on its freed
+    # context ended the process by SIGSEGV (a notebook's kernel died); the others raised AttributeError
+    closed: bool = False
+
+    def __init_subclass__(cls, **kw):
+        """Every engine's own ``close`` marks the engine closed when it has run (:attr:`closed`), so no engine
+        file needs to remember to."""
+        super().__init_subclass__(**kw)
+        own = cls.__dict__.get("close")
+        if own is not None and not getattr(own, "marks_closed", False):
+
+            @functools.wraps(own)
+            def close(self, _own=own):
+                try:
+                    _own(self)
+                finally:
+                    self.closed = True
+
+            close.marks_closed = True
+            cls.close = close
+
+    def check_open(self) -> None:
+        """Raise LabError when :meth:`close` has run (its model and context are freed)."""
+        if self.closed:
+            raise LabError(
+                f"the {self.name} engine was closed (engine.close(), or the end of its with block): its model is "
+                f"freed; load it again (lablib.load_engine({self.name!r}, model)) to run a request"
+            )
 
     @classmethod
     def check_adapter(cls, model, adapter, merge_adapter: bool = False) -> None:
@@ -566,6 +596,7 @@ class Engine:
         cache, e.g. for a chat kept with ``keep=True``). Not a measured request: no trace. Raises
         LabError for an engine without prefix caching, ContextOverflowError when ``ids`` exceed
         the context."""
+        self.check_open()
         self._check_prefix_caching()
         ids = [int(i) for i in ids]
         if not ids:
@@ -685,6 +716,7 @@ class Engine:
         engine cannot run (:meth:`check_generation`) or an adapter other than the one it loaded
         (:meth:`check_adapter_request`).
         """
+        self.check_open()
         cfg = cfg or GenerationConfig()
         self.check_generation(cfg)
         self.check_constraint(cfg)

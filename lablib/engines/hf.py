@@ -515,7 +515,9 @@ class TransformersEngine(Engine):
         return list(self.tok(text, add_special_tokens=add_special)["input_ids"])
 
     def detokenize(self, ids) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=False)
+        ids = [int(i) for i in ids]
+        self.check_ids(ids)  # the same LabError in every engine (llama.cpp's aborted the process; this one gave "")
+        return self.tok.decode(ids, skip_special_tokens=False)
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
         """transformers' own path: ``apply_chat_template(tokenize=True)`` (adds no
@@ -653,6 +655,7 @@ class TransformersEngine(Engine):
         when not given, so TTFT and the queue wait leave it out), the decode step is compiled for the static cache
         length the request needs when no request needed it before (:meth:`_warm_up`). A request refused (a
         prefix cache, a context overflow, settings the engine cannot run) compiles nothing."""
+        self.check_open()
         self._request_compile_s, self._request_len, self._request_graphs = 0.0, None, None
         if self.compile_config is None:
             return super().generate(ids, cfg, t_submit=t_submit, prefix_cache=prefix_cache, keep=keep)

@@ -487,6 +487,7 @@ class LlamaCppEngine(Engine):
 
     # --- tokenizer -------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:
+        self.check_open()
         return self.llm.tokenize(text.encode("utf-8"), add_bos=add_special, special=True)
 
     def detokenize(self, ids: list[int]) -> str:
@@ -495,8 +496,11 @@ class LlamaCppEngine(Engine):
 
         Not ``Llama.detokenize``: llama-cpp-python 0.3.36 copies each piece through a 32-byte
         buffer and drops longer ones (47 pieces of SmolLM2's vocabulary, mostly a newline and
-        indentation, came back empty), and it strips a leading space after BOS.
+        indentation, came back empty), and it strips a leading space after BOS. LabError for an id outside the
+        vocabulary (llama.cpp's std::out_of_range aborted the process).
         """
+        ids = [int(i) for i in ids]
+        self.check_ids(ids)
         return b"".join(self.piece_bytes(t) for t in ids).decode("utf-8", errors="replace")
 
     def piece_bytes(self, token: int) -> bytes:
@@ -504,6 +508,7 @@ class LlamaCppEngine(Engine):
         left strip), with a buffer as long as llama.cpp says the piece needs."""
         import ctypes
 
+        self.check_open()
         size = 64
         for _ in range(2):
             buf = ctypes.create_string_buffer(size)
@@ -840,6 +845,7 @@ class LlamaCppEngine(Engine):
         (an empty KV cache first, logits requested for every position)."""
         import numpy as np
 
+        self.check_open()
         return np.concatenate(list(self.iter_logits(ids, self.n_batch)))
 
     def iter_logits(self, ids, chunk: int = 64):
@@ -883,6 +889,7 @@ class LlamaCppEngine(Engine):
         LabError when the context was loaded with ``n_seq_max < max_sequences`` and
         ContextOverflowError when ``max_seq_tokens`` exceeds a sequence's share of ``n_ctx``.
         """
+        self.check_open()
         if self._draft is not None:
             raise LabError("llama.cpp loaded with speculative= decodes one sequence; load it without for batched mode")
         self.check_adapter_request(cfg)

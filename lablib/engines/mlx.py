@@ -349,7 +349,9 @@ class MLXEngine(Engine):
         return list(self.tok.encode(text, add_special_tokens=add_special))
 
     def detokenize(self, ids) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=False)
+        ids = [int(i) for i in ids]
+        self.check_ids(ids)  # the same LabError in every engine (llama.cpp's aborted the process; this one gave "")
+        return self.tok.decode(ids, skip_special_tokens=False)
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
         """mlx-lm's own path (mlx_lm.generate): render, then add special tokens unless the

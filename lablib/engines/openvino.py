@@ -197,7 +197,9 @@ class OpenVINOEngine(Engine):
         return [int(i) for i in ids.data[0]]
 
     def detokenize(self, ids) -> str:
-        return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
+        ids = [int(i) for i in ids]
+        self.check_ids(ids)  # the same LabError in every engine (llama.cpp's aborted the process; this one gave "")
+        return self.tok.decode(ids, skip_special_tokens=False)
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
         """OpenVINO GenAI's own path for a chat: render with the GGUF's template, then tokenize

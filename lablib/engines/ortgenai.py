@@ -341,7 +341,9 @@ class OnnxRuntimeGenAIEngine(Engine):
         return ids
 
     def detokenize(self, ids) -> str:
-        return self.tok.decode(self._np.asarray(list(ids), dtype=self._np.int32))
+        ids = [int(i) for i in ids]
+        self.check_ids(ids)  # the same LabError in every engine (llama.cpp's aborted the process)
+        return self.tok.decode(self._np.asarray(ids, dtype=self._np.int32))
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
         """ORT GenAI's own path: ``Tokenizer.apply_chat_template`` (the folder's template) to text,

@@ -688,7 +688,9 @@ class HTTPEngine(Engine):
         return list(self._need_tok("tokenize")(text, add_special_tokens=add_special)["input_ids"])
 
     def detokenize(self, ids) -> str:
-        return self._need_tok("detokenize").decode(list(ids), skip_special_tokens=False)
+        ids = [int(i) for i in ids]
+        self.check_ids(ids)
+        return self._need_tok("detokenize").decode(ids, skip_special_tokens=False)
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
         tok = self._need_tok("a chat prompt")
