@@ -362,6 +362,47 @@ def test_report_html_draws_only_what_the_data_supports(tmp_path):
         report.report_html(context_df().iloc[0:0], tmp_path / "e.html")
 
 
+def test_report_html_refuses_to_write_over_a_results_file_or_to_read_a_path(tmp_path):
+    """Called from Python (the CLI checked its --html already): a results file given as the page's path is
+    refused and kept (was: replaced by the HTML page); a folder, and a path where the rows go, each one message."""
+    from lablib.results.store import ResultsWriter, load_results
+
+    results = tmp_path / "keep.jsonl"
+    with ResultsWriter(results) as w:
+        for row in context_df().to_dict("records"):
+            w.append(row)
+    before = results.read_bytes()
+    with pytest.raises(LabError, match=r"report_html: path '.*keep\.jsonl' does not end in \.html"):
+        report.report_html(context_df(), results)
+    assert results.read_bytes() == before and len(load_results(results)) == len(context_df())
+    (tmp_path / "page.html").mkdir()
+    with pytest.raises(LabError, match=r"report_html's path .*page\.html is a folder"):
+        report.report_html(context_df(), tmp_path / "page.html")
+    with pytest.raises(
+        LabError, match=r"takes rows as a pandas DataFrame; it was given a str, '.*keep\.jsonl' \(a results"
+    ):
+        report.report_html(str(results), tmp_path / "r.html")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.jsonl", "page.html"]
+
+
+@pytest.mark.parametrize(
+    "call, want",
+    [
+        (lambda: tables.summary_table(pd.DataFrame()), r"summary_table needs the columns engine, prompt_tokens"),
+        (lambda: tables.run_table(context_df()), r"run_table needs the columns run_id; .*a concurrency sweep"),
+        (lambda: tables.concurrency_summary(context_df()), r"run_table needs the columns run_id"),
+        (lambda: tables.bound_table(context_df()), r"bound_table needs the columns prefill_bound_tps"),
+        (lambda: tables.manifest_table(None), r"manifest_table takes rows as a pandas DataFrame; .* NoneType"),
+        (lambda: plots.context_bars([1, 2]), r"takes rows as a pandas DataFrame; it was given a list, \[1, 2\]"),
+    ],
+)
+def test_tables_given_no_rows_or_another_studys_say_what_they_need(call, want):
+    """Was (a helper's audit): KeyError 'engine', KeyError 'run_id', pandas' KeyError of labels, AttributeError
+    "'list' object has no attribute 'columns'"."""
+    with pytest.raises(LabError, match=want):
+        call()
+
+
 def test_manifest_table_one_row_per_machine_and_engine():
     df = pd.concat([context_df(), concurrency_df(hostname="other")], ignore_index=True)
     t = tables.manifest_table(df)

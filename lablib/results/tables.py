@@ -9,6 +9,7 @@ name says otherwise. One run in numbers is :func:`run_summary` (:data:`PERCENTIL
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from lablib.errors import LabError
@@ -27,10 +28,27 @@ if TYPE_CHECKING:
 
 
 # --- selecting rows -----------------------------------------------------------------------------
+def rows_given(df, what: str):
+    """``df`` when it is a table of rows (a pandas DataFrame, or anything with ``columns``); else LabError naming
+    what was given: a results file's path, a list, None (was: AttributeError "'str' object has no attribute
+    'columns'" from the table or figure)."""
+    if hasattr(df, "columns"):
+        return df
+    shown = repr(df) if len(repr(df)) <= 80 else repr(df)[:77] + "..."
+    load = (
+        f" (a results file's path: read it first, lablib.load_results({df!r}))"
+        if isinstance(df, (str, os.PathLike))
+        else ""
+    )
+    raise LabError(f"{what} takes rows as a pandas DataFrame; it was given a {type(df).__name__}, {shown}{load}")
+
+
 def need(df, columns, what: str, source: str | None = None) -> None:
     """Raise LabError naming the columns of ``columns`` that ``df`` lacks (a DataFrame, or anything with
-    ``columns``), and ``source`` (what makes such rows) when given; or naming those of ``columns`` that are
-    declared nowhere (:data:`lablib.results.schema.COLUMNS` of rows, ``TABLE_COLUMNS`` of tables)."""
+    ``columns``: else :func:`rows_given`'s LabError), and ``source`` (what makes such rows) when given; or naming
+    those of ``columns`` that are declared nowhere (:data:`lablib.results.schema.COLUMNS` of rows,
+    ``TABLE_COLUMNS`` of tables)."""
+    rows_given(df, what)
     unknown = [c for c in columns if c not in KNOWN]
     if unknown:  # a figure or table asking for a column the lab never writes
         raise LabError(
@@ -83,7 +101,8 @@ def one_row_each(df, keys, what: str, source: str | None = None):
 
 
 def ok_rows(df):
-    """Rows without an error."""
+    """Rows without an error (LabError for what is no table of rows: :func:`rows_given`)."""
+    rows_given(df, "a table or figure of the lab")
     if "error" in df.columns:
         df = df[df["error"].isna()]
     return df
@@ -102,7 +121,7 @@ def sweep_rows(df, sweep: str):
 
 def nonempty(df, what: str, hint: str):
     """``df``, or LabError saying there is nothing to show and what to run (``hint``)."""
-    if len(df) == 0:
+    if len(rows_given(df, what)) == 0:
         raise LabError(f"{what}: no rows to plot; {hint}")
     return df
 
@@ -277,7 +296,10 @@ def _medians(*cols: str) -> dict:
 def summary_table(df) -> pd.DataFrame:
     """Per engine and prompt length: medians of prefill, TTFT, prefill tokens/s, TPOT, decode tokens/s,
     e2e, and the e2e spread (min, max), seconds; the output tokens and repetitions behind them."""
-    g = ok_rows(df).groupby(["engine", "prompt_tokens"], sort=False)
+    d = ok_rows(df)
+    cols = ["engine", "prompt_tokens", "output_tokens", "prefill_s", "ttft_s", "prefill_tps", "tpot_s", "decode_tps"]
+    need(d, [*cols, "e2e_s", "dtype"], "summary_table", "a context sweep (lablib.measure.sweep.context_sweep)")
+    g = d.groupby(["engine", "prompt_tokens"], sort=False)
     return g.agg(
         output_tokens=("output_tokens", "first"),
         reps=("e2e_s", "size"),
@@ -341,6 +363,7 @@ def run_table(df, ttft_s: float | None = None, tpot_s: float | None = None, e2e_
     run has them."""
     import pandas as pd
 
+    need(df, ["run_id", "engine"], "run_table", "a concurrency sweep (lablib.measure.sweep.concurrency_sweep)")
     d = df[df["sweep"] == "concurrency"] if "sweep" in df else df
     out = []
     for run_id, g in d.groupby("run_id", sort=False):
@@ -490,7 +513,7 @@ def manifest_table(df) -> pd.DataFrame:
     """The manifest basics (:data:`lablib.results.schema.MANIFEST_SUMMARY`), one row per (hostname, engine):
     versions, dtype, threads, quantization, model, CPU, cores, RAM (GiB), accelerator, lablib
     version, first/last time, and row counts."""
-    d = df.copy()
+    d = rows_given(df, "manifest_table").copy()
     cols = [c for c in MANIFEST_SUMMARY if c in d.columns]
     if "ram_bytes" in cols:
         d["ram_gib"] = (d["ram_bytes"].astype(float) / 2**30).round(1)
@@ -514,6 +537,8 @@ def bound_table(df) -> pd.DataFrame:
     have that column (a learner's beside a reference: :func:`lablib.results.reference.beside`). ``weights`` of an
     engine with one choice (llama.cpp, MLX: rows record none) is the type its weights are computed in, the rows'
     ``dtype`` ("Q4_1", "float32"): was an empty cell beside transformers' "float32" (lab 07)."""
+    cols = [f"{phase}_{what}" for phase in ("prefill", "decode") for what in ("tps", "bound_tps", "pct_of_bound")]
+    need(df, ["engine", "prompt_tokens", *cols], "bound_table", "lablib.studies.roofline.add_bound_columns(df, model)")
     keys = ["engine", "weights", "prompt_tokens"] if "weights" in df.columns else ["engine", "prompt_tokens"]
     if "weights" in df.columns and "dtype" in df.columns:
         chosen = df["weights"].notna() & (df["weights"] != "")
@@ -521,7 +546,6 @@ def bound_table(df) -> pd.DataFrame:
     if "machine" in df.columns:  # rows of several machines (lablib.results.reference.beside), each its own bound
         keys = ["machine", *keys]
     g = df.groupby(keys, sort=False, dropna=False)
-    cols = [f"{phase}_{what}" for phase in ("prefill", "decode") for what in ("tps", "bound_tps", "pct_of_bound")]
     extra = {}
     if "decode_bound_by" in df.columns:  # which of the roofline's three lines binds decode (the launch floor's)
         extra["decode_bound_by"] = ("decode_bound_by", "first")

@@ -13,7 +13,9 @@ from pathlib import Path
 from lablib import plots
 from lablib.errors import LabError
 from lablib.plots.roofline import roofline as roofline_figure
+from lablib.results.store import writable_file
 from lablib.results.tables import bound_table, manifest_table, ok_rows, sweep_rows
+from lablib.staging import staged
 from lablib.studies.roofline import add_bound_columns
 
 
@@ -89,7 +91,16 @@ def report_html(df, path, title: str = "Inference Engine Lab results") -> Path:
     rows, :func:`rate_sweep_summaries`) and a table of the manifest basics into ONE self-contained HTML file
     (plotly.js embedded once); returns the path.
 
-    Needs: the columns of the figures it draws; the manifest fields when present."""
+    Needs: the columns of the figures it draws; the manifest fields when present. ``path``: a file name ending in
+    .html, in a folder that can be written (checked before any figure is made); written whole or not at all. Was:
+    any name, so a results file given as ``path`` was overwritten by the page."""
+    path = Path(path)
+    if path.suffix.lower() not in (".html", ".htm"):
+        raise LabError(
+            f"report_html: path {str(path)!r} does not end in .html; expected the name of the page to write (a "
+            "file of another kind there would be replaced by it)"
+        )
+    writable_file(path, "report_html's path")
     d, summaries = rate_sweep_summaries(ok_rows(df))
     if len(d) == 0 and len(summaries) == 0:
         raise LabError("report_html: no rows to report; run a sweep or load a results file first")
@@ -103,7 +114,6 @@ def report_html(df, path, title: str = "Inference Engine Lab results") -> Path:
     if not figs:
         raise LabError("report_html: no context or concurrency rows in the data (column 'sweep')")
     models = ", ".join(map(str, d["model"].dropna().unique())) if "model" in d.columns else ""
-    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     manifest = manifest_table(d) if len(d) else manifest_table(summaries).drop(columns="requests", errors="ignore")
     table = manifest.to_html(index=False, border=0, classes="manifest", na_rep="–")
@@ -132,5 +142,6 @@ def report_html(df, path, title: str = "Inference Engine Lab results") -> Path:
     for i, fig in enumerate(figs):
         parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
     parts.append("</body></html>")
-    path.write_text("\n".join(parts), encoding="utf-8")
+    with staged(path) as tmp:
+        tmp.write_text("\n".join(parts), encoding="utf-8")
     return path
