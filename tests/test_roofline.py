@@ -355,8 +355,24 @@ def test_cli_roofline_json_from_a_results_file(model, llama, tmp_path, monkeypat
     hardware.measure_machine(quick=True)
     out = tmp_path / "r.jsonl"
     w = ResultsWriter(out)
-    for r in measure(llama, prompt_of_length(model, 64), GenerationConfig(max_new_tokens=8), warmup=0, reps=2):
+    plain = measure(llama, prompt_of_length(model, 64), GenerationConfig(max_new_tokens=8), warmup=0, reps=2)
+    for r in plain:
         w.append(r)
+    # later rows of lablib speculate and lablib lora (no sweep column): not the engine's plain decode, left out
+    for r in plain:
+        w.append(
+            {
+                **r,
+                "time": "2099-01-01T00:00:00+00:00",
+                "spec_method": "prompt lookup",
+                "decode_tps": r["decode_tps"] / 2,
+            }
+        )
+        w.append({**r, "time": "2099-01-01T00:00:00+00:00", "adapter": "lora-r8", "decode_tps": r["decode_tps"] / 3})
+    w.sync()
+    foreign = tmp_path / "other.jsonl"
+    foreign.write_text('{"foo": 1}\n')
+    assert roofline._last_rows([foreign], model, ["llama.cpp"]).empty  # was: KeyError 'engine'
     assert main(["roofline", "--json", "--results", str(out), "--engines", "llama.cpp"]) == 0
     got = json.loads(capsys.readouterr().out)
     m = got["machine"]
@@ -364,6 +380,7 @@ def test_cli_roofline_json_from_a_results_file(model, llama, tmp_path, monkeypat
     e = got["engines"]["llama.cpp"]
     assert e["rows"] == 2 and e["source"].startswith("results: ") and e["prompt_tokens"] == 64
     assert e["fraction_of_bound"] == pytest.approx(e["decode_tps"] / e["decode_bound_tps"])
+    assert e["decode_tps"] == pytest.approx(np.median([r["decode_tps"] for r in plain]))
     assert main(["roofline", "--results", str(tmp_path / "none.jsonl")]) == 2
 
 

@@ -470,9 +470,16 @@ def results_files(folders=RESULTS_DIRS) -> list[Path]:
     return out
 
 
+# the sweeps whose rows decode plainly, one request at a time (their mode single or serial): what the roofline holds
+# against its bound. Not a speculative, constrained, adapter or prefix study's rows (a helper's audit: lablib
+# speculate's llama.cpp rows, 24.6 tok/s, were read as its decode rate beside 45 plain)
+PLAIN_DECODE_SWEEPS = ("side_by_side", "context", "concurrency")
+
+
 def _last_rows(files, model, engines):
     """Each engine's rows from its most recent measurement in ``files`` on this machine and model (single-stream
-    rows with a decode rate), or an empty DataFrame."""
+    rows with a decode rate, of :data:`PLAIN_DECODE_SWEEPS`), or an empty DataFrame (files of no engine's rows:
+    an empty file, another program's JSON)."""
     import pandas as pd
 
     from lablib.machine.identity import hardware_info
@@ -481,9 +488,17 @@ def _last_rows(files, model, engines):
     if not files:
         return pd.DataFrame()
     df = load_results(*files)
+    if "engine" not in df:
+        return pd.DataFrame()
     keep = df["engine"].isin(engines) & df["decode_tps"].notna() if "decode_tps" in df else df["engine"].isna()
     if "error" in df:
         keep &= df["error"].isna()
+    if "sweep" in df:
+        keep &= df["sweep"].isin(PLAIN_DECODE_SWEEPS) | df["sweep"].isna()
+    if "spec_method" in df:  # lablib speculate's rows (no sweep): its plain ones ("none") decode plainly
+        keep &= df["spec_method"].isna() | (df["spec_method"] == "none")
+    if "adapter" in df:  # lablib lora's rows (no sweep): with a LoRA adapter, loaded or merged
+        keep &= df["adapter"].isna()
     if "hostname" in df:
         keep &= df["hostname"] == hardware_info()["hostname"]
     if "model_sha256" in df:
