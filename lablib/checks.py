@@ -78,3 +78,20 @@ def positive_ints(values, what: str) -> list[int]:
     if bad:
         raise LabError(f"{what}={out}: every value must be at least 1 (got {bad})")
     return out
+
+
+def chat_messages(messages, what: str = "messages") -> list[dict]:
+    """``messages`` as a chat: a non-empty list of {"role": text, "content": text (or a list of parts)} objects;
+    LabError naming the first that is not (was: the chat template's own error, jinja2's "'dict object' has no
+    attribute 'content'", or transformers' "Chat messages should be dicts")."""
+    expected = 'expected a non-empty list of {"role": ..., "content": ...} objects, such as [{"role": "user", "content": "Hi"}]'
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise LabError(f"{what}={_shown(messages)}: {expected}")
+    for i, m in enumerate(messages):
+        if (
+            not isinstance(m, dict)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), (str, list))
+        ):
+            raise LabError(f"{what}[{i}]={_shown(m)}: {expected}")
+    return list(messages)

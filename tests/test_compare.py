@@ -112,6 +112,32 @@ def test_config_neighbours_other_moved_keys(model):
     assert cmp._same(100000.0, 100000.04) and not cmp._same(10000.0, 100000.0)
 
 
+@pytest.mark.parametrize(
+    "kw, want",
+    [
+        ({"engines": "llama.cpp,nonsense"}, r"unknown engine 'nonsense'"),  # was: "unknown engine 'l'", its letters
+        ({"messages": "What is the capital of France?"}, r"messages='What is the capital of France\?': expected a"),
+        ({"messages": [{"role": "user"}]}, r"messages\[0\]=\{'role': 'user'\}: expected a non-empty list of"),
+        ({"messages": [{"content": "hi"}]}, r"messages\[0\]="),  # was: jinja2's "'dict object' has no attribute"
+    ],
+)
+def test_engines_as_text_and_messages_that_are_no_chat_are_refused_before_any_load(model, kw, want, monkeypatch):
+    import lablib.studies.compare
+
+    monkeypatch.setattr(lablib.studies.compare, "load_engine", lambda *a, **k: pytest.fail("an engine was loaded"))
+    with pytest.raises(LabError, match=want):
+        cmp.compare(model, **{"engines": ["llama.cpp"], **kw})
+
+
+def test_a_chat_of_messages_is_checked_where_it_is_rendered(model):
+    from lablib.measure.workload import chat_ids
+
+    assert len(chat_ids(model, [{"role": "user", "content": "Hi"}])) > 5
+    for bad in ("hello", [], [{"content": "hi"}], [["user", "hi"]], None):
+        with pytest.raises(LabError, match=r"messages.*: expected a non-empty list of \{\"role\": \.\.\., \"content\""):
+            chat_ids(model, bad)
+
+
 def test_decide_orders_layers():
     ok = lambda n: cmp.Check(n, True, "ok")  # noqa: E731
     bad = lambda n: cmp.Check(n, False, f"{n} differs")  # noqa: E731

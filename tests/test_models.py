@@ -241,6 +241,25 @@ def test_corrupt_safetensors_and_config_are_named(tmp_path):
         formats.detect_format(folder)
 
 
+def test_a_folder_of_an_architecture_transformers_does_not_know_is_one_message(model, tmp_path, monkeypatch):
+    """config.json's model_type unknown to transformers: the engine's load says so, naming the folder and the
+    version (was: transformers' ValueError as a traceback of `lablib run`)."""
+
+    import transformers
+
+    from lablib.engines import load_engine
+
+    monkeypatch.setenv("LABLIB_HOME", str(tmp_path / "home"))
+    folder = tmp_path / "nonsense"
+    shutil.copytree(model.hf_path, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "nonsense"}))
+    rm = models.prepare(str(folder), formats=("hf",))
+    want = rf"transformers {transformers.__version__} cannot load .*nonsense \(ValueError: .*model type `nonsense`"
+    with pytest.raises(LabError, match=want):
+        load_engine("transformers", rm)
+
+
 def test_a_pytorch_bin_folder_serves_transformers_and_says_why_mlx_cannot(model, hf, tmp_path, monkeypatch):
     """A Hugging Face folder with pytorch_model.bin only: transformers reads it (same greedy ids as
     the safetensors folder), mlx-lm cannot convert it, and prepare and the MLX engine say so."""

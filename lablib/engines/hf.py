@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 from lablib.checks import whole
 from lablib.engines.base import BatchStats, Engine, EngineInfo, GenerationConfig, PrefixCache
 from lablib.engines.sampling import DEFINITION
-from lablib.errors import LabError
+from lablib.errors import LabError, first_line
 from lablib.machine.devices import torch_device, torch_dtype
 from lablib.model.formats import FLOAT_TYPES
 from lablib.results.trace import RequestTrace, now
@@ -298,14 +298,18 @@ class TransformersEngine(Engine):
         torch.set_num_threads(self._init_threads(threads))
         self.device = torch_device(torch, device)
         self.dtype = dtype = torch_dtype(torch, self.device, dtype)
-        self.tok = transformers.AutoTokenizer.from_pretrained(path)
-        self.hf = (
-            transformers.AutoModelForCausalLM.from_pretrained(
+        try:  # a folder transformers cannot read (an architecture it does not know): its words, in one line
+            self.tok = transformers.AutoTokenizer.from_pretrained(path)
+            self.hf = transformers.AutoModelForCausalLM.from_pretrained(
                 path, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
             )
-            .to(self.device)
-            .eval()
-        )
+        except (ValueError, KeyError, OSError) as e:
+            raise LabError(
+                f"transformers {transformers.__version__} cannot load {path} ({type(e).__name__}: {first_line(e)}); "
+                "expected a causal language model folder of an architecture this transformers knows: check its "
+                "config.json's model_type, or upgrade transformers"
+            ) from None
+        self.hf = self.hf.to(self.device).eval()
         self.peft = None  # the PeftModel around self.hf when an unmerged adapter is attached
         if self.adapter_merged:
             self._count_merged()

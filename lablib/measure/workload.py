@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from lablib.checks import chat_messages
 from lablib.config import data_dir
 from lablib.errors import LabError
 from lablib.model.tokenizer import _tokenizer, lab_tokenizer  # noqa: F401 (lab_tokenizer: the measure layer's name for it)
@@ -151,7 +152,9 @@ def has_chat_template(model) -> bool:
 
 def chat_ids(model, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
     """Chat messages rendered by the model's own (Hugging Face) chat template, as token ids. Raises
-    LabError naming the model when it has no chat template (:func:`has_chat_template`)."""
+    LabError naming the model when it has no chat template (:func:`has_chat_template`), or naming the first
+    message that is not a {role, content} object (:func:`lablib.checks.chat_messages`)."""
+    messages = chat_messages(messages)
     tok = lab_tokenizer(model)
     if not getattr(tok, "chat_template", None):
         raise LabError(

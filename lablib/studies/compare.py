@@ -21,10 +21,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lablib.engines import canonical, check_supported, engine_class, engines_for, load_engine
+from lablib.checks import chat_messages
+from lablib.engines import canonical, check_supported, engine_class, load_engine
 from lablib.engines.base import CONFIG_KEYS, GenerationConfig
 from lablib.engines.memory import check_compare_fits
 from lablib.errors import LabError
+from lablib.measure.plan import engine_names
 from lablib.measure.workload import DEFAULT_MESSAGES, completion_text, has_chat_template
 from lablib.model.formats import config_settings, gguf_config, read_config
 from lablib.model.resolve import resolve
@@ -476,8 +478,10 @@ def compare(
     check sees what a plain user of that library sees.
     """
     GenerationConfig(max_new_tokens=max_new_tokens)  # a bad budget is refused before any engine loads
+    if messages is not None:  # before any engine loads: not the template's own error once they have
+        messages = chat_messages(messages)
     rm = resolve(model)
-    names = [canonical(n) for n in engines] if engines is not None else engines_for(rm)
+    names = engine_names(engines, rm)  # "llama.cpp" as one engine (was: its letters, "unknown engine 'l'")
     reference = canonical(reference)
     if reference not in names:
         names.insert(0, reference)

@@ -62,6 +62,8 @@ def load_schema(name_or_path) -> Constraint:
         schema = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise LabError(f"schema file {p}: not JSON ({e}); expected a JSON schema") from e
+    if not isinstance(schema, dict):  # was: AttributeError "'list' object has no attribute 'get'"
+        raise LabError(f"schema file {p}: a JSON {type(schema).__name__}; expected a JSON schema, an object ({{...}})")
     return Constraint.json_schema(schema, schema.get("title") or p.stem)
 
 
