@@ -23,6 +23,11 @@ def test_results_are_appended_and_earlier_rows_kept(tmp_path, suffix):
     df = load_results(path)
     assert list(df["e2e_s"]) == [1.5, 2.5, 3.5]
     assert list(df["itl_s"][0]) == [0.1, 0.2]
+    # a file named twice is read once (was: its rows counted twice); a list of files as one argument; a folder
+    assert load_results(path, tmp_path / ".." / tmp_path.name / path.name)["engine"].tolist() == ["a", "b", "c"]
+    assert load_results([path])["engine"].tolist() == ["a", "b", "c"]
+    with pytest.raises(LabError, match=r"results file .* is a folder; expected a \.jsonl or \.parquet file"):
+        load_results(tmp_path)
 
 
 def test_a_load_runs_writer_hands_each_row_over_and_makes_rows_durable_at_most_every_sync_every_s(tmp_path, fsynced):

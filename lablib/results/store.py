@@ -500,16 +500,22 @@ def load_results(*paths):
 
     Each row keeps a ``source_file`` column (the file it was first written to); a column of
     :data:`lablib.results.schema.DEFAULTS` a file lacks (written before it existed) gets its default. Raises LabError for unknown
-    suffixes or missing files.
+    suffixes or missing files. ``paths``: files, or lists of them (``load_results(["a.jsonl", "b.jsonl"])``); a file
+    named twice is read once (was: its rows counted twice, ``lablib report f.jsonl f.jsonl``).
     """
     import pandas as pd
 
-    frames = []
-    for p in paths:
-        p = Path(p)
+    frames, seen = [], set()
+    files = [Path(f) for given in paths for f in (given if isinstance(given, (list, tuple)) else [given])]
+    for p in files:
+        if p.is_dir():
+            raise LabError(f"results file {p} is a folder; expected a .jsonl or .parquet file the lab wrote")
         if not p.is_file():
             _suffix(p)
             raise LabError(f"results file {p} not found")
+        if p.resolve() in seen:
+            continue
+        seen.add(p.resolve())
         df = _read_file(p)
         # a merged file keeps each row's original source
         df["source_file"] = df["source_file"].fillna(str(p)) if "source_file" in df else str(p)
