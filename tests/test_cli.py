@@ -283,6 +283,12 @@ def test_an_empty_draft_list_is_refused_not_a_run_without_drafts(capsys):
     assert capsys.readouterr().err == (
         "lablib: --draft '': expected at least one draft GGUF kind or path, e.g. Q4_0,Q2_K\n"
     )
+    # drafts for engines that take none: refused before anything runs (was: ignored, the run measured without)
+    assert main(["speculate", "--engine", "llama.cpp,vllm", "--draft", "Q9_9"]) == 2
+    assert capsys.readouterr().err == (
+        "lablib: --draft 'Q9_9': only a server that drafts with a model (llama-server) takes draft GGUFs, and none "
+        "of llama.cpp, vllm does; add llama-server to the engines, or give no drafts\n"
+    )
 
 
 def test_doctor_passes_when_only_an_optional_engine_is_not_installed(monkeypatch, capsys):

@@ -362,11 +362,18 @@ def run(
     GGUF server also with each draft of ``drafts``, and at each ``parallel`` (the budget's: 1, then 2 streams).
     Rows appended to ``out`` (.jsonl / .parquet) as they come; returns them all."""
     from lablib.engines import ENGINES, canonical
-    from lablib.engines.servers import SERVERS, canonical_server
+    from lablib.engines.servers import SERVERS, canonical_server, speculation_methods
 
     s = _settings(quick)
     engines = engines or s["engines"]
     engines = [str(e).strip() for e in csv_list(engines, "engines") if str(e).strip()]
+    servers = [_server_name(e, SERVERS, canonical_server) for e in engines]
+    if drafts is not None and not any(n and speculation_methods(n)[:1] == ("draft model",) for n in servers):
+        # was: ignored, the run measured without them (a helper's `lablib speculate --engine llama.cpp --draft Q9_9`)
+        raise LabError(
+            f"drafts={drafts!r}: only a server that drafts with a model (llama-server) takes draft GGUFs, and "
+            f"none of {', '.join(engines)} does; add llama-server to the engines, or give no drafts"
+        )
     writer = None
     if out:
         from lablib.results.store import ResultsWriter
