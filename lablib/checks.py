@@ -59,8 +59,11 @@ def csv_text(values) -> str:
 
 
 def positive_ints(values, what: str) -> list[int]:
-    """``values`` (a list, or "64,256" from a command line or widget) as a non-empty list of
-    ints of at least 1; LabError otherwise."""
+    """``values`` (a list, or "64,256" from a command line or widget, or one whole number: ``prompt_tokens=8``) as
+    a non-empty list of ints of at least 1; LabError otherwise (was, for one number: "expected whole numbers such
+    as 64,256")."""
+    if not isinstance(values, (str, bool)) and hasattr(values, "__index__"):
+        values = [values]
     items = csv_list(values, what, "64,256") if isinstance(values, str) else values
     try:
         items = list(items)
@@ -75,6 +78,8 @@ def positive_ints(values, what: str) -> list[int]:
         except LabError:
             raise LabError(f"{what}={_shown(values)}: expected whole numbers such as 64,256") from None
     bad = [v for v in out if v < 1]
+    if bad and len(out) == 1:  # one value (a flag such as --reps): said as one, not as a list
+        raise LabError(f"{what}={out[0]}: expected a whole number of at least 1")
     if bad:
         raise LabError(f"{what}={out}: every value must be at least 1 (got {bad})")
     return out

@@ -49,6 +49,13 @@ def test_positive_ints():
         positive_ints([8, 2.5], "prompt_tokens")
     with pytest.raises(LabError, match=r"every value must be at least 1 \(got \[0\]\)"):
         positive_ints("8,0", "prompt_tokens")
+    # one whole number is a list of one (was: "expected whole numbers such as 64,256" for prompt_tokens=8), and
+    # one value out of range is said as one (was: "reps=[0]: every value must be at least 1 (got [0])")
+    assert positive_ints(8, "prompt_tokens") == positive_ints(np.int64(8), "prompt_tokens") == [8]
+    with pytest.raises(LabError, match=r"^reps=0: expected a whole number of at least 1$"):
+        positive_ints("0", "reps")
+    with pytest.raises(LabError, match=r"expected whole numbers such as 64,256"):
+        positive_ints(True, "prompt_tokens")
 
 
 def test_csv_list_refuses_an_empty_item_and_drops_none():
@@ -75,13 +82,13 @@ def test_generation_config_takes_numpy_ints_and_refuses_bool_and_float():
     assert (cfg.max_new_tokens, cfg.top_k, cfg.seed) == (4, 0, 7)
     assert all(type(v) is int for v in (cfg.max_new_tokens, cfg.top_k, cfg.seed))
     for v in (True, 2.0):
-        with pytest.raises(LabError, match=rf"max_new_tokens={v!r}: expected at least 1 token"):
+        with pytest.raises(LabError, match=rf"max_new_tokens={v!r}: expected a whole number of tokens, at least 1"):
             GenerationConfig(max_new_tokens=v)
         with pytest.raises(LabError, match=rf"top_k={v!r}: expected a whole number of tokens, 0 \(off\) or more"):
             GenerationConfig(top_k=v)
         with pytest.raises(LabError, match=rf"seed={v!r}: expected a whole number"):
             GenerationConfig(seed=v)
-    with pytest.raises(LabError, match="max_new_tokens=0: expected at least 1 token"):
+    with pytest.raises(LabError, match="max_new_tokens=0: expected a whole number of tokens, at least 1"):
         GenerationConfig(max_new_tokens=0)
     with pytest.raises(LabError, match="top_k=-1"):
         GenerationConfig(top_k=-1)

@@ -194,7 +194,10 @@ def test_a_zero_or_negative_context_is_refused_not_defaulted(n_ctx):
 @pytest.mark.parametrize(
     "args,says",
     [
-        (["run", "--engine", "llama.cpp", "--max-new-tokens", "0"], "--max-new-tokens 0: expected at least 1 token"),
+        (
+            ["run", "--engine", "llama.cpp", "--max-new-tokens", "0"],
+            "--max-new-tokens 0: expected a whole number of tokens, at least 1",
+        ),
         (
             ["run", "--engine", "llama.cpp", "--max-new-tokens", "2", "--warmup", "-1"],
             "--warmup -1: expected 0 or more",

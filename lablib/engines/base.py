@@ -68,7 +68,7 @@ class GenerationConfig:
     adapter: str | None = None
 
     def __post_init__(self):
-        self.max_new_tokens = whole(self.max_new_tokens, "max_new_tokens", "at least 1 token")
+        self.max_new_tokens = whole(self.max_new_tokens, "max_new_tokens", "a whole number of tokens, at least 1")
         if self.constraint is not None:
             if not isinstance(self.constraint, Constraint):
                 raise LabError(

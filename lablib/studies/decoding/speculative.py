@@ -108,7 +108,7 @@ def _settings(quick=None, **override) -> dict:
     if bad or not texts:
         raise LabError(f"text kinds {bad or texts}: expected some of {', '.join(TEXTS)}")
     s["texts"] = texts
-    s["max_new_tokens"] = whole(s["max_new_tokens"], "max_new_tokens", "at least 1 token")
+    s["max_new_tokens"] = whole(s["max_new_tokens"], "max_new_tokens", "a whole number of tokens, at least 1")
     return s
 
 
