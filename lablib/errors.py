@@ -47,3 +47,14 @@ def excerpt(body: str, content_type: str = "", limit: int = 100) -> str:
         text = html.unescape(re.sub(r"(?s)<[^>]*>", " ", text))
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
+
+
+def json_kind(value) -> str:
+    """What a parsed JSON value is, in JSON's words ("null", "array", "string", "number", "true or false",
+    "object"), for a message about a file or an answer (was Python's: "a JSON NoneType", "a JSON list")."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true or false"
+    kinds = {list: "array", str: "string", int: "number", float: "number", dict: "object"}
+    return next((k for t, k in kinds.items() if isinstance(value, t)), type(value).__name__)

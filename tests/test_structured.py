@@ -106,7 +106,7 @@ def test_constraint_needs_ignore_eos_false_and_a_schema():
 
 def test_a_schema_file_that_holds_no_object_is_named(tmp_path):
     (tmp_path / "list.json").write_text("[1, 2]")  # was: AttributeError "'list' object has no attribute 'get'"
-    with pytest.raises(LabError, match=r"schema file .*list\.json: a JSON list; expected a JSON schema, an object"):
+    with pytest.raises(LabError, match=r"schema file .*list\.json: a JSON array; expected a JSON schema, an object"):
         load_schema(tmp_path / "list.json")
 
 

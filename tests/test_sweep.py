@@ -530,7 +530,10 @@ def test_one_token_runs_append_to_parquet_and_bad_rows_are_named(tmp_path):
     assert len(load_results(path)) == 2
     lines = tmp_path / "list.jsonl"
     lines.write_text('{"engine": "a"}\n[1, 2]\n')
-    with pytest.raises(LabError, match=r"list\.jsonl, line 2: a JSON list, expected one row as a JSON object"):
+    with pytest.raises(LabError, match=r"list\.jsonl, line 2: a JSON array, expected one row as a JSON object"):
+        load_results(lines)
+    lines.write_text('{"engine": "a"}\nnull\n')  # said in JSON's words (was: "a JSON NoneType")
+    with pytest.raises(LabError, match=r"list\.jsonl, line 2: a JSON null, expected one row as a JSON object"):
         load_results(lines)
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from lablib._version import __version__
-from lablib.errors import LabError, excerpt, first_line
+from lablib.errors import LabError, excerpt, first_line, json_kind
 from lablib.machine.device_ceilings import measured_summary
 from lablib.machine.identity import hardware_info, load_average
 from lablib.machine.telemetry import gpu_manifest
@@ -577,7 +577,7 @@ def _read_file(p):
                     ) from None
                 if not isinstance(row, dict):
                     raise LabError(
-                        f"{p}, line {n}: a JSON {type(row).__name__}, expected one row as a JSON "
+                        f"{p}, line {n}: a JSON {json_kind(row)}, expected one row as a JSON "
                         'object ({"engine": ..., ...}); remove or repair that line'
                     )
                 rows.append(row)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from lablib.engines.base import Engine
 from lablib.engines.http.trace import HTTPTrace
-from lablib.errors import LabError, excerpt, is_html
+from lablib.errors import LabError, excerpt, is_html, json_kind
 
 APIS = ("completions", "chat", "native")
 
@@ -357,9 +357,7 @@ class _StreamState:
                 f"the server sent an event that is not JSON: {ev.data[:200]!r}; expected OpenAI-style JSON chunks", tr
             ) from None
         if not isinstance(obj, dict):
-            raise HTTPEngineError(
-                f"the server sent a JSON {type(obj).__name__}, expected an object: {ev.data[:200]!r}", tr
-            )
+            raise HTTPEngineError(f"the server sent a JSON {json_kind(obj)}, expected an object: {ev.data[:200]!r}", tr)
         if ev.event == "error" or obj.get("error"):
             err = obj.get("error", obj)
             msg = err.get("message", err) if isinstance(err, dict) else err

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from lablib.config import budget, data_dir
 from lablib.engines.base import Constraint, GenerationConfig
-from lablib.errors import LabError
+from lablib.errors import LabError, json_kind
 
 # the shipped schemas (nested objects, arrays, enums, required fields) and two that engines cannot compile
 SCHEMA_DIR = data_dir() / "schemas"  # the project's data/schemas ($LABLIB_DATA overrides data/)
@@ -63,7 +63,7 @@ def load_schema(name_or_path) -> Constraint:
     except json.JSONDecodeError as e:
         raise LabError(f"schema file {p}: not JSON ({e}); expected a JSON schema") from e
     if not isinstance(schema, dict):  # was: AttributeError "'list' object has no attribute 'get'"
-        raise LabError(f"schema file {p}: a JSON {type(schema).__name__}; expected a JSON schema, an object ({{...}})")
+        raise LabError(f"schema file {p}: a JSON {json_kind(schema)}; expected a JSON schema, an object ({{...}})")
     return Constraint.json_schema(schema, schema.get("title") or p.stem)
 
 
