@@ -294,6 +294,18 @@ def test_an_empty_draft_list_is_refused_not_a_run_without_drafts(capsys):
     )
 
 
+def test_an_unknown_quantization_type_is_said_with_the_flag_of_its_command(tmp_path, capsys):
+    """quantize's --types and quality's --variant each in its own words (was: --types in both)."""
+    from lablib.cli import main
+
+    assert main(["quality", "--engine", "llama.cpp", "--variant", "bogus", "--out", str(tmp_path / "q.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lablib: unknown quantization type(s) BOGUS;") and err.endswith("Example: --variant Q8_0\n")
+    assert main(["quantize", "--types", "Q9_9"]) == 2
+    assert capsys.readouterr().err.endswith("Example: --types Q8_0\n")
+    assert not (tmp_path / "q.jsonl").exists()
+
+
 def test_doctor_passes_when_only_an_optional_engine_is_not_installed(monkeypatch, capsys):
     """An engine outside the default set whose package is absent is listed, not a failure; a
     default engine that is absent fails."""

@@ -364,7 +364,7 @@ def measure_one(
     if reads == "gguf":
         rm = None
         if variant:
-            quant.parse_types([variant])
+            quant.parse_types([variant], "variant")
         elif model is not None:
             from lablib.model.resolve import prepare
 

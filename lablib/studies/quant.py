@@ -52,9 +52,10 @@ def known_types() -> dict[str, int]:
     return out
 
 
-def parse_types(types) -> list[str]:
+def parse_types(types, what: str = "types") -> list[str]:
     """Type names (a list, or one comma-separated string) checked against :func:`known_types`;
-    upper-cased, duplicates dropped. Raises LabError naming the unknown ones and the known list."""
+    upper-cased, duplicates dropped. Raises LabError naming the unknown ones, the known list and an example of
+    ``what`` (the keyword the caller took them as: ``types``, ``variant``; a command's flag in its message)."""
     if isinstance(types, str):
         types = csv_list(types, "types")
     names = [str(t).strip().upper() for t in types if str(t).strip()]
@@ -70,7 +71,7 @@ def parse_types(types) -> list[str]:
         )
         raise LabError(
             f"unknown quantization type(s) {', '.join(bad)}{hint}; expected some of: "
-            f"{', '.join(sorted(known))}. Example: --types Q8_0,Q4_K_M"
+            f"{', '.join(sorted(known))}. Example: {what}=Q8_0"
         )
     return list(dict.fromkeys(names))
 
