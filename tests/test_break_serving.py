@@ -78,6 +78,21 @@ def test_bench_with_a_bad_port_exits_2_with_one_line(tmp_path, capsys):
     assert err.startswith("lablib: --base-url 'http://127.0.0.1:99999/v1'") and "Traceback" not in err
 
 
+def test_a_server_that_never_answers_is_asked_once(model):
+    """A server that accepts and never answers: the probe's GET /models times out after read_timeout_s and the
+    engine refuses with the knob to turn; it asks nothing more (was: GET /health, as long again: bench waited
+    about twice the timeout, a helper found)."""
+    silent = SilentServer().start()
+    try:
+        with pytest.raises(
+            LabError, match=r"GET /models failed: no answer within 1 s \(read_timeout_s=1\)\); .*give a larger"
+        ):
+            load_engine("http", model, base_url=silent.base_url, read_timeout_s=1)
+        assert len(silent._conns) == 1  # one connection: /models; none for /health
+    finally:
+        silent.stop()
+
+
 @pytest.mark.parametrize("knob", ["read_timeout_s", "connect_timeout_s"])
 @pytest.mark.parametrize("value", [math.inf, math.nan])
 def test_an_unbounded_timeout_is_refused(model, knob, value):

@@ -570,9 +570,9 @@ class HTTPEngine(Engine):
                     except ValueError:
                         reason = f"{found}, not JSON"
         except aiohttp.ConnectionTimeoutError:
-            reason = f"no connection within {self.connect_timeout_s:g} s (connect_timeout_s)"
+            reason = f"no connection within {self.connect_timeout_s:g} s (connect_timeout_s={self.connect_timeout_s:g})"
         except asyncio.TimeoutError:
-            reason = f"no answer within {self.read_timeout_s:g} s (read_timeout_s)"
+            reason = f"no answer within {self.read_timeout_s:g} s (read_timeout_s={self.read_timeout_s:g})"
         except aiohttp.ClientConnectorError as e:
             refused = isinstance(e.os_error, ConnectionRefusedError)
             reason = "connection refused: nothing listens there" if refused else f"cannot connect: {e.os_error or e}"
@@ -587,7 +587,9 @@ class HTTPEngine(Engine):
         why: dict = {}
         models = await self._get_json(f"{self.base_url}/models", why)
         health_only = False
-        if models is None and await self._get_json(f"{self.root_url}/health") is not None:
+        # no second question to a server that let the first time out (was: /health waited as long again)
+        timed_out = models is None and why.get("status") is None and "_timeout_s=" in (why.get("reason") or "")
+        if models is None and not timed_out and await self._get_json(f"{self.root_url}/health") is not None:
             models, health_only = {}, True  # a healthy server whose model list fails (mlx_lm.server, no hub cache)
         status = why.get("status")
         if models is None and status is not None and (status in (401, 403, 429) or status >= 500):
@@ -603,12 +605,12 @@ class HTTPEngine(Engine):
                 "`lablib serve --server NAME`"
             )
         if models is None:
-            slow = "_timeout_s)" in why["reason"]
+            slow = "_timeout_s=" in why["reason"]
             raise LabError(
                 f"no OpenAI-compatible server answers at {self.base_url} (GET /models failed: {why['reason']}); "
                 "expected a running server: start one with `lablib serve --server NAME`, or check "
                 "the URL (it ends in /v1)"
-                + ("; for a slow server raise connect_timeout_s / read_timeout_s" if slow else "")
+                + ("; for a slow server give a larger connect_timeout_s= or read_timeout_s= (seconds)" if slow else "")
             )
         data = models.get("data") if isinstance(models, dict) else None
         first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
