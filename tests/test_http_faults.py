@@ -279,6 +279,20 @@ def test_a_server_that_refuses_its_model_list_is_said_as_such_not_as_no_server(m
     assert str(e.value) == f"HTTP {status} from {srv.base_url}/models: {body!r}; {advice}"
 
 
+@pytest.mark.parametrize("body", ['{"x": 1}', "[1, 2]"])
+def test_a_url_answering_json_with_no_model_list_is_refused_at_load(model, body):
+    """A server answering every GET with some JSON: not an OpenAI server (was: taken for one; its first request
+    failed as "HTTP 501 from the openai server ... read its log", a helper found)."""
+    from lablib.errors import LabError
+
+    other = WebPageServer(page=body, content_type="application/json").start()
+    try:
+        with pytest.raises(LabError, match=r"GET /models gave JSON with no model list \(.*\); expected \{\"data\""):
+            load_engine("http", model, base_url=other.base_url)
+    finally:
+        other.stop()
+
+
 def test_an_excerpt_is_one_short_line_of_a_pages_text():
     from lablib.errors import excerpt
 

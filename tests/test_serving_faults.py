@@ -236,7 +236,7 @@ def test_bench_on_a_server_that_answers_nothing_is_one_error_naming_the_timeout(
         gate.close()
     knob, _ = TIMEOUTS[how]
     msg = str(e.value)
-    assert "no OpenAI-compatible server answers" in msg and f"0.5 s ({knob})" in msg, msg
+    assert "no OpenAI-compatible server answers" in msg and f"0.5 s ({knob}=0.5)" in msg, msg
     assert time.perf_counter() - t0 < 10
     assert not (tmp_path / "none.jsonl").exists() or not rows_on_disk(tmp_path / "none.jsonl")
 

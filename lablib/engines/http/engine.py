@@ -613,6 +613,13 @@ class HTTPEngine(Engine):
                 + ("; for a slow server give a larger connect_timeout_s= or read_timeout_s= (seconds)" if slow else "")
             )
         data = models.get("data") if isinstance(models, dict) else None
+        if not health_only and not isinstance(data, list):  # JSON, but no model list: not an OpenAI server's
+            shown = json.dumps(models)[:120]
+            raise LabError(
+                f"no OpenAI-compatible server answers at {self.base_url}: GET /models gave JSON with no model list "
+                f'({shown}); expected {{"data": [{{"id": ...}}]}}: check that the URL is an OpenAI-compatible '
+                "server's base URL (it ends in /v1), or start one with `lablib serve --server NAME`"
+            )
         first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
         info["model_id"] = first.get("id")
         # LoRA modules a server lists beside its model, each naming the model it adapts (vLLM's ModelCard.parent)
