@@ -205,6 +205,13 @@ def test_token_ids_outside_the_vocabulary_are_one_clear_error(engine):
         engine.generate([1, 999999], GenerationConfig(max_new_tokens=2))
     with pytest.raises(LabError, match="token id -1"):
         engine.logits([1, -1])
+    # ids that are no ids (was: int()'s "invalid literal" for text, [1.7, 2.2] run silently as [1, 2]), a config
+    # that is no GenerationConfig (was: AttributeError ... 'constraint')
+    for ids, want in (("hello", r"ids='hello': expected token ids \(a list of ints\)"), ([1.7, 2.2], r"token id 1.7")):
+        with pytest.raises(LabError, match=want):
+            engine.generate(ids, GenerationConfig(max_new_tokens=2))
+    with pytest.raises(LabError, match=r"cfg=5: expected a GenerationConfig"):
+        engine.generate([1, 2], 5)
     # and to render: llama.cpp's std::out_of_range aborted the process; transformers and MLX gave ""
     with pytest.raises(LabError, match="token id 1000000000 is outside .* vocabulary of 49152"):
         engine.detokenize([1, 10**9])

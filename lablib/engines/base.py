@@ -226,6 +226,24 @@ class TokenizerLike(Protocol):
     def bos_id(self) -> int | None: ...
 
 
+def token_ids(ids) -> list[int]:
+    """``ids`` as a list of ints: token ids (numpy integers included); LabError for text, floats, booleans (was:
+    "hello" failed in int() with "invalid literal", [1.7, 2.2] ran silently as [1, 2])."""
+    import operator
+
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise LabError(
+            f"ids={ids!r:.60}: expected token ids (a list of ints): make them with engine.tokenize(text) or "
+            "lablib.chat_ids(model, messages)"
+        )
+    out = []
+    for i in ids:
+        if isinstance(i, bool) or not hasattr(i, "__index__"):
+            raise LabError(f"token id {i!r:.40}: expected token ids as whole numbers (ints)")
+        out.append(operator.index(i))
+    return out
+
+
 class Engine:
     """Base class. Subclasses set ``name`` and their facts, and implement the ``_``-methods.
 
@@ -598,7 +616,7 @@ class Engine:
         the context."""
         self.check_open()
         self._check_prefix_caching()
-        ids = [int(i) for i in ids]
+        ids = token_ids(ids)
         if not ids:
             return PrefixCache(self.name, [])
         self.check_ids(ids)
@@ -718,10 +736,15 @@ class Engine:
         """
         self.check_open()
         cfg = cfg or GenerationConfig()
+        if not isinstance(cfg, GenerationConfig):  # was: AttributeError "... has no attribute 'constraint'"
+            raise LabError(
+                f"cfg={cfg!r:.60}: expected a GenerationConfig, such as GenerationConfig(max_new_tokens=32) "
+                "(from lablib.engines.base)"
+            )
         self.check_generation(cfg)
         self.check_constraint(cfg)
         self.check_adapter_request(cfg)
-        ids = [int(i) for i in ids]
+        ids = token_ids(ids)
         if not ids:
             raise LabError("empty prompt: expected at least one token id")
         self.check_ids(ids)

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lablib.checks import whole
-from lablib.engines.base import BatchStats, Engine, EngineInfo, GenerationConfig, PrefixCache
+from lablib.engines.base import BatchStats, Engine, EngineInfo, GenerationConfig, PrefixCache, token_ids
 from lablib.engines.sampling import DEFINITION
 from lablib.errors import LabError, first_line
 from lablib.machine.devices import torch_device, torch_dtype
@@ -519,7 +519,7 @@ class TransformersEngine(Engine):
         return list(self.tok(text, add_special_tokens=add_special)["input_ids"])
 
     def detokenize(self, ids) -> str:
-        ids = [int(i) for i in ids]
+        ids = token_ids(ids)
         self.check_ids(ids)  # the same LabError in every engine (llama.cpp's aborted the process; this one gave "")
         return self.tok.decode(ids, skip_special_tokens=False)
 
@@ -676,7 +676,7 @@ class TransformersEngine(Engine):
         self.check_generation(cfg)
         self.check_constraint(cfg)
         self.check_adapter_request(cfg)
-        ids = [int(i) for i in ids]
+        ids = token_ids(ids)
         if ids:  # an empty prompt: Engine.generate says so
             self.check_ids(ids)
             self.check_context(len(ids), cfg.max_new_tokens)
@@ -931,7 +931,7 @@ class TransformersEngine(Engine):
         yields float32 numpy arrays [<= chunk, vocab] (see :meth:`Engine.iter_logits`)."""
         from transformers import DynamicCache
 
-        ids = [int(i) for i in ids]
+        ids = token_ids(ids)
         self.check_ids(ids)
         torch = self._torch
         cache = DynamicCache(config=self.hf.config)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from lablib.checks import whole
 from lablib.children import swallowed_interrupts_sent_again
-from lablib.engines.base import BatchStats, Engine, EngineInfo, GenerationConfig, PrefixCache
+from lablib.engines.base import BatchStats, Engine, EngineInfo, GenerationConfig, PrefixCache, token_ids
 from lablib.engines.sampling import DEFINITION
 from lablib.errors import ContextOverflowError, LabError
 from lablib.model.formats import FLOAT_TYPES, gguf_config
@@ -499,7 +499,7 @@ class LlamaCppEngine(Engine):
         indentation, came back empty), and it strips a leading space after BOS. LabError for an id outside the
         vocabulary (llama.cpp's std::out_of_range aborted the process).
         """
-        ids = [int(i) for i in ids]
+        ids = token_ids(ids)
         self.check_ids(ids)
         return b"".join(self.piece_bytes(t) for t in ids).decode("utf-8", errors="replace")
 
@@ -855,7 +855,7 @@ class LlamaCppEngine(Engine):
         import numpy as np
 
         lib, n_vocab = self._lib, self.llm.n_vocab()
-        ids = [int(i) for i in ids]
+        ids = token_ids(ids)
         self.check_context(len(ids), 0)
         self.check_ids(ids)
         self.clear_kv_cache()

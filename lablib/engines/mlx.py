@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lablib.checks import whole
-from lablib.engines.base import BatchStats, Engine, EngineInfo, GenerationConfig, PrefixCache
+from lablib.engines.base import BatchStats, Engine, EngineInfo, GenerationConfig, PrefixCache, token_ids
 from lablib.engines.sampling import DEFINITION
 from lablib.errors import LabError
 from lablib.machine.threads import default_threads
@@ -349,7 +349,7 @@ class MLXEngine(Engine):
         return list(self.tok.encode(text, add_special_tokens=add_special))
 
     def detokenize(self, ids) -> str:
-        ids = [int(i) for i in ids]
+        ids = token_ids(ids)
         self.check_ids(ids)  # the same LabError in every engine (llama.cpp's aborted the process; this one gave "")
         return self.tok.decode(ids, skip_special_tokens=False)
 
@@ -624,7 +624,7 @@ class MLXEngine(Engine):
         import numpy as np
         from mlx_lm.models.cache import make_prompt_cache
 
-        ids = [int(i) for i in ids]
+        ids = token_ids(ids)
         self.check_ids(ids)
         mx = self._mx
         cache = make_prompt_cache(self.mlx_model)

@@ -48,7 +48,7 @@ from __future__ import annotations
 import functools
 import sys
 
-from lablib.engines.base import BatchStats, Engine, EngineInfo, GenerationConfig
+from lablib.engines.base import BatchStats, Engine, EngineInfo, GenerationConfig, token_ids
 from lablib.engines.sampling import DEFINITION
 from lablib.errors import LabError
 from lablib.results.trace import RequestTrace, now
@@ -197,7 +197,7 @@ class OpenVINOEngine(Engine):
         return [int(i) for i in ids.data[0]]
 
     def detokenize(self, ids) -> str:
-        ids = [int(i) for i in ids]
+        ids = token_ids(ids)
         self.check_ids(ids)  # the same LabError in every engine (llama.cpp's aborted the process; this one gave "")
         return self.tok.decode(ids, skip_special_tokens=False)
 

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING
 
 from lablib.children import tied
 from lablib.config import lab_home
-from lablib.engines.base import Engine, EngineInfo, GenerationConfig
+from lablib.engines.base import Engine, EngineInfo, GenerationConfig, token_ids
 from lablib.engines.sampling import DEFINITION
 from lablib.errors import LabError
 from lablib.results.trace import RequestTrace
@@ -341,7 +341,7 @@ class OnnxRuntimeGenAIEngine(Engine):
         return ids
 
     def detokenize(self, ids) -> str:
-        ids = [int(i) for i in ids]
+        ids = token_ids(ids)
         self.check_ids(ids)  # the same LabError in every engine (llama.cpp's aborted the process)
         return self.tok.decode(self._np.asarray(ids, dtype=self._np.int32))
 
@@ -468,7 +468,7 @@ class OnnxRuntimeGenAIEngine(Engine):
         cache): yields float32 numpy arrays [<= chunk, vocab] (the model's ``logits`` output, every
         position of the chunk; see :meth:`Engine.iter_logits`)."""
         np = self._np
-        ids = [int(i) for i in ids]
+        ids = token_ids(ids)
         self.check_ids(ids)
         self.check_context(len(ids), 0)
         gen = self._og.Generator(self.og_model, self._params(GenerationConfig(max_new_tokens=1), len(ids) + 1))

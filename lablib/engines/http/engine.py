@@ -47,7 +47,7 @@ import os
 import sys
 import threading
 
-from lablib.engines.base import Engine, EngineInfo, GenerationConfig
+from lablib.engines.base import Engine, EngineInfo, GenerationConfig, token_ids
 from lablib.engines.http.cards import card_for
 from lablib.engines.http.protocol import (
     APIS,
@@ -697,7 +697,7 @@ class HTTPEngine(Engine):
         return list(self._need_tok("tokenize")(text, add_special_tokens=add_special)["input_ids"])
 
     def detokenize(self, ids) -> str:
-        ids = [int(i) for i in ids]
+        ids = token_ids(ids)
         self.check_ids(ids)
         return self._need_tok("detokenize").decode(ids, skip_special_tokens=False)
 
