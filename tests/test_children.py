@@ -373,6 +373,23 @@ def test_a_signal_after_a_swallowed_first_one_is_named_after_the_first(capsys):
     assert "Exception ignored" not in capsys.readouterr().err
 
 
+def test_a_sweeps_ctrl_c_is_the_commands_first_signal(capsys):
+    """`lablib sweep`'s Ctrl-C handler (ctrl_c_also_cancels, which also stops the sweep) inside the command's
+    (first_interrupt_only): the Ctrl-C raises KeyboardInterrupt("SIGINT") and sets the cancel event, and a SIGTERM
+    after it, on the way out, is dropped. Was: the command's handler never saw the Ctrl-C, the SIGTERM raised
+    "SIGTERM", and the sweep exited 143 saying "interrupted (SIGTERM)" (CI, stops 52 and 53)."""
+    from lablib.children import first_interrupt_only
+    from lablib.cli.common import ctrl_c_also_cancels
+    from procs import ctrl_c_raises
+
+    with ctrl_c_raises(), first_interrupt_only():
+        with pytest.raises(KeyboardInterrupt) as got, ctrl_c_also_cancels() as cancel:
+            signal.raise_signal(signal.SIGINT)
+        assert got.value.args == ("SIGINT",) and cancel.is_set()
+        signal.raise_signal(signal.SIGTERM)  # dropped: no KeyboardInterrupt here
+        time.sleep(0.1)
+
+
 def test_lablib_main_called_from_python_leaves_the_callers_signal_handlers(monkeypatch, tmp_path):
     """Only a lablib process takes SIGTERM as Ctrl-C for its command; a script calling lablib.cli.main([...]) keeps
     its own handlers (a SIGTERM ends the script, as before)."""

@@ -45,7 +45,12 @@ def ctrl_c_also_cancels():
     a KeyboardInterrupt that lands in a finalizer or a ctypes callback ("Exception ignored in ..."), and the sweep
     went on (a CI run's `lablib sweep --reps 500` still running 60 s after its SIGINT). Leaving with ``cancel`` set
     (the sweep stopped at it) raises KeyboardInterrupt there: the same way out, one line, exit 130. Outside the
-    main thread (where no handler can be set) ``cancel`` is only an event."""
+    main thread (where no handler can be set) ``cancel`` is only an event.
+
+    Inside a ``lablib`` command (:func:`lablib.children.first_interrupt_only`'s handler before it), a Ctrl-C goes
+    through that handler too, so the command's first signal is this Ctrl-C: a SIGTERM after it is dropped. Was:
+    the command's handler never saw the Ctrl-C, and a SIGTERM 0.2 s later, on the sweep's way out, made it say
+    "interrupted (SIGTERM)" and exit 143 (CI, twice: tests/test_sweep.py's Ctrl-C then SIGTERM)."""
     import signal
     import threading
 
@@ -55,10 +60,18 @@ def ctrl_c_also_cancels():
         return
 
     def on_int(signum, frame):
+        if getattr(prior, "first_interrupt_only", False):  # the command's: it raises the first signal only
+            try:
+                prior(signum, frame)
+            except KeyboardInterrupt:
+                cancel.set()
+                raise
+            return  # a later signal, dropped: the first is already on its way out
         cancel.set()
         raise KeyboardInterrupt
 
-    prior = signal.signal(signal.SIGINT, on_int)
+    prior = signal.getsignal(signal.SIGINT)  # before on_int can run: it reads it
+    signal.signal(signal.SIGINT, on_int)
     try:
         yield cancel
     finally:
