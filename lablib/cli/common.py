@@ -47,10 +47,11 @@ def ctrl_c_also_cancels():
     (the sweep stopped at it) raises KeyboardInterrupt there: the same way out, one line, exit 130. Outside the
     main thread (where no handler can be set) ``cancel`` is only an event.
 
-    Inside a ``lablib`` command (:func:`lablib.children.first_interrupt_only`'s handler before it), a Ctrl-C goes
+    Inside a ``lablib`` command (:func:`lablib.children.first_interrupt_only`'s handler set), a Ctrl-C goes
     through that handler too, so the command's first signal is this Ctrl-C: a SIGTERM after it is dropped. Was:
     the command's handler never saw the Ctrl-C, and a SIGTERM 0.2 s later, on the sweep's way out, made it say
-    "interrupted (SIGTERM)" and exit 143 (CI, twice: tests/test_sweep.py's Ctrl-C then SIGTERM)."""
+    "interrupted (SIGTERM)" and exit 143 (CI, twice: tests/test_sweep.py's Ctrl-C then SIGTERM; every time in a
+    background job, where SIGINT comes in ignored and the command's handler is on SIGTERM alone)."""
     import signal
     import threading
 
@@ -60,9 +61,12 @@ def ctrl_c_also_cancels():
         return
 
     def on_int(signum, frame):
-        if getattr(prior, "first_interrupt_only", False):  # the command's: it raises the first signal only
+        # the command's handler, found on SIGTERM (which it always holds; SIGINT only where Python's handler was set,
+        # not in a background job, where SIGINT came in ignored and only this handler takes it): the first only
+        command = signal.getsignal(signal.SIGTERM)
+        if getattr(command, "first_interrupt_only", False):
             try:
-                prior(signum, frame)
+                command(signum, frame)
             except KeyboardInterrupt:
                 cancel.set()
                 raise
@@ -70,8 +74,7 @@ def ctrl_c_also_cancels():
         cancel.set()
         raise KeyboardInterrupt
 
-    prior = signal.getsignal(signal.SIGINT)  # before on_int can run: it reads it
-    signal.signal(signal.SIGINT, on_int)
+    prior = signal.signal(signal.SIGINT, on_int)
     try:
         yield cancel
     finally:
