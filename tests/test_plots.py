@@ -379,7 +379,8 @@ def test_report_html_refuses_to_write_over_a_results_file_or_to_read_a_path(tmp_
     with pytest.raises(LabError, match=r"report_html's path .*page\.html is a folder"):
         report.report_html(context_df(), tmp_path / "page.html")
     with pytest.raises(
-        LabError, match=r"takes rows as a pandas DataFrame; it was given a str, '.*keep\.jsonl' \(a results"
+        LabError,
+        match=r"takes rows as a pandas DataFrame; it was given a str, '.* \(a results file's path: read it first",
     ):
         report.report_html(str(results), tmp_path / "r.html")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.jsonl", "page.html"]

@@ -19,7 +19,7 @@ def test_unknown_type_is_refused_with_the_known_ones():
     with pytest.raises(LabError) as e:
         quant.parse_types("Q8_0,Q9_9")
     msg = str(e.value)
-    assert "Q9_9" in msg and "Q4_K_M" in msg and "IQ4_NL" in msg and "--types" in msg
+    assert "Q9_9" in msg and "Q4_K_M" in msg and "IQ4_NL" in msg and msg.endswith("Example: types=Q8_0")
     assert quant.parse_types(" q8_0,Q4_K_M,Q8_0") == ["Q8_0", "Q4_K_M"]
 
 

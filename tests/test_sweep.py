@@ -424,9 +424,9 @@ def test_torn_jsonl_is_named_and_appends_stay_readable(tmp_path):
 
 
 def test_zero_budgets_are_refused_not_defaulted(model):
-    with pytest.raises(LabError, match="max_new_tokens=\\[0\\]"):
+    with pytest.raises(LabError, match="max_new_tokens=0: expected a whole number of at least 1"):
         sweep.context_sweep(model, engines=["llama.cpp"], prompt_tokens=[8], max_new_tokens=0, progress=False)
-    with pytest.raises(LabError, match="reps=\\[0\\]"):
+    with pytest.raises(LabError, match="reps=0: expected a whole number of at least 1"):
         sweep.context_sweep(model, engines=["llama.cpp"], prompt_tokens=[8], reps=0, progress=False)
     with pytest.raises(LabError, match="prompt_tokens is empty"):
         sweep.context_sweep(model, engines=["llama.cpp"], prompt_tokens=[], progress=False)

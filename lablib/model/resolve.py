@@ -231,13 +231,6 @@ def prepare(model: str | Path | None = None, formats=FORMATS, log=print) -> Reso
     fmt = detect_format(src)
     if fmt == "gguf" and src.is_dir():
         src = gguf_files(src)[0]
-    # before any folder or derivation is made (was: derived into Hugging Face and MLX folders of randomly
-    # initialised weights, 15 GB each from llama.cpp's 726 KB ggml-vocab-phi-3.gguf)
-    if fmt == "gguf" and not gguf_facts(src)["parameters"]:
-        raise FormatError(
-            f"{src} holds no weights: a GGUF with a tokenizer and no tensors (as llama.cpp's ggml-vocab-*.gguf "
-            "test files); expected a model's GGUF with its weights"
-        )
     hashes = _load_hash_cache()
     known = len(hashes)
     sha = file_sha256(src, hashes) if src.is_file() else _folder_sha256(src)
@@ -247,6 +240,14 @@ def prepare(model: str | Path | None = None, formats=FORMATS, log=print) -> Reso
     prov_path = home / "provenance.json"
     try:
         if not _is_current(prov_path):
+            # before any folder or derivation is made (was: derived into Hugging Face and MLX folders of randomly
+            # initialised weights, 15 GB each from llama.cpp's 726 KB ggml-vocab-phi-3.gguf); a cache hit reads
+            # only provenance.json
+            if fmt == "gguf" and not gguf_facts(src)["parameters"]:
+                raise FormatError(
+                    f"{src} holds no weights: a GGUF with a tokenizer and no tensors (as llama.cpp's "
+                    "ggml-vocab-*.gguf test files); expected a model's GGUF with its weights"
+                )
             # derive under a lock: two notebooks or test processes must not derive at once
             home.mkdir(parents=True, exist_ok=True)
             with _locked(home / ".lock"):
