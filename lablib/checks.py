@@ -13,7 +13,8 @@ import operator
 from lablib.errors import LabError
 
 
-def _shown(value) -> str:
+def shown(value) -> str:
+    """``value`` as a message shows it: its repr, cut to 40 characters."""
     r = repr(value)
     return r if len(r) < 40 else f"{r[:37]}..."
 
@@ -29,7 +30,7 @@ def whole(value, what: str, expected: str, lo: int | None = 1, hi: int | None = 
     except (TypeError, ValueError):
         n = None
     if n is None or (lo is not None and n < lo) or (hi is not None and n > hi):
-        raise LabError(f"{what}={_shown(value)}: expected {expected}")
+        raise LabError(f"{what}={shown(value)}: expected {expected}")
     return n
 
 
@@ -46,7 +47,7 @@ def csv_list(values, what: str = "list", example: str = "a,b") -> list:
         items = [v.strip() for v in values.split(",")]
         if "" in items:
             raise LabError(
-                f"{what}={_shown(values)}: an empty item (two commas together, or one at an end); expected values "
+                f"{what}={shown(values)}: an empty item (two commas together, or one at an end); expected values "
                 f"separated by single commas, e.g. {example}"
             )
         return items
@@ -68,7 +69,7 @@ def positive_ints(values, what: str) -> list[int]:
     try:
         items = list(items)
     except TypeError:
-        raise LabError(f"{what}={_shown(values)}: expected whole numbers such as 64,256") from None
+        raise LabError(f"{what}={shown(values)}: expected whole numbers such as 64,256") from None
     if not items:
         raise LabError(f"{what} is empty: expected at least one value")
     out = []
@@ -76,7 +77,7 @@ def positive_ints(values, what: str) -> list[int]:
         try:
             out.append(whole(v, what, "whole numbers such as 64,256", lo=None, strings=True))
         except LabError:
-            raise LabError(f"{what}={_shown(values)}: expected whole numbers such as 64,256") from None
+            raise LabError(f"{what}={shown(values)}: expected whole numbers such as 64,256") from None
     bad = [v for v in out if v < 1]
     if bad and len(out) == 1:  # one value (a flag such as --reps): said as one, not as a list
         raise LabError(f"{what}={out[0]}: expected a whole number of at least 1")
@@ -91,12 +92,12 @@ def chat_messages(messages, what: str = "messages") -> list[dict]:
     attribute 'content'", or transformers' "Chat messages should be dicts")."""
     expected = 'expected a non-empty list of {"role": ..., "content": ...} objects, such as [{"role": "user", "content": "Hi"}]'
     if not isinstance(messages, (list, tuple)) or not messages:
-        raise LabError(f"{what}={_shown(messages)}: {expected}")
+        raise LabError(f"{what}={shown(messages)}: {expected}")
     for i, m in enumerate(messages):
         if (
             not isinstance(m, dict)
             or not isinstance(m.get("role"), str)
             or not isinstance(m.get("content"), (str, list))
         ):
-            raise LabError(f"{what}[{i}]={_shown(m)}: {expected}")
+            raise LabError(f"{what}[{i}]={shown(m)}: {expected}")
     return list(messages)

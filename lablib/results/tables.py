@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from lablib.checks import shown
 from lablib.errors import LabError
 from lablib.results.schema import (
     CLOCKS,
@@ -34,13 +35,12 @@ def rows_given(df, what: str):
     'columns'" from the table or figure)."""
     if hasattr(df, "columns"):
         return df
-    shown = repr(df) if len(repr(df)) <= 80 else repr(df)[:77] + "..."
     load = (
         f" (a results file's path: read it first, lablib.load_results({df!r}))"
         if isinstance(df, (str, os.PathLike))
         else ""
     )
-    raise LabError(f"{what} takes rows as a pandas DataFrame; it was given a {type(df).__name__}, {shown}{load}")
+    raise LabError(f"{what} takes rows as a pandas DataFrame; it was given a {type(df).__name__}, {shown(df)}{load}")
 
 
 def need(df, columns, what: str, source: str | None = None) -> None:

@@ -495,8 +495,10 @@ def _last_rows(files, model, engines):
         keep &= df["error"].isna()
     if "sweep" in df:
         keep &= df["sweep"].isin(PLAIN_DECODE_SWEEPS) | df["sweep"].isna()
-    if "spec_method" in df:  # lablib speculate's rows (no sweep): its plain ones ("none") decode plainly
-        keep &= df["spec_method"].isna() | (df["spec_method"] == "none")
+    if "spec_method" in df:  # lablib speculate's rows (no sweep): its plain ones decode plainly
+        from lablib.studies.decoding.acceptance import NONE
+
+        keep &= df["spec_method"].isna() | (df["spec_method"] == NONE)
     if "adapter" in df:  # lablib lora's rows (no sweep): with a LoRA adapter, loaded or merged
         keep &= df["adapter"].isna()
     if "hostname" in df:
