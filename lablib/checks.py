@@ -10,13 +10,7 @@ from __future__ import annotations
 
 import operator
 
-from lablib.errors import LabError
-
-
-def shown(value) -> str:
-    """``value`` as a message shows it: its repr, cut to 40 characters."""
-    r = repr(value)
-    return r if len(r) < 40 else f"{r[:37]}..."
+from lablib.errors import LabError, shown
 
 
 def whole(value, what: str, expected: str, lo: int | None = 1, hi: int | None = None, strings: bool = False) -> int:

@@ -49,6 +49,12 @@ def excerpt(body: str, content_type: str = "", limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
+def shown(value) -> str:
+    """``value`` as a message shows it: its repr, cut to 40 characters."""
+    r = repr(value)
+    return r if len(r) < 40 else f"{r[:37]}..."
+
+
 def json_kind(value) -> str:
     """What a parsed JSON value is, in JSON's words ("null", "array", "string", "number", "true or false",
     "object"), for a message about a file or an answer (was Python's: "a JSON NoneType", "a JSON list")."""

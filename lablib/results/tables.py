@@ -12,8 +12,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from lablib.checks import shown
-from lablib.errors import LabError
+from lablib.errors import LabError, shown
 from lablib.results.schema import (
     CLOCKS,
     DISTRIBUTIONS,
