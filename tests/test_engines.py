@@ -221,7 +221,7 @@ def test_token_ids_outside_the_vocabulary_are_one_clear_error(engine):
 def test_a_closed_engine_refuses_a_request_in_one_message(model, name):
     """After close() (its model and context freed): one LabError saying so and what to do. Was: llama.cpp's
     generate read its freed context and the process died by SIGSEGV (a notebook's kernel with it); transformers
-    raised AttributeError on None."""
+    raised AttributeError on None, from generate and from every verb that reads the model (Engine.needs_open)."""
     from lablib.engines import load_engine
 
     e = load_engine(name, model, n_ctx=256)
@@ -229,9 +229,17 @@ def test_a_closed_engine_refuses_a_request_in_one_message(model, name):
     with e:
         assert e.generate(ids, GenerationConfig(max_new_tokens=2)).output_tokens == 2 and not e.closed
     assert e.closed
-    calls = [lambda: e.generate(ids, GenerationConfig(max_new_tokens=2)), lambda: e.cache_prefix(ids)]
-    if name == "llama.cpp":  # each of these read the freed model
-        calls += [lambda: e.tokenize("Hello"), lambda: e.detokenize(ids), lambda: e.logits(ids)]
+    calls = [
+        lambda: e.generate(ids, GenerationConfig(max_new_tokens=2)),
+        lambda: e.cache_prefix(ids),
+        lambda: e.tokenize("Hello"),
+        lambda: e.detokenize(ids),
+        lambda: e.logits(ids),
+        lambda: e.iter_logits(ids),
+        lambda: e.info(),
+        lambda: e.apply_chat_template([{"role": "user", "content": "Hi"}]),
+        lambda: e.batch_session(GenerationConfig(max_new_tokens=2), 2, 64),
+    ]
     for call in calls:
         with pytest.raises(LabError, match=rf"the {name} engine was closed .* load it again \(lablib.load_engine"):
             call()

@@ -297,11 +297,34 @@ class Engine:
     # True once close() ran: a request then raises LabError (check_open). Was: llama.cpp's generate on its freed
     # context ended the process by SIGSEGV (a notebook's kernel died); the others raised AttributeError
     closed: bool = False
+    # the verbs that read the loaded model: each engine's own refuses after close() as generate does (check_open).
+    # Was: AttributeError on None from transformers', MLX's, OpenVINO's and ONNX Runtime GenAI's
+    needs_open: ClassVar[tuple] = (
+        "tokenize",
+        "detokenize",
+        "apply_chat_template",
+        "info",
+        "logits",
+        "iter_logits",
+        "batch_session",
+        "effective_config",
+    )
 
     def __init_subclass__(cls, **kw):
         """Every engine's own ``close`` marks the engine closed when it has run (:attr:`closed`), so no engine
-        file needs to remember to."""
+        file needs to remember to; its own :attr:`needs_open` verbs call :meth:`check_open` first."""
         super().__init_subclass__(**kw)
+        for verb in cls.needs_open:
+            own_verb = cls.__dict__.get(verb)
+            if callable(own_verb) and not getattr(own_verb, "checks_open", False):
+
+                @functools.wraps(own_verb)
+                def checked(self, *a, _own=own_verb, **k):
+                    self.check_open()
+                    return _own(self, *a, **k)
+
+                checked.checks_open = True
+                setattr(cls, verb, checked)
         own = cls.__dict__.get("close")
         if own is not None and not getattr(own, "marks_closed", False):
 

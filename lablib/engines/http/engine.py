@@ -46,6 +46,7 @@ import math
 import os
 import sys
 import threading
+from typing import ClassVar
 
 from lablib.engines.base import Engine, EngineInfo, GenerationConfig, token_ids
 from lablib.engines.http.cards import card_for
@@ -262,6 +263,10 @@ class HTTPEngine(Engine):
     for None). A server that lists none (another kind, another URL) takes no adapter name: the lab cannot tell an
     adapter from another model there.
     """
+
+    # its tokenizer is the lab's, and info what the server said: both still answer after close() (the server
+    # keeps running); a request refuses (Engine.generate's check_open)
+    needs_open: ClassVar[tuple] = ()
 
     name = "http"
     requires = "aiohttp"
