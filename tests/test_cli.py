@@ -51,6 +51,8 @@ def test_context_overflow_is_one_clear_error():
     assert p.returncode == 2
     assert "context overflow on llama.cpp: prompt 600 + output 16 = 616 tokens" in p.stderr
     assert "Traceback" not in p.stderr
+    # what to change, as the command's flags (was "lower max_new_tokens", the Python keyword)
+    assert "fewer output tokens (--max-new-tokens ...)" in p.stderr and "(--n-ctx ...;" in p.stderr
 
 
 def test_unknown_engine_is_one_clear_error():

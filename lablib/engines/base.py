@@ -726,7 +726,7 @@ class Engine:
             raise ContextOverflowError(
                 f"context overflow on {self.name}: prompt {prompt_tokens} + output "
                 f"{max_new_tokens} = {need} tokens, but the context holds {self.n_ctx}. "
-                f"Shorten the prompt, lower max_new_tokens, or {self._larger_context()}."
+                f"Shorten the prompt, ask for fewer output tokens (max_new_tokens=...), or {self._larger_context()}."
             )
 
     def _larger_context(self) -> str:
