@@ -55,6 +55,12 @@ def test_context_overflow_is_one_clear_error():
     assert "fewer output tokens (--max-new-tokens ...)" in p.stderr and "(--n-ctx ...;" in p.stderr
 
 
+def test_run_names_its_prompt_tokens_flag_for_a_length_below_one():
+    p = lablib("run", "--engine", "llama.cpp", "--prompt-tokens", "0", "--max-new-tokens", "2")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "--prompt-tokens 0: expected a prompt length in tokens" in p.stderr, p.stderr
+
+
 def test_unknown_engine_is_one_clear_error():
     p = lablib("run", "--engine", "vllm", "--max-new-tokens", "2")
     assert p.returncode == 2 and "unknown engine 'vllm'" in p.stderr and "llama.cpp" in p.stderr

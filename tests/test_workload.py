@@ -16,3 +16,28 @@ def test_distinct_prompts_are_exact_cuts_that_share_no_prefix():
     assert prompts[3] == prompt_of_length(model, 48, offset=100 + 3 * (48 + DISTINCT_GAP))
     longest = max(_common_prefix(a, b) for i, a in enumerate(prompts) for b in prompts[i + 1 :])
     assert longest < 4, f"two prompts share a {longest}-token prefix: a server's prefix cache could reuse it"
+
+
+def test_prompt_helpers_take_a_model_by_name_and_refuse_what_is_no_prompt_in_one_message():
+    """A notebook's slip: the model as its name, a length as text, token ids where text goes. Was: AttributeError
+    "'str' object has no attribute 'hf_path'", TypeError from a comparison or a slice, the tokenizer's ValueError
+    on its batch types; True ran as a 1-token prompt."""
+    import numpy as np
+    import pytest
+
+    from lablib.errors import LabError
+
+    model = lablib.prepare(log=lambda *_: None)
+    # a name (or None, the default) is prepared as load_engine takes it: the same ids as the prepared model's
+    assert prompt_of_length(str(model.source), 8) == prompt_of_length(model, 8) == prompt_of_length(None, 8)
+    assert lablib.text_ids(None, "Hello there") == lablib.text_ids(model, "Hello there")
+    assert prompt_of_length(model, np.int64(5)) == prompt_of_length(model, 5)
+    for n in ("64", 2.5, True, 0):
+        with pytest.raises(LabError, match=rf"n={n!r}: expected a prompt length in tokens, a whole number of at least"):
+            prompt_of_length(model, n)
+    with pytest.raises(LabError, match=r"offset=-1: expected a whole number of tokens into the corpus, 0 or more"):
+        prompt_of_length(model, 4, offset=-1)
+    with pytest.raises(LabError, match=r"text=\[1, 2\]: expected the prompt as text \(a str\); token ids go to"):
+        lablib.text_ids(model, [1, 2])
+    with pytest.raises(LabError, match=r"model=5: expected a model's name"):
+        lablib.chat_ids(5, [{"role": "user", "content": "Hi"}])

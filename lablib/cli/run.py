@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from lablib.checks import whole
 from lablib.engines import IN_PROCESS, check_load_args, check_supported, engine_class, load_engine
 from lablib.engines.base import GenerationConfig
 from lablib.machine.threads import default_threads
@@ -54,6 +55,8 @@ def run(ns) -> int:
     cls.check_generation(cfg)
     check_load_args({"n_ctx": ns.n_ctx})
     check_warmup(ns.warmup)  # -1 ran as 0 without a word
+    if ns.prompt_tokens is not None:  # said as the flag (prompt_of_length's own check names its keyword, n)
+        whole(ns.prompt_tokens, "prompt_tokens", "a prompt length in tokens, a whole number of at least 1")
     if cls.in_process:
         default_threads()
     rm = prepare(ns.model, log=lambda m: print(m, file=sys.stderr))

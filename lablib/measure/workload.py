@@ -12,9 +12,9 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from lablib.checks import chat_messages
+from lablib.checks import chat_messages, whole
 from lablib.config import data_dir
-from lablib.errors import LabError
+from lablib.errors import LabError, shown
 from lablib.model.tokenizer import _tokenizer, lab_tokenizer  # noqa: F401 (lab_tokenizer: the measure layer's name for it)
 
 CORPORA = ("prose", "code")
@@ -38,12 +38,27 @@ def corpus_text(name: str = "prose") -> str:
     raise LabError(f"unknown corpus {name!r}: expected one of {', '.join(CORPORA)}")
 
 
+def takes_model(fn):
+    """``fn`` with its first argument, ``model``, as a ResolvedModel: a name, a path or None (the default model) is
+    prepared first (:func:`lablib.model.resolve.resolve`), as ``load_engine`` takes it; anything else is refused
+    in prepare's one message. Was: AttributeError "'str' object has no attribute 'hf_path'"."""
+
+    @functools.wraps(fn)
+    def with_model(model, *args, **kwargs):
+        from lablib.model.resolve import resolve
+
+        return fn(resolve(model), *args, **kwargs)
+
+    return with_model
+
+
 @functools.lru_cache(maxsize=8)
 def _corpus_ids(path: str, name: str) -> tuple[int, ...]:
     tok = _tokenizer(path)
     return tuple(tok(corpus_text(name), add_special_tokens=False)["input_ids"])
 
 
+@takes_model
 def corpus_ids(model, corpus: str = "prose") -> tuple[int, ...]:
     """The whole corpus ``corpus`` as the lab tokenizer's token ids (no special tokens; cached per model):
     what :func:`prompt_of_length` cuts from (about 9,700 ids for the prose of the default model)."""
@@ -51,15 +66,16 @@ def corpus_ids(model, corpus: str = "prose") -> tuple[int, ...]:
     return _corpus_ids(model.hf_path or model.mlx_path, corpus)
 
 
+@takes_model
 def prompt_of_length(model, n: int, corpus: str = "prose", offset: int = 0) -> list[int]:
     """Exactly ``n`` token ids of real text, starting ``offset`` tokens into the corpus.
 
     Wraps around the corpus when it is shorter than ``offset + n`` (the prose
     corpus holds about 10,000 tokens of the default model). Raises LabError
-    for n < 1.
+    for ``n`` not a whole number of at least 1, or ``offset`` not one of at least 0.
     """
-    if n < 1:
-        raise LabError(f"prompt length {n}: expected at least 1 token")
+    n = whole(n, "n", "a prompt length in tokens, a whole number of at least 1")
+    offset = whole(offset, "offset", "a whole number of tokens into the corpus, 0 or more", lo=0)
     lab_tokenizer(model)  # raises when the model has no tokenizer folder
     ids = _corpus_ids(model.hf_path or model.mlx_path, corpus)
     out: list[int] = []
@@ -74,6 +90,7 @@ def prompt_of_length(model, n: int, corpus: str = "prose", offset: int = 0) -> l
 DISTINCT_GAP = 17  # tokens skipped between two prompts, so that no prompt starts where the last one ended
 
 
+@takes_model
 def distinct_prompts(model, n: int, count: int, start: int = 0, corpus: str = "prose") -> list[list[int]]:
     """``count`` prompts of exactly ``n`` token ids each, cut from the corpus at different offsets
     (``start``, then every ``n`` + :data:`DISTINCT_GAP` tokens): no two share a prefix, so no measured
@@ -85,6 +102,7 @@ PROMPT_KINDS = ("prose", "random")  # lablib bench --prompts: distinct_prompts o
 RANDOM_MAX_RETRY = 10  # vllm/benchmarks/datasets: gen_prompt_decode_to_target_len's max_retry
 
 
+@takes_model
 def random_prompts(model, tokens: int, n: int, seed: int = 0) -> list[list[int]]:
     """``n`` prompts of exactly ``tokens`` token ids each (less the special tokens the tokenizer adds to
     a text, as vLLM counts them: none for SmolLM2), as vLLM's benchmark makes them: the ids of the
@@ -108,8 +126,6 @@ def random_prompts(model, tokens: int, n: int, seed: int = 0) -> list[list[int]]
     and when vLLM's retries end without the exact length (vLLM would send that prompt with another
     length and a warning; here a prompt is exact or refused: try another seed)."""
     import numpy as np
-
-    from lablib.checks import whole
 
     tokens = whole(tokens, "tokens", "a prompt length of at least 1 token")
     n = whole(n, "n", "a number of prompts, at least 1")
@@ -144,12 +160,14 @@ def random_prompts(model, tokens: int, n: int, seed: int = 0) -> list[list[int]]
     return out
 
 
+@takes_model
 def has_chat_template(model) -> bool:
     """Whether the model's tokenizer carries a chat template (an instruction-tuned model does; a base
     model, such as Gemma 3 270M's pretrained checkpoint, continues text and has none)."""
     return bool(getattr(lab_tokenizer(model), "chat_template", None))
 
 
+@takes_model
 def chat_ids(model, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
     """Chat messages rendered by the model's own (Hugging Face) chat template, as token ids. Raises
     LabError naming the model when it has no chat template (:func:`has_chat_template`), or naming the first
@@ -166,11 +184,16 @@ def chat_ids(model, messages: list[dict], add_generation_prompt: bool = True) ->
     return list(tok(text, add_special_tokens=False)["input_ids"])
 
 
+@takes_model
 def text_ids(model, text: str) -> list[int]:
     """Plain text as token ids with the lab tokenizer (special tokens in the text parsed), after the
     BOS token when the model asks for one before a text (its tokenizer's own rule, as llama.cpp's
     ``tokenizer.ggml.add_bos_token``: Gemma does, SmolLM2 does not; Gemma 3 without it answers "The
     capital of France is" with " France. France. France."). Nothing else is added (no EOS)."""
+    if not isinstance(text, str):  # was: the tokenizer's ValueError on the types a batch may take
+        raise LabError(
+            f"text={shown(text)}: expected the prompt as text (a str); token ids go to engine.generate as they are"
+        )
     tok = lab_tokenizer(model)
     bare = list(tok(text, add_special_tokens=False)["input_ids"])
     bos = tok.bos_token_id
@@ -191,6 +214,7 @@ def completion_text(messages: list[dict], add_generation_prompt: bool = True) ->
     return "\n".join(lines) + ("\nAnswer:" if add_generation_prompt else "")
 
 
+@takes_model
 def messages_ids(model, messages: list[dict], add_generation_prompt: bool = True, log=None) -> tuple[list[int], str]:
     """Chat messages as the model can take them: ``(ids, "chat")`` rendered by its chat template
     (:func:`chat_ids`), or, for a base model with none, ``(ids, "text")``: :func:`completion_text` as raw text
@@ -207,6 +231,7 @@ def messages_ids(model, messages: list[dict], add_generation_prompt: bool = True
     return text_ids(model, text), "text"
 
 
+@takes_model
 def question_ids(model, messages: list[dict] | None = None, log=None) -> tuple[list[int], str]:
     """The lab's question (``messages``, default :data:`DEFAULT_MESSAGES`) as the model can take it
     (:func:`messages_ids`): rendered by its chat template, or raw text for a base model, said to ``log``."""
