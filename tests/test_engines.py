@@ -245,6 +245,19 @@ def test_a_closed_engine_refuses_a_request_in_one_message(model, name):
             call()
 
 
+def test_the_doctor_takes_a_prepared_model_and_refuses_what_is_no_model_or_engine(model):
+    """check_engine(name, lablib.prepare()) checks that model (was: subprocess's TypeError on the object); a list of
+    engine names given as the model, or an unknown engine, is one message (was: TypeError, KeyError)."""
+    from lablib.engines.doctor import check_engine, check_engines
+
+    r = check_engine("llama.cpp", model)
+    assert r["usable"] and "generated 2 tokens" in r["detail"], r
+    with pytest.raises(LabError, match=r"model=\['llama.cpp'\]: expected a model's name or path, a prepared model"):
+        check_engines(["llama.cpp"])
+    with pytest.raises(LabError, match=r"unknown engine 'foo': expected one of transformers, llama.cpp"):
+        check_engine("foo")
+
+
 @pytest.mark.parametrize(
     "kw, want",
     [

@@ -1086,6 +1086,10 @@ def test_side_by_side_refuses_a_results_file_it_cannot_write_before_any_engine_l
     (tmp_path / "folder.jsonl").mkdir()
     with pytest.raises(LabError, match="is a folder; expected a file name ending in .jsonl or .parquet"):
         sweep.side_by_side(model, engines=["llama.cpp"], progress=False, out=tmp_path / "folder.jsonl")
+    # a name that is no path (a number, a list): one message, not pathlib's TypeError after the engines loaded
+    for out in (123, ["a.jsonl"]):
+        with pytest.raises(LabError, match=r"results file .*: expected a file name \(a str or a Path\) ending in"):
+            sweep.context_sweep(model, engines=["llama.cpp"], prompt_tokens=[16], progress=False, out=out)
     assert loaded == []
 
 

@@ -8,8 +8,11 @@ raising, and the doctor must live to say so.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+
+from lablib.errors import LabError, shown
 
 _SMOKE = r"""
 import json, sys
@@ -29,12 +32,25 @@ def check_engine(name: str, model: str | None = None, timeout: float = 300, reso
     A child process, because a library built for instructions the CPU does not
     grant dies with SIGILL instead of raising. Returns {engine, usable, detail, supported}: ``supported``
     False (nothing loaded) when the engine cannot read the model (``resolved``, the prepared ``model``:
-    ``Engine.unsupported``'s reason in ``detail``).
+    ``Engine.unsupported``'s reason in ``detail``). ``model``: a name or path (None: the lab's default), or a prepared
+    model (``lablib.prepare()``), which the child prepares again from its source (a cache hit). Raises LabError for
+    anything else, before any child starts (was: subprocess's TypeError).
     """
     import importlib.util
     import signal
 
-    from lablib.engines import ENGINES
+    from lablib.engines import ENGINES, canonical
+    from lablib.model.resolve import ResolvedModel
+
+    name = canonical(name)  # an alias as load_engine takes it; an unknown name said with the choices (was: KeyError)
+
+    if isinstance(model, ResolvedModel):
+        model, resolved = model.source, resolved or model
+    elif model is not None and not isinstance(model, (str, os.PathLike)):
+        raise LabError(
+            f"model={shown(model)}: expected a model's name or path, a prepared model (lablib.prepare()), or None for "
+            "the lab's default; check_engines() checks every engine, check_engine(name, model) one"
+        )
 
     module, install = ENGINES[name].requires, ENGINES[name].install_hint
     if importlib.util.find_spec(module) is None:
@@ -42,7 +58,7 @@ def check_engine(name: str, model: str | None = None, timeout: float = 300, reso
     why = ENGINES[name].unsupported(resolved) if resolved is not None else None
     if why:
         return {"engine": name, "usable": False, "supported": False, "detail": why}
-    cmd = [sys.executable, "-c", _SMOKE, name] + ([model] if model else [])
+    cmd = [sys.executable, "-c", _SMOKE, name] + ([os.fspath(model)] if model else [])
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from lablib._version import __version__
-from lablib.errors import LabError, excerpt, first_line, json_kind
+from lablib.errors import LabError, excerpt, first_line, json_kind, shown
 from lablib.machine.device_ceilings import measured_summary
 from lablib.machine.identity import hardware_info, load_average
 from lablib.machine.telemetry import gpu_manifest
@@ -123,6 +123,10 @@ def check_folder(folder) -> None:
 
 
 def _suffix(path) -> str:
+    if not isinstance(path, (str, os.PathLike)):  # was: pathlib's TypeError, "expected str, bytes or os.PathLike"
+        raise LabError(
+            f"results file {shown(path)}: expected a file name (a str or a Path) ending in .jsonl or .parquet"
+        )
     suffix = Path(path).suffix.lower()
     if suffix not in FORMATS:
         raise LabError(f"results file {path}: expected a name ending in .jsonl or .parquet")
@@ -147,8 +151,8 @@ class ResultsWriter:
     def __init__(self, path, sync_every_s: float = 0.0):
         import pandas as pd
 
+        self.suffix = _suffix(path)
         self.path = Path(path)
-        self.suffix = _suffix(self.path)
         if self.path.name.endswith(COMPANIONS):  # lablib report and merge leave such files out, rows and all
             companion = next(c for c in COMPANIONS if self.path.name.endswith(c))
             raise LabError(
