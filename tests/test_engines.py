@@ -1,6 +1,7 @@
 """Each real engine on the real default model: same ids, per-token timestamps,
 no KV-cache reuse, context checks, and the derived formats giving the same text."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -215,6 +216,18 @@ def test_token_ids_outside_the_vocabulary_are_one_clear_error(engine):
     # and to render: llama.cpp's std::out_of_range aborted the process; transformers and MLX gave ""
     with pytest.raises(LabError, match="token id 1000000000 is outside .* vocabulary of 49152"):
         engine.detokenize([1, 10**9])
+    # and what the tokenizer and the chat template take, checked before the library sees it (was: llama.cpp's
+    # AttributeError "'int' object has no attribute 'encode'", transformers' ValueError, or a list tokenized as a
+    # batch; jinja2's UndefinedError for a message without content)
+    for text in (5, ["Hello"]):
+        with pytest.raises(LabError, match=rf"text={re.escape(repr(text))}: expected text \(a str\) to tokenize"):
+            engine.tokenize(text)
+    with pytest.raises(LabError, match=r"text=None: expected text"):
+        engine.tokenize(text=None)
+    for messages, want in (("hi", r"messages='hi': expected a non-empty list"), ([{"role": "user"}], r"messages\[0\]")):
+        with pytest.raises(LabError, match=want):
+            engine.apply_chat_template(messages)
+    assert engine.tokenize("Hello") and engine.apply_chat_template(messages=[{"role": "user", "content": "Hi"}])
 
 
 @pytest.mark.parametrize("name", ["llama.cpp", "transformers"])

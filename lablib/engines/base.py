@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from lablib.checks import whole
+from lablib.checks import chat_messages, whole
 from lablib.engines.constraints import Constraint, ConstraintError, schema_part  # noqa: F401 - engines import them here
-from lablib.errors import ContextOverflowError, EngineUnavailable, LabError
+from lablib.errors import ContextOverflowError, EngineUnavailable, LabError, shown
 from lablib.machine.threads import default_threads
 from lablib.model.formats import SETTINGS_KEYS
 from lablib.results.trace import RequestTrace, now
@@ -244,6 +244,22 @@ def token_ids(ids) -> list[int]:
     return out
 
 
+def check_text(text, what: str = "text") -> str:
+    """``text`` when it is a str; LabError naming what was given otherwise (was: llama.cpp's AttributeError
+    "'int' object has no attribute 'encode'", transformers' ValueError on its batch types, or a list tokenized
+    as a batch)."""
+    if not isinstance(text, str):
+        raise LabError(
+            f"{what}={shown(text)}: expected text (a str) to tokenize; a chat's messages go to "
+            "engine.apply_chat_template(messages), token ids to engine.generate as they are"
+        )
+    return text
+
+
+# an engine verb's first argument, checked before the engine's library sees it: {verb: (keyword, check)}
+VERB_ARGUMENTS = {"tokenize": ("text", check_text), "apply_chat_template": ("messages", chat_messages)}
+
+
 class Engine:
     """Base class. Subclasses set ``name`` and their facts, and implement the ``_``-methods.
 
@@ -312,15 +328,20 @@ class Engine:
 
     def __init_subclass__(cls, **kw):
         """Every engine's own ``close`` marks the engine closed when it has run (:attr:`closed`), so no engine
-        file needs to remember to; its own :attr:`needs_open` verbs call :meth:`check_open` first."""
+        file needs to remember to; its own verbs call :meth:`check_open` first (those of :attr:`needs_open`) and
+        check what they are given (:data:`VERB_ARGUMENTS`) before its library sees it."""
         super().__init_subclass__(**kw)
-        for verb in cls.needs_open:
+        for verb in (*Engine.needs_open, *VERB_ARGUMENTS):
             own_verb = cls.__dict__.get(verb)
             if callable(own_verb) and not getattr(own_verb, "checks_open", False):
 
                 @functools.wraps(own_verb)
-                def checked(self, *a, _own=own_verb, **k):
-                    self.check_open()
+                def checked(self, *a, _own=own_verb, _verb=verb, **k):
+                    if _verb in self.needs_open:
+                        self.check_open()
+                    key, check = VERB_ARGUMENTS.get(_verb, (None, None))
+                    if check is not None and (a or key in k):
+                        check(a[0] if a else k[key], key)
                     return _own(self, *a, **k)
 
                 checked.checks_open = True
