@@ -41,3 +41,20 @@ def test_prompt_helpers_take_a_model_by_name_and_refuse_what_is_no_prompt_in_one
         lablib.text_ids(model, [1, 2])
     with pytest.raises(LabError, match=r"model=5: expected a model's name"):
         lablib.chat_ids(5, [{"role": "user", "content": "Hi"}])
+
+
+def test_the_studies_a_notebook_calls_with_a_model_take_it_by_name_too():
+    """roofline's weight figures, prefix.shared_prompts and anchors.batched_rows read a prepared model's files;
+    given its name, None or a path they prepare it first, as load_engine does (was: AttributeError on 'hf_path',
+    'path_for'), and refuse what is no model before running anything (batched_rows starts llama-batched-bench)."""
+    import pytest
+
+    from lablib.errors import LabError
+    from lablib.studies import anchors, prefix, roofline
+
+    model = lablib.prepare(log=lambda *_: None)
+    assert roofline.weight_bytes_read(None, "llama.cpp") == roofline.weight_bytes_read(model, "llama.cpp")
+    assert roofline.engine_profile(str(model.source), "llama.cpp") == roofline.engine_profile(model, "llama.cpp")
+    assert prefix.shared_prompts(None, 16, 1) == prefix.shared_prompts(model, 16, 1)
+    with pytest.raises(LabError, match=r"model=5: expected a model's name"):
+        anchors.batched_rows(5, batches=(1,), pp=8, tg=2, threads=1)

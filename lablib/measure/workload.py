@@ -15,6 +15,7 @@ from pathlib import Path
 from lablib.checks import chat_messages, whole
 from lablib.config import data_dir
 from lablib.errors import LabError, shown
+from lablib.model.resolve import takes_model
 from lablib.model.tokenizer import _tokenizer, lab_tokenizer  # noqa: F401 (lab_tokenizer: the measure layer's name for it)
 
 CORPORA = ("prose", "code")
@@ -36,20 +37,6 @@ def corpus_text(name: str = "prose") -> str:
         src = Path(__file__).resolve().parents[1]  # lablib/, every layer's source
         return "\n\n".join(p.read_text(encoding="utf-8") for p in sorted(src.rglob("*.py")))
     raise LabError(f"unknown corpus {name!r}: expected one of {', '.join(CORPORA)}")
-
-
-def takes_model(fn):
-    """``fn`` with its first argument, ``model``, as a ResolvedModel: a name, a path or None (the default model) is
-    prepared first (:func:`lablib.model.resolve.resolve`), as ``load_engine`` takes it; anything else is refused
-    in prepare's one message. Was: AttributeError "'str' object has no attribute 'hf_path'"."""
-
-    @functools.wraps(fn)
-    def with_model(model, *args, **kwargs):
-        from lablib.model.resolve import resolve
-
-        return fn(resolve(model), *args, **kwargs)
-
-    return with_model
 
 
 @functools.lru_cache(maxsize=8)

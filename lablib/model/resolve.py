@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import errno
+import functools
 import hashlib
 import importlib.util
 import json
@@ -265,6 +266,19 @@ def prepare(model: str | Path | None = None, formats=FORMATS, log=print) -> Reso
 def resolve(model) -> ResolvedModel:
     """``model`` as a ResolvedModel: returned as is when it is one, else :func:`prepare` d."""
     return model if isinstance(model, ResolvedModel) else prepare(model)
+
+
+def takes_model(fn):
+    """``fn`` with its first argument, ``model``, as a ResolvedModel: a name, a path or None (the default model) is
+    prepared first (:func:`resolve`), as ``load_engine`` takes it; anything else is refused in prepare's one
+    message. For the functions a notebook calls with a model. Was: AttributeError "'str' object has no attribute
+    'hf_path'" (or 'path_for', 'sha256')."""
+
+    @functools.wraps(fn)
+    def with_model(model, *args, **kwargs):
+        return fn(resolve(model), *args, **kwargs)
+
+    return with_model
 
 
 def _is_current(prov_path: Path) -> bool:

@@ -25,6 +25,7 @@ from lablib.engines.base import GenerationConfig
 from lablib.errors import LabError
 from lablib.measure.sweep import measured_traces
 from lablib.measure.workload import distinct_prompts, prompt_of_length
+from lablib.model.resolve import takes_model
 
 SINGLE = {"tg128@d0": (0, 128), "tg128@d512": (512, 128), "pp512": (512, 0)}  # test: (context, new tokens)
 
@@ -96,6 +97,7 @@ def lab_batched(model, b: int, pp: int, tg: int, threads: int | None = None, n_b
         engine.close()
 
 
+@takes_model
 def batched_rows(
     model, batches=None, pp: int | None = None, tg: int | None = None, threads: int | None = None
 ) -> list[dict]:

@@ -27,7 +27,7 @@ from lablib.errors import LabError
 from lablib.measure.plan import budgeted_int, check_plan, check_warmup, engine_names, positive_ints
 from lablib.measure.sweep import Step, run_plan
 from lablib.measure.workload import lab_tokenizer, messages_ids, prompt_of_length
-from lablib.model.resolve import resolve
+from lablib.model.resolve import resolve, takes_model
 from lablib.results.store import engine_manifest, trace_row
 from lablib.results.tables import need
 
@@ -56,6 +56,7 @@ def _row(engine, trace, manifest, **labels) -> dict:
     return row
 
 
+@takes_model
 def shared_prompts(model, doc_tokens: int, questions: int) -> tuple[list[int], list[list[int]]]:
     """A shared system prompt and the prompts that start with it: (shared ids, [prompt ids per
     question]). The system message is ``doc_tokens`` tokens of prose (a document, long

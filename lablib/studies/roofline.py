@@ -39,6 +39,7 @@ from pathlib import Path
 from lablib.errors import LabError
 from lablib.machine.ceilings import machine, peak_flops
 from lablib.machine.device_ceilings import ceilings_for
+from lablib.model.resolve import takes_model
 from lablib.model.shape import (
     flops_per_token,
     kv_bytes_per_token,
@@ -97,6 +98,7 @@ def _has_separate_head(names) -> bool:
     return any(n in LM_HEADS for n in names)
 
 
+@takes_model
 def weight_table(model, engine: str, weights: str | None = None):
     """Weights ``engine`` loads with the weight choice ``weights`` (None: its default), per stored type:
     DataFrame of type, tensors, elements, bytes, bits_per_weight (from the GGUF header for llama.cpp and
@@ -110,6 +112,7 @@ def weight_table(model, engine: str, weights: str | None = None):
     return g.reset_index().sort_values("bytes", ascending=False, ignore_index=True)
 
 
+@takes_model
 def weight_bytes_read(model, engine: str, weights: str | None = None) -> int:
     """Bytes of weights one forward step reads, as stored for ``engine`` loaded with the weight choice
     ``weights`` (None: its default): every tensor, except those of which a step reads one row: an untied
@@ -119,6 +122,7 @@ def weight_bytes_read(model, engine: str, weights: str | None = None) -> int:
     return sum(t[3] for t in tensors if not ((separate and _is_input_embedding(t[0])) or t[0] in ROTARY_TABLES))
 
 
+@takes_model
 def compute_dtype(model, engine: str, weights: str | None = None) -> str:
     """The matrix-multiply type that bounds ``engine``'s arithmetic with the weight choice ``weights``, as
     the engine class expects it before loading (:meth:`lablib.engines.base.Engine.compute_dtype`: llama.cpp
@@ -134,6 +138,7 @@ def _given(value) -> str | None:
     return None if value is None or value != value or value == "" else str(value)
 
 
+@takes_model
 def engine_profile(model, engine, weights: str | None = None, dtype: str | None = None) -> dict:
     """{engine, weights, dims, weight_bytes, kv_bytes_per_element, compute_dtype} of ``model`` as ``engine``
     runs it loaded with the weight choice ``weights`` (what its EngineInfo, manifest and rows record as
