@@ -188,6 +188,11 @@ def test_compare_figures(flip, hf, llama):
     assert ref.name == "transformers" and eng.name == "llama.cpp"
     assert ref.y[0].endswith("(504)") and eng.y[0].endswith("(60)")  # "The" vs "L" at position 0
     assert 0 < eng.x[0] < 1 and ref.x[0] >= ref.x[1]
+    # given a table, or a check it did not run: one message each (was AttributeError on 'check', StopIteration)
+    with pytest.raises(LabError, match="kl_per_position draws a comparison, what lablib.compare.* given a DataFrame"):
+        kl_per_position(flip.check("logits").table, "llama.cpp")
+    with pytest.raises(LabError, match=r"no 'numerics' check in this comparison: it ran config, tokenizer"):
+        flip.check("numerics")
 
 
 def test_cases_are_read_once_and_agree_with_the_tests_copy():

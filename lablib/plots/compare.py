@@ -12,13 +12,24 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 
+def _check(comparison, name: str, figure: str):
+    """The check ``name`` of ``comparison`` (what ``lablib.compare`` returns); LabError naming what ``figure`` was
+    given otherwise (was: AttributeError "'DataFrame' object has no attribute 'check'")."""
+    if not callable(getattr(comparison, "check", None)):
+        raise LabError(
+            f"{figure} draws a comparison, what lablib.compare(...) returns; it was given a "
+            f"{type(comparison).__name__}: pass the comparison itself"
+        )
+    return comparison.check(name)
+
+
 def kl_per_position(comparison, engine: str) -> go.Figure:
     """KL(reference || engine) of the next-token distribution at each prompt position (nats),
     with the positions where the argmax differs marked. ``comparison``: lablib.studies.compare.compare()."""
     import numpy as np
     import plotly.graph_objects as go
 
-    stats = comparison.check("logits").details.get("stats", {})
+    stats = _check(comparison, "logits", "kl_per_position").details.get("stats", {})
     if engine not in stats:
         raise LabError(f"no logit comparison for {engine!r} (have: {', '.join(stats) or 'none'})")
     s = stats[engine]
@@ -63,7 +74,7 @@ def topk_at_divergence(comparison, engine: str, k: int | None = None) -> go.Figu
     stored number, default all of them)."""
     import plotly.graph_objects as go
 
-    gen = comparison.check("generation")
+    gen = _check(comparison, "generation", "topk_at_divergence")
     ref_name = gen.details["reference"]
     stored = gen.details.get("topk", {}).get(engine)
     if stored is None:

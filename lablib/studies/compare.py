@@ -411,7 +411,13 @@ class Comparison:
     verdict: dict  # {"layer", "position", "near_tie", "engine", "text"}
 
     def check(self, name: str) -> Check:
-        return next(c for c in self.checks if c.name == name)
+        """The check ``name`` ("config", "tokenizer", "template", "logits", "generation"); LabError naming those
+        this comparison ran otherwise (was: StopIteration)."""
+        found = next((c for c in self.checks if c.name == name), None)
+        if found is None:
+            ran = ", ".join(c.name for c in self.checks) or "none"
+            raise LabError(f"no {name!r} check in this comparison: it ran {ran}")
+        return found
 
     def to_dict(self) -> dict:
         return {"verdict": self.verdict, "checks": [c.to_dict() for c in self.checks]}
