@@ -21,9 +21,18 @@ def flip(model, hf, llama, first_token_flip):
         model,
         engines=["transformers", "llama.cpp"],
         ids=first_token_flip["prompt_token_ids"],
-        loaded={"transformers": hf, "llama.cpp": llama},
+        loaded=[hf, llama],  # a list keyed by the engines' own names (lab 04 passes a dict, as below)
         max_new_tokens=8,
     )
+
+
+def test_loaded_engines_that_are_no_engines_or_under_another_name_are_refused_before_any_load(model, hf, llama):
+    """Was: AttributeError for a list of anything, and an engine keyed by an alias ("hf") loaded a second time."""
+    assert cmp.loaded_engines({"hf": hf, "llama.cpp": llama}) == {"transformers": hf, "llama.cpp": llama}
+    with pytest.raises(LabError, match=r"loaded=\[1\]: expected engines already loaded .* 1 is no engine"):
+        cmp.compare(model, engines=["llama.cpp"], loaded=[1])
+    with pytest.raises(LabError, match=r"loaded\['transformers'\] is a llama.cpp engine; key each loaded engine"):
+        cmp.loaded_engines({"transformers": llama})
 
 
 def test_first_token_flip_is_a_numerical_near_tie_at_position_0(flip, first_token_flip):

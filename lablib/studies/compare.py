@@ -25,7 +25,7 @@ from lablib.checks import chat_messages
 from lablib.engines import canonical, check_supported, engine_class, load_engine
 from lablib.engines.base import CONFIG_KEYS, GenerationConfig
 from lablib.engines.memory import check_compare_fits
-from lablib.errors import LabError
+from lablib.errors import LabError, shown
 from lablib.measure.plan import engine_names
 from lablib.measure.workload import DEFAULT_MESSAGES, completion_text, has_chat_template
 from lablib.model.formats import config_settings, gguf_config, read_config
@@ -460,6 +460,35 @@ def decide(checks: list[Check]) -> dict:
     return {"layer": "none", "position": None, "near_tie": None, "text": text}
 
 
+def loaded_engines(loaded) -> dict:
+    """``compare``'s ``loaded``: {engine name: an open Engine}, from such a dict (its names as any alias) or a list of
+    engines (keyed by their own names); None as {}. LabError for anything else, or a closed engine, before any
+    engine loads (was: AttributeError on a list, a second load under an alias such as "hf")."""
+    from lablib.engines.base import Engine
+
+    if loaded is None:
+        return {}
+    if isinstance(loaded, dict):
+        pairs = list(loaded.items())
+    elif isinstance(loaded, (list, tuple)):
+        pairs = [(getattr(e, "name", None), e) for e in loaded]
+    else:
+        pairs = [(None, loaded)]
+    out = {}
+    for name, e in pairs:
+        if not isinstance(e, Engine):
+            raise LabError(
+                f"loaded={shown(loaded)}: expected engines already loaded (lablib.load_engine(...)), as "
+                f"{{name: engine}} or a list of them; {shown(e)} is no engine"
+            )
+        e.check_open()
+        name = canonical(e.name if name is None else name)
+        if name != e.name:  # its rows and verdict would carry the wrong engine's name
+            raise LabError(f"loaded[{name!r}] is a {e.name} engine; key each loaded engine by its own name")
+        out[name] = e
+    return out
+
+
 def compare(
     model=None,
     engines=None,
@@ -491,7 +520,7 @@ def compare(
     reference = canonical(reference)
     if reference not in names:
         names.insert(0, reference)
-    loaded = dict(loaded or {})
+    loaded = loaded_engines(loaded)
     # every engine is held at once: check the whole comparison before loading any (the prompt's
     # length is known now only when ids are given; it is checked again once tokenized)
     for name in names:  # an engine that cannot read the model: said before any engine loads
