@@ -232,6 +232,21 @@ def test_a_gguf_of_a_tokenizer_alone_is_refused_before_anything_is_derived(model
     assert not (home / "models").exists() or not any((home / "models").iterdir())
 
 
+def test_a_model_folder_without_its_tokenizer_is_refused_before_anything_is_derived(model, tmp_path, monkeypatch):
+    """The default model's Hugging Face config and weights without its tokenizer files: one message naming the files
+    it looked for, and nothing made in the lab home. Was: GGUF and MLX derivations tried first and failed with their
+    libraries' reasons ("You need to have sentencepiece or tiktoken installed"), then the folder prepared as ready."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("LABLIB_HOME", str(home))
+    folder = tmp_path / "no-tokenizer"
+    folder.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        (folder / f).symlink_to(Path(model.hf_path) / f)
+    with pytest.raises(FormatError, match=r"no-tokenizer: no tokenizer beside the weights \(none of tokenizer.json"):
+        models.prepare(str(folder))
+    assert not (home / "models").exists() or not any((home / "models").iterdir())
+
+
 def test_corrupt_safetensors_and_config_are_named(tmp_path):
     folder = tmp_path / "broken"
     folder.mkdir()

@@ -39,6 +39,7 @@ from lablib.model.formats import (
     read_config,
     trained_context,
 )
+from lablib.model.tokenizer import check_tokenizer_files
 
 try:
     import fcntl
@@ -249,6 +250,8 @@ def prepare(model: str | Path | None = None, formats=FORMATS, log=print) -> Reso
                     f"{src} holds no weights: a GGUF with a tokenizer and no tensors (as llama.cpp's "
                     "ggml-vocab-*.gguf test files); expected a model's GGUF with its weights"
                 )
+            if fmt in ("hf", "mlx"):  # was: each derivation tried and failed with its library's own reason first
+                check_tokenizer_files(src)  # ("You need to have sentencepiece or tiktoken installed")
             # derive under a lock: two notebooks or test processes must not derive at once
             home.mkdir(parents=True, exist_ok=True)
             with _locked(home / ".lock"):

@@ -8,24 +8,30 @@ from __future__ import annotations
 
 import functools
 
-from lablib.errors import LabError
+from lablib.errors import FormatError, LabError
 
 # a tokenizer's own files (the fast tokenizer's, SentencePiece's, a BPE vocabulary's); a folder with none of them
 # makes transformers 5 build an empty tokenizer that turns every text into no ids at all
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
-@functools.lru_cache(maxsize=8)
-def _tokenizer(path: str):
+def check_tokenizer_files(path) -> None:
+    """FormatError unless the model folder ``path`` holds a tokenizer's own files (:data:`TOKENIZER_FILES`): the lab
+    makes every prompt with it, and llama.cpp's converter and mlx-lm need it to derive their formats."""
     from pathlib import Path
 
-    from transformers import AutoTokenizer
-
     if not any((Path(path) / f).is_file() for f in TOKENIZER_FILES):
-        raise LabError(
+        raise FormatError(
             f"{path}: no tokenizer beside the weights (none of {', '.join(TOKENIZER_FILES)}); expected the model's "
             "tokenizer files in its folder: save them there (tokenizer.save_pretrained(FOLDER)) or copy them in"
         )
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    check_tokenizer_files(path)
     return AutoTokenizer.from_pretrained(path)
 
 
