@@ -44,6 +44,8 @@ from pathlib import Path
 
 import pytest
 
+from lablib import children
+
 ROOT = Path(__file__).resolve().parents[1]
 LABS = ROOT / "labs"
 SHOTS = ROOT / "results" / "browser"
@@ -250,7 +252,9 @@ def lab_server(tmp_path_factory):
         cmd.append("--allow-root")
     log = home / "server.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
+        # tied to this worker (lablib.children): a worker killed without its teardown (a SIGTERM to the run) took
+        # its JupyterLab down with it, not left it and its kernels running (seen: 20 minutes of CPU after a kill)
+        proc = children.popen(
             cmd,
             cwd=LABS,
             env=env,
