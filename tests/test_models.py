@@ -386,6 +386,7 @@ def test_broken_hugging_face_folders_get_one_message(tmp_path, monkeypatch, conf
     folder = tmp_path / "m"
     folder.mkdir()
     (folder / "config.json").write_text(config)
+    (folder / "tokenizer.json").write_text("{}")  # a folder with its tokenizer: else prepare says that first
     if weights == "bin":
         (folder / "pytorch_model.bin").write_bytes(b"\x00" * 64)
     else:
