@@ -23,7 +23,7 @@ from pathlib import Path
 
 from lablib.checks import chat_messages
 from lablib.engines import canonical, check_supported, engine_class, load_engine
-from lablib.engines.base import CONFIG_KEYS, GenerationConfig
+from lablib.engines.base import CONFIG_KEYS, Engine, GenerationConfig
 from lablib.engines.memory import check_compare_fits
 from lablib.errors import LabError, shown
 from lablib.measure.plan import engine_names
@@ -461,11 +461,10 @@ def decide(checks: list[Check]) -> dict:
 
 
 def loaded_engines(loaded) -> dict:
-    """``compare``'s ``loaded``: {engine name: an open Engine}, from such a dict (its names as any alias) or a list of
-    engines (keyed by their own names); None as {}. LabError for anything else, or a closed engine, before any
-    engine loads (was: AttributeError on a list, a second load under an alias such as "hf")."""
-    from lablib.engines.base import Engine
-
+    """``compare``'s ``loaded``: {engine name: an open Engine}, from such a dict (its names as any alias), a list of
+    engines or one engine (keyed by their own names); None as {}. LabError for anything else, a closed engine, or an
+    engine under another engine's name, before any engine loads (was: AttributeError on a list, a second load under
+    an alias such as "hf")."""
     if loaded is None:
         return {}
     if isinstance(loaded, dict):
