@@ -333,7 +333,7 @@ class Engine:
         super().__init_subclass__(**kw)
         for verb in (*Engine.needs_open, *VERB_ARGUMENTS):
             own_verb = cls.__dict__.get(verb)
-            if callable(own_verb) and not getattr(own_verb, "checks_open", False):
+            if callable(own_verb) and not getattr(own_verb, "checked_by_engine_base", False):
 
                 @functools.wraps(own_verb)
                 def checked(self, *a, _own=own_verb, _verb=verb, **k):
@@ -344,7 +344,7 @@ class Engine:
                         check(a[0] if a else k[key], key)
                     return _own(self, *a, **k)
 
-                checked.checks_open = True
+                checked.checked_by_engine_base = True  # wrapped once: a subclass that keeps it is not wrapped again
                 setattr(cls, verb, checked)
         own = cls.__dict__.get("close")
         if own is not None and not getattr(own, "marks_closed", False):
