@@ -108,6 +108,10 @@ def test_formats_and_presets_by_hand():
         shape.model_dims({"layers": 2, "hidden": 64})
     with pytest.raises(LabError, match="fmt="):
         roofline.predict("Llama-3.1-8B", machine_name="H100 SXM")
+    # a preset or a shape with an engine: there are no weights for the engine to read; the message says fmt=
+    for given in ("SmolLM2-135M", shape.model_dims("SmolLM2-135M")):
+        with pytest.raises(LabError, match=r"no stored weights.*give fmt="):
+            roofline.predict(given, engine="llama.cpp", machine_name="H100 SXM")
 
 
 # --- what-if on the accelerator table, by hand ------------------------------------------------------

@@ -41,6 +41,7 @@ from lablib.machine.ceilings import machine, peak_flops
 from lablib.machine.device_ceilings import ceilings_for
 from lablib.model.resolve import takes_model
 from lablib.model.shape import (
+    PRESETS,
     flops_per_token,
     kv_bytes_per_token,
     kv_cache_bytes,
@@ -223,6 +224,12 @@ def predict(
     (FLOP/byte), compute_dtype}.
     """
     if engine is not None:
+        if isinstance(model, dict) or (isinstance(model, str) and model in PRESETS):
+            name = model if isinstance(model, str) else "a shape dict"
+            raise LabError(
+                f"predict(model={name!r}, engine={engine!r}): a preset or a shape has no stored weights for an engine "
+                f"to read; give fmt= instead (a GGUF type such as 'Q4_1'), or a prepared model with engine="
+            )
         prof = engine_profile(model, engine)
     else:
         if fmt is None:
