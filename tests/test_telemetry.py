@@ -257,6 +257,7 @@ def test_a_sweep_records_each_points_counters(model, tmp_path):
         return RunTelemetry(gpu_source=src, rapl_root=rapl, interval_s=None, clock=ticking(2.0))
 
     out = tmp_path / "c.jsonl"
+    seen, ended = [], []  # rows so far, and each point's record with the rows there were when it was handed over
     df = sweep.concurrency_sweep(
         model,
         engines=["llama.cpp"],
@@ -270,10 +271,14 @@ def test_a_sweep_records_each_points_counters(model, tmp_path):
         progress=False,
         price_per_hour=3.6,
         telemetry=telemetry,
+        on_row=seen.append,
+        on_point=lambda rec: ended.append((rec, len(seen))),
     )
     recs = [json.loads(line) for line in runs_path(out).read_text().splitlines()]
     frame = json.loads(json.dumps(df.attrs["runs"]))
     assert recs == [dict(r, out=str(out)) for r in frame]  # the same records, on disk and in the frame
+    # on_point: each run's record once, as it ended: after its own rows, before the next run's first
+    assert [(rec["run_id"], n) for rec, n in ended] == [(r["run_id"], 2 * (i + 1)) for i, r in enumerate(frame)]
     assert [(r["engine"], r["sweep"], r["mode"], r["concurrency"]) for r in recs] == [
         ("llama.cpp", "concurrency", "serial", 1),
         ("llama.cpp", "concurrency", "serial", 2),

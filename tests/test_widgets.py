@@ -129,9 +129,10 @@ def fake_context_sweep(rows, started=None, delay=0.0):
         cancel=None,
         on_row=None,
         progress=True,
+        on_point=None,
     ):
         done = []
-        for row in rows:
+        for i, row in enumerate(rows):
             if started is not None:
                 started.set()
             if cancel is not None and cancel.is_set():
@@ -139,6 +140,9 @@ def fake_context_sweep(rows, started=None, delay=0.0):
             time.sleep(delay)
             done.append(row)
             on_row(row)
+            point = (row["engine"], row["prompt_tokens"])
+            if on_point and (i + 1 == len(rows) or (rows[i + 1]["engine"], rows[i + 1]["prompt_tokens"]) != point):
+                on_point({})
         return pd.DataFrame(done)
 
     return fake
@@ -340,6 +344,7 @@ def test_live_concurrency_figure(quick, monkeypatch):
         cancel=None,
         on_row=None,
         progress=True,
+        on_point=None,
     ):
         for row in rows:
             on_row(row)
@@ -355,41 +360,40 @@ def test_live_concurrency_figure(quick, monkeypatch):
     assert "concurrency" in p.figure.layout.xaxis.title.text
 
 
-def test_the_live_figure_is_drawn_off_the_thread_that_measures(quick, monkeypatch):
-    """A row callback runs inside the engine loop (between two steps of a closed loop): it only marks the figure
-    stale, and the redraw happens in the panel's redraw thread. Drawn in the callback, lab 03's batched runs
-    waited for each redraw in the lab's queue."""
-    rows = context_df(engines=("llama.cpp",), lengths=(64, 256), reps=2).to_dict("records")
-    sweeping, drawn = {}, threading.Event()
-    draws = []  # (thread name, whether the sweep was still running)
+def test_the_live_figure_is_drawn_only_while_no_request_is_measured(quick, tmp_path, monkeypatch):
+    """A real llama.cpp sweep through the panel, its figure redrawn as often as it may be: every draw made while
+    the sweep ran falls between two of its points, in the sweep's own thread, outside every measured request's
+    span (submit to last token). Drawn in a thread of its own, a draw overlapped the request in flight, which on
+    two cores took up to 4 times its prefill (benchmarks/panel_redraw.py); drawn in the row callback, it held up a
+    closed loop's next wave."""
+    from lablib.results.trace import now
 
-    def fake(on_row=None, cancel=None, **kw):
-        sweeping["thread"], sweeping["on"] = threading.current_thread().name, True
-        for i, row in enumerate(rows):
-            on_row(row)
-            if i == 0:
-                assert drawn.wait(10), "no redraw while the sweep ran"
-        sweeping["on"] = False
-        return pd.DataFrame(rows)
-
-    monkeypatch.setattr(sweep, "context_sweep", fake)
-    p = widgets.sweep_panel(out="")
+    p = widgets.sweep_panel(out=str(tmp_path / "ctx.jsonl"))
+    for name, box in p.engine_boxes.items():
+        box.value = name == "llama.cpp"
+    p.prompt_tokens.value, p.max_new_tokens.value, p.reps.value = "16,24,32", 2, 2
     p.draw_every_s = 0.0
-    draw = p._draw
+    spans, draw = [], p._draw
 
     def recording(df, final=False):
-        draws.append((threading.current_thread().name, sweeping.get("on"), final))
-        drawn.set()
-        return draw(df, final=final)
+        t0 = now()
+        try:
+            return draw(df, final=final)
+        finally:
+            spans.append((t0, now(), threading.current_thread().name, final))
 
     monkeypatch.setattr(p, "_draw", recording)
     df = p.run_sync()
-    assert len(df) == 4 and p.error is None
-    during = [d for d in draws if d[1]]
-    assert during and {name for name, _, _ in during} == {"lablib-sweep-redraw"}, draws
-    assert sweeping["thread"] not in {name for name, _, _ in during}
-    assert draws[-1] == (sweeping["thread"], False, True)  # the final figure, after the sweep, by the panel itself
-    assert not any(t.name == "lablib-sweep-redraw" for t in threading.enumerate())  # the thread is gone
+    assert p.error is None and len(df) == 6, p.message.value
+    during = [s for s in spans if not s[3]]
+    # one draw as each of the three lengths ended, then the final figure after the sweep
+    assert len(during) == 3 and p._redrawer.draws == 3, spans
+    assert {name for *_, name, _ in during} == {threading.current_thread().name}
+    for t0, t1, *_ in during:
+        for r in df.itertuples():
+            assert t1 <= r.t_submit or t0 >= r.t_last_token, (t0, t1, r.t_submit, r.t_last_token)
+    assert spans[-1][3] and spans[-1][0] >= df.t_last_token.max()  # the final figure, after the last request
+    assert not any(t.name == "lablib-sweep-redraw" for t in threading.enumerate())  # no drawing thread at all
 
 
 def test_redrawer_draws_at_most_every_interval_and_never_when_told(monkeypatch):
@@ -409,6 +413,20 @@ def test_redrawer_draws_at_most_every_interval_and_never_when_told(monkeypatch):
     r.stale()
     r.close()
     assert calls == ["t-redraw"] and r.draws == 1  # twenty marks, one draw within the minute
+    # at rest (a sweep's): no thread; a draw only in rest(), in the caller's thread, when stale and due
+    calls.clear()
+    r = Redrawer(lambda: calls.append(threading.current_thread().name), every_s=60.0, at_rest=True)
+    r.rest()
+    assert calls == []  # nothing marked stale: nothing to draw
+    r.stale()
+    time.sleep(0.1)
+    assert calls == []  # marked, but nothing draws it until the sweep is at rest
+    r.rest({"run_id": "x"})
+    r.stale()
+    r.rest()
+    r.close()
+    r.rest()
+    assert calls == [threading.current_thread().name] and r.draws == 1  # the second within the minute: not drawn
 
 
 def test_engine_errors_are_shown_then_raised_in_run_sync(quick, monkeypatch):

@@ -74,11 +74,19 @@ class RunRecords:
     :data:`lablib.machine.telemetry.MIN_ENERGY_WINDOW_S`, else ``gpu_energy_note`` says why), the CPU packages'
     energy where RAPL is readable, else why not, and ``cost_per_mtok`` given ``price_per_hour``. A point a
     cancel or an error cut short gets no record. The rows themselves are written as each request finishes, as
-    before: the record is the point's, written when it ends."""
+    before: the record is the point's, written when it ends. ``on_point(record)``: called when a point has ended
+    (its record written), before the next one begins: no request of the sweep is in flight then (a panel draws
+    its live figure there: :class:`lablib.ui.background.Redrawer`)."""
 
-    def __init__(self, out=None, telemetry: Callable | None = None, price_per_hour: float | None = None):
+    def __init__(
+        self,
+        out=None,
+        telemetry: Callable | None = None,
+        price_per_hour: float | None = None,
+        on_point: Callable | None = None,
+    ):
         cost_per_million_tokens(price_per_hour, 1.0, 1)  # a bad price is refused before any work
-        self.out, self.price_per_hour = out, price_per_hour
+        self.out, self.price_per_hour, self.on_point = out, price_per_hour, on_point
         self.telemetry = telemetry or RunTelemetry
         self.records: list[dict] = []
 
@@ -107,6 +115,8 @@ class RunRecords:
         self.records.append(rec)
         if self.out:
             append_run(self.out, rec)
+        if self.on_point is not None:
+            self.on_point(rec)
 
     def attach(self, df):
         """``df`` with the records as ``df.attrs["runs"]`` (a list of dicts), returned."""
@@ -359,6 +369,7 @@ def context_sweep(
     weights=None,
     price_per_hour: float | None = None,
     telemetry: Callable | None = None,
+    on_point: Callable | None = None,
 ):
     """Prompt length against prefill and decode, per engine.
 
@@ -373,15 +384,15 @@ def context_sweep(
     "ort=int4": :func:`weights_load_kwargs`; each row records it, ``weights``). Each (engine, length) is one
     point of :class:`RunRecords` (its measured requests, warm-up left out; ``price_per_hour``, ``telemetry``):
     its record is appended to ``<out>.runs.jsonl`` and kept in the DataFrame's ``attrs["runs"]``, its rows
-    carry its ``run_id``. Returns a DataFrame of the rows of this call. Raises LabError/ContextOverflowError
-    for bad parameters before any work.
+    carry its ``run_id``; ``on_point(record)`` is called as each point ends, with no request in flight. Returns a
+    DataFrame of the rows of this call. Raises LabError/ContextOverflowError for bad parameters before any work.
     """
     if max_new_tokens is None:
         max_new_tokens = budget("context", "max_new_tokens")
     max_new_tokens = positive_ints([max_new_tokens], "max_new_tokens")[0]
     reps = budgeted_int(reps, "context", "reps")
     check_warmup(warmup)
-    records = RunRecords(out, telemetry, price_per_hour)
+    records = RunRecords(out, telemetry, price_per_hour, on_point)
     rm = resolve(model)
     names = engine_names(engines, rm)
     load = weights_load_kwargs(names, weights)
@@ -448,6 +459,7 @@ def concurrency_sweep(
     weights=None,
     price_per_hour: float | None = None,
     telemetry: Callable | None = None,
+    on_point: Callable | None = None,
 ):
     """Closed-loop clients against each engine, serial queue versus continuous batching.
 
@@ -465,7 +477,8 @@ def concurrency_sweep(
     Returns a DataFrame of this call's rows. An engine runs only the
     modes it has (``Engine.modes``: ONNX Runtime GenAI is serial only). Each run (engine, mode, C) is one
     point of :class:`RunRecords` (``price_per_hour``, ``telemetry``): its record, with its ``run_id``, is
-    appended to ``<out>.runs.jsonl`` and kept in the DataFrame's ``attrs["runs"]``.
+    appended to ``<out>.runs.jsonl`` and kept in the DataFrame's ``attrs["runs"]``; ``on_point(record)`` is
+    called as each run ends, with no request in flight.
     """
     levels = positive_ints(budget("concurrency", "concurrency") if concurrency is None else concurrency, "concurrency")
     if prompt_tokens is None:
@@ -478,7 +491,7 @@ def concurrency_sweep(
     modes = scheduling_modes(modes)
     requests = check_requests(requests, levels)
     check_warmup(warmup)
-    records = RunRecords(out, telemetry, price_per_hour)
+    records = RunRecords(out, telemetry, price_per_hour, on_point)
     rm = resolve(model)
     names = engine_names(engines, rm)
     load = weights_load_kwargs(names, weights)

@@ -178,29 +178,59 @@ class BackgroundRun:
 
 
 class Redrawer:
-    """A panel's live figure drawn off the thread that measures. ``stale()`` (cheap, from any thread: an engine
-    loop's row callback, the load generator's event loop) marks the figure out of date; a daemon thread then calls
-    ``draw()`` at most every ``every_s`` seconds (:data:`DRAW_EVERY_S`; ``math.inf``: never, the panel draws once at
-    the end); :meth:`close` waits for a draw in progress and stops the thread, after which the panel draws its final
-    figure itself. An exception in ``draw`` is the panel's to report: it does not stop the thread.
+    """A panel's live figure, redrawn while a run goes on, never in the row callback: ``stale()`` (cheap, from any
+    thread: an engine loop's row callback, the load generator's event loop) marks the figure out of date, and it is
+    drawn at most every ``every_s`` seconds (:data:`DRAW_EVERY_S`; ``math.inf``: never, the panel draws once at the
+    end). Where it is drawn:
 
-    Why: a redraw (a figure of every row so far, sent to the browser) takes a few tenths of a second on two cores.
-    Done in the row callback it stalled what was measured: lab 03's sweep panel redrew after each request inside the
-    closed loop, and the next wave of its batched runs waited in the lab's queue for it (0.8-1.4 s of queue time in
-    every engine's quick run); in a replay it held up the event loop that stamps tokens. Off-thread, the measuring
-    thread still shares the interpreter with the drawing (it takes the GIL back within Python's switch interval,
-    5 ms), not the whole draw."""
+    * ``at_rest=True`` (a sweep: each of its points ends with no request in flight, and the next one's warm-up has
+      not begun): only in :meth:`rest`, which the sweep calls between two points (its ``on_point``), in the
+      measuring thread. No draw overlaps a measured request; a draw adds its own seconds between two points.
+    * otherwise (a replay: requests keep the trace's times, and the client is never at rest): a daemon thread
+      draws, off the event loop that stamps tokens.
 
-    def __init__(self, draw, every_s: float = DRAW_EVERY_S, name: str = "lablib-redraw"):
-        self._draw, self.every_s = draw, every_s
+    :meth:`close` waits for a draw in progress and stops the thread; the panel then draws its final figure itself.
+    An exception in ``draw`` is the panel's to report: it stops nothing.
+
+    Why: a redraw (a figure of every row so far, sent to the browser) takes a few tenths of a second of a core. In
+    the row callback it stalled what was measured (lab 03's batched runs waited 0.8-1.4 s in the lab's queue for
+    it). In a thread of its own it still takes a core, and the engine computes on both of a two-core machine's:
+    ``benchmarks/panel_redraw.py`` (llama.cpp, serial, 8 requests of 16-token prompts, a draw a second) measured
+    the request a draw overlapped at 2.0-3.1 times the run's median prefill (about 65 ms against 161-202 ms) and
+    1.8 times its median TPOT. Drawn at rest, the slowest request was 1.01-1.21 times the median prefill and
+    1.02-1.15 times the median TPOT, as in the same run without a panel (1.20-1.23, 1.07-1.15)."""
+
+    def __init__(self, draw, every_s: float = DRAW_EVERY_S, name: str = "lablib-redraw", at_rest: bool = False):
+        self._draw, self.every_s, self.at_rest = draw, every_s, at_rest
         self._stale, self._closed = threading.Event(), threading.Event()
+        self._last = -float("inf")  # perf_counter when the last draw ended
         self.draws = 0  # draws made while the run went on
-        self._thread = threading.Thread(target=self._loop, daemon=True, name=name)
-        self._thread.start()
+        self._thread = None
+        if not at_rest:
+            self._thread = threading.Thread(target=self._loop, daemon=True, name=name)
+            self._thread.start()
 
     def stale(self) -> None:
         """The figure is out of date: draw it when ``every_s`` has passed since the last draw."""
         self._stale.set()
+
+    def rest(self, *_) -> None:
+        """Nothing is measured now (a sweep between two points; the point's record, when given, is not read): draw
+        here, in the caller's thread, when the figure is stale and ``every_s`` has passed since the last draw."""
+        if not self.at_rest or self._closed.is_set() or self.every_s == float("inf") or not self._stale.is_set():
+            return
+        if time.perf_counter() - self._last < self.every_s:
+            return
+        self._stale.clear()
+        self._draw_once()
+
+    def _draw_once(self) -> None:
+        try:
+            self._draw()
+        except Exception:  # noqa: BLE001 - the panel's draw says what went wrong, in its status line
+            pass
+        self.draws += 1
+        self._last = time.perf_counter()
 
     def _loop(self) -> None:
         if self.every_s == float("inf"):
@@ -210,14 +240,11 @@ class Redrawer:
                 continue
             self._stale.clear()
             t = time.perf_counter()
-            try:
-                self._draw()
-            except Exception:  # noqa: BLE001 - the panel's draw says what went wrong, in its status line
-                pass
-            self.draws += 1
+            self._draw_once()
             self._closed.wait(max(0.0, self.every_s - (time.perf_counter() - t)))
 
     def close(self) -> None:
         """Stop redrawing: waits for a draw in progress to end (so the panel's final draw is the last)."""
         self._closed.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()

@@ -92,7 +92,7 @@ class SweepPanel(BackgroundRun):
     is missing), ``last_figure`` (the latest plotly Figure drawn), ``rows`` (dicts of this run),
     ``df`` (the DataFrame of the last run), ``error`` (the last error message, or None),
     ``cancel_event`` (the threading.Event given to the sweep), ``draw_every_s`` (the live figure is redrawn at most
-    this often, in a thread of its own: :class:`lablib.ui.background.Redrawer`).
+    this often, between two points of the sweep, when no request is in flight: :class:`lablib.ui.background.Redrawer`).
     """
 
     def __init__(self, model=None, kind: str = "context", out: str | None = None):
@@ -312,10 +312,16 @@ class SweepPanel(BackgroundRun):
         self.show_message("")
         self._t0 = time.perf_counter()
         try:
-            # the live figure is drawn in its own thread, never in the engine loop's row callback (Redrawer)
-            self._redrawer = Redrawer(self._draw_rows, self.draw_every_s, name="lablib-sweep-redraw")
+            # the live figure is drawn between two points of the sweep, with no request in flight (Redrawer)
+            self._redrawer = Redrawer(self._draw_rows, self.draw_every_s, at_rest=True)
             try:
-                df = fn(**plan["kwargs"], cancel=self.cancel_event, on_row=self._on_row, progress=False)
+                df = fn(
+                    **plan["kwargs"],
+                    cancel=self.cancel_event,
+                    on_row=self._on_row,
+                    on_point=self._redrawer.rest,
+                    progress=False,
+                )
             finally:
                 self._redrawer.close()
             self.df = df if df is not None and len(df) else pd.DataFrame(self.rows)
@@ -350,7 +356,7 @@ class SweepPanel(BackgroundRun):
         self._redrawer.stale()
 
     def _draw_rows(self) -> None:
-        """The live figure of the rows so far (the redrawer's thread)."""
+        """The live figure of the rows so far (between two points of the sweep)."""
         import pandas as pd
 
         with self._lock:
