@@ -31,13 +31,15 @@ import threading
 import time
 
 from lablib.errors import LabError, first_line
-from lablib.ui.background import DRAW_EVERY_S, BackgroundRun, Redrawer, default_out as panel_out, status_plain
+from lablib.ui.background import BackgroundRun, Redrawer, default_out as panel_out, status_plain
 
 COUNT = (1, 40)  # requests per run: lab 09's full-mode slice (BUDGETS["scheduler"]["replay_count"])
 TIME_SCALE = (1 / 16, 4.0)  # x the trace's times: 40 requests' 18 s at most -> 72 s of schedule
 LENGTH_SCALE = (1 / 256, 1 / 16)  # x the trace's lengths: 512-token blocks -> 2 .. 32 tokens
 BLOCK_TOKENS = (0, 128)  # 0: 512 x length scale; at most vLLM's CPU block
 MAX_DURATION_S = 240.0  # the run's time limit (seconds): the schedule's 72 s at most, then the drain
+# the live figure's redraws at most this often (seconds): each one holds up the client's event loop (Redrawer)
+DRAW_EVERY_S = 5.0
 SERVER_DEFAULTS = {"parallel": 2, "n_ctx": 1024, "threads": 1}  # a server the panel starts: lab 09's
 
 
