@@ -191,7 +191,7 @@ class Redrawer:
       to Python's switch interval (5 ms) for its turn while a draw runs: lab 09's replay panel, a draw of about
       0.15 s after each finished request at most every second, took the client's loop lag p99 from 1.4-1.5 ms to
       2.9-5.2 ms (four runs), over the run's own "client near its limit" line (ITL p50 / 10, about 4 ms) in three.
-      The replay panel draws at most every :data:`lablib.ui.replay.DRAW_EVERY_S` (5 s): 1.7 and 2.9 ms.
+      The replay panel draws at most every :data:`lablib.ui.replay.REPLAY_DRAW_EVERY_S` (5 s): 1.7 and 2.9 ms.
 
     :meth:`close` waits for a draw in progress and stops the thread; the panel then draws its final figure itself.
     An exception in ``draw`` is the panel's to report: it stops nothing.

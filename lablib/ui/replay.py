@@ -39,7 +39,7 @@ LENGTH_SCALE = (1 / 256, 1 / 16)  # x the trace's lengths: 512-token blocks -> 2
 BLOCK_TOKENS = (0, 128)  # 0: 512 x length scale; at most vLLM's CPU block
 MAX_DURATION_S = 240.0  # the run's time limit (seconds): the schedule's 72 s at most, then the drain
 # the live figure's redraws at most this often (seconds): each one holds up the client's event loop (Redrawer)
-DRAW_EVERY_S = 5.0
+REPLAY_DRAW_EVERY_S = 5.0
 SERVER_DEFAULTS = {"parallel": 2, "n_ctx": 1024, "threads": 1}  # a server the panel starts: lab 09's
 
 
@@ -152,7 +152,9 @@ class ReplayPanel(BackgroundRun):
         self._t0 = 0.0
         self._draw_note = ""
         self._title = "Trace replay"
-        self.draw_every_s = DRAW_EVERY_S  # math.inf: the figure drawn once, at the end (lablib.ui.background.Redrawer)
+        self.draw_every_s = (
+            REPLAY_DRAW_EVERY_S  # math.inf: the figure drawn once, at the end (lablib.ui.background.Redrawer)
+        )
         self.last_started = None  # the server the panel started for its last run (stopped at its end)
 
         # as lab 05's panel: the descriptions in one column of 150 px, each box 280 px, a hint beside it
