@@ -172,9 +172,15 @@ def test_bandwidth_and_flops_are_positive_finite_and_coherent():
     assert 0 < m["min"] <= m["flop_per_s"] <= m["max"] < math.inf and m["backend"] == "numpy"
     m2 = hardware.matmul_flops("float32", n=1024, reps=3)
     assert m["flop_per_s"] / 10 <= m2["flop_per_s"] <= m["flop_per_s"] * 10, (m, m2)
-    for dtype in ("bfloat16", "int8"):  # this CPU has AVX512_BF16 and AVX512_VNNI; torch runs both
+    for dtype in ("bfloat16", "int8"):  # torch runs both on every CPU the lab runs on (slowly without AVX-512)
         t = hardware.matmul_flops(dtype, n=256, reps=2)
         assert t["backend"] == "torch" and 0 < t["flop_per_s"] < math.inf
+    # a slow kernel is measured on smaller matrices: from 256 up, doubling while a product is predicted within
+    # max_product_s (torch's bfloat16 product took 86 s at 2048 on this AVX2-only CPU)
+    tiny = hardware.matmul_flops("bfloat16", n=2048, reps=1, max_product_s=1e-9)
+    assert tiny["n"] == 256 and tiny["backend"] == "torch" and 0 < tiny["flop_per_s"] < math.inf
+    assert hardware.matmul_flops("int8", n=128, reps=1, max_product_s=10.0)["n"] == 128  # never above n
+    assert hardware.matmul_flops("bfloat16", n=2048, reps=1, max_product_s=0.5)["n"] in (256, 512, 1024, 2048)
     with pytest.raises(LabError, match="scale"):
         hardware.stream_bandwidth("scale")
     with pytest.raises(LabError, match="int4"):
@@ -197,10 +203,76 @@ def test_measurement_is_cached_per_machine_and_enters_the_manifest(tmp_path, mon
     assert m["flop_per_s"] == {k: v["max"] for k, v in m["matmul"].items()}
     assert set(m["flop_per_s"]) == {"float32", "bfloat16", "int8"}
     assert all(0 < v < math.inf for v in m["flop_per_s"].values())
+    # float32 through NumPy's BLAS and torch's (transformers' products): the roof is the faster one's best pass.
+    # Held to NumPy's alone, transformers' prefill read 152 % of its bound where torch's BLAS was faster
+    f32 = m["matmul"]["float32"]
+    assert set(f32["backends"]) == {"numpy", "torch"} and f32["n"] == 2048  # full size in quick mode too
+    assert m["flop_per_s"]["float32"] == max(b["max"] for b in f32["backends"].values())
+    assert f32["backend"] == max(f32["backends"], key=lambda b: f32["backends"][b]["max"])
+    table = hardware.ceilings.ceiling_table(m)
+    roofs = table[table["roof"]]
+    assert list(table["ceiling"][:3]) == ["bandwidth, read", "bandwidth, copy", "bandwidth, triad"]
+    assert {"matmul, float32 (numpy)", "matmul, float32 (torch)"} <= set(table["ceiling"])
+    assert roofs["ceiling"].iloc[0] == "bandwidth, read" and roofs["max"].iloc[0] == m["bytes_per_s"] / 1e9
+    assert list(roofs["ceiling"][roofs["ceiling"].str.contains("float32")]) == [f"matmul, float32 ({f32['backend']})"]
+    # torch's bfloat16 and int8 are roofs only where they beat float32's (peak_flops)
+    for dtype in ("bfloat16", "int8"):
+        beat = m["flop_per_s"][dtype] > m["flop_per_s"]["float32"]
+        assert bool(table.loc[table["ceiling"] == f"matmul, {dtype} (torch)", "roof"].iloc[0]) == beat
     assert hardware.measure_machine() == m  # cached: not measured again
     hw = engine_manifest(llama)["hardware"]
     assert hw["measured_bandwidth_gbps"] == m["bytes_per_s"] / 1e9
     assert hw["measured_int8_gops"] == m["flop_per_s"]["int8"] / 1e9
+
+
+# /proc/cpuinfo's first block on two cloud VMs that both say "AMD EPYC" and are both named "vm": the 2-core AMD EPYC
+# with AVX2 only (family 25, model 1) these tests ran on, flags shortened, and one with AVX-512 (its model number
+# made up here: the lab's other kind of EPYC was not at hand)
+AVX2_EPYC = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+model name\t: AMD EPYC
+stepping\t: 1
+cpu MHz\t\t: 2445.406
+flags\t\t: fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 bmi2 sha_ni vaes
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+"""
+AVX512_EPYC = AVX2_EPYC.replace("model\t\t: 1\n", "model\t\t: 17\n", 1).replace(
+    "vaes", "vaes avx512f avx512_bf16 avx512_vnni"
+)
+
+
+def test_the_machine_key_tells_apart_two_cpus_of_one_name(tmp_path, monkeypatch):
+    """A lab home carried from a VM with AVX-512 to one with AVX2 only, both "AMD EPYC" named "vm", kept the first
+    one's ceilings: float32 56 GFLOP/s (best pass) where the second's reached 137-173, and lab 07 put transformers'
+    prefill at 152 % of its bound. The key now holds the CPU's signature (family, model, stepping, flags)."""
+    from lablib.machine import identity
+
+    sig2, sig512 = identity.cpu_signature(AVX2_EPYC), identity.cpu_signature(AVX512_EPYC)
+    assert sig2 == (
+        "vendor_id=AuthenticAMD|cpu family=25|model=1|stepping=1|"
+        "flags=avx avx2 bmi2 f16c fma fpu sha_ni sse sse2 sse4_1 sse4_2 ssse3 vaes"
+    )
+    assert sig512 != sig2 and "model=17" in sig512 and "avx512_bf16" in sig512
+    # the clock (cpu MHz) and the other processors' blocks are not part of it; the flags' order is not either
+    assert identity.cpu_signature(AVX2_EPYC.replace("2445.406", "3000.0").replace("fpu sse ", "sse fpu ")) == sig2
+    arm = "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd sve\nCPU implementer\t: 0x41\nCPU part\t: 0xd40\n"
+    assert identity.cpu_signature(arm) == "cpu implementer=0x41|cpu part=0xd40|features=asimd fp sve"
+    assert identity.cpu_signature("") == ""
+    # one home, two machines: the first one's measurement is not the second's
+    monkeypatch.setattr(hardware.ceilings, "lab_home", lambda: tmp_path)
+    monkeypatch.setattr(identity, "cpu_signature", lambda: sig512)
+    on512 = hardware.ceilings.measurement_path()
+    on512.parent.mkdir(parents=True)
+    on512.write_text(json.dumps({"version": hardware.ceilings.MEASUREMENT_VERSION, "flop_per_s": {"float32": 54e9}}))
+    assert hardware.cached_measurement()["flop_per_s"] == {"float32": 54e9}
+    monkeypatch.setattr(identity, "cpu_signature", lambda: sig2)
+    assert hardware.ceilings.measurement_path() != on512 and hardware.cached_measurement() is None
 
 
 # --- rows against the bound, and the figure ------------------------------------------------------------
@@ -273,6 +345,26 @@ def test_bound_columns_of_rows_by_hand(model):
     assert p16["compute_dtype"] == "bfloat16" and p16["decode_bound"] == "bandwidth"
     with pytest.raises(LabError, match="decode_tps"):
         roofline.add_bound_columns(rows(model).drop(columns=["decode_tps"]), model, mach)
+
+
+def test_a_row_above_its_bound_is_named_with_what_to_do(model):
+    """A bound is a measurement too. The toy machine's bandwidth (10 GB/s) lets transformers' float32 decode at
+    64 prompt tokens reach 1 / ((538,060,032 + 68 x 46,080) bytes / 10 GB/s) = 18.48 tok/s; the rows say 20.0, so
+    108 % of it. llama.cpp's decode at 100 tok/s is 98 % of its bound at 64 prompt tokens (depth 68: 96,576,768 +
+    68 x 23,040 bytes a step), not named, and 103 % at 256 (depth 260: 102,567,168 bytes a step)."""
+    mach = {"name": "toy", "bytes_per_s": 10e9, "flop_per_s": {"float32": 50e9, "int8": 100e9}}
+    said = []
+    df = roofline.add_bound_columns(rows(model), model, machine_name=mach, log=said.append)
+    assert said == df.attrs["above_bound"] == roofline.above_bound(df) and len(said) == 2
+    assert "transformers decode at 64 prompt tokens: 108 % of its bound (median of 2 rows)" in said[0]
+    assert "llama.cpp decode at 64 " not in said[0]
+    assert "llama.cpp decode at 256 prompt tokens: 103 % of its bound" in said[0]
+    assert "measure_machine(refresh=True)" in said[1] and "lablib roofline --refresh" in said[1]
+    # a machine twice as fast in every ceiling: every row within its bound, nothing said
+    roomy = {"name": "roomy", "bytes_per_s": 1e12, "flop_per_s": {"float32": 1e13, "int8": 1e13}}
+    quiet = []
+    d2 = roofline.add_bound_columns(rows(model), model, machine_name=roomy, log=quiet.append)
+    assert quiet == [] and d2.attrs["above_bound"] == [] and (d2["decode_pct_of_bound"] < 100).all()
 
 
 def test_roofline_figure_draws_from_tidy_rows_alone(model):

@@ -60,4 +60,6 @@ def run(ns) -> int:
             )
         elif r.get("launch_floor_error"):
             print(f"  {'':<13} no launch floor: {r['launch_floor_error']}")
+    for line in out["above_bound"]:
+        print(line)
     return 0

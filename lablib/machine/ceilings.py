@@ -31,7 +31,15 @@ ROOFLINE_KERNEL = "read"
 STREAM_ARRAY_BYTES = 64 * 2**20  # per array: 2 x the 32 MiB L3 of the lab's EPYC, 4 x a 16 MiB laptop L3
 _STREAM_BLOCK = 2**15  # float64 elements a thread handles per step (256 KiB: the temporaries stay in L2)
 MATMUL_DTYPES = ("float32", "bfloat16", "int8")
-MEASUREMENT_VERSION = 3  # 3: the roofline's ceilings are the best repetitions
+# 4: float32 through NumPy's BLAS and torch's, the faster the roof; the key names the CPU's signature
+MEASUREMENT_VERSION = 4
+# measure_machine's bfloat16 and int8 products (torch's kernels, slow without AVX-512 or AMX): the largest size
+# whose one product stays within it. float32 keeps its full size: it is the roof of every engine on a CPU
+MAX_PRODUCT_S = 0.5
+# float32 products: NumPy's BLAS (OpenBLAS in its wheels) and torch's (MKL / oneDNN in its x86 builds), which
+# transformers calls. On a 2-core AMD EPYC with AVX2 only, best passes at n = 2048 over six measurements: NumPy's
+# 137-173 GFLOP/s, torch's 112-142; another machine can order them the other way.
+FLOAT32_BACKENDS = ("numpy", "torch")
 
 
 def _spread(values: list[float]) -> dict:
@@ -147,15 +155,25 @@ def _matmul_runner(backend: str, dtype: str, n: int, threads: int):
 
 
 def matmul_flops(
-    dtype: str = "float32", n: int = 1024, reps: int = 5, backend: str = "auto", threads: int | None = None
+    dtype: str = "float32",
+    n: int = 1024,
+    reps: int = 5,
+    backend: str = "auto",
+    threads: int | None = None,
+    max_product_s: float | None = None,
 ) -> dict:
     """Matrix-multiply rate, FLOP/s: two n x n matrices of ``dtype`` multiplied ``reps`` times after one
     unrecorded warm-up; 2 n^3 FLOP per product (one multiply and one add per term).
 
+    ``max_product_s`` (seconds; None: n as given): ``n`` is then the largest size, reached from 256 by doubling
+    while the next product, eight times the last one's time, is predicted within it; each size's first product
+    is a warm-up. A slow kernel is measured on smaller matrices: torch's bfloat16 product ran at 0.2 GFLOP/s on an
+    AVX2-only EPYC, 86 s for one 2048 x 2048 product and 9 minutes for :func:`measure_machine`'s five.
+
     ``backend``: "numpy" (its BLAS; float32), "torch" (float32, bfloat16, int8 through
     ``torch._int_mm``), "mlx" (float32, bfloat16), or "auto" (numpy for float32, torch otherwise).
     ``threads`` (default :func:`cpus_usable`) applies to torch; NumPy's BLAS uses its own pool.
-    Returns {dtype, backend, n, flop_per_s (median), min, max, reps, threads}. Raises LabError for a
+    Returns {dtype, backend, n (the size measured), flop_per_s (median), min, max, reps, threads}. Raises LabError for a
     dtype or backend this function does not know, or one whose library is missing.
     """
 
@@ -167,14 +185,22 @@ def matmul_flops(
         raise LabError(f"n={n!r}, reps={reps!r}: expected a matrix size and repetitions of at least 1")
     backend = ("numpy" if dtype == "float32" else "torch") if backend == "auto" else backend
     threads = cpus_usable() if threads is None else threads
-    try:
-        run = _matmul_runner(backend, dtype, n, threads)
-    except ImportError as e:
-        raise LabError(
-            f"matmul_flops(backend={backend!r}): {e.name or backend} is not installed; "
-            "install it (make setup) or pick another backend"
-        ) from None
-    run()
+    size = n if max_product_s is None else min(n, 256)
+    while True:
+        try:
+            run = _matmul_runner(backend, dtype, size, threads)
+        except ImportError as e:
+            raise LabError(
+                f"matmul_flops(backend={backend!r}): {e.name or backend} is not installed; "
+                "install it (make setup) or pick another backend"
+            ) from None
+        t0 = time.perf_counter()
+        run()  # the warm-up of this size
+        took = time.perf_counter() - t0
+        if max_product_s is None or size * 2 > n or took * 8 > max_product_s:
+            break
+        size *= 2
+    n = size
     rates = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -191,6 +217,61 @@ def matmul_flops(
         "reps": s["reps"],
         "threads": threads,
     }
+
+
+def best_float32(n: int, reps: int) -> dict:
+    """:func:`matmul_flops` of float32 through each of :data:`FLOAT32_BACKENDS` that is installed, the one with the
+    best repetition returned, with ``backends``: {backend: {flop_per_s, min, max}} of all. The roof is the fastest
+    float32 product this machine ran: transformers multiplies through torch, and held to NumPy's rate alone its
+    prefill could read above 100 % of its bound wherever torch's BLAS is the faster."""
+    from lablib.errors import LabError
+
+    found = {}
+    for backend in FLOAT32_BACKENDS:
+        try:
+            found[backend] = matmul_flops("float32", n=n, reps=reps, backend=backend)
+        except LabError:  # torch is not installed
+            continue
+    best = max(found.values(), key=lambda r: r["max"])
+    return {**best, "backends": {b: {k: r[k] for k in ("flop_per_s", "min", "max")} for b, r in found.items()}}
+
+
+def ceiling_table(m: dict | None = None):
+    """A measurement (:func:`measure_machine`, default this machine's) as a table: one row per bandwidth kernel
+    (GB/s) and per matrix product (GFLOP/s; GOP/s for int8), float32 once per backend, with median, min, max
+    and ``roof``: True where the row's ``max`` is a ceiling the roofline uses: the read kernel, the fastest float32
+    backend, and bfloat16 or int8 only where it beat that (:func:`peak_flops` holds those two to float32's)."""
+    import pandas as pd
+
+    m = m or measure_machine()
+    out = [
+        {
+            "ceiling": f"bandwidth, {k}",
+            "median": v["bytes_per_s"],
+            "min": v["min"],
+            "max": v["max"],
+            "unit": "GB/s",
+            "roof": k == ROOFLINE_KERNEL,
+        }
+        for k, v in m["bandwidth"].items()
+    ]
+    f32 = m["matmul"].get("float32", {}).get("max", 0.0)
+    for dtype, v in m["matmul"].items():
+        unit = "GOP/s" if dtype == "int8" else "GFLOP/s"
+        for backend, r in (v.get("backends") or {v.get("backend", "torch"): v}).items():
+            out.append(
+                {
+                    "ceiling": f"matmul, {dtype} ({backend})",
+                    "median": r["flop_per_s"],
+                    "min": r["min"],
+                    "max": r["max"],
+                    "unit": unit,
+                    "roof": backend == v.get("backend", backend) and (dtype == "float32" or r["max"] > f32),
+                }
+            )
+    df = pd.DataFrame(out)
+    df[["median", "min", "max"]] = df[["median", "min", "max"]] / 1e9
+    return df
 
 
 def measurement_path() -> Path:
@@ -218,8 +299,11 @@ def measure_machine(refresh: bool = False, quick: bool | None = None) -> dict:
     (:func:`matmul_flops` results, FLOP/s; bfloat16 and int8 only where torch runs them),
     bytes_per_s (the read kernel's best repetition: the roofline's bandwidth), flop_per_s ({dtype: best})}.
     ``refresh`` measures again;
-    ``quick`` (default: quick mode) uses fewer repetitions and smaller matrices (about 1 s
-    instead of about 10 on two cores).
+    ``quick`` (default: quick mode) uses fewer repetitions (3 instead of 5; 3-5 s either way on a 2-core AMD
+    EPYC with AVX2 only, where the n = 1024 bfloat16 and int8 products alone used to take 14 s in quick mode).
+    float32 is measured at ``matmul_n`` (2048) in both modes: at 1024 the same machine's float32 product reached
+    100-110 GFLOP/s against 140-170 at 2048, below transformers' own 128-token prefill (85 GFLOP/s attained) on a
+    busy minute. bfloat16 and int8 grow only within :data:`MAX_PRODUCT_S` a product (:func:`matmul_flops`).
     """
     import datetime as _dt
 
@@ -230,10 +314,10 @@ def measure_machine(refresh: bool = False, quick: bool | None = None) -> dict:
     quick = quick_mode() if quick is None else quick
     reps, n = budget("machine", "reps", quick), budget("machine", "matmul_n", quick)
     bw = {k: stream_bandwidth(k, reps=reps) for k in STREAM_KERNELS}
-    mm = {"float32": matmul_flops("float32", n=n, reps=reps)}
+    mm = {"float32": best_float32(n, reps)}
     for dtype in ("bfloat16", "int8"):
         try:
-            mm[dtype] = matmul_flops(dtype, n=n, reps=reps, backend="torch")
+            mm[dtype] = matmul_flops(dtype, n=n, reps=reps, backend="torch", max_product_s=MAX_PRODUCT_S)
         except Exception:  # no torch, or this torch/CPU has no kernel for the type
             pass
     out = {

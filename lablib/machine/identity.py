@@ -49,6 +49,47 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+# /proc/cpuinfo fields of the first CPU that tell two CPUs of one marketing name apart: x86's vendor, family,
+# model and stepping and its feature flags; ARM's implementer, part and features. Cloud VMs can show the same
+# model name ("AMD EPYC") and hostname ("vm") on an EPYC with AVX2 only (family 25, model 1) and one with AVX-512.
+_SIGNATURE_FIELDS = (
+    "vendor_id",
+    "cpu family",
+    "model",
+    "stepping",
+    "flags",
+    "cpu implementer",
+    "cpu architecture",
+    "cpu variant",
+    "cpu part",
+    "cpu revision",
+    "features",
+)
+
+
+def cpu_signature(cpuinfo: str | None = None) -> str:
+    """The first CPU's identifying fields of ``/proc/cpuinfo`` (``cpuinfo``: its text; default: read it),
+    ``field=value`` joined by "|", flags sorted; "" where there is none (macOS, Windows: there the model name
+    says it). Two machines with the same signature run the same instructions at the same clocks per core."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return ""
+    fields = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the first processor's block is enough
+            continue
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in _SIGNATURE_FIELDS and key not in fields:
+            fields[key] = " ".join(sorted(value.split())) if key in ("flags", "features") else value.strip()
+    return "|".join(f"{k}={fields[k]}" for k in _SIGNATURE_FIELDS if k in fields)
+
+
 def accelerator() -> str | None:
     """The accelerators the engines could use (:mod:`lablib.machine.devices`: NVIDIA GPUs as nvidia-smi
     lists them, the Apple GPU), joined by "; ", or None on a CPU-only machine."""
@@ -88,11 +129,16 @@ def load_average() -> float | None:
 
 
 def machine_key() -> str:
-    """What makes two measurements comparable: hostname, CPU model and the CPUs this process may use."""
+    """What makes two measurements comparable: hostname, CPU model, the CPU's own signature
+    (:func:`cpu_signature`: family, model, flags), the CPUs this process may use and the accelerators. The
+    signature was missing: a lab home that moved between two cloud VMs named "vm", both "AMD EPYC" (one with
+    AVX-512, one with AVX2 only), used the first one's ceilings on the second, whose float32 product was about
+    three times faster (best passes 56 against 137-173 GFLOP/s), and lab 07 showed transformers' prefill at 152 %
+    of its bound."""
     import hashlib
 
     hw = hardware_info()
-    raw = f"{hw['hostname']}|{hw['cpu_model']}|{cpus_usable()}|{hw['accelerator']}"
+    raw = f"{hw['hostname']}|{hw['cpu_model']}|{cpu_signature()}|{cpus_usable()}|{hw['accelerator']}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 

@@ -319,7 +319,7 @@ def batch_sweep(
 # --- measured rows against the bound -----------------------------------------------------------------------
 
 
-def add_bound_columns(df, model, machine_name=None):
+def add_bound_columns(df, model, machine_name=None, log=None):
     """Measured rows (tidy, one per request) with the roofline beside each: a new DataFrame with
     :data:`lablib.results.schema.BOUND_COLUMNS` added.
 
@@ -337,6 +337,9 @@ def add_bound_columns(df, model, machine_name=None):
     GPU's measured through torch where it is here, else the published peaks of the GPU its ``accelerator``
     names; a device nothing bounds, as a server's ``unknown``: its bound columns stay empty, never the CPU's; so
     do they for a row that names no engine, a server's summary merged beside the requests). Needs: engine, prompt_tokens, output_tokens, prefill_s, prefill_tps, decode_tps.
+
+    A bound is a measurement too, and a row can beat it: ``attrs["above_bound"]`` holds :func:`above_bound`'s lines
+    (none when every row is within its bound), and ``log`` (e.g. ``print``) is given each.
     """
     import math
 
@@ -426,7 +429,44 @@ def add_bound_columns(df, model, machine_name=None):
         out.append(row)
     import pandas as pd
 
-    return pd.DataFrame(out, index=df.index)
+    res = pd.DataFrame(out, index=df.index)
+    res.attrs["above_bound"] = above_bound(res)
+    for line in res.attrs["above_bound"] if log else ():
+        log(line)
+    return res
+
+
+def above_bound(df) -> list[str]:
+    """Lines naming each engine, phase and prompt length whose median is above 100 % of its bound in ``df``
+    (:func:`add_bound_columns`' rows), and what to do; [] when none is. A bound is the ceilings measured on that
+    machine at one time (the best repetition): a row above it ran faster than the machine did when measured.
+    On a shared machine that is a quiet moment after a busy one; with a stale cache, another machine's figures."""
+    cols = ["engine", "prompt_tokens", "prefill_pct_of_bound", "decode_pct_of_bound"]
+    if not len(df) or any(c not in df.columns for c in cols):
+        return []
+    keys = [k for k in ("machine", "engine", "weights", "prompt_tokens") if k in df.columns]
+    over = []
+    for key, g in df.groupby(keys, sort=False, dropna=False):
+        where = dict(zip(keys, key))
+        for phase in ("prefill", "decode"):
+            pct = g[f"{phase}_pct_of_bound"].median()
+            if pct == pct and pct > 100:
+                weights = f" ({where['weights']})" if isinstance(where.get("weights"), str) and where["weights"] else ""
+                on = f" on {where['machine']}" if "machine" in where else ""
+                over.append(
+                    f"{where['engine']}{weights} {phase} at {where['prompt_tokens']} prompt tokens{on}: "
+                    f"{pct:.0f} % of its bound ({f'median of {len(g)} rows' if len(g) > 1 else 'one row'})"
+                )
+    if not over:
+        return []
+    return [
+        "Above the bound: " + "; ".join(over) + ".",
+        "A bound is the machine's ceilings as measured once and cached (the best repetition); a row above it ran "
+        "faster than the machine did then: the machine was busier when its ceilings were measured. Measure them "
+        "again on a quiet machine (the CPU's: lablib.machine.measure_machine(refresh=True), or lablib roofline "
+        '--refresh; a GPU\'s: lablib.machine.device_ceilings.measure_device("cuda", refresh=True)), then run again, '
+        'or hold these rows to the CPU\'s new measurement: add_bound_columns(df, model, machine_name="this").',
+    ]
 
 
 def what_if_table(
@@ -532,7 +572,8 @@ def report(results=None, engines=None, model=None, refresh: bool = False, out=No
     gflops {dtype: best GFLOP/s (int8: GOP/s), the roofline's}, measured}, engines: {engine: {decode_tps,
     decode_bound_tps, fraction_of_bound, prefill_tps, prefill_bound_tps, prompt_tokens, rows, source,
     bound_by ("bandwidth", "compute" or "launches": which line binds its decode), launch_floor_ms (its measured
-    launch floor, :mod:`lablib.studies.launch_floor`, measured now if never here), launch_floor_error}}}.
+    launch floor, :mod:`lablib.studies.launch_floor`, measured now if never here), launch_floor_error}},
+    above_bound: :func:`above_bound`'s lines, [] when every row is within its bound}.
 
     ``results``: results files (None: those under results/ and labs/results/; [] : none); an engine
     without rows from this machine and model is measured now (one warm-up, then the requests of
@@ -604,4 +645,5 @@ def report(results=None, engines=None, model=None, refresh: bool = False, out=No
             "measured": m["time"],
         },
         "engines": engines_out,
+        "above_bound": df.attrs["above_bound"],
     }

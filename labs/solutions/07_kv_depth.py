@@ -36,4 +36,4 @@ for engine in ("llama.cpp", "transformers"):
 df = sweep.context_sweep(
     model, engines=["llama.cpp"], prompt_tokens=[64, 1024], max_new_tokens=32, reps=2, progress=False
 )
-print(tables.bound_table(roofline.add_bound_columns(df, model)).round(1).to_string(index=False))
+print(tables.bound_table(roofline.add_bound_columns(df, model, log=print)).round(1).to_string(index=False))
