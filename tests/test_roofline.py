@@ -465,6 +465,13 @@ def test_cli_roofline_json_from_a_results_file(model, llama, tmp_path, monkeypat
             }
         )
         w.append({**r, "time": "2099-01-01T00:00:00+00:00", "adapter": "lora-r8", "decode_tps": r["decode_tps"] / 3})
+    # later plain rows of another CPU under this hostname (two cloud VMs named "vm"): not this machine's either
+    assert (
+        plain[0]["machine_key"] == hardware.machine_key()
+        and plain[0]["hostname"] == hardware.hardware_info()["hostname"]
+    )
+    for r in plain:
+        w.append({**r, "time": "2099-01-02T00:00:00+00:00", "machine_key": "0" * 16, "decode_tps": r["decode_tps"] / 4})
     w.sync()
     foreign = tmp_path / "other.jsonl"
     foreign.write_text('{"foo": 1}\n')

@@ -57,6 +57,9 @@ MANIFEST_FIELDS = {
     "ram_bytes": ("hardware", "ram_bytes"),
     "accelerator": ("hardware", "accelerator"),
     "hostname": ("hardware", "hostname"),
+    # lablib.machine.identity.machine_key: hostname, CPU model and signature (family, model, flags), usable CPUs,
+    # accelerators, hashed; two cloud VMs of one hostname and one CPU name can differ in it
+    "machine_key": ("hardware", "machine_key"),
     "cpu_quota": ("hardware", "cpu_quota"),
     "memory_limit_bytes": ("hardware", "memory_limit_bytes"),
     "load_avg_1m": ("hardware", "load_avg_1m"),  # the machine's load when the run started

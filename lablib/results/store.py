@@ -19,7 +19,7 @@ from pathlib import Path
 from lablib._version import __version__
 from lablib.errors import LabError, excerpt, first_line, json_kind, shown
 from lablib.machine.device_ceilings import measured_summary
-from lablib.machine.identity import hardware_info, load_average
+from lablib.machine.identity import hardware_info, load_average, machine_key
 from lablib.machine.telemetry import gpu_manifest
 from lablib.results.schema import CLOCKS, DEFAULTS, METRICS, flatten_manifest
 from lablib.results.trace import RequestTrace, now
@@ -40,6 +40,7 @@ def run_manifest(engine_info: dict, model: dict, workload: dict | None = None) -
         # the measured ceilings of the device the engine computed on (a GPU's for a CUDA row, not the CPU's)
         "hardware": {
             **hardware_info(),
+            "machine_key": machine_key(),
             "load_avg_1m": load_average(),
             **measured_summary(engine_info.get("device")),
             **({"gpu": gpu} if gpu else {}),
