@@ -72,11 +72,7 @@ def cpu_signature(cpuinfo: str | None = None) -> str:
     ``field=value`` joined by "|", flags sorted; "" where there is none (macOS, Windows: there the model name
     says it). Two machines with the same signature run the same instructions at the same clocks per core."""
     if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-                cpuinfo = f.read()
-        except OSError:
-            return ""
+        return _this_cpu_signature()
     fields = {}
     for line in cpuinfo.splitlines():
         if not line.strip():
@@ -88,6 +84,16 @@ def cpu_signature(cpuinfo: str | None = None) -> str:
         if key in _SIGNATURE_FIELDS and key not in fields:
             fields[key] = " ".join(sorted(value.split())) if key in ("flags", "features") else value.strip()
     return "|".join(f"{k}={fields[k]}" for k in _SIGNATURE_FIELDS if k in fields)
+
+
+@functools.lru_cache(maxsize=1)
+def _this_cpu_signature() -> str:
+    """:func:`cpu_signature` of this machine's /proc/cpuinfo, read once (every run's manifest names it)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return cpu_signature(f.read())
+    except OSError:
+        return ""
 
 
 def accelerator() -> str | None:
