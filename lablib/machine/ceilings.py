@@ -37,8 +37,8 @@ MEASUREMENT_VERSION = 4
 # whose one product stays within it. float32 keeps its full size: it is the roof of every engine on a CPU
 MAX_PRODUCT_S = 0.5
 # float32 products: NumPy's BLAS (OpenBLAS in its wheels) and torch's (MKL / oneDNN in its x86 builds), which
-# transformers calls. On a 2-core AMD EPYC with AVX2 only, best passes at n = 2048 over six measurements: NumPy's
-# 137-173 GFLOP/s, torch's 112-142; another machine can order them the other way.
+# transformers calls. On a 2-core AMD EPYC with AVX2 only, best passes at n = 2048 over nine measurements: NumPy's
+# 137-173 GFLOP/s in 8 of 9 (77 in one slow minute), torch's 108-142; another machine can order them the other way.
 FLOAT32_BACKENDS = ("numpy", "torch")
 
 
