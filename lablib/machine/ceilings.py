@@ -302,8 +302,8 @@ def measure_machine(refresh: bool = False, quick: bool | None = None) -> dict:
     ``quick`` (default: quick mode) uses fewer repetitions (3 instead of 5; 3-5 s either way on a 2-core AMD
     EPYC with AVX2 only, where the n = 1024 bfloat16 and int8 products alone used to take 14 s in quick mode).
     float32 is measured at ``matmul_n`` (2048) in both modes: at 1024 the same machine's float32 product reached
-    100-110 GFLOP/s against 137-173 at 2048, below transformers' own 128-token prefill (85 GFLOP/s attained) on a
-    busy minute. bfloat16 and int8 grow only within :data:`MAX_PRODUCT_S` a product (:func:`matmul_flops`).
+    100-110 GFLOP/s against 137-173 at 2048 (45-52 on a busy minute, below the 85 GFLOP/s that transformers'
+    own 128-token prefill attained on a quiet one). bfloat16 and int8 grow only within :data:`MAX_PRODUCT_S` a product (:func:`matmul_flops`).
     """
     import datetime as _dt
 
