@@ -173,8 +173,8 @@ def matmul_flops(
     ``backend``: "numpy" (its BLAS; float32), "torch" (float32, bfloat16, int8 through
     ``torch._int_mm``), "mlx" (float32, bfloat16), or "auto" (numpy for float32, torch otherwise).
     ``threads`` (default :func:`cpus_usable`) applies to torch; NumPy's BLAS uses its own pool.
-    Returns {dtype, backend, n (the size measured), flop_per_s (median), min, max, reps, threads}. Raises LabError for a
-    dtype or backend this function does not know, or one whose library is missing.
+    Returns {dtype, backend, n (the size measured), flop_per_s (median), min, max, reps, threads}. Raises
+    LabError for a dtype or backend this function does not know, or one whose library is missing.
     """
 
     from lablib.errors import LabError
@@ -303,7 +303,8 @@ def measure_machine(refresh: bool = False, quick: bool | None = None) -> dict:
     EPYC with AVX2 only, where the n = 1024 bfloat16 and int8 products alone used to take 14 s in quick mode).
     float32 is measured at ``matmul_n`` (2048) in both modes: at 1024 the same machine's float32 product reached
     100-110 GFLOP/s against 137-173 at 2048 (45-52 on a busy minute, below the 85 GFLOP/s that transformers'
-    own 128-token prefill attained on a quiet one). bfloat16 and int8 grow only within :data:`MAX_PRODUCT_S` a product (:func:`matmul_flops`).
+    own 128-token prefill attained on a quiet one). bfloat16 and int8 grow only within :data:`MAX_PRODUCT_S` a
+    product (:func:`matmul_flops`).
     """
     import datetime as _dt
 
