@@ -255,7 +255,6 @@ def ceiling_table(m: dict | None = None):
         }
         for k, v in m["bandwidth"].items()
     ]
-    f32 = m["matmul"].get("float32", {}).get("max", 0.0)
     for dtype, v in m["matmul"].items():
         unit = "GOP/s" if dtype == "int8" else "GFLOP/s"
         for backend, r in (v.get("backends") or {v.get("backend", "torch"): v}).items():
@@ -266,7 +265,7 @@ def ceiling_table(m: dict | None = None):
                     "min": r["min"],
                     "max": r["max"],
                     "unit": unit,
-                    "roof": backend == v.get("backend", backend) and (dtype == "float32" or r["max"] > f32),
+                    "roof": backend == v.get("backend", backend) and peak_flops(m, dtype) == r["max"],
                 }
             )
     df = pd.DataFrame(out)

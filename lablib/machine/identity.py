@@ -39,14 +39,7 @@ def cpu_model() -> str:
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags as Linux's /proc/cpuinfo lists them ('avx2', 'avx512_bf16',
     'amx_bf16', ...); empty where there is no /proc/cpuinfo (macOS, Windows)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.lower().startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+    return frozenset(_this_cpu().get("flags", "").split())
 
 
 # /proc/cpuinfo fields of the first CPU that tell two CPUs of one marketing name apart: x86's vendor, family,
@@ -67,12 +60,9 @@ _SIGNATURE_FIELDS = (
 )
 
 
-def cpu_signature(cpuinfo: str | None = None) -> str:
-    """The first CPU's identifying fields of ``/proc/cpuinfo`` (``cpuinfo``: its text; default: read it),
-    ``field=value`` joined by "|", flags sorted; "" where there is none (macOS, Windows: there the model name
-    says it). Two machines with the same signature run the same instructions at the same clocks per core."""
-    if cpuinfo is None:
-        return _this_cpu_signature()
+def _first_cpu(cpuinfo: str) -> dict:
+    """The first processor's block of /proc/cpuinfo's text: {field (lower case): value}, flags and features
+    sorted."""
     fields = {}
     for line in cpuinfo.splitlines():
         if not line.strip():
@@ -81,19 +71,27 @@ def cpu_signature(cpuinfo: str | None = None) -> str:
             continue
         key, _, value = line.partition(":")
         key = key.strip().lower()
-        if key in _SIGNATURE_FIELDS and key not in fields:
+        if key not in fields:
             fields[key] = " ".join(sorted(value.split())) if key in ("flags", "features") else value.strip()
-    return "|".join(f"{k}={fields[k]}" for k in _SIGNATURE_FIELDS if k in fields)
+    return fields
 
 
 @functools.lru_cache(maxsize=1)
-def _this_cpu_signature() -> str:
-    """:func:`cpu_signature` of this machine's /proc/cpuinfo, read once (every run's manifest names it)."""
+def _this_cpu() -> dict:
+    """:func:`_first_cpu` of this machine's /proc/cpuinfo, read once a process; {} where there is none."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            return cpu_signature(f.read())
+            return _first_cpu(f.read())
     except OSError:
-        return ""
+        return {}
+
+
+def cpu_signature(cpuinfo: str | None = None) -> str:
+    """The first CPU's identifying fields of ``/proc/cpuinfo`` (``cpuinfo``: its text; default: this machine's),
+    ``field=value`` joined by "|", flags sorted; "" where there is none (macOS, Windows: there the model name
+    says it). Two machines with the same signature run the same instructions at the same clocks per core."""
+    fields = _this_cpu() if cpuinfo is None else _first_cpu(cpuinfo)
+    return "|".join(f"{k}={fields[k]}" for k in _SIGNATURE_FIELDS if k in fields)
 
 
 def accelerator() -> str | None:
