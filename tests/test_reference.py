@@ -146,10 +146,12 @@ def test_context_lines_draw_a_reference_on_its_own_row_on_the_same_scales(ref_di
     assert fig.layout.yaxis3.matches == "y" and fig.layout.yaxis4.matches == "y2"  # one scale per metric
     with pytest.raises(LabError, match=r"facet_by='engine': expected None or one of 'hostname', 'cpu_model'"):
         plots.context_lines(both, facet_by="engine")
-    with pytest.raises(
-        LabError, match=r"needs the columns machine; .*expected rows of lablib.results.reference.beside"
-    ):
-        plots.context_lines(own, facet_by="machine")
+    # rows not put beside a reference: one row of panels per machine they came from (a room's: its hostnames)
+    room = pd.concat([own.assign(hostname="anna-laptop"), own.assign(hostname="ben-laptop")])
+    fig = plots.context_lines(room, facet_by="machine")
+    assert [a.text for a in fig.layout.annotations if a.textangle == 90] == ["anna-laptop", "ben-laptop"]
+    with pytest.raises(LabError, match=r"needs the columns hostname"):
+        plots.context_lines(own.drop(columns="hostname", errors="ignore"), facet_by="hostname")
     # the learner's machine on top whatever its prompt lengths: the rows' order, not the medians' sort
     later = reference.beside(context_rows(lengths=(512, 2048)).assign(cpu_model="AMD EPYC", cores=2), "context")
     fig = plots.context_lines(later, facet_by="machine")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from lablib.results.store import merge_results
+from lablib.results.tables import machine_names, shared_hostnames
 
 HELP = "combine results files (several machines) into one"
 
@@ -19,6 +20,9 @@ def add_arguments(p) -> None:
 
 def run(ns) -> int:
     df = merge_results(ns.files, ns.out, one_clock=ns.one_clock)
-    hosts = sorted(df["hostname"].dropna().unique()) if "hostname" in df else []
-    print(f"{len(df)} rows from {len(ns.files)} file(s), {len(hosts)} machine(s) {hosts} -> {ns.out}")
+    machines = sorted(set(machine_names(df))) if "hostname" in df else []
+    print(f"{len(df)} rows from {len(ns.files)} file(s), {len(machines)} machine(s) {machines} -> {ns.out}")
+    for host, names in shared_hostnames(df).items():
+        told = "their machine ids" if all(" · id " in n for n in names) else "their files (rows without a machine id)"
+        print(f"  {len(names)} machines share the hostname {host!r}: told apart by {told} in the report: {names}")
     return 0

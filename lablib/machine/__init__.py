@@ -33,6 +33,7 @@ from lablib.machine.identity import (  # noqa: F401
     found,
     hardware_info,
     load_average,
+    machine_id,
     machine_key,
 )
 from lablib.machine.limits import (  # noqa: F401

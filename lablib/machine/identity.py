@@ -146,6 +146,26 @@ def machine_key() -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=1)
+def machine_id() -> str | None:
+    """This machine's own id: 12 hex digits, the same in every process and run, or None where the operating system
+    keeps none. py-machineid reads the OS's id (Linux's /etc/machine-id, a container's id, macOS's
+    IOPlatformUUID, Windows' MachineGuid) and hashes it with the lab's name (HMAC-SHA256), so the OS's own id is
+    never written into a results file that a learner hands in.
+
+    What the hostname and the hardware do not tell apart: two laptops both "MacBook-Pro.local", a room of cloud
+    VMs all "vm" with one CPU (one :func:`machine_key`). A workshop room's figure names each machine by it where
+    hostnames repeat (:func:`lablib.results.tables.machine_names`)."""
+    try:
+        import machineid
+    except ImportError:  # an environment set up before the lab asked for it
+        return None
+    try:
+        return machineid.hashed_id("lablib")[:12]
+    except (machineid.MachineIdNotFound, OSError):
+        return None
+
+
 def found() -> list[Device]:
     """Every device the engines could compute on here: the CPU first, then GPUs."""
     return [Device("cpu", cpu_model(), 0, "platform"), *nvidia_gpus(), *apple_gpu()]

@@ -24,8 +24,8 @@ from lablib.plots.style import (
 )
 from lablib.results.schema import CLOCKS, FACETS
 from lablib.results.tables import (
-    FACET_SOURCE,
     concurrency_summary,
+    facet_rows,
     need,
     nonempty,
     ok_rows,
@@ -49,8 +49,9 @@ def concurrency_lines(df, facet_by: str | None = None, title: str | None = None)
 
     Needs: run_id, engine, mode, concurrency, output_tokens, t_submit, t_last_token, ttft_s
     (concurrency rows: ``sweep == "concurrency"``). ``facet_by`` ("hostname", "cpu_model" or "machine": a
-    learner's rows beside a reference, :func:`lablib.results.reference.beside`) puts each machine on its own row
-    of panels, with matched y axes, so machines compare directly.
+    learner's rows beside a reference, :func:`lablib.results.reference.beside`; for rows without that column, a
+    room's files, each row's :func:`lablib.results.tables.machine_names`, which tells apart machines of one
+    hostname) puts each machine on its own row of panels, with matched y axes, so machines compare directly.
     """
     from plotly.subplots import make_subplots
 
@@ -62,7 +63,7 @@ def concurrency_lines(df, facet_by: str | None = None, title: str | None = None)
     if facet_by is not None:
         if facet_by not in FACETS:
             raise LabError(f"facet_by={facet_by!r}: expected None or one of {', '.join(map(repr, FACETS))}")
-        need(d, [facet_by], "concurrency_lines(facet_by=...)", FACET_SOURCE.get(facet_by))
+        d = facet_rows(d, facet_by, "concurrency_lines(facet_by=...)")
     summ = concurrency_summary(d, facet_by)
     facets = list(dict.fromkeys(summ[facet_by])) if facet_by else [None]
     fig = make_subplots(

@@ -11,7 +11,7 @@ from lablib.errors import LabError
 from lablib.plots.phases import BOTTOM, TOP, shares, slot, slowest_note, split_layout, split_subplots
 from lablib.plots.style import PHASE_OPACITY, PHASE_PATTERN, color, engine_order, facet_spacing, log_ticks, match_y
 from lablib.results.schema import FACETS
-from lablib.results.tables import context_medians
+from lablib.results.tables import context_medians, facet_rows
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -128,13 +128,14 @@ def context_lines(df, facet_by: str | None = None, title: str | None = None) -> 
     Needs: engine, prompt_tokens, prefill_tps, tpot_s (context rows). TPOT is None for
     one-token outputs: such points are left out. ``facet_by`` (a column of
     :data:`lablib.results.schema.FACETS`: "machine" for a learner's rows beside a reference,
-    :func:`lablib.results.reference.beside`) puts each machine on its own row of panels, each metric on one
+    :func:`lablib.results.reference.beside`, or a room's machines: :func:`lablib.results.tables.facet_rows`) puts each machine on its own row of panels, each metric on one
     scale across the rows, so a GPU's line and this machine's are read against the same gridlines.
     """
     from plotly.subplots import make_subplots
 
     if facet_by is not None and facet_by not in FACETS:
         raise LabError(f"facet_by={facet_by!r}: expected None or one of {', '.join(map(repr, FACETS))}")
+    df = facet_rows(df, facet_by, "context_lines(facet_by=...)")
     med = context_medians(df, facet_by)
     # the machines in the order the rows give them (a learner's first, then the references), not by prompt length
     facets = [f for f in dict.fromkeys(df[facet_by]) if (med[facet_by] == f).any()] if facet_by else [None]

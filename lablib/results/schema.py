@@ -60,6 +60,9 @@ MANIFEST_FIELDS = {
     # lablib.machine.identity.machine_key: hostname, CPU model and signature (family, model, flags), usable CPUs,
     # accelerators, hashed; two cloud VMs of one hostname and one CPU name can differ in it
     "machine_key": ("hardware", "machine_key"),
+    # lablib.machine.identity.machine_id: the operating system's id of this machine, hashed (12 hex digits; None where
+    # it keeps none); two laptops of one hostname and one CPU differ in it (lablib.results.tables.machine_names)
+    "machine_id": ("hardware", "machine_id"),
     "cpu_quota": ("hardware", "cpu_quota"),
     "memory_limit_bytes": ("hardware", "memory_limit_bytes"),
     "load_avg_1m": ("hardware", "load_avg_1m"),  # the machine's load when the run started

@@ -19,7 +19,7 @@ from pathlib import Path
 from lablib._version import __version__
 from lablib.errors import LabError, excerpt, first_line, json_kind, shown
 from lablib.machine.device_ceilings import measured_summary
-from lablib.machine.identity import hardware_info, load_average, machine_key
+from lablib.machine.identity import hardware_info, load_average, machine_id, machine_key
 from lablib.machine.telemetry import gpu_manifest
 from lablib.results.schema import CLOCKS, DEFAULTS, METRICS, flatten_manifest
 from lablib.results.trace import RequestTrace, now
@@ -41,6 +41,7 @@ def run_manifest(engine_info: dict, model: dict, workload: dict | None = None) -
         "hardware": {
             **hardware_info(),
             "machine_key": machine_key(),
+            "machine_id": machine_id(),  # which machine of those of one hostname and one CPU (a workshop room's)
             "load_avg_1m": load_average(),
             **measured_summary(engine_info.get("device")),
             **({"gpu": gpu} if gpu else {}),

@@ -10,6 +10,7 @@ name says otherwise. One run in numbers is :func:`run_summary` (:data:`PERCENTIL
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lablib.errors import LabError, shown
@@ -309,8 +310,76 @@ def summary_table(df) -> pd.DataFrame:
     )
 
 
-# what makes a facet column where rows do not carry it (need's hint)
-FACET_SOURCE = {"machine": "lablib.results.reference.beside(df, kind), which adds each row's machine"}
+# --- which rows came from which machine ----------------------------------------------------------------------
+# A workshop room hands in one results file per laptop (lablib merge, lablib report, docs/workshop.md), and the
+# room's figure puts each machine on its own row of panels. The hostname names a machine in most rooms, but not
+# in all: two laptops can both be "MacBook-Pro.local", and a room of cloud VMs can all be "vm". The hardware does
+# not tell them apart either (the same CPU, the same cores: one machine_key). What does is the machine's own id
+# (machine_id: the operating system's, hashed; lablib.machine.identity.machine_id), in every row's manifest;
+# rows written before it (or on a machine whose OS keeps none) are told apart by the file they were first
+# written to (source_file), so two machines are never drawn as one.
+
+
+def _present(v):
+    return None if v is None or v != v or v == "" else v  # NaN: a column other rows have
+
+
+def machine_names(df):
+    """One name per row's machine (a pandas Series on ``df``'s index): its ``hostname``; where several machines
+    share a hostname, the hostname and what tells them apart: "vm · id 3f2a9c" (the first six digits of the
+    ``machine_id``) or, for rows without one, "vm · room-anna.jsonl" (the file's name).
+
+    A machine is its ``machine_id`` where the row records one, else the file the row came from (``source_file``),
+    else the hostname alone; rows without a hostname take their ``cpu_model``, else "unknown machine". One
+    machine's rows of several files (a learner's lab 03 file and the room's file) are one machine where they
+    record its id."""
+    import pandas as pd
+
+    records = df.to_dict("records")
+    hosts = [_present(r.get("hostname")) or _present(r.get("cpu_model")) or "unknown machine" for r in records]
+    idents = []
+    for r in records:
+        mid, src = _present(r.get("machine_id")), _present(r.get("source_file"))
+        idents.append(("id", str(mid)) if mid else ("file", str(src)) if src else ("host", None))
+    machines_of: dict[str, set] = {}
+    for host, ident in zip(hosts, idents):
+        machines_of.setdefault(host, set()).add(ident)
+    names = []
+    for host, (kind, value) in zip(hosts, idents):
+        if len(machines_of[host]) == 1 or kind == "host":
+            names.append(str(host))
+        elif kind == "id":
+            names.append(f"{host} · id {value[:6]}")
+        else:
+            names.append(f"{host} · {Path(value).name}")
+    return pd.Series(names, index=df.index, dtype=object)
+
+
+def shared_hostnames(df) -> dict[str, list[str]]:
+    """{hostname: the :func:`machine_names` of its machines} for every hostname that several machines share; empty
+    when each hostname is one machine."""
+    names = machine_names(df)
+    hosts = df["hostname"] if "hostname" in df.columns else None
+    if hosts is None:
+        return {}
+    shared: dict[str, list[str]] = {}
+    for host, name in zip(hosts, names):
+        if _present(host) and name != host and name not in shared.setdefault(str(host), []):
+            shared[str(host)].append(name)
+    return {h: sorted(n) for h, n in shared.items() if n}
+
+
+def facet_rows(d, facet_by: str | None, who: str):
+    """``d`` ready to be drawn by ``facet_by`` (a column of :data:`lablib.results.schema.FACETS`, or None): as it
+    is, after checking the column is there; for "machine" where rows carry no such column (rows not put beside a
+    reference by :func:`lablib.results.reference.beside`: a room's files), each row's :func:`machine_names`, one
+    row of panels per machine. Was: a LabError asking for beside()'s column."""
+    if facet_by is None:
+        return d
+    if facet_by == "machine" and "machine" not in d.columns:
+        return d.assign(machine=machine_names(d))
+    need(d, [facet_by], who)
+    return d
 
 
 def context_medians(df, facet_by: str | None = None) -> pd.DataFrame:
@@ -327,8 +396,7 @@ def context_medians(df, facet_by: str | None = None) -> pd.DataFrame:
         ["engine", "prompt_tokens", "output_tokens", "prefill_s", "decode_s", "prefill_tps", "tpot_s"],
         "context figure",
     )
-    if facet_by is not None:
-        need(d, [facet_by], "context figure (facet_by=...)", FACET_SOURCE.get(facet_by))
+    d = facet_rows(d, facet_by, "context figure (facet_by=...)")
     d = d.assign(tpot_ms=d["tpot_s"].astype(float) * 1000.0)
     g = d.groupby(([facet_by] if facet_by else []) + ["engine", "prompt_tokens"], sort=False)
     med = g.agg(
@@ -511,7 +579,8 @@ def prefix_medians(df, sweep: str = "prefix_shared") -> pd.DataFrame:
 def manifest_table(df) -> pd.DataFrame:
     """The manifest basics (:data:`lablib.results.schema.MANIFEST_SUMMARY`), one row per (hostname, engine):
     versions, dtype, threads, quantization, model, CPU, cores, RAM (GiB), accelerator, lablib
-    version, first/last time, and row counts."""
+    version, first/last time, and row counts. Where machines share a hostname, one row per machine and engine,
+    with a ``machine`` column first (:func:`machine_names`: "vm · id 3f2a9c")."""
     d = rows_given(df, "manifest_table").copy()
     cols = [c for c in MANIFEST_SUMMARY if c in d.columns]
     if "ram_bytes" in cols:
@@ -520,6 +589,10 @@ def manifest_table(df) -> pd.DataFrame:
     keys = [c for c in ("hostname", "engine") if c in cols]
     if not keys:
         return d.iloc[0:0]
+    if "hostname" in keys:  # machines that share a hostname (a room's "vm"s): one row each, named apart
+        names = machine_names(d)
+        if not names.equals(d["hostname"].astype(object)):
+            d["machine"], keys = names, ["machine", *keys]
     agg = {c: (c, "first") for c in cols if c not in keys}
     if "time" in d.columns:
         agg.update(first_time=("time", "min"), last_time=("time", "max"))

@@ -530,12 +530,12 @@ PLAIN_DECODE_SWEEPS = ("side_by_side", "context", "concurrency")
 
 def _last_rows(files, model, engines):
     """Each engine's rows from its most recent measurement in ``files`` on this machine (its hostname, and its
-    :func:`~lablib.machine.identity.machine_key` where rows record one) and model (single-stream
+    :func:`~lablib.machine.identity.machine_key` and ``machine_id`` where rows record them) and model (single-stream
     rows with a decode rate, of :data:`PLAIN_DECODE_SWEEPS`), or an empty DataFrame (files of no engine's rows:
     an empty file, another program's JSON)."""
     import pandas as pd
 
-    from lablib.machine.identity import hardware_info, machine_key
+    from lablib.machine.identity import hardware_info, machine_id, machine_key
     from lablib.results.store import load_results
 
     if not files:
@@ -558,6 +558,8 @@ def _last_rows(files, model, engines):
         keep &= df["hostname"] == hardware_info()["hostname"]
     if "machine_key" in df:  # rows that name their machine's key: this one's (another CPU of the same hostname: not)
         keep &= df["machine_key"].isna() | (df["machine_key"] == machine_key())
+    if "machine_id" in df:  # and its own id (a twin machine's rows merged into one file: not this one's)
+        keep &= df["machine_id"].isna() | (df["machine_id"] == machine_id())
     if "model_sha256" in df:
         keep &= df["model_sha256"] == model.sha256
     if "mode" in df:

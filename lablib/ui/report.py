@@ -14,7 +14,7 @@ from lablib import plots
 from lablib.errors import LabError
 from lablib.plots.roofline import roofline as roofline_figure
 from lablib.results.store import writable_file
-from lablib.results.tables import bound_table, manifest_table, ok_rows, sweep_rows
+from lablib.results.tables import bound_table, machine_names, manifest_table, ok_rows, sweep_rows
 from lablib.staging import staged
 from lablib.studies.roofline import add_bound_columns
 
@@ -54,14 +54,19 @@ def bounds_for_report(df):
 
 def report_figures(df) -> list:  # of plotly Figures
     """The figures ``df`` supports: context_bars and context_lines when there are context rows,
-    concurrency_lines (faceted by hostname when there are several) and timeline when there are
+    concurrency_lines (one row of panels per machine when there are several: by hostname, and where machines share
+    one, by :func:`lablib.results.tables.machine_names`) and timeline when there are
     concurrency rows; the roofline when the rows carry their bounds (:func:`lablib.studies.roofline.add_bound_columns`)."""
     figs = []
     if len(sweep_rows(df, "context")):
         figs += [plots.context_bars(df), plots.context_lines(df)]
     conc = sweep_rows(df, "concurrency")
     if len(conc):
-        facet = "hostname" if "hostname" in conc.columns and conc["hostname"].nunique() > 1 else None
+        facet = None
+        if "machine" in conc.columns and conc["machine"].nunique() > 1:  # a learner's rows beside a reference's
+            facet = "machine"
+        elif "machine" not in conc.columns and machine_names(conc).nunique() > 1:  # a room: one row per machine
+            facet = "machine"  # concurrency_lines names each row's machine (lablib.results.tables.facet_rows)
         figs.append(plots.concurrency_lines(df, facet_by=facet))
         figs.append(plots.timeline(df))
     if "decode_intensity" in df.columns and len(sweep_rows(df, "context")):  # lablib.studies.roofline.add_bound_columns

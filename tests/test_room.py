@@ -1,0 +1,108 @@
+"""A workshop room's results: every row names its machine by the machine's own id, and the room's figure, table
+and merge tell apart machines that share a hostname (two laptops both "MacBook-Pro.local", cloud VMs all "vm")."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import subprocess
+import sys
+
+import machineid
+import pandas as pd
+import pytest
+
+from lablib.cli import main
+from lablib.machine.identity import machine_id
+from lablib.results.schema import flatten_manifest
+from lablib.results.store import ResultsWriter, load_results, run_manifest
+from lablib.results.tables import machine_names, manifest_table, shared_hostnames
+from lablib.ui import report
+from tests.test_plots import _figures, concurrency_df
+
+
+def test_every_row_names_this_machine_by_its_hashed_id():
+    mid = machine_id()
+    assert re.fullmatch(r"[0-9a-f]{12}", mid), mid
+    raw = machineid.id()  # the OS's own id: /etc/machine-id here
+    assert mid == hmac.new(raw.encode(), b"lablib", hashlib.sha256).hexdigest()[:12]
+    assert mid not in raw.lower()  # not the OS's id itself, which a learner's handed-in file would carry
+    child = subprocess.run(
+        [sys.executable, "-c", "from lablib.machine.identity import machine_id; print(machine_id())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert child.stdout.strip() == mid  # the same in every process: one machine's runs group together
+    row = flatten_manifest(run_manifest({"name": "transformers", "device": "cpu"}, {"id": "m"}))
+    assert row["machine_id"] == mid and row["hostname"]
+
+
+def _write(path, machine, hostname="vm", decode=1.0):
+    """A machine's concurrency rows (llama.cpp and MLX at 1 and 2 clients, 4 requests of 11 tokens each, every
+    decode ``decode`` seconds) in ``path``; ``machine``: its machine_id, or None for rows written before the lab
+    recorded one. Run ids are the machine's own (the lab's are random)."""
+    df = concurrency_df(hostname=hostname, cpu_model="AMD EPYC", levels=(1, 2), decode=decode)
+    df["run_id"] = f"{path.stem}-" + df["run_id"]
+    if machine is not None:
+        df["machine_id"] = machine
+    w = ResultsWriter(path)
+    for r in df.to_dict("records"):
+        w.append(r)
+
+
+def _batched_tps(fig, facet_row: int) -> float:
+    """MLX's batched output tokens/s at one client in the room figure's ``facet_row`` (1-based): the first panel of
+    that row."""
+    axis = "y" if facet_row == 1 else f"y{3 * (facet_row - 1) + 1}"
+    return [t for t in fig.data if t.name == "mlx · batched" and t.yaxis == axis][0].y[0]
+
+
+def test_a_room_of_machines_that_share_a_hostname_shows_each_machine(tmp_path, capsys):
+    """Three files handed in by three cloud VMs, all "vm" with the same CPU: two record their machine ids, one
+    was written before the lab recorded them. The merge, the room's figure and its table show three machines,
+    each with its own numbers; with the hostname alone the figure drew one machine's lines from all three."""
+    _write(tmp_path / "anna.jsonl", "aaaaaa111111", decode=1.0)
+    _write(tmp_path / "ben.jsonl", "bbbbbb222222", decode=0.5)
+    _write(tmp_path / "old.jsonl", None, decode=0.25)
+    files = [str(tmp_path / f) for f in ("anna.jsonl", "ben.jsonl", "old.jsonl")]
+    assert main(["merge", *files, "--out", str(tmp_path / "room.jsonl")]) == 0
+    said = capsys.readouterr().out
+    assert "3 machine(s)" in said
+    assert "3 machines share the hostname 'vm'" in said and "told apart by their files" in said
+
+    df = load_results(tmp_path / "room.jsonl")
+    names = machine_names(df)
+    assert sorted(set(names)) == ["vm · id aaaaaa", "vm · id bbbbbb", "vm · old.jsonl"]
+    assert shared_hostnames(df) == {"vm": ["vm · id aaaaaa", "vm · id bbbbbb", "vm · old.jsonl"]}
+
+    conc = [f for f in report.report_figures(df) if "Output tokens/s of the run" in str(f.layout.annotations)][0]
+    rows = {a.text: a for a in conc.layout.annotations if a.textangle == 90}  # plotly's row titles
+    assert set(rows) == set(names)
+    # each machine's own throughput: 4 requests x 11 tokens, one after another at one client: 4 x (0.5 s prefill
+    # + the decode) of makespan
+    order = list(dict.fromkeys(names))
+    for name, decode in (("vm · id aaaaaa", 1.0), ("vm · id bbbbbb", 0.5), ("vm · old.jsonl", 0.25)):
+        assert _batched_tps(conc, order.index(name) + 1) == pytest.approx(44 / (4 * (0.5 + decode)))
+
+    table = manifest_table(df)
+    assert list(table.columns[:3]) == ["machine", "hostname", "engine"]
+    assert sorted(table["machine"].unique()) == sorted(set(names)) and len(table) == 6  # 3 machines x 2 engines
+    assert _figures(report.report_html(df, tmp_path / "room.html").read_text()) == 2
+
+
+def test_one_machines_files_are_one_machine_and_distinct_hostnames_name_theirs(tmp_path):
+    """A learner hands in two files of one laptop (lab 03's and the room's): one machine, named by its hostname.
+    A room whose hostnames differ: each machine is its hostname, as before, and no table gains a column."""
+    _write(tmp_path / "lab03.jsonl", "aaaaaa111111")
+    _write(tmp_path / "room.jsonl", "aaaaaa111111")
+    one = load_results(tmp_path / "lab03.jsonl", tmp_path / "room.jsonl")
+    assert set(machine_names(one)) == {"vm"} and shared_hostnames(one) == {}
+
+    _write(tmp_path / "a.jsonl", "aaaaaa111111", hostname="anna-laptop")
+    _write(tmp_path / "b.jsonl", None, hostname="ben-laptop")
+    two = load_results(tmp_path / "a.jsonl", tmp_path / "b.jsonl")
+    assert list(dict.fromkeys(machine_names(two))) == ["anna-laptop", "ben-laptop"]
+    assert "machine" not in manifest_table(two).columns
+    assert machine_names(pd.DataFrame({"engine": ["x"]})).tolist() == ["unknown machine"]
