@@ -209,6 +209,30 @@ def test_doctor_line_names_what_the_library_uses_and_what_the_build_dropped():
         "with AMX on; not run by this CPU: AVX_VNNI"
     )
     assert "no build record" in llama_build.describe(info, None)
+    why = "its probe built at -O0 runs; g++ (Debian 12.2.0-14) 12.2.0 at -O3 breaks ggml's tile set-up"
+    report = {
+        "dropped": [],
+        "refused_by_probe": ["AMX_BF16", "AMX_INT8", "AMX_TILE", "AVX_VNNI"],
+        "refused_by_compiler": {"AMX_BF16": why, "AMX_INT8": why, "AMX_TILE": why},
+    }
+    assert llama_build.describe(info, report) == (
+        f"uses SSE3 AVX2 (with OPENMP REPACK); off although this CPU runs them: AMX_BF16 AMX_INT8 AMX_TILE ({why}); "
+        "not run by this CPU: AVX_VNNI"
+    )
+
+
+@pytest.mark.skipif(not x86, reason="x86 instruction probes")
+def test_amx_that_the_cpu_runs_and_the_compiler_breaks_is_not_called_the_cpus():
+    """On a Xeon with AMX, g++ 12's -O3 build of ggml's tile set-up dies though the CPU runs AMX, and doctor said
+    "not run by this CPU: AMX_BF16 AMX_INT8 AMX_TILE". The compiler's refusals are the AMX extensions the probe
+    refused where the CPU lists AMX (on the Xeons tried, whose kernels grant the tile state), none where it
+    lists none (the EPYCs: the -O0 probe dies with SIGILL too)."""
+    feats = emulation.probe()  # llama_build.probe_cpu_features(), once per session
+    flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split()
+    refused = {k[5:] for k, ok in feats.items() if not ok and k.startswith("GGML_AMX")}
+    found = llama_build.compiler_refusals(feats)
+    assert set(found) == (refused if "amx_tile" in flags else set()), (found, refused)
+    assert all("at -O3 breaks ggml's tile set-up (data/cases/amx_tile_config.cpp)" in why for why in found.values())
 
 
 # --- a GPU build where a GPU and the CUDA toolkit are, and the CPU build when it does not work ----

@@ -74,6 +74,7 @@ from lablib.build.llama.probe import (  # noqa: F401
     _compiler,
     _is_x86,
     _probe,
+    compiler_refusals,
     emulator,
     probe_cpu_features,
 )

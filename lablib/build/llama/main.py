@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from lablib.build.llama.flags import cmake_args
-from lablib.build.llama.probe import BuildError, emulator, probe_cpu_features
+from lablib.build.llama.probe import BuildError, compiler_refusals, emulator, probe_cpu_features
 from lablib.build.llama.tools import TOOLS, llama_tools
 from lablib.build.llama.wheel import install, verified_build
 
@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(ns.cache) if ns.cache else lab_home() / "wheels"
         model = Path(ns.model) if ns.model else None
         wheel, report = verified_build(features, root, model, portable=ns.portable, runner=runner)
+        report["refused_by_compiler"] = compiler_refusals(features, runner=runner)  # AMX the CPU runs, g++ breaks
         print(
             f"llama-cpp-python: {wheel} runs {'on the emulated ' + ns.cpu if ns.cpu else 'here'} (enabled: {' '.join(report['enabled']) or 'defaults'}"
             + (f"; dropped: {', '.join(d['family'] for d in report['dropped'])}" if report["dropped"] else "")

@@ -97,13 +97,15 @@ def _compiler(env: str, *names: str) -> str | None:
     return os.environ.get(env) or next((shutil.which(n) for n in names if shutil.which(n)), None)
 
 
-def _probe(flags: str, body: str, cc: str, workdir: Path, cxx: str | None = None, runner: tuple = ()) -> bool:
+def _probe(
+    flags: str, body: str, cc: str, workdir: Path, cxx: str | None = None, runner: tuple = (), amx_opt: str = "-O3"
+) -> bool:
     """Compile and run one probe (under ``runner``, an :func:`emulator`, if given); True when it
-    compiled and exited 0 (a SIGILL shows as -4)."""
+    compiled and exited 0 (a SIGILL shows as -4). ``amx_opt``: the AMX probes' optimisation (ggml's -O3)."""
     if "amx" in flags:
         if not cxx:
             return False
-        src, comp, opt = _AMX_PROBE.replace("BODY", body), cxx, "-O3"
+        src, comp, opt = _AMX_PROBE.replace("BODY", body), cxx, amx_opt
         source = workdir / "probe.cpp"
     else:
         src = "#include <immintrin.h>\nint main(int argc, char **argv) { (void)argv; " + body + " }\n"
@@ -118,6 +120,30 @@ def _probe(flags: str, body: str, cc: str, workdir: Path, cxx: str | None = None
     except subprocess.TimeoutExpired:
         return False
     return ran.returncode == 0
+
+
+def compiler_refusals(features: dict[str, bool], runner: tuple = ()) -> dict[str, str]:
+    """{extension: why} for each AMX extension :func:`probe_cpu_features` refused although the CPU runs it: the
+    same probe built at -O0 runs, so the instructions ran and the -O3 build (ggml's) broke them. On Intel Xeons
+    with AMX, g++ 12 at -O3 drops the stores that fill the tile configuration before ``ldtilecfg``
+    (``data/cases/amx_tile_config.cpp``), so ggml's AMX kernels would die where the CPU is fine. Empty where the
+    -O0 probe fails too: the CPU (or its kernel, which must grant the tile state) does not run AMX."""
+    refused = [k for k, ok in features.items() if not ok and k.startswith("GGML_AMX")]
+    cxx = _compiler("CXX", "c++", "g++")
+    if not refused or not cxx:
+        return {}
+    try:
+        version = subprocess.run([*shlex.split(cxx), "--version"], capture_output=True, text=True, timeout=30)
+        name = version.stdout.splitlines()[0] if version.stdout else cxx
+    except (OSError, subprocess.SubprocessError):
+        name = cxx
+    why = f"its probe built at -O0 runs; {name} at -O3 breaks ggml's tile set-up (data/cases/amx_tile_config.cpp)"
+    with tempfile.TemporaryDirectory(prefix="lablib-probe-") as tmp:
+        return {
+            k[5:]: why
+            for k in refused
+            if _probe(*_PROBES[k], cc=cxx, workdir=Path(tmp), cxx=cxx, runner=runner, amx_opt="-O0")
+        }
 
 
 def _is_x86() -> bool:

@@ -299,5 +299,11 @@ def describe(system_info: str, report: dict | None = None) -> str:
     if report is None:
         return line + " (no build record in this environment: not installed by `python -m lablib.build.llama`)"
     dropped = "; ".join(f"{d['family']} switched off: {d['reason']}" for d in report.get("dropped", []))
-    refused = " ".join(report.get("refused_by_probe", []))
-    return line + (f"; {dropped}" if dropped else "") + (f"; not run by this CPU: {refused}" if refused else "")
+    by_compiler = report.get("refused_by_compiler") or {}
+    refused = " ".join(n for n in report.get("refused_by_probe", []) if n not in by_compiler)
+    compiled = ""
+    if by_compiler:  # one reason for the AMX family: the same compiler and set-up
+        compiled = f"; off although this CPU runs them: {' '.join(by_compiler)} ({next(iter(by_compiler.values()))})"
+    return (
+        line + (f"; {dropped}" if dropped else "") + compiled + (f"; not run by this CPU: {refused}" if refused else "")
+    )
