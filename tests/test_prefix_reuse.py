@@ -111,6 +111,15 @@ def test_seen_prefix_by_hand():
     assert S.seen_prefix(rows, prompts) == [5, 0, 3, 0, 5]
     assert S.seen_prefix(rows, prompts, block=2) == [4, 0, 2, 0, 4]  # whole blocks of 2
     assert S.seen_prefix(rows, prompts, before=[([5, 6, 6], None)]) == [5, 0, 3, 1, 5]  # a warm-up ahead
+    # 0 and 1 sent within a millisecond: the server may take 1 first, and 0, waiting for a slot, then finds 1's
+    # first 3 tokens cached (before its own first token at 0.5 s); 3 and 4 came back before 2 was sent
+    together = [
+        {"request_index": 0, "t_submit": 0.0, "t_start": 0.0, "t_first_token": 0.5, "token_ids": [7, 8]},
+        {"request_index": 1, "t_submit": 0.0, "t_start": 0.0004, "t_first_token": 0.3, "token_ids": None},
+        {"request_index": 2, "t_submit": 2.0, "t_start": 2.0, "t_first_token": 2.2, "token_ids": [5]},
+    ]
+    assert S.seen_prefix(together, prompts) == [3, 3, 5]
+    assert S.seen_prefix([{**r, "t_first_token": None} for r in together], prompts) == [0, 3, 5]  # no first token
 
 
 def _turn_rows():

@@ -134,25 +134,39 @@ def _common(a, b) -> int:
 def seen_prefix(rows, prompts, before=(), block: int = 1) -> list[int]:
     """Per row of ``rows`` (one arm's replay rows, any order; ``request_index`` into ``prompts``, the
     token ids sent, and ``token_ids``, what came back), the prefix tokens a cache that kept everything could
-    have reused: the longest common prefix of its prompt with any request sent before it (``t_start``
-    order, ``t_submit`` where it has none; ``before``: (prompt, output) pairs sent ahead of the rows, a warm-up), that request's prompt and
-    output together (a slot, or a paged cache, holds both), at most its prompt less one token (a server
-    evaluates at least the last), rounded down to whole blocks of ``block`` tokens. An upper bound of what a
-    server's own counter can show: it ignores eviction and requests still in flight. In the order of ``rows``."""
+    have reused: the longest common prefix of its prompt with any other request the server could have
+    computed before it (``before``: (prompt, output) pairs sent ahead of the rows, a warm-up), that request's
+    prompt and output together (a slot, or a paged cache, holds both), at most its prompt less one token (a
+    server evaluates at least the last), rounded down to whole blocks of ``block`` tokens. An upper bound of
+    what a server's own counter can show: it ignores eviction and requests still in flight.
+
+    Which requests could come first: those sent before it (``t_start`` order, ``t_submit`` where it has none;
+    ties in schedule order), and those sent after it but before its first token came back (``t_first_token``).
+    Requests sent within the same millisecond reach the server over separate connections in an order the
+    client does not see, and one that waits for a slot can find the later one's prompt cached: lab 09's
+    replay on llama-server (8 requests, 2 slots, three sent within 0.2 ms) once showed 8 cached tokens above
+    a bound that counted only the client's order. In the order of ``rows``."""
 
     def sent(i):  # when its headers went out (t_start), else when it was due; ties in schedule order
         r = rows[i]
         return (r.get("t_start") if r.get("t_start") is not None else r["t_submit"], r["request_index"])
 
-    order = sorted(range(len(rows)), key=sent)
-    held = [list(p) + list(o or []) for p, o in before]
-    out = [0] * len(rows)
-    for i in order:
+    def held(i):  # what a cache holds of row i once it is done: its prompt and the ids it answered
         r = rows[i]
+        return list(prompts[r["request_index"]]) + [t for t in (r.get("token_ids") or []) if t is not None and t >= 0]
+
+    ahead = [list(p) + list(o or []) for p, o in before]
+    out = [0] * len(rows)
+    for i, r in enumerate(rows):
+        first = r.get("t_first_token")
+        could = [
+            j
+            for j in range(len(rows))
+            if j != i and (sent(j) < sent(i) or (first is not None and first == first and sent(j)[0] < first))
+        ]
         ids = prompts[r["request_index"]]
-        best = max((_common(ids, h) for h in held), default=0)
+        best = max((_common(ids, h) for h in ahead + [held(j) for j in could]), default=0)
         out[i] = min(best, len(ids) - 1) // block * block
-        held.append(list(ids) + [t for t in (r.get("token_ids") or []) if t is not None and t >= 0])
     return out
 
 
