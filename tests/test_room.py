@@ -62,7 +62,8 @@ def _batched_tps(fig, facet_row: int) -> float:
 def test_a_room_of_machines_that_share_a_hostname_shows_each_machine(tmp_path, capsys):
     """Three files handed in by three cloud VMs, all "vm" with the same CPU: two record their machine ids, one
     was written before the lab recorded them. The merge, the room's figure and its table show three machines,
-    each with its own numbers; with the hostname alone the figure drew one machine's lines from all three."""
+    named by their files (the participants' names), each with its own numbers; with the hostname alone the
+    figure drew one machine's lines from all three."""
     _write(tmp_path / "anna.jsonl", "aaaaaa111111", decode=1.0)
     _write(tmp_path / "ben.jsonl", "bbbbbb222222", decode=0.5)
     _write(tmp_path / "old.jsonl", None, decode=0.25)
@@ -70,12 +71,12 @@ def test_a_room_of_machines_that_share_a_hostname_shows_each_machine(tmp_path, c
     assert main(["merge", *files, "--out", str(tmp_path / "room.jsonl")]) == 0
     said = capsys.readouterr().out
     assert "3 machine(s)" in said
-    assert "3 machines share the hostname 'vm'" in said and "told apart by their files" in said
+    assert "3 machines share the hostname 'vm'; the report names them ['vm · anna.jsonl', 'vm · ben" in said
 
     df = load_results(tmp_path / "room.jsonl")
     names = machine_names(df)
-    assert sorted(set(names)) == ["vm · id aaaaaa", "vm · id bbbbbb", "vm · old.jsonl"]
-    assert shared_hostnames(df) == {"vm": ["vm · id aaaaaa", "vm · id bbbbbb", "vm · old.jsonl"]}
+    assert sorted(set(names)) == ["vm · anna.jsonl", "vm · ben.jsonl", "vm · old.jsonl"]
+    assert shared_hostnames(df) == {"vm": ["vm · anna.jsonl", "vm · ben.jsonl", "vm · old.jsonl"]}
 
     conc = [f for f in report.report_figures(df) if "Output tokens/s of the run" in str(f.layout.annotations)][0]
     rows = {a.text: a for a in conc.layout.annotations if a.textangle == 90}  # plotly's row titles
@@ -83,7 +84,7 @@ def test_a_room_of_machines_that_share_a_hostname_shows_each_machine(tmp_path, c
     # each machine's own throughput: 4 requests x 11 tokens, one after another at one client: 4 x (0.5 s prefill
     # + the decode) of makespan
     order = list(dict.fromkeys(names))
-    for name, decode in (("vm · id aaaaaa", 1.0), ("vm · id bbbbbb", 0.5), ("vm · old.jsonl", 0.25)):
+    for name, decode in (("vm · anna.jsonl", 1.0), ("vm · ben.jsonl", 0.5), ("vm · old.jsonl", 0.25)):
         assert _batched_tps(conc, order.index(name) + 1) == pytest.approx(44 / (4 * (0.5 + decode)))
 
     table = manifest_table(df)
@@ -92,13 +93,21 @@ def test_a_room_of_machines_that_share_a_hostname_shows_each_machine(tmp_path, c
     assert _figures(report.report_html(df, tmp_path / "room.html").read_text()) == 2
 
 
-def test_one_machines_files_are_one_machine_and_distinct_hostnames_name_theirs(tmp_path):
-    """A learner hands in two files of one laptop (lab 03's and the room's): one machine, named by its hostname.
+def test_one_machines_files_are_one_machine_and_distinct_hostnames_name_theirs(tmp_path, capsys):
+    """A learner hands in two files of one laptop (lab 03's and the room's): one machine, named by its hostname;
+    beside another machine of that hostname, by its id (two files name it), the other by its file.
     A room whose hostnames differ: each machine is its hostname, as before, and no table gains a column."""
     _write(tmp_path / "lab03.jsonl", "aaaaaa111111")
     _write(tmp_path / "room.jsonl", "aaaaaa111111")
     one = load_results(tmp_path / "lab03.jsonl", tmp_path / "room.jsonl")
     assert set(machine_names(one)) == {"vm"} and shared_hostnames(one) == {}
+    _write(tmp_path / "ben.jsonl", "bbbbbb222222", decode=0.5)
+    files = [str(tmp_path / f) for f in ("lab03.jsonl", "room.jsonl", "ben.jsonl")]
+    assert main(["merge", *files, "--out", str(tmp_path / "all.jsonl")]) == 0
+    assert "2 machines share the hostname 'vm'; the report names them" in capsys.readouterr().out
+    both = load_results(tmp_path / "all.jsonl")  # a merged file keeps each row's first file
+    assert shared_hostnames(both) == {"vm": ["vm · ben.jsonl", "vm · id aaaaaa"]}
+    assert (machine_names(both)[both["machine_id"] == "aaaaaa111111"] == "vm · id aaaaaa").all()
 
     _write(tmp_path / "a.jsonl", "aaaaaa111111", hostname="anna-laptop")
     _write(tmp_path / "b.jsonl", None, hostname="ben-laptop")

@@ -22,7 +22,6 @@ def run(ns) -> int:
     df = merge_results(ns.files, ns.out, one_clock=ns.one_clock)
     machines = sorted(set(machine_names(df))) if "hostname" in df else []
     print(f"{len(df)} rows from {len(ns.files)} file(s), {len(machines)} machine(s) {machines} -> {ns.out}")
-    for host, names in shared_hostnames(df).items():
-        told = "their machine ids" if all(" · id " in n for n in names) else "their files (rows without a machine id)"
-        print(f"  {len(names)} machines share the hostname {host!r}: told apart by {told} in the report: {names}")
+    for host, names in shared_hostnames(df).items():  # by machine_id, else by file (lablib.results.tables)
+        print(f"  {len(names)} machines share the hostname {host!r}; the report names them {names}")
     return 0

@@ -154,7 +154,7 @@ def machine_id() -> str | None:
     never written into a results file that a learner hands in.
 
     What the hostname and the hardware do not tell apart: two laptops both "MacBook-Pro.local", a room of cloud
-    VMs all "vm" with one CPU (one :func:`machine_key`). A workshop room's figure names each machine by it where
+    VMs all "vm" with one CPU (one :func:`machine_key`). A workshop room's figure tells machines apart by it where
     hostnames repeat (:func:`lablib.results.tables.machine_names`)."""
     try:
         import machineid

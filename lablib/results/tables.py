@@ -326,8 +326,10 @@ def _present(v):
 
 def machine_names(df):
     """One name per row's machine (a pandas Series on ``df``'s index): its ``hostname``; where several machines
-    share a hostname, the hostname and what tells them apart: "vm · id 3f2a9c" (the first six digits of the
-    ``machine_id``) or, for rows without one, "vm · room-anna.jsonl" (the file's name).
+    share a hostname, the hostname and the name of the file its rows came from, "vm · room-anna.jsonl" (a room's
+    files carry the participant's name: docs/workshop.md), or, where that does not tell the machines apart (one
+    machine's rows in two files, two machines' in one merged file), "vm · id 3f2a9c": the first six digits of
+    the ``machine_id``.
 
     A machine is its ``machine_id`` where the row records one, else the file the row came from (``source_file``),
     else the hostname alone; rows without a hostname take their ``cpu_model``, else "unknown machine". One
@@ -337,21 +339,33 @@ def machine_names(df):
 
     records = df.to_dict("records")
     hosts = [_present(r.get("hostname")) or _present(r.get("cpu_model")) or "unknown machine" for r in records]
-    idents = []
+    idents, files = [], []
     for r in records:
         mid, src = _present(r.get("machine_id")), _present(r.get("source_file"))
         idents.append(("id", str(mid)) if mid else ("file", str(src)) if src else ("host", None))
+        files.append(Path(str(src)).name if src else None)
     machines_of: dict[str, set] = {}
-    for host, ident in zip(hosts, idents):
+    files_of: dict[tuple, set] = {}  # (host, machine) -> the names of its files
+    for host, ident, name in zip(hosts, idents, files):
         machines_of.setdefault(host, set()).add(ident)
+        files_of.setdefault((host, ident), set()).add(name)
+
+    def by_file(host, ident) -> str | None:  # its one file's name, where no other machine of the host has it
+        mine = files_of[(host, ident)]
+        if len(mine) != 1 or None in mine:
+            return None
+        others = [files_of[(host, o)] for o in machines_of[host] if o != ident]
+        return next(iter(mine)) if not any(mine & o for o in others) else None
+
     names = []
-    for host, (kind, value) in zip(hosts, idents):
+    for host, ident in zip(hosts, idents):
+        kind, value = ident
         if len(machines_of[host]) == 1 or kind == "host":
             names.append(str(host))
-        elif kind == "id":
-            names.append(f"{host} · id {value[:6]}")
+        elif (file := by_file(host, ident)) is not None:
+            names.append(f"{host} · {file}")
         else:
-            names.append(f"{host} · {Path(value).name}")
+            names.append(f"{host} · id {value[:6]}")
     return pd.Series(names, index=df.index, dtype=object)
 
 
