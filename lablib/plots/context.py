@@ -128,7 +128,8 @@ def context_lines(df, facet_by: str | None = None, title: str | None = None) -> 
     Needs: engine, prompt_tokens, prefill_tps, tpot_s (context rows). TPOT is None for
     one-token outputs: such points are left out. ``facet_by`` (a column of
     :data:`lablib.results.schema.FACETS`: "machine" for a learner's rows beside a reference,
-    :func:`lablib.results.reference.beside`, or a room's machines: :func:`lablib.results.tables.facet_rows`) puts each machine on its own row of panels, each metric on one
+    :func:`lablib.results.reference.beside`, or a room's machines: :func:`lablib.results.tables.facet_rows`)
+    puts each machine on its own row of panels, each metric on one
     scale across the rows, so a GPU's line and this machine's are read against the same gridlines.
     """
     from plotly.subplots import make_subplots

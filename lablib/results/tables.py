@@ -337,7 +337,9 @@ def machine_names(df):
     record its id."""
     import pandas as pd
 
-    records = df.to_dict("records")
+    records = df[[c for c in ("hostname", "cpu_model", "machine_id", "source_file") if c in df.columns]].to_dict(
+        "records"
+    )
     hosts = [_present(r.get("hostname")) or _present(r.get("cpu_model")) or "unknown machine" for r in records]
     idents, files = [], []
     for r in records:
@@ -594,7 +596,7 @@ def manifest_table(df) -> pd.DataFrame:
     """The manifest basics (:data:`lablib.results.schema.MANIFEST_SUMMARY`), one row per (hostname, engine):
     versions, dtype, threads, quantization, model, CPU, cores, RAM (GiB), accelerator, lablib
     version, first/last time, and row counts. Where machines share a hostname, one row per machine and engine,
-    with a ``machine`` column first (:func:`machine_names`: "vm · id 3f2a9c")."""
+    with a ``machine`` column first (:func:`machine_names`: "vm · room-anna.jsonl")."""
     d = rows_given(df, "manifest_table").copy()
     cols = [c for c in MANIFEST_SUMMARY if c in d.columns]
     if "ram_bytes" in cols:
