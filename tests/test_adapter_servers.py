@@ -194,7 +194,7 @@ def test_vllm_serves_each_request_its_adapter(model, adapters, hf):
     always empty, see lablib.engines.servers.vllm.vllm_lora_args): a request's "model" names its adapter. The
     adapter's ids equal transformers + PEFT's (float32; bfloat16: each vLLM token within a near tie of PEFT's top-1);
     a base request beside an adapter's in one step keeps the base model's ids (vLLM's CPU LoRA ops took the last
-    slot's adapter for it when every slot held one)."""
+    slot's adapter for it when every slot held one), up to a near tie in bfloat16."""
     import asyncio
 
     srv = start_server("vllm", model, parallel=2, n_ctx=512, options={"adapters": adapters}, log=print)
@@ -220,9 +220,19 @@ def test_vllm_serves_each_request_its_adapter(model, adapters, hf):
                     *[e.agenerate(ids, GenerationConfig(max_new_tokens=N, adapter=a)) for a in names]
                 )
 
+            by_name = {ad.name: ad for ad in adapters}
+
+            def reference(a):  # float32 next-token logits of request a's own model: the base, or base + adapter
+                return _base_logits(model) if a is None else _peft(model, by_name[a])[1]
+
             for pair in (("r8", None), (None, "r8-s1")):  # both adapters loaded by now: every adapter slot in use
                 for a, t in zip(pair, e.run(together(pair))):
-                    assert t.token_ids == got[a], (pair, a)
+                    if s["dtype"] == "float32":
+                        assert t.token_ids == got[a], (pair, a)
+                    else:  # bfloat16: a step of two sequences adds in another order than a step of one, and a near
+                        # tie may flip (base beside r8-s1 on the Xeon with AMX: token 4, once in two runs); a base
+                        # request given an adapter's weights differs by more than a near tie
+                        _same_or_near_tie(t.token_ids, got[a], lambda more, f=reference(a): f(ids + more)[-1])
             with pytest.raises(LabError, match="serves the adapters r8, r8-s1"):
                 _ids(e, "r64", ids)
         finally:
