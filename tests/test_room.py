@@ -115,3 +115,43 @@ def test_one_machines_files_are_one_machine_and_distinct_hostnames_name_theirs(t
     assert list(dict.fromkeys(machine_names(two))) == ["anna-laptop", "ben-laptop"]
     assert "machine" not in manifest_table(two).columns
     assert machine_names(pd.DataFrame({"engine": ["x"]})).tolist() == ["unknown machine"]
+
+
+def test_what_a_room_hands_in_does_not_fool_the_names(tmp_path):
+    """Found by a helper trying to break the names: one file name in two folders without ids (was one machine,
+    named by a path fragment as an "id"); ids on some rows of a file only (was two machines); a hostname missing
+    on some rows of a machine (was a second machine named by its CPU); two ids alike in their first six digits
+    (was one name); a merged .parquet merged again with a file it holds (was that file's rows twice); a
+    ``machine`` column already there (the manifest table replaced it)."""
+    from lablib.results.store import merge_results
+
+    for who in ("anna", "ben"):
+        (tmp_path / who).mkdir()
+        _write(tmp_path / who / "room.jsonl", None, decode=1.0 if who == "anna" else 0.5)
+    two = load_results(tmp_path / "anna" / "room.jsonl", tmp_path / "ben" / "room.jsonl")
+    assert sorted(set(machine_names(two))) == ["vm · anna/room.jsonl", "vm · ben/room.jsonl"]
+
+    _write(tmp_path / "mixed.jsonl", "aaaaaa111111")
+    mixed = load_results(tmp_path / "mixed.jsonl", tmp_path / "anna" / "room.jsonl")
+    mixed.loc[mixed["engine"] == "mlx", "machine_id"] = None  # older runs appended to the same file
+    assert mixed.loc[mixed["engine"] == "mlx", "source_file"].nunique() == 2
+    names = machine_names(mixed)
+    assert sorted(set(names)) == ["vm · mixed.jsonl", "vm · room.jsonl"]  # two machines, not three
+
+    nohost = load_results(tmp_path / "mixed.jsonl")
+    nohost.loc[nohost["engine"] == "mlx", "hostname"] = None
+    assert set(machine_names(nohost)) == {"vm"}
+
+    _write(tmp_path / "c1.jsonl", "abcdef111111")
+    _write(tmp_path / "c2.jsonl", "abcdef111111")
+    _write(tmp_path / "d1.jsonl", "abcdef222222")
+    _write(tmp_path / "d2.jsonl", "abcdef222222")
+    alike = load_results(*(tmp_path / f"{n}.jsonl" for n in ("c1", "c2", "d1", "d2")))
+    assert sorted(set(machine_names(alike))) == ["vm · id abcdef111111", "vm · id abcdef222222"]
+
+    merge_results([tmp_path / "c1.jsonl", tmp_path / "d1.jsonl"], tmp_path / "m.parquet")
+    again = merge_results([tmp_path / "m.parquet", tmp_path / "c1.jsonl"], tmp_path / "m2.jsonl")
+    assert len(again) == len(load_results(tmp_path / "c1.jsonl", tmp_path / "d1.jsonl"))
+
+    beside = pd.concat([two.assign(machine="this machine: mine"), alike.assign(machine="reference: theirs")])
+    assert sorted(manifest_table(beside)["machine"].unique()) == ["reference: theirs", "this machine: mine"]

@@ -326,49 +326,76 @@ def _present(v):
 
 def machine_names(df):
     """One name per row's machine (a pandas Series on ``df``'s index): its ``hostname``; where several machines
-    share a hostname, the hostname and the name of the file its rows came from, "vm · room-anna.jsonl" (a room's
-    files carry the participant's name: docs/workshop.md), or, where that does not tell the machines apart (one
-    machine's rows in two files, two machines' in one merged file), "vm · id 3f2a9c": the first six digits of
-    the ``machine_id``.
+    share a hostname, the hostname and the file its rows came from, "vm · room-anna.jsonl" (a room's files carry
+    the participant's name: docs/workshop.md), with as many of the file's folders as tell it from the others'
+    ("vm · anna/room.jsonl"), or, where files do not tell the machines apart (one machine's rows in two files),
+    "vm · id 3f2a9c": the first six digits of the ``machine_id`` (all twelve where six are not enough).
 
-    A machine is its ``machine_id`` where the row records one, else the file the row came from (``source_file``),
-    else the hostname alone; rows without a hostname take their ``cpu_model``, else "unknown machine". One
-    machine's rows of several files (a learner's lab 03 file and the room's file) are one machine where they
-    record its id."""
+    A machine is its ``machine_id`` where the row records one (a file's rows without one take the one id its
+    other rows record: older runs appended to the same file), else the file the row came from (``source_file``),
+    else the hostname alone (rows with neither cannot be told apart). Rows without a hostname take the one their
+    machine's other rows give, else their ``cpu_model``, else "unknown machine"."""
     import pandas as pd
 
     records = df[[c for c in ("hostname", "cpu_model", "machine_id", "source_file") if c in df.columns]].to_dict(
         "records"
     )
-    hosts = [_present(r.get("hostname")) or _present(r.get("cpu_model")) or "unknown machine" for r in records]
-    idents, files = [], []
-    for r in records:
-        mid, src = _present(r.get("machine_id")), _present(r.get("source_file"))
-        idents.append(("id", str(mid)) if mid else ("file", str(src)) if src else ("host", None))
-        files.append(Path(str(src)).name if src else None)
+    ids = [_present(r.get("machine_id")) for r in records]
+    srcs = [_present(r.get("source_file")) for r in records]
+    ids_of_file: dict[str, set] = {}
+    for i, src in zip(ids, srcs):
+        if i and src:
+            ids_of_file.setdefault(str(src), set()).add(str(i))
+    ids = [
+        str(i) if i else next(iter(ids_of_file[str(src)])) if src and len(ids_of_file.get(str(src), ())) == 1 else None
+        for i, src in zip(ids, srcs)
+    ]
+    host_of_id: dict[str, str] = {}
+    for r, i in zip(records, ids):
+        if i and _present(r.get("hostname")):
+            host_of_id.setdefault(i, str(r["hostname"]))
+    hosts = [
+        str(_present(r.get("hostname")) or host_of_id.get(i or "") or _present(r.get("cpu_model")) or "unknown machine")
+        for r, i in zip(records, ids)
+    ]
+    idents = [("id", i) if i else ("file", str(src)) if src else ("host", "") for i, src in zip(ids, srcs)]
     machines_of: dict[str, set] = {}
-    files_of: dict[tuple, set] = {}  # (host, machine) -> the names of its files
-    for host, ident, name in zip(hosts, idents, files):
+    files_of: dict[tuple, set] = {}  # (host, machine) -> the files its rows came from
+    for host, ident, src in zip(hosts, idents, srcs):
         machines_of.setdefault(host, set()).add(ident)
-        files_of.setdefault((host, ident), set()).add(name)
+        files_of.setdefault((host, ident), set()).add(str(src) if src else None)
 
-    def by_file(host, ident) -> str | None:  # its one file's name, where no other machine of the host has it
+    def by_file(host, ident) -> str | None:
+        """Its one file, by the fewest trailing parts of its path that no other machine of the host's files end
+        with; None where it has several files (or none), or shares its file with another machine."""
         mine = files_of[(host, ident)]
         if len(mine) != 1 or None in mine:
             return None
-        others = [files_of[(host, o)] for o in machines_of[host] if o != ident]
-        return next(iter(mine)) if not any(mine & o for o in others) else None
+        parts = Path(next(iter(mine))).parts
+        others = [Path(f).parts for o in machines_of[host] if o != ident for f in files_of[(host, o)] if f]
+        for k in range(1, len(parts) + 1):
+            if all(p[-k:] != parts[-k:] for p in others):
+                return "/".join(parts[-k:])
+        return None
 
-    names = []
-    for host, ident in zip(hosts, idents):
+    named = {}  # (host, machine) -> its name
+    for host, ident in set(zip(hosts, idents)):
         kind, value = ident
         if len(machines_of[host]) == 1 or kind == "host":
-            names.append(str(host))
+            named[(host, ident)] = host
         elif (file := by_file(host, ident)) is not None:
-            names.append(f"{host} · {file}")
+            named[(host, ident)] = f"{host} · {file}"
         else:
-            names.append(f"{host} · id {value[:6]}")
-    return pd.Series(names, index=df.index, dtype=object)
+            named[(host, ident)] = f"{host} · id {value[:6]}" if kind == "id" else f"{host} · {value}"
+    by_name: dict[str, list] = {}
+    for machine, name in named.items():
+        by_name.setdefault(name, []).append(machine)
+    for machines in by_name.values():  # two machines of one name (ids alike in six digits): in full
+        if len(machines) > 1:
+            for host, (kind, value) in machines:
+                if kind != "host":
+                    named[(host, (kind, value))] = f"{host} · {'id ' if kind == 'id' else ''}{value}"
+    return pd.Series([named[m] for m in zip(hosts, idents)], index=df.index, dtype=object)
 
 
 def shared_hostnames(df) -> dict[str, list[str]]:
@@ -605,7 +632,9 @@ def manifest_table(df) -> pd.DataFrame:
     keys = [c for c in ("hostname", "engine") if c in cols]
     if not keys:
         return d.iloc[0:0]
-    if "hostname" in keys:  # machines that share a hostname (a room's "vm"s): one row each, named apart
+    if "machine" in d.columns:  # named already (a learner's rows beside a reference's: reference.beside)
+        keys = ["machine", *keys]
+    elif "hostname" in keys:  # machines that share a hostname (a room's "vm"s): one row each, named apart
         names = machine_names(d)
         if not names.equals(d["hostname"].astype(object)):
             d["machine"], keys = names, ["machine", *keys]
