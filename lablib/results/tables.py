@@ -317,7 +317,7 @@ def summary_table(df) -> pd.DataFrame:
 # not tell them apart either (the same CPU, the same cores: one machine_key). What does is the machine's own id
 # (machine_id: the operating system's, hashed; lablib.machine.identity.machine_id), in every row's manifest;
 # rows written before it (or on a machine whose OS keeps none) are told apart by the file they were first
-# written to (source_file), so two machines are never drawn as one.
+# written to (source_file): rows with neither, of one hostname, cannot be told apart.
 
 
 def _present(v):
