@@ -62,11 +62,10 @@ def report_figures(df) -> list:  # of plotly Figures
         figs += [plots.context_bars(df), plots.context_lines(df)]
     conc = sweep_rows(df, "concurrency")
     if len(conc):
-        facet = None
-        if "machine" in conc.columns and conc["machine"].nunique() > 1:  # a learner's rows beside a reference's
-            facet = "machine"
-        elif "machine" not in conc.columns and machine_names(conc).nunique() > 1:  # a room: one row per machine
-            facet = "machine"  # concurrency_lines names each row's machine (lablib.results.tables.facet_rows)
+        # a learner's rows beside a reference's carry their machine; a room's are named by concurrency_lines
+        # (lablib.results.tables.facet_rows): one row of panels per machine where there are several
+        names = conc["machine"] if "machine" in conc.columns else machine_names(conc)
+        facet = "machine" if names.nunique() > 1 else None
         figs.append(plots.concurrency_lines(df, facet_by=facet))
         figs.append(plots.timeline(df))
     if "decode_intensity" in df.columns and len(sweep_rows(df, "context")):  # lablib.studies.roofline.add_bound_columns
