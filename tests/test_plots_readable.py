@@ -314,6 +314,37 @@ def test_speed_vs_size_on_log_axes_with_a_100x_slower_engine():
     assert "decode_tps" not in fig.layout.title.text and fig.layout.yaxis.title.text == "decode (tokens/s, log)"
 
 
+def test_prefill_by_kernel_sorts_by_prefill_and_colours_by_path():
+    kernels = {
+        "Q8_0": "Q8_0 tinyBLAS",
+        "Q4_0": "Q4_0 repacked q4_0_8x8",
+        "Q2_K": "Q4_0 repacked q4_0_8x8, Q3_K row by row",
+        "Q4_1": "Q4_1 row by row",
+    }
+    prefill = {"Q8_0": 442.0, "Q4_0": 587.0, "Q2_K": 580.0, "Q4_1": 237.0}
+    decode = {"Q8_0": 61.0, "Q4_0": 96.0, "Q2_K": 98.0, "Q4_1": 79.0}
+    rows = [
+        dict(engine="llama.cpp", type=t, matmul_kernels=k, prefill_tps=prefill[t] + d, decode_tps=decode[t])
+        for t, k in kernels.items()
+        for d in (-10.0, 0.0, 30.0)  # three repetitions: the bar is their median
+    ]
+    rows.append(dict(engine="transformers", type="float32", matmul_kernels=None, prefill_tps=900.0, decode_tps=30.0))
+    fig = quant_plots.prefill_kernels(pd.DataFrame(rows))
+    assert fig.layout.xaxis.categoryarray == ("Q4_0", "Q2_K", "Q8_0", "Q4_1")  # by prefill; transformers left out
+    bars = {(b.name, b.xaxis): dict(zip(b.x, b.y)) for b in fig.data}
+    assert bars[("repacked", "x")] == {"Q4_0": 587.0, "Q2_K": 580.0}
+    assert bars[("tinyBLAS", "x")] == {"Q8_0": 442.0} and bars[("row by row", "x2")] == {"Q4_1": 79.0}
+    colours = {b.name: b.marker.color for b in fig.data}
+    assert len(set(colours.values())) == 3 and [b.name for b in fig.data if b.showlegend] == [
+        "repacked",
+        "tinyBLAS",
+        "row by row",
+    ]
+    assert list(next(b for b in fig.data if b.name == "repacked").customdata)[1] == kernels["Q2_K"]  # hover: all
+    with pytest.raises(Exception, match="matmul_kernels"):
+        quant_plots.prefill_kernels(pd.DataFrame(rows).drop(columns=["matmul_kernels"]))
+
+
 def test_quality_figures_name_their_axes_in_words():
     df = ladder_rows()
     fig = quant_plots.quality_vs_size(df)

@@ -585,6 +585,7 @@ class LlamaCppEngine(Engine):
                 "sampling": DEFINITION,
                 "settings_off": list(self.SETTINGS_OFF),
                 "build": llama_build.describe(sysinfo, llama_build.build_report()),
+                "matmul_kernels": self.matmul_kernels(sysinfo),
                 **({"speculative": self._draft.describe()} if self._draft is not None else {}),
                 **self.adapter_flags(),
             },
@@ -592,6 +593,20 @@ class LlamaCppEngine(Engine):
 
     def _apply_threads(self, n: int) -> None:
         self._lib.llama_set_n_threads(self.ctx, n, n)
+
+    def matmul_kernels(self, system_info: str | None = None) -> str | None:
+        """The kernel prefill multiplies each type of the layers' weights with on the CPU, as one line
+        (:func:`lablib.engines.ggml_kernels.matmul_kernels`: 'Q4_1 row by row', 'Q4_0 repacked q4_0_8x8');
+        None when the layers run on a GPU."""
+        if self.device != "cpu":
+            return None
+        from lablib.engines import ggml_kernels
+        from lablib.model.formats import gguf_tensors
+
+        if system_info is None:
+            system_info = self._lib.llama_print_system_info().decode(errors="replace")
+        found = ggml_kernels.matmul_kernels(gguf_tensors(self._path), self.load_log, system_info)
+        return ggml_kernels.kernels_summary(found)
 
     def effective_config(self) -> dict:
         """The settings llama.cpp computes with, as it printed them while loading (:func:`read_load_log`: its

@@ -196,6 +196,63 @@ def speed_vs_size(df, metric: str = "decode_tps"):
     )
 
 
+# llama.cpp's three prefill paths (lablib.engines.ggml_kernels), in the order its CPU backend tries them
+KERNEL_PATHS = ("repacked", "tinyBLAS", "row by row")
+KERNEL_COLORS = {"repacked": "#2CA58D", "tinyBLAS": "#3D7DCA", "row by row": "#C0392B"}
+
+
+def kernel_path(kernels: str) -> str:
+    """The path of a rung's first type (its most tensors) in a ``matmul_kernels`` line ('Q5_0 tinyBLAS, Q4_K
+    repacked q4_K_8x8' -> 'tinyBLAS'); "" when it names none."""
+    first = str(kernels).split(", ")[0]
+    return next((p for p in KERNEL_PATHS if f" {p}" in first), "")
+
+
+def prefill_kernels(df):
+    """Two panels of llama.cpp's rungs (median per type): prefill tokens/s (left) and decode tokens/s (right),
+    one bar per type, sorted by prefill and coloured by the kernel prefill multiplies most of its layers'
+    weights with (``matmul_kernels``: weights re-laid at load, llamafile's tinyBLAS, or a dot product per row).
+    Prefill follows the kernel; decode, one column per product, follows the bytes. Hover: every type's path."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    _need(df, ["type", "engine", "prefill_tps", "decode_tps", "matmul_kernels"], "prefill by kernel")
+    d = df[df["matmul_kernels"].notna() & df["prefill_tps"].notna()]
+    d = nonempty(d, "prefill by kernel", f"expected llama.cpp rungs measured for speed from {LADDER_ROWS}")
+    g = d.groupby("type", sort=False).agg(
+        prefill_tps=("prefill_tps", "median"), decode_tps=("decode_tps", "median"), kernels=("matmul_kernels", "first")
+    )
+    g = g.sort_values("prefill_tps", ascending=False)
+    g["path"] = [kernel_path(k) or "?" for k in g["kernels"]]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("prefill (tokens/s)", "decode (tokens/s)"))
+    for path in [*KERNEL_PATHS, "?"]:
+        rows = g[g["path"] == path]
+        if rows.empty:
+            continue
+        for col, metric in ((1, "prefill_tps"), (2, "decode_tps")):
+            fig.add_trace(
+                go.Bar(
+                    x=list(rows.index),
+                    y=rows[metric],
+                    name=path,
+                    legendgroup=path,
+                    showlegend=col == 1,
+                    marker_color=KERNEL_COLORS.get(path, "#999999"),
+                    customdata=list(rows["kernels"]),
+                    hovertemplate="%{x}: %{y:.0f} tokens/s<br>%{customdata}<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
+    for col in (1, 2):
+        fig.update_xaxes(categoryorder="array", categoryarray=list(g.index), title_text="type", row=1, col=col)
+    fig.update_yaxes(title_text="tokens/s", row=1, col=1)
+    title = "llama.cpp on this CPU: prefill follows the kernel, decode the bytes"
+    return fig.update_layout(
+        title=title, height=HEIGHT, legend_title_text="prefill kernel (most of the layers' weights)"
+    )
+
+
 def type_mix(df):
     """Stacked bars: the share of weights each GGML type holds in each llama.cpp file (the K-quant
     fallback on rows of 576 shows here)."""

@@ -96,6 +96,9 @@ MANIFEST_FIELDS = {
     # transformers' compiled decoding (load option compile=True): torch.compile's mode ("reduce-overhead" on CUDA,
     # "default" elsewhere); None for an eager engine. Its launch floor is another (lablib.studies.launch_floor)
     "compile_mode": ("engine", "flags", "compile", "mode"),
+    # the kernel llama.cpp's prefill multiplies each type of the layers' weights with on the CPU ("Q4_1 row by
+    # row", "Q4_0 repacked q4_0_8x8", "Q8_0 tinyBLAS": lablib.engines.ggml_kernels); None for other engines
+    "matmul_kernels": ("engine", "flags", "matmul_kernels"),
 }
 # the GPUs NVML lists (lablib.machine.telemetry.gpu_manifest, the manifest's hardware.gpu): their names (distinct
 # ones joined by "; "), count, memory in all (bytes), the driver's version and its CUDA version ("13.0"); only

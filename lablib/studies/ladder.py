@@ -143,16 +143,17 @@ class Ladder:
         return out
 
     # --- llama.cpp ---------------------------------------------------------------------------
-    def load_and_measure(self, engine: str, model, speed: bool = True, **kw) -> tuple[dict, str, float]:
+    def load_and_measure(self, engine: str, model, speed: bool = True, **kw) -> tuple[dict, object, float]:
         """Load ``engine`` on ``model`` (keyword arguments to :func:`lablib.engines.load_engine`),
-        measure it (:meth:`measure`) and close it: (figures, engine version, load seconds)."""
+        measure it (:meth:`measure`) and close it: (figures, its :class:`~lablib.engines.base.EngineInfo`,
+        load seconds)."""
         from lablib.engines import load_engine
 
         t0 = time.perf_counter()
         eng = load_engine(engine, model, n_ctx=self._engine_ctx(), **kw)
         load_s = time.perf_counter() - t0
         try:
-            return self.measure(eng, speed), eng.info().version, load_s
+            return self.measure(eng, speed), eng.info(), load_s
         finally:
             eng.close()
 
@@ -160,11 +161,11 @@ class Ladder:
         from lablib.studies import quant
 
         engine = gguf_engine()
-        figures, version, load_s = self.load_and_measure(engine, quant.rung_model(path, self.model, qtype), speed)
+        figures, info, load_s = self.load_and_measure(engine, quant.rung_model(path, self.model, qtype), speed)
         return {
             **self.base_row(),
             "engine": engine,
-            "engine_version": version,
+            "engine_version": info.version,
             "format": "gguf",
             "type": qtype,
             "path": str(path),
@@ -175,6 +176,8 @@ class Ladder:
             "bpw": facts["bpw"],
             "type_mix": quant.type_mix(facts["types"]),
             "tensor_types": json.dumps(facts["types"]),
+            # the kernel prefill multiplies each type with on this CPU (lablib.engines.ggml_kernels)
+            "matmul_kernels": info.flags.get("matmul_kernels"),
             "load_s": load_s,
             **figures,
         }
@@ -297,11 +300,11 @@ def engine_row(lad: Ladder, engine: str, variant: str, speed: bool = True) -> di
         bpw, fmt = 8 * bytes_ / rm.parameters, "mlx"
     else:
         raise LabError(f"engine {engine!r}: expected transformers or mlx here (llama.cpp: run_ladder)")
-    figures, version, load_s = lad.load_and_measure(key, rm, speed, **kw)
+    figures, info, load_s = lad.load_and_measure(key, rm, speed, **kw)
     return {
         **lad.base_row(),
         "engine": key,
-        "engine_version": version,
+        "engine_version": info.version,
         "format": fmt,
         "type": variant,
         "bytes": bytes_,
