@@ -155,3 +155,30 @@ def test_what_a_room_hands_in_does_not_fool_the_names(tmp_path):
 
     beside = pd.concat([two.assign(machine="this machine: mine"), alike.assign(machine="reference: theirs")])
     assert sorted(manifest_table(beside)["machine"].unique()) == ["reference: theirs", "this machine: mine"]
+
+
+def test_a_room_that_hands_in_only_context_rows_draws_each_machine_apart(tmp_path):
+    """Two VMs of hostname "vm" hand in context sweeps only; ben's prefill takes twice anna's. The report draws
+    each machine's split in its own figure, titled by its name, and the context lines a row per machine, each
+    with its own prefill speed; before, both machines' rows went into one median."""
+    from tests.test_plots import context_df
+
+    for who, slow in (("anna", 1.0), ("ben", 2.0)):
+        df = context_df(engines=("llama.cpp",), lengths=(64, 256), reps=3).assign(hostname="vm")
+        df["prefill_s"] *= slow
+        df["prefill_tps"] /= slow
+        df["machine_id"] = f"{who[0] * 6}{'1' * 6}"
+        w = ResultsWriter(tmp_path / f"{who}.jsonl")
+        for r in df.to_dict("records"):
+            w.append(r)
+    rows = load_results(tmp_path / "anna.jsonl", tmp_path / "ben.jsonl")
+    figs = report.report_figures(rows)
+    titles = [f.layout.title.text.split(":")[0] for f in figs[:2]]
+    assert titles == ["vm · anna.jsonl", "vm · ben.jsonl"]
+    lines = figs[2]
+    assert [a.text for a in lines.layout.annotations if a.text.startswith("vm")] == titles  # a row each
+    prefill = {t.yaxis: dict(zip(t.x, t.y)) for t in lines.data if t.name == "llama.cpp" and t.xaxis in ("x", "x3")}
+    anna, ben = prefill["y"], prefill["y3"]
+    assert anna[64] == pytest.approx(1000.0 / 1.1, rel=1e-9)  # context_df: the median of 1000 tok/s / (1 + rep/10)
+    assert ben[64] == pytest.approx(anna[64] / 2, rel=1e-9)
+    assert len(figs) == 3  # no concurrency rows: no concurrency figure

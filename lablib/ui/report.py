@@ -52,20 +52,34 @@ def bounds_for_report(df):
     return rows, bound_table(ctx), None
 
 
+def _machines(rows):
+    """The machine of each row: a learner's rows beside a reference's carry it (``machine``); a room's are named
+    by :func:`lablib.results.tables.machine_names` (the hostname, and where machines share one, their file or id),
+    as ``facet_by="machine"`` names them (:func:`lablib.results.tables.facet_rows`)."""
+    return rows["machine"] if "machine" in rows.columns else machine_names(rows)
+
+
 def report_figures(df) -> list:  # of plotly Figures
-    """The figures ``df`` supports: context_bars and context_lines when there are context rows,
+    """The figures ``df`` supports: context_bars and context_lines when there are context rows (where they come
+    from several machines, context_bars for each and context_lines with a row of panels per machine),
     concurrency_lines (one row of panels per machine when there are several: by hostname, and where machines share
     one, by :func:`lablib.results.tables.machine_names`) and timeline when there are
     concurrency rows; the roofline when the rows carry their bounds (:func:`lablib.studies.roofline.add_bound_columns`)."""
     figs = []
-    if len(sweep_rows(df, "context")):
-        figs += [plots.context_bars(df), plots.context_lines(df)]
+    ctx = sweep_rows(df, "context")
+    if len(ctx):
+        names = _machines(ctx)
+        if names.nunique() > 1:  # a room's context rows: each machine's split, then one row of lines per machine
+            for name in names.unique():
+                fig = plots.context_bars(ctx[names == name])
+                figs.append(fig.update_layout(title_text=f"{name}: {fig.layout.title.text}"))
+            figs.append(plots.context_lines(df, facet_by="machine"))
+        else:
+            figs += [plots.context_bars(df), plots.context_lines(df)]
     conc = sweep_rows(df, "concurrency")
     if len(conc):
-        # a learner's rows beside a reference's carry their machine; a room's are named by concurrency_lines
-        # (lablib.results.tables.facet_rows): one row of panels per machine where there are several
-        names = conc["machine"] if "machine" in conc.columns else machine_names(conc)
-        facet = "machine" if names.nunique() > 1 else None
+        # one row of panels per machine where there are several (concurrency_lines names them as _machines does)
+        facet = "machine" if _machines(conc).nunique() > 1 else None
         figs.append(plots.concurrency_lines(df, facet_by=facet))
         figs.append(plots.timeline(df))
     if "decode_intensity" in df.columns and len(sweep_rows(df, "context")):  # lablib.studies.roofline.add_bound_columns
