@@ -773,7 +773,7 @@ def test_a_stream_of_keep_alive_comments_forever_ends_at_the_request_time_limit(
         ping.stop()
     (row,) = rows
     url = f"{ping.base_url}/completions"
-    says = rf"the openai server at {url} did not finish the request within 0.5 s \(request_timeout_s\)"
+    says = rf"the openai server at {url} did not finish the request within 0.5 s \(request_timeout_s; lablib bench\'s --request-timeout-s\)"
     assert row["error"] and re.search(says, row["error"]), row["error"]
     assert "raise request_timeout_s" in row["error"] and row["output_tokens"] == 0
     assert int(re.search(r"0 tokens and (\d+) keep-alive comments came", row["error"])[1]) >= 2

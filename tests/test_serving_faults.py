@@ -182,8 +182,11 @@ class Gate:
 
 
 TIMEOUTS = {
-    "backlog": ("connect_timeout_s", r"cannot connect to .* within 0.5 s \(connect_timeout_s\)"),
-    "silent": ("read_timeout_s", r"no byte from .* for 0.5 s \(read_timeout_s\) after 0 tokens"),
+    "backlog": ("connect_timeout_s", r"cannot connect to .* within 0.5 s \(connect_timeout_s; lablib bench's"),
+    "silent": (
+        "read_timeout_s",
+        r"no byte from .* for 0.5 s \(read_timeout_s; --read-timeout-s in lablib bench and replay\) after 0 tokens",
+    ),
 }
 
 

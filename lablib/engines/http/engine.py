@@ -1019,8 +1019,9 @@ class HTTPEngine(Engine):
             raise
         except aiohttp.ConnectionTimeoutError:
             trace.error = (
-                f"cannot connect to {url} within {self.connect_timeout_s:g} s (connect_timeout_s); the server "
-                "or the network is down or overloaded: check the URL, raise connect_timeout_s, or restart the server"
+                f"cannot connect to {url} within {self.connect_timeout_s:g} s (connect_timeout_s; lablib bench's "
+                "--connect-timeout-s); the server or the network is down or overloaded: check the URL, raise "
+                "connect_timeout_s, or restart the server"
             )
             raise HTTPEngineError(trace.error, trace) from None
         except asyncio.TimeoutError as e:
@@ -1028,15 +1029,16 @@ class HTTPEngine(Engine):
                 trace.pings = parser.comments
                 trace.error = (
                     f"the {self.kind} server at {url} did not finish the request within {self.request_timeout_s:g} s "
-                    f"(request_timeout_s): {trace.output_tokens} tokens and {parser.comments} keep-alive comments "
-                    "came, but no end; the server may be stuck in a long prefill or a queue: raise request_timeout_s "
-                    "(math.inf: no limit) for longer requests, lower the load, or restart the server"
+                    f"(request_timeout_s; lablib bench's --request-timeout-s): {trace.output_tokens} tokens and "
+                    f"{parser.comments} keep-alive comments came, but no end; the server may be stuck in a long "
+                    "prefill or a queue: raise request_timeout_s (math.inf: no limit) for longer requests, lower the "
+                    "load, or restart the server"
                 )
                 raise HTTPEngineError(trace.error, trace) from None
             trace.error = (
-                f"no byte from {url} for {self.read_timeout_s:g} s (read_timeout_s) after "
-                f"{trace.output_tokens} tokens; the server is stuck or overloaded: raise read_timeout_s, "
-                "lower the load, or restart the server"
+                f"no byte from {url} for {self.read_timeout_s:g} s (read_timeout_s; --read-timeout-s in lablib bench "
+                f"and replay) after {trace.output_tokens} tokens; the server is stuck or overloaded: raise "
+                "read_timeout_s, lower the load, or restart the server"
             )
             raise HTTPEngineError(trace.error, trace) from None
         except aiohttp.ClientConnectorError as e:
