@@ -212,7 +212,8 @@ def prefill_kernels(df):
     """Two panels of llama.cpp's rungs (median per type): prefill tokens/s (left) and decode tokens/s (right),
     one bar per type, sorted by prefill and coloured by the kernel prefill multiplies most of its layers'
     weights with (``matmul_kernels``: weights re-laid at load, llamafile's tinyBLAS, or a dot product per row).
-    Prefill follows the kernel; decode, one column per product, follows the bytes. Hover: every type's path."""
+    Prefill follows the kernel; decode, one column per product, reads every weight once, so its bytes weigh more
+    there than its kernel (on a shared CPU, quick mode's 8 tokens leave decode noisy). Hover: every type's path."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -247,7 +248,7 @@ def prefill_kernels(df):
     for col in (1, 2):
         fig.update_xaxes(categoryorder="array", categoryarray=list(g.index), title_text="type", row=1, col=col)
     fig.update_yaxes(title_text="tokens/s", row=1, col=1)
-    title = "llama.cpp on this CPU: prefill follows the kernel, decode the bytes"
+    title = "llama.cpp on this CPU: each type's prefill by the kernel it takes, its decode beside it"
     return fig.update_layout(
         title=title, height=HEIGHT, legend_title_text="prefill kernel (most of the layers' weights)"
     )
