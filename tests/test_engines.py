@@ -265,6 +265,8 @@ def test_the_doctor_takes_a_prepared_model_and_refuses_what_is_no_model_or_engin
 
     r = check_engine("llama.cpp", model)
     assert r["usable"] and "generated 2 tokens" in r["detail"], r
+    # the kernel prefill multiplies the shipped Q4_1 with here (lablib.engines.ggml_kernels): row by row on x86
+    assert re.search(r"; prefill multiplies Q4_1 (row by row|repacked \w+|tinyBLAS) \(lab 06\)", r["detail"]), r
     with pytest.raises(LabError, match=r"model=\['llama.cpp'\]: expected a model's name or path, a prepared model"):
         check_engines(["llama.cpp"])
     with pytest.raises(LabError, match=r"unknown engine 'foo': expected one of transformers, llama.cpp"):

@@ -22,7 +22,7 @@ e = load_engine(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None, n_ctx=2
 t = e.generate(e.tokenize("The capital of France is"), GenerationConfig(max_new_tokens=2))
 i = e.info()
 print(json.dumps({"version": i.version, "backend": i.backend, "dtype": i.dtype, "tokens": t.output_tokens,
-                  "device": i.device, "build": i.flags.get("build")}))
+                  "device": i.device, "build": i.flags.get("build"), "kernels": i.flags.get("matmul_kernels")}))
 """
 
 
@@ -69,7 +69,10 @@ def check_engine(name: str, model: str | None = None, timeout: float = 300, reso
             f"{info['version']}, {info['backend']}, {info['dtype']}, on {info.get('device', 'cpu')}: "
             f"generated {info['tokens']} tokens"
         )
-        return {"engine": name, "usable": True, "detail": detail + (f"; {info['build']}" if info.get("build") else "")}
+        detail += f"; {info['build']}" if info.get("build") else ""
+        # llama.cpp: the kernel its prefill multiplies the model's weights with here (lab 06)
+        detail += f"; prefill multiplies {info['kernels']} (lab 06)" if info.get("kernels") else ""
+        return {"engine": name, "usable": True, "detail": detail}
     if p.returncode < 0:
         sig = signal.Signals(-p.returncode).name
         hint = (
