@@ -336,7 +336,10 @@ def short(server, model):
 def test_a_request_never_answered_times_out(short, server):
     server.script = ["hang"]
     t0 = time.perf_counter()
-    with pytest.raises(HTTPEngineError, match=r"no byte .* for 0.5 s \(read_timeout_s\) after 0 tokens") as e:
+    with pytest.raises(
+        HTTPEngineError,
+        match=r"no byte .* for 0.5 s \(read_timeout_s; --read-timeout-s in lablib bench and replay\) after 0 tokens",
+    ) as e:
         gen(short)
     assert time.perf_counter() - t0 < 5 and e.value.trace.output_tokens == 0
 
@@ -344,7 +347,7 @@ def test_a_request_never_answered_times_out(short, server):
 def test_a_stream_that_stops_mid_way_times_out_and_keeps_the_tokens(short, server):
     server.script = [sse(cmpl("a", [1])), sse(cmpl("b", [2])), "hang"]
     t0 = time.perf_counter()
-    with pytest.raises(HTTPEngineError, match=r"read_timeout_s\) after 2 tokens") as e:
+    with pytest.raises(HTTPEngineError, match=r"--read-timeout-s in lablib bench and replay\) after 2 tokens") as e:
         gen(short)
     assert time.perf_counter() - t0 < 5
     assert e.value.trace.token_ids == [1, 2] and e.value.trace.text == "ab" and "read_timeout_s" in e.value.trace.error
