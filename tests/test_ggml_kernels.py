@@ -103,3 +103,15 @@ def test_a_type_split_over_paths_gives_each_its_count():
     found = gk.matmul_kernels(tensors, log, "CPU : AVX = 1 | AVX2 = 1 | LLAMAFILE = 1 |")
     assert found == {"Q4_0": {"repacked q4_0_8x8": 3, "tinyBLAS": 1}, "Q6_K": {"row by row": 1}}
     assert gk.kernels_summary(found) == "Q4_0 repacked q4_0_8x8 3 + tinyBLAS 1, Q6_K row by row"
+
+
+def test_lablib_quantize_prints_each_rungs_kernels(model, capsys):
+    import llama_cpp
+
+    from lablib.cli import main
+
+    if not _x86_avx2_repack(llama_cpp.llama_print_system_info().decode()):
+        pytest.skip("expected values are x86 AVX2's")
+    assert main(["quantize", "--types", "Q8_0", "--no-speed", "--n-ctx", "128", "--chunks", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split(" kernels=")[-1] for ln in lines] == ["[F32 tinyBLAS]", "[Q8_0 tinyBLAS]"]

@@ -50,7 +50,9 @@ def run(ns) -> int:
         types, model=ns.model, out=ns.out, speed=not ns.no_speed, n_ctx=ns.n_ctx, n_chunks=ns.chunks, log=lambda m: None
     )
     for row in rows:
-        print(ladder_line(row) + (f" mix=[{row['type_mix']}]" if row.get("type_mix") else ""))
+        line = ladder_line(row) + (f" mix=[{row['type_mix']}]" if row.get("type_mix") else "")
+        # the kernel prefill multiplied each type with (lablib.engines.ggml_kernels): why prefill_tps differ
+        print(line + (f" kernels=[{row['matmul_kernels']}]" if row.get("matmul_kernels") else ""))
     if ns.out:
         print(f"{len(rows)} rows appended to {ns.out}")
     return 0
