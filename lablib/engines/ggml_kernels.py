@@ -16,10 +16,11 @@ applies to the weight's type, on the CPU and build it runs on:
 3. **row by row**: ``ggml_vec_dot_<type>``, one dot product per weight row and prompt token, the kernel
    decode uses for every type (decode multiplies by one column: paths 1 and 2 add little there).
 
-Measured on a 2-core Intel Xeon with AVX-512 (llama-cpp-python 0.3.36, the default model quantized by lab
-06's ladder, 512 prompt tokens): Q4_0 (repacked) 650 prompt tokens/s, Q8_0 (tinyBLAS) 530, Q5_0 (tinyBLAS)
-485, Q4_1 (row by row) 301; ``perf`` put 75% of Q4_1's prefill in ``ggml_vec_dot_q4_1_q8_1``. Decode
-101, 78, 79 and 90 tokens/s: there bytes per token decide, not the path.
+Measured on a 2-core Intel Xeon with AVX-512 (llama-cpp-python 0.3.36; ``lablib quantize``, the default model's
+full ladder: 256 prompt tokens, 64 output tokens, medians of 3): prefill Q4_0 (repacked) 813 prompt tokens/s,
+F32 (tinyBLAS) 670, Q8_0 (tinyBLAS) 646, Q5_0 (tinyBLAS) 524, Q4_1 (row by row) 340; ``perf`` put 75% of Q4_1's
+prefill in ``ggml_vec_dot_q4_1_q8_1``. Decode 103, 34, 78, 73 and 94 tokens/s: there the bytes per token
+weigh more than the path.
 """
 
 from __future__ import annotations
