@@ -182,3 +182,36 @@ def test_a_room_that_hands_in_only_context_rows_draws_each_machine_apart(tmp_pat
     assert anna[64] == pytest.approx(1000.0 / 1.1, rel=1e-9)  # context_df: the median of 1000 tok/s / (1 + rep/10)
     assert ben[64] == pytest.approx(anna[64] / 2, rel=1e-9)
     assert len(figs) == 3  # no concurrency rows: no concurrency figure
+
+
+def test_another_machines_rows_without_its_ceilings_are_not_held_to_this_machines(model, tmp_path):
+    """A room's rows of ben's laptop, which never measured its ceilings (the room's run comes before lab 07), carry
+    no measured_* columns. The bound on the instructor's machine was this machine's ceilings for every row: ben's
+    rows were held against a machine they never ran on. Now only this machine's rows get a bound; ben's stay empty,
+    and the result says why."""
+    from lablib.machine.identity import hardware_info, machine_key
+    from lablib.studies.roofline import add_bound_columns, of_this_machine
+    from tests.test_plots import context_df
+
+    here = context_df(engines=("llama.cpp",), lengths=(64,), reps=1).assign(
+        hostname=hardware_info()["hostname"], machine_key=machine_key(), machine_id=machine_id(), device="cpu"
+    )
+    ben = here.assign(hostname="vm", machine_key="0123456789abcdef", machine_id="bbbbbb222222")
+    rows = pd.concat([here, ben], ignore_index=True).assign(model_sha256=model.sha256)
+    assert [of_this_machine(r) for r in rows.to_dict("records")] == [True, False]
+    bound = add_bound_columns(rows, model)
+    assert bound["prefill_bound_tps"].notna().tolist() == [True, False]
+    assert bound["decode_pct_of_bound"].notna().tolist() == [True, False]
+    assert bound.attrs["unbounded"] == [
+        "rows computed on another machine's CPU (vm) carry no ceilings of it (measured_* columns), and this "
+        "machine's are not its: their bound columns stay empty; run `lablib roofline` on that machine, and the rows "
+        "it writes after carry its ceilings"
+    ]
+    # the room's report says it under its bound table (this machine's ceilings are cached by add_bound_columns now)
+    page = report.report_html(rows.assign(sweep="context"), tmp_path / "room.html").read_text()
+    assert "rows computed on another machine&#x27;s CPU (vm) carry no ceilings of it" in page
+    # this machine's key with another machine's id (a VM cloned with its disk: one hostname, CPU and key) is not it
+    assert not of_this_machine({"machine_key": machine_key(), "machine_id": "bbbbbb222222"})
+    # rows written before the key was recorded: by their hostname; rows that name nothing: this machine's
+    assert of_this_machine({"hostname": hardware_info()["hostname"]}) and not of_this_machine({"hostname": "vm-x"})
+    assert of_this_machine({})

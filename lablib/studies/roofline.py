@@ -38,7 +38,7 @@ from pathlib import Path
 
 from lablib.errors import LabError
 from lablib.machine.ceilings import machine, peak_flops
-from lablib.machine.device_ceilings import ceilings_for
+from lablib.machine.device_ceilings import ceilings_for, device_kind
 from lablib.model.resolve import takes_model
 from lablib.model.shape import (
     PRESETS,
@@ -333,7 +333,9 @@ def add_bound_columns(df, model, machine_name=None, log=None):
     ``measured_bandwidth_gbps`` / ``measured_<dtype>_g(fl)ops`` columns when ``machine_name`` is None and
     they are present (rows written on a measured machine: the manifest's figures are those of the device the
     engine computed on), else ``machine_name`` (:func:`machine`), else the ceilings of the row's own ``device``
-    (:func:`lablib.machine.device_ceilings.ceilings_for`: this machine's CPU, measured now if never before; a
+    (:func:`lablib.machine.device_ceilings.ceilings_for`: this machine's CPU, measured now if never before, for a row
+    computed on this machine (:func:`of_this_machine`; another machine's CPU row without its own ceilings gets no bound,
+    and ``attrs["unbounded"]`` says so); a
     GPU's measured through torch where it is here, else the published peaks of the GPU its ``accelerator``
     names; a device nothing bounds, as a server's ``unknown``: its bound columns stay empty, never the CPU's; so
     do they for a row that names no engine, a server's summary merged beside the requests). Needs: engine, prompt_tokens, output_tokens, prefill_s, prefill_tps, decode_tps.
@@ -352,6 +354,8 @@ def add_bound_columns(df, model, machine_name=None, log=None):
         "a context or concurrency sweep (lablib.measure.sweep)",
     )
     mach = None  # resolved at the first row without its own measured columns (it may measure this machine)
+    elsewhere = set()  # hostnames of rows computed on another machine's CPU without its ceilings: no bound
+    ours = {}  # (machine_key, machine_id, hostname) a row states -> whether it is this machine (of_this_machine)
     devices = {}  # (device, accelerator) -> that device's ceilings, or None
     profiles = {}
     floors = {}  # (engine, device, threads, compile) -> the cached launch floor (seconds a step) or None
@@ -380,9 +384,17 @@ def add_bound_columns(df, model, machine_name=None, log=None):
             m = mach
         else:  # the ceilings of the device the row computed on: a GPU row is never held to the CPU's
             where = (_given(row.get("device")), _given(row.get("accelerator")))
-            if where not in devices:
-                devices[where] = ceilings_for(*where)
-            m = devices[where]
+            said = tuple(_given(row.get(c)) for c in ("machine_key", "machine_id", "hostname"))
+            if said not in ours:
+                ours[said] = of_this_machine(row)
+            if device_kind(where[0]) == "cpu" and not ours[said]:
+                # another machine's CPU, which recorded no ceilings: this machine's would be a bound of nothing
+                elsewhere.add(_given(row.get("hostname")) or "a machine the row does not name")
+                m = None
+            else:
+                if where not in devices:
+                    devices[where] = ceilings_for(*where)
+                m = devices[where]
         if m is None:  # nothing bounds it here (a server's unknown device, a GPU neither measured nor published)
             out.append({**row, **dict.fromkeys(BOUND_COLUMNS), "compute_dtype": dtype})
             continue
@@ -431,9 +443,32 @@ def add_bound_columns(df, model, machine_name=None, log=None):
 
     res = pd.DataFrame(out, index=df.index)
     res.attrs["above_bound"] = above_bound(res)
-    for line in res.attrs["above_bound"] if log else ():
+    res.attrs["unbounded"] = (
+        [
+            f"rows computed on another machine's CPU ({', '.join(sorted(elsewhere))}) carry no ceilings of it "
+            "(measured_* columns), and this machine's are not its: their bound columns stay empty; run `lablib "
+            "roofline` on that machine, and the rows it writes after carry its ceilings"
+        ]
+        if elsewhere
+        else []
+    )
+    for line in res.attrs["above_bound"] + res.attrs["unbounded"] if log else ():
         log(line)
     return res
+
+
+def of_this_machine(row) -> bool:
+    """Whether ``row`` was computed on this machine, as far as it says: its ``machine_key``
+    (:func:`lablib.machine.identity.machine_key`: hostname, CPU, the CPUs the process could use) and, where both
+    record one, its ``machine_id``; a row written before the lab recorded the key, by its hostname; a row that names
+    neither, yes."""
+    from lablib.machine.identity import hardware_info, machine_id, machine_key
+
+    key, mid = _given(row.get("machine_key")), _given(row.get("machine_id"))
+    if key is not None:
+        return key == machine_key() and (mid is None or machine_id() is None or mid == machine_id())
+    host = _given(row.get("hostname"))
+    return host is None or host == hardware_info()["hostname"]
 
 
 def above_bound(df) -> list[str]:
@@ -449,13 +484,13 @@ def above_bound(df) -> list[str]:
     for key, g in df.groupby(keys, sort=False, dropna=False):
         where = dict(zip(keys, key))
         for phase in ("prefill", "decode"):
-            pct = g[f"{phase}_pct_of_bound"].median()
+            pct, n = g[f"{phase}_pct_of_bound"].median(), int(g[f"{phase}_pct_of_bound"].notna().sum())
             if pct == pct and pct > 100:
                 weights = f" ({where['weights']})" if isinstance(where.get("weights"), str) and where["weights"] else ""
                 on = f" on {where['machine']}" if "machine" in where else ""
                 over.append(
                     f"{where['engine']}{weights} {phase} at {where['prompt_tokens']} prompt tokens{on}: "
-                    f"{pct:.0f} % of its bound ({f'median of {len(g)} rows' if len(g) > 1 else 'one row'})"
+                    f"{pct:.0f} % of its bound ({f'median of {n} rows' if n > 1 else 'one row'})"
                 )
     if not over:
         return []

@@ -154,7 +154,10 @@ def report_html(df, path, title: str = "Inference Engine Lab results") -> Path:
         parts += [
             "<h2>Measured against the machine's bound (roofline)</h2>",
             bounds.to_html(index=False, border=0, classes="manifest", float_format=lambda v: f"{v:,.1f}"),
-            *(f"<p class='note'>{html.escape(line)}</p>" for line in d.attrs.get("above_bound", [])),
+            *(
+                f"<p class='note'>{html.escape(line)}</p>"
+                for line in d.attrs.get("above_bound", []) + d.attrs.get("unbounded", [])
+            ),
         ]
     elif no_bound:
         parts.append(f"<p class='note'>No roofline bound in this report: {html.escape(no_bound)}.</p>")
