@@ -20,6 +20,7 @@ import pytest
 
 from lablib import machine as hardware
 from lablib.errors import LabError
+from lablib.machine.limits import available_ram_bytes
 from lablib.model import shape
 from lablib.studies import roofline
 
@@ -153,17 +154,34 @@ def test_batch_sweep_crosses_over_at_the_crossover_batch_by_hand(model):
 
 
 # --- this machine, measured ----------------------------------------------------------------------------
+def test_the_last_level_cache_is_read_as_sysfs_states_it(tmp_path):
+    """A VM on an Intel Xeon states its L3 as 491520K (480 MiB): STREAM's arrays must then be 4 x that, where the lab's
+    64 MiB arrays read 26-32 GB/s, partly from cache, against 20 GB/s from 128 MiB up."""
+    for index, size in (("index0", "48K"), ("index2", "2048K"), ("index3", "491520K")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "size").write_text(size + "\n")
+    assert hardware.ceilings.last_level_cache_bytes(str(tmp_path)) == 480 * 2**20
+    (tmp_path / "index3" / "size").write_text("32M\n")  # another kernel's unit
+    assert hardware.ceilings.last_level_cache_bytes(str(tmp_path)) == 32 * 2**20
+    assert hardware.ceilings.last_level_cache_bytes(str(tmp_path / "none")) is None  # not Linux: the 64 MiB floor
+
+
 def test_bandwidth_and_flops_are_positive_finite_and_coherent():
     """Structure and sanity, no speed thresholds: medians inside their own spread, each kernel's byte count as
-    STREAM counts it. The default 64 MiB arrays (past the 32 MiB L3) take about 0.1 s a kernel.
+    STREAM counts it, over arrays of 4 x the last-level cache (64 MiB past a 32 MiB L3; 1 GiB on a Xeon whose VM
+    reports 480 MiB: a second a kernel).
 
     Coherence, not speed: a second measurement agrees with the first within 10 x either way. On this shared
     2-core machine one call's own spread (max / min over 3-5 passes) reached 3.4 x for the read kernel while
     other jobs came and went, and a 2 x band around it failed under a load average of 7; a unit error
     (bytes vs words, a missed thread) would still be caught. benchmarks/roofline.py prints the spreads."""
+    size = hardware.ceilings.stream_array_bytes()
+    llc = hardware.ceilings.last_level_cache_bytes() or 0
+    # STREAM's rule, within 64 MiB to 1 GiB and an eighth of the memory available
+    assert 64 * 2**20 <= size <= 2**30 and size >= min(4 * llc, 2**30, available_ram_bytes() // 8), (size, llc)
     for kernel, words in (("read", 1), ("copy", 2), ("triad", 3)):
         r = hardware.stream_bandwidth(kernel, reps=3)
-        assert r["bytes_per_pass"] == words * 64 * 2**20 and r["reps"] == 3 and r["threads"] >= 1
+        assert r["bytes_per_pass"] == words * size and r["reps"] == 3 and r["threads"] >= 1
         assert 0 < r["min"] <= r["bytes_per_s"] <= r["max"] < math.inf
     again = hardware.stream_bandwidth("read", reps=3)
     first = hardware.stream_bandwidth("read", reps=3)

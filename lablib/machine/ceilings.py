@@ -24,15 +24,24 @@ from lablib.results.schema import MEASURED_BANDWIDTH, MEASURED_PEAKS
 # ceiling is the best repetition (``max``), as STREAM reports: the machine is shared, the best run is the one
 # nobody else used, and a ceiling is what the machine showed it can do. A median ceiling put rows above 100 %
 # of their bound (Gemma 3's llama.cpp decode read 101 % of the median read bandwidth, within its spread).
-# "read" (sum b: 1 x 8 bytes per element, no writes) is not STREAM's: it is what a decode step does to the
-# weights, so it is the bandwidth the roofline uses (lmbench's bw_mem "rd" measures the same).
+# "read" (1 x 8 bytes per element, no writes) is not STREAM's: it is what a decode step does to the weights, so it
+# is the bandwidth the roofline uses (lmbench's bw_mem "rd" measures the same). It ORs b's 64-bit words together:
+# integer work the vector units do far faster than memory delivers. It summed the floats (NumPy's pairwise sum)
+# until that proved to be bound by its additions on a fast machine: on a 2-core Intel Xeon with AVX-512 the sum
+# read 18.1 GB/s where the OR read 21.5 (1 GiB, 2 threads, best of 5), and lab 07 showed transformers' decode
+# at 115 % of the sum's figure.
 STREAM_KERNELS = {"read": 1, "copy": 2, "triad": 3}  # arrays touched per element
 ROOFLINE_KERNEL = "read"
-STREAM_ARRAY_BYTES = 64 * 2**20  # per array: 2 x the 32 MiB L3 of the lab's EPYC, 4 x a 16 MiB laptop L3
+STREAM_ARRAY_BYTES = 64 * 2**20  # per array, at least: 2 x the 32 MiB L3 of the lab's EPYC, 4 x a 16 MiB laptop L3
+# per array, at most: STREAM's 4 x the last-level cache (stream_array_bytes) within this and an eighth of the
+# memory available. That Xeon's VM reports an L3 of 480 MiB: its 64 MiB arrays read 26-32 GB/s, partly from cache,
+# against 20 from 128 MiB up
+STREAM_MAX_ARRAY_BYTES = 2**30
 _STREAM_BLOCK = 2**15  # float64 elements a thread handles per step (256 KiB: the temporaries stay in L2)
 MATMUL_DTYPES = ("float32", "bfloat16", "int8")
-# 4: float32 through NumPy's BLAS and torch's, the faster the roof; the key names the CPU's signature
-MEASUREMENT_VERSION = 4
+# 4: float32 through NumPy's BLAS and torch's, the faster the roof; the key names the CPU's signature; 5: the read
+# kernel ORs words (it summed floats), over arrays of 4 x the last-level cache
+MEASUREMENT_VERSION = 5
 # measure_machine's bfloat16 and int8 products (torch's kernels, slow without AVX-512 or AMX): the largest size
 # whose one product stays within it. float32 keeps its full size: it is the roof of every engine on a CPU
 MAX_PRODUCT_S = 0.5
@@ -48,13 +57,39 @@ def _spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "reps": len(values)}
 
 
-def stream_bandwidth(
-    kernel: str = "triad", array_bytes: int = STREAM_ARRAY_BYTES, reps: int = 5, threads: int | None = None
-) -> dict:
-    """Memory bandwidth of a STREAM-style ``kernel`` ("read": sum of b, "copy" a = b, or "triad"
-    a = b + 3 c), bytes/s.
+def last_level_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """The largest CPU cache of this machine in bytes, as Linux's sysfs states it (``root``'s ``index*/size``:
+    ``491520K``); None elsewhere or where it says none."""
+    sizes = []
+    for f in Path(root).glob("index*/size"):
+        try:
+            text = f.read_text().strip()
+        except OSError:
+            continue
+        unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
+        digits = text[:-1] if unit != 1 else text
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return max(sizes) if sizes else None
 
-    float64 arrays of ``array_bytes`` each (default 64 MiB: far past the last-level cache), split
+
+def stream_array_bytes() -> int:
+    """Bytes of each STREAM array on this machine: 4 x its last-level cache (STREAM's rule), at least
+    :data:`STREAM_ARRAY_BYTES`, at most :data:`STREAM_MAX_ARRAY_BYTES` and an eighth of the memory available (the
+    triad holds three arrays)."""
+    from lablib.machine.limits import available_ram_bytes
+
+    want = 4 * (last_level_cache_bytes() or 0)
+    return max(STREAM_ARRAY_BYTES, min(want, STREAM_MAX_ARRAY_BYTES, available_ram_bytes() // 8))
+
+
+def stream_bandwidth(
+    kernel: str = "triad", array_bytes: int | None = None, reps: int = 5, threads: int | None = None
+) -> dict:
+    """Memory bandwidth of a STREAM-style ``kernel`` ("read": an OR over b's 64-bit words, "copy" a = b, or
+    "triad" a = b + 3 c), bytes/s.
+
+    float64 arrays of ``array_bytes`` each (default :func:`stream_array_bytes`: past the last-level cache), split
     into ``threads`` contiguous slices (default :func:`cpus_usable`), each thread walking its slice
     in 256 KiB blocks with NumPy (which releases the GIL), so the triad's temporary ``3 c`` stays in
     cache and memory sees what STREAM counts: 1 (read), 2 (copy) or 3 (triad) x 8 bytes per element.
@@ -72,13 +107,19 @@ def stream_bandwidth(
     if kernel not in STREAM_KERNELS:
         raise LabError(f"kernel={kernel!r}: expected one of {', '.join(STREAM_KERNELS)}")
     threads = cpus_usable() if threads is None else threads
+    array_bytes = stream_array_bytes() if array_bytes is None else array_bytes
     if not (isinstance(array_bytes, int) and array_bytes >= 8 * threads) or reps < 1 or threads < 1:
         raise LabError(
             f"array_bytes={array_bytes!r}, reps={reps}, threads={threads}: expected whole numbers, "
-            "reps and threads at least 1 and at least 8 bytes per thread (default 64 MiB, 5 reps)"
+            "reps and threads at least 1 and at least 8 bytes per thread (default 4 x the last-level cache, "
+            "64 MiB to 1 GiB; 5 reps)"
         )
     n = array_bytes // 8
-    a, b, c = np.zeros(n), np.ones(n), np.full(n, 2.0)
+    # only the arrays the kernel touches (three of up to 1 GiB each would take seconds to write for one read)
+    b = np.ones(n)
+    a = np.zeros(n) if kernel != "read" else None
+    c = np.full(n, 2.0) if kernel == "triad" else None
+    words = b.view(np.uint64)  # the read kernel's: the same bytes, ORed as integers
     bounds = np.linspace(0, n, threads + 1).astype(int)
 
     sums = []  # keeps the read kernel's results alive (list.append is thread-safe)
@@ -88,7 +129,7 @@ def stream_bandwidth(
         for s in range(lo, hi, _STREAM_BLOCK):
             e = min(s + _STREAM_BLOCK, hi)
             if kernel == "read":
-                sums.append(float(np.add.reduce(b[s:e])))
+                sums.append(int(np.bitwise_or.reduce(words[s:e])))
             elif kernel == "copy":
                 np.copyto(a[s:e], b[s:e])
             else:
