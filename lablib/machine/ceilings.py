@@ -340,7 +340,8 @@ def measure_machine(refresh: bool = False, quick: bool | None = None) -> dict:
     bytes_per_s (the read kernel's best repetition: the roofline's bandwidth), flop_per_s ({dtype: best})}.
     ``refresh`` measures again;
     ``quick`` (default: quick mode) uses fewer repetitions (3 instead of 5; 3-5 s either way on a 2-core AMD
-    EPYC with AVX2 only, where the n = 1024 bfloat16 and int8 products alone used to take 14 s in quick mode).
+    EPYC with AVX2 only, where the n = 1024 bfloat16 and int8 products alone used to take 14 s in quick mode; 6-9 s
+    on a 2-core Xeon whose 480 MiB L3 makes the bandwidth arrays 1 GiB each, 5 s of them the three kernels).
     float32 is measured at ``matmul_n`` (2048) in both modes: at 1024 the same machine's float32 product reached
     100-110 GFLOP/s against 137-173 at 2048 (45-52 on a busy minute, below the 85 GFLOP/s that transformers'
     own 128-token prefill attained on a quiet one). bfloat16 and int8 grow only within :data:`MAX_PRODUCT_S` a
