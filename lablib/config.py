@@ -172,7 +172,8 @@ BUDGETS = {
         "reps": (1, 3),
     },
     # lab 07 (lablib.machine.ceilings.measure_machine): repetitions of each micro-benchmark, matmul size n
-    # (float32 at n; bfloat16 and int8 up to n within MAX_PRODUCT_S a product): 3-5 s on two cores either way
+    # (float32 at n; bfloat16 and int8 up to n within MAX_PRODUCT_S a product): 3-5 s on two cores either way, 6-9 s
+    # where a large L3 makes the bandwidth arrays 1 GiB
     "machine": {"reps": (3, 5), "matmul_n": (2048, 2048)},
     # lab 10, speculative decoding (lablib.studies.decoding.speculative): the engines (in-process names and servers
     # the lab starts, comma-separated), draft lengths k, text kinds, the target and the drafts (lab 06's GGUF kinds,
