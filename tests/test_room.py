@@ -212,6 +212,9 @@ def test_another_machines_rows_without_its_ceilings_are_not_held_to_this_machine
     assert "rows computed on another machine&#x27;s CPU (vm) carry no ceilings of it" in page
     # this machine's key with another machine's id (a VM cloned with its disk: one hostname, CPU and key) is not it
     assert not of_this_machine({"machine_key": machine_key(), "machine_id": "bbbbbb222222"})
-    # rows written before the key was recorded: by their hostname; rows that name nothing: this machine's
-    assert of_this_machine({"hostname": hardware_info()["hostname"]}) and not of_this_machine({"hostname": "vm-x"})
+    # rows written before the key was recorded: by their hostname and CPU; rows that name nothing: this machine's
+    hw = hardware_info()
+    assert of_this_machine({"hostname": hw["hostname"], "cpu_model": hw["cpu_model"]})
+    assert not of_this_machine({"hostname": "vm-x"})
+    assert not of_this_machine({"hostname": hw["hostname"], "cpu_model": "AMD EPYC" + hw["cpu_model"]})
     assert of_this_machine({})

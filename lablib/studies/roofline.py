@@ -355,7 +355,7 @@ def add_bound_columns(df, model, machine_name=None, log=None):
     )
     mach = None  # resolved at the first row without its own measured columns (it may measure this machine)
     elsewhere = set()  # hostnames of rows computed on another machine's CPU without its ceilings: no bound
-    ours = {}  # (machine_key, machine_id, hostname) a row states -> whether it is this machine (of_this_machine)
+    ours = {}  # (machine_key, machine_id, hostname, cpu_model) a row states -> whether it is this machine
     devices = {}  # (device, accelerator) -> that device's ceilings, or None
     profiles = {}
     floors = {}  # (engine, device, threads, compile) -> the cached launch floor (seconds a step) or None
@@ -384,7 +384,7 @@ def add_bound_columns(df, model, machine_name=None, log=None):
             m = mach
         else:  # the ceilings of the device the row computed on: a GPU row is never held to the CPU's
             where = (_given(row.get("device")), _given(row.get("accelerator")))
-            said = tuple(_given(row.get(c)) for c in ("machine_key", "machine_id", "hostname"))
+            said = tuple(_given(row.get(c)) for c in ("machine_key", "machine_id", "hostname", "cpu_model"))
             if said not in ours:
                 ours[said] = of_this_machine(row)
             if device_kind(where[0]) == "cpu" and not ours[said]:
@@ -460,15 +460,15 @@ def add_bound_columns(df, model, machine_name=None, log=None):
 def of_this_machine(row) -> bool:
     """Whether ``row`` was computed on this machine, as far as it says: its ``machine_key``
     (:func:`lablib.machine.identity.machine_key`: hostname, CPU, the CPUs the process could use) and, where both
-    record one, its ``machine_id``; a row written before the lab recorded the key, by its hostname; a row that names
-    neither, yes."""
+    record one, its ``machine_id``; a row written before the lab recorded the key, by its hostname and CPU model
+    (``data/reference``'s EPYC rows say "vm", as this lab's Xeon VMs do); a row that names none of them, yes."""
     from lablib.machine.identity import hardware_info, machine_id, machine_key
 
     key, mid = _given(row.get("machine_key")), _given(row.get("machine_id"))
     if key is not None:
         return key == machine_key() and (mid is None or machine_id() is None or mid == machine_id())
-    host = _given(row.get("hostname"))
-    return host is None or host == hardware_info()["hostname"]
+    hw = hardware_info()
+    return all(_given(row.get(c)) in (None, hw[c]) for c in ("hostname", "cpu_model"))
 
 
 def above_bound(df) -> list[str]:
