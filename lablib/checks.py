@@ -8,6 +8,7 @@ what was given and what was expected.
 
 from __future__ import annotations
 
+import functools
 import operator
 
 from lablib.errors import LabError, shown
@@ -95,3 +96,29 @@ def chat_messages(messages, what: str = "messages") -> list[dict]:
         ):
             raise LabError(f"{what}[{i}]={shown(m)}: {expected}")
     return list(messages)
+
+
+def keywords_checked(fn):
+    """``fn``, whose call with a keyword it does not take is one LabError naming that keyword, the nearest one it
+    takes, and all it takes: "context_sweep takes no prompt_token=: did you mean prompt_tokens=? It takes model,
+    engines, ...". For the functions a notebook calls through ``lablib.`` (was: Python's TypeError "got an unexpected
+    keyword argument", which names no keyword it takes). A function that takes ``**kwargs`` is left as it is."""
+    import difflib
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return fn
+    names = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        unknown = [k for k in kwargs if k not in names]
+        if unknown:
+            near = difflib.get_close_matches(unknown[0], names, 1)
+            guess = f"did you mean {near[0]}=? " if near else ""
+            raise LabError(f"{fn.__name__} takes no {unknown[0]}=: {guess}It takes {', '.join(names)}")
+        return fn(*args, **kwargs)
+
+    checked.keywords_checked = True  # carried by wrappers above it (functools.wraps updates __dict__)
+    return checked

@@ -271,3 +271,31 @@ def test_batch_counters_start_at_zero_with_the_shared_keys():
     assert all(v == 0 for k, v in counts.items() if k not in ("engine", "impl"))
     stats = BatchStats.from_counts(counts, mode="batched", concurrency=2, requests=3)
     assert stats.steps == 0 and stats.extra == {"max_tokens_per_step": 0, "max_cache_usage": 0.0}
+
+
+def test_a_misspelled_keyword_to_the_face_names_the_one_meant():
+    """lablib.context_sweep(prompt_token=[64]) was Python's TypeError, which names no keyword the function takes;
+    every callable of the face that takes fixed keywords refuses it before any work, with the nearest one."""
+    import inspect
+
+    import lablib
+    from lablib import _LAZY
+
+    with pytest.raises(
+        LabError, match=r"^context_sweep takes no prompt_token=: did you mean prompt_tokens=\? It takes "
+    ):
+        lablib.context_sweep(engines=["llama.cpp"], prompt_token=[64])
+    with pytest.raises(LabError, match=r"^prompt_of_length takes no nn=: did you mean n=\? It takes model, n, corpus"):
+        lablib.prompt_of_length(None, nn=3)  # under takes_model too
+    with pytest.raises(LabError, match=r"^prepare takes no zzz=: It takes model, formats, log$"):
+        lablib.prepare(zzz=1)  # nothing near: every keyword it takes
+    assert lablib.prompt_of_length(None, n=3) == lablib.prompt_of_length(None, 3)  # a right call is untouched
+    plain = []
+    for name, (_module, attr) in _LAZY.items():
+        fn = getattr(lablib, name)
+        if attr is None or not inspect.isfunction(fn) or name in ("summary_table", "run_table"):
+            continue  # modules; the two table functions live where figures' imports may not reach lablib.checks
+        params = inspect.signature(fn).parameters.values()
+        if not any(p.kind is p.VAR_KEYWORD for p in params) and not getattr(fn, "keywords_checked", False):
+            plain.append(name)
+    assert plain == [], f"face functions a misspelled keyword still reaches as a TypeError: {plain}"

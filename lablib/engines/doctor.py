@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+from lablib.checks import keywords_checked
 from lablib.errors import LabError, shown
 
 _SMOKE = r"""
@@ -90,6 +91,7 @@ def check_engine(name: str, model: str | None = None, timeout: float = 300, reso
     return {"engine": name, "usable": False, "detail": last}
 
 
+@keywords_checked
 def check_engines(model: str | None = None, resolved=None) -> list[dict]:
     """:func:`check_engine` for every in-process engine, in the lab's order (the http engine
     needs a server: `lablib serve`); ``resolved``: the prepared ``model``, whose unsupported engines are

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from typing import NamedTuple
 
+from lablib.checks import keywords_checked
 from lablib.config import budget
 from lablib.engines import engine_class, load_engine
 from lablib.engines.base import GenerationConfig
@@ -206,6 +207,7 @@ def iter_measure(
         yield row
 
 
+@keywords_checked
 def side_by_side(
     model=None,
     *,
@@ -353,6 +355,7 @@ def run_plan(
 
 
 # --- context sweep ----------------------------------------------------------------------------
+@keywords_checked
 def context_sweep(
     model=None,
     *,
@@ -441,6 +444,7 @@ def context_sweep(
 
 
 # --- concurrency sweep --------------------------------------------------------------------------
+@keywords_checked
 def concurrency_sweep(
     model=None,
     *,

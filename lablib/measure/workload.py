@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from lablib.checks import chat_messages, whole
+from lablib.checks import chat_messages, keywords_checked, whole
 from lablib.config import data_dir
 from lablib.errors import LabError, shown
 from lablib.model.resolve import takes_model
@@ -54,6 +54,7 @@ def corpus_ids(model, corpus: str = "prose") -> tuple[int, ...]:
 
 
 @takes_model
+@keywords_checked
 def prompt_of_length(model, n: int, corpus: str = "prose", offset: int = 0) -> list[int]:
     """Exactly ``n`` token ids of real text, starting ``offset`` tokens into the corpus.
 
@@ -155,6 +156,7 @@ def has_chat_template(model) -> bool:
 
 
 @takes_model
+@keywords_checked
 def chat_ids(model, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
     """Chat messages rendered by the model's own (Hugging Face) chat template, as token ids. Raises
     LabError naming the model when it has no chat template (:func:`has_chat_template`), or naming the first
@@ -172,6 +174,7 @@ def chat_ids(model, messages: list[dict], add_generation_prompt: bool = True) ->
 
 
 @takes_model
+@keywords_checked
 def text_ids(model, text: str) -> list[int]:
     """Plain text as token ids with the lab tokenizer (special tokens in the text parsed), after the
     BOS token when the model asks for one before a text (its tokenizer's own rule, as llama.cpp's
@@ -219,6 +222,7 @@ def messages_ids(model, messages: list[dict], add_generation_prompt: bool = True
 
 
 @takes_model
+@keywords_checked
 def question_ids(model, messages: list[dict] | None = None, log=None) -> tuple[list[int], str]:
     """The lab's question (``messages``, default :data:`DEFAULT_MESSAGES`) as the model can take it
     (:func:`messages_ids`): rendered by its chat template, or raw text for a base model, said to ``log``."""

@@ -24,6 +24,7 @@ import os
 import shutil
 from pathlib import Path
 
+from lablib.checks import keywords_checked
 from lablib.errors import FormatError, LabError, first_line
 from lablib.staging import staged
 
@@ -707,6 +708,7 @@ def onnx_tensors(folder: str) -> tuple:
 
 
 # --- experiments ------------------------------------------------------------------
+@keywords_checked
 def folder_with_config(folder, config, out) -> Path:
     """A copy of model ``folder`` at ``out`` whose config.json is ``config`` (a dict or a
     path); weights are linked, not copied. For experiments such as "what does mlx-lm do

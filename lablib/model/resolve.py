@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from lablib.checks import keywords_checked
 from lablib.config import lab_home
 from lablib.errors import FormatError, LabError, first_line
 from lablib.model import derive
@@ -222,6 +223,7 @@ def _resolve_source(model: str | Path | None, log=print) -> tuple[str, Path]:
     )
 
 
+@keywords_checked
 def prepare(model: str | Path | None = None, formats=FORMATS, log=print) -> ResolvedModel:
     """Resolve ``model`` and derive the missing formats in ``formats``; cached.
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from lablib._version import __version__
+from lablib.checks import keywords_checked
 from lablib.errors import LabError, excerpt, first_line, json_kind, shown
 from lablib.machine.device_ceilings import measured_summary
 from lablib.machine.identity import hardware_info, load_average, machine_id, machine_key
@@ -501,6 +502,7 @@ def _jsonable(x):
     return str(x)
 
 
+@keywords_checked
 def load_results(*paths):
     """One pandas DataFrame from results files (.jsonl or .parquet), rows in file order.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from lablib.checks import keywords_checked
 from lablib.config import data_dir
 from lablib.errors import LabError
 
@@ -27,6 +28,7 @@ def unescape_probe(text: str) -> str:
     return "\n".join(ln.replace("\\n", "\n").replace("\\t", "\t") for ln in text.splitlines())
 
 
+@keywords_checked
 def load_case(name: str, root: Path | None = None):
     """One case: ``first_token_flip`` (a dict), ``rope_theta_v5`` (the Path of its config.json) or
     ``tokenizer_probe`` (a str). ``root``: another cases folder (the tests keep their own copy).

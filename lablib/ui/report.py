@@ -11,6 +11,7 @@ import html
 from pathlib import Path
 
 from lablib import plots
+from lablib.checks import keywords_checked
 from lablib.errors import LabError
 from lablib.plots.roofline import roofline as roofline_figure
 from lablib.results.store import writable_file
@@ -104,6 +105,7 @@ def _one(df, column):
     return float(values[0]) if len(values) == 1 else None
 
 
+@keywords_checked
 def report_html(df, path, title: str = "Inference Engine Lab results") -> Path:
     """Write every figure the data supports (see :func:`report_figures`; lab 05's rate sweep from its summary
     rows, :func:`rate_sweep_summaries`) and a table of the manifest basics into ONE self-contained HTML file

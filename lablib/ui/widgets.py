@@ -16,7 +16,7 @@ import threading
 import time
 
 from lablib import plots
-from lablib.checks import csv_text
+from lablib.checks import csv_text, keywords_checked
 from lablib.config import budget, quick_mode
 from lablib.engines import IN_PROCESS, NAMES as ENGINE_NAMES
 from lablib.errors import LabError
@@ -392,6 +392,7 @@ class SweepPanel(BackgroundRun):
         show_figure(fw, fig)
 
 
+@keywords_checked
 def sweep_panel(model=None, kind: str = "context", out: str | None = None) -> SweepPanel:
     """A sweep panel for ``model`` (None: the lab's default model), ``kind`` "context" or
     "concurrency", results appended to ``out`` (default results/<kind>-<time>.jsonl; "" keeps them
