@@ -48,7 +48,17 @@ def test_the_shipped_q4_1_is_multiplied_row_by_row_and_a_q4_0_is_re_laid(model, 
     if not _x86_avx2_repack(sysinfo):
         pytest.skip(f"expected values are x86 AVX2's; this CPU and build say {sysinfo!r}")
     assert flags["matmul_kernels"] == "Q4_1 row by row"
-    assert gk.matmul_kernels(gguf_tensors(path), log, sysinfo) == {"Q4_1": {"row by row": LAYER_MATRICES}}
+    matrices = gk.layer_matrices(path)  # the 2-D layer weights: no norms, no embeddings
+    assert len(matrices) == LAYER_MATRICES and {m[0].split(".")[2] for m in matrices} == {
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+    }
+    assert gk.matmul_kernels(matrices, log, sysinfo) == {"Q4_1": {"row by row": LAYER_MATRICES}}
     assert gk.repacked_tensors(log) == {}
 
     flags, log, sysinfo, path = _loaded(q4_0)
@@ -96,13 +106,48 @@ def test_tinyblas_types_follow_the_build_and_the_cpu():
     assert gk.tinyblas_types(arm.replace("DOTPROD = 1 | ", "")) == {"F32", "F16"}
 
 
-def test_a_type_split_over_paths_gives_each_its_count():
+def test_a_type_split_over_paths_gives_each_its_count_and_experts_never_take_tinyblas():
     log = "".join(f".repack: repack tensor blk.{i}.ffn_up.weight with q4_0_8x8\n" for i in range(3))
-    tensors = [(f"blk.{i}.ffn_up.weight", "Q4_0") for i in range(4)]
-    tensors += [("blk.0.attn_norm.weight", "F32"), ("token_embd.weight", "Q8_0"), ("blk.0.ffn_down.weight", "Q6_K")]
-    found = gk.matmul_kernels(tensors, log, "CPU : AVX = 1 | AVX2 = 1 | LLAMAFILE = 1 |")
+    matrices = [(f"blk.{i}.ffn_up.weight", "Q4_0") for i in range(4)] + [("blk.0.ffn_down.weight", "Q6_K")]
+    x86 = "CPU : AVX = 1 | AVX2 = 1 | LLAMAFILE = 1 |"
+    found = gk.matmul_kernels(matrices, log, x86)
     assert found == {"Q4_0": {"repacked q4_0_8x8": 3, "tinyBLAS": 1}, "Q6_K": {"row by row": 1}}
     assert gk.kernels_summary(found) == "Q4_0 repacked q4_0_8x8 3 + tinyBLAS 1, Q6_K row by row"
+    # a mixture of experts' weights go through ggml's mul_mat_id: one dot product per row, whatever the type
+    experts = [(f"blk.0.ffn_{w}_exps.weight", "Q8_0") for w in ("gate", "up", "down")] + [
+        ("blk.0.attn_q.weight", "Q8_0")
+    ]
+    assert gk.matmul_kernels(experts, "", x86) == {"Q8_0": {"row by row": 3, "tinyBLAS": 1}}
+
+
+def test_layer_matrices_leave_out_vectors_and_convolutions(tmp_path):
+    """Layer tensors named *.weight that no matrix product takes: norms of any name, scales, sinks (vectors) and
+    convolution kernels (2-D); a gguf file written with the gguf package's own writer."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    for name, shape in (
+        ("blk.0.attn_q.weight", (8, 16)),
+        ("blk.0.ffn_up_exps.weight", (4, 8, 16)),
+        ("blk.0.attn_norm_2.weight", (16,)),
+        ("blk.0.post_ffw_norm_1.weight", (16,)),
+        ("blk.0.attn_sinks.weight", (4,)),
+        ("blk.0.layer_output_scale.weight", (1,)),
+        ("blk.0.ssm_conv1d.weight", (32, 4)),
+        ("blk.0.shortconv.conv.weight", (16, 3)),
+        ("blk.0.attn_q.bias", (8,)),
+        ("token_embd.weight", (32, 16)),
+    ):
+        w.add_tensor(name, np.zeros(shape, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert [(n, t) for n, t, _ in gk.layer_matrices(tmp_path / "t.gguf")] == [
+        ("blk.0.attn_q.weight", "F32"),
+        ("blk.0.ffn_up_exps.weight", "F32"),
+    ]
 
 
 def test_lablib_quantize_prints_each_rungs_kernels(model, capsys):

@@ -212,9 +212,35 @@ def test_another_machines_rows_without_its_ceilings_are_not_held_to_this_machine
     assert "rows computed on another machine&#x27;s CPU (vm) carry no ceilings of it" in page
     # this machine's key with another machine's id (a VM cloned with its disk: one hostname, CPU and key) is not it
     assert not of_this_machine({"machine_key": machine_key(), "machine_id": "bbbbbb222222"})
+    # this machine's id under another key (a Mac renamed by its network, new CPU flags, another CPU quota) is it
+    if machine_id() is not None:
+        assert of_this_machine({"machine_key": "fffffffffffffff0", "machine_id": machine_id(), "hostname": "x"})
     # rows written before the key was recorded: by their hostname and CPU; rows that name nothing: this machine's
     hw = hardware_info()
     assert of_this_machine({"hostname": hw["hostname"], "cpu_model": hw["cpu_model"]})
     assert not of_this_machine({"hostname": "vm-x"})
     assert not of_this_machine({"hostname": hw["hostname"], "cpu_model": "AMD EPYC" + hw["cpu_model"]})
     assert of_this_machine({})
+
+
+def test_another_machines_rows_are_held_to_what_they_carry_or_to_their_own_gpus_published_peaks(model, monkeypatch):
+    """Found by a helper: (1) another machine whose torch ran no int8 product records bandwidth and float32 only; its
+    llama.cpp rows (int8) got no bound, where peak_flops takes float32's; (2) another machine's GPU row was held to
+    this machine's GPU, measured through torch (here a stand-in H100 for the measurement only)."""
+    import lablib.machine.device_ceilings as dc
+    from lablib.studies.roofline import add_bound_columns
+    from tests.test_plots import context_df
+
+    other = dict(hostname="bens-pc", machine_key="0123456789abcdef", machine_id="bbbbbb222222")
+    rows = context_df(engines=("llama.cpp",), lengths=(64,), reps=1).assign(model_sha256=model.sha256, **other)
+    own = add_bound_columns(
+        rows.assign(device="cpu", measured_bandwidth_gbps=50.0, measured_float32_gflops=500.0), model
+    )
+    assert own["bound_bytes_per_s"].tolist() == [50e9] and own["bound_flop_per_s"].tolist() == [500e9]
+    assert own.attrs["unbounded"] == []
+
+    h100 = {"name": "H100", "bytes_per_s": 3.0e12, "flop_per_s": {"float32": 5e13, "int8": 1.4e15}, "time": "now"}
+    monkeypatch.setattr(dc, "measure_device", lambda kind, *a, **k: h100)
+    gpu = add_bound_columns(rows.assign(device="cuda offload", accelerator="NVIDIA GeForce RTX 4090"), model)
+    assert gpu["bound_bytes_per_s"].tolist() == [dc.published_peaks_for("NVIDIA GeForce RTX 4090")["bytes_per_s"]]
+    assert gpu["bound_bytes_per_s"].tolist() == [1.008e12]  # the RTX 4090's, not this machine's H100

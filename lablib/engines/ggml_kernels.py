@@ -42,7 +42,11 @@ TINYBLAS = (
 )
 
 _REPACK_LINE = re.compile(r"repack tensor (\S+) with (\w+)")
-_NORM = re.compile(r"norm\.weight$")
+# 2-D layer weights that no matrix product takes: convolution kernels (Mamba's ssm_conv1d, LFM2's shortconv.conv)
+_NOT_MULTIPLIED = re.compile(r"conv")
+# a mixture of experts' weights (ffn_gate_exps, ffn_up_exps, ffn_down_exps): ggml_compute_forward_mul_mat_id takes
+# them one dot product per row, never through tinyBLAS (ggml-cpu.c); a re-laid expert tensor has its own kernel
+_EXPERTS = "_exps."
 
 
 def _flags(system_info: str) -> set[str]:
@@ -66,22 +70,36 @@ def repacked_tensors(load_log: str) -> dict[str, str]:
     return dict(_REPACK_LINE.findall(load_log))
 
 
-def matmul_kernels(tensors, load_log: str, system_info: str) -> dict[str, dict[str, int]]:
-    """{weight type: {path: tensors}} of the transformer layers' weight matrices (``blk.*.weight`` tensors,
-    their norms left out) of a GGUF llama.cpp loaded on the CPU. ``tensors``: (name, type, ...) of the
-    file's tensors (:func:`lablib.model.formats.gguf_tensors`); ``load_log``: what llama.cpp logged while
+def layer_matrices(path) -> list[tuple[str, str, tuple]]:
+    """(name, type, shape) of the layers' weight matrices of GGUF ``path``: its ``blk.*.weight`` tensors of two or
+    more dimensions whose first two exceed 1 (norms, scales and sinks are vectors), convolution kernels left out
+    (:data:`_NOT_MULTIPLIED`). Shapes as gguf reads them (ne0 first); read through the lab's one GGUF reader."""
+    from lablib.model.formats import open_gguf
+
+    reader, _ = open_gguf(path)
+    out = []
+    for t in reader.tensors:
+        shape = tuple(int(d) for d in t.shape)
+        if not (t.name.startswith("blk.") and t.name.endswith(".weight")) or _NOT_MULTIPLIED.search(t.name):
+            continue
+        if len(shape) >= 2 and shape[0] > 1 and shape[1] > 1:
+            out.append((t.name, t.tensor_type.name, shape))
+    return out
+
+
+def matmul_kernels(matrices, load_log: str, system_info: str) -> dict[str, dict[str, int]]:
+    """{weight type: {path: tensors}} of the layers' weight matrices of a GGUF llama.cpp loaded on the CPU.
+    ``matrices``: (name, type, ...) of them (:func:`layer_matrices`); ``load_log``: what llama.cpp logged while
     loading it; ``system_info``: its ``llama_print_system_info()``. A path is ``repacked <layout>``,
-    ``tinyBLAS`` or ``row by row`` (see the module's doc)."""
+    ``tinyBLAS`` or ``row by row`` (see the module's doc; a mixture of experts' weights never take tinyBLAS)."""
     repacked = repacked_tensors(load_log)
     tiny = tinyblas_types(system_info)
     out: dict[str, dict[str, int]] = {}
-    for name, kind, *_ in tensors:
-        if not (name.startswith("blk.") and name.endswith(".weight")) or _NORM.search(name):
-            continue
+    for name, kind, *_ in matrices:
         if name in repacked:
             path = f"{REPACKED} {repacked[name]}"
         else:
-            path = TINYBLAS_PATH if kind in tiny else ROW_BY_ROW
+            path = TINYBLAS_PATH if kind in tiny and _EXPERTS not in name else ROW_BY_ROW
         paths = out.setdefault(kind, {})
         paths[path] = paths.get(path, 0) + 1
     return out

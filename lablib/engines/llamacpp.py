@@ -417,6 +417,7 @@ class LlamaCppEngine(Engine):
             if self.adapter is not None and not self.adapter_merged:
                 self._attach_adapter(log)  # on the context the engine runs (after any reopen)
         self.load_log = log.text
+        self._kernels = None  # matmul_kernels(), read at the first info()
         # a merged adapter's GGUF: its largest tensors' type (F16, as llama-export-lora writes them), what info() says
         self._merged_type = None
         if self.adapter_merged:
@@ -601,12 +602,13 @@ class LlamaCppEngine(Engine):
         if self.device != "cpu":
             return None
         from lablib.engines import ggml_kernels
-        from lablib.model.formats import gguf_tensors
 
         if system_info is None:
             system_info = self._lib.llama_print_system_info().decode(errors="replace")
-        found = ggml_kernels.matmul_kernels(gguf_tensors(self._path), self.load_log, system_info)
-        return ggml_kernels.kernels_summary(found)
+        if self._kernels is None:  # the file's shapes are read once
+            found = ggml_kernels.matmul_kernels(ggml_kernels.layer_matrices(self._path), self.load_log, system_info)
+            self._kernels = ggml_kernels.kernels_summary(found) or None
+        return self._kernels
 
     def effective_config(self) -> dict:
         """The settings llama.cpp computes with, as it printed them while loading (:func:`read_load_log`: its

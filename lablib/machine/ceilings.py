@@ -64,13 +64,13 @@ def last_level_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> 
     for f in Path(root).glob("index*/size"):
         try:
             text = f.read_text().strip()
-        except OSError:
+        except (OSError, ValueError):  # unreadable, or not text
             continue
         unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
         digits = text[:-1] if unit != 1 else text
         if digits.isdigit():
             sizes.append(int(digits) * unit)
-    return max(sizes) if sizes else None
+    return max(sizes) if sizes and max(sizes) > 0 else None
 
 
 def stream_array_bytes() -> int:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from lablib.errors import LabError
 from lablib.machine.ceilings import machine, peak_flops
-from lablib.machine.device_ceilings import ceilings_for, device_kind
+from lablib.machine.device_ceilings import ceilings_for, device_kind, published_peaks_for
 from lablib.model.resolve import takes_model
 from lablib.model.shape import (
     PRESETS,
@@ -132,6 +132,11 @@ def compute_dtype(model, engine: str, weights: str | None = None) -> str:
     from lablib.engines import engine_class
 
     return engine_class(engine).compute_dtype(model, weights)
+
+
+def _number(value) -> bool:
+    """Whether a row's value is a number (not None, not NaN)."""
+    return value is not None and value == value
 
 
 def _given(value) -> str | None:
@@ -371,8 +376,13 @@ def add_bound_columns(df, model, machine_name=None, log=None):
         prof = profiles[key]
         dtype = prof["compute_dtype"]
         bw = row.get(MEASURED_BANDWIDTH) if machine_name is None else None
-        f = row.get(MEASURED_PEAKS[dtype]) if dtype in MEASURED_PEAKS else None
-        if bw is not None and bw == bw and f is not None and f == f:
+        # its own peak for the type, or float32's, which peak_flops falls back to (a machine whose torch ran no int8
+        # or bfloat16 product records none for them)
+        f = next(
+            (v for d in (dtype, "float32") if d in MEASURED_PEAKS for v in [row.get(MEASURED_PEAKS[d])] if _number(v)),
+            None,
+        )
+        if _number(bw) and f is not None:
             # every peak the row measured: peak_flops holds int8 to at least float32's
             peaks = {k: row.get(c) for k, c in MEASURED_PEAKS.items()}
             m = {
@@ -387,10 +397,12 @@ def add_bound_columns(df, model, machine_name=None, log=None):
             said = tuple(_given(row.get(c)) for c in ("machine_key", "machine_id", "hostname", "cpu_model"))
             if said not in ours:
                 ours[said] = of_this_machine(row)
-            if device_kind(where[0]) == "cpu" and not ours[said]:
+            if not ours[said] and device_kind(where[0]) == "cpu":
                 # another machine's CPU, which recorded no ceilings: this machine's would be a bound of nothing
                 elsewhere.add(_given(row.get("hostname")) or "a machine the row does not name")
                 m = None
+            elif not ours[said]:  # another machine's GPU: the published peaks of the one it names, never this one's
+                m = published_peaks_for(where[1])
             else:
                 if where not in devices:
                     devices[where] = ceilings_for(*where)
@@ -458,15 +470,19 @@ def add_bound_columns(df, model, machine_name=None, log=None):
 
 
 def of_this_machine(row) -> bool:
-    """Whether ``row`` was computed on this machine, as far as it says: its ``machine_key``
-    (:func:`lablib.machine.identity.machine_key`: hostname, CPU, the CPUs the process could use) and, where both
-    record one, its ``machine_id``; a row written before the lab recorded the key, by its hostname and CPU model
-    (``data/reference``'s EPYC rows say "vm", as this lab's Xeon VMs do); a row that names none of them, yes."""
+    """Whether ``row`` was computed on this machine, as far as it says: by its ``machine_id`` where it and this
+    machine have one (the operating system's id: a Mac renamed by its network, a kernel update that changes the CPU
+    flags or another CPU quota leave it as it is); else by its ``machine_key``
+    (:func:`lablib.machine.identity.machine_key`: hostname, CPU, the CPUs the process could use); a row written
+    before the lab recorded the key, by its hostname and CPU model (``data/reference``'s EPYC rows say "vm", as
+    this lab's Xeon VMs do); a row that names none of them, yes."""
     from lablib.machine.identity import hardware_info, machine_id, machine_key
 
     key, mid = _given(row.get("machine_key")), _given(row.get("machine_id"))
+    if mid is not None and machine_id() is not None:  # the OS's own id: it stays when the hostname or CPUs change
+        return mid == machine_id()
     if key is not None:
-        return key == machine_key() and (mid is None or machine_id() is None or mid == machine_id())
+        return key == machine_key()
     hw = hardware_info()
     return all(_given(row.get(c)) in (None, hw[c]) for c in ("hostname", "cpu_model"))
 
