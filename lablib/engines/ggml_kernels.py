@@ -50,8 +50,10 @@ _EXPERTS = "_exps."
 
 
 def _flags(system_info: str) -> set[str]:
-    """The features llama.cpp's system info reports on ('AVX = 1 | AVX2 = 1 | LLAMAFILE = 1 | ...')."""
-    return {name for name, on in re.findall(r"(\w+) = (\d+)", system_info) if on != "0"}
+    """The features llama.cpp's system info reports on (:func:`lablib.build.llama.system_info_flags`)."""
+    from lablib.build.llama import system_info_flags
+
+    return set(system_info_flags(system_info))
 
 
 def tinyblas_types(system_info: str) -> frozenset:

@@ -417,7 +417,6 @@ class LlamaCppEngine(Engine):
             if self.adapter is not None and not self.adapter_merged:
                 self._attach_adapter(log)  # on the context the engine runs (after any reopen)
         self.load_log = log.text
-        self._kernels = None  # matmul_kernels(), read at the first info()
         # a merged adapter's GGUF: its largest tensors' type (F16, as llama-export-lora writes them), what info() says
         self._merged_type = None
         if self.adapter_merged:
@@ -586,7 +585,7 @@ class LlamaCppEngine(Engine):
                 "sampling": DEFINITION,
                 "settings_off": list(self.SETTINGS_OFF),
                 "build": llama_build.describe(sysinfo, llama_build.build_report()),
-                "matmul_kernels": self.matmul_kernels(sysinfo),
+                "matmul_kernels": self.matmul_kernels,
                 **({"speculative": self._draft.describe()} if self._draft is not None else {}),
                 **self.adapter_flags(),
             },
@@ -595,20 +594,18 @@ class LlamaCppEngine(Engine):
     def _apply_threads(self, n: int) -> None:
         self._lib.llama_set_n_threads(self.ctx, n, n)
 
-    def matmul_kernels(self, system_info: str | None = None) -> str | None:
+    @functools.cached_property
+    def matmul_kernels(self) -> str | None:
         """The kernel prefill multiplies each type of the layers' weights with on the CPU, as one line
         (:func:`lablib.engines.ggml_kernels.matmul_kernels`: 'Q4_1 row by row', 'Q4_0 repacked q4_0_8x8');
-        None when the layers run on a GPU."""
+        None when the layers run on a GPU. Read once: the file, its load log and the library are the engine's."""
         if self.device != "cpu":
             return None
         from lablib.engines import ggml_kernels
 
-        if system_info is None:
-            system_info = self._lib.llama_print_system_info().decode(errors="replace")
-        if self._kernels is None:  # the file's shapes are read once
-            found = ggml_kernels.matmul_kernels(ggml_kernels.layer_matrices(self._path), self.load_log, system_info)
-            self._kernels = ggml_kernels.kernels_summary(found) or None
-        return self._kernels
+        system_info = self._lib.llama_print_system_info().decode(errors="replace")
+        found = ggml_kernels.matmul_kernels(ggml_kernels.layer_matrices(self._path), self.load_log, system_info)
+        return ggml_kernels.kernels_summary(found) or None
 
     def effective_config(self) -> dict:
         """The settings llama.cpp computes with, as it printed them while loading (:func:`read_load_log`: its

@@ -15,7 +15,7 @@ from lablib.checks import keywords_checked
 from lablib.errors import LabError
 from lablib.plots.roofline import roofline as roofline_figure
 from lablib.results.store import writable_file
-from lablib.results.tables import bound_table, machine_names, manifest_table, ok_rows, sweep_rows
+from lablib.results.tables import bound_table, facet_rows, manifest_table, ok_rows, sweep_rows
 from lablib.staging import staged
 from lablib.studies.roofline import add_bound_columns
 
@@ -54,10 +54,8 @@ def bounds_for_report(df):
 
 
 def _machines(rows):
-    """The machine of each row: a learner's rows beside a reference's carry it (``machine``); a room's are named
-    by :func:`lablib.results.tables.machine_names` (the hostname, and where machines share one, their file or id),
-    as ``facet_by="machine"`` names them (:func:`lablib.results.tables.facet_rows`)."""
-    return rows["machine"] if "machine" in rows.columns else machine_names(rows)
+    """The machine of each row, as ``facet_by="machine"`` draws it (:func:`lablib.results.tables.facet_rows`)."""
+    return facet_rows(rows, "machine", "report")["machine"]
 
 
 def report_figures(df) -> list:  # of plotly Figures

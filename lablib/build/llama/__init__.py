@@ -109,6 +109,7 @@ from lablib.build.llama.wheel import (  # noqa: F401
     install,
     machine_fingerprint,
     mark_failed,
+    system_info_flags,
     verified_build,
     wall_time,
     wheel_cache_dir,

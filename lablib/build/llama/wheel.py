@@ -285,14 +285,21 @@ def build_report() -> dict | None:
 _BUILD_FEATURES = frozenset({"LLAMAFILE", "OPENMP", "REPACK", "KLEIDIAI", "ACCELERATE", "MATMUL_INT8"})
 
 
+def system_info_flags(system_info: str) -> list[str]:
+    """The names llama.cpp's ``llama_print_system_info()`` reports on, in its order ("CPU : SSE3 = 1 | AVX = 1 |
+    ... | LLAMAFILE = 1 | REPACK = 1 |" -> ["SSE3", "AVX", ..., "LLAMAFILE", "REPACK"]): the CPU's extensions the
+    library uses and its build features (:data:`_BUILD_FEATURES`)."""
+    import re
+
+    cpu = system_info.split("CPU :", 1)[-1]
+    return [name for name, flag in re.findall(r"([A-Z][A-Z0-9_]+) = (\d)", cpu) if flag == "1"]
+
+
 def describe(system_info: str, report: dict | None = None) -> str:
     """One line for ``lablib doctor``: the CPU extensions the loaded library uses (from its own
     ``llama_print_system_info``), and the families the build switched off, and why (``report``:
     :func:`build_report`)."""
-    import re
-
-    cpu = system_info.split("CPU :", 1)[-1]
-    on = [name for name, flag in re.findall(r"([A-Z][A-Z0-9_]+) = (\d)", cpu) if flag == "1"]
+    on = system_info_flags(system_info)
     features = [n for n in on if n in _BUILD_FEATURES]
     used = [n for n in on if n not in _BUILD_FEATURES]
     line = "uses " + (" ".join(used) or "no SIMD extension") + (f" (with {' '.join(features)})" if features else "")
