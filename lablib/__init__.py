@@ -40,6 +40,7 @@ _LAZY = {
     "run_table": ("lablib.results.tables", "run_table"),
     "sweep_panel": ("lablib.ui.widgets", "sweep_panel"),
     "compare": ("lablib.studies.compare", None),  # the module: lablib.compare.compare(...), .TokenizerView
+    "batch_invariance": ("lablib.studies.batch_invariance", "batch_invariance"),
     "check_engines": ("lablib.engines.doctor", "check_engines"),
     "hardware_info": ("lablib.machine.identity", "hardware_info"),
     "load_case": ("lablib.studies.cases", "load_case"),

@@ -20,7 +20,7 @@ the server's log must show no save (checkpoints go to a tmp folder too). Everyth
 limit, per notebook and for the module (a watchdog stops the server 30 s past it): 9.5 minutes for
 labs 01 and 02 and the server's start, 6 more for lab 05, which starts two vLLM servers (1-2 minutes
 together on a quiet machine) and measures them, 9 for lab 09, 7 for lab 10, 8 for lab 03 (its first run builds
-llama-batched-bench), 5 each for labs 04 and 07 and 7 each for labs 06 and 08 (each about 2-3 times what it took on
+llama-batched-bench), 6 for lab 04, 5 for lab 07 and 7 each for labs 06 and 08 (each about 2-3 times what it took on
 a busy 2-core machine): about an hour in all.
 """
 
@@ -83,8 +83,8 @@ NB11_S = 600  # lab 11: three engines without and with a rank-8 adapter (unmerge
 # four: 94 s alone on a quiet 2-core machine, 342 s (with rank 64 too) beside the other worker in a fresh clone's make test
 NB03_S = 480  # lab 03: every engine serial and batched, 2.5 minutes on a busy 2-core machine; and llama-batched-bench
 # built on first use (minutes: it waits for any other tool build of llama.cpp's tree, lablib.build.llama.tools)
-NB04_S = 300  # lab 04: llama.cpp and a misread MLX folder against transformers in float32, then a second model
-# (Gemma 3 270M) through three engines: about 2 minutes
+NB04_S = 360  # lab 04: llama.cpp and a misread MLX folder against transformers in float32, a second model (Gemma 3
+# 270M) through three engines, then eight questions alone and in batches of 1-8 on llama.cpp: about 2.5 minutes
 NB06_S = 420  # lab 06: five quantized rungs measured, transformers and mlx scored against the reference: 2-2.5 minutes
 NB07_S = 300  # lab 07: the machine's ceilings, a context sweep of every engine, a short concurrency run: about 1 minute
 NB08_S = 420  # lab 08: every engine with and without reuse, then a chat: 1-2.5 minutes on a busy 2-core machine
@@ -942,7 +942,8 @@ def test_notebook_03_runs_in_the_browser(browser, lab_server):
 
 
 # lab 04's figures (lablib.plots.compare): llama.cpp's KL per prompt position on a log axis; the reference's and
-# llama.cpp's top tokens where the greedy texts part, at generated position 0: "The" and "L", the near-tie
+# llama.cpp's top tokens where the greedy texts part, at generated position 0: "The" and "L", the near-tie; the eight
+# questions by batch size (lablib.plots.batch_invariance), a square each (which ones part is the CPU's)
 NB04_FIGURES = (
     Drawn("Next-token KL divergence, reference vs llama.cpp", traces=("KL, llama.cpp",), log_axes=("yaxis",)),
     Drawn(
@@ -950,6 +951,11 @@ NB04_FIGURES = (
         traces=("transformers", "llama.cpp"),
         texts=("'The'", "'L'"),
         check=lambda f: None if "at generated position 0" in f["title"] else f"not at position 0: {f['title']!r}",
+    ),
+    Drawn(
+        "Greedy ids beside other prompts vs alone",
+        traces=("same ids as alone",),  # and "parts from alone" where this CPU parts any
+        texts=("What is the capital of France?", "Describe a cat."),
     ),
 )
 

@@ -6,7 +6,8 @@
 - :mod:`lablib.plots.context`, ``.concurrency``: labs 02, 03 (the context sweep; the concurrency sweep and a
   run's request timeline);
 - :mod:`lablib.plots.anchors`: lab 03 (the lab beside llama.cpp's own benchmarks);
-- :mod:`lablib.plots.compare`: lab 04 (KL per position, top-k at the divergence);
+- :mod:`lablib.plots.compare`, ``.batch_invariance``: lab 04 (KL per position, top-k at the divergence; where a
+  prompt's greedy text changed with what shared its batch);
 - :mod:`lablib.plots.serving`: lab 05, ``lablib bench`` (servers under a rate sweep; a load run seen by the
   client and by the server);
 - :mod:`lablib.plots.quant`, ``.roofline``, ``.prefix``: labs 06, 07, 08;
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from lablib.plots.adapters import adapter_cost_bars, multi_lora_lines
 from lablib.plots.anchors import anchor_bars
+from lablib.plots.batch_invariance import parting_map
 from lablib.plots.compare import kl_per_position, topk_at_divergence
 from lablib.plots.concurrency import concurrency_lines, timeline
 from lablib.plots.context import context_bars, context_lines
@@ -76,6 +78,7 @@ __all__ = [
     "knee_plot",
     "mode_dash",
     "multi_lora_lines",
+    "parting_map",
     "prefill_decode_bars",
     "rate_sweep",
     "reuse_bars",

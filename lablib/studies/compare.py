@@ -322,7 +322,7 @@ def check_logits(engines: dict, reference: str, ids: list[int], k: int = TOP_K, 
 
 
 # --- 5. generation --------------------------------------------------------------------------------
-def _topk_next(engine, ids: list[int], k: int) -> dict | None:
+def topk_next(engine, ids: list[int], k: int) -> dict | None:
     """``engine``'s top-k next tokens after ``ids``: {"ids", "logp" (nats), "pieces"}; None when
     the engine exposes no logits."""
     import numpy as np
@@ -358,7 +358,7 @@ def check_generation(engines: dict, reference: str, ids: list[int], max_new_toke
         row = {"engine": name, "text": engines[name].detokenize(out), "first_divergence": pos, "ids": out}
         if pos is not None:
             context = list(ids) + list(ref_out[:pos])
-            ref_top = _topk_next(engines[reference], context, max(k, 2))
+            ref_top = topk_next(engines[reference], context, max(k, 2))
             lp = ref_top["logp"]
             row.update(
                 reference_top2=ref_top["ids"][:2],
@@ -369,7 +369,7 @@ def check_generation(engines: dict, reference: str, ids: list[int], max_new_toke
             topk[name] = {
                 "position": pos,
                 reference: {key: v[:k] for key, v in ref_top.items()},
-                name: _topk_next(engines[name], context, k),
+                name: topk_next(engines[name], context, k),
             }
             bad.append(name)
         rows.append(row)

@@ -1,0 +1,236 @@
+"""The same prompt, another answer under load: is greedy decoding batch-invariant? (lab 04, worked example 5)
+
+A server answers the same prompt at temperature 0 with one text when it is idle and another when it is busy.
+The model did not change: the *batch* did. An engine that serves several sequences in one step multiplies
+matrices of another shape, splits a prompt's prefill in other pieces and may take another kernel for them
+(llama.cpp hands a product of two or more rows to tinyBLAS, one row to ``ggml_vec_dot``: sgemm.cpp, "only
+enable sgemm for prompt processing"). Each sums in another order; floating-point sums in another order
+round differently; where the model's top two tokens were nearly tied, the argmax flips and the rest of the
+text follows the other branch. He et al. (Thinking Machines, "Defeating Nondeterminism in LLM Inference",
+2025) found 80 distinct completions in 1,000 greedy runs of one prompt on vLLM for this reason.
+
+:func:`batch_invariance` measures it on one engine, in process, with the engine's own continuous batching
+(:mod:`lablib.measure.closed_loop`, mode ``batched``):
+
+1. each prompt alone (``engine.generate``), twice: is the engine deterministic at all? (A difference here
+   is a fault of its own, or a cache reused behind the lab's back, not batching.)
+2. the same prompts as ``C`` clients of a closed loop for each ``C`` in ``concurrency``: C = 1 goes through
+   the batched code path with no neighbour; C > 1 shares every step with C - 1 other prompts;
+3. for each prompt and ``C``: the first generated position where the ids differ from the prompt's
+   run alone, and the engine's own top-2 margin there (nats, from its logits of the prompt plus the
+   tokens before that position, run alone): below :data:`lablib.studies.compare.NEAR_TIE_NATS` the flip
+   is a near-tie, arithmetic deciding between two almost equally likely tokens.
+
+The prompts are token ids, tokenized once (default: :data:`QUESTIONS`, each rendered by the model's chat
+template), so every run gets the same ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lablib.checks import keywords_checked, positive_ints, whole
+from lablib.engines import engine_class, load_engine
+from lablib.engines.base import Engine, GenerationConfig, token_ids
+from lablib.errors import LabError, shown
+from lablib.measure.closed_loop import run_closed_loop
+from lablib.measure.workload import messages_ids
+from lablib.model.resolve import resolve
+from lablib.studies.compare import NEAR_TIE_NATS, first_difference, topk_next
+
+# eight short chat questions of different lengths and topics (the default prompts)
+QUESTIONS = (
+    "Tell me a story about a dragon who learns to cook.",
+    "What is the capital of France?",
+    "Explain why the sky is blue.",
+    "Write a poem about the sea.",
+    "List three uses of copper.",
+    "How do airplanes fly?",
+    "Describe a cat.",
+    "What is 17 times 23?",
+)
+CONCURRENCY = (1, 2, 4, 8)  # clients of the closed loop: 1 (the batched path alone) to 8
+
+
+@dataclass
+class BatchInvariance:
+    """What :func:`batch_invariance` measured on one engine.
+
+    ``table``: one row per (``concurrency``, ``prompt``): ``question`` (its text, or None for ids given),
+    ``first_divergence`` (first generated position whose id differs from the prompt's run alone; <NA> when
+    all ``max_new_tokens`` agree), ``same_tokens`` (ids equal before it), ``alone_token`` /
+    ``batched_token`` (the two tokens there, as text), ``margin`` (the engine's top-2 log-probability
+    margin there, alone, nats) and ``near_tie`` (margin below :data:`NEAR_TIE_NATS`). ``repeat_parted``:
+    prompts whose two runs alone differed (empty: the engine repeats itself). ``alone``: each prompt's
+    ids alone; ``batched``: {concurrency: ids per prompt}.
+    """
+
+    engine: str
+    max_new_tokens: int
+    table: object  # pandas DataFrame
+    repeat_parted: list = field(default_factory=list)
+    alone: list = field(default_factory=list)
+    batched: dict = field(default_factory=dict)
+    verdict: str = ""
+
+    def summary(self):
+        """Per concurrency: ``prompts``, ``parted`` (prompts whose text changed), ``earliest`` (the
+        first position any changed, <NA> if none), ``near_ties`` (of the parted, how many at a near-tie)
+        and ``same_share`` (generated ids equal before the first difference, over all prompts)."""
+        import pandas as pd
+
+        rows = []
+        for c, g in self.table.groupby("concurrency", sort=True):
+            parted = g[g["first_divergence"].notna()]
+            rows.append(
+                {
+                    "concurrency": int(c),
+                    "prompts": len(g),
+                    "parted": len(parted),
+                    "earliest": parted["first_divergence"].min() if len(parted) else pd.NA,
+                    "near_ties": int(parted["near_tie"].astype(bool).sum()),
+                    "same_share": float(g["same_tokens"].sum() / (len(g) * self.max_new_tokens)),
+                }
+            )
+        out = pd.DataFrame(rows)
+        out["earliest"] = out["earliest"].astype("Int64")
+        return out
+
+
+def _prompts(model, prompts) -> tuple[list[list[int]], list]:
+    """(token ids per prompt, question text per prompt or None): ``prompts`` as texts (chat questions,
+    rendered once by the model's template) or token-id lists; None: :data:`QUESTIONS`."""
+    if prompts is None:
+        prompts = QUESTIONS
+    if isinstance(prompts, str) or not hasattr(prompts, "__iter__"):
+        raise LabError(f"prompts={shown(prompts)}: expected a list of questions (texts) or of token-id lists")
+    prompts = list(prompts)
+    if not prompts:
+        raise LabError("prompts is empty: expected at least one question or token-id list")
+    ids, texts = [], []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            if not p.strip():
+                raise LabError(f"prompts[{i}] is empty text: expected a question")
+            ids.append(messages_ids(model, [{"role": "user", "content": p}])[0])
+            texts.append(p)
+        else:
+            ids.append(token_ids(p))
+            texts.append(None)
+    return ids, texts
+
+
+def parted_row(engine, prompt: list[int], alone: list[int], batched: list[int]) -> dict:
+    """Where ``batched`` (the prompt's ids in a batch) parts from ``alone``: ``first_divergence`` (None:
+    the same ids), ``same_tokens``, the two tokens there as text, and the engine's top-2 ``margin`` (nats)
+    after the prompt and the ids before that position, computed alone (None for an engine without logits)."""
+    pos = first_difference(alone, batched)
+    row = {
+        "first_divergence": pos,
+        "same_tokens": len(alone) if pos is None else pos,
+        "alone_token": None,
+        "batched_token": None,
+        "margin": None,
+        "near_tie": None,
+    }
+    if pos is None:
+        return row
+    row["alone_token"] = engine.detokenize(alone[pos : pos + 1]) if pos < len(alone) else "(ended)"
+    row["batched_token"] = engine.detokenize(batched[pos : pos + 1]) if pos < len(batched) else "(ended)"
+    top = topk_next(engine, list(prompt) + list(alone[:pos]), 2)
+    if top is not None:
+        row["margin"] = float(top["logp"][0] - top["logp"][1])
+        row["near_tie"] = row["margin"] < NEAR_TIE_NATS
+    return row
+
+
+def _verdict(name: str, summary, repeat_parted: list, n: int, max_new_tokens: int) -> str:
+    if repeat_parted:
+        return (
+            f"{name} is not deterministic even alone: prompt(s) {repeat_parted} gave other ids on a second run "
+            "with nothing beside them; that is the engine (or a cache reused between runs), not batching"
+        )
+    parted = summary[summary["parted"] > 0]
+    if parted.empty:
+        return (
+            f"{name} gave every prompt the same {max_new_tokens} ids alone and in batches of "
+            f"{', '.join(str(c) for c in summary['concurrency'])}: no text changed on these prompts (ids compared; "
+            "a change of rounding shows only where the model was nearly tied)"
+        )
+    first = parted.iloc[0]
+    ties = int(parted["near_ties"].sum())
+    total = int(parted["parted"].sum())
+    return (
+        f"{name} repeats itself alone, but its text changes with what shares the batch: first at "
+        f"{int(first['concurrency'])} concurrent sequences ({int(first['parted'])} of {n} prompts), "
+        f"{total} changed texts in all, {ties} of them at a near-tie (top-2 margin below {NEAR_TIE_NATS} nats)"
+    )
+
+
+@keywords_checked
+def batch_invariance(
+    model=None,
+    engine="llama.cpp",
+    concurrency=CONCURRENCY,
+    max_new_tokens: int = 32,
+    prompts=None,
+    load: dict | None = None,
+) -> BatchInvariance:
+    """Each prompt greedy alone (twice), then in the engine's continuous batching beside 0..C-1 others;
+    where its ids part, and the engine's top-2 margin there. Returns a :class:`BatchInvariance`.
+
+    ``engine``: a name (loaded here, with one KV sequence per client: ``Engine.default_load_kwargs``; ``load``:
+    more keywords for :func:`lablib.load_engine`, such as ``{"threads": 1}``) or an engine already loaded
+    (llama.cpp loaded with ``n_seq_max`` of at least max(``concurrency``)). ``concurrency``: clients of each closed loop (a list,
+    or "1,4,8"). ``prompts``: questions (texts, rendered by the model's chat template) or token-id lists;
+    default :data:`QUESTIONS`. Greedy, ``ignore_eos``: every run makes exactly ``max_new_tokens``.
+    LabError for an engine without batched mode, before any prompt runs.
+    """
+    levels = sorted(set(positive_ints(concurrency, "concurrency")))
+    max_new_tokens = whole(max_new_tokens, "max_new_tokens", "a whole number of tokens, at least 1")
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens)
+    if load is not None and not isinstance(load, dict):
+        raise LabError(f"load={shown(load)}: expected a dict of load keywords, such as {{'threads': 1}}")
+    own = not isinstance(engine, Engine)
+    if own:
+        rm = resolve(model)
+        cls = engine_class(engine)
+        if cls.batch_session is Engine.batch_session:
+            raise LabError(
+                f"{cls.name} has no continuous batching in the lab (batch_session): batch invariance is measured "
+                "on an engine that serves several sequences in one step, such as llama.cpp, transformers or mlx"
+            )
+        eng = load_engine(cls.name, rm, **{**cls.default_load_kwargs(rm, max(levels)), **(load or {})})
+    else:
+        if load:
+            raise LabError(f"load={shown(load)} with an engine already loaded: load the engine with them instead")
+        eng = engine
+        eng.check_open()
+        rm = resolve(model) if model is not None else eng.model
+    try:
+        ids, texts = _prompts(rm, prompts)
+        for p in ids:
+            eng.check_context(len(p), max_new_tokens)
+        # one closed loop's batch session first: an engine without batched mode, or loaded with too few
+        # KV sequences, is refused before the prompts run alone
+        eng.batch_session(cfg, max(levels), max(len(p) for p in ids) + max_new_tokens).close()
+        alone = [eng.generate(p, cfg).token_ids for p in ids]
+        again = [eng.generate(p, cfg).token_ids for p in ids]
+        repeat_parted = [i for i, (a, b) in enumerate(zip(alone, again)) if a != b]
+        batched, rows = {}, []
+        for c in levels:
+            run = run_closed_loop(eng, ids, c, "batched", cfg)
+            got = [t.token_ids for t in sorted(run.traces, key=lambda t: t.request_index)]
+            batched[c] = got
+            for i, (p, a, b) in enumerate(zip(ids, alone, got)):
+                rows.append({"concurrency": c, "prompt": i, "question": texts[i], **parted_row(eng, p, a, b)})
+    finally:
+        if own:
+            eng.close()
+    import pandas as pd
+
+    table = pd.DataFrame(rows)
+    table["first_divergence"] = table["first_divergence"].astype("Int64")
+    result = BatchInvariance(eng.name, max_new_tokens, table, repeat_parted, alone, batched)
+    result.verdict = _verdict(eng.name, result.summary(), repeat_parted, len(ids), max_new_tokens)
+    return result

@@ -1,0 +1,98 @@
+"""Lab 04's batch invariance (lablib.studies.batch_invariance) on the real llama.cpp engine and the shipped model:
+each prompt alone twice, then through the engine's continuous batching; where its ids part, and the engine's own
+top-2 margin there. Which prompts part depends on the CPU's kernels, so the tests hold what must be true on any
+machine: alone repeats itself, the batched path with no neighbour gives the ids alone, and every row of the table
+says what the ids say."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import lablib
+from lablib import plots
+from lablib.engines.base import GenerationConfig
+from lablib.errors import LabError
+from lablib.studies.batch_invariance import QUESTIONS, batch_invariance, parted_row
+from lablib.studies.compare import NEAR_TIE_NATS
+
+
+@pytest.fixture(scope="module")
+def result(model):
+    return batch_invariance(model, "llama.cpp", concurrency="1,4", max_new_tokens=8, prompts=QUESTIONS[2:6])
+
+
+def test_alone_repeats_and_the_batched_path_alone_gives_the_same_ids(result):
+    assert result.engine == "llama.cpp"
+    assert result.repeat_parted == []  # llama.cpp on the CPU is deterministic with nothing beside a prompt
+    assert all(len(ids) == 8 for ids in result.alone)
+    assert result.batched[1] == result.alone  # one sequence through llama_decode's batch: the same ids
+    alone_rows = result.table[result.table["concurrency"] == 1]
+    assert alone_rows["first_divergence"].isna().all()
+    assert (alone_rows["same_tokens"] == 8).all()
+
+
+def test_every_row_says_what_the_ids_say(result):
+    t = result.table
+    assert list(t["concurrency"].unique()) == [1, 4] and len(t) == 8
+    assert list(t["question"][:4]) == list(QUESTIONS[2:6])
+    for r in t.itertuples():
+        a, b = result.alone[r.prompt], result.batched[r.concurrency][r.prompt]
+        if pd.isna(r.first_divergence):
+            assert a == b and r.same_tokens == 8 and r.margin is None
+        else:
+            pos = int(r.first_divergence)
+            assert a[:pos] == b[:pos] and a[pos] != b[pos] and r.same_tokens == pos
+            assert r.margin >= 0 and r.near_tie == (r.margin < NEAR_TIE_NATS)
+    s = result.summary().set_index("concurrency")
+    for c, g in t.groupby("concurrency"):
+        assert s.loc[c, "parted"] == g["first_divergence"].notna().sum()
+        assert s.loc[c, "same_share"] == pytest.approx(g["same_tokens"].sum() / (len(g) * 8))
+    assert result.verdict.startswith("llama.cpp ")
+
+
+def test_a_parted_row_carries_both_tokens_and_the_engines_own_margin(llama, model):
+    prompt = lablib.question_ids(model)[0]
+    alone = [int(t) for t in llama.generate(prompt, GenerationConfig(max_new_tokens=6)).token_ids]
+    batched = alone[:3] + [alone[3] + 1] + alone[4:]
+    row = parted_row(llama, prompt, alone, batched)
+    assert row["first_divergence"] == 3 and row["same_tokens"] == 3
+    assert row["alone_token"] == llama.detokenize([alone[3]])
+    assert row["batched_token"] == llama.detokenize([alone[3] + 1])
+    last = np.asarray(llama.logits(prompt + alone[:3]))[-1].astype(np.float64)
+    logp = np.sort(last - np.log(np.exp(last - last.max()).sum()) - last.max())[::-1]
+    assert row["margin"] == pytest.approx(logp[0] - logp[1], abs=1e-4)
+    assert parted_row(llama, prompt, alone, list(alone))["first_divergence"] is None
+
+
+def test_the_map_draws_one_square_per_prompt_and_concurrency(result):
+    fig = plots.parting_map(result)
+    same, parted = fig.data
+    assert (same.name, parted.name) == ("same ids as alone", "parts from alone")
+    cells = {name: set(zip(tr.x, tr.y)) for name, tr in (("same", same), ("parted", parted))}
+    t = result.table
+    expected = {"same": set(), "parted": set()}
+    for r in t.itertuples():
+        expected["parted" if not pd.isna(r.first_divergence) else "same"].add((str(r.concurrency), r.question))
+    assert cells == expected and len(cells["same"]) + len(cells["parted"]) == 8
+    for x, y, text in zip(parted.x, parted.y, parted.text):
+        r = t[(t["concurrency"] == int(x)) & (t["question"] == y)].iloc[0]
+        assert text == f"token {int(r.first_divergence)}, {r.margin:.2f} nats"
+    assert set(same.text) <= {""}
+    assert list(fig.layout.xaxis.categoryarray) == ["1", "4"]
+    with pytest.raises(LabError, match="batch_invariance"):
+        plots.parting_map(pd.DataFrame({"engine": ["x"]}))
+
+
+def test_refusals_before_any_prompt_runs(llama, model):
+    with pytest.raises(LabError, match="no continuous batching"):
+        batch_invariance(model, "ortgenai")
+    with pytest.raises(LabError, match="concurrency"):
+        batch_invariance(model, llama, concurrency=0)
+    with pytest.raises(LabError, match="prompts="):
+        batch_invariance(model, llama, prompts="What is a cat?")
+    with pytest.raises(LabError, match="n_seq_max"):  # loaded for one sequence: said before the prompts run
+        batch_invariance(model, llama, concurrency=(1, 2))
+    with pytest.raises(LabError, match="did you mean"):
+        lablib.batch_invariance(model, llama, concurrencies=(1, 2))
+    with pytest.raises(LabError, match="dict of load keywords"):
+        batch_invariance(model, "llama.cpp", load=4)
