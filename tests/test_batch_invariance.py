@@ -94,5 +94,7 @@ def test_refusals_before_any_prompt_runs(llama, model):
         batch_invariance(model, llama, concurrency=(1, 2))
     with pytest.raises(LabError, match="did you mean"):
         lablib.batch_invariance(model, llama, concurrencies=(1, 2))
+    with pytest.raises(LabError, match=r"flash_attn='on': expected True"):
+        lablib.load_engine("llama.cpp", model, flash_attn="on")
     with pytest.raises(LabError, match="dict of load keywords"):
         batch_invariance(model, "llama.cpp", load=4)

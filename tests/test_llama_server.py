@@ -7,6 +7,7 @@ use: minutes); a build failure fails these tests.
 
 import pytest
 
+import lablib
 from lablib.engines.base import GenerationConfig
 from lablib.engines.servers import start_server
 from lablib.measure.load import run_load
@@ -23,8 +24,19 @@ def llama_server(model):
     srv.stop()
 
 
+@pytest.fixture(scope="module")
+def llama_fa(model):
+    """The in-process engine with llama-server's attention kernel: flash attention, which llama-server turns on for
+    the CPU ("auto") and llama-cpp-python leaves off; one thread, as the server."""
+    from lablib.engines import load_engine
+
+    e = load_engine("llama.cpp", model, flash_attn=True, threads=1)
+    yield e
+    e.close()
+
+
 @pytest.mark.parametrize("api", ["native", "completions"])
-def test_greedy_ids_equal_the_in_process_engine(llama_server, model, llama, api):
+def test_greedy_ids_equal_the_in_process_engine(llama_server, model, llama_fa, api):
     ids = prompt_of_length(model, 24)
     cfg = GenerationConfig(max_new_tokens=6)
     e = llama_server.engine(model, api=api)
@@ -32,12 +44,48 @@ def test_greedy_ids_equal_the_in_process_engine(llama_server, model, llama, api)
         t = e.generate(ids, cfg)
     finally:
         e.close()
-    ref = llama.generate(ids, cfg)
+    ref = llama_fa.generate(ids, cfg)
+    assert llama_fa.info().flags["flash_attn"] == "on"
     assert t.token_ids == ref.token_ids  # ids exact: per chunk from `tokens` (native, or `__verbose`)
     assert t.count_method == "token_ids"  # no logprobs asked: they cost the server a softmax per token
     assert t.usage_completion_tokens == 6 and t.usage_prompt_tokens == 24 and t.cached_tokens == 0
     assert t.server_prompt_s > 0 and t.server_decode_tps > 0 and t.http_overhead_s is not None
     assert t.ttft_s > 0 and decode_timed(t) and t.output_count_ok
+
+
+def test_the_same_attention_kernel_gives_llama_servers_texts(llama_server, model, llama_fa):
+    """Lab 04, worked example 5: in process with flash attention, each of the eight questions' 24 greedy ids equal
+    llama-server's, request by request; the same library on the same file computes the same numbers only with the
+    same kernels (with it off, llama-cpp-python's default, 7 of the 8 parted within 32 tokens on the lab's Xeon)."""
+    from lablib.studies.batch_invariance import QUESTIONS
+
+    cfg = GenerationConfig(max_new_tokens=24)
+    e = llama_server.engine(model)
+    try:
+        for q in QUESTIONS:
+            ids = lablib.chat_ids(model, [{"role": "user", "content": q}])
+            assert e.generate(ids, cfg).token_ids == llama_fa.generate(ids, cfg).token_ids, q
+    finally:
+        e.close()
+
+
+def test_batch_invariance_of_a_server_through_its_own_slots(llama_server, model, llama_fa):
+    """lablib.batch_invariance on a server: each question alone twice, then as 1 and 2 clients of a closed loop the
+    server batches in its 2 slots; its ids come from the server's own tokens, the verdict names the server."""
+    from lablib.studies.batch_invariance import QUESTIONS, batch_invariance
+
+    e = llama_server.engine(model)
+    try:
+        r = batch_invariance(model, e, concurrency="1,2", max_new_tokens=8, prompts=QUESTIONS[:4], margins=llama_fa)
+    finally:
+        e.close()
+    assert r.engine == "llama-server" and r.verdict.startswith("llama-server ")
+    assert r.repeat_parted == [] and r.batched[1] == r.alone and len(r.table) == 8
+    cfg = GenerationConfig(max_new_tokens=8)  # the server's ids alone: the in-process engine's with its kernel
+    assert r.alone == [
+        llama_fa.generate(lablib.chat_ids(model, [{"role": "user", "content": q}]), cfg).token_ids
+        for q in QUESTIONS[:4]
+    ]
 
 
 def test_two_slots_serve_two_requests_together(llama_server, model):
@@ -52,6 +100,11 @@ def test_two_slots_serve_two_requests_together(llama_server, model):
     from lablib.machine.identity import hardware_info
 
     assert {r["device"] for r in rows} == {"cpu"} and llama_server.settings["device_source"] == "its log (llama.cpp)"
+    # its attention kernel, as its log says (-fa auto: on for the CPU), and so its in-process twin's (lab 05)
+    from lablib.studies.serving import twin_load
+
+    assert llama_server.settings["flash_attn"] is True
+    assert twin_load(llama_server, "llama.cpp", 40) == {"n_ctx": 2048, "threads": 1, "flash_attn": True}
     assert {r["server_device"] for r in rows} == {f"{hardware_info()['cpu_model']}, 1 thread"}
     a, b = sorted(rows, key=lambda r: r["t_first_token"])
     assert b["t_first_token"] < a["t_last_token"]  # the second started before the first ended

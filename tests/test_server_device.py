@@ -3,7 +3,7 @@ source (common/common.cpp ``common_params_print_info``: ``"  - %-8s: %s (%zu MiB
 src/llama-model.cpp ``load_tensors``: ``"%12s model buffer size = %8.2f MiB"`` and ``"offloaded %d/%d
 layers to GPU"``). The CPU case is also checked on real servers (test_llama_server, test_servers)."""
 
-from lablib.engines.servers.device import llama_log_device, server_device
+from lablib.engines.servers.device import llama_log_device, llama_log_flash_attn, server_device
 from lablib.machine.identity import hardware_info
 
 # the lines a CUDA llama-server prints at -lv 4 (the format strings above, values of an H200 machine)
@@ -52,3 +52,21 @@ def test_servers_the_lab_starts_on_the_cpu_here():
     }
     assert server_device("vllm", {"threads": 1})["device_name"] == f"{cpu}, 1 thread"  # the CPU build: no build key
     assert server_device("vllm", {"threads": 2, "build": "cpu"})["device"] == "cpu"
+
+
+# what llama-server (-fa auto, its default) and llama-cpp-python's server (flash_attn=False, its default) logged
+# here, and llama.cpp's line for a device without the fused kernel (src/llama-context.cpp, resolve_fused_ops)
+LLAMA_SERVER_FA = """\
+0.00.156.054 I llama_context: flash_attn            = auto
+0.00.176.789 I resolve_fused_ops: Flash Attention enabled
+"""
+LLAMA_CPP_PYTHON_FA = "llama_context: flash_attn            = disabled\n"
+
+
+def test_a_llama_servers_attention_kernel_as_its_log_says():
+    assert llama_log_flash_attn(LLAMA_SERVER_FA) is True
+    assert llama_log_flash_attn(LLAMA_CPP_PYTHON_FA) is False
+    unsupported = LLAMA_SERVER_FA.replace("Flash Attention enabled", "Flash Attention not supported, set to disabled")
+    assert llama_log_flash_attn(unsupported) is False
+    assert llama_log_flash_attn("llama_context: flash_attn            = auto\n") is None  # not yet resolved
+    assert llama_log_flash_attn("server is starting\n") is None

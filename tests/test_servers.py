@@ -54,6 +54,12 @@ def test_llama_cpp_python_server_matches_the_in_process_engine(llama_cpp_python,
     assert info.flags["fixed_length"] == "min_tokens" and info.version == "llama-cpp-python 0.3.36"
     ref = llama.generate(ids, GenerationConfig(max_new_tokens=N))
     assert t.text == llama.detokenize(ref.token_ids)  # greedy: the same text in-process and over HTTP
+    # the same attention kernel as the in-process engine (llama-cpp-python's default: flash attention off), as the
+    # server's log says, and so its twin's (lab 05)
+    from lablib.studies.serving import twin_load
+
+    assert llama_cpp_python.settings["flash_attn"] is False and llama.info().flags["flash_attn"] == "off"
+    assert twin_load(llama_cpp_python, "llama.cpp", 40)["flash_attn"] is False
 
 
 SHORT = [{"role": "user", "content": "What is 2+2? Answer with one number."}]  # the model stops early

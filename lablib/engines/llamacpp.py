@@ -236,6 +236,10 @@ class LlamaCppEngine(Engine):
     ``swa_full``: keep the whole context for sliding-window layers too (llama-cpp-python's default, True: a
     sequence can then be rolled back, which prefix caching and speculative decoding do); False keeps their
     window plus one micro-batch, as llama-server does (:func:`llama_kv_cells`).
+    ``flash_attn``: llama.cpp's fused attention kernel (``ggml_flash_attn_ext``) instead of its products of K, the
+    softmax and V; False is llama-cpp-python's default (``Llama(flash_attn=False)``); llama-server and llama.cpp's
+    own tools default to "auto", which turns it on for the CPU. It changes the arithmetic, not only the speed: lab 04,
+    worked example 5 (with it off, a prompt's greedy text here changed with what shared its batch; on, it did not).
     ``speculative``: draft tokens per step for llama-cpp-python's own prompt-lookup decoding
     (``Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=k))``, its ``Llama.generate`` loop; greedy,
     one sequence, no prefix cache); :meth:`engine_counters` then has ``draft_n`` and ``draft_n_accepted``.
@@ -368,6 +372,7 @@ class LlamaCppEngine(Engine):
         n_gpu_layers: int | None = None,
         speculative: int | None = None,
         swa_full: bool = True,
+        flash_attn: bool = False,
         adapter=None,
         merge_adapter: bool = False,
     ):
@@ -394,6 +399,8 @@ class LlamaCppEngine(Engine):
         self.n_gpu_layers = (-1 if offload else 0) if n_gpu_layers is None else int(n_gpu_layers)
         self.device = _offload_device(llama_cpp) if offload and self.n_gpu_layers != 0 else "cpu"
         self.swa_full = bool(swa_full)
+        if not isinstance(flash_attn, bool):
+            raise LabError(f"flash_attn={flash_attn!r}: expected True (llama-server's choice on the CPU) or False")
         # what llama.cpp says it built (effective_config, kv_report); a Ctrl-C raised in its log callback, sent again
         with swallowed_interrupts_sent_again(), _LoadLog(llama_cpp, echo=verbose) as log:
             self.llm = _load_or_say_why(
@@ -410,6 +417,7 @@ class LlamaCppEngine(Engine):
                 verbose=verbose,
                 draft_model=self._draft,
                 swa_full=self.swa_full,
+                flash_attn=flash_attn,
             )
             if n_seq_max > 1:
                 self._reopen_context(n_seq_max, verbose)

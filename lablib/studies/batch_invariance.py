@@ -2,24 +2,29 @@
 
 A server answers the same prompt at temperature 0 with one text when it is idle and another when it is busy.
 The model did not change: the *batch* did. An engine that serves several sequences in one step multiplies
-matrices of another shape, splits a prompt's prefill in other pieces and may take another kernel for them
-(llama.cpp hands a product of two or more rows to tinyBLAS, one row to ``ggml_vec_dot``: sgemm.cpp, "only
-enable sgemm for prompt processing"). Each sums in another order; floating-point sums in another order
-round differently; where the model's top two tokens were nearly tied, the argmax flips and the rest of the
-text follows the other branch. He et al. (Thinking Machines, "Defeating Nondeterminism in LLM Inference",
-2025) found 80 distinct completions in 1,000 greedy runs of one prompt on vLLM for this reason.
+matrices of other shapes, splits a prompt's prefill in other pieces and may take another kernel for them. Each
+sums in another order; floating-point sums in another order round differently; where the model's top two tokens
+were nearly tied, the argmax flips and the rest of the text follows the other branch. He et al. (Thinking
+Machines, "Defeating Nondeterminism in LLM Inference", 2025) found 80 distinct completions in 1,000 greedy runs
+of one prompt on vLLM for this reason; vLLM's ``VLLM_BATCH_INVARIANT=1`` (GPUs, beta) exists for it.
 
-:func:`batch_invariance` measures it on one engine, in process, with the engine's own continuous batching
-(:mod:`lablib.measure.closed_loop`, mode ``batched``):
+:func:`batch_invariance` measures it on one engine:
 
 1. each prompt alone (``engine.generate``), twice: is the engine deterministic at all? (A difference here
    is a fault of its own, or a cache reused behind the lab's back, not batching.)
-2. the same prompts as ``C`` clients of a closed loop for each ``C`` in ``concurrency``: C = 1 goes through
-   the batched code path with no neighbour; C > 1 shares every step with C - 1 other prompts;
+2. the same prompts as ``C`` clients of a closed loop for each ``C`` in ``concurrency``, batched by the engine
+   (in process, its continuous batching: :mod:`lablib.measure.closed_loop`, mode ``batched``; a server, its
+   own scheduler over HTTP: :func:`lablib.measure.load.run_load`). C = 1 goes through the batched path with no
+   neighbour; C > 1 shares steps with up to C - 1 other prompts;
 3. for each prompt and ``C``: the first generated position where the ids differ from the prompt's
-   run alone, and the engine's own top-2 margin there (nats, from its logits of the prompt plus the
-   tokens before that position, run alone): below :data:`lablib.studies.compare.NEAR_TIE_NATS` the flip
-   is a near-tie, arithmetic deciding between two almost equally likely tokens.
+   run alone, and the top-2 margin there (nats, from the logits of the prompt plus the tokens before that
+   position, run alone, of the engine or of ``margins``): below :data:`lablib.studies.compare.NEAR_TIE_NATS`
+   the flip is a near-tie, arithmetic deciding between two almost equally likely tokens.
+
+Measured on the lab's 2-core Xeon (32 tokens, the eight :data:`QUESTIONS`): llama.cpp in process with
+llama-cpp-python's default attention (``flash_attn=False``) parted on 3 of 24 runs beside others, all at
+near-ties; with ``flash_attn=True`` (llama-server's choice on the CPU) on none, and then its ids alone equal
+llama-server's, where with it off 7 of 8 differed (``benchmarks/batch_logits.py`` reads the logits behind it).
 
 The prompts are token ids, tokenized once (default: :data:`QUESTIONS`, each rendered by the model's chat
 template), so every run gets the same ids.
@@ -144,7 +149,7 @@ def parted_row(engine, prompt: list[int], alone: list[int], batched: list[int]) 
     return row
 
 
-def _verdict(name: str, summary, repeat_parted: list, n: int, max_new_tokens: int) -> str:
+def _verdict(name: str, table, summary, repeat_parted: list, n: int, max_new_tokens: int) -> str:
     if repeat_parted:
         return (
             f"{name} is not deterministic even alone: prompt(s) {repeat_parted} gave other ids on a second run "
@@ -158,13 +163,48 @@ def _verdict(name: str, summary, repeat_parted: list, n: int, max_new_tokens: in
             "a change of rounding shows only where the model was nearly tied)"
         )
     first = parted.iloc[0]
-    ties = int(parted["near_ties"].sum())
     total = int(parted["parted"].sum())
+    unknown = int(table.loc[table["first_divergence"].notna(), "margin"].isna().sum())
+    ties = (
+        f"{int(parted['near_ties'].sum())} of them at a near-tie (top-2 margin below {NEAR_TIE_NATS} nats)"
+        if not unknown
+        else f"margins unknown for {unknown} ({name} gives no logits: pass margins= an in-process engine of the model)"
+    )
     return (
         f"{name} repeats itself alone, but its text changes with what shares the batch: first at "
         f"{int(first['concurrency'])} concurrent sequences ({int(first['parted'])} of {n} prompts), "
-        f"{total} changed texts in all, {ties} of them at a near-tie (top-2 margin below {NEAR_TIE_NATS} nats)"
+        f"{total} changed texts in all, {ties}"
     )
+
+
+def engine_label(engine) -> str:
+    """What a verdict calls ``engine``: its name, or for a server the kind the http engine found ("llama-server")."""
+    kind = getattr(engine, "kind", None)
+    return kind if not engine.in_process and kind else engine.name
+
+
+def batched_ids(engine, ids: list[list[int]], concurrency: int, cfg: GenerationConfig) -> list[list[int]]:
+    """Each prompt's generated ids when ``ids`` are served as ``concurrency`` clients of a closed loop, in prompt
+    order: in process through the engine's continuous batching (:func:`run_closed_loop`, ``batched``), a server
+    through its own (:func:`lablib.measure.load.run_load`, ``closed``; as many at once as it has slots).
+    LabError naming the first error when a server failed a request."""
+    if engine.in_process:
+        run = run_closed_loop(engine, ids, concurrency, "batched", cfg)
+        return [t.token_ids for t in sorted(run.traces, key=lambda t: t.request_index)]
+    from lablib.measure.load import run_load
+
+    rows = run_load(engine, ids, "closed", concurrency=concurrency, cfg=cfg)
+    failed = [r for r in rows if r.get("error")]
+    if failed or len(rows) != len(ids):
+        why = failed[0]["error"] if failed else f"{len(ids) - len(rows)} requests never finished"
+        raise LabError(
+            f"{engine_label(engine)} at {concurrency} clients: {len(failed) or len(ids) - len(rows)} of {len(ids)} "
+            f"requests failed ({why}); the ids cannot be compared"
+        )
+    out = [None] * len(ids)
+    for r in rows:
+        out[r["request_index"]] = list(r["token_ids"])
+    return out
 
 
 @keywords_checked
@@ -175,27 +215,34 @@ def batch_invariance(
     max_new_tokens: int = 32,
     prompts=None,
     load: dict | None = None,
+    margins=None,
 ) -> BatchInvariance:
-    """Each prompt greedy alone (twice), then in the engine's continuous batching beside 0..C-1 others;
-    where its ids part, and the engine's top-2 margin there. Returns a :class:`BatchInvariance`.
+    """Each prompt greedy alone (twice), then batched beside 0..C-1 others; where its ids part, and the engine's
+    top-2 margin there. Returns a :class:`BatchInvariance`.
 
     ``engine``: a name (loaded here, with one KV sequence per client: ``Engine.default_load_kwargs``; ``load``:
-    more keywords for :func:`lablib.load_engine`, such as ``{"threads": 1}``) or an engine already loaded
-    (llama.cpp loaded with ``n_seq_max`` of at least max(``concurrency``)). ``concurrency``: clients of each closed loop (a list,
-    or "1,4,8"). ``prompts``: questions (texts, rendered by the model's chat template) or token-id lists;
-    default :data:`QUESTIONS`. Greedy, ``ignore_eos``: every run makes exactly ``max_new_tokens``.
-    LabError for an engine without batched mode, before any prompt runs.
+    more keywords for :func:`lablib.load_engine`, such as ``{"threads": 1}``), an engine already loaded (llama.cpp
+    loaded with ``n_seq_max`` of at least max(``concurrency``)), or an http engine on a server (``start_server(...)
+    .engine(model)``: its requests as clients of a closed loop, batched by the server's own scheduler, as many at
+    once as it has slots). ``concurrency``: clients of each closed loop (a list, or "1,4,8"). ``prompts``:
+    questions (texts, rendered by the model's chat template) or token-id lists; default :data:`QUESTIONS`. Greedy,
+    ``ignore_eos``: every run makes exactly ``max_new_tokens``. ``margins``: the engine whose logits give the top-2
+    margin where ids part (default: ``engine``; a server gives none: pass an in-process engine of the same model,
+    such as llama.cpp for a llama-server). LabError for an in-process engine without batched mode, before any
+    prompt runs.
     """
     levels = sorted(set(positive_ints(concurrency, "concurrency")))
     max_new_tokens = whole(max_new_tokens, "max_new_tokens", "a whole number of tokens, at least 1")
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
     if load is not None and not isinstance(load, dict):
         raise LabError(f"load={shown(load)}: expected a dict of load keywords, such as {{'threads': 1}}")
+    if margins is not None and not isinstance(margins, Engine):
+        raise LabError(f"margins={shown(margins)}: expected an engine already loaded (lablib.load_engine(...))")
     own = not isinstance(engine, Engine)
     if own:
         rm = resolve(model)
         cls = engine_class(engine)
-        if cls.batch_session is Engine.batch_session:
+        if cls.in_process and cls.batch_session is Engine.batch_session:
             raise LabError(
                 f"{cls.name} has no continuous batching in the lab (batch_session): batch invariance is measured "
                 "on an engine that serves several sequences in one step, such as llama.cpp, transformers or mlx"
@@ -211,19 +258,18 @@ def batch_invariance(
         ids, texts = _prompts(rm, prompts)
         for p in ids:
             eng.check_context(len(p), max_new_tokens)
-        # one closed loop's batch session first: an engine without batched mode, or loaded with too few
-        # KV sequences, is refused before the prompts run alone
-        eng.batch_session(cfg, max(levels), max(len(p) for p in ids) + max_new_tokens).close()
+        if eng.in_process:  # an engine without batched mode, or loaded with too few KV sequences, is refused
+            # before the prompts run alone
+            eng.batch_session(cfg, max(levels), max(len(p) for p in ids) + max_new_tokens).close()
         alone = [eng.generate(p, cfg).token_ids for p in ids]
         again = [eng.generate(p, cfg).token_ids for p in ids]
         repeat_parted = [i for i, (a, b) in enumerate(zip(alone, again)) if a != b]
         batched, rows = {}, []
         for c in levels:
-            run = run_closed_loop(eng, ids, c, "batched", cfg)
-            got = [t.token_ids for t in sorted(run.traces, key=lambda t: t.request_index)]
-            batched[c] = got
+            batched[c] = got = batched_ids(eng, ids, c, cfg)
             for i, (p, a, b) in enumerate(zip(ids, alone, got)):
-                rows.append({"concurrency": c, "prompt": i, "question": texts[i], **parted_row(eng, p, a, b)})
+                row = parted_row(margins or eng, p, a, b)
+                rows.append({"concurrency": c, "prompt": i, "question": texts[i], **row})
     finally:
         if own:
             eng.close()
@@ -231,6 +277,7 @@ def batch_invariance(
 
     table = pd.DataFrame(rows)
     table["first_divergence"] = table["first_divergence"].astype("Int64")
-    result = BatchInvariance(eng.name, max_new_tokens, table, repeat_parted, alone, batched)
-    result.verdict = _verdict(eng.name, result.summary(), repeat_parted, len(ids), max_new_tokens)
+    name = engine_label(eng)
+    result = BatchInvariance(name, max_new_tokens, table, repeat_parted, alone, batched)
+    result.verdict = _verdict(name, table, result.summary(), repeat_parted, len(ids), max_new_tokens)
     return result

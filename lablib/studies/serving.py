@@ -150,9 +150,29 @@ def servers_table(servers):
     return pd.DataFrame(rows)
 
 
+def twin_load(server, twin_name: str, tokens: int) -> dict:
+    """Load keywords of ``server``'s in-process twin ``twin_name`` for requests of ``tokens`` (prompt + output): a
+    context of at least 2048 tokens, the server's threads (on a shared 2-core machine two threads can be far slower
+    than one), its compute dtype where the twin's weights are chosen by dtype (vLLM: bfloat16 where the CPU has it)
+    and its attention kernel where the twin has a choice (llama.cpp's ``flash_attn``, as the server's log says:
+    llama-server fused, llama-cpp-python's server not): with another kernel the twin computes other numbers, not
+    only at another speed (lab 04, worked example 5)."""
+    import inspect
+
+    from lablib.engines import engine_class
+
+    cls, settings = engine_class(twin_name), getattr(server, "settings", None) or {}
+    load = {"n_ctx": max(2048, tokens), "threads": server.threads or None}
+    if settings.get("dtype") and getattr(cls, "weights_option", None) == "dtype":
+        load["dtype"] = settings["dtype"]
+    if isinstance(settings.get("flash_attn"), bool) and "flash_attn" in inspect.signature(cls).parameters:
+        load["flash_attn"] = settings["flash_attn"]
+    return load
+
+
 def in_process_vs_server(model, server, prompt_tokens: int = 32, max_new_tokens: int = 8, reps: int = 2):
     """The same requests on the in-process twin of ``server`` (a RunningServer), with the server's
-    threads (and its dtype where the twin's weights are chosen by dtype), and over HTTP.
+    threads, dtype and attention kernel (:func:`twin_load`), and over HTTP.
 
     One row per request: ``where`` ("in-process" or "http"), ttft_s, tpot_s, e2e_s, output_tokens, plus
     the http rows' count_method and ``chunks`` (content events the tokens came in). Each request has its own prompt (no prefix reuse), after one warm-up each way.
@@ -162,7 +182,7 @@ def in_process_vs_server(model, server, prompt_tokens: int = 32, max_new_tokens:
     import pandas as pd
 
     from lablib.checks import whole
-    from lablib.engines import engine_class, load_engine
+    from lablib.engines import load_engine
     from lablib.measure.sweep import measured_traces
     from lablib.measure.workload import distinct_prompts
 
@@ -176,18 +196,7 @@ def in_process_vs_server(model, server, prompt_tokens: int = 32, max_new_tokens:
     e = server.engine(model)
     try:
         twin_name = SERVERS[server.name].twin
-        load = {}
-        dtype = (getattr(server, "settings", None) or {}).get("dtype")
-        if dtype and getattr(engine_class(twin_name), "weights_option", None) == "dtype":
-            load["dtype"] = dtype  # the server's compute dtype (vLLM: bfloat16 where the CPU has it)
-        # the twin gets the server's threads: on a shared 2-core machine two threads can be far slower than one
-        twin = load_engine(
-            twin_name,
-            model,
-            n_ctx=max(2048, prompt_tokens + max_new_tokens),
-            threads=server.threads or None,
-            **load,
-        )
+        twin = load_engine(twin_name, model, **twin_load(server, twin_name, prompt_tokens + max_new_tokens))
         # each way: one warm-up on the prompt no measured request uses, then one distinct prompt per
         # repetition (on purpose: no request may reuse another's prefix, in process or on the server)
         warm, measured = [prompts[-1]], prompts[:reps]

@@ -34,6 +34,11 @@ _DEVICE_LINE = re.compile(r"\s-\s+(\S+)\s*:\s+(.*?)\s+\((\d+) MiB, (\d+) MiB fre
 _BUFFER_LINE = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB")
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 _THREADS = re.compile(r"system_info: n_threads = (\d+)")
+# its attention kernel: llama_context prints the setting ("auto", "enabled", "disabled"), and resolves "auto" at its
+# first graph (src/llama-context.cpp, resolve_fused_ops: "%s: %s enabled" or "%s: %s not supported, set to disabled"
+# with the name "Flash Attention")
+_FA_SETTING = re.compile(r"flash_attn\s*=\s*(enabled|disabled|auto)")
+_FA_RESOLVED = re.compile(r"Flash Attention (enabled|not supported, set to disabled)")
 # buffer / device names of llama.cpp's GPU backends, by the kind the lab's rows use
 _GPU_KINDS = (("CUDA", "cuda"), ("ROCm", "rocm"), ("Metal", "metal"), ("MTL", "metal"), ("Vulkan", "vulkan"))
 
@@ -79,6 +84,18 @@ def llama_log_device(text: str, threads: int | None = None) -> dict | None:
         desc = hardware_info()["cpu_model"]
     name = f"{desc}, {threads} thread{'s' if threads != 1 else ''}" if threads else desc
     return {"device": "cpu", "device_name": name, "device_source": "its log (llama.cpp)"}
+
+
+def llama_log_flash_attn(text: str) -> bool | None:
+    """Whether a llama.cpp server computes attention with its fused kernel (``ggml_flash_attn_ext``), as its log
+    says: True for llama-server's default "auto" on the CPU, False for llama-cpp-python's server ("disabled");
+    None when the log does not say. The in-process twin of a server is loaded with the same (lab 05), or the two
+    compute different numbers (lab 04, worked example 5)."""
+    resolved = _FA_RESOLVED.findall(text)
+    if resolved:
+        return resolved[-1] == "enabled"
+    setting = _FA_SETTING.findall(text)
+    return {"enabled": True, "disabled": False}.get(setting[-1]) if setting else None
 
 
 def _cpu(threads: int | None, source: str) -> dict:
