@@ -4,6 +4,8 @@ top-2 margin there. Which prompts part depends on the CPU's kernels, so the test
 machine: alone repeats itself, the batched path with no neighbour gives the ids alone, and every row of the table
 says what the ids say."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -98,3 +100,24 @@ def test_refusals_before_any_prompt_runs(llama, model):
         lablib.load_engine("llama.cpp", model, flash_attn="on")
     with pytest.raises(LabError, match="dict of load keywords"):
         batch_invariance(model, "llama.cpp", load=4)
+
+
+def test_lablib_compare_batches_puts_your_prompt_first_beside_the_lab_questions(model, tmp_path, capsys):
+    from lablib.cli import main
+
+    ids = lablib.question_ids(model)[0]
+    (tmp_path / "ids.json").write_text(json.dumps(ids))
+    args = ["compare", "--batches", "1,2", "--ids", str(tmp_path / "ids.json"), "--max-new-tokens", "4", "--json"]
+    assert main(args) == 0
+    (out,) = json.loads(capsys.readouterr().out)
+    assert out["engine"] == "llama.cpp" and out["repeat_parted"] == []
+    table = pd.DataFrame(out["table"])
+    assert len(table) == 2 * (1 + len(QUESTIONS)) and set(table["concurrency"]) == {1, 2}
+    assert table.loc[table["prompt"] == 0, "question"].isna().all()  # yours, as ids
+    assert list(table.loc[table["concurrency"] == 1, "question"][1:]) == list(QUESTIONS)
+    assert [s["prompts"] for s in out["summary"]] == [9, 9]
+    # its options belong to --batches, and --batches compares an engine with itself
+    assert main(["compare", "--margins", "llama.cpp"]) == 2
+    assert "--margins goes with --batches" in capsys.readouterr().err
+    assert main(["compare", "--batches", "1,2", "--engine-model", "mlx=x"]) == 2
+    assert "--engine-model has no meaning with --batches" in capsys.readouterr().err

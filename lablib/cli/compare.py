@@ -1,4 +1,8 @@
-"""`lablib compare ...`: is it the engine or the model? The checks in order, one verdict."""
+"""`lablib compare ...`: is it the engine or the model? The checks in order, one verdict.
+
+``lablib compare --batches 1,2,4,8``: instead, the same prompt alone and batched beside others
+(:func:`lablib.studies.batch_invariance.batch_invariance`, lab 04's worked example 5), on in-process engines
+(``--engines``, default llama.cpp) or on a server (``--base-url``)."""
 
 from __future__ import annotations
 
@@ -34,6 +38,22 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--json", action="store_true")
+    b = p.add_argument_group("another answer under load (instead of the five checks)")
+    b.add_argument(
+        "--batches",
+        default=None,
+        help="e.g. 1,2,4,8: each prompt greedy alone twice, then as that many clients the engine batches; where the "
+        "ids part and the top-2 margin there. The prompt (--prompt, --messages or --ids) goes first, the lab's eight "
+        "questions beside it. Engines: --engines (default llama.cpp) or --base-url",
+    )
+    b.add_argument("--base-url", default=None, help="with --batches: a server's OpenAI base URL (its own batching)")
+    b.add_argument("--server", default="auto", help="with --base-url: the server's kind (default: asked from it)")
+    b.add_argument(
+        "--margins",
+        default=None,
+        help="with --batches: the in-process engine whose logits give the top-2 margins (a server gives none; "
+        "default: each engine itself)",
+    )
 
 
 def run(ns) -> int:
@@ -60,6 +80,12 @@ def run(ns) -> int:
         ids = data.get("prompt_token_ids") if isinstance(data, dict) else data
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids) or not ids:
             raise LabError(f"--ids {ns.ids}: expected a JSON list of token ids (or an object with 'prompt_token_ids')")
+    if ns.batches is None:
+        for flag in ("base_url", "margins"):
+            if getattr(ns, flag):
+                raise LabError(f"--{flag.replace('_', '-')} goes with --batches (another answer under load)")
+    else:
+        return _batches(ns, messages, ids)
     engine_models = {}
     for spec in ns.engine_model or []:
         name, _, path = spec.partition("=")
@@ -89,4 +115,75 @@ def run(ns) -> int:
         + (" (near-tie)" if v.get("near_tie") else "")
         + f"\n  {v['text']}"
     )
+    return 0
+
+
+def _batches(ns, messages, ids) -> int:
+    """``--batches``: :func:`batch_invariance` on each engine, the prompt given first and the lab's questions beside."""
+    from lablib.engines import load_engine
+    from lablib.measure.workload import chat_ids, text_ids
+    from lablib.model.resolve import prepare
+    from lablib.studies.batch_invariance import QUESTIONS, batch_invariance
+
+    if ns.engine_model:
+        raise LabError("--engine-model has no meaning with --batches: it compares one engine with itself")
+    if ns.base_url and ns.engines:
+        raise LabError("--base-url and --engines: --batches measures either a server or in-process engines")
+    rm = prepare(ns.model)
+    mine = (
+        ids
+        if ids is not None
+        else chat_ids(rm, messages)
+        if messages
+        else text_ids(rm, ns.prompt)
+        if ns.prompt
+        else None
+    )
+    prompts = ([mine] if mine is not None else []) + list(QUESTIONS)
+    margins = load_engine(ns.margins, rm) if ns.margins else None
+    results = []
+    try:
+        if ns.base_url:
+            server = load_engine("http", rm, base_url=ns.base_url, server=ns.server)
+            try:
+                results.append(batch_invariance(rm, server, ns.batches, ns.max_new_tokens, prompts, margins=margins))
+            finally:
+                server.close()
+        else:
+            for name in csv_list(ns.engines, "engines") if ns.engines else ["llama.cpp"]:
+                results.append(batch_invariance(rm, name, ns.batches, ns.max_new_tokens, prompts, margins=margins))
+    finally:
+        if margins is not None:
+            margins.close()
+    if ns.json:
+        out = [
+            {
+                "engine": r.engine,
+                "verdict": r.verdict,
+                "repeat_parted": r.repeat_parted,
+                "summary": json.loads(r.summary().to_json(orient="records")),
+                "table": json.loads(r.table.to_json(orient="records")),
+            }
+            for r in results
+        ]
+        print(json.dumps(out))
+        return 0
+    for r in results:
+        print(f"{r.verdict}\n")
+        print(r.summary().to_string(index=False))
+        parted = r.table[r.table["first_divergence"].notna()]
+        if len(parted):
+            cols = ["concurrency", "prompt", "first_divergence", "alone_token", "batched_token", "margin", "near_tie"]
+            print("\n" + parted[cols].to_string(index=False))
+        if mine is not None:
+            p0 = r.table[(r.table["prompt"] == 0) & r.table["first_divergence"].notna()]
+            print(
+                "\nyour prompt (prompt 0): "
+                + (
+                    "the same ids alone and in every batch"
+                    if p0.empty
+                    else f"parts in batches of {', '.join(str(c) for c in p0['concurrency'])}"
+                )
+            )
+        print()
     return 0

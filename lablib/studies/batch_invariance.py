@@ -173,7 +173,7 @@ def _verdict(name: str, table, summary, repeat_parted: list, n: int, max_new_tok
     return (
         f"{name} repeats itself alone, but its text changes with what shares the batch: first at "
         f"{int(first['concurrency'])} concurrent sequences ({int(first['parted'])} of {n} prompts), "
-        f"{total} changed texts in all, {ties}"
+        f"{total} changed text{'s' if total != 1 else ''} in all, {ties}"
     )
 
 
