@@ -60,6 +60,8 @@ def positive_ints(values, what: str) -> list[int]:
     as 64,256")."""
     if not isinstance(values, (str, bool)) and hasattr(values, "__index__"):
         values = [values]
+    if isinstance(values, dict):  # its keys would pass for the values
+        raise LabError(f"{what}={shown(values)}: expected whole numbers such as 64,256")
     items = csv_list(values, what, "64,256") if isinstance(values, str) else values
     try:
         items = list(items)

@@ -121,3 +121,55 @@ def test_lablib_compare_batches_puts_your_prompt_first_beside_the_lab_questions(
     assert "--margins goes with --batches" in capsys.readouterr().err
     assert main(["compare", "--batches", "1,2", "--engine-model", "mlx=x"]) == 2
     assert "--engine-model has no meaning with --batches" in capsys.readouterr().err
+    assert main(["compare", "--batches", "0"]) == 2 and "--batches=0" in capsys.readouterr().err
+    assert main(["compare", "--batches", "1", "--prompt", " "]) == 2
+    assert "--prompt is empty" in capsys.readouterr().err
+    assert main(["compare", "--batches", "1", "--server", "llama-server"]) == 2
+    assert "give --base-url too" in capsys.readouterr().err
+    assert main(["compare", "--batches", "1", "--reference", "llama.cpp"]) == 2
+    assert "--reference has no meaning with --batches" in capsys.readouterr().err
+
+
+def test_what_was_given_is_checked_against_what_it_must_match(llama, model):
+    gemma = lablib.prepare("gemma-3-270m")
+    other = lablib.load_engine("llama.cpp", gemma, n_ctx=512)
+    try:  # margins from another model's logits (and its tokenizer's pieces) would be another model's reading
+        with pytest.raises(LabError, match="margins come from an engine of the same model"):
+            batch_invariance(model, llama, concurrency=1, prompts=QUESTIONS[:1], margins=other)
+        with pytest.raises(LabError, match="tokenized by the engine's model"):  # was: "token id ... outside"
+            batch_invariance(gemma, llama, concurrency=1, prompts=QUESTIONS[:1])
+    finally:
+        other.close()
+    with pytest.raises(LabError, match="closed"):
+        batch_invariance(model, llama, concurrency=1, prompts=QUESTIONS[:1], margins=other)
+    with pytest.raises(LabError, match="concurrency 4 with 2 prompts: at most 2 can share a step"):
+        batch_invariance(model, llama, concurrency=4, prompts=QUESTIONS[:2])
+    with pytest.raises(LabError, match=r"prompts\[0\]=1: .*wrap it"):
+        batch_invariance(model, llama, concurrency=1, prompts=[1, 2, 3])
+    with pytest.raises(LabError, match=r"prompts\[0\]=.*chat messages: pass the question's text"):
+        batch_invariance(model, llama, concurrency=1, prompts=[{"role": "user", "content": "Hi"}])
+    for bad in ({"a": 1}, {"q": "What is a cat?"}):
+        with pytest.raises(LabError, match="prompts="):
+            batch_invariance(model, llama, concurrency=1, prompts=bad)
+    with pytest.raises(LabError, match="concurrency="):
+        batch_invariance(model, llama, concurrency={1: 2})
+
+
+def test_unknown_margins_are_no_near_ties_and_the_map_keeps_one_row_per_prompt():
+    from lablib.studies.batch_invariance import BatchInvariance
+
+    rows = [
+        dict(concurrency=c, prompt=p, question="Hi", first_divergence=d, same_tokens=4 if d is None else d,
+             alone_token=None if d is None else "A", batched_token=None if d is None else "B", margin=None,
+             near_tie=None)
+        for c, p, d in ((1, 0, None), (1, 1, None), (2, 0, 0), (2, 1, None))
+    ]  # fmt: skip
+    table = pd.DataFrame(rows)
+    table["first_divergence"] = table["first_divergence"].astype("Int64")
+    r = BatchInvariance("llama-server", 4, table)
+    s = r.summary().set_index("concurrency")
+    assert s.loc[2, "parted"] == 1 and pd.isna(s.loc[2, "near_ties"]) and s.loc[1, "near_ties"] == 0
+    fig = plots.parting_map(r)
+    assert list(fig.layout.yaxis.categoryarray) == ["Hi", "Hi (prompt 1)"]  # two prompts, two rows
+    assert "(4 tokens each)" in fig.layout.title.text  # the budget, though one parted at token 0
+    assert fig.data[1].text == ("token 0",)  # no margin known: none printed

@@ -10,6 +10,7 @@ import pytest
 import lablib
 from lablib.engines.base import GenerationConfig
 from lablib.engines.servers import start_server
+from lablib.errors import LabError
 from lablib.measure.load import run_load
 from lablib.measure.workload import prompt_of_length
 from stream_checks import decode_timed
@@ -86,6 +87,12 @@ def test_batch_invariance_of_a_server_through_its_own_slots(llama_server, model,
         llama_fa.generate(lablib.chat_ids(model, [{"role": "user", "content": q}]), cfg).token_ids
         for q in QUESTIONS[:4]
     ]
+    e = llama_server.engine(model)
+    try:  # it batches at most its 2 slots: a run of 4 clients would be labelled 4 and measure 2
+        with pytest.raises(LabError, match=r"concurrency 4 on llama-server with 2 slots \(parallel=2\)"):
+            batch_invariance(model, e, concurrency="1,4", prompts=QUESTIONS[:4])
+    finally:
+        e.close()
 
 
 def test_two_slots_serve_two_requests_together(llama_server, model):

@@ -70,3 +70,6 @@ def test_a_llama_servers_attention_kernel_as_its_log_says():
     assert llama_log_flash_attn(unsupported) is False
     assert llama_log_flash_attn("llama_context: flash_attn            = auto\n") is None  # not yet resolved
     assert llama_log_flash_attn("server is starting\n") is None
+    # earlier llama.cpp said it so (llama_context's constructor)
+    assert llama_log_flash_attn("llama_context: Flash Attention was auto, set to enabled\n") is True
+    assert llama_log_flash_attn("llama_context: Flash Attention was auto, set to disabled\n") is False

@@ -6,11 +6,12 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
-from lablib.checks import csv_list
-from lablib.engines import NAMES
+from lablib.checks import csv_list, positive_ints
+from lablib.engines import NAMES, engine_class
 from lablib.errors import LabError
 from lablib.studies.compare import REFERENCE, compare
 
@@ -84,6 +85,8 @@ def run(ns) -> int:
         for flag in ("base_url", "margins"):
             if getattr(ns, flag):
                 raise LabError(f"--{flag.replace('_', '-')} goes with --batches (another answer under load)")
+        if ns.server != "auto":
+            raise LabError("--server goes with --batches and --base-url (a server's kind)")
     else:
         return _batches(ns, messages, ids)
     engine_models = {}
@@ -125,36 +128,40 @@ def _batches(ns, messages, ids) -> int:
     from lablib.model.resolve import prepare
     from lablib.studies.batch_invariance import QUESTIONS, batch_invariance
 
+    levels = positive_ints(ns.batches, "--batches")
     if ns.engine_model:
         raise LabError("--engine-model has no meaning with --batches: it compares one engine with itself")
-    if ns.base_url and ns.engines:
+    if ns.reference != REFERENCE:
+        raise LabError("--reference has no meaning with --batches: each engine is held against itself alone")
+    if ns.base_url and ns.engines is not None:
         raise LabError("--base-url and --engines: --batches measures either a server or in-process engines")
+    if ns.server != "auto" and not ns.base_url:
+        raise LabError("--server names the kind of the server at --base-url; give --base-url too")
+    if ns.prompt is not None and not ns.prompt.strip():
+        raise LabError("--prompt is empty: expected the text of your prompt (or leave it out: the lab's questions)")
+    names = ["llama.cpp"] if ns.engines is None else list(dict.fromkeys(csv_list(ns.engines, "engines")))
     rm = prepare(ns.model)
-    mine = (
-        ids
-        if ids is not None
-        else chat_ids(rm, messages)
-        if messages
-        else text_ids(rm, ns.prompt)
-        if ns.prompt
-        else None
-    )
+    if ids is not None:
+        mine = ids
+    elif messages:
+        mine = chat_ids(rm, messages)
+    else:
+        mine = text_ids(rm, ns.prompt) if ns.prompt else None
     prompts = ([mine] if mine is not None else []) + list(QUESTIONS)
-    margins = load_engine(ns.margins, rm) if ns.margins else None
-    results = []
+    results, server, margins = [], None, None
     try:
         if ns.base_url:
             server = load_engine("http", rm, base_url=ns.base_url, server=ns.server)
-            try:
-                results.append(batch_invariance(rm, server, ns.batches, ns.max_new_tokens, prompts, margins=margins))
-            finally:
-                server.close()
-        else:
-            for name in csv_list(ns.engines, "engines") if ns.engines else ["llama.cpp"]:
-                results.append(batch_invariance(rm, name, ns.batches, ns.max_new_tokens, prompts, margins=margins))
+        if ns.margins:  # for a server, with its attention kernel where the engine has the choice (llama.cpp's)
+            fa = server.server_settings.get("flash_attn") if server is not None else None
+            takes = "flash_attn" in inspect.signature(engine_class(ns.margins)).parameters
+            margins = load_engine(ns.margins, rm, **({"flash_attn": fa} if isinstance(fa, bool) and takes else {}))
+        for eng in [server] if server is not None else names:
+            results.append(batch_invariance(rm, eng, levels, ns.max_new_tokens, prompts, margins=margins))
     finally:
-        if margins is not None:
-            margins.close()
+        for e in (server, margins):
+            if e is not None:
+                e.close()
     if ns.json:
         out = [
             {

@@ -42,8 +42,11 @@ def parting_map(result) -> go.Figure:
     names = {}
     for p in prompts:
         q = table.loc[table["prompt"] == p, "question"].iloc[0] if "question" in table else None
-        names[p] = _label(q, p)
-    total = int(table["same_tokens"].max())
+        label = _label(q, p)
+        # one row per prompt: a label two prompts share (the same question, or the same first 33 characters)
+        names[p] = label if label not in names.values() else f"{label} (prompt {p})"
+    total = getattr(result, "max_new_tokens", None)
+    each = f" ({total} tokens each)" if total else ""
     cells = {"same": ([], [], [], []), "parted": ([], [], [], [])}  # x, y, text, hover
     for p in prompts:
         for c in levels:
@@ -84,7 +87,7 @@ def parting_map(result) -> go.Figure:
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=[names[p] for p in prompts])
     return titled(
         fig,
-        f"Greedy ids beside other prompts vs alone ({total} tokens each): same, or the first that differs",
+        f"Greedy ids beside other prompts vs alone{each}: same, or the first that differs",
         x="sequences in the batch (the prompt and its neighbours)",
         y="prompt",
         yaxis_autorange="reversed",

@@ -80,7 +80,8 @@ class BatchInvariance:
 
     def summary(self):
         """Per concurrency: ``prompts``, ``parted`` (prompts whose text changed), ``earliest`` (the
-        first position any changed, <NA> if none), ``near_ties`` (of the parted, how many at a near-tie)
+        first position any changed, <NA> if none), ``near_ties`` (of the parted, how many at a near-tie; <NA> when
+        a margin is unknown)
         and ``same_share`` (generated ids equal before the first difference, over all prompts)."""
         import pandas as pd
 
@@ -93,12 +94,14 @@ class BatchInvariance:
                     "prompts": len(g),
                     "parted": len(parted),
                     "earliest": parted["first_divergence"].min() if len(parted) else pd.NA,
-                    "near_ties": int(parted["near_tie"].astype(bool).sum()),
+                    # <NA> where a parted row's margin is unknown (a server gives no logits): not "no near-tie"
+                    "near_ties": pd.NA if parted["margin"].isna().any() else int(parted["near_tie"].astype(bool).sum()),
                     "same_share": float(g["same_tokens"].sum() / (len(g) * self.max_new_tokens)),
                 }
             )
         out = pd.DataFrame(rows)
         out["earliest"] = out["earliest"].astype("Int64")
+        out["near_ties"] = out["near_ties"].astype("Int64")
         return out
 
 
@@ -107,7 +110,7 @@ def _prompts(model, prompts) -> tuple[list[list[int]], list]:
     rendered once by the model's template) or token-id lists; None: :data:`QUESTIONS`."""
     if prompts is None:
         prompts = QUESTIONS
-    if isinstance(prompts, str) or not hasattr(prompts, "__iter__"):
+    if isinstance(prompts, (str, dict)) or not hasattr(prompts, "__iter__"):
         raise LabError(f"prompts={shown(prompts)}: expected a list of questions (texts) or of token-id lists")
     prompts = list(prompts)
     if not prompts:
@@ -119,16 +122,26 @@ def _prompts(model, prompts) -> tuple[list[list[int]], list]:
                 raise LabError(f"prompts[{i}] is empty text: expected a question")
             ids.append(messages_ids(model, [{"role": "user", "content": p}])[0])
             texts.append(p)
+        elif isinstance(p, (str, bytes, dict)) or not hasattr(p, "__iter__"):
+            hint = " (one prompt of ids: wrap it, prompts=[[...]])" if hasattr(p, "__index__") else ""
+            raise LabError(
+                f"prompts[{i}]={shown(p)}: expected a question (text) or a list of token ids{hint}; chat messages: "
+                "pass the question's text"
+            )
         else:
-            ids.append(token_ids(p))
+            try:
+                ids.append(token_ids(p))
+            except LabError as e:
+                raise LabError(f"prompts[{i}]: {e}") from None
             texts.append(None)
     return ids, texts
 
 
-def parted_row(engine, prompt: list[int], alone: list[int], batched: list[int]) -> dict:
+def parted_row(engine, prompt: list[int], alone: list[int], batched: list[int], margins=None) -> dict:
     """Where ``batched`` (the prompt's ids in a batch) parts from ``alone``: ``first_divergence`` (None:
-    the same ids), ``same_tokens``, the two tokens there as text, and the engine's top-2 ``margin`` (nats)
-    after the prompt and the ids before that position, computed alone (None for an engine without logits)."""
+    the same ids), ``same_tokens``, the two tokens there as text (``engine``'s tokenizer), and the top-2 ``margin``
+    (nats) after the prompt and the ids before that position, from the logits of ``margins`` (default: ``engine``)
+    computed alone (None for an engine without logits)."""
     pos = first_difference(alone, batched)
     row = {
         "first_divergence": pos,
@@ -142,7 +155,7 @@ def parted_row(engine, prompt: list[int], alone: list[int], batched: list[int]) 
         return row
     row["alone_token"] = engine.detokenize(alone[pos : pos + 1]) if pos < len(alone) else "(ended)"
     row["batched_token"] = engine.detokenize(batched[pos : pos + 1]) if pos < len(batched) else "(ended)"
-    top = topk_next(engine, list(prompt) + list(alone[:pos]), 2)
+    top = topk_next(margins or engine, list(prompt) + list(alone[:pos]), 2)
     if top is not None:
         row["margin"] = float(top["logp"][0] - top["logp"][1])
         row["near_tie"] = row["margin"] < NEAR_TIE_NATS
@@ -207,6 +220,22 @@ def batched_ids(engine, ids: list[list[int]], concurrency: int, cfg: GenerationC
     return out
 
 
+def _check_levels(levels: list[int], prompts: int, slots: int | None, name: str) -> None:
+    """LabError for a level no run can reach: more clients than prompts (they never share a step), or than the
+    server's slots when the lab knows them (it batches at most that many; the rest wait in its queue)."""
+    if levels[-1] > prompts:
+        raise LabError(
+            f"concurrency {levels[-1]} with {prompts} prompt{'s' if prompts != 1 else ''}: at most {prompts} can "
+            "share a step; give more prompts or a concurrency of at most the prompts' number"
+        )
+    if isinstance(slots, int) and levels[-1] > slots:
+        raise LabError(
+            f"concurrency {levels[-1]} on {name} with {slots} slot{'s' if slots != 1 else ''} (parallel={slots}): it "
+            f"batches at most {slots} at once; use a concurrency of at most {slots}, or start it with "
+            f"parallel={levels[-1]}"
+        )
+
+
 @keywords_checked
 def batch_invariance(
     model=None,
@@ -247,15 +276,28 @@ def batch_invariance(
                 f"{cls.name} has no continuous batching in the lab (batch_session): batch invariance is measured "
                 "on an engine that serves several sequences in one step, such as llama.cpp, transformers or mlx"
             )
-        eng = load_engine(cls.name, rm, **{**cls.default_load_kwargs(rm, max(levels)), **(load or {})})
     else:
         if load:
             raise LabError(f"load={shown(load)} with an engine already loaded: load the engine with them instead")
-        eng = engine
-        eng.check_open()
-        rm = resolve(model) if model is not None else eng.model
+        engine.check_open()
+        rm = engine.model
+        if model is not None and resolve(model).name != rm.name:
+            raise LabError(
+                f"model={shown(model)} with a {engine_label(engine)} engine loaded on {rm.name}: the prompts are "
+                "tokenized by the engine's model; pass that model, or none"
+            )
+    if margins is not None:
+        margins.check_open()
+        if margins.model.name != rm.name:
+            raise LabError(
+                f"margins= a {margins.name} engine on {margins.model.name}, but the ids are {rm.name}'s: the margins "
+                "come from an engine of the same model"
+            )
+    eng = load_engine(cls.name, rm, **{**cls.default_load_kwargs(rm, max(levels)), **(load or {})}) if own else engine
     try:
         ids, texts = _prompts(rm, prompts)
+        slots = None if eng.in_process else (getattr(eng, "server_settings", None) or {}).get("parallel")
+        _check_levels(levels, len(ids), slots, engine_label(eng))
         for p in ids:
             eng.check_context(len(p), max_new_tokens)
         if eng.in_process:  # an engine without batched mode, or loaded with too few KV sequences, is refused
@@ -268,7 +310,7 @@ def batch_invariance(
         for c in levels:
             batched[c] = got = batched_ids(eng, ids, c, cfg)
             for i, (p, a, b) in enumerate(zip(ids, alone, got)):
-                row = parted_row(margins or eng, p, a, b)
+                row = parted_row(eng, p, a, b, margins)
                 rows.append({"concurrency": c, "prompt": i, "question": texts[i], **row})
     finally:
         if own:

@@ -38,7 +38,8 @@ _THREADS = re.compile(r"system_info: n_threads = (\d+)")
 # first graph (src/llama-context.cpp, resolve_fused_ops: "%s: %s enabled" or "%s: %s not supported, set to disabled"
 # with the name "Flash Attention")
 _FA_SETTING = re.compile(r"flash_attn\s*=\s*(enabled|disabled|auto)")
-_FA_RESOLVED = re.compile(r"Flash Attention (enabled|not supported, set to disabled)")
+# (earlier llama.cpp: "Flash Attention was auto, set to enabled" / "... set to disabled")
+_FA_RESOLVED = re.compile(r"Flash Attention (?:was auto, set to )?(enabled|disabled|not supported, set to disabled)")
 # buffer / device names of llama.cpp's GPU backends, by the kind the lab's rows use
 _GPU_KINDS = (("CUDA", "cuda"), ("ROCm", "rocm"), ("Metal", "metal"), ("MTL", "metal"), ("Vulkan", "vulkan"))
 
