@@ -126,7 +126,7 @@ def _batches(ns, messages, ids) -> int:
     from lablib.engines import load_engine
     from lablib.measure.workload import chat_ids, text_ids
     from lablib.model.resolve import prepare
-    from lablib.studies.batch_invariance import QUESTIONS, batch_invariance
+    from lablib.studies.batch_invariance import ENGINE, QUESTIONS, batch_invariance
 
     levels = positive_ints(ns.batches, "--batches")
     if ns.engine_model:
@@ -139,7 +139,7 @@ def _batches(ns, messages, ids) -> int:
         raise LabError("--server names the kind of the server at --base-url; give --base-url too")
     if ns.prompt is not None and not ns.prompt.strip():
         raise LabError("--prompt is empty: expected the text of your prompt (or leave it out: the lab's questions)")
-    names = ["llama.cpp"] if ns.engines is None else list(dict.fromkeys(csv_list(ns.engines, "engines")))
+    names = [ENGINE] if ns.engines is None else list(dict.fromkeys(csv_list(ns.engines, "engines")))
     rm = prepare(ns.model)
     if ids is not None:
         mine = ids
