@@ -145,12 +145,13 @@ def test_bench_through_a_proxy_that_buffers_says_the_decode_was_not_seen(llama_s
     args = ["bench", "--base-url", proxy.base_url, "--server", "llama-server", "--concurrency", "1"]
     args += ["--requests", "3", "--prompt-tokens", "16", "--max-new-tokens", "8", "--warmup", "0", "--out", str(out)]
     try:
-        assert main(args) == 0
+        rc = main(args)
     finally:
         assert proxy.stop() == 0 and llama_server.alive()  # the proxy stopped by its pid; the server runs on
     printed = capsys.readouterr()
     df = load_results(out)
-    assert len(df) == 3 and df["error"].isna().all() and (df["output_tokens"] == 8).all()
+    assert rc == 0 and len(df) == 3 and df["error"].isna().all(), list(df["error"])  # what failed, if one did
+    assert (df["output_tokens"] == 8).all()
     assert (df["reads"] == 1).all() and df["decode_unseen"].all() and df["tpot_s"].isna().all()
     assert (df["ttft_s"] == df["e2e_s"]).all() and (df["first_arrival_tokens"] == 8).all()  # first came with last
     assert "tpot_p50_s=- " in printed.out and "decode_unseen_requests=3" in printed.out

@@ -35,7 +35,14 @@ def _app(upstream: str, chunk_bytes: int | None):
     from aiohttp import web
 
     async def start_client(app):
-        app["client"] = aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None))
+        # one connection per request to the server, never a pooled one: llama-server closes its connection after a
+        # streamed answer, and a request sent on a pooled connection it closed meanwhile failed ("Server
+        # disconnected": a 502 here), one request in a few on a busy machine (the lab's http engine does the same)
+        app["client"] = aiohttp.ClientSession(
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=None),
+            connector=aiohttp.TCPConnector(force_close=True),
+        )
         yield
         await app["client"].close()
 
