@@ -56,7 +56,7 @@ import numpy as np
 import lablib
 from lablib.engines.base import GenerationConfig
 from lablib.measure.closed_loop import run_closed_loop
-from lablib.studies.batch_invariance import _prompts
+from lablib.studies.batch_invariance import prompt_ids
 from lablib.studies.quant import quantize_file
 
 LEVELS = (1, 2, 4, 8)
@@ -104,7 +104,7 @@ def main() -> None:
     )
     a = ap.parse_args()
     model = lablib.prepare()
-    ids, _ = _prompts(model, None)
+    ids, _ = prompt_ids(model, None)
     if a.files:
         files = {Path(f).name: Path(f) for f in a.files}
     else:

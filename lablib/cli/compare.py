@@ -6,12 +6,11 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 from pathlib import Path
 
 from lablib.checks import csv_list, positive_ints
-from lablib.engines import NAMES, engine_class
+from lablib.engines import NAMES
 from lablib.errors import LabError
 from lablib.studies.compare import REFERENCE, compare
 
@@ -124,6 +123,7 @@ def run(ns) -> int:
 def _batches(ns, messages, ids) -> int:
     """``--batches``: :func:`batch_invariance` on each engine, the prompt given first and the lab's questions beside."""
     from lablib.engines import load_engine
+    from lablib.engines.servers.device import same_kernel
     from lablib.measure.workload import chat_ids, text_ids
     from lablib.model.resolve import prepare
     from lablib.studies.batch_invariance import ENGINE, QUESTIONS, batch_invariance
@@ -153,9 +153,8 @@ def _batches(ns, messages, ids) -> int:
         if ns.base_url:
             server = load_engine("http", rm, base_url=ns.base_url, server=ns.server)
         if ns.margins:  # for a server, with its attention kernel where the engine has the choice (llama.cpp's)
-            fa = server.server_settings.get("flash_attn") if server is not None else None
-            takes = "flash_attn" in inspect.signature(engine_class(ns.margins)).parameters
-            margins = load_engine(ns.margins, rm, **({"flash_attn": fa} if isinstance(fa, bool) and takes else {}))
+            kernel = same_kernel(server.server_settings, ns.margins) if server is not None else {}
+            margins = load_engine(ns.margins, rm, **kernel)
         for eng in [server] if server is not None else names:
             results.append(batch_invariance(rm, eng, levels, ns.max_new_tokens, prompts, margins=margins))
     finally:

@@ -108,7 +108,7 @@ class BatchInvariance:
         return out
 
 
-def _prompts(model, prompts) -> tuple[list[list[int]], list]:
+def prompt_ids(model, prompts) -> tuple[list[list[int]], list]:
     """(token ids per prompt, question text per prompt or None): ``prompts`` as texts (chat questions,
     rendered once by the model's template) or token-id lists; None: :data:`QUESTIONS`."""
     if prompts is None:
@@ -298,7 +298,7 @@ def batch_invariance(
             )
     eng = load_engine(cls.name, rm, **{**cls.default_load_kwargs(rm, max(levels)), **(load or {})}) if own else engine
     try:
-        ids, texts = _prompts(rm, prompts)
+        ids, texts = prompt_ids(rm, prompts)
         slots = None if eng.in_process else (getattr(eng, "server_settings", None) or {}).get("parallel")
         _check_levels(levels, len(ids), slots, engine_label(eng))
         for p in ids:

@@ -157,17 +157,14 @@ def twin_load(server, twin_name: str, tokens: int) -> dict:
     and its attention kernel where the twin has a choice (llama.cpp's ``flash_attn``, as the server's log says:
     llama-server fused, llama-cpp-python's server not): with another kernel the twin computes other numbers, not
     only at another speed (lab 04, worked example 5)."""
-    import inspect
-
     from lablib.engines import engine_class
+    from lablib.engines.servers.device import same_kernel
 
-    cls, settings = engine_class(twin_name), getattr(server, "settings", None) or {}
+    settings = getattr(server, "settings", None) or {}
     load = {"n_ctx": max(2048, tokens), "threads": server.threads or None}
-    if settings.get("dtype") and getattr(cls, "weights_option", None) == "dtype":
+    if settings.get("dtype") and getattr(engine_class(twin_name), "weights_option", None) == "dtype":
         load["dtype"] = settings["dtype"]
-    if isinstance(settings.get("flash_attn"), bool) and "flash_attn" in inspect.signature(cls).parameters:
-        load["flash_attn"] = settings["flash_attn"]
-    return load
+    return {**load, **same_kernel(settings, twin_name)}
 
 
 def in_process_vs_server(model, server, prompt_tokens: int = 32, max_new_tokens: int = 8, reps: int = 2):

@@ -99,6 +99,18 @@ def llama_log_flash_attn(text: str) -> bool | None:
     return {"enabled": True, "disabled": False}.get(setting[-1]) if setting else None
 
 
+def same_kernel(settings: dict, engine: str) -> dict:
+    """Load keywords that give in-process ``engine`` the attention kernel of a server with ``settings``
+    (``{"flash_attn": True}``), where the server's log said which and the engine has the choice; else {}."""
+    import inspect
+
+    from lablib.engines import engine_class
+
+    fa = (settings or {}).get("flash_attn")
+    takes = "flash_attn" in inspect.signature(engine_class(engine)).parameters
+    return {"flash_attn": fa} if isinstance(fa, bool) and takes else {}
+
+
 def _cpu(threads: int | None, source: str) -> dict:
     from lablib.machine.identity import hardware_info
 
@@ -108,13 +120,21 @@ def _cpu(threads: int | None, source: str) -> dict:
 
 def server_device(name: str, settings: dict, log_text: str = "") -> dict:
     """{device, device_name, device_source} of server ``name`` (a :data:`SERVERS` name) started with
-    ``settings`` (its Launch settings: ``threads``, vLLM's ``build``), ``log_text`` its log once ready."""
+    ``settings`` (its Launch settings: ``threads``, vLLM's ``build``), ``log_text`` its log once ready; for a
+    llama.cpp server also ``flash_attn`` (:func:`llama_log_flash_attn`) where its log says."""
     threads = settings.get("threads")
     if name in ("llama-server", "llama-cpp-python"):
+        fa = llama_log_flash_attn(log_text)  # its attention kernel: its in-process twin is loaded with the same
+        kernel = {} if fa is None else {"flash_attn": fa}
         found = llama_log_device(log_text, threads)
         if found:
-            return found
-        return {"device": UNKNOWN, "device_name": UNKNOWN, "device_source": "its log had no weight buffer line"}
+            return {**found, **kernel}
+        return {
+            "device": UNKNOWN,
+            "device_name": UNKNOWN,
+            "device_source": "its log had no weight buffer line",
+            **kernel,
+        }
     if name == "vllm":
         if settings.get("build") == "cuda":
             from lablib.machine.devices import nvidia_gpus

@@ -28,7 +28,7 @@ from pathlib import Path
 from lablib import children
 from lablib.checks import whole
 from lablib.engines.http import cards
-from lablib.engines.servers.device import llama_log_flash_attn, server_device
+from lablib.engines.servers.device import server_device
 from lablib.engines.servers.registry import SERVERS, _command, canonical_server
 from lablib.errors import LabError
 
@@ -260,10 +260,6 @@ def start_server(
         except OSError:
             log_text = ""
         srv.settings.update(server_device(name, srv.settings, log_text))
-        if name in ("llama-server", "llama-cpp-python"):  # its attention kernel: the twin is loaded with the same
-            fa = llama_log_flash_attn(log_text)
-            if fa is not None:
-                srv.settings["flash_attn"] = fa
         # for a run in another process (lablib bench, a notebook): what this server was started with
         cards.write_card(name, srv.pid, port, version, argv, log_path, srv.settings)
 
