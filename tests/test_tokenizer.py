@@ -66,3 +66,94 @@ def test_whitespace_digit_and_special_neighbours_agree(text, model, llama, hf):
     lab = lab_tokenizer(model)(text, add_special_tokens=False)["input_ids"]
     assert llama.tokenize(text) == lab
     assert hf.tokenize(text) == lab
+
+
+# The lab's tokenizer is loaded without torch (lablib.model.tokenizer): the class AutoTokenizer picks is asked once
+# of a child process and kept; the load itself calls that class's own from_pretrained.
+
+NO_TORCH = """\
+import json, sys
+from lablib.model import prepare
+from lablib.model.tokenizer import lab_tokenizer
+tok = lab_tokenizer(prepare())
+text = sys.argv[1]
+print(json.dumps({"torch": "torch" in sys.modules, "class": type(tok).__module__ + ":" + type(tok).__qualname__,
+                  "ids": tok(text, add_special_tokens=False)["input_ids"],
+                  "chat": tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                  tokenize=False)}))
+"""
+
+
+def _run_no_torch(text):
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", NO_TORCH, text], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_lab_tokenizer_imports_no_torch_and_equals_autotokenizer(model):
+    """Twice in fresh processes (the first asks a child for the class, the second reads it back): neither imports
+    torch, and both give AutoTokenizer's class, ids and chat prompt."""
+    from transformers import AutoTokenizer
+
+    from lablib.model.tokenizer import _class_cache_file
+
+    kept = _class_cache_file(model.hf_path)
+    kept.unlink(missing_ok=True)
+    text = "\n".join(probe_lines())
+    auto = AutoTokenizer.from_pretrained(model.hf_path)
+    want = {
+        "torch": False,
+        "class": f"{type(auto).__module__}:{type(auto).__qualname__}",
+        "ids": auto(text, add_special_tokens=False)["input_ids"],
+        "chat": auto.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        ),
+    }
+    first = _run_no_torch(text)
+    assert kept.is_file()
+    second = _run_no_torch(text)
+    assert first == want
+    assert second == want
+
+
+def test_a_changed_tokenizer_config_is_asked_again(model, tmp_path, monkeypatch):
+    """The kept class belongs to the folder's files as they were: a tokenizer_config.json naming another class
+    gets that class (AutoTokenizer's choice), not the kept one."""
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from lablib.model.tokenizer import tokenizer_class
+
+    monkeypatch.setenv("LABLIB_HOME", str(tmp_path / "home"))
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json", "config.json", "special_tokens_map.json"):
+        if (Path(model.hf_path) / f).is_file():
+            shutil.copy(Path(model.hf_path) / f, folder / f)
+    before = tokenizer_class(str(folder))
+    assert before is type(AutoTokenizer.from_pretrained(str(folder)))
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["tokenizer_class"] = "GPT2Tokenizer"
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    after = tokenizer_class(str(folder))
+    assert after is type(AutoTokenizer.from_pretrained(str(folder)))
+    assert after.__name__ == "GPT2Tokenizer" and before.__name__ != "GPT2Tokenizer"
+    assert len(list((tmp_path / "home" / "cache" / "tokenizer").glob("*.json"))) == 2
+
+
+def test_a_kept_class_from_outside_transformers_is_not_imported(model, tmp_path, monkeypatch):
+    """A kept name that is not one of transformers' tokenizer classes (a hand-edited or foreign cache file) is not
+    imported; the load falls back to AutoTokenizer."""
+    from lablib.model import tokenizer as t
+
+    monkeypatch.setenv("LABLIB_HOME", str(tmp_path / "home"))
+    for bad in ("os:system", "transformers.configuration_utils:PreTrainedConfig", "transformers:nothing.here"):
+        t._keep_class_name(model.hf_path, bad)
+        assert t._kept_class(model.hf_path) == bad
+        assert t.tokenizer_class(model.hf_path) is None
