@@ -356,3 +356,30 @@ def test_a_client_process_that_lost_its_ctrl_c_does_not_keep_the_run_waiting(mod
     # both processes set the lab's handler and had it wrapped to drop its Ctrl-C (else this test tests nothing)
     assert sorted(int(f.name) for f in (tmp_path / "lost").iterdir()) == sorted(p.pid for p in procs)
     assert [p.exitcode for p in procs] == [0, 0]
+
+
+UNGUARDED = """\
+from lablib.errors import LabError
+from lablib.measure.load import run_load_processes
+from lablib.model import prepare
+
+try:
+    run_load_processes({"model": prepare(), "base_url": "http://127.0.0.1:9/v1"}, [[1, 2], [3, 4]], "closed",
+                       processes=2, concurrency=2)
+except LabError as e:
+    print("LabError:", e)
+"""
+
+
+def test_a_script_without_a_main_guard_gets_one_clear_error(tmp_path):
+    """spawn runs the calling script again in each client process; an unguarded script starts the run there again.
+    Python's own answer is a RuntimeError traceback from every process and "client process 0 exited"."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("LabError: client process ") and 'if __name__ == "__main__":' in done.stdout
+    assert "RuntimeError" not in done.stderr and "Traceback" not in done.stderr

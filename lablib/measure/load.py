@@ -680,8 +680,9 @@ def run_load_processes(
     import time
 
     from lablib.children import interrupts_held
-    from lablib.measure.processes import DONE_GRACE_S, START_MARGIN_S, _collect, _plan, _wait_ready
+    from lablib.measure.processes import DONE_GRACE_S, START_MARGIN_S, _collect, _plan, _wait_ready, refuse_in_bootstrap
 
+    refuse_in_bootstrap()
     processes = whole(processes, "processes", "a whole number of client processes, at least 1")
     concurrency = _check_shape(mode, prompts, concurrency, max_duration_s)
     schedule = _open_schedule(mode, len(prompts), rate, arrival, burstiness, seed, schedule)

@@ -79,6 +79,29 @@ def _plan(n_requests: int, mode: str, concurrency: int | None, processes: int) -
     return [p for p in plans if p["requests"]]
 
 
+# a client process's exit code when it was re-running the caller's script from the top (see refuse_in_bootstrap)
+RERAN_SCRIPT_EXIT = 86
+RERAN_SCRIPT = (
+    "the client processes are started with 'spawn', which runs the calling script again from its top in each of "
+    "them, and this script starts a load run there again; put the script's own calls under "
+    '`if __name__ == "__main__":` (Python\'s rule for scripts that start processes; a notebook and the lablib '
+    "command need nothing)"
+)
+
+
+def refuse_in_bootstrap() -> None:
+    """In a client process that is still importing the caller's script (``multiprocessing`` marks that time
+    ``_inheriting``): the script starts a load run at its top level, unguarded, and would start processes of its
+    own. Says so in one line on standard error and exits with :data:`RERAN_SCRIPT_EXIT`, which the parent turns
+    into one LabError (Python's own message is a RuntimeError's traceback from every process)."""
+    import multiprocessing.process
+    import sys
+
+    if getattr(multiprocessing.process.current_process(), "_inheriting", False):
+        print(f"lablib: {RERAN_SCRIPT}", file=sys.stderr)
+        raise SystemExit(RERAN_SCRIPT_EXIT)
+
+
 def _wait_ready(workers, to_parent) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     ready = set()
@@ -87,6 +110,8 @@ def _wait_ready(workers, to_parent) -> None:
             kind, index, payload = to_parent.get(timeout=0.2)
         except queue.Empty:
             dead = [i for i, w in enumerate(workers) if not w["proc"].is_alive() and i not in ready]
+            if dead and workers[dead[0]]["proc"].exitcode == RERAN_SCRIPT_EXIT:
+                raise LabError(f"client process {dead[0]} could not start: {RERAN_SCRIPT}") from None
             if dead or time.monotonic() > deadline:
                 why = "exited" if dead else f"was not ready within {READY_TIMEOUT_S:.0f} s"
                 raise LabError(f"client process {(dead or [min(set(range(len(workers))) - ready)])[0]} {why}") from None
