@@ -14,6 +14,8 @@ which is the call ``AutoTokenizer`` itself ends with: the same object, token for
 every model the lab has prepared). Where torch is already imported, ``AutoTokenizer`` is used as is.
 A class from outside transformers (a hub repository's own code), or any failure of the light path,
 falls back to ``AutoTokenizer`` in this process, which says what is wrong as it always did.
+From transformers 5.18: 5.11-5.17's tokenizer module imports torch itself (its GGUF reader, at the top), so
+there the class is still loaded this way, and torch with it.
 """
 
 from __future__ import annotations
