@@ -173,3 +173,16 @@ def test_unknown_margins_are_no_near_ties_and_the_map_keeps_one_row_per_prompt()
     assert list(fig.layout.yaxis.categoryarray) == ["Hi", "Hi (prompt 1)"]  # two prompts, two rows
     assert "(4 tokens each)" in fig.layout.title.text  # the budget, though one parted at token 0
     assert fig.data[1].text == ("token 0",)  # no margin known: none printed
+
+
+def test_prefill_pieces_follow_split_equal_by_hand():
+    """llama.cpp's split_equal (src/llama-batch.cpp): each micro-batch takes one token of every sequence with tokens
+    left while all have one, so a piece is the shortest remaining prompt. By hand for 36, 35, 34, 40: 34 of each,
+    then 1 of the three left (2, 1, 6 remain), then 1 of the two left (1, 5), then 4 of the last."""
+    from lablib.studies.batch_invariance import prefill_pieces
+
+    assert prefill_pieces([36, 35, 34, 40]) == [[34, 1, 1], [34, 1], [34], [34, 1, 1, 4]]
+    assert prefill_pieces([7]) == [[7]] and prefill_pieces([5, 5]) == [[5], [5]]
+    assert [sum(p) for p in prefill_pieces([42, 37, 9, 1])] == [42, 37, 9, 1]
+    with pytest.raises(LabError, match=r"lengths\[1\]=0: expected"):
+        prefill_pieces([3, 0])

@@ -28,6 +28,24 @@ llama-server's, where with it off 7 of 8 differed (``benchmarks/batch_logits.py`
 Flash attention is no cure in general: Gemma 3 270M's Q4_K_M file changed 6 of 8 texts at 4 sequences with it on
 (16 tokens; 2 with it off).
 
+**Which sum changed, in llama.cpp with flash attention off.** With one KV stream per sequence (the lab's
+llama.cpp and llama-server's default), ``llama_decode`` cuts a batch into micro-batches with ``split_equal``
+(llama.cpp src/llama-batch.cpp): each takes one token from every sequence that has tokens left, as long as all
+of them have one, so the prompts admitted in one step are prefilled in pieces as long as the shortest one's
+remaining tokens (:func:`prefill_pieces`). Attention's two products (K times Q, then V times the softmax) go
+through llamafile's tiled kernel (tinyBLAS, F16) for a piece of two or more tokens and a dot product per row
+for a piece of one (sgemm.cpp: ``if (n < 2) return false``, "only enable sgemm for prompt processing"); the two
+sum in another order. The shipped Q4_1 file's weight products take the row-by-row kernel at any size, and flash
+attention computes each query row alone for pieces under 64 tokens, so with it on these short questions depend on
+nothing. Not in general: flash attention takes a tiled kernel for pieces of 64 query tokens or more
+(``GGML_FA_TILE_Q``, ggml-cpu ops.cpp), and a 100-token prompt prefilled whole parted from the same prompt in
+pieces of 1 to 63 tokens by 0.60 in its last logits (in pieces of 64 by 0.56), where with flash attention off
+only pieces of one token moved it (0.89). Replayed alone, one
+sequence prefilled in the pieces the batch cut it into gives the first-token logits of the batched run to the
+last bit: all 24 (question, C = 2, 4, 8) cells of ``benchmarks/batch_logits.py``'s table for the shipped file
+(``benchmarks/prefill_pieces.py``, this Xeon). A one-token piece does not always move a logit (its last-bit
+difference may stay under the next layer's 8-bit rounding step): 4 of the 7 prompts cut so at C = 8 did not.
+
 The prompts are token ids, tokenized once (default: :data:`QUESTIONS`, each rendered by the model's chat
 template), so every run gets the same ids.
 """
@@ -58,6 +76,25 @@ QUESTIONS = (
 )
 CONCURRENCY = (1, 2, 4, 8)  # clients of the closed loop: 1 (the batched path alone) to 8
 ENGINE = "llama.cpp"  # the default engine: its text changes with the batch at near-ties here (flash attention off)
+
+
+def prefill_pieces(lengths) -> list[list[int]]:
+    """The pieces llama.cpp prefills prompts in when they are admitted in one step, one KV stream per sequence:
+    ``split_equal`` (src/llama-batch.cpp) fills each micro-batch with one token of every sequence that has tokens
+    left, as long as all of them have one more, so each piece is as long as the shortest remaining prompt.
+    ``lengths``: each prompt's tokens (in the batch's order); returns each prompt's piece lengths, in order, e.g.
+    ``prefill_pieces([36, 35, 34, 40])`` = ``[[34, 1, 1], [34, 1], [34], [34, 1, 1, 4]]``. Assumes the micro-batch
+    limit (``n_ubatch``, the lab's ``n_batch``, 512) is not reached: over it, split_equal stops a micro-batch
+    early as well."""
+    left = [whole(n, f"lengths[{i}]", "a prompt's tokens, a whole number >= 1") for i, n in enumerate(lengths)]
+    out: list[list[int]] = [[] for _ in left]
+    while any(left):
+        live = [i for i, n in enumerate(left) if n]
+        k = min(left[i] for i in live)
+        for i in live:
+            out[i].append(k)
+            left[i] -= k
+    return out
 
 
 @dataclass
