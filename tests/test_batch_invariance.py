@@ -186,3 +186,26 @@ def test_prefill_pieces_follow_split_equal_by_hand():
     assert [sum(p) for p in prefill_pieces([42, 37, 9, 1])] == [42, 37, 9, 1]
     with pytest.raises(LabError, match=r"lengths\[1\]=0: expected"):
         prefill_pieces([3, 0])
+
+
+def test_a_prompt_cut_alone_as_the_batch_cut_it_gets_the_batched_first_token(model):
+    """The batch changes where each prompt is cut (prefill_pieces), and the first token follows the cut: the eight
+    questions admitted together, "How do airplanes fly?" (35 tokens) is prefilled as 34 + 1 and "Describe a cat."
+    (34) whole; alone with n_batch=34 each is cut the same way and gives the first token the batch gave. Both end
+    in a micro-batch where they are the only sequence asking for logits, so the output head sees one row in both
+    runs (any CPU: the same kernels on the same pieces). On the lab's Xeon the first differs from the prompt
+    prefilled whole ("The" against "Air"); elsewhere it may not: that is the CPU's."""
+    from lablib.studies.batch_invariance import prefill_pieces, prompt_ids
+
+    ids, questions = prompt_ids(model, None)
+    pieces = prefill_pieces([len(p) for p in ids])
+    inv = batch_invariance(model, "llama.cpp", concurrency=8, max_new_tokens=1)
+    cut = lablib.load_engine("llama.cpp", model, n_batch=34)
+    try:
+        for question, want in (("How do airplanes fly?", [34, 1]), ("Describe a cat.", [34])):
+            q = questions.index(question)
+            assert pieces[q] == want
+            alone_cut = cut.generate(ids[q], GenerationConfig(max_new_tokens=1)).token_ids
+            assert alone_cut == inv.batched[8][q][:1]
+    finally:
+        cut.close()
