@@ -198,3 +198,18 @@ def test_the_class_ask_leaves_the_callers_standard_input_alone(model, tmp_path, 
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["None", repr("y\nmy prompt\n")]
     assert not (tmp_path / "modules").exists()
+
+
+def test_a_kept_class_that_is_not_a_name_is_asked_again(model, tmp_path, monkeypatch):
+    """A cache file whose class is JSON but no name (a hand edit, another tool's file) is one that cannot be read:
+    asked again, not an AttributeError from the load."""
+    from lablib.model import tokenizer as t
+
+    monkeypatch.setenv("LABLIB_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(t, "_ask_class", lambda path: None)  # the child's answer is not what is tested here
+    kept = t._class_cache_file(model.hf_path)
+    kept.parent.mkdir(parents=True)
+    for bad in ('{"class": 5}', '{"class": ["a"]}', '{"class": {"module": "transformers"}}'):
+        kept.write_text(bad)
+        assert t._kept_class(model.hf_path) is None
+        assert t.tokenizer_class(model.hf_path) is None

@@ -126,9 +126,10 @@ def _kept_class(path: str) -> str | None:
 
     f = _class_cache_file(path)
     try:
-        return json.loads(f.read_text())["class"] if f is not None else None
+        name = json.loads(f.read_text())["class"] if f is not None else None
     except (OSError, ValueError, KeyError, TypeError):
         return None  # none yet, or unreadable: ask again
+    return name if isinstance(name, str) else None  # a number or a list there (a hand edit): ask again
 
 
 def _keep_class(path: str, cls) -> None:
