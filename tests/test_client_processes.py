@@ -383,3 +383,40 @@ def test_a_script_without_a_main_guard_gets_one_clear_error(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("LabError: client process ") and 'if __name__ == "__main__":' in done.stdout
     assert "RuntimeError" not in done.stderr and "Traceback" not in done.stderr
+
+
+UNGUARDED_BENCH = """\
+import sys
+from lablib.errors import LabError
+from lablib.measure.load import bench
+from lablib.measure.replay import run_replay
+
+try:
+    if sys.argv[2] == "bench":
+        bench(base_url=sys.argv[1], out="b.jsonl", requests=4, prompt_tokens=8, max_new_tokens=4, concurrency=2,
+              server="vllm", warmup=1, client_processes=2, log=lambda m: None)
+    else:
+        run_replay(out="r.jsonl", base_url=sys.argv[1], count=4, warmup=1, client_processes=2, log=lambda m: None)
+except LabError as e:
+    print("LabError:", e)
+"""
+
+
+@pytest.mark.parametrize("entry", ["bench", "replay"])
+def test_an_unguarded_bench_or_replay_script_is_stopped_before_its_client_processes_send_a_request(
+    entry, paced, tmp_path
+):
+    """bench and run_replay prepare a run (its server, its warm-up requests) before its client processes start:
+    each client process re-running an unguarded script did all that again before run_load_processes refused it
+    (here: 3 warm-up requests, not the caller's 1; with run_replay(server=...), a server started per process)."""
+    import subprocess
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED_BENCH)
+    paced.sendlog(clear=True)
+    done = subprocess.run(
+        [sys.executable, str(script), paced.base_url, entry], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("LabError: client process ") and 'if __name__ == "__main__":' in done.stdout
+    assert len(paced.sendlog(clear=True)) == 1  # the caller's own warm-up only

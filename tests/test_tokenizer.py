@@ -169,3 +169,47 @@ def test_a_kept_class_from_outside_transformers_is_not_imported(model, tmp_path,
         t._keep_class_name(model.hf_path, bad)
         assert t._kept_class(model.hf_path) == bad
         assert t.tokenizer_class(model.hf_path) is None
+
+
+def test_the_class_ask_leaves_the_callers_standard_input_alone(model, tmp_path, monkeypatch):
+    """A folder with its own tokenizer code (tokenizer_config.json's auto_map): AutoTokenizer asks "Do you wish to
+    run the custom code? [y/N]" on standard input. The child that asks for the class read the caller's (a script's
+    piped input, a terminal: a silent 15 s wait) and ran the folder's code on the first "y" there."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))  # where an accepted folder's code is copied
+    folder = tmp_path / "custom"
+    folder.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        shutil.copy(Path(model.hf_path) / f, folder / f)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg.update(tokenizer_class="MyTokenizer", auto_map={"AutoTokenizer": [None, "tok.MyTokenizer"]})
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (folder / "tok.py").write_text(
+        "from transformers import TokenizersBackend\nclass MyTokenizer(TokenizersBackend): pass\n"
+    )
+    code = "import sys; from lablib.model.tokenizer import _ask_class; print(_ask_class(sys.argv[1])); print(repr(sys.stdin.read()))"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(folder)], input="y\nmy prompt\n", capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["None", repr("y\nmy prompt\n")]
+    assert not (tmp_path / "modules").exists()
+
+
+def test_a_kept_class_that_is_not_a_name_is_asked_again(model, tmp_path, monkeypatch):
+    """A cache file whose class is JSON but no name (a hand edit, another tool's file) is one that cannot be read:
+    asked again, not an AttributeError from the load."""
+    from lablib.model import tokenizer as t
+
+    monkeypatch.setenv("LABLIB_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(t, "_ask_class", lambda path: None)  # the child's answer is not what is tested here
+    kept = t._class_cache_file(model.hf_path)
+    kept.parent.mkdir(parents=True)
+    for bad in ('{"class": 5}', '{"class": ["a"]}', '{"class": {"module": "transformers"}}'):
+        kept.write_text(bad)
+        assert t._kept_class(model.hf_path) is None
+        assert t.tokenizer_class(model.hf_path) is None

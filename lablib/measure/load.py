@@ -918,7 +918,7 @@ def bench(
     check_targets(ttft_s, tpot_s, e2e_s)
     from lablib.machine.telemetry import RunTelemetry, cost_per_million_tokens
     from lablib.measure.headroom import frozen_heap
-    from lablib.measure.processes import auto_processes
+    from lablib.measure.processes import auto_processes, refuse_in_bootstrap
 
     cost_per_million_tokens(price_per_hour, 1.0, 1)  # a bad price is refused before any work
 
@@ -927,6 +927,8 @@ def bench(
     client_processes = whole(
         client_processes, "client_processes", "a whole number of client processes, at least 1 (or 'auto')"
     )
+    if client_processes > 1:  # a client process re-running an unguarded script stops here, before its warm-up
+        refuse_in_bootstrap()
     rm = model if isinstance(model, ResolvedModel) else prepare(model, log=log)
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=not until_eos)
     if prompts == "random":  # vllm bench's measured prompts, in its order; the warm-up's of another seed

@@ -93,7 +93,9 @@ def refuse_in_bootstrap() -> None:
     """In a client process that is still importing the caller's script (``multiprocessing`` marks that time
     ``_inheriting``): the script starts a load run at its top level, unguarded, and would start processes of its
     own. Says so in one line on standard error and exits with :data:`RERAN_SCRIPT_EXIT`, which the parent turns
-    into one LabError (Python's own message is a RuntimeError's traceback from every process)."""
+    into one LabError (Python's own message is a RuntimeError's traceback from every process). Called first by
+    ``run_load_processes``, and by ``bench`` and ``run_replay`` with more than one client process before they
+    prepare anything: else each client process started the script's server or sent its warm-up requests first."""
     import multiprocessing.process
     import sys
 

@@ -618,6 +618,10 @@ def run_replay(
     client_processes = whole(
         client_processes, "client_processes", "a whole number of client processes, at least 1 (or 'auto')"
     )
+    if client_processes > 1:  # a client process re-running an unguarded script stops here, before its server starts
+        from lablib.measure.processes import refuse_in_bootstrap
+
+        refuse_in_bootstrap()
     _check_max_duration(max_duration_s)
     _factor(max_lag_s, "max_lag_s")
     check_targets(ttft_s, tpot_s, e2e_s)

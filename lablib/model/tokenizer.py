@@ -126,9 +126,10 @@ def _kept_class(path: str) -> str | None:
 
     f = _class_cache_file(path)
     try:
-        return json.loads(f.read_text())["class"] if f is not None else None
+        name = json.loads(f.read_text())["class"] if f is not None else None
     except (OSError, ValueError, KeyError, TypeError):
         return None  # none yet, or unreadable: ask again
+    return name if isinstance(name, str) else None  # a number or a list there (a hand edit): ask again
 
 
 def _keep_class(path: str, cls) -> None:
@@ -157,8 +158,15 @@ def _ask_class(path: str) -> str | None:
     from lablib.children import tied
 
     try:
+        # no standard input: a folder with its own code (auto_map) makes AutoTokenizer ask "run the custom code?
+        # [y/N]" there; the child read the caller's (a script's piped input; a terminal: 15 s of silence) and
+        # could say yes with it. Given none, it says no at once, and AutoTokenizer in this process asks as it did
         done = subprocess.run(
-            tied([sys.executable, "-c", _ASK_CLASS, str(path)]), capture_output=True, text=True, timeout=600
+            tied([sys.executable, "-c", _ASK_CLASS, str(path)]),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
     except (OSError, subprocess.SubprocessError):
         return None
