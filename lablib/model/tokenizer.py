@@ -70,7 +70,7 @@ def _tokenizer(path: str):
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(path)
-        _keep_class(path, type(tok))
+        _keep_class_name(path, f"{type(tok).__module__}:{type(tok).__qualname__}")
         return tok
 
 
@@ -130,10 +130,6 @@ def _kept_class(path: str) -> str | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None  # none yet, or unreadable: ask again
     return name if isinstance(name, str) else None  # a number or a list there (a hand edit): ask again
-
-
-def _keep_class(path: str, cls) -> None:
-    _keep_class_name(path, f"{cls.__module__}:{cls.__qualname__}")
 
 
 def _keep_class_name(path: str, name: str) -> None:

@@ -40,10 +40,10 @@ attention computes each query row alone for pieces under 64 tokens, so with it o
 nothing. Not in general: flash attention takes a tiled kernel for pieces of 64 query tokens or more
 (``GGML_FA_TILE_Q``, ggml-cpu ops.cpp), and a 100-token prompt prefilled whole parted from the same prompt in
 pieces of 1 to 63 tokens by 0.60 in its last logits (in pieces of 64 by 0.56), where with flash attention off
-only pieces of one token moved it (0.89). Replayed alone, one
-sequence prefilled in the pieces the batch cut it into gives the first-token logits of the batched run to the
-last bit: all 24 (question, C = 2, 4, 8) cells of ``benchmarks/batch_logits.py``'s table for the shipped file
-(``benchmarks/prefill_pieces.py``, this Xeon). A one-token piece does not always move a logit (its last-bit
+only pieces of one token moved it (0.89). Replayed alone, one sequence prefilled in the pieces the batch cut
+it into gives the first-token logits of the batched run to the last bit: for all 32 (question, C = 1, 2, 4, 8)
+of the shipped file, the logits ``benchmarks/batch_logits.py`` reads from the batched run equal those of
+``benchmarks/prefill_pieces.py``'s replay (``np.array_equal``, this Xeon). A one-token piece does not always move a logit (its last-bit
 difference may stay under the next layer's 8-bit rounding step): 4 of the 7 prompts cut so at C = 8 did not.
 
 The prompts are token ids, tokenized once (default: :data:`QUESTIONS`, each rendered by the model's chat
